@@ -1,0 +1,73 @@
+# Dispatch, CPU features and threads.
+
+_ISA_BY_NAME = {"ref": CQ_ISA_REF, "avx2": CQ_ISA_AVX2, "avx512": CQ_ISA_AVX512}
+
+_FEATURE_NAMES = (
+    (0, "sse4.2"), (1, "avx"), (2, "avx2"), (3, "fma"), (4, "f16c"), (5, "avx512f"),
+    (6, "avx512bw"), (7, "avx512vl"), (8, "avx512dq"), (9, "avx512vnni"),
+    (10, "avxvnni"), (11, "os-ymm"), (12, "os-zmm"),
+)
+
+
+cdef inline void check(cq_status st, str op) except *:
+    if st != CQ_OK:
+        raise KernelError(f"{op}: {cq_status_str(st).decode()}")
+
+
+def cpu_features():
+    """Names of the SIMD features this CPU reports and the OS enables."""
+    cdef uint32_t f = cq_cpu_features()
+    return [name for bit, name in _FEATURE_NAMES if f & (1u << bit)]
+
+
+def compiled_isas():
+    """ISA tables compiled into this build, in order of preference (worst first)."""
+    return [n for n, v in _ISA_BY_NAME.items() if cq_table_for(v) != NULL]
+
+
+def usable_isas():
+    """Compiled ISAs that this CPU and OS can run."""
+    return [n for n, v in _ISA_BY_NAME.items() if cq_isa_usable(v)]
+
+
+def best_isa():
+    """The ISA import would choose without CORTIQ_ISA."""
+    return _name_of(cq_isa_best())
+
+
+cdef str _name_of(cq_isa isa):
+    for n, v in _ISA_BY_NAME.items():
+        if v == isa:
+            return n
+    return "?"
+
+
+def set_isa(str name):
+    """Make a table active. Raises ValueError naming the valid choices."""
+    if name not in _ISA_BY_NAME or not cq_isa_usable(_ISA_BY_NAME[name]):
+        raise ValueError(
+            f"ISA {name!r} is not available here; valid choices: {', '.join(usable_isas())}"
+            f" (compiled: {', '.join(compiled_isas())})")
+    check(cq_set_isa(_ISA_BY_NAME[name]), "set_isa")
+
+
+def active_isa():
+    return cq_active().name.decode()
+
+
+def have_openmp():
+    return bool(cq_have_openmp())
+
+
+def set_num_threads(int n):
+    if n < 1:
+        raise ValueError(f"set_num_threads: n must be >= 1, got {n}")
+    cq_set_num_threads(n)
+
+
+def get_num_threads():
+    return cq_get_num_threads()
+
+
+def compiler():
+    return cq_compiler().decode()

@@ -1,0 +1,42 @@
+# The Cython mirror of csrc/cortiq.h. Keep it in the order of the header.
+from libc.stdint cimport uint32_t, uint8_t, uint16_t, int8_t, uint64_t
+
+cdef extern from "cortiq.h" nogil:
+    ctypedef enum cq_status:
+        CQ_OK
+        CQ_ERR_SHAPE
+        CQ_ERR_ARG
+        CQ_ERR_NOMEM
+        CQ_ERR_UNSUPPORTED
+    const char *cq_status_str(cq_status s)
+
+    uint32_t cq_cpu_features()
+
+    ctypedef struct cq_mathfn_ops:
+        void (*exp_f32)(const float *x, float *out, size_t n) noexcept nogil
+        void (*softmax_rows)(float *x, size_t rows, size_t cols) noexcept nogil
+        void (*silu_mul)(float *g, const float *u, const float *a, const float *b, size_t rows, size_t cols) noexcept nogil
+        void (*gate_mul)(float *y, const float *g, const float *s, size_t rows, size_t cols) noexcept nogil
+        float (*dot_f32)(const float *a, const float *b, size_t n) noexcept nogil
+        void (*axpy_f32)(float *y, float alpha, const float *x, size_t n) noexcept nogil
+
+    ctypedef struct cq_table:
+        const char *name
+        const cq_mathfn_ops *mathfn
+
+    ctypedef enum cq_isa:
+        CQ_ISA_REF
+        CQ_ISA_AVX2
+        CQ_ISA_AVX512
+        CQ_ISA_COUNT
+
+    const cq_table *cq_table_for(cq_isa isa)
+    int cq_isa_usable(cq_isa isa)
+    cq_isa cq_isa_best()
+    cq_status cq_set_isa(cq_isa isa)
+    const cq_table *cq_active()
+
+    int cq_have_openmp()
+    void cq_set_num_threads(int n)
+    int cq_get_num_threads()
+    const char *cq_compiler()

@@ -1,0 +1,38 @@
+"""The `cortiq` command line. User errors print one line and exit 1."""
+import argparse
+import sys
+
+from . import __version__
+
+
+def _cmd_config(args) -> int:
+    from . import show_config
+    show_config()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cortiq", description="Run CMF language models on the CPU.")
+    p.add_argument("--version", action="version", version=f"cortiq {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    c = sub.add_parser("config", help="show the kernel ISA, CPU features, threads and build")
+    c.set_defaults(func=_cmd_config)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 -- user errors become one line, not a traceback
+        from .errors import CortiqError
+        if isinstance(e, (CortiqError, OSError)):
+            print(f"cortiq: error: {e}", file=sys.stderr)
+            return 1
+        raise

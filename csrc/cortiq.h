@@ -1,0 +1,110 @@
+/* cortiq.h -- THE C API of cortiq's kernels.
+ *
+ * Rules for everything declared here:
+ *  - Pure functions over flat, caller-owned buffers. No allocation in hot loops,
+ *    no I/O, no printing, no exit. Functions that can fail return cq_status.
+ *  - Lengths are element counts (size_t); float means IEEE binary32.
+ *  - Every kernel exists as a scalar reference (the spec, *_ref.c) and, where it
+ *    pays, an AVX2/FMA twin (*_avx2.c) with the same contract. Callers reach them
+ *    through the active table (cq_active()), chosen once by dispatch.c.
+ *  - OpenMP-parallel kernels split work into disjoint ranges decided by the problem
+ *    shape only, so results are bit-identical for any thread count.
+ */
+#ifndef CORTIQ_H
+#define CORTIQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status codes ------------------------------------------------------- */
+typedef enum cq_status {
+    CQ_OK = 0,
+    CQ_ERR_SHAPE = 1,     /* inconsistent lengths or shapes */
+    CQ_ERR_ARG = 2,       /* an argument out of its domain */
+    CQ_ERR_NOMEM = 3,     /* a scratch allocation failed (never in hot loops) */
+    CQ_ERR_UNSUPPORTED = 4, /* dtype/layout not handled by this kernel */
+} cq_status;
+
+const char *cq_status_str(cq_status s);
+
+/* ---- CPU features and dispatch (cpu.c, dispatch.c) ---------------------- */
+enum {
+    CQ_CPU_SSE42 = 1u << 0,
+    CQ_CPU_AVX = 1u << 1,
+    CQ_CPU_AVX2 = 1u << 2,
+    CQ_CPU_FMA = 1u << 3,
+    CQ_CPU_F16C = 1u << 4,
+    CQ_CPU_AVX512F = 1u << 5,
+    CQ_CPU_AVX512BW = 1u << 6,
+    CQ_CPU_AVX512VL = 1u << 7,
+    CQ_CPU_AVX512DQ = 1u << 8,
+    CQ_CPU_AVX512VNNI = 1u << 9,
+    CQ_CPU_AVXVNNI = 1u << 10,
+    CQ_CPU_OS_YMM = 1u << 11, /* XCR0 says the OS saves YMM state */
+    CQ_CPU_OS_ZMM = 1u << 12, /* XCR0 says the OS saves opmask/ZMM state */
+};
+/* Feature bits of this CPU (CQ_CPU_*), read once with CPUID + XGETBV. */
+uint32_t cq_cpu_features(void);
+
+/* ---- kernel families ---------------------------------------------------- */
+/* mathfn: elementwise transcendental helpers (csrc/mathfn).
+ * exp8 is the Cephes-style single-precision exp of the seed: inputs are clamped to
+ * [-87, 88] (so exp(+inf) = exp(88), exp(-inf) = exp(-87)), NaN propagates; relative
+ * error <= 2e-7 against exp on [-87, 88]. */
+typedef struct cq_mathfn_ops {
+    /* out[i] = exp8(x[i]); out may alias x. */
+    void (*exp_f32)(const float *x, float *out, size_t n);
+    /* In place, each of `rows` rows of `cols` (row stride `cols`): subtract the row
+     * max, exp8, divide by the sum. A row whose max is -inf is left as is. */
+    void (*softmax_rows)(float *x, size_t rows, size_t cols);
+    /* The seed's silu_rows, per row of `cols`: g = silu(g*a) * (u*b) with a, b of
+     * length cols shared by all rows. g must not alias u/a/b. */
+    void (*silu_mul)(float *g, const float *u, const float *a, const float *b,
+                     size_t rows, size_t cols);
+    /* The seed's gate_rows, per row: y = y * sigmoid(g*s), s of length cols. */
+    void (*gate_mul)(float *y, const float *g, const float *s, size_t rows, size_t cols);
+    /* sum a[i]*b[i]: AVX2 keeps two 8-lane FMA accumulators, so it differs from a
+     * sequential sum at rounding level (bounded by n * eps * sum|a*b|). */
+    float (*dot_f32)(const float *a, const float *b, size_t n);
+    /* y[i] += alpha * x[i]; y must not partially overlap x. */
+    void (*axpy_f32)(float *y, float alpha, const float *x, size_t n);
+} cq_mathfn_ops;
+
+extern const cq_mathfn_ops cq_mathfn_ref;
+extern const cq_mathfn_ops cq_mathfn_avx2;
+
+/* ---- the dispatch table ------------------------------------------------- */
+typedef struct cq_table {
+    const char *name;           /* "ref", "avx2", "avx512" */
+    const cq_mathfn_ops *mathfn;
+} cq_table;
+
+typedef enum cq_isa { CQ_ISA_REF = 0, CQ_ISA_AVX2 = 1, CQ_ISA_AVX512 = 2, CQ_ISA_COUNT = 3 } cq_isa;
+
+/* Table for an ISA, or NULL when it was not compiled into this build. */
+const cq_table *cq_table_for(cq_isa isa);
+/* 1 when `isa` is compiled in AND the CPU and OS support it. */
+int cq_isa_usable(cq_isa isa);
+/* Best usable ISA. */
+cq_isa cq_isa_best(void);
+/* Make `isa` active; CQ_ERR_UNSUPPORTED when not usable. Not thread-safe: call at
+ * import time or from tests, never while kernels run. */
+cq_status cq_set_isa(cq_isa isa);
+const cq_table *cq_active(void);
+
+/* ---- threads ------------------------------------------------------------ */
+int cq_have_openmp(void);
+/* Threads used by every OpenMP region (process-wide; ignored without OpenMP). */
+void cq_set_num_threads(int n);
+int cq_get_num_threads(void);
+/* Compiler identification string baked in at build time. */
+const char *cq_compiler(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,72 @@
+/* cpu.c -- which SIMD features this CPU has AND the OS has enabled.
+ * A CPUID bit alone is not enough: AVX registers are only usable when the OS saves
+ * their state across context switches, which XCR0 (read with XGETBV) reports. */
+#include "cortiq.h"
+
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
+#define CQ_X86 1
+#if defined(_MSC_VER)
+#include <intrin.h>
+static void cpuid(int leaf, int sub, unsigned r[4]) {
+    int v[4];
+    __cpuidex(v, leaf, sub);
+    r[0] = (unsigned)v[0]; r[1] = (unsigned)v[1]; r[2] = (unsigned)v[2]; r[3] = (unsigned)v[3];
+}
+static unsigned long long xgetbv0(void) { return _xgetbv(0); }
+#else
+#include <cpuid.h>
+static void cpuid(int leaf, int sub, unsigned r[4]) {
+    __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]);
+}
+static unsigned long long xgetbv0(void) {
+    unsigned lo, hi;
+    __asm__ volatile(".byte 0x0f, 0x01, 0xd0" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((unsigned long long)hi << 32) | lo;
+}
+#endif
+#endif
+
+static uint32_t detect(void) {
+    uint32_t f = 0;
+#ifdef CQ_X86
+    unsigned r[4];
+    cpuid(0, 0, r);
+    unsigned max_leaf = r[0];
+    if (max_leaf < 1) return 0;
+    cpuid(1, 0, r);
+    unsigned ecx1 = r[2];
+    if (ecx1 & (1u << 20)) f |= CQ_CPU_SSE42;
+    if (ecx1 & (1u << 28)) f |= CQ_CPU_AVX;
+    if (ecx1 & (1u << 12)) f |= CQ_CPU_FMA;
+    if (ecx1 & (1u << 29)) f |= CQ_CPU_F16C;
+    int osxsave = (ecx1 & (1u << 27)) != 0;
+    if (osxsave) {
+        unsigned long long xcr0 = xgetbv0();
+        if ((xcr0 & 0x6) == 0x6) f |= CQ_CPU_OS_YMM;           /* XMM + YMM */
+        if ((xcr0 & 0xE6) == 0xE6) f |= CQ_CPU_OS_ZMM;         /* + opmask, ZMM_Hi256, Hi16_ZMM */
+    }
+    if (max_leaf >= 7) {
+        cpuid(7, 0, r);
+        unsigned ebx7 = r[1], ecx7 = r[2];
+        if (ebx7 & (1u << 5)) f |= CQ_CPU_AVX2;
+        if (ebx7 & (1u << 16)) f |= CQ_CPU_AVX512F;
+        if (ebx7 & (1u << 17)) f |= CQ_CPU_AVX512DQ;
+        if (ebx7 & (1u << 30)) f |= CQ_CPU_AVX512BW;
+        if (ebx7 & (1u << 31)) f |= CQ_CPU_AVX512VL;
+        if (ecx7 & (1u << 11)) f |= CQ_CPU_AVX512VNNI;
+        cpuid(7, 1, r);
+        if (r[0] & (1u << 4)) f |= CQ_CPU_AVXVNNI;
+    }
+#endif
+    return f;
+}
+
+uint32_t cq_cpu_features(void) {
+    static uint32_t cached = 0;
+    static int done = 0;
+    if (!done) {  /* benign race: every thread computes the same value */
+        cached = detect();
+        done = 1;
+    }
+    return cached;
+}

@@ -1,0 +1,124 @@
+/* dispatch.c -- the named kernel tables and the choice of the active one.
+ * A family without a faster twin for an ISA reuses the best slower one, so every
+ * table is complete. */
+#include "cortiq.h"
+
+#ifdef CORTIQ_HAVE_OPENMP
+#include <omp.h>
+#endif
+
+static const cq_table TABLE_REF = {
+    "ref",
+    &cq_mathfn_ref,
+};
+
+#ifdef CORTIQ_HAVE_AVX2
+static const cq_table TABLE_AVX2 = {
+    "avx2",
+    &cq_mathfn_avx2,
+};
+#endif
+
+#ifdef CORTIQ_HAVE_AVX512
+/* AVX-512 twins exist only where they pay; the other families run their AVX2 code. */
+static const cq_table TABLE_AVX512 = {
+    "avx512",
+    &cq_mathfn_avx2,
+};
+#endif
+
+const cq_table *cq_table_for(cq_isa isa) {
+    switch (isa) {
+    case CQ_ISA_REF: return &TABLE_REF;
+#ifdef CORTIQ_HAVE_AVX2
+    case CQ_ISA_AVX2: return &TABLE_AVX2;
+#endif
+#ifdef CORTIQ_HAVE_AVX512
+    case CQ_ISA_AVX512: return &TABLE_AVX512;
+#endif
+    default: return 0;
+    }
+}
+
+int cq_isa_usable(cq_isa isa) {
+    uint32_t f = cq_cpu_features();
+    if (!cq_table_for(isa)) return 0;
+    switch (isa) {
+    case CQ_ISA_REF: return 1;
+    case CQ_ISA_AVX2: {
+        uint32_t need = CQ_CPU_AVX | CQ_CPU_AVX2 | CQ_CPU_FMA | CQ_CPU_F16C | CQ_CPU_OS_YMM;
+        return (f & need) == need;
+    }
+    case CQ_ISA_AVX512: {
+        uint32_t need = CQ_CPU_AVX | CQ_CPU_AVX2 | CQ_CPU_FMA | CQ_CPU_F16C | CQ_CPU_OS_YMM |
+                        CQ_CPU_AVX512F | CQ_CPU_AVX512BW | CQ_CPU_AVX512VL | CQ_CPU_AVX512DQ |
+                        CQ_CPU_OS_ZMM;
+        return (f & need) == need;
+    }
+    default: return 0;
+    }
+}
+
+cq_isa cq_isa_best(void) {
+    if (cq_isa_usable(CQ_ISA_AVX512)) return CQ_ISA_AVX512;
+    if (cq_isa_usable(CQ_ISA_AVX2)) return CQ_ISA_AVX2;
+    return CQ_ISA_REF;
+}
+
+static const cq_table *ACTIVE = &TABLE_REF;
+
+cq_status cq_set_isa(cq_isa isa) {
+    if (!cq_isa_usable(isa)) return CQ_ERR_UNSUPPORTED;
+    ACTIVE = cq_table_for(isa);
+    return CQ_OK;
+}
+
+const cq_table *cq_active(void) { return ACTIVE; }
+
+const char *cq_status_str(cq_status s) {
+    switch (s) {
+    case CQ_OK: return "ok";
+    case CQ_ERR_SHAPE: return "inconsistent shapes";
+    case CQ_ERR_ARG: return "argument out of range";
+    case CQ_ERR_NOMEM: return "out of memory";
+    case CQ_ERR_UNSUPPORTED: return "unsupported";
+    default: return "unknown status";
+    }
+}
+
+int cq_have_openmp(void) {
+#ifdef CORTIQ_HAVE_OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* One process-wide count. omp_set_num_threads() would only set the calling thread's
+ * ICV, and cortiq's kernels are called from many Python threads, so parallel regions
+ * pass num_threads(cq_get_num_threads()) explicitly. */
+static int NTHREADS = 1;
+
+void cq_set_num_threads(int n) {
+#ifdef CORTIQ_HAVE_OPENMP
+    if (n > 0) NTHREADS = n;
+#else
+    (void)n;
+#endif
+}
+
+int cq_get_num_threads(void) { return NTHREADS; }
+
+const char *cq_compiler(void) {
+#if defined(__clang__)
+    return "clang " __clang_version__;
+#elif defined(__GNUC__)
+    return "gcc " __VERSION__;
+#elif defined(_MSC_VER)
+#define CQ_STR2(x) #x
+#define CQ_STR(x) CQ_STR2(x)
+    return "msvc " CQ_STR(_MSC_VER);
+#else
+    return "unknown";
+#endif
+}

@@ -1,0 +1,128 @@
+"""Build of the one extension, cortiq._kernels.
+
+C sources under csrc/ are compiled here, each with the flags its file name asks for:
+  *_avx2.c   -> AVX2 + FMA + F16C   (x86-64 only)
+  *_avx512.c -> AVX-512 F/BW/VL/DQ  (x86-64 only)
+  anything else -> portable baseline flags
+and linked with the Cython module. No -march=native unless CORTIQ_NATIVE=1 asks for a
+local build. OpenMP is used when the compiler has it; otherwise the build is serial
+and cortiq.show_config() says so.
+"""
+import glob
+import os
+import sys
+import sysconfig
+import tempfile
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CSRC = "csrc"
+
+
+def _target_is_x86() -> bool:
+    plat = sysconfig.get_platform().lower()  # honours cross builds (_PYTHON_HOST_PLATFORM)
+    if "universal2" in plat:
+        return False
+    return any(t in plat for t in ("x86_64", "amd64", "i686", "win32")) or (
+        plat.startswith("linux") and os.uname().machine in ("x86_64", "i686"))
+
+
+def _c_sources():
+    files = sorted(glob.glob(os.path.join(CSRC, "*.c")) + glob.glob(os.path.join(CSRC, "*", "*.c")))
+    groups = {"base": [], "avx2": [], "avx512": []}
+    for f in files:
+        stem = os.path.splitext(os.path.basename(f))[0]
+        if stem.endswith("_avx512"):
+            groups["avx512"].append(f)
+        elif stem.endswith("_avx2"):
+            groups["avx2"].append(f)
+        else:
+            groups["base"].append(f)
+    return groups
+
+
+class BuildKernels(build_ext):
+    """Compiles csrc/ per ISA group, then links the objects into the extension."""
+
+    def _try_compile(self, code: str, flags, link_flags=()) -> bool:
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "probe.c")
+            with open(src, "w") as fh:
+                fh.write(code)
+            try:
+                objs = self.compiler.compile([src], output_dir=tmp, extra_postargs=list(flags))
+                self.compiler.link_executable(objs, "probe", output_dir=tmp,
+                                              extra_postargs=list(link_flags))
+                return True
+            except Exception:  # noqa: BLE001 -- any failure means "not available"
+                return False
+
+    def build_extension(self, ext):
+        msvc = self.compiler.compiler_type == "msvc"
+        native = os.environ.get("CORTIQ_NATIVE") == "1"
+        if msvc:
+            common = ["/O2", "/fp:precise"]
+            isa_flags = {"base": [], "avx2": ["/arch:AVX2"], "avx512": ["/arch:AVX512"]}
+            omp_c, omp_l = ["/openmp"], []
+        else:
+            # No contraction of a*b+c into FMA behind our back: the reference kernels
+            # must compute exactly what their source says on every platform.
+            common = ["-O3", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno",
+                      "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]
+            isa_flags = {"base": [], "avx2": ["-mavx2", "-mfma", "-mf16c"],
+                         "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+                                    "-mavx2", "-mfma", "-mf16c"]}
+            omp_c, omp_l = ["-fopenmp"], ["-fopenmp"]
+            if native:
+                common.append("-march=native")
+
+        groups = _c_sources()
+        macros = list(ext.define_macros)
+        x86 = _target_is_x86()
+        if not x86:
+            groups["avx2"], groups["avx512"] = [], []
+        if groups["avx2"]:
+            macros.append(("CORTIQ_HAVE_AVX2", "1"))
+        if groups["avx512"]:
+            macros.append(("CORTIQ_HAVE_AVX512", "1"))
+
+        omp_probe = "#include <omp.h>\nint main(void){return omp_get_max_threads() < 1;}\n"
+        have_omp = os.environ.get("CORTIQ_NO_OPENMP") != "1" and self._try_compile(omp_probe, omp_c, omp_l)
+        if have_omp:
+            macros.append(("CORTIQ_HAVE_OPENMP", "1"))
+        else:
+            omp_c, omp_l = [], []
+            print("cortiq: WARNING: the compiler has no OpenMP; building serial kernels",
+                  file=sys.stderr)
+
+        objects = []
+        for group, sources in groups.items():
+            if not sources:
+                continue
+            objects += self.compiler.compile(
+                sources, output_dir=self.build_temp, macros=macros,
+                include_dirs=[CSRC], extra_postargs=common + isa_flags[group] + omp_c,
+                depends=glob.glob(os.path.join(CSRC, "**", "*.h"), recursive=True),
+                debug=self.debug)
+        ext.extra_objects = objects + list(ext.extra_objects or [])
+        ext.extra_link_args = list(ext.extra_link_args or []) + omp_l
+        ext.extra_compile_args = list(ext.extra_compile_args or []) + (["-O2"] if not msvc else [])
+        super().build_extension(ext)
+
+
+extension = Extension(
+    "cortiq._kernels",
+    sources=["cortiq/_kernels.pyx"],
+    include_dirs=[CSRC, np.get_include()],
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+)
+
+setup(
+    ext_modules=cythonize([extension], compiler_directives={"language_level": "3"},
+                          include_path=["cortiq"]),
+    cmdclass={"build_ext": BuildKernels},
+)

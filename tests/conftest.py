@@ -1,0 +1,49 @@
+"""Shared fixtures: every compiled ISA that this machine can run, and thread counts."""
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import cortiq
+from cortiq import _kernels
+
+settings.register_profile(
+    "ci", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", deadline=None, max_examples=25)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+def _isas():
+    forced = os.environ.get("CORTIQ_ISA")
+    # Under CORTIQ_ISA the suite exercises only the forced table (the second CI pass).
+    return [forced] if forced else _kernels.usable_isas()
+
+
+@pytest.fixture(scope="session")
+def isas():
+    """The ISA names to loop over inside hypothesis tests (which cannot take `isa`)."""
+    return _isas()
+
+
+@pytest.fixture(params=_isas())
+def isa(request):
+    """Activate one kernel table for the test, then restore the previous one."""
+    before = _kernels.active_isa()
+    _kernels.set_isa(request.param)
+    yield request.param
+    _kernels.set_isa(before)
+
+
+@pytest.fixture(params=[1, 2, 3])
+def threads(request):
+    before = cortiq.get_num_threads()
+    cortiq.set_num_threads(request.param)
+    yield request.param
+    cortiq.set_num_threads(before)
+
+
+def pytest_report_header(config):
+    c = cortiq.config()
+    return (f"cortiq {c['version']} from {os.path.dirname(cortiq.__file__)}; isa {c['isa']} "
+            f"(usable {', '.join(c['isa_usable'])}), threads {c['threads']}, "
+            f"openmp {c['openmp']}")

@@ -1,0 +1,96 @@
+"""Pins cortiq's public names and the behaviour of its process-wide settings."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import cortiq
+from cortiq import _kernels
+
+# Subprocesses start where the imported cortiq lives, so `-c`/`-m` (which put the
+# working directory first on sys.path) cannot pick up an unbuilt source tree.
+PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(cortiq.__file__)))
+
+PUBLIC = {
+    "ConfigError", "CortiqError", "FormatError", "KernelError", "TemplateError",
+    "__version__", "config", "get_num_threads", "set_num_threads", "show_config",
+}
+
+
+def test_public_names_are_pinned():
+    assert set(cortiq.__all__) == PUBLIC
+    for name in PUBLIC:
+        assert hasattr(cortiq, name), name
+
+
+def test_error_hierarchy():
+    for e in (cortiq.FormatError, cortiq.KernelError, cortiq.ConfigError, cortiq.TemplateError):
+        assert issubclass(e, cortiq.CortiqError)
+    assert issubclass(cortiq.ConfigError, ValueError)
+
+
+def test_show_config_reports_isa_threads_and_build(capsys):
+    cortiq.show_config()
+    out = capsys.readouterr().out
+    c = cortiq.config()
+    assert c["isa"] in out and f"threads:      {c['threads']}" in out
+    assert c["version"] == cortiq.__version__ and "compiler" in out
+    assert c["isa"] in c["isa_usable"] and set(c["isa_usable"]) <= set(c["isa_compiled"])
+    if not os.environ.get("CORTIQ_ISA"):
+        assert c["isa"] == _kernels.best_isa()
+        if {"avx2", "fma", "f16c", "os-ymm"} <= set(c["cpu_features"]):
+            assert c["isa"] in ("avx2", "avx512"), "an AVX2 machine must dispatch to AVX2"
+
+
+def test_set_num_threads_validates():
+    before = cortiq.get_num_threads()
+    try:
+        cortiq.set_num_threads(3)
+        assert cortiq.get_num_threads() == (3 if cortiq.config()["openmp"] else 1)
+        for bad in (0, -1, 1.5, "2", True):
+            with pytest.raises(cortiq.ConfigError):
+                cortiq.set_num_threads(bad)
+    finally:
+        cortiq.set_num_threads(before)
+
+
+def _run(env_extra, code="import cortiq; print(cortiq.config()['isa'], cortiq.get_num_threads())"):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORTIQ_")}
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=PKG_PARENT)
+
+
+def test_cortiq_isa_forces_a_table():
+    for isa in _kernels.usable_isas():
+        r = _run({"CORTIQ_ISA": isa})
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split()[0] == isa
+
+
+def test_cortiq_isa_that_cannot_run_names_the_choices():
+    r = _run({"CORTIQ_ISA": "sse9"})
+    assert r.returncode != 0
+    assert "ConfigError" in r.stderr and "CORTIQ_ISA='sse9'" in r.stderr
+    assert "valid choices: ref" in r.stderr
+    if "avx512" not in _kernels.usable_isas():
+        r = _run({"CORTIQ_ISA": "avx512"})
+        assert r.returncode != 0 and "valid choices" in r.stderr
+
+
+def test_cortiq_num_threads():
+    r = _run({"CORTIQ_NUM_THREADS": "3"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[1] == ("3" if cortiq.config()["openmp"] else "1")
+    r = _run({"CORTIQ_NUM_THREADS": "zero"})
+    assert r.returncode != 0 and "CORTIQ_NUM_THREADS" in r.stderr
+
+
+def test_cli_version_and_config():
+    r = subprocess.run([sys.executable, "-m", "cortiq", "--version"], capture_output=True,
+                       text=True, timeout=120, cwd=PKG_PARENT)
+    assert r.returncode == 0 and cortiq.__version__ in r.stdout
+    r = subprocess.run([sys.executable, "-m", "cortiq", "config"], capture_output=True,
+                       text=True, timeout=120, cwd=PKG_PARENT)
+    assert r.returncode == 0 and "isa:" in r.stdout
