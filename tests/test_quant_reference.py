@@ -116,3 +116,14 @@ def test_truncated_payload_is_a_format_error():
     v = Q.quantize(np.ones((2, 32), np.float32), "vbit_ro")
     with pytest.raises(FormatError):
         Q.dequantize(v[:-1], "vbit_ro", (2, 32))
+
+
+@pytest.mark.parametrize("dtype", ["f16", "q8_row", "q8_2f", "q4_block", "q4tp", "q2tp"])
+def test_unencodable_values_are_refused(dtype):
+    w = np.ones((2, 32), np.float32)
+    w[1, 3] = np.nan
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        Q.quantize(w, dtype)
+    w[1, 3] = 3e38
+    with pytest.raises(ValueError, match="beyond what f16"):
+        Q.quantize(w, dtype)

@@ -299,11 +299,32 @@ def _bf16(a):
     return rounded.astype("<u2").view(np.uint8).ravel()
 
 
+# Largest |w| each layout can hold once its scale is an f16 (max f16 = 65504 times the
+# largest code magnitude); beyond it the scale would overflow to inf.
+_F16_MAX = 65504.0
+_LIMIT = {"f16": _F16_MAX, "q8_row": _F16_MAX * 127, "q8_2f": _F16_MAX * 127,
+          "q4_block": _F16_MAX * 7, "q4_tiled": _F16_MAX * 7, "q4tp": _F16_MAX * 7,
+          "q2tp": _F16_MAX * 1.5, "vbit": _F16_MAX * 3, "vbit_ro": _F16_MAX * 3}
+
+
+def _check_representable(a: np.ndarray, dtype: str) -> None:
+    if a.size == 0:
+        return
+    if not np.isfinite(a).all():
+        raise ValueError(f"cannot encode {dtype}: the tensor holds NaN or infinite values")
+    top = float(np.abs(a).max())
+    if top > _LIMIT.get(dtype, np.inf):
+        raise ValueError(f"cannot encode {dtype}: |w| reaches {top:.3g}, beyond what f16 "
+                         f"scales can hold ({_LIMIT[dtype]:.3g}); use f32 or bf16")
+
+
 def quantize(array, dtype: str) -> np.ndarray:
     """Encode a float array as the payload bytes of `dtype` (uint8 array)."""
     if dtype == "u8":
         return np.ascontiguousarray(array, np.uint8).ravel()
     a = np.ascontiguousarray(array, dtype=np.float32)
+    if dtype not in ("f32", "bf16"):
+        _check_representable(a, dtype)
     if dtype == "f32":
         return a.astype("<f4").view(np.uint8).ravel()
     if dtype == "f16":
