@@ -14,3 +14,5 @@ cnp.import_array()
 
 include "_k_dispatch.pxi"
 include "_k_mathfn.pxi"
+include "_k_matvec.pxi"  # [KERN]
+include "_k_attn.pxi"  # [KERN]

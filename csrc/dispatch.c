@@ -10,12 +10,16 @@
 static const cq_table TABLE_REF = {
     "ref",
     &cq_mathfn_ref,
+    &cq_matvec_ref, /* [KERN] */
+    &cq_attn_ref,   /* [KERN] */
 };
 
 #ifdef CORTIQ_HAVE_AVX2
 static const cq_table TABLE_AVX2 = {
     "avx2",
     &cq_mathfn_avx2,
+    &cq_matvec_avx2, /* [KERN] */
+    &cq_attn_avx2,   /* [KERN] */
 };
 #endif
 
@@ -24,6 +28,8 @@ static const cq_table TABLE_AVX2 = {
 static const cq_table TABLE_AVX512 = {
     "avx512",
     &cq_mathfn_avx2,
+    &cq_matvec_avx512, /* [KERN] */
+    &cq_attn_avx2,     /* [KERN] */
 };
 #endif
 
