@@ -187,3 +187,17 @@ def matvec_many(list mats, x, outs=None):
     free(ys)
     check(st, "matvec_many")
     return res
+
+
+def read_sum(buf, int threads=1):
+    """Benchmark probe: sum of the uint64 words of a uint8 buffer on `threads` threads
+    (reads every byte once; see benchmarks/bench_matvec.py)."""
+    if not isinstance(buf, cnp.ndarray) or (<cnp.ndarray>buf).dtype != np.uint8 \
+            or not (<cnp.ndarray>buf).flags.c_contiguous:
+        raise TypeError("read_sum: buf must be a C-contiguous uint8 numpy array")
+    cdef const uint8_t *p = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>buf)
+    cdef size_t n = (<cnp.ndarray>buf).size
+    cdef uint64_t r
+    with nogil:
+        r = cq_read_sum(p, n, threads)
+    return r

@@ -121,9 +121,12 @@ typedef struct cq_matvec_ops {
     cq_status (*row_dot)(const cq_qmat *m, size_t r, const float *x, float *res);
 } cq_matvec_ops;
 
+/* Benchmark probe: sum of the buffer's 64-bit words over `threads` threads (reads
+ * every byte once; used to measure the machine's read bandwidth). */
+uint64_t cq_read_sum(const uint8_t *p, size_t n, int threads);
+
 extern const cq_matvec_ops cq_matvec_ref;
 extern const cq_matvec_ops cq_matvec_avx2;
-extern const cq_matvec_ops cq_matvec_avx512;
 
 /* ---- attn: norms, rotary, top-k, attention (csrc/attn) [KERN] ------------------
  * All buffers float32 row-major; "rows" kernels treat x as [rows, n]. */
