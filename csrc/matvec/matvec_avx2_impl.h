@@ -10,6 +10,13 @@
 #include "matvec_scalar.h"
 #include <immintrin.h>
 
+/* Software prefetch CQ_PF_BYTES ahead of the weight stream (hardware prefetchers alone
+ * leave the stream short of the read bandwidth when each byte costs several uops). */
+#ifndef CQ_PF_BYTES
+#define CQ_PF_BYTES 2048
+#endif
+#define CQ_PREFETCH(ptr) ((void)(ptr))
+
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -26,12 +33,32 @@ static inline __m256 ld_i8x8(const uint8_t *p) {
 }
 static inline float h2f_hw(const uint8_t *p) { return _cvtsh_ss(cq_ld16(p)); }
 
+/* q8 dot: 16-byte loads (a whole line in four loads), widened in registers. Same
+ * accumulators and order as CQ_DOT_STREAM with ld_i8x8. */
+static inline float q8_dot(const uint8_t *p, const float *x, size_t cols) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    size_t c = 0;
+    for (; c + 32 <= cols; c += 32) {
+        __m128i v0 = _mm_loadu_si128((const __m128i *)(p + c));
+        __m128i v1 = _mm_loadu_si128((const __m128i *)(p + c + 16));
+        a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0)), _mm256_loadu_ps(x + c), a0);
+        a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v0, v0))), _mm256_loadu_ps(x + c + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1)), _mm256_loadu_ps(x + c + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v1, v1))), _mm256_loadu_ps(x + c + 24), a3);
+    }
+    for (; c + 8 <= cols; c += 8) a0 = _mm256_fmadd_ps(ld_i8x8(p + c), _mm256_loadu_ps(x + c), a0);
+    float acc = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; c < cols; c++) acc += (float)(int8_t)p[c] * x[c];
+    return acc;
+}
+
 /* One generic 8-lane stream: LOAD(p + k*EB) gives 8 floats of elements k..k+7. */
 #define CQ_DOT_STREAM(LOAD, EB, SCALAR)                                              \
     do {                                                                            \
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                  \
         size_t c = 0;                                                               \
         for (; c + 32 <= cols; c += 32) {                                           \
+            CQ_PREFETCH(p + c * EB + CQ_PF_BYTES);                                   \
             a0 = _mm256_fmadd_ps(LOAD(p + (c + 0) * EB), _mm256_loadu_ps(x + c + 0), a0);   \
             a1 = _mm256_fmadd_ps(LOAD(p + (c + 8) * EB), _mm256_loadu_ps(x + c + 8), a1);   \
             a2 = _mm256_fmadd_ps(LOAD(p + (c + 16) * EB), _mm256_loadu_ps(x + c + 16), a2); \
@@ -170,8 +197,7 @@ static float avx2_dot_row(const cq_qmat *m, size_t r, const float *x) {
     case CQ_DT_Q8_ROW:
     case CQ_DT_Q8_2F: { /* q8_2f: x arrives pre-multiplied by col (prep_x) */
         const uint8_t *p = m->data + r * cols;
-        CQ_DOT_STREAM(ld_i8x8, 1, (float)(int8_t)p[c]);
-        return acc * m->aux[r];
+        return q8_dot(p, x, cols) * m->aux[r];
     }
     default: break;
     }
@@ -186,6 +212,76 @@ static float avx2_dot_row(const cq_qmat *m, size_t r, const float *x) {
     });
     acc = hsum8(_mm256_add_ps(t0, t1));
     return m->dtype == CQ_DT_Q2TP ? acc * 0.5f : acc;
+}
+
+/* Two rows at once (two independent weight streams in flight, one x load for both).
+ * Each row keeps exactly the accumulators and order of CQ_DOT_STREAM, so a row's
+ * result is bit-identical to avx2_dot_row's. */
+#define CQ_DOT_STREAM2(LOAD, EB, SCALAR)                                                 \
+    do {                                                                                \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                      \
+        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;                                      \
+        size_t c = 0;                                                                   \
+        for (; c + 32 <= cols; c += 32) {                                               \
+            CQ_PREFETCH(p + c * EB + CQ_PF_BYTES);                                      \
+            CQ_PREFETCH(p2 + c * EB + CQ_PF_BYTES);                                     \
+            __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);         \
+            __m256 x2 = _mm256_loadu_ps(x + c + 16), x3 = _mm256_loadu_ps(x + c + 24);   \
+            a0 = _mm256_fmadd_ps(LOAD(p + (c + 0) * EB), x0, a0);                       \
+            b0 = _mm256_fmadd_ps(LOAD(p2 + (c + 0) * EB), x0, b0);                      \
+            a1 = _mm256_fmadd_ps(LOAD(p + (c + 8) * EB), x1, a1);                       \
+            b1 = _mm256_fmadd_ps(LOAD(p2 + (c + 8) * EB), x1, b1);                      \
+            a2 = _mm256_fmadd_ps(LOAD(p + (c + 16) * EB), x2, a2);                      \
+            b2 = _mm256_fmadd_ps(LOAD(p2 + (c + 16) * EB), x2, b2);                     \
+            a3 = _mm256_fmadd_ps(LOAD(p + (c + 24) * EB), x3, a3);                      \
+            b3 = _mm256_fmadd_ps(LOAD(p2 + (c + 24) * EB), x3, b3);                     \
+        }                                                                               \
+        for (; c + 8 <= cols; c += 8) {                                                 \
+            __m256 x0 = _mm256_loadu_ps(x + c);                                         \
+            a0 = _mm256_fmadd_ps(LOAD(p + c * EB), x0, a0);                             \
+            b0 = _mm256_fmadd_ps(LOAD(p2 + c * EB), x0, b0);                            \
+        }                                                                               \
+        acc = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));       \
+        acc2 = hsum8(_mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));      \
+        for (; c < cols; c++) {                                                         \
+            { const uint8_t *pp = p; (void)pp; acc += (SCALAR) * x[c]; }                \
+            { const uint8_t *p_ = p; const uint8_t *p = p2; (void)p_; acc2 += (SCALAR) * x[c]; } \
+        }                                                                               \
+    } while (0)
+
+/* out[0], out[1] = rows r, r+1 dotted with x (each bit-identical to avx2_dot_row). */
+static void avx2_dot_rows2(const cq_qmat *m, size_t r, const float *x, float *out) {
+    const size_t cols = m->cols;
+    float acc = 0.0f, acc2 = 0.0f;
+    switch (m->dtype) {
+    case CQ_DT_F32: {
+        const uint8_t *p = m->data + 4 * r * cols, *p2 = p + 4 * cols;
+        CQ_DOT_STREAM2(ld_f32x8, 4, cq_ldf32(p + 4 * c));
+        break;
+    }
+    case CQ_DT_F16: {
+        const uint8_t *p = m->data + 2 * r * cols, *p2 = p + 2 * cols;
+        CQ_DOT_STREAM2(ld_f16x8, 2, cq_h2f(cq_ld16(p + 2 * c)));
+        break;
+    }
+    case CQ_DT_BF16: {
+        const uint8_t *p = m->data + 2 * r * cols, *p2 = p + 2 * cols;
+        CQ_DOT_STREAM2(ld_bf16x8, 2, cq_bf2f(cq_ld16(p + 2 * c)));
+        break;
+    }
+    case CQ_DT_Q8_ROW:
+    case CQ_DT_Q8_2F: {
+        const uint8_t *p = m->data + r * cols;
+        acc = q8_dot(p, x, cols) * m->aux[r];
+        acc2 = q8_dot(p + cols, x, cols) * m->aux[r + 1];
+        break;
+    }
+    default:
+        acc = avx2_dot_row(m, r, x);
+        acc2 = avx2_dot_row(m, r + 1, x);
+    }
+    out[0] = acc;
+    out[1] = acc2;
 }
 
 static void avx2_dequant_row(const cq_qmat *m, size_t r, float *out) {

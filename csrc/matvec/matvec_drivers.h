@@ -4,6 +4,8 @@
  *   static void dequant_row(const cq_qmat *m, size_t r, float *out);
  *   static int needs_prep(const cq_qmat *m);           -- x must be transformed first
  *   static void prep_x(const cq_qmat *m, const float *x, float *xp);
+ *   static void dot_rows2(const cq_qmat *m, size_t r, const float *xp, float *out2);
+ *        -- rows r and r+1, each bit-identical to dot_row (two streams in flight)
  *   static void matmat_block(const float *w, size_t nr, size_t cols, const float *X,
  *                            size_t t, float *Y, size_t ldy);  -- Y[i*ldy + j] for j < nr
  *   #define CQ_MM_ROWS  rows decoded per block in matmat
@@ -34,6 +36,22 @@ static cq_status drv_check(const cq_qmat *m) {
     return CQ_OK;
 }
 
+/* Inside a parallel region (or serially): y[r] for every row, rows split statically
+ * in pairs over the team; the odd last row alone. No barrier at the end (nowait). */
+static void drv_rows(const cq_qmat *m, const float *xp, float *y) {
+    long pairs = (long)(m->rows / 2);
+#ifdef CORTIQ_HAVE_OPENMP
+#pragma omp for schedule(static) nowait
+#endif
+    for (long k = 0; k < pairs; k++) dot_rows2(m, 2 * (size_t)k, xp, y + 2 * k);
+    if (m->rows % 2) {
+#ifdef CORTIQ_HAVE_OPENMP
+        if (omp_get_thread_num() == omp_get_num_threads() - 1)
+#endif
+            y[m->rows - 1] = dot_row(m, m->rows - 1, xp);
+    }
+}
+
 static cq_status drv_matvec(const cq_qmat *m, const float *x, float *y) {
     cq_status st = drv_check(m);
     if (st != CQ_OK) return st;
@@ -45,13 +63,12 @@ static cq_status drv_matvec(const cq_qmat *m, const float *x, float *y) {
         prep_x(m, x, tmp);
         xp = tmp;
     }
-    long rows = (long)m->rows;
     int par = m->rows * m->cols >= CQ_PAR_MIN;
     (void)par;
 #ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel for schedule(static) num_threads(cq_get_num_threads()) if (par)
+#pragma omp parallel num_threads(cq_get_num_threads()) if (par)
 #endif
-    for (long r = 0; r < rows; r++) y[r] = dot_row(m, (size_t)r, xp);
+    drv_rows(m, xp, y);
     free(tmp);
     return CQ_OK;
 }
@@ -94,14 +111,7 @@ static cq_status drv_matvec_many(const cq_qmat *ms, size_t n, const float *x, fl
 #endif
     {
         for (size_t i = 0; i < n; i++) {
-            const cq_qmat *m = &ms[i];
-            const float *xp = xpv[i];
-            float *y = ys[i];
-            long rows = (long)m->rows;
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp for schedule(static) nowait
-#endif
-            for (long r = 0; r < rows; r++) y[r] = dot_row(m, (size_t)r, xp);
+            drv_rows(&ms[i], xpv[i], ys[i]);
         }
     }
     free(tmp);
