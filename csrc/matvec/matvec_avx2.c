@@ -5,7 +5,6 @@
 #define dequant_row avx2_dequant_row
 #define needs_prep avx2_needs_prep
 #define prep_x avx2_prep_x
-#define dot_rows2 avx2_dot_rows2
 
 /* Rows decoded per matmat block: the block (CQ_MM_ROWS x cols floats) stays in L2. */
 #define CQ_MM_ROWS 16

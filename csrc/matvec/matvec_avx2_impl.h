@@ -10,13 +10,6 @@
 #include "matvec_scalar.h"
 #include <immintrin.h>
 
-/* Software prefetch CQ_PF_BYTES ahead of the weight stream (hardware prefetchers alone
- * leave the stream short of the read bandwidth when each byte costs several uops). */
-#ifndef CQ_PF_BYTES
-#define CQ_PF_BYTES 2048
-#endif
-#define CQ_PREFETCH(ptr) ((void)(ptr))
-
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -33,32 +26,12 @@ static inline __m256 ld_i8x8(const uint8_t *p) {
 }
 static inline float h2f_hw(const uint8_t *p) { return _cvtsh_ss(cq_ld16(p)); }
 
-/* q8 dot: 16-byte loads (a whole line in four loads), widened in registers. Same
- * accumulators and order as CQ_DOT_STREAM with ld_i8x8. */
-static inline float q8_dot(const uint8_t *p, const float *x, size_t cols) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    size_t c = 0;
-    for (; c + 32 <= cols; c += 32) {
-        __m128i v0 = _mm_loadu_si128((const __m128i *)(p + c));
-        __m128i v1 = _mm_loadu_si128((const __m128i *)(p + c + 16));
-        a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0)), _mm256_loadu_ps(x + c), a0);
-        a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v0, v0))), _mm256_loadu_ps(x + c + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1)), _mm256_loadu_ps(x + c + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v1, v1))), _mm256_loadu_ps(x + c + 24), a3);
-    }
-    for (; c + 8 <= cols; c += 8) a0 = _mm256_fmadd_ps(ld_i8x8(p + c), _mm256_loadu_ps(x + c), a0);
-    float acc = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; c < cols; c++) acc += (float)(int8_t)p[c] * x[c];
-    return acc;
-}
-
 /* One generic 8-lane stream: LOAD(p + k*EB) gives 8 floats of elements k..k+7. */
 #define CQ_DOT_STREAM(LOAD, EB, SCALAR)                                              \
     do {                                                                            \
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                  \
         size_t c = 0;                                                               \
         for (; c + 32 <= cols; c += 32) {                                           \
-            CQ_PREFETCH(p + c * EB + CQ_PF_BYTES);                                   \
             a0 = _mm256_fmadd_ps(LOAD(p + (c + 0) * EB), _mm256_loadu_ps(x + c + 0), a0);   \
             a1 = _mm256_fmadd_ps(LOAD(p + (c + 8) * EB), _mm256_loadu_ps(x + c + 8), a1);   \
             a2 = _mm256_fmadd_ps(LOAD(p + (c + 16) * EB), _mm256_loadu_ps(x + c + 16), a2); \
@@ -175,6 +148,106 @@ static inline int grouped_fast(const cq_qmat *m) { return m->cols % CQ_GROUP == 
         }                                                                               \
     } while (0)
 
+/* Grouped dtypes (cols % 32 == 0). x arrives permuted per group by prep_x:
+ * q4: [16 even elements][16 odd elements] (low nibbles, then high nibbles);
+ * q2: [8 elements 4k][8 elements 4k+1][.. 4k+2][.. 4k+3] (the 2-bit field j of byte k).
+ * So each byte widens once (vpmovzxbd) and its fields need no re-interleaving.
+ * Per group: gs = sum q*x over its 32 weights (q = nibble - 8, or 2v - 3 for q2),
+ * then acc += gs * scale (two alternating accumulators). */
+static inline __m256 q4_gdot(const uint8_t *nib, const float *xg) {
+    const __m256i m15 = _mm256_set1_epi32(15), eight = _mm256_set1_epi32(8);
+    __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)nib));
+    __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(nib + 8)));
+    __m256 l0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b0, m15), eight));
+    __m256 l1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b1, m15), eight));
+    __m256 h0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b0, 4), eight));
+    __m256 h1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b1, 4), eight));
+    __m256 ga = _mm256_fmadd_ps(h0, _mm256_loadu_ps(xg + 16), _mm256_mul_ps(l0, _mm256_loadu_ps(xg)));
+    __m256 gb = _mm256_fmadd_ps(h1, _mm256_loadu_ps(xg + 24), _mm256_mul_ps(l1, _mm256_loadu_ps(xg + 8)));
+    return _mm256_add_ps(ga, gb);
+}
+static inline __m256 q2_gdot(const uint8_t *q, const float *xg) {
+    const __m256i m3 = _mm256_set1_epi32(3), three = _mm256_set1_epi32(3);
+    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    __m256i v0 = _mm256_and_si256(b, m3), v1 = _mm256_and_si256(_mm256_srli_epi32(b, 2), m3);
+    __m256i v2 = _mm256_and_si256(_mm256_srli_epi32(b, 4), m3), v3 = _mm256_srli_epi32(b, 6);
+    __m256 f0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_add_epi32(v0, v0), three));
+    __m256 f1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_add_epi32(v1, v1), three));
+    __m256 f2 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_add_epi32(v2, v2), three));
+    __m256 f3 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_add_epi32(v3, v3), three));
+    __m256 ga = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xg + 8), _mm256_mul_ps(f0, _mm256_loadu_ps(xg)));
+    __m256 gb = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xg + 24), _mm256_mul_ps(f2, _mm256_loadu_ps(xg + 16)));
+    return _mm256_add_ps(ga, gb);
+}
+
+static float grouped_dot(const cq_qmat *m, size_t r, const float *x) {
+    const size_t cols = m->cols, gpr = cols / CQ_GROUP;
+    const uint8_t *d = m->data;
+    __m256 t0 = _mm256_setzero_ps(), t1 = t0;
+    size_t g = 0;
+    switch (m->dtype) {
+    case CQ_DT_Q4_BLOCK: {
+        const uint8_t *nb = d + 16 * r * gpr, *sp = d + 16 * m->rows * gpr + 2 * r * gpr;
+        float sc[8];
+        for (; g + 8 <= gpr; g += 8) {
+            _mm256_storeu_ps(sc, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp + 2 * g))));
+            for (int k = 0; k < 8; k += 2) {
+                t0 = _mm256_fmadd_ps(q4_gdot(nb + 16 * (g + k), x + 32 * (g + k)), _mm256_broadcast_ss(sc + k), t0);
+                t1 = _mm256_fmadd_ps(q4_gdot(nb + 16 * (g + k + 1), x + 32 * (g + k + 1)), _mm256_broadcast_ss(sc + k + 1), t1);
+            }
+        }
+        for (; g < gpr; g++)
+            t0 = _mm256_fmadd_ps(q4_gdot(nb + 16 * g, x + 32 * g), _mm256_set1_ps(h2f_hw(sp + 2 * g)), t0);
+        break;
+    }
+    case CQ_DT_Q4_TILED: {
+        const uint8_t *tl = d + 18 * r * gpr;
+        for (; g + 2 <= gpr; g += 2) {
+            t0 = _mm256_fmadd_ps(q4_gdot(tl + 18 * g + 2, x + 32 * g), _mm256_set1_ps(h2f_hw(tl + 18 * g)), t0);
+            t1 = _mm256_fmadd_ps(q4_gdot(tl + 18 * g + 20, x + 32 * g + 32), _mm256_set1_ps(h2f_hw(tl + 18 * g + 18)), t1);
+        }
+        for (; g < gpr; g++)
+            t0 = _mm256_fmadd_ps(q4_gdot(tl + 18 * g + 2, x + 32 * g), _mm256_set1_ps(h2f_hw(tl + 18 * g)), t0);
+        break;
+    }
+    case CQ_DT_Q4TP:
+    case CQ_DT_Q2TP: {
+        const int q4 = m->dtype == CQ_DT_Q4TP;
+        const size_t tile = q4 ? 16 : 8, stride = cq_tp_stride(cols);
+        const uint8_t *body = d + r * gpr * tile;
+        const uint8_t *cb = d + m->rows * gpr * tile + 4 * m->rows + r * stride;
+        const float *ladder = m->aux + 32 * r;
+        for (size_t g0 = 0; g0 < gpr; g0 += 64) {
+            uint8_t codes[64];
+            size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;
+            tp_codes(cb + 5 * (g0 / 8), stride - 5 * (g0 / 8), ng, codes);
+            size_t gi = 0;
+            if (q4) {
+                for (; gi + 2 <= ng; gi += 2) {
+                    size_t gg = g0 + gi;
+                    t0 = _mm256_fmadd_ps(q4_gdot(body + 16 * gg, x + 32 * gg), _mm256_broadcast_ss(ladder + codes[gi]), t0);
+                    t1 = _mm256_fmadd_ps(q4_gdot(body + 16 * gg + 16, x + 32 * gg + 32), _mm256_broadcast_ss(ladder + codes[gi + 1]), t1);
+                }
+                for (; gi < ng; gi++)
+                    t0 = _mm256_fmadd_ps(q4_gdot(body + 16 * (g0 + gi), x + 32 * (g0 + gi)), _mm256_broadcast_ss(ladder + codes[gi]), t0);
+            } else {
+                for (; gi + 2 <= ng; gi += 2) {
+                    size_t gg = g0 + gi;
+                    t0 = _mm256_fmadd_ps(q2_gdot(body + 8 * gg, x + 32 * gg), _mm256_broadcast_ss(ladder + codes[gi]), t0);
+                    t1 = _mm256_fmadd_ps(q2_gdot(body + 8 * gg + 8, x + 32 * gg + 32), _mm256_broadcast_ss(ladder + codes[gi + 1]), t1);
+                }
+                for (; gi < ng; gi++)
+                    t0 = _mm256_fmadd_ps(q2_gdot(body + 8 * (g0 + gi), x + 32 * (g0 + gi)), _mm256_broadcast_ss(ladder + codes[gi]), t0);
+            }
+        }
+        break;
+    }
+    default: break;
+    }
+    float acc = hsum8(_mm256_add_ps(t0, t1));
+    return m->dtype == CQ_DT_Q2TP ? acc * 0.5f : acc;
+}
+
 static float avx2_dot_row(const cq_qmat *m, size_t r, const float *x) {
     const size_t cols = m->cols;
     float acc = 0.0f;
@@ -197,91 +270,13 @@ static float avx2_dot_row(const cq_qmat *m, size_t r, const float *x) {
     case CQ_DT_Q8_ROW:
     case CQ_DT_Q8_2F: { /* q8_2f: x arrives pre-multiplied by col (prep_x) */
         const uint8_t *p = m->data + r * cols;
-        return q8_dot(p, x, cols) * m->aux[r];
+        CQ_DOT_STREAM(ld_i8x8, 1, (float)(int8_t)p[c]);
+        return acc * m->aux[r];
     }
     default: break;
     }
     if (!grouped_fast(m)) return ref_row(m, r, x, NULL);
-    __m256 t0 = _mm256_setzero_ps(), t1 = t0;
-    int odd = 0;
-    CQ_GROUP_LOOP({
-        __m256 gs = grp_dot(a, b, x + CQ_GROUP * g);
-        if (odd) t1 = _mm256_fmadd_ps(gs, _mm256_set1_ps(sc), t1);
-        else t0 = _mm256_fmadd_ps(gs, _mm256_set1_ps(sc), t0);
-        odd ^= 1;
-    });
-    acc = hsum8(_mm256_add_ps(t0, t1));
-    return m->dtype == CQ_DT_Q2TP ? acc * 0.5f : acc;
-}
-
-/* Two rows at once (two independent weight streams in flight, one x load for both).
- * Each row keeps exactly the accumulators and order of CQ_DOT_STREAM, so a row's
- * result is bit-identical to avx2_dot_row's. */
-#define CQ_DOT_STREAM2(LOAD, EB, SCALAR)                                                 \
-    do {                                                                                \
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                      \
-        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;                                      \
-        size_t c = 0;                                                                   \
-        for (; c + 32 <= cols; c += 32) {                                               \
-            CQ_PREFETCH(p + c * EB + CQ_PF_BYTES);                                      \
-            CQ_PREFETCH(p2 + c * EB + CQ_PF_BYTES);                                     \
-            __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);         \
-            __m256 x2 = _mm256_loadu_ps(x + c + 16), x3 = _mm256_loadu_ps(x + c + 24);   \
-            a0 = _mm256_fmadd_ps(LOAD(p + (c + 0) * EB), x0, a0);                       \
-            b0 = _mm256_fmadd_ps(LOAD(p2 + (c + 0) * EB), x0, b0);                      \
-            a1 = _mm256_fmadd_ps(LOAD(p + (c + 8) * EB), x1, a1);                       \
-            b1 = _mm256_fmadd_ps(LOAD(p2 + (c + 8) * EB), x1, b1);                      \
-            a2 = _mm256_fmadd_ps(LOAD(p + (c + 16) * EB), x2, a2);                      \
-            b2 = _mm256_fmadd_ps(LOAD(p2 + (c + 16) * EB), x2, b2);                     \
-            a3 = _mm256_fmadd_ps(LOAD(p + (c + 24) * EB), x3, a3);                      \
-            b3 = _mm256_fmadd_ps(LOAD(p2 + (c + 24) * EB), x3, b3);                     \
-        }                                                                               \
-        for (; c + 8 <= cols; c += 8) {                                                 \
-            __m256 x0 = _mm256_loadu_ps(x + c);                                         \
-            a0 = _mm256_fmadd_ps(LOAD(p + c * EB), x0, a0);                             \
-            b0 = _mm256_fmadd_ps(LOAD(p2 + c * EB), x0, b0);                            \
-        }                                                                               \
-        acc = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));       \
-        acc2 = hsum8(_mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));      \
-        for (; c < cols; c++) {                                                         \
-            { const uint8_t *pp = p; (void)pp; acc += (SCALAR) * x[c]; }                \
-            { const uint8_t *p_ = p; const uint8_t *p = p2; (void)p_; acc2 += (SCALAR) * x[c]; } \
-        }                                                                               \
-    } while (0)
-
-/* out[0], out[1] = rows r, r+1 dotted with x (each bit-identical to avx2_dot_row). */
-static void avx2_dot_rows2(const cq_qmat *m, size_t r, const float *x, float *out) {
-    const size_t cols = m->cols;
-    float acc = 0.0f, acc2 = 0.0f;
-    switch (m->dtype) {
-    case CQ_DT_F32: {
-        const uint8_t *p = m->data + 4 * r * cols, *p2 = p + 4 * cols;
-        CQ_DOT_STREAM2(ld_f32x8, 4, cq_ldf32(p + 4 * c));
-        break;
-    }
-    case CQ_DT_F16: {
-        const uint8_t *p = m->data + 2 * r * cols, *p2 = p + 2 * cols;
-        CQ_DOT_STREAM2(ld_f16x8, 2, cq_h2f(cq_ld16(p + 2 * c)));
-        break;
-    }
-    case CQ_DT_BF16: {
-        const uint8_t *p = m->data + 2 * r * cols, *p2 = p + 2 * cols;
-        CQ_DOT_STREAM2(ld_bf16x8, 2, cq_bf2f(cq_ld16(p + 2 * c)));
-        break;
-    }
-    case CQ_DT_Q8_ROW:
-    case CQ_DT_Q8_2F: {
-        const uint8_t *p = m->data + r * cols;
-        acc = q8_dot(p, x, cols) * m->aux[r];
-        acc2 = q8_dot(p + cols, x, cols) * m->aux[r + 1];
-        break;
-    }
-    default:
-        acc = avx2_dot_row(m, r, x);
-        acc2 = avx2_dot_row(m, r + 1, x);
-    }
-    out[0] = acc;
-    out[1] = acc2;
+    return grouped_dot(m, r, x);
 }
 
 static void avx2_dequant_row(const cq_qmat *m, size_t r, float *out) {
@@ -342,13 +337,37 @@ static void avx2_dequant_row(const cq_qmat *m, size_t r, float *out) {
     }
 }
 
-static int avx2_needs_prep(const cq_qmat *m) { return m->dtype == CQ_DT_Q8_2F; }
-/* q8_2f: xp = col * x, so a row's dot is rs * sum q * xp. */
+static int avx2_needs_prep(const cq_qmat *m) {
+    switch (m->dtype) {
+    case CQ_DT_Q8_2F: return 1;
+    case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP: case CQ_DT_Q2TP: return grouped_fast(m);
+    default: return 0;
+    }
+}
+/* q8_2f: xp = col * x, so a row's dot is rs * sum q * xp. Grouped dtypes: x permuted
+ * per group of 32 into the order grouped_dot reads (see there). */
 static void avx2_prep_x(const cq_qmat *m, const float *x, float *xp) {
-    const float *col = m->aux + m->rows;
-    size_t c = 0;
-    for (; c + 8 <= m->cols; c += 8)
-        _mm256_storeu_ps(xp + c, _mm256_mul_ps(_mm256_loadu_ps(col + c), _mm256_loadu_ps(x + c)));
-    for (; c < m->cols; c++) xp[c] = col[c] * x[c];
+    const size_t cols = m->cols;
+    if (m->dtype == CQ_DT_Q8_2F) {
+        const float *col = m->aux + m->rows;
+        size_t c = 0;
+        for (; c + 8 <= cols; c += 8)
+            _mm256_storeu_ps(xp + c, _mm256_mul_ps(_mm256_loadu_ps(col + c), _mm256_loadu_ps(x + c)));
+        for (; c < cols; c++) xp[c] = col[c] * x[c];
+        return;
+    }
+    for (size_t g = 0; g < cols / CQ_GROUP; g++) {
+        const float *xg = x + CQ_GROUP * g;
+        float *o = xp + CQ_GROUP * g;
+        if (m->dtype == CQ_DT_Q2TP) {
+            for (int j = 0; j < 4; j++)
+                for (int k = 0; k < 8; k++) o[8 * j + k] = xg[4 * k + j];
+        } else {
+            for (int k = 0; k < 16; k++) {
+                o[k] = xg[2 * k];
+                o[16 + k] = xg[2 * k + 1];
+            }
+        }
+    }
 }
 #endif

@@ -4,8 +4,6 @@
  *   static void dequant_row(const cq_qmat *m, size_t r, float *out);
  *   static int needs_prep(const cq_qmat *m);           -- x must be transformed first
  *   static void prep_x(const cq_qmat *m, const float *x, float *xp);
- *   static void dot_rows2(const cq_qmat *m, size_t r, const float *xp, float *out2);
- *        -- rows r and r+1, each bit-identical to dot_row (two streams in flight)
  *   static void matmat_block(const float *w, size_t nr, size_t cols, const float *X,
  *                            size_t t, float *Y, size_t ldy);  -- Y[i*ldy + j] for j < nr
  *   #define CQ_MM_ROWS  rows decoded per block in matmat
@@ -37,19 +35,13 @@ static cq_status drv_check(const cq_qmat *m) {
 }
 
 /* Inside a parallel region (or serially): y[r] for every row, rows split statically
- * in pairs over the team; the odd last row alone. No barrier at the end (nowait). */
+ * over the team. No barrier at the end (nowait). */
 static void drv_rows(const cq_qmat *m, const float *xp, float *y) {
-    long pairs = (long)(m->rows / 2);
+    long rows = (long)m->rows;
 #ifdef CORTIQ_HAVE_OPENMP
 #pragma omp for schedule(static) nowait
 #endif
-    for (long k = 0; k < pairs; k++) dot_rows2(m, 2 * (size_t)k, xp, y + 2 * k);
-    if (m->rows % 2) {
-#ifdef CORTIQ_HAVE_OPENMP
-        if (omp_get_thread_num() == omp_get_num_threads() - 1)
-#endif
-            y[m->rows - 1] = dot_row(m, m->rows - 1, xp);
-    }
+    for (long r = 0; r < rows; r++) y[r] = dot_row(m, (size_t)r, xp);
 }
 
 static cq_status drv_matvec(const cq_qmat *m, const float *x, float *y) {

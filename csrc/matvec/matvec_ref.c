@@ -8,10 +8,7 @@
 static float dot_row(const cq_qmat *m, size_t r, const float *x) { return ref_row(m, r, x, NULL); }
 static void dequant_row(const cq_qmat *m, size_t r, float *out) { (void)ref_row(m, r, NULL, out); }
 static int needs_prep(const cq_qmat *m) { (void)m; return 0; }
-static void dot_rows2(const cq_qmat *m, size_t r, const float *x, float *out) {
-    out[0] = dot_row(m, r, x);
-    out[1] = dot_row(m, r + 1, x);
-}
+
 static void prep_x(const cq_qmat *m, const float *x, float *xp) { (void)m; (void)x; (void)xp; }
 
 /* Y[i, j] = sum_c w[j, c] * X[i, c] in column order: identical to dot_row, so the
