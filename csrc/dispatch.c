@@ -28,7 +28,7 @@ static const cq_table TABLE_AVX2 = {
 static const cq_table TABLE_AVX512 = {
     "avx512",
     &cq_mathfn_avx2,
-    &cq_matvec_avx2,   /* [KERN] AVX-512 twin measured slower here (see ARCHITECTURE.md) */
+    &cq_matvec_avx512, /* [KERN] */
     &cq_attn_avx2,     /* [KERN] */
 };
 #endif
