@@ -2,12 +2,14 @@
 # QMat is the low-level handle cortiq.tensor.QTensor wraps; see docs/ARCHITECTURE.md.
 from libc.stdlib cimport malloc, free
 
-_MV_DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "q8_row": 3, "q4_block": 4, "q8_2f": 9,
-              "q4_tiled": 11, "q4tp": 15, "q2tp": 16}
+_MV_DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "q8_row": 3, "q4_block": 4, "vbit": 8,
+              "q8_2f": 9, "vbit_ro": 10, "q4_tiled": 11, "q4tp": 15, "q2tp": 16}
+_MV_VARIABLE = ("vbit", "vbit_ro")  # payload size depends on the data
 
 
 def qmat_nbytes(str dtype, size_t rows, size_t cols):
-    """Payload bytes of a [rows, cols] matrix of `dtype` (0 = unsupported shape)."""
+    """Payload bytes of a [rows, cols] matrix of `dtype` (0 = unsupported shape or
+    data-dependent size: vbit, vbit_ro)."""
     if dtype not in _MV_DTYPES:
         raise ValueError(f"qmat_nbytes: dtype {dtype!r} not supported; one of {', '.join(_MV_DTYPES)}")
     return cq_qmat_nbytes(_MV_DTYPES[dtype], rows, cols)
@@ -18,6 +20,7 @@ cdef class QMat:
     cdef cq_qmat m
     cdef readonly object raw
     cdef readonly object aux
+    cdef readonly object rowoff
     cdef readonly str dtype
     cdef readonly size_t rows, cols
 
@@ -30,7 +33,9 @@ cdef class QMat:
             raise ValueError("QMat: raw must be C-contiguous")
         cdef int dt = _MV_DTYPES[dtype]
         cdef size_t need = cq_qmat_nbytes(dt, rows, cols)
-        if need == 0 and rows * cols != 0:
+        if dtype in _MV_VARIABLE:
+            need = (<cnp.ndarray>raw).size
+        elif need == 0 and rows * cols != 0:
             raise ValueError(f"QMat: {dtype} cannot hold shape ({rows}, {cols}) (cols % 32 != 0?)")
         if <size_t>(<cnp.ndarray>raw).size != need:
             raise ValueError(f"QMat: {dtype} ({rows}, {cols}) payload must be {need} bytes, got {(<cnp.ndarray>raw).size}")
@@ -44,8 +49,18 @@ cdef class QMat:
         self.m.cols = cols
         self.m.dtype = dt
         self.m.aux = NULL
+        self.m.rowoff = NULL
         cdef size_t naux = cq_qmat_aux_len(dt, rows, cols)
         cdef cnp.ndarray a
+        cdef cq_status st
+        if dtype in _MV_VARIABLE:
+            a = np.empty(rows + 1, np.uint64)
+            st = cq_qmat_prepare_rows(&self.m, <uint64_t *>cnp.PyArray_DATA(a))
+            if st != CQ_OK:
+                raise ValueError(f"QMat: invalid {dtype} payload for shape ({rows}, {cols}): "
+                                 f"{cq_status_str(st).decode()} (widths, offsets or length)")
+            self.rowoff = a
+            self.m.rowoff = <const uint64_t *>cnp.PyArray_DATA(a)
         if naux:
             a = np.empty(naux, np.float32)
             check(cq_qmat_prepare(&self.m, <float *>cnp.PyArray_DATA(a)), "QMat")

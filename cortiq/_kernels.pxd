@@ -28,9 +28,11 @@ cdef extern from "cortiq.h" nogil:
         size_t cols
         int dtype
         const float *aux
+        const uint64_t *rowoff
     size_t cq_qmat_nbytes(int dtype, size_t rows, size_t cols)
     size_t cq_qmat_aux_len(int dtype, size_t rows, size_t cols)
     cq_status cq_qmat_prepare(const cq_qmat *m, float *aux)
+    cq_status cq_qmat_prepare_rows(const cq_qmat *m, uint64_t *rowoff)
     uint64_t cq_read_sum(const uint8_t *p, size_t n, int threads)
 
     ctypedef struct cq_matvec_ops:

@@ -20,7 +20,9 @@ import numpy as np
 from . import _kernels as _K
 from .errors import FormatError
 
-DTYPES = ("f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp")
+DTYPES = ("f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp",
+          "vbit", "vbit_ro")
+VARIABLE = ("vbit", "vbit_ro")  # payload size depends on the data (validated on wrap)
 
 
 class QTensor:
@@ -39,13 +41,20 @@ class QTensor:
             raise TypeError(f"QTensor: raw must be uint8 payload bytes, got {raw.dtype}")
         raw = np.ascontiguousarray(raw).reshape(-1)
         rows, cols = shape
-        need = _K.qmat_nbytes(dtype, rows, cols)
-        if need == 0 and rows * cols:
-            raise FormatError(f"QTensor{_at(name)}: {dtype} cannot hold shape {shape} (cols % 32 != 0)")
-        if raw.size != need:
-            raise FormatError(f"QTensor{_at(name)}: {dtype} {shape} payload must be {need} bytes, "
-                              f"got {raw.size}")
-        self._m = _K.QMat(raw, dtype, rows, cols)
+        if dtype in VARIABLE:
+            try:
+                self._m = _K.QMat(raw, dtype, rows, cols)
+            except ValueError as e:
+                raise FormatError(f"QTensor{_at(name)}: {e}") from None
+        else:
+            need = _K.qmat_nbytes(dtype, rows, cols)
+            if need == 0 and rows * cols:
+                raise FormatError(f"QTensor{_at(name)}: {dtype} cannot hold shape {shape} "
+                                  f"(cols % 32 != 0)")
+            if raw.size != need:
+                raise FormatError(f"QTensor{_at(name)}: {dtype} {shape} payload must be {need} "
+                                  f"bytes, got {raw.size}")
+            self._m = _K.QMat(raw, dtype, rows, cols)
         self.dtype, self.rows, self.cols, self.name = dtype, rows, cols, name
 
     # ---- construction -------------------------------------------------------------
@@ -61,14 +70,16 @@ class QTensor:
     @classmethod
     def from_cmf(cls, cmf_file, name: str, skill=None) -> "QTensor":
         """Wrap tensor `name` of an open CmfFile (zero-copy view of the mapped payload).
-        dtypes without a kernel (e.g. vbit) are dequantized once and kept as f32."""
+        dtypes without a kernel (q1, q1s, q1t, u8, odd shapes) are dequantized once and
+        kept as f32."""
         full = cmf_file.resolve(name, skill) if hasattr(cmf_file, "resolve") else name
         info = cmf_file.tensors[full]
         if len(info.shape) != 2:
             raise FormatError(f"QTensor: tensor {full!r} in {getattr(cmf_file, 'path', '?')} "
                               f"has shape {tuple(info.shape)}, needs 2-D")
         dtype = info.dtype
-        ok = dtype in DTYPES and _K.qmat_nbytes(dtype, *info.shape) == info.nbytes
+        ok = dtype in DTYPES and (dtype in VARIABLE and info.shape[1] % 32 == 0
+                                  or _K.qmat_nbytes(dtype, *info.shape) == info.nbytes)
         if ok:
             return cls(cmf_file.raw(full), dtype, info.shape, name=full)
         dense = np.ascontiguousarray(cmf_file.tensor(full), np.float32)

@@ -87,7 +87,8 @@ extern const cq_mathfn_ops cq_mathfn_avx2;
  * rounding of sum|w*x|, not bitwise. */
 enum {
     CQ_DT_F32 = 0, CQ_DT_F16 = 1, CQ_DT_BF16 = 2, CQ_DT_Q8_ROW = 3, CQ_DT_Q4_BLOCK = 4,
-    CQ_DT_Q8_2F = 9, CQ_DT_Q4_TILED = 11, CQ_DT_Q4TP = 15, CQ_DT_Q2TP = 16,
+    CQ_DT_VBIT = 8, CQ_DT_Q8_2F = 9, CQ_DT_VBIT_RO = 10, CQ_DT_Q4_TILED = 11, CQ_DT_Q4TP = 15,
+    CQ_DT_Q2TP = 16,
 };
 typedef struct cq_qmat {
     const uint8_t *data; /* the payload bytes as stored in the file */
@@ -98,13 +99,21 @@ typedef struct cq_qmat {
      * q8_row: row scales [rows]; q8_2f: row scales [rows] then col [cols];
      * q4tp/q2tp: per row the 32 tile scales indexed by code (q2tp: code 0 -> 0). */
     const float *aux;
+    /* vbit/vbit_ro only: rows+1 byte offsets of each row's codes from `data`, from
+     * cq_qmat_prepare_rows (NULL otherwise). */
+    const uint64_t *rowoff;
 } cq_qmat;
 /* Payload size of a dtype/shape, 0 when the dtype/shape is not supported here
- * (q4tp/q2tp need cols % 32 == 0). */
+ * (q4tp/q2tp need cols % 32 == 0) or data-dependent (vbit, vbit_ro: see
+ * cq_qmat_prepare_rows). */
 size_t cq_qmat_nbytes(int dtype, size_t rows, size_t cols);
 size_t cq_qmat_aux_len(int dtype, size_t rows, size_t cols);
 /* Fill aux (cq_qmat_aux_len floats) from m->data; m->aux is not read. */
 cq_status cq_qmat_prepare(const cq_qmat *m, float *aux);
+/* vbit/vbit_ro: validate the payload (2-D, cols % 32 == 0, widths in {3,4,5,6,8},
+ * vbit_ro offsets the exact prefix sums, total length == nbytes; CQ_ERR_SHAPE /
+ * CQ_ERR_ARG otherwise) and fill rowoff[rows + 1]. */
+cq_status cq_qmat_prepare_rows(const cq_qmat *m, uint64_t *rowoff);
 
 typedef struct cq_matvec_ops {
     /* y[r] = sum_c W[r,c] x[c], r < rows; x has cols floats, y rows floats. */

@@ -25,7 +25,7 @@ from cortiq.tensor import DTYPES, QTensor
 U = 2.0 ** -24
 DOT_ULPS = 2
 EXTRA_ULPS = 8
-GROUPED_ROWS = ("q4tp", "q2tp")  # need cols % 32 == 0
+GROUPED_ROWS = ("q4tp", "q2tp", "vbit", "vbit_ro")  # need cols % 32 == 0
 
 
 def _ok_shape(dtype, cols):
@@ -78,7 +78,7 @@ def test_decode_and_matvec(isa, dtype, shape):
         pytest.skip("layout needs cols % 32 == 0")
     q, d = make(dtype, rows, cols, seed=rows * 1000 + cols, zero_rows=(1,))
     assert q.rows == rows and q.cols == cols and q.dtype == dtype
-    assert q.nbytes == quant.expected_nbytes(dtype, (rows, cols))
+    assert q.nbytes == (quant.expected_nbytes(dtype, (rows, cols)) or q.raw.size)
     np.testing.assert_array_equal(q.dequantize(), d)
     for i in (0, rows - 1, rows // 2):
         np.testing.assert_array_equal(q.row(i), d[i])
@@ -223,7 +223,11 @@ def test_argument_errors():
     with pytest.raises(FormatError, match="cols % 32"):
         QTensor(np.zeros(100, np.uint8), "q4tp", (2, 40))
     with pytest.raises(ValueError, match="dtype"):
-        QTensor(np.zeros(10, np.uint8), "vbit", (1, 32))
+        QTensor(np.zeros(10, np.uint8), "q1", (1, 32))
+    good = quant.quantize(np.ones((2, 64), np.float32), "vbit_ro")
+    for bad in (good[:-1], np.concatenate([[7], good[1:]]).astype(np.uint8)):
+        with pytest.raises(FormatError, match="vbit_ro"):
+            QTensor(bad, "vbit_ro", (2, 64))
     with pytest.raises(ValueError, match="2-D"):
         QTensor.from_f32(np.ones(5, np.float32), "f32")
 
@@ -260,12 +264,16 @@ class _FakeCmf:
 
 def test_from_cmf():
     a = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
-    cf = _FakeCmf({"w": ("q4_tiled", a), "v": ("vbit", a), "n": ("f16", a[0])})
+    cf = _FakeCmf({"w": ("q4_tiled", a), "v": ("vbit", a), "n": ("f16", a[0]),
+                   "o": ("q4_block", a[:, :40].copy())})
     q = QTensor.from_cmf(cf, "w")
     assert q.dtype == "q4_tiled" and q.shape == (8, 64) and q.name == "w"
     np.testing.assert_array_equal(q.dequantize(), cf.tensor("w"))
-    v = QTensor.from_cmf(cf, "v")  # no kernel for vbit: decoded once to f32
-    assert v.dtype == "f32"
+    v = QTensor.from_cmf(cf, "v")
+    assert v.dtype == "vbit"
     np.testing.assert_array_equal(v.dequantize(), cf.tensor("v"))
+    o = QTensor.from_cmf(cf, "o")
+    assert o.dtype == "q4_block"  # cols % 32 != 0 still has a (scalar) kernel
+    np.testing.assert_array_equal(o.dequantize(), cf.tensor("o"))
     with pytest.raises(FormatError, match="2-D"):
         QTensor.from_cmf(cf, "n")

@@ -94,7 +94,13 @@ static inline void tp_codes(const uint8_t *cb, size_t stride, size_t gpr, uint8_
 }
 
 /* Can the grouped fast path run (groups aligned to rows)? */
-static inline int grouped_fast(const cq_qmat *m) { return m->cols % CQ_GROUP == 0; }
+static inline int grouped_fast(const cq_qmat *m) {
+    switch (m->dtype) {
+    case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP: case CQ_DT_Q2TP:
+        return m->cols % CQ_GROUP == 0;
+    default: return 0; /* vbit/vbit_ro and odd shapes: the scalar decoder */
+    }
+}
 
 /* Group g of row r of a grouped dtype: its 32 weights as int8 (a, b) and its scale. */
 #define CQ_GROUP_LOOP(...)                                                              \

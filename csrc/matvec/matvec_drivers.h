@@ -23,6 +23,8 @@
 
 
 static cq_status drv_check(const cq_qmat *m) {
+    if (m->dtype == CQ_DT_VBIT || m->dtype == CQ_DT_VBIT_RO) /* validated by prepare_rows */
+        return m->rowoff ? CQ_OK : CQ_ERR_ARG;
     size_t need = cq_qmat_nbytes(m->dtype, m->rows, m->cols);
     if (need == 0 && m->rows * m->cols != 0) return CQ_ERR_UNSUPPORTED;
     switch (m->dtype) {

@@ -90,6 +90,26 @@ static float ref_row(const cq_qmat *m, size_t r, const float *x, float *out) {
         }
         break;
     }
+    case CQ_DT_VBIT:
+    case CQ_DT_VBIT_RO: { /* MSB-first codes of b bits; w = (u - (2^(b-1) - 1)) * scale */
+        unsigned b = d[r];
+        int lvl = (1 << (b - 1)) - 1;
+        size_t gpr = cols / CQ_GROUP;
+        const uint8_t *sp = d + rows + 2 * r * gpr;
+        const uint8_t *p = d + m->rowoff[r];
+        size_t nb = (size_t)(m->rowoff[r + 1] - m->rowoff[r]);
+        for (size_t g = 0; g < gpr; g++) {
+            float s = cq_h2f(cq_ld16(sp + 2 * g));
+            for (size_t k = 0; k < CQ_GROUP; k++) {
+                size_t c = g * CQ_GROUP + k, bit = c * b, byte = bit >> 3;
+                unsigned v = (unsigned)p[byte] << 8;
+                if (byte + 1 < nb) v |= p[byte + 1];
+                unsigned u = (v >> (16 - (bit & 7) - b)) & ((1u << b) - 1);
+                EMIT(c, (float)((int)u - lvl) * s);
+            }
+        }
+        break;
+    }
     default: break;
     }
 #undef EMIT

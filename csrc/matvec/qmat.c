@@ -66,3 +66,32 @@ cq_status cq_qmat_prepare(const cq_qmat *m, float *aux) {
     }
     return CQ_OK;
 }
+
+cq_status cq_qmat_prepare_rows(const cq_qmat *m, uint64_t *rowoff) {
+    size_t rows = m->rows, cols = m->cols;
+    if (m->dtype != CQ_DT_VBIT && m->dtype != CQ_DT_VBIT_RO) return CQ_ERR_UNSUPPORTED;
+    if (cols == 0 || cols % CQ_GROUP) return CQ_ERR_SHAPE;
+    size_t gpr = cols / CQ_GROUP;
+    size_t base = rows + 2 * rows * gpr + (m->dtype == CQ_DT_VBIT_RO ? 4 * (rows + 1) : 0);
+    if (m->nbytes < base) return CQ_ERR_SHAPE;
+    uint64_t off = base;
+    for (size_t r = 0; r < rows; r++) {
+        unsigned b = m->data[r];
+        if (b != 3 && b != 4 && b != 5 && b != 6 && b != 8) return CQ_ERR_ARG;
+        if (m->dtype == CQ_DT_VBIT_RO) {
+            const uint8_t *o = m->data + rows + 2 * rows * gpr + 4 * r;
+            uint32_t rel = (uint32_t)o[0] | ((uint32_t)o[1] << 8) | ((uint32_t)o[2] << 16) | ((uint32_t)o[3] << 24);
+            if ((uint64_t)rel + base != off) return CQ_ERR_ARG;
+        }
+        rowoff[r] = off;
+        off += (cols * b + 7) / 8;
+    }
+    rowoff[rows] = off;
+    if (m->dtype == CQ_DT_VBIT_RO) {
+        const uint8_t *o = m->data + rows + 2 * rows * gpr + 4 * rows;
+        uint32_t rel = (uint32_t)o[0] | ((uint32_t)o[1] << 8) | ((uint32_t)o[2] << 16) | ((uint32_t)o[3] << 24);
+        if ((uint64_t)rel + base != off) return CQ_ERR_ARG;
+    }
+    if (off != m->nbytes) return CQ_ERR_SHAPE;
+    return CQ_OK;
+}
