@@ -127,11 +127,24 @@ def test_matmat(isa, dtype):
     assert q.matmat(np.empty((0, cols), np.float32)).shape == (0, rows)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f16", "q8_row", "q4_block"])
+@pytest.mark.parametrize("rows,cols,t", [(37, 100, 13), (16, 64, 6), (70, 33, 64), (5, 16, 7)])
+def test_matmat_blocks_and_tails(isa, dtype, rows, cols, t):
+    """Row quads, input groups and column tails of the blocked prefill kernels."""
+    if not _ok_shape(dtype, cols):
+        pytest.skip("layout needs cols % 32 == 0")
+    q, d = make(dtype, rows, cols, seed=rows + cols + t)
+    X = misaligned(np.random.default_rng(t).standard_normal((t, cols)).astype(np.float32))
+    Y = q.matmat(X)
+    for i in range(t):
+        assert_dot_close(Y[i], d, X[i])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_threads_bit_identical(isa, threads, dtype):
     q, _ = make(dtype, 300, 512, seed=7)
     x = np.random.default_rng(8).standard_normal(512).astype(np.float32)
-    X = np.random.default_rng(9).standard_normal((5, 512)).astype(np.float32)
+    X = np.random.default_rng(9).standard_normal((13, 512)).astype(np.float32)
     y, Y = q.matvec(x), q.matmat(X)
     cortiq.set_num_threads(1)
     np.testing.assert_array_equal(q.matvec(x), y)
