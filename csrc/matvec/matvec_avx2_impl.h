@@ -354,7 +354,9 @@ static int avx2_needs_prep(const cq_qmat *m) {
  * per group of 32 into the order grouped_dot reads (see there). Written with explicit
  * shuffles (q4) and a plain loop kept scalar (q2): GCC's auto-vectorized version of the
  * permutation spilled and stalled on store forwarding (8.8 us per 4096 columns). */
+#if defined(__GNUC__) && !defined(__clang__)
 __attribute__((optimize("no-tree-vectorize")))
+#endif
 static void avx2_prep_x(const cq_qmat *m, const float *x, float *xp) {
     const size_t cols = m->cols;
     if (m->dtype == CQ_DT_Q8_2F) {
