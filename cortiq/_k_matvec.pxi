@@ -216,3 +216,4 @@ def read_sum(buf, int threads=1):
     with nogil:
         r = cq_read_sum(p, n, threads)
     return r
+

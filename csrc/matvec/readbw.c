@@ -1,13 +1,16 @@
 /* readbw.c -- the memory read-bandwidth probe of benchmarks/bench_matvec.py: a 64-bit
- * integer sum over a buffer (16-byte loads on x86-64, 4 independent accumulators),
+ * integer sum over a buffer (16-byte loads on x86-64, 4 independent accumulators, the
+ * same software prefetch as the matvec kernels so that it stays their upper bound),
  * split statically over `threads` OpenMP threads. Not part of any kernel table. */
 #include "../cortiq.h"
+#include "qmat.h" /* CQ_PF_DIST */
 #include <string.h>
 #ifdef CORTIQ_HAVE_OPENMP
 #include <omp.h>
 #endif
 #if defined(__SSE2__) || defined(_M_X64)
 #include <emmintrin.h>
+#include <xmmintrin.h>
 #define CQ_RB_SSE2 1
 #endif
 
@@ -17,6 +20,7 @@ static uint64_t sum_block(const uint8_t *p) {
 #ifdef CQ_RB_SSE2
     __m128i s0 = _mm_setzero_si128(), s1 = s0, s2 = s0, s3 = s0;
     for (size_t i = 0; i < BLK; i += 64) {
+        _mm_prefetch((const char *)(p + i + CQ_PF_DIST), _MM_HINT_T1);
         s0 = _mm_add_epi64(s0, _mm_loadu_si128((const __m128i *)(p + i)));
         s1 = _mm_add_epi64(s1, _mm_loadu_si128((const __m128i *)(p + i + 16)));
         s2 = _mm_add_epi64(s2, _mm_loadu_si128((const __m128i *)(p + i + 32)));
