@@ -20,9 +20,13 @@ cdef extern from "cortiq.h" nogil:
         float (*dot_f32)(const float *a, const float *b, size_t n) noexcept nogil
         void (*axpy_f32)(float *y, float alpha, const float *x, size_t n) noexcept nogil
 
+    ctypedef struct cq_hash_ops:
+        uint64_t (*hash64)(const uint8_t *p, size_t n) noexcept nogil
+
     ctypedef struct cq_table:
         const char *name
         const cq_mathfn_ops *mathfn
+        const cq_hash_ops *hash
 
     ctypedef enum cq_isa:
         CQ_ISA_REF

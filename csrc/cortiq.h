@@ -77,10 +77,21 @@ typedef struct cq_mathfn_ops {
 extern const cq_mathfn_ops cq_mathfn_ref;
 extern const cq_mathfn_ops cq_mathfn_avx2;
 
+/* hash: hash64 of CMF_FORMAT §6.1 (csrc/hash). XOR-folded over little-endian u64 words
+ * (last partial word zero-padded), so any evaluation order gives the same value.
+ * hash64(empty) = 0. Bit-identical across ISAs. */
+typedef struct cq_hash_ops {
+    uint64_t (*hash64)(const uint8_t *p, size_t n);
+} cq_hash_ops;
+
+extern const cq_hash_ops cq_hash_ref;
+extern const cq_hash_ops cq_hash_avx2;
+
 /* ---- the dispatch table ------------------------------------------------- */
 typedef struct cq_table {
     const char *name;           /* "ref", "avx2", "avx512" */
     const cq_mathfn_ops *mathfn;
+    const cq_hash_ops *hash;
 } cq_table;
 
 typedef enum cq_isa { CQ_ISA_REF = 0, CQ_ISA_AVX2 = 1, CQ_ISA_AVX512 = 2, CQ_ISA_COUNT = 3 } cq_isa;

@@ -10,12 +10,14 @@
 static const cq_table TABLE_REF = {
     "ref",
     &cq_mathfn_ref,
+    &cq_hash_ref,
 };
 
 #ifdef CORTIQ_HAVE_AVX2
 static const cq_table TABLE_AVX2 = {
     "avx2",
     &cq_mathfn_avx2,
+    &cq_hash_avx2,
 };
 #endif
 
@@ -24,6 +26,7 @@ static const cq_table TABLE_AVX2 = {
 static const cq_table TABLE_AVX512 = {
     "avx512",
     &cq_mathfn_avx2,
+    &cq_hash_avx2,
 };
 #endif
 
