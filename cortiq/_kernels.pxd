@@ -23,10 +23,19 @@ cdef extern from "cortiq.h" nogil:
     ctypedef struct cq_hash_ops:
         uint64_t (*hash64)(const uint8_t *p, size_t n) noexcept nogil
 
+    ctypedef struct cq_quant_ops:
+        cq_status (*q8_row)(const float *w, size_t rows, size_t cols, uint8_t *out) noexcept nogil
+        cq_status (*q8_2f)(const float *w, size_t rows, size_t cols, uint8_t *out, double *acc, float *colv) noexcept nogil
+        cq_status (*q4_block)(const float *w, size_t n, uint8_t *out) noexcept nogil
+        cq_status (*q4_tiled)(const float *w, size_t n, uint8_t *out) noexcept nogil
+        void (*f32_to_f16)(const float *x, uint8_t *out, size_t n) noexcept nogil
+        void (*f16_to_f32)(const uint8_t *x, float *out, size_t n) noexcept nogil
+
     ctypedef struct cq_table:
         const char *name
         const cq_mathfn_ops *mathfn
         const cq_hash_ops *hash
+        const cq_quant_ops *quant
 
     ctypedef enum cq_isa:
         CQ_ISA_REF

@@ -15,3 +15,4 @@ cnp.import_array()
 include "_k_dispatch.pxi"
 include "_k_mathfn.pxi"
 include "_k_hash.pxi"
+include "_k_quant.pxi"

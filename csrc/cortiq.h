@@ -87,11 +87,36 @@ typedef struct cq_hash_ops {
 extern const cq_hash_ops cq_hash_ref;
 extern const cq_hash_ops cq_hash_avx2;
 
+/* quant: the CMF writers' quantizers (csrc/quant), bit-exact with cortiq/cmf/quant.py.
+ * Inputs are row-major float32; `out` receives the payload bytes exactly as stored in
+ * the file (little-endian f16 scales, no alignment requirement). CQ_ERR_ARG when an
+ * input is NaN/inf or too large for an f16 scale (|w| > 65504*127 for q8, *7 for q4).
+ * Rows/groups are split over OpenMP threads; output is identical for any count.
+ * No AVX2 twin: the writer is I/O- and hash-bound (see docs/ARCHITECTURE.md). */
+typedef struct cq_quant_ops {
+    /* out: [int8 q : rows*cols][f16 scale : rows] */
+    cq_status (*q8_row)(const float *w, size_t rows, size_t cols, uint8_t *out);
+    /* out: [int8 q : rows*cols][f16 row_scale : rows][f16 col : cols];
+     * scratch acc[cols] (double) and colv[cols] (float) owned by the caller */
+    cq_status (*q8_2f)(const float *w, size_t rows, size_t cols, uint8_t *out,
+                       double *acc, float *colv);
+    /* out: [u8 nibbles : 16*G][f16 scale : G], G = ceil(n/32), last group zero-padded */
+    cq_status (*q4_block)(const float *w, size_t n, uint8_t *out);
+    /* out: G x [f16 scale][16 nibble bytes] */
+    cq_status (*q4_tiled)(const float *w, size_t n, uint8_t *out);
+    /* round-to-nearest-even f32 -> f16 (little-endian bytes) and back */
+    void (*f32_to_f16)(const float *x, uint8_t *out, size_t n);
+    void (*f16_to_f32)(const uint8_t *x, float *out, size_t n);
+} cq_quant_ops;
+
+extern const cq_quant_ops cq_quant_ref;
+
 /* ---- the dispatch table ------------------------------------------------- */
 typedef struct cq_table {
     const char *name;           /* "ref", "avx2", "avx512" */
     const cq_mathfn_ops *mathfn;
     const cq_hash_ops *hash;
+    const cq_quant_ops *quant;
 } cq_table;
 
 typedef enum cq_isa { CQ_ISA_REF = 0, CQ_ISA_AVX2 = 1, CQ_ISA_AVX512 = 2, CQ_ISA_COUNT = 3 } cq_isa;

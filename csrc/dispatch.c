@@ -11,6 +11,7 @@ static const cq_table TABLE_REF = {
     "ref",
     &cq_mathfn_ref,
     &cq_hash_ref,
+    &cq_quant_ref,
 };
 
 #ifdef CORTIQ_HAVE_AVX2
@@ -18,6 +19,7 @@ static const cq_table TABLE_AVX2 = {
     "avx2",
     &cq_mathfn_avx2,
     &cq_hash_avx2,
+    &cq_quant_ref,
 };
 #endif
 
@@ -27,6 +29,7 @@ static const cq_table TABLE_AVX512 = {
     "avx512",
     &cq_mathfn_avx2,
     &cq_hash_avx2,
+    &cq_quant_ref,
 };
 #endif
 
