@@ -11,6 +11,7 @@ validated on open) is read until a tensor is used.
 """
 from __future__ import annotations
 
+import builtins
 import mmap
 import os
 import re
@@ -87,7 +88,7 @@ class _Part:
     def __init__(self, path: str):
         self.path = path = os.fspath(path)
         try:
-            fh = open(path, "rb")
+            fh = builtins.open(path, "rb")
         except FileNotFoundError:
             raise CmfFileNotFound(f"{path}: no such file") from None
         except IsADirectoryError:
