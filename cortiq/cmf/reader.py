@@ -443,7 +443,8 @@ class CmfFile:
         real = self.resolve(name, skill)
         t = self.info(real)
         try:
-            return Q.dequantize(self.raw(real), t.dtype, t.shape)
+            with np.errstate(all="ignore"):  # garbage payloads may decode to inf/nan
+                return Q.dequantize(self.raw(real), t.dtype, t.shape)
         except FormatError as e:
             raise type(e)(f"{t.file}: tensor {real!r} at offset {t.offset}: {e}") from None
 

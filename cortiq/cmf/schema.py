@@ -129,7 +129,10 @@ def loads_strict(text: bytes | str):
     """json.loads refusing duplicate keys and NaN/Infinity (serde_json semantics)."""
     if isinstance(text, (bytes, bytearray, memoryview)):
         text = bytes(text).decode("utf-8")  # UnicodeDecodeError is a ValueError
-    return json.loads(text, object_pairs_hook=_no_dups, parse_constant=_no_constant)
+    try:
+        return json.loads(text, object_pairs_hook=_no_dups, parse_constant=_no_constant)
+    except RecursionError:  # serde_json also stops at a nesting limit (128)
+        raise SchemaError("", "JSON nested too deeply") from None
 
 
 def _kind(v) -> str:
