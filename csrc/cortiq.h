@@ -92,7 +92,7 @@ extern const cq_hash_ops cq_hash_avx2;
  * the file (little-endian f16 scales, no alignment requirement). CQ_ERR_ARG when an
  * input is NaN/inf or too large for an f16 scale (|w| > 65504*127 for q8, *7 for q4).
  * Rows/groups are split over OpenMP threads; output is identical for any count.
- * No AVX2 twin: the writer is I/O- and hash-bound (see docs/ARCHITECTURE.md). */
+ * The AVX2 twin is bit-identical to the reference (same IEEE divisions and roundings). */
 typedef struct cq_quant_ops {
     /* out: [int8 q : rows*cols][f16 scale : rows] */
     cq_status (*q8_row)(const float *w, size_t rows, size_t cols, uint8_t *out);
@@ -110,6 +110,7 @@ typedef struct cq_quant_ops {
 } cq_quant_ops;
 
 extern const cq_quant_ops cq_quant_ref;
+extern const cq_quant_ops cq_quant_avx2;
 
 /* ---- the dispatch table ------------------------------------------------- */
 typedef struct cq_table {

@@ -19,7 +19,7 @@ static const cq_table TABLE_AVX2 = {
     "avx2",
     &cq_mathfn_avx2,
     &cq_hash_avx2,
-    &cq_quant_ref,
+    &cq_quant_avx2,
 };
 #endif
 
@@ -29,7 +29,7 @@ static const cq_table TABLE_AVX512 = {
     "avx512",
     &cq_mathfn_avx2,
     &cq_hash_avx2,
-    &cq_quant_ref,
+    &cq_quant_avx2,
 };
 #endif
 
