@@ -289,6 +289,7 @@ def test_header_typing_is_serde_strict(tmp_path, path, value, msg):
     b"[]", b"null", b"42", b'"cmf"', b"{", b"\xff\xfe{}",
     b'{"version": 2, "arch": {}, "quant_type": "F32"} trailing',
     b'{"rms": NaN}', b'{"x": Infinity}', b"[" * 5000 + b"]" * 5000,
+    b'{"x": 1e999}', b'{"x": "\\ud800"}', b'{"x": ' + b"9" * 5000 + b"}",
 ])
 def test_header_json_garbage(tmp_path, raw):
     expect(tmp_path, with_header(raw), C.ParseError, "header JSON")

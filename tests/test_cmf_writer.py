@@ -478,3 +478,41 @@ def test_cli_info_and_verify(tmp_path):
     for cmd in ("info", "verify"):
         r = run(cmd, junk)
         assert r.returncode == 1 and "junk.cmf" in r.stderr and "Traceback" not in r.stderr
+
+
+def upstream_python_reader(path):
+    """An emulation of upstream's python/cmf_reader.py checks (§3, §15): magic, version,
+    the 0b111 feature whitelist, header hash always compared, dtype ids it can name
+    (<= 12) and decode, q4_tiled needing n % 32 == 0; hashes with the numpy reference."""
+    raw = open(path, "rb").read()
+    e = struct.unpack("<4sIII14Q", raw[:128])
+    assert e[0] == b"CMF\x01" and e[1] == 2 and e[3] & ~0b111 == 0
+    hoff, hlen, doff, dlen, data_off = e[4:9]
+    header = json.loads(raw[hoff:hoff + hlen])
+    assert C.hash64_numpy(raw[hoff:hoff + hlen]) == e[16]
+    assert e[17] == 0 or C.hash64_numpy(raw[doff:doff + dlen]) == e[17]
+    count, pool_off = struct.unpack_from("<QQ", raw, doff)
+    out = {}
+    for i in range(count):
+        r = struct.unpack_from("<IHBB6IQQQ", raw, doff + 16 + 56 * i)
+        name = raw[doff + pool_off + r[0]:doff + pool_off + r[0] + r[1]].decode()
+        did, ndim, shape = r[2], r[3], tuple(r[4:4 + r[3]])
+        payload = raw[data_off + r[10]:data_off + r[10] + r[11]]
+        assert did <= 12 and C.hash64_numpy(payload) == r[12]
+        if Q.DTYPE_NAMES[did] == "q4_tiled":
+            assert Q.numel(shape) % 32 == 0
+        out[name] = Q.dequantize(np.frombuffer(payload, np.uint8), Q.DTYPE_NAMES[did], shape)
+    return header, out
+
+
+@pytest.mark.parametrize("quant", ["q8_row", "q8_2f", "q4_block", "q4_tiled", "f16", "f32"])
+def test_our_files_pass_the_upstream_python_reader_checks(tmp_path, quant):
+    t = tiny_tensors()
+    t["odd"] = np.ones((40, 48), np.float32)  # cols % 32 != 0 -> q8_2f fallback for q4_tiled
+    p = tmp_path / "u.cmf"
+    C.write(p, t, arch=tiny_arch(), quant=quant, tokenizer_json=b"{}", progress=False)
+    header, vals = upstream_python_reader(p)
+    assert header["quant_type"] in ("Q8_ROW", "Q8_2F", "Q4_BLOCK", "F16", "F32")
+    with C.open(p) as cf:
+        for name in t:
+            np.testing.assert_array_equal(vals[name], cf.tensor(name))

@@ -125,14 +125,42 @@ def _no_constant(name):
     raise SchemaError("", f"{name} is not valid JSON")
 
 
+def _finite_float(s: str) -> float:
+    v = float(s)
+    if v in (float("inf"), float("-inf")):
+        raise SchemaError("", f"number {s[:40]} is out of range")
+    return v
+
+
+def _check_strings(obj) -> None:
+    """serde_json refuses lone surrogates (\\ud800); Python's json lets them through."""
+    stack = [obj]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise SchemaError("", "string holds a lone surrogate escape") from None
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
 def loads_strict(text: bytes | str):
-    """json.loads refusing duplicate keys and NaN/Infinity (serde_json semantics)."""
+    """json.loads refusing duplicate keys, NaN/Infinity, out-of-range floats and lone
+    surrogates (serde_json semantics)."""
     if isinstance(text, (bytes, bytearray, memoryview)):
         text = bytes(text).decode("utf-8")  # UnicodeDecodeError is a ValueError
     try:
-        return json.loads(text, object_pairs_hook=_no_dups, parse_constant=_no_constant)
+        obj = json.loads(text, object_pairs_hook=_no_dups, parse_constant=_no_constant,
+                         parse_float=_finite_float)
     except RecursionError:  # serde_json also stops at a nesting limit (128)
         raise SchemaError("", "JSON nested too deeply") from None
+    _check_strings(obj)
+    return obj
 
 
 def _kind(v) -> str:

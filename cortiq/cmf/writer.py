@@ -78,8 +78,7 @@ def encode(array, dtype: str) -> np.ndarray:
         return Q.quantize(a, dtype)
     try:
         if dtype == "f32":
-            return a.reshape(-1).view(np.uint8) if a.dtype.byteorder in "=<|" else \
-                Q.quantize(a, dtype)
+            return a.astype("<f4", copy=False).reshape(-1).view(np.uint8)
         if dtype == "f16":
             if a.size and not np.isfinite(a).all() or a.size and np.abs(a).max() > Q._F16_MAX:
                 return Q.quantize(a, dtype)  # raises the reference's ValueError
