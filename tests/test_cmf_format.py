@@ -442,6 +442,9 @@ def test_verify_reports_each_kind(tmp_path):
     b[data_off + 5] ^= 0x10
     probs = C.open(write(tmp_path, bytes(b))).verify()
     assert len(probs) == 1 and "'t.f32'" in probs[0] and f"offset {data_off}" in probs[0]
+    with pytest.raises(C.HashMismatch, match="'t.f32'"):
+        C.open(write(tmp_path, bytes(b))).verify(strict=True)
+    assert C.open(write(tmp_path, d, "clean.cmf")).verify(strict=True) == []
     b = bytearray(d)
     b[-2] ^= 1  # vocab byte
     probs = C.open(write(tmp_path, bytes(b))).verify()

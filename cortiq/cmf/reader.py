@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import quant as Q
-from .errors import (BoundsError, CmfFileNotFound, FormatError, InvalidMagic, MissingTensor,
+from .errors import (BoundsError, CmfFileNotFound, FormatError, HashMismatch, InvalidMagic,
+                     MissingTensor,
                      ParseError, UnknownDtype, UnsupportedFeature, UnsupportedVersion)
 from .hash import hash64
 from .masks import MaskDecodeError, Masks, parse_sparse_index
@@ -455,12 +456,15 @@ class CmfFile:
         off, ln = part.sections["vocab"]
         return part.buf[off:off + ln].tobytes() if ln else None
 
-    def verify(self) -> list:
+    def verify(self, strict: bool = False) -> list:
         """Check the envelope hashes, section hashes and every tensor hash of every
-        file. Returns one line per problem; empty = intact."""
+        file. Returns one line per problem; empty = intact. strict=True raises
+        HashMismatch (listing every problem) instead of returning a non-empty list."""
         out = []
         for part in self._parts:
             out.extend(part.verify())
+        if strict and out:
+            raise HashMismatch("; ".join(out))
         return out
 
     def close(self):
