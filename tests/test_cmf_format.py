@@ -116,7 +116,8 @@ def test_upstream_shaped_file_opens_with_identical_values(tmp_path, align):
 
 
 def test_rust_writer_header_form_is_accepted(tmp_path):
-    h = {"version": 2, "arch": tiny_arch(norm_style="gemma", yarn={"factor": 4, "original_max_position_embeddings": 4096}),
+    yarn = {"factor": 4, "original_max_position_embeddings": 4096}
+    h = {"version": 2, "arch": tiny_arch(norm_style="gemma", yarn=yarn),
          "quant_type": "Q4_BLOCK", "tokenizer_config": {"eos_token_ids": [1, 2]},
          "future_key": {"anything": [1, 2.5, None]}}
     h["arch"]["future_arch_key"] = "x"
