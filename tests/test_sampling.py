@@ -288,7 +288,8 @@ def test_sample_is_always_in_the_support(vals, k, top_p, min_p, seed):
                                repetition_penalty=1.0))
     p = s.probabilities(z)
     assert math.isclose(p.sum(), 1.0, rel_tol=1e-9) and (p >= 0).all()
-    assert p.argmax() == int(np.argmax(z)) or p[int(np.argmax(z))] == p.max()
+    q = softmax64(z.astype(np.float64) / 0.9)
+    assert p[int(np.argmax(q))] > 0                       # the most probable always survives
     for _ in range(5):
         t = s.sample(z)
         assert 0 <= t < z.size and p[t] > 0
