@@ -35,7 +35,7 @@ from typing import Any
 
 from .errors import TemplateError
 
-__all__ = ["ChatTemplate", "CHATML_TEMPLATE", "render_chatml"]
+__all__ = ["ChatTemplate", "CHATML_TEMPLATE", "render_chatml", "parse_tool_call_arguments"]
 
 # The fallback as a template, so that it goes through the same renderer (and a
 # message's list-of-parts content is flattened the same way everywhere).
@@ -146,6 +146,38 @@ def _template_lineno(tb) -> int | None:
             line = tb.tb_lineno
         tb = tb.tb_next
     return line
+
+
+def parse_tool_call_arguments(messages) -> list:
+    """A copy of `messages` in which each assistant tool call's `arguments`, when it
+    is a JSON string holding an object (the OpenAI wire format), is parsed into that
+    object. Templates that iterate the arguments (`arguments|items`, e.g. Nanbeige's
+    XML tool-call format) need objects; HF passes messages through unchanged, so this
+    is opt-in (the server does it for OpenAI requests, as vLLM does)."""
+    out = []
+    for m in _check_messages(messages):
+        calls = m.get("tool_calls")
+        if not calls or isinstance(calls, (str, Mapping)) or not isinstance(calls, Sequence):
+            out.append(m)
+            continue
+        new_calls = []
+        for call in calls:
+            if isinstance(call, Mapping):
+                fn = call.get("function")
+                target = fn if isinstance(fn, Mapping) else call
+                args = target.get("arguments")
+                if isinstance(args, str):
+                    try:
+                        parsed = json.loads(args)
+                    except ValueError:
+                        parsed = None
+                    if isinstance(parsed, dict):
+                        target = {**target, "arguments": parsed}
+                        call = {**call, "function": target} if isinstance(fn, Mapping) \
+                            else target
+            new_calls.append(call)
+        out.append({**m, "tool_calls": new_calls})
+    return out
 
 
 def insert_empty_think(text: str) -> str:

@@ -45,6 +45,19 @@ _IM_END = "<|im_end|>"
 _REPLACEMENT = "\ufffd"
 
 
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE:
+    printable Latin-1 bytes map to themselves, the other 68 to U+0100 onwards."""
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    out = {b: chr(b) for b in keep}
+    n = 0
+    for b in range(256):
+        if b not in out:
+            out[b] = chr(0x100 + n)
+            n += 1
+    return out
+
+
 def _import_tokenizers():
     try:
         import tokenizers
@@ -184,8 +197,10 @@ class Tokenizer:
         return cls(bytes(data), tokenizer_config, **kw)
 
     @classmethod
-    def from_cmf(cls, cmf_file, **kw) -> "Tokenizer":
-        """From an open CMF file: its vocab section, else a sidecar tokenizer.json."""
+    def from_cmf(cls, cmf_file, *, bytes_fallback: bool = False, **kw) -> "Tokenizer":
+        """From an open CMF file: its vocab section, else a sidecar tokenizer.json next
+        to the file, else (only with `bytes_fallback=True`, upstream's last resort)
+        the 256-token byte tokenizer of `Tokenizer.bytes_only()`."""
         data = cmf_file.tokenizer_json()
         cfg = getattr(cmf_file, "tokenizer_config", None)
         if data is not None:
@@ -193,8 +208,20 @@ class Tokenizer:
         side = os.path.join(os.path.dirname(os.path.abspath(cmf_file.path)), "tokenizer.json")
         if os.path.exists(side):
             return cls(side, cfg, **kw)
+        if bytes_fallback:
+            return cls.bytes_only(cfg, **kw)
         raise FormatError(
             f"{cmf_file.path}: no tokenizer (no vocab section and no sidecar {side})")
+
+    @classmethod
+    def bytes_only(cls, tokenizer_config: Mapping | None = None, **kw) -> "Tokenizer":
+        """A byte-level tokenizer without merges: token id = UTF-8 byte value (0..255)."""
+        tk = _import_tokenizers()
+        vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
+        tok = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=[]))
+        tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = tk.decoders.ByteLevel()
+        return cls(tok, tokenizer_config, **kw)
 
     # -- vocabulary -----------------------------------------------------------------
     @property

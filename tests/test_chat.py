@@ -15,7 +15,13 @@ import jinja2.ext
 import jinja2.sandbox
 import pytest
 
-from cortiq.chat import CHATML_TEMPLATE, ChatTemplate, insert_empty_think, render_chatml
+from cortiq.chat import (
+    CHATML_TEMPLATE,
+    ChatTemplate,
+    insert_empty_think,
+    parse_tool_call_arguments,
+    render_chatml,
+)
 from cortiq.errors import TemplateError
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -186,6 +192,30 @@ def test_tool_call_arguments_as_json_string():
     out = ChatTemplate(QWEN3).render(msgs, add_generation_prompt=False)
     assert '{"name": "f", "arguments": {"a": 1}}' in out
     assert out == hf_render(QWEN3, msgs, None, False)
+
+
+def test_parse_tool_call_arguments_for_openai_messages():
+    wire = [{"role": "user", "content": "x"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+                {"id": "c2", "type": "function", "function": {"name": "f", "arguments": "oops"}},
+                {"name": "g", "arguments": '{"k": [1, 2]}'}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    before = json.dumps(wire)
+    msgs = parse_tool_call_arguments(wire)
+    assert json.dumps(wire) == before                      # input untouched
+    calls = msgs[1]["tool_calls"]
+    assert calls[0]["function"]["arguments"] == {"city": "Paris"} and calls[0]["id"] == "c1"
+    assert calls[1]["function"]["arguments"] == "oops"     # not JSON: left as is
+    assert calls[2]["arguments"] == {"k": [1, 2]}
+    assert msgs[0] is wire[0] and msgs[2] is wire[2]
+    # Nanbeige's XML format iterates the arguments: strings fail, parsed objects work
+    with pytest.raises(TemplateError):
+        ChatTemplate(NANBEIGE).render(wire[:2] + [wire[2]])
+    out = ChatTemplate(NANBEIGE).render(msgs[:1] + [{**msgs[1], "tool_calls": calls[:1]}]
+                                        + msgs[2:])
+    assert "<function=get_weather>\n<parameter=city>\nParis\n</parameter>" in out
 
 
 # ---------------------------------------------------------------- HF environment details

@@ -59,12 +59,12 @@ def _byte_fallback_json(bos_post_processor: bool = False) -> str:
     tr = trainers.BpeTrainer(vocab_size=420, special_tokens=["<unk>", "<s>", "</s>", *byte_tokens],
                              limit_alphabet=80, show_progress=False)
     tok.train_from_iterator([c for c in CORPUS if c.isascii()], tr)
+    if bos_post_processor:
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
     d = json.loads(tok.to_str())
     # The byte tokens belong to the model's vocabulary, not to the added tokens.
     d["added_tokens"] = [a for a in d["added_tokens"] if a["content"] not in set(byte_tokens)]
-    if bos_post_processor:
-        d["post_processor"] = json.loads(processors.TemplateProcessing(
-            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]).__getstate__())
     return json.dumps(d)
 
 
@@ -136,6 +136,20 @@ def test_from_cmf_section_sidecar_and_missing(bl_json, tmp_path):
     (tmp_path / "tokenizer.json").write_text(bl_json, encoding="utf-8")
     t2 = Tokenizer.from_cmf(_FakeCmf(str(tmp_path / "m.cmf"), None, cfg))
     assert t2.encode("hi") == t.encode("hi")
+
+
+def test_bytes_only_tokenizer(tmp_path):
+    t = Tokenizer.bytes_only({"eos_token_ids": [0]})
+    assert t.vocab_size == 256
+    for text in TEXTS:
+        assert t.encode(text) == list(text.encode("utf-8"))
+        assert t.decode(t.encode(text)) == text
+    assert t.eos_token_ids == (0,) and t.bos_token_id is None
+    assert set(t.backend.get_vocab()) == set(pre_tokenizers.ByteLevel.alphabet())
+    dec = t.stream_decoder()
+    assert [dec.feed(b) for b in "é🙂".encode()] == ["", "é", "", "", "", "🙂"]
+    t2 = Tokenizer.from_cmf(_FakeCmf(str(tmp_path / "m.cmf"), None, None), bytes_fallback=True)
+    assert t2.encode("ab") == [97, 98]
 
 
 # ---------------------------------------------------------------- encode / decode
