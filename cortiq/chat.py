@@ -246,10 +246,16 @@ class ChatTemplate:
     def chatml(cls) -> "ChatTemplate":
         return cls(None)
 
-    def render(self, messages, add_generation_prompt: bool = True, tools=None,
-               **extra: Any) -> str:
-        """The prompt text for `messages` (a list of `{"role", "content", ...}`)."""
+    def render(self, messages, add_generation_prompt: bool = True, tools=None, *,
+               continue_final_message: bool = False, **extra: Any) -> str:
+        """The prompt text for `messages` (a list of `{"role", "content", ...}`).
+
+        `continue_final_message=True` (HF's option, implies no generation prompt)
+        cuts the text right after the last message's content, so the model continues
+        that message (e.g. a prefilled assistant answer)."""
         messages = _check_messages(messages)
+        if continue_final_message:
+            add_generation_prompt = False
         tools = _check_tools(tools)
         ctx = {"bos_token": self.bos_token, "eos_token": self.eos_token}
         ctx.update(extra)
@@ -272,9 +278,28 @@ class ChatTemplate:
             line = _template_lineno(e.__traceback__)
             where = f" (line {line})" if line else ""
             raise TemplateError(f"{self.name}{where}: {type(e).__name__}: {e}") from None
+        if continue_final_message:
+            text = self._cut_after_final(text, messages)
         if extra.get("enable_thinking") is False and add_generation_prompt:
             text = insert_empty_think(text)
         return text
+
+    def _cut_after_final(self, text: str, messages: list) -> str:
+        if not messages:
+            raise TemplateError("continue_final_message: there are no messages")
+        final = messages[-1].get("content")
+        if isinstance(final, (list, tuple)):
+            texts = [b.get("text") for b in final if isinstance(b, Mapping)
+                     and isinstance(b.get("text"), str)]
+            final = texts[-1] if texts else None
+        if not isinstance(final, str):
+            raise TemplateError("continue_final_message: the final message has no text content")
+        final = final.strip()
+        i = text.rfind(final)
+        if i == -1:
+            raise TemplateError(f"{self.name}: continue_final_message: the final message's "
+                                "content does not appear in the rendered prompt")
+        return text[:i + len(final)]
 
     def __repr__(self) -> str:
         kind = "ChatML fallback" if self.is_fallback else f"{len(self.source)} chars"

@@ -130,7 +130,8 @@ class SamplingParams:
         if sup is None:
             sup = ()
         if isinstance(sup, (str, bytes)) or not isinstance(sup, Iterable):
-            raise ConfigError(f"SamplingParams.suppress_tokens: expected a list of ids, got {sup!r}")
+            raise ConfigError(
+                f"SamplingParams.suppress_tokens: expected a list of ids, got {sup!r}")
         s(self, "suppress_tokens", tuple(sorted({_token_id("suppress_tokens", t) for t in sup})))
         seed = self.seed
         if seed is not None:

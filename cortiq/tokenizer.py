@@ -69,7 +69,8 @@ def _import_tokenizers():
 
 def _check_id(name: str, value: Any, vocab_size: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"tokenizer_config.{name}: expected a non-negative integer, got {value!r}")
+        raise ConfigError(
+            f"tokenizer_config.{name}: expected a non-negative integer, got {value!r}")
     if vocab_size is not None and value >= vocab_size:
         raise ConfigError(
             f"tokenizer_config.{name}: id {value} is outside the vocabulary [0, {vocab_size})")
@@ -288,7 +289,8 @@ class Tokenizer:
                 ids = ids[1:]
         return ids
 
-    def encode_batch(self, texts: Iterable[str], add_special_tokens: bool = True) -> list[list[int]]:
+    def encode_batch(self, texts: Iterable[str],
+                     add_special_tokens: bool = True) -> list[list[int]]:
         return [self.encode(t, add_special_tokens) for t in texts]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
@@ -379,7 +381,8 @@ class StreamDecoder:
         token_id = int(token_id)
         n = self._tk.vocab_size
         if not 0 <= token_id < n:
-            raise ValueError(f"StreamDecoder.feed: id {token_id} is outside the vocabulary [0, {n})")
+            raise ValueError(
+                f"StreamDecoder.feed: id {token_id} is outside the vocabulary [0, {n})")
         self._ids.append(token_id)
         if self._byte_ids:
             if not (self._skip and token_id in self._special_ids):   # skipped: run goes on

@@ -297,6 +297,26 @@ def test_chatml_fallback():
         render_chatml(CONVERSATIONS["single_user"])
 
 
+def test_continue_final_message():
+    msgs = [{"role": "user", "content": "Write a haiku"},
+            {"role": "assistant", "content": "Autumn moonlight -  "}]
+    out = ChatTemplate.chatml().render(msgs, continue_final_message=True)
+    assert out == ("<|im_start|>user\nWrite a haiku<|im_end|>\n"
+                   "<|im_start|>assistant\nAutumn moonlight -")
+    out = ChatTemplate(QWEN3).render(msgs, continue_final_message=True)
+    assert out.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\nAutumn moonlight -")
+    parts = [{"role": "assistant", "content": [{"type": "text", "text": "a"},
+                                               {"type": "text", "text": "b"}]}]
+    assert ChatTemplate.chatml().render(parts, continue_final_message=True) == \
+        "<|im_start|>assistant\nab"
+    with pytest.raises(TemplateError, match="no text content"):
+        ChatTemplate.chatml().render([{"role": "assistant"}], continue_final_message=True)
+    with pytest.raises(TemplateError, match="does not appear"):
+        ChatTemplate("nothing").render(msgs, continue_final_message=True)
+    with pytest.raises(TemplateError, match="no messages"):
+        ChatTemplate.chatml().render([], continue_final_message=True)
+
+
 def test_no_think_inserts_empty_block_only_when_missing():
     msgs = CONVERSATIONS["single_user"]
     out = ChatTemplate.chatml().render(msgs, enable_thinking=False)

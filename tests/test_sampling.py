@@ -149,7 +149,8 @@ def test_presence_and_frequency_penalties_subtract():
 
 def test_penalty_order_repetition_before_presence():
     z = np.array([4.0, 0.0], dtype=np.float32)
-    got = Sampler(**{**PLAIN, "repetition_penalty": 2.0}, presence_penalty=1.0).probabilities(z, [0])
+    s = Sampler(**{**PLAIN, "repetition_penalty": 2.0}, presence_penalty=1.0)
+    got = s.probabilities(z, [0])
     np.testing.assert_allclose(got, softmax64([4.0 / 2 - 1.0, 0.0]), rtol=PROB_RTOL)
 
 

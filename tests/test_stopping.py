@@ -111,6 +111,25 @@ def test_eos_ids():
     assert chk.finish() == "ST" and chk.text == "text ST"   # EOS: held text is released
 
 
+def test_with_stream_decoder_end_to_end():
+    pytest.importorskip("tokenizers")
+    from cortiq.tokenizer import Tokenizer
+
+    tok = Tokenizer.bytes_only()
+    ids = tok.encode("Grüße 🙂<|end|> never shown")
+    dec, chk = tok.stream_decoder(), StopChecker(["<|end|>", "🙃"], eos_token_ids=[0])
+    shown = []
+    for t in ids:                                   # one byte per token: straddles a lot
+        if chk.check_token(t):
+            break
+        shown.append(chk.feed(dec.feed(t)))
+        if chk.stopped:
+            break
+    shown.append(chk.finish(dec.flush() if not chk.stopped else ""))
+    assert "".join(shown) == chk.text == "Grüße 🙂"
+    assert chk.stop_reason == "stop_string" and chk.matched == "<|end|>"
+
+
 def _reference(stop, pieces):
     """Non-incremental: stop after the first piece whose cumulative text holds a stop
     string, and cut before the earliest occurrence in that text."""

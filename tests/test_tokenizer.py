@@ -13,7 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 tokenizers = pytest.importorskip("tokenizers")
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers  # noqa: E402
+from tokenizers import (  # noqa: E402
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 
 from cortiq.errors import ConfigError, FormatError  # noqa: E402
 from cortiq.tokenizer import StreamDecoder, Tokenizer  # noqa: E402
