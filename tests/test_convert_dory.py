@@ -130,7 +130,8 @@ def test_swapped_profiles_map_to_the_right_bases(tiny):
     """S on profile 1 and * on profile 2 is still one base per kind: the converter must
     swap the bases, and the reference over CMF semantics must then agree with HF's."""
     t, c = tiny
-    swapped = dict(c, rope_profile_layers=[1 if ch == "S" else 2 for ch in c["hybrid_layer_pattern"]])
+    profiles = [1 if ch == "S" else 2 for ch in c["hybrid_layer_pattern"]]
+    swapped = dict(c, rope_profile_layers=profiles)
     arch = H.arch_from_hf_config(swapped)
     assert (arch["dory"]["rope_theta_sliding"], arch["dory"]["rope_theta_full"]) == (1e6, 1e4)
     ids = [5, 17, 3, 60, 2, 9, 44]
@@ -265,7 +266,8 @@ def test_tokenizer_bundle(tmp_path, where):
 
 def test_chat_template_list_form_and_missing_dir(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}))
+        {"chat_template": [{"name": "tool_use", "template": "T"},
+                           {"name": "default", "template": "D"}]}))
     assert H.find_chat_template(tmp_path) == "D"
     assert H.find_tokenizer_json(tmp_path) is None
     assert H.tokenizer_bundle(tmp_path, {}) == {"chat_template": "D", "eos_token_ids": []}

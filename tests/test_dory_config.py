@@ -147,7 +147,8 @@ TURBO = DoryConfig.from_header(mutate(D + ("turbo",), {"exit_bias": 0.5, "o1": [
 
 def test_defaults_come_from_the_file():
     r = DoryOptions().resolve(CFG, env={})
-    assert (r.loops, r.kv_mode, r.gate, r.prompt_loops, r.full_window) == (2, "per_loop", None, 0, None)
+    got = (r.loops, r.kv_mode, r.gate, r.prompt_loops, r.full_window)
+    assert got == (2, "per_loop", None, 0, None)
 
 
 def test_environment_is_a_fallback_and_keywords_win():
@@ -206,7 +207,8 @@ def test_bad_environment_values_name_the_variable(var, value):
 
 
 def test_gate_parser():
-    assert parse_gate("recon:/tmp/a:b.bin:-0.5") == DoryGate("recon", path="/tmp/a:b.bin", bias=-0.5)
+    want = DoryGate("recon", path="/tmp/a:b.bin", bias=-0.5)
+    assert parse_gate("recon:/tmp/a:b.bin:-0.5") == want
     assert parse_gate(None) is None
     assert parse_gate(" auto ") == DoryGate("auto")
 

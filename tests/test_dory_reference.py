@@ -296,9 +296,11 @@ def test_from_cmf_names_and_arch_give_the_same_logits():
 
 def test_rope_profiles_not_chars_pick_theta_in_hf_configs():
     t, c = hf_tiny.make(seed=7)
-    swapped = dict(c, rope_profile_layers=[1 if ch == "S" else 2 for ch in c["hybrid_layer_pattern"]])
+    profiles = [1 if ch == "S" else 2 for ch in c["hybrid_layer_pattern"]]
+    swapped = dict(c, rope_profile_layers=profiles)
     ids = ids_for(9)
-    assert maxdiff(D.DoryReference(t, swapped).forward(ids), D.DoryReference(t, c).forward(ids)) > DIFFERENT
+    a, b = D.DoryReference(t, swapped).forward(ids), D.DoryReference(t, c).forward(ids)
+    assert maxdiff(a, b) > DIFFERENT
 
 
 def test_out_of_vocab_ids_embed_as_zero_rows(tiny):

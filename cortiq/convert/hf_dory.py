@@ -254,7 +254,8 @@ def expected_tensors(cfg: DoryConfig) -> dict[str, tuple[int, ...]]:
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq")
 
 
-def plan_tensors(cfg: DoryConfig, shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[str, str, tuple]]:
+def plan_tensors(cfg: DoryConfig,
+                 shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[str, str, tuple]]:
     """Check a checkpoint's ``{hf_name: shape}`` against the config: ``[(hf, cmf, shape)]``
     in file order. Missing, unexpected (e.g. a fused ``qkv_proj``) or misshapen tensors
     raise ConfigError naming the tensor."""

@@ -92,7 +92,8 @@ def _num(rec: Mapping, key: str, where: str, positive: bool = True, default: Any
         raise ConfigError(f"{where}.{key}: {v!r} is not a number")
     v = float(v)
     if not math.isfinite(v) or (positive and v <= 0):
-        raise ConfigError(f"{where}.{key}: {v} must be a finite number" + (" > 0" if positive else ""))
+        want = "a finite number > 0" if positive else "a finite number"
+        raise ConfigError(f"{where}.{key}: {v} is not {want}")
     return v
 
 
@@ -117,7 +118,8 @@ class DoryTurbo:
         if not isinstance(rec, Mapping):
             raise ConfigError(f"{where}: {type(rec).__name__} is not an object")
         o1 = _get(rec, "o1", where)
-        if not isinstance(o1, (list, tuple)) or len(o1) != 4 or not all(_is_int(x) and x >= 0 for x in o1):
+        if (not isinstance(o1, (list, tuple)) or len(o1) != 4
+                or not all(_is_int(x) and x >= 0 for x in o1)):
             raise ConfigError(f"{where}.o1: {o1!r} is not [m, w, sink, seal] (4 integers >= 0)")
         return cls(exit_bias=_num(rec, "exit_bias", where, positive=False),
                    o1=tuple(int(x) for x in o1),
@@ -350,7 +352,8 @@ class DoryConfig:
 
     def sqk_scale(self, raw: np.ndarray) -> np.ndarray:
         """``(sqk * sqrt(hd)/sigma0)^2`` -- per q head-dim scale applied after norm."""
-        s = np.asarray(raw, np.float32) * np.float32(math.sqrt(self.head_dim) / self.initializer_range)
+        f = np.float32(math.sqrt(self.head_dim) / self.initializer_range)
+        s = np.asarray(raw, np.float32) * f
         return s * s
 
     def s_gate_scale(self, raw: np.ndarray) -> np.ndarray:

@@ -219,7 +219,8 @@ class RefConfig:
         return cfg
 
     def check(self) -> None:
-        if len(self.pattern) != self.n_in + self.n_rec + self.n_out or set(self.pattern) - set("S*-"):
+        if (len(self.pattern) != self.n_in + self.n_rec + self.n_out
+                or set(self.pattern) - set("S*-")):
             raise ValueError(f"layer pattern {self.pattern!r} does not fit the block counts")
         if self.nh % self.nkv or self.hd % 2:
             raise ValueError("heads must divide into kv heads and head_dim must be even")
@@ -272,7 +273,8 @@ class DoryCache:
 
 # --------------------------------------------------------------------------- model
 
-_HF_FROM_CMF = (("model.embed_tokens.", "backbone.embeddings."), ("model.layers.", "backbone.layers."))
+_HF_FROM_CMF = (("model.embed_tokens.", "backbone.embeddings."),
+                ("model.layers.", "backbone.layers."))
 
 
 class DoryReference:
