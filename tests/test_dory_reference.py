@@ -109,6 +109,23 @@ def test_per_loop_refuses_a_deeper_loop_mid_sequence(tiny):
         tiny.step(cache, ids_for(1), loops=2)
 
 
+@pytest.mark.parametrize("kv_mode", ["per_loop", "last_loop"])
+def test_rollback_keeps_the_prefix_a_new_turn_extends(tiny, kv_mode):
+    """The seed's rollback test: 9 tokens, forget from 5, feed 5.. again (one chunk each
+    time, so last_loop sees the same boundaries as the [5, 7] chunking)."""
+    ids = ids_for(12)
+    cache = tiny.new_cache(kv_mode)
+    tiny.step(cache, ids[:9])
+    cache.rollback(5)
+    assert cache.pos == 5
+    got = tiny.step(cache, ids[5:])
+    want = tiny.forward_chunked(ids, [5, 7], kv_mode=kv_mode)[5:]
+    assert maxdiff(got, want) < SAME
+    fresh = tiny.new_cache(kv_mode)
+    tiny.step(fresh, ids[:5])
+    assert maxdiff(tiny.step(fresh, ids[5:]), got) < SAME
+
+
 def test_loops_change_the_logits_and_are_bounded(tiny):
     ids = ids_for(6)
     outs = [tiny.forward(ids, n) for n in (0, 1, 2, 3)]

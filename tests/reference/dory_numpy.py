@@ -261,6 +261,12 @@ class DoryCache:
         self.pos = 0
         self.slots: dict[tuple[int, int], _Slot] = {}
 
+    def rollback(self, n: int) -> None:
+        """Forget positions >= n (the seed's ``DoryState::rollback``)."""
+        for slot in self.slots.values():
+            slot.filled[n:] = False
+        self.pos = min(self.pos, n)
+
     def slot(self, layer: int, loop: int) -> _Slot:
         """The seed's ``slot_loop``: per_loop recurrent layers get one slot per loop."""
         c = self.cfg
@@ -323,6 +329,11 @@ class DoryReference:
                     break
             hf[name] = arr
         return cls(hf, RefConfig.from_cmf_arch(arch), **kw)
+
+    @classmethod
+    def from_cmf_file(cls, cf, **kw) -> "DoryReference":
+        """From an open ``cortiq.cmf`` file (dequantized tensors, its header ``arch``)."""
+        return cls.from_cmf(cf.arch, {n: cf.tensor(n) for n in cf.names()}, **kw)
 
     def _check_shapes(self) -> None:
         c = self.cfg
