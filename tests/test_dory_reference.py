@@ -381,3 +381,29 @@ def test_hf_tiny_values_are_bf16_exact():
 def test_hf_tiny_refuses_counts_that_do_not_add_up():
     with pytest.raises(ValueError, match="blocks"):
         hf_tiny.hf_config(pattern="S-*-", blocks=(1, 1, 1))
+
+
+def test_the_reference_imports_nothing_from_cortiq():
+    import ast
+    for mod in (D, hf_tiny):
+        tree = ast.parse(open(mod.__file__).read())
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.split(".")[0] == "cortiq" for n in names), mod.__name__
+
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=8), st.integers(1, 3))
+def test_any_chunking_agrees_under_per_loop(sizes, loops):
+    ids = ids_for(sum(sizes), seed=len(sizes))
+    got = _PROP_REF.forward_chunked(ids, sizes, loops, kv_mode="per_loop")
+    assert maxdiff(got, _PROP_REF.forward(ids, loops)) < SAME
+    last = _PROP_REF.forward_chunked(ids, sizes, loops, kv_mode="last_loop")
+    assert maxdiff(last[:sizes[0]], got[:sizes[0]]) < SAME     # the first chunk is exact
+
+
+_PROP_MODEL = hf_tiny.make(seed=9, pattern="S-*-S-", blocks=(2, 2, 2), window=2)
+_PROP_REF = D.DoryReference(*_PROP_MODEL)
