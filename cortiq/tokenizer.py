@@ -120,7 +120,7 @@ class Tokenizer:
         plain = self._tok.encode("a", add_special_tokens=False).ids
         full = self._tok.encode("a", add_special_tokens=True).ids
         self._pp_bos = None
-        if len(full) > len(plain) and full[len(full) - len(plain):] == plain:
+        if len(full) > len(plain) and full[1:1 + len(plain)] == plain:
             self._pp_bos = full[0]
         bos = self._pp_bos
         if bos is None:
@@ -160,20 +160,25 @@ class Tokenizer:
         tk = _import_tokenizers()
         try:
             text = data.decode("utf-8")
-            json.loads(text)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except UnicodeDecodeError as e:
             raise FormatError(f"{where}: not a valid JSON document: {e}") from None
         try:
             return tk.Tokenizer.from_str(text)
         except Exception as e:  # tokenizers raises a bare Exception on bad structure
+            try:
+                json.loads(text)
+            except json.JSONDecodeError as je:
+                raise FormatError(f"{where}: not a valid JSON document: {je}") from None
             raise FormatError(f"{where}: not a tokenizers tokenizer.json: {e}") from None
 
     def _find_byte_fallback_ids(self) -> frozenset[int]:
         """Ids of the <0xNN> tokens when the decoder has a ByteFallback step, else {}."""
-        try:
-            dec = json.loads(self._tok.to_str()).get("decoder")
-        except Exception:  # pragma: no cover - a tokenizer that cannot serialise itself
+        if self._tok.decoder is None:
             return frozenset()
+        try:   # the decoder's own JSON: small, unlike the whole tokenizer's
+            dec = json.loads(self._tok.decoder.__getstate__())
+        except Exception:  # pragma: no cover - older tokenizers: serialise everything
+            dec = json.loads(self._tok.to_str()).get("decoder")
 
         def has_fallback(node) -> bool:
             if isinstance(node, dict):

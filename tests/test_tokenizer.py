@@ -175,6 +175,11 @@ def test_roundtrip_byte_fallback(bf, text):
 def test_byte_fallback_really_falls_back(bf):
     toks = [bf.id_to_token(i) for i in bf.encode("你🙂")]
     assert "<0xE4>" in toks and "<0xF0>" in toks and "<0x9F>" in toks
+    assert len(bf.byte_fallback_ids) == 256
+
+
+def test_byte_level_has_no_byte_fallback_ids(bl):
+    assert bl.byte_fallback_ids == frozenset()
 
 
 def test_special_tokens_in_text_and_skip(bl):
@@ -260,6 +265,17 @@ def test_llama_bos_added_once(llama):
     assert again[0] == bos and again[1] != bos
     assert llama.encode("") == [bos]
     assert llama.is_eos(llama.token_to_id("</s>"))
+
+
+def test_post_processor_with_bos_and_eos(llama):
+    tk = tokenizers.Tokenizer.from_str(llama.backend.to_str())
+    tk.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)])
+    t = Tokenizer(tk)
+    assert t.bos_token_id == 1 and t.add_bos
+    plain = t.encode("hello", add_special_tokens=False)
+    assert t.encode("hello") == [1, *plain, 2]
+    assert t.encode("<s>hello") == [1, *plain, 2]
 
 
 def test_add_bos_overrides(bl_json, llama):
