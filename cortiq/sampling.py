@@ -190,8 +190,8 @@ class Sampler:
         if p.logit_bias:
             ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64, count=len(p.logit_bias))
             if ids.max() >= v:
-                raise ValueError(f"Sampler: logit_bias token id {int(ids.max())} is outside the "
-                                 f"vocabulary [0, {v})")
+                raise ConfigError(f"SamplingParams.logit_bias: token id {int(ids.max())} is "
+                                  f"outside the vocabulary [0, {v})")
             z[ids] += np.fromiter(p.logit_bias.values(), dtype=np.float64, count=ids.size)
         if p.suppress_tokens:
             sup = np.asarray(p.suppress_tokens, dtype=np.int64)

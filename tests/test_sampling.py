@@ -170,7 +170,7 @@ def test_logit_bias_adds_and_bans():
     assert 2 not in {s.sample(z) for _ in range(300)}
     s = Sampler(**PLAIN, logit_bias={4: 100.0}, seed=0)
     assert {s.sample(z) for _ in range(100)} == {4}
-    with pytest.raises(ValueError, match="logit_bias token id 9 is outside"):
+    with pytest.raises(ConfigError, match="logit_bias: token id 9 is outside"):
         Sampler(logit_bias={9: 1.0}).sample(z)
 
 
