@@ -4,11 +4,16 @@ values; everything the Rust reader refuses (§3, §4 serde typing) is refused wi
 matching FormatError subclass; malformed input (truncation at every section boundary,
 flipped bytes, offsets past EOF, unknown feature bits, absurd counts) never crashes,
 hangs or allocates wildly; verify() catches single flipped bytes."""
+import builtins
 import json
+import os
 import struct
+import tempfile
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cortiq.cmf as C
 from cortiq.cmf import quant as Q
@@ -556,3 +561,25 @@ def test_error_hierarchy():
         assert issubclass(e, FormatError)
     import cortiq.errors
     assert C.FormatError is cortiq.errors.FormatError
+
+
+RICH = rich_file()
+
+
+@settings(max_examples=150, deadline=None)
+@given(muts=st.lists(st.tuples(st.one_of(st.integers(0, len(RICH) - 1),  # anywhere, or
+                                          st.integers(0, 127),             # the envelope,
+                                          st.integers(128, 4095)),         # header + dir
+                                st.integers(0, 255)),
+                     min_size=1, max_size=6),
+       cut=st.one_of(st.none(), st.integers(0, len(RICH))))
+def test_random_mutations_only_raise_format_errors(muts, cut):
+    b = bytearray(RICH)
+    for pos, val in muts:
+        b[pos] = val
+    data = bytes(b if cut is None else b[:cut])
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "fuzz.cmf")
+        with builtins.open(p, "wb") as fh:
+            fh.write(data)
+        open_fully(p)  # anything but FormatError fails the test
