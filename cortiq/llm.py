@@ -28,8 +28,9 @@ class LLM:
 
     def __init__(self, path: str | os.PathLike | None = None, *, n_threads: int | None = None,
                  **model_options):
-        if path is None:
-            raise ConfigError("no model path given (this build bundles no demo model yet)")
+        if path is None:  # the bundled demo model (cortiq/demo.py)
+            from .demo import demo_path
+            path = demo_path()
         if n_threads is not None:
             set_num_threads(n_threads)
         self.path = os.fspath(path)
