@@ -96,7 +96,7 @@ RECIPE = dict(
     alpha_init=0.05,
     seq=256,
     batch=8,
-    steps=900,
+    steps=700,
     warmup=50,
     lr=3.0e-3,
     lr_min_frac=0.05,
@@ -585,7 +585,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(r["seed"] + 2)
     seq, B = r["seq"], r["batch"]
     hist = []
-    t_train = time.time()
+    t_train, c_train = time.time(), time.process_time()
     ema = None
     for step in range(r["steps"]):
         for gp in opt.param_groups:
@@ -603,22 +603,24 @@ def main(argv=None) -> int:
         lv = float(loss.detach())
         ema = lv if ema is None else 0.95 * ema + 0.05 * lv
         if step % args.log_every == 0 or step == r["steps"] - 1:
-            el = time.time() - t_train
+            el, cpu = time.time() - t_train, time.process_time() - c_train
             print(f"step {step:5d} loss {lv:.4f} ema {ema:.4f} lr {lr_at(step, r):.2e} "
-                  f"{el:7.1f}s {(step + 1) * B * seq / el:6.0f} tok/s", flush=True)
+                  f"wall {el:7.1f}s cpu {cpu:7.1f}s {(step + 1) * B * seq / el:6.0f} tok/s",
+                  flush=True)
             hist.append((step, round(lv, 4)))
-    train_time = time.time() - t_train
+    train_time, train_cpu = time.time() - t_train, time.process_time() - c_train
     final_train, _ = evaluate(model, train_ids[: (len(held_ids) // 2)], seq, 64)
     held_loss, held_n = evaluate(model, held_ids, seq)
     log = dict(recipe=r, corpus=cinfo, parameters=n_params, torch=torch.__version__,
                final_loss_ema=round(ema, 4), final_loss_last=round(lv, 4),
                train_eval_loss=round(final_train, 4), heldout_loss=round(held_loss, 4),
                heldout_perplexity=round(math.exp(held_loss), 3), heldout_tokens=held_n,
-               train_seconds=round(train_time, 1), total_seconds=round(time.time() - t0, 1),
+               train_seconds=round(train_time, 1), train_cpu_seconds=round(train_cpu, 1),
+               threads=torch.get_num_threads(), total_seconds=round(time.time() - t0, 1),
                loss_history=hist)
     print(f"final: loss (ema) {ema:.4f}, train-eval loss {final_train:.4f}, held-out loss "
           f"{held_loss:.4f} = perplexity {math.exp(held_loss):.2f} over {held_n} tokens; "
-          f"training {train_time:.0f}s", flush=True)
+          f"training {train_time:.0f}s wall, {train_cpu:.0f}s CPU", flush=True)
     out = Path(args.out)
     write_hf_dir(out, model, tok, config, log)
     print(f"wrote {out}", flush=True)
