@@ -398,10 +398,21 @@ def serve(llm, host: str = "127.0.0.1", port: int = 8080, *, graceful_timeout: f
     except ImportError as e:  # pragma: no cover
         raise CortiqError("cortiq serve needs the 'serve' extra: pip install "
                           "'cortiq[serve]' (starlette, uvicorn)") from e
+    import signal
+
+    class _Server(uvicorn.Server):
+        # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown (the process then
+        # dies of the signal); a server that shut down cleanly exits 0 instead.
+        def handle_exit(self, sig, frame):
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            else:
+                self.should_exit = True
+
     app = create_app(llm, **app_options)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=graceful_timeout)
-    server = uvicorn.Server(config)
+    server = _Server(config)
     try:
         server.run()
     finally:

@@ -12,6 +12,7 @@ import base64
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -33,7 +34,8 @@ class ToyModel:
     arch = ARCH
     supports_rollback = True
 
-    def __init__(self, cf, *, scale: float = 4.0, max_seq_len: int | None = None):
+    def __init__(self, cf, *, scale: float = 4.0, max_seq_len: int | None = None,
+                 delay: float | None = None):
         self.E = np.ascontiguousarray(cf.tensor(EMBED), np.float32)      # [vocab, hidden]
         self.A = np.ascontiguousarray(cf.tensor(MIX), np.float32)        # [hidden, hidden]
         self.W = np.ascontiguousarray(cf.tensor(HEAD), np.float32)       # [vocab, hidden]
@@ -41,6 +43,8 @@ class ToyModel:
         self.hidden = self.E.shape[1]
         self.scale = np.float32(scale)
         self.max_seq_len = max_seq_len
+        # seconds slept per forward call (slow enough to cancel in the server tests)
+        self.delay = float(os.environ.get("CORTIQ_TOY_DELAY", "0")) if delay is None else delay
         self.forward_tokens = 0          # tokens run, over all sessions (for the tests)
         self._count_lock = threading.Lock()
 
@@ -61,6 +65,8 @@ class ToyModel:
                 out.append(self.W @ h * self.scale)
         with self._count_lock:
             self.forward_tokens += len(ids)
+        if self.delay:
+            time.sleep(self.delay)
         if want == "none":
             return None
         if want == "last":
