@@ -351,11 +351,12 @@ class LLM:
             decoder = self.tokenizer.stream_decoder(prefix_ids=ids[-_DETOK_CONTEXT:])
             chk = StopChecker(stop, self.tokenizer.eos_token_ids)
             res.finish_reason = "length"
+            n_tok = self.tokenizer.vocab_size     # a padded vocabulary's tail never samples
             while len(res.token_ids) < limit:
                 if cancel is not None and cancel.is_set():
                     res.finish_reason = "cancelled"
                     break
-                t = sampler.sample(logits, history)
+                t = sampler.sample(logits[:n_tok], history)
                 if chk.check_token(t):
                     res.finish_reason = "stop"
                     break
