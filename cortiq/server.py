@@ -294,7 +294,16 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
                 finally:
                     gate.leave()
             from starlette.concurrency import run_in_threadpool
-            return JSONResponse(await run_in_threadpool(work))
+            task = asyncio.ensure_future(run_in_threadpool(work))
+            try:
+                while not task.done():      # a client that hangs up cancels its generation
+                    done, _ = await asyncio.wait({task}, timeout=0.25)
+                    if not done and await request.is_disconnected():
+                        cancel.set()
+                return JSONResponse(await task)
+            finally:
+                if not task.done():
+                    cancel.set()
         return await start_stream(fn, kw)
 
     async def start_stream(fn, kw):
@@ -364,6 +373,9 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
                 msg = str(e)
                 code = "context_length_exceeded" if "do not fit the context" in msg else None
                 return err(400, msg, None, code)
+            except Exception as e:  # noqa: BLE001 -- a bug, still answered in OpenAI's shape
+                return err(500, f"internal error: {type(e).__name__}: {e}", None, None,
+                           "server_error")
         return endpoint
 
     async def models(request):

@@ -151,10 +151,10 @@ def test_openai_client_sees_errors(client):
 
 # ---------------------------------------------------------------- raw HTTP errors
 
-def _post(server, path, body, raw=None, **kw):
+def _post(server, path, body, raw=None, timeout=30):
     data = raw if raw is not None else json.dumps(body).encode()
     return httpx.post(server.url + path, content=data,
-                      headers={"content-type": "application/json"}, timeout=30, **kw)
+                      headers={"content-type": "application/json"}, timeout=timeout)
 
 
 def _is_openai_error(r, status, param=None, code=None):
@@ -237,6 +237,16 @@ def test_queue_full_is_429_and_disconnect_stops_generation(toy_path):
         assert model.forward_tokens == n < 1000
         r = _post(srv, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2
+        # A non-streaming client that gives up also stops its generation.
+        with pytest.raises(httpx.ReadTimeout):
+            _post(srv, "/v1/completions", dict(body, stream=False), timeout=0.3)
+        deadline = time.monotonic() + 5
+        while httpx.get(srv.url + "/healthz", timeout=5).json()["running_or_queued"]:
+            assert time.monotonic() < deadline, "generation did not stop after the timeout"
+            time.sleep(0.05)
+        n = model.forward_tokens
+        time.sleep(0.2)
+        assert model.forward_tokens == n
 
 
 def test_concurrent_requests_match_serial(server, llm):
