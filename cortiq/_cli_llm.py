@@ -250,8 +250,6 @@ def cmd_serve(args) -> int:
     from .server import serve
     llm = _open(args, seed=args.seed, max_sessions=args.max_sessions)
     try:
-        print(f"cortiq: serving {llm.model_name} on http://{args.host}:{args.port}/v1",
-              file=sys.stderr)
         serve(llm, args.host, args.port, max_concurrency=args.max_concurrency,
               max_queue=args.max_queue, graceful_timeout=args.graceful_timeout,
               log_level=args.log_level)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sys
 import threading
 import time
 
@@ -402,7 +403,7 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
 
 
 def serve(llm, host: str = "127.0.0.1", port: int = 8080, *, graceful_timeout: float = 30.0,
-          log_level: str = "warning", **app_options) -> None:
+          log_level: str = "warning", announce: bool = True, **app_options) -> None:
     """Run the server until SIGINT/SIGTERM (running requests get `graceful_timeout`
     seconds to finish; streams still open then are cancelled)."""
     try:
@@ -421,11 +422,28 @@ def serve(llm, host: str = "127.0.0.1", port: int = 8080, *, graceful_timeout: f
             else:
                 self.should_exit = True
 
+    import socket
     app = create_app(llm, **app_options)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=graceful_timeout)
+    # Bind here so that a busy port or a bad host is one OSError (one CLI line, exit 1),
+    # not uvicorn's log line and exit code 3.
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    if announce:
+        print(f"cortiq: serving {getattr(llm, 'model_name', 'model')} on "
+              f"http://{host}:{sock.getsockname()[1]}/v1", file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=graceful_timeout)
     server = _Server(config)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         app.state.cancel_all()
+        sock.close()

@@ -79,3 +79,15 @@ def test_bad_sampling_value_is_one_line(toy_path, capsys):
     assert main(["run", toy_path, "-p", "x", "--top-p", "3"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "top_p" in err[0]
+
+
+def test_serve_on_a_busy_port_is_one_line(toy_path, capsys):
+    pytest.importorskip("uvicorn")
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["serve", toy_path, "--port", str(port)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot listen on 127.0.0.1" in err[0]
