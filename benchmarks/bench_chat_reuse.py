@@ -75,7 +75,7 @@ def build(tmp, hidden):
     from cortiq.convert import from_hf
     hf = os.path.join(tmp, "hf")
     hf_tiny.build(hf, hidden=hidden, heads=4, kv_heads=2, head_dim=hidden // 4,
-                  mlp=2 * hidden, vocab=384, window=64, max_pos=4096)
+                  mlp=2 * hidden, vocab=384, window=64, max_pos=4096, dtype="bf16")
     out = os.path.join(tmp, "tiny_dory.cmf")
     from_hf(hf, out, quant="f32", progress=False)
     return out
