@@ -23,8 +23,9 @@ let running requests finish (up to `graceful_timeout` seconds).
 Sampling fields: OpenAI's temperature [0, 2], top_p [0, 1], presence_penalty and
 frequency_penalty [-2, 2], logit_bias, seed, stop (up to 4 strings), max_tokens
 (chat: also max_completion_tokens), plus cortiq's top_k, min_p and
-repetition_penalty. A field left out takes `cortiq.SamplingParams`' default (upstream
-cortiq's, e.g. temperature 0.7), not OpenAI's. `n`, `best_of` other than 1, `echo`
+repetition_penalty. A sampling field left out takes `cortiq.SamplingParams`' default
+(upstream cortiq's, e.g. temperature 0.7), not OpenAI's; max_tokens left out is 16 on
+/v1/completions (OpenAI's default) and "until EOS or the context is full" on chat. `n`, `best_of` other than 1, `echo`
 and `logprobs` are refused (400) rather than silently ignored.
 """
 from __future__ import annotations
@@ -41,6 +42,7 @@ from .errors import CortiqError
 __all__ = ["create_app", "serve"]
 
 MAX_STOP = 4
+COMPLETION_MAX_TOKENS = 16      # OpenAI's default for /v1/completions (chat: no limit)
 
 
 class BadRequest(Exception):
@@ -269,7 +271,7 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
                       stream_options=stream_options, **samp)
         else:
             prompt = _prompt(body)
-            max_tokens = _max_tokens(body, "max_tokens")
+            max_tokens = _max_tokens(body, "max_tokens") or COMPLETION_MAX_TOKENS
             n = len(prompt) if isinstance(prompt, list) else len(llm.tokenize(prompt))
             check_prompt_len(n, "prompt")
             fn = llm.create_completion
