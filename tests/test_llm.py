@@ -362,3 +362,38 @@ def test_auto_skill_uses_the_models_phi_when_it_has_one(skill_file, tmp_path):
             assert res["choices"][0]["text"] == want
     finally:
         T.register()
+
+
+def test_overlay_file_feeds_qtensor_from_cmf(tmp_path):
+    """Models that load with QTensor.from_cmf(cf, name) (DoryModel) see the skill's
+    weights through OverlayFile, quantized replacements included."""
+    from cortiq.models.overlay import OverlayFile
+    from cortiq.tensor import QTensor
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal((64, 64)).astype(np.float32)
+    a = rng.standard_normal((64, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 64)).astype(np.float32)
+    p = tmp_path / "q.cmf"
+    arch = {"arch_name": "toy", "hidden_size": 64, "intermediate_size": 64, "num_layers": 1,
+            "num_attention_heads": 1, "num_kv_heads": 1, "head_dim": 64, "vocab_size": 64,
+            "layer_types": ["FullAttention"], "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 64}
+    cortiq.cmf.write(p, [("w", base), ("skill.a.w", a), ("skill.b.w", b)], arch=arch,
+                     quant="q8_row", skills=[{"id": "a"}, {"id": "b"}], progress=False)
+    with cortiq.cmf.open(p) as cf:
+        x = rng.standard_normal(64).astype(np.float32)
+        plain = QTensor.from_cmf(cf, "w").dequantize()
+        np.testing.assert_array_equal(plain, cf.tensor("w"))
+        one = OverlayFile(cf, "a")
+        assert one.info("w").dtype == "q8_row" and one.resolve("w") == "skill.a.w"
+        np.testing.assert_array_equal(QTensor.from_cmf(one, "w").dequantize(),
+                                      cf.tensor("skill.a.w"))
+        np.testing.assert_array_equal(one.tensor("w"), cf.tensor("skill.a.w"))
+        blend = OverlayFile(cf, {"a": 0.25, "b": 0.75})
+        want = np.float32(0.25) * cf.tensor("skill.a.w") + np.float32(0.75) * cf.tensor(
+            "skill.b.w")
+        q = QTensor.from_cmf(blend, "w")
+        assert q.dtype == "f32" and blend.tensors["w"].dtype == "f32"
+        np.testing.assert_array_equal(q.dequantize(), want)
+        np.testing.assert_allclose(q.matvec(x), want @ x, rtol=1e-5, atol=1e-4)
+        np.testing.assert_array_equal(blend.tensor("w"), want)

@@ -93,13 +93,37 @@ def overlay_tensor(cf, name: str, skill) -> np.ndarray:
     return np.ascontiguousarray(acc, dtype=np.float32)
 
 
+class _TensorsView(Mapping):
+    """`OverlayFile.tensors`: the directory with every name resolved through the overlay."""
+
+    def __init__(self, view):
+        self._view = view
+
+    def __getitem__(self, name):
+        if name not in self._view._cf.tensors:
+            raise KeyError(name)
+        return self._view.info(name)
+
+    def __iter__(self):
+        return iter(self._view._cf.tensors)
+
+    def __len__(self):
+        return len(self._view._cf.tensors)
+
+    def __contains__(self, name):
+        return name in self._view._cf.tensors
+
+
 class OverlayFile:
-    """A CmfFile seen through a skill overlay (see the module docstring)."""
+    """A CmfFile seen through a skill overlay (see the module docstring). `skill=None`
+    (or no `skill`) in `tensor`/`resolve` means the view's overlay, so loaders that pass
+    `skill=None` explicitly (QTensor.from_cmf) get the skill's weights too."""
 
     def __init__(self, cf, overlay):
         self._cf = cf
         self.overlay = overlay
         self._blended: dict = {}
+        self.tensors = _TensorsView(self)
 
     def __getattr__(self, attr):                 # everything else: the real file
         return getattr(self._cf, attr)
@@ -111,14 +135,14 @@ class OverlayFile:
         return isinstance(self.overlay, Mapping) and any(
             f"skill.{s}.{name}" in self._cf.tensors for s in self.overlay)
 
-    def resolve(self, name: str, skill=dataclasses.MISSING) -> str:
-        skill = self.overlay if skill is dataclasses.MISSING else skill
+    def resolve(self, name: str, skill=None) -> str:
+        skill = self.overlay if skill is None else skill
         if isinstance(skill, Mapping):
             return name
         return self._cf.resolve(name, skill)
 
-    def tensor(self, name: str, skill=dataclasses.MISSING) -> np.ndarray:
-        skill = self.overlay if skill is dataclasses.MISSING else skill
+    def tensor(self, name: str, skill=None) -> np.ndarray:
+        skill = self.overlay if skill is None else skill
         if isinstance(skill, Mapping) and skill is self.overlay and self._blend(name):
             return self._blended_array(name).copy()
         return overlay_tensor(self._cf, name, skill)
