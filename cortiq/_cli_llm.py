@@ -133,6 +133,17 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _fit_history(llm, history, first) -> None:
+    """Upstream's rule: while the rendered conversation is over half the context, drop
+    the oldest exchange after the system message (never the turn being asked)."""
+    while len(history) - first > 1:
+        n = len(llm.tokenize(llm.apply_chat_template(history)))
+        if n <= llm.n_ctx // 2:
+            return
+        del history[first:first + 2]
+        print("[dropped the oldest exchange to fit the context]", file=sys.stderr)
+
+
 def cmd_chat(args) -> int:
     """Interactive multi-turn chat on one session: each turn re-renders the history and
     re-reads only what follows the longest common prefix. /reset clears, /exit quits."""
@@ -160,6 +171,7 @@ def cmd_chat(args) -> int:
                 session.reset()
                 continue
             history.append({"role": "user", "content": line})
+            _fit_history(llm, history, 1 if system else 0)
             t0 = time.perf_counter()
             usage = {}
 

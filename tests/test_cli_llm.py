@@ -91,3 +91,12 @@ def test_serve_on_a_busy_port_is_one_line(toy_path, capsys):
         assert main(["serve", toy_path, "--port", str(port)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot listen on 127.0.0.1" in err[0]
+
+
+def test_chat_drops_old_exchanges_to_fit(toy_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello world " * 6 + "\n" + "the lazy dog\n"
+                                                  + "the quick brown fox\n"))
+    assert main(["chat", toy_path, "--greedy", "-n", "4", "--n-ctx", "80", "--stats"]) == 0
+    err = capsys.readouterr().err
+    assert "dropped the oldest exchange" in err
+    assert err.count("generated;") == 3
