@@ -98,3 +98,27 @@ def test_cortiq_dory_matches_the_reference(dory_path, ref_llm):
                                       session=llm.session(), temperature=0,
                                       repetition_penalty=1.0)
         assert again["choices"] == fresh["choices"]
+
+
+@pytest.mark.skipif(not HAVE_DORY, reason="cortiq/models/dory.py is not on this branch yet")
+def test_cortiq_dory_loads_skill_replacements(dory_path, tmp_path):
+    """A skill's lm_head replacement reaches DoryModel's QTensor loading (OverlayFile)."""
+    rng = np.random.default_rng(0)
+    with cortiq.cmf.open(dory_path) as cf:
+        tensors = [(n, cf.tensor(n)) for n in cf.names()]
+        head = dict(tensors)["lm_head.weight"]
+        new_head = rng.standard_normal(head.shape).astype(np.float32) * head.std()
+        p = tmp_path / "skills.cmf"
+        cortiq.cmf.write(p, tensors + [("skill.sql.lm_head.weight", new_head)],
+                         arch=cf.arch, quant="f32", tokenizer_json=cf.tokenizer_json(),
+                         tokenizer_config=cf.tokenizer_config, skills=[{"id": "sql"}],
+                         progress=False)
+    with cortiq.LLM(p) as base, cortiq.LLM(p, skill="sql") as sql, \
+            cortiq.LLM(p, skill={"sql": 0.5}) as half:
+        np.testing.assert_array_equal(base.model.head_w.dequantize(), head)
+        np.testing.assert_array_equal(sql.model.head_w.dequantize(), new_head)
+        np.testing.assert_array_equal(half.model.head_w.dequantize(), np.float32(0.5) * new_head)
+        ids = base.tokenize("the quick brown fox")
+        assert not np.array_equal(base.session().feed(ids), sql.session().feed(ids))
+    with pytest.raises(cortiq.ConfigError, match="task='coding'.*dory.*no MoE"):
+        cortiq.LLM(p, task="coding")
