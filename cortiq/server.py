@@ -25,8 +25,9 @@ frequency_penalty [-2, 2], logit_bias, seed, stop (up to 4 strings), max_tokens
 (chat: also max_completion_tokens), plus cortiq's top_k, min_p and
 repetition_penalty. A sampling field left out takes `cortiq.SamplingParams`' default
 (upstream cortiq's, e.g. temperature 0.7), not OpenAI's; max_tokens left out is 16 on
-/v1/completions (OpenAI's default) and "until EOS or the context is full" on chat. `n`, `best_of` other than 1, `echo`
-and `logprobs` are refused (400) rather than silently ignored.
+/v1/completions (OpenAI's default) and "until EOS or the context is full" on chat.
+`n`, `best_of` other than 1, `echo` and `logprobs` are refused (400) rather than
+silently ignored.
 """
 from __future__ import annotations
 

@@ -85,17 +85,35 @@ def test_seeded_sampling_is_reproducible_and_stream_equals_batch(llm):
 def test_eos_stops_generation(llm):
     eos = llm.tokenizer.eos_token_ids[0]
     ids = llm.tokenize(PROMPT)
-    # Push EOS to the top after three tokens: bias it once the history is long enough
-    # is not expressible, so check both ends: EOS first => empty text, reason stop.
+    # EOS as the first token: empty text, reason stop.
     res = llm.create_completion(ids, max_tokens=10, temperature=0, logit_bias={eos: 100})
     assert res["choices"][0] == {"text": "", "index": 0, "logprobs": None,
                                  "finish_reason": "stop"}
     assert res["usage"]["completion_tokens"] == 0
+    # Mid-generation: declare the 4th greedy token an EOS id through the chat bundle's
+    # eos_token_ids; generation ends right before it.
+    ref = greedy_reference(llm.model, ids, 10)
+    k = next(i for i in range(3, 10) if ref[i] not in ref[:i])
+    cfg = dict(llm.tokenizer.tokenizer_config, eos_token_ids=[ref[k]])
+    other = cortiq.LLM.from_model(llm.model, tokenizer=llm.tokenizer.backend.to_str().encode(),
+                                  tokenizer_config=cfg)
+    for stream in (False, True):
+        out = other.create_completion(ids, max_tokens=10, temperature=0,
+                                      repetition_penalty=1.0, stream=stream)
+        if stream:
+            chunks = list(out)
+            out = {"choices": [{"text": "".join(c["choices"][0]["text"] for c in chunks),
+                                "finish_reason": chunks[-1]["choices"][0]["finish_reason"]}],
+                   "usage": chunks[-1]["usage"]}
+        assert out["choices"][0]["text"] == llm.detokenize(ref[:k])
+        assert out["choices"][0]["finish_reason"] == "stop"
+        assert out["usage"]["completion_tokens"] == k
 
 
 def test_stop_string_straddling_tokens(llm):
     ids = llm.tokenize(PROMPT)
-    kw = dict(max_tokens=24, temperature=0, repetition_penalty=1.0, suppress_tokens=list(llm.tokenizer.eos_token_ids))
+    kw = dict(max_tokens=24, temperature=0, repetition_penalty=1.0,
+              suppress_tokens=list(llm.tokenizer.eos_token_ids))
     ref_ids = greedy_reference(llm.model, ids, 24)
     full = llm.generate(ids, **kw)
     assert full == llm.detokenize(ref_ids)

@@ -23,7 +23,7 @@ import cortiq
 if os.environ.get("CI"):            # CI installs [test]: a missing package is a failure
     import httpx
     import openai
-    import starlette  # noqa: F401
+    import starlette  # noqa: F401 -- the app itself needs it
     import uvicorn
 else:
     pytest.importorskip("starlette", reason="the serve extra is not installed")
