@@ -122,3 +122,24 @@ def test_cortiq_dory_loads_skill_replacements(dory_path, tmp_path):
         assert not np.array_equal(base.session().feed(ids), sql.session().feed(ids))
     with pytest.raises(cortiq.ConfigError, match="task='coding'.*dory.*no MoE"):
         cortiq.LLM(p, task="coding")
+
+
+@pytest.mark.skipif(not HAVE_DORY, reason="cortiq/models/dory.py is not on this branch yet")
+def test_cortiq_dory_four_threads_equal_serial(dory_path):
+    import threading
+    prompts = ["the quick brown fox", "hello world", "the lazy dog", "sliding window"]
+    with cortiq.LLM(dory_path) as llm:
+        kw = dict(max_tokens=6, temperature=0.8)
+        serial = [llm.generate(p, seed=i, **kw) for i, p in enumerate(prompts)]
+        out = [None] * 4
+        barrier = threading.Barrier(4)
+
+        def work(i):
+            barrier.wait(timeout=30)
+            out[i] = llm.generate(prompts[i], seed=i, **kw)
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        assert out == serial
