@@ -264,6 +264,7 @@ def cmd_serve(args) -> int:
     try:
         serve(llm, args.host, args.port, max_concurrency=args.max_concurrency,
               max_queue=args.max_queue, graceful_timeout=args.graceful_timeout,
+              max_prompt_tokens=args.max_prompt_tokens,
               log_level=args.log_level)
     finally:
         llm.close()
@@ -313,6 +314,8 @@ def add_subcommands(sub) -> None:
     s.add_argument("--max-concurrency", type=int, default=2, help="generations at once")
     s.add_argument("--max-queue", type=int, default=8, help="requests waiting (then 429)")
     s.add_argument("--max-sessions", type=int, default=8, help="idle KV sessions kept")
+    s.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="longest prompt accepted (default: the context size - 1)")
     s.add_argument("--graceful-timeout", type=float, default=30.0)
     s.add_argument("--log-level", default="warning")
     s.set_defaults(func=cmd_serve)

@@ -343,6 +343,9 @@ class LLM:
         try:
             t0 = time.perf_counter()
             res.prompt_tokens = len(ids)
+            if cancel is not None and cancel.is_set():     # e.g. gave up while queued
+                res.finish_reason = "cancelled"
+                return
             res.cached_tokens, logits = session.prefill(ids)
             t1 = time.perf_counter()
             res.prefill_s = t1 - t0
