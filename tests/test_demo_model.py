@@ -33,17 +33,17 @@ REF_LOGITS = DATA / "demo_reference_logits.json.gz"
 TRAIN_WORDS = DATA / "demo_train_words.txt.gz"
 
 #: The issue's bound: runtime vs torch f32 on the same (dequantized) weights. Both sides
-#: compute in f32 over 16 virtual sub-layers; observed differences are ~1e-5.
+#: compute in f32 over 16 virtual sub-layers; observed: <= 5e-6 on logits up to ~12.
 LOGIT_TOL = 1e-3
 #: torch float64 vs the NumPy float64 reference on random weights: only rounding differs.
 F64_TOL = 1e-9
 #: The stored reference logits are torch f32 rounded to 6 significant digits; the float64
-#: NumPy reference over the same weights lands within f32 accumulation error of them.
-STORED_VS_F64_TOL = 2e-3
-#: The runtime on the q8 file vs torch on its dequantized weights: equal up to what the q8
-#: kernels may do differently (e.g. rounding activations); observed differences are printed
-#: by the test on failure.
-Q8_TOL = 0.25
+#: NumPy reference over the same weights lands within f32 accumulation error of them
+#: (observed <= 4e-5).
+STORED_VS_F64_TOL = 5e-4
+#: The runtime on the q8 file vs torch on its dequantized weights: the q8 kernels keep
+#: activations in f32, so the same bound holds (observed <= 5e-6, as on the f32 copy).
+Q8_TOL = 1e-3
 MAX_BYTES = 8 * 1000 * 1000
 WORD_FRAC = 0.80
 PROMPT = "Return a new list containing"
@@ -225,7 +225,7 @@ def test_runtime_matches_training_framework_on_f32_weights(demo_file, reference,
 
 @needs_runtime
 def test_runtime_on_the_q8_file_stays_close(demo_file, reference):
-    """The shipped q8 file itself: same argmax, logits within Q8_TOL of the f32 forward."""
+    """The shipped q8 file itself: logits within Q8_TOL of torch on its dequantized weights."""
     from cortiq.llm import LLM
     with LLM() as llm:
         for ids, rows, want in _torch_logits(demo_file, reference):
@@ -257,9 +257,10 @@ def test_greedy_generation_is_deterministic():
         assert first[0], "the demo model produced nothing"
         assert _greedy(a, PROMPT, N_NEW) == first
         assert _greedy(b, PROMPT, N_NEW) == first
-        # the library's own greedy generation gives the same text
-        text = a.generate(PROMPT, max_tokens=N_NEW, temperature=0)
-        assert text == a.generate(PROMPT, max_tokens=N_NEW, temperature=0)
+        # the library's own greedy generation (no repetition penalty) gives the same text
+        greedy = dict(max_tokens=N_NEW, temperature=0, repetition_penalty=1.0)
+        text = a.generate(PROMPT, **greedy)
+        assert text == a.generate(PROMPT, **greedy) == b.generate(PROMPT, **greedy)
         assert text == first[1]
 
 

@@ -40,6 +40,14 @@ What it does, in order:
    ``generation_config.json``, ``train_log.json`` with the recipe and the numbers), the
    q8_row CMF (``--cmf``), and reference logits of the f32 torch forward over the weights
    of that CMF file (``--ref-logits``) for the runtime parity test when torch is absent.
+
+The shipped run (``tools/demo_train_log.json``, ``tools/demo_train_output.txt``): seed 1234,
+the RECIPE below, CPython 3.11.7's stdlib (574 files, 29 held out; 634,464 training and
+91,652 held-out tokens), 6,637,056 parameters; final training loss 3.78 (EMA of the last
+steps; 3.96 re-evaluated on a training sample), held-out loss 4.461 = perplexity 86.6;
+training 1769 s wall / 987 s CPU with ``--threads 1`` on the 2-core machine while other
+jobs shared it. ``cortiq/data/demo.cmf`` (q8_row) is 7,148,405 bytes. Torch on one thread
+repeats the run bit for bit; more threads may change the last bits of the weights.
 """
 from __future__ import annotations
 
@@ -57,8 +65,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # cortiq from this checkout
 
 try:
     import torch
@@ -641,4 +647,5 @@ def export(hf_dir: Path, cmf_path: str | None, ref_logits: str | None) -> int:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # cortiq of this checkout
     sys.exit(main())
