@@ -62,7 +62,6 @@ def _cli(*args):
 
 @pytest.mark.parametrize("args,needle", [
     (["run", "/nonexistent.cmf", "-p", "x"], "nonexistent.cmf"),
-    (["run", "-p", "x"], "no model path"),
     (["bench", "/nonexistent.cmf"], "nonexistent.cmf"),
     (["serve", "/nonexistent.cmf"], "nonexistent.cmf"),
     (["convert", "/nonexistent-dir", "/tmp/x.cmf", "--quiet"], "config.json"),

@@ -46,8 +46,8 @@ the RECIPE below, CPython 3.11.7's stdlib (574 files, 29 held out; 634,464 train
 91,652 held-out tokens), 6,637,056 parameters; final training loss 3.78 (EMA of the last
 steps; 3.96 re-evaluated on a training sample), held-out loss 4.461 = perplexity 86.6;
 training 1769 s wall / 987 s CPU with ``--threads 1`` on the 2-core machine while other
-jobs shared it. ``cortiq/data/demo.cmf`` (q8_row) is 7,148,405 bytes. Torch on one thread
-repeats the run bit for bit; more threads may change the last bits of the weights.
+jobs shared it. ``cortiq/data/demo.cmf`` (q8_row) is 7,148,405 bytes. The run was not
+repeated to check bit-for-bit reproducibility (more threads may change the last bits).
 """
 from __future__ import annotations
 
