@@ -12,6 +12,7 @@ static const cq_table TABLE_REF = {
     &cq_mathfn_ref,
     &cq_hash_ref,
     &cq_quant_ref,
+    &cq_mix_ref,
 };
 
 #ifdef CORTIQ_HAVE_AVX2
@@ -20,6 +21,7 @@ static const cq_table TABLE_AVX2 = {
     &cq_mathfn_avx2,
     &cq_hash_avx2,
     &cq_quant_avx2,
+    &cq_mix_avx2,
 };
 #endif
 
@@ -30,6 +32,7 @@ static const cq_table TABLE_AVX512 = {
     &cq_mathfn_avx2,
     &cq_hash_avx2,
     &cq_quant_avx2,
+    &cq_mix_avx2,
 };
 #endif
 
