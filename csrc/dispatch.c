@@ -12,6 +12,8 @@ static const cq_table TABLE_REF = {
     &cq_mathfn_ref,
     &cq_hash_ref,
     &cq_quant_ref,
+    &cq_matvec_ref, /* [KERN] */
+    &cq_attn_ref,   /* [KERN] */
     &cq_mix_ref,
 };
 
@@ -21,6 +23,8 @@ static const cq_table TABLE_AVX2 = {
     &cq_mathfn_avx2,
     &cq_hash_avx2,
     &cq_quant_avx2,
+    &cq_matvec_avx2, /* [KERN] */
+    &cq_attn_avx2,   /* [KERN] */
     &cq_mix_avx2,
 };
 #endif
@@ -32,6 +36,8 @@ static const cq_table TABLE_AVX512 = {
     &cq_mathfn_avx2,
     &cq_hash_avx2,
     &cq_quant_avx2,
+    &cq_matvec_avx2,   /* [KERN] AVX-512 twin measured slower here (see ARCHITECTURE.md) */
+    &cq_attn_avx2,     /* [KERN] */
     &cq_mix_avx2,
 };
 #endif
