@@ -193,3 +193,22 @@ def pool_by_score(kv, score, out=None):
                                       <const float *>cnp.PyArray_DATA(sa), slots, width,
                                       <float *>cnp.PyArray_DATA(oa))
     return oa
+
+
+def grouped_rows(qt, x, size_t groups, out=None):
+    """DeepSeek-V4's grouped low-rank projection from the stored rows of `qt` (a
+    QTensor or QMat of groups*lora rows, per = cols): out[r] = W[r] . x[g*per:(g+1)*per]
+    with g = r // lora. x has groups*per floats. No dequantized copy is made."""
+    cdef QMat qm = qt._m if not isinstance(qt, QMat) else qt
+    cdef cnp.ndarray xa = _f32(x, "grouped_rows", "x")
+    if groups == 0 or qm.rows % groups:
+        raise ValueError(f"grouped_rows: {qm.rows} rows do not split into {groups} groups")
+    if <size_t>xa.size != groups * qm.cols:
+        raise ValueError(f"grouped_rows: x needs {groups * qm.cols} floats, got {xa.size}")
+    cdef cnp.ndarray oa = _mix_out(out, (qm.rows,), "grouped_rows")
+    cdef cq_status st
+    with nogil:
+        st = cq_active().mix.grouped_rows(&qm.m, <const float *>cnp.PyArray_DATA(xa), groups,
+                                          <float *>cnp.PyArray_DATA(oa))
+    check(st, "grouped_rows")
+    return oa

@@ -237,6 +237,12 @@ typedef struct cq_mix_ops {
      * kv[t*width+d]; an all -inf column gives 0 (the compressor's pooling). */
     void (*pool_by_score)(const float *kv, const float *score, size_t slots, size_t width,
                           float *out);
+    /* The grouped low-rank projection read straight from the stored rows: m has
+     * groups*lora rows of per = m->cols; out[r] = row r . x[(r / lora) * per ..], i.e.
+     * each group's block of rows against its slice of x (x has groups*per entries).
+     * Each row through the active matvec.row_dot (bit-identical to matvec); OpenMP
+     * over rows, identical for any thread count. */
+    cq_status (*grouped_rows)(const cq_qmat *m, const float *x, size_t groups, float *out);
 } cq_mix_ops;
 
 extern const cq_mix_ops cq_mix_ref;

@@ -96,4 +96,5 @@ static void hc_expand_avx2(const float *blk, const float *res, const float *post
 const cq_mix_ops cq_mix_avx2 = {
     hc_mixes_avx2, mix_split_sinkhorn, mix_head_pre, hc_fold_avx2, hc_fold_norm_avx2,
     hc_expand_avx2, rms_weighted_avx2, mix_swiglu, mix_pool_by_score,
+    mix_grouped_rows,
 };

@@ -81,4 +81,24 @@ static void mix_pool_by_score(const float *kv, const float *score, size_t slots,
         out[d] = acc;
     }
 }
+
+#ifdef CORTIQ_HAVE_OPENMP
+#include <omp.h>
+#endif
+static cq_status mix_grouped_rows(const cq_qmat *m, const float *x, size_t groups, float *out) {
+    if (!m || groups == 0 || m->rows % groups) return CQ_ERR_SHAPE;
+    size_t lora = m->rows / groups, per = m->cols;
+    long rows = (long)m->rows;
+    int bad = 0;
+    cq_status (*row_dot)(const cq_qmat *, size_t, const float *, float *) =
+        cq_active()->matvec->row_dot;
+#ifdef CORTIQ_HAVE_OPENMP
+#pragma omp parallel for num_threads(cq_get_num_threads()) schedule(static) if (rows >= 64) reduction(|: bad)
+#endif
+    for (long r = 0; r < rows; r++) {
+        size_t g = (size_t)r / lora;
+        if (row_dot(m, (size_t)r, x + g * per, out + r) != CQ_OK) bad |= 1;
+    }
+    return bad ? CQ_ERR_ARG : CQ_OK;
+}
 #endif

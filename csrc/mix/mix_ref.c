@@ -57,4 +57,5 @@ static void hc_expand_ref(const float *blk, const float *res, const float *post,
 const cq_mix_ops cq_mix_ref = {
     hc_mixes_ref, mix_split_sinkhorn, mix_head_pre, hc_fold_ref, hc_fold_norm_ref,
     hc_expand_ref, rms_weighted_ref, mix_swiglu, mix_pool_by_score,
+    mix_grouped_rows,
 };
