@@ -14,3 +14,10 @@ __all__ = [
     "set_num_threads",
     "show_config",
 ]
+
+
+def __getattr__(name):  # [dsv4] cortiq.LLM without importing the runtime at import time
+    if name == "LLM":
+        from .llm import LLM
+        return LLM
+    raise AttributeError(f"module 'cortiq' has no attribute {name!r}")

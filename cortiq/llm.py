@@ -17,8 +17,11 @@ def _model_class(arch_name: str):
     if arch_name == "dory":
         from .models.dory import DoryModel
         return DoryModel
+    if arch_name == "deepseek_v4":
+        from .models.deepseek_v4 import DeepseekV4Model
+        return DeepseekV4Model
     raise ConfigError(f"architecture {arch_name!r} is not supported by this cortiq "
-                      "(supported: dory)")
+                      "(supported: dory, deepseek_v4)")
 
 
 class LLM:
