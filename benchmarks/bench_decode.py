@@ -8,6 +8,10 @@ import argparse
 import os
 import sys
 
+# The machine may be shared: with OpenMP's default active wait a preempted worker makes
+# every short parallel region (one per matvec) stall; passive waiting keeps 2-thread
+# matvecs at single-thread speed or better under load. Set before cortiq loads libgomp.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
