@@ -212,3 +212,41 @@ def grouped_rows(qt, x, size_t groups, out=None):
                                           <float *>cnp.PyArray_DATA(oa))
     check(st, "grouped_rows")
     return oa
+
+
+def rows_sum(tensors, xs, out=None):
+    """sum_j tensors[j] @ xs[j] in one pass over rows (the MoE's down projections):
+    every tensor (QTensor or QMat) has the same rows; xs[j] has tensors[j].cols floats.
+    Terms are added in list order; identical for any thread count."""
+    cdef size_t n = len(tensors)
+    if n == 0 or len(xs) != n:
+        raise ValueError("rows_sum: need as many inputs as tensors (at least one)")
+    mats = [t if isinstance(t, QMat) else t._m for t in tensors]
+    arrs = []
+    cdef QMat qm
+    cdef size_t rows = (<QMat>mats[0]).rows
+    for j in range(n):
+        qm = mats[j]
+        if qm.rows != rows:
+            raise ValueError(f"rows_sum: tensor {j} has {qm.rows} rows, tensor 0 has {rows}")
+        xa = _f32(xs[j], "rows_sum", f"xs[{j}]")
+        if <size_t>xa.size != qm.cols:
+            raise ValueError(f"rows_sum: xs[{j}] needs {qm.cols} floats, got {xa.size}")
+        arrs.append(xa)
+    cdef cnp.ndarray oa = _mix_out(out, (rows,), "rows_sum")
+    cdef cq_qmat *ms = <cq_qmat *>malloc(n * sizeof(cq_qmat))
+    cdef const float **px = <const float **>malloc(n * sizeof(float *))
+    if ms == NULL or px == NULL:
+        free(ms)
+        free(px)
+        raise MemoryError("rows_sum")
+    for j in range(n):
+        ms[j] = (<QMat>mats[j]).m
+        px[j] = <const float *>cnp.PyArray_DATA(<cnp.ndarray>arrs[j])
+    cdef cq_status st
+    with nogil:
+        st = cq_active().mix.rows_sum(ms, n, px, <float *>cnp.PyArray_DATA(oa))
+    free(ms)
+    free(px)
+    check(st, "rows_sum")
+    return oa

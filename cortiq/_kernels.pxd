@@ -42,6 +42,7 @@ cdef extern from "cortiq.h" nogil:
         void (*swiglu)(float *g, const float *u, size_t n, float limit, float weight) noexcept nogil
         void (*pool_by_score)(const float *kv, const float *score, size_t slots, size_t width, float *out) noexcept nogil
         cq_status (*grouped_rows)(const cq_qmat *m, const float *x, size_t groups, float *out) noexcept nogil
+        cq_status (*rows_sum)(const cq_qmat *ms, size_t n, const float *const *xs, float *out) noexcept nogil
 
     # ---- [KERN] matvec family (csrc/matvec) ----
     ctypedef struct cq_qmat:

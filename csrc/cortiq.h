@@ -207,7 +207,8 @@ extern const cq_attn_ops cq_attn_avx2;
  * The state is hc copies of a dim vector, x[j*dim + d]. */
 typedef struct cq_mix_ops {
     /* out[m] = rsqrt(mean(x^2) + eps) * sum_c fn[m*n + c] * x[c] for m < mix, n = hc*dim.
-     * OpenMP over m (one row per thread: bit-identical for any thread count). */
+     * OpenMP over m when mix*n >= 2^18 (one row per thread: bit-identical for any
+     * thread count). */
     void (*hc_mixes)(const float *x, size_t n, const float *fn, size_t mix, float eps,
                      float *out);
     /* pre = sigmoid(m*s0 + b) + eps; post = 2 sigmoid(m*s1 + b); comb = row softmax of
@@ -243,6 +244,10 @@ typedef struct cq_mix_ops {
      * Each row through the active matvec.row_dot (bit-identical to matvec); OpenMP
      * over rows, identical for any thread count. */
     cq_status (*grouped_rows)(const cq_qmat *m, const float *x, size_t groups, float *out);
+    /* The MoE's down projections in one pass: out[r] = sum_j row r of ms[j] . xs[j]
+     * (j ascending), for r < ms[0].rows; every ms[j] has that many rows. One OpenMP
+     * region over rows (identical for any thread count) instead of one per expert. */
+    cq_status (*rows_sum)(const cq_qmat *ms, size_t n, const float *const *xs, float *out);
 } cq_mix_ops;
 
 extern const cq_mix_ops cq_mix_ref;

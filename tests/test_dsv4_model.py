@@ -76,12 +76,21 @@ def test_task_mask_option(toy_path):
     llm = cortiq.LLM(toy_path, task=mask)
     L1 = llm.model.layers[1]
     assert L1.mask is not None and llm.model.layers[0].mask is None  # hash layer untouched
+    from cortiq.models import deepseek_v4 as D
     seen = []
-    orig = llm.model._expert
-    llm.model._expert = lambda e, x, wt, acc: (seen.append(e), orig(e, x, wt, acc))[1]
-    llm.session().feed([1, 2, 3], want="last")
-    picked = {i for i, e in enumerate(L1.experts) for s in seen if s is e}
-    assert picked and picked <= {6, 7}
+    orig = D.route
+
+    def spy(logits, bias=None, top_k=1, route_scale=1.0, forced=None, mask=None):
+        idx, w = orig(logits, bias, top_k, route_scale, forced, mask)
+        if mask is not None:
+            seen.extend(int(i) for i in idx)
+        return idx, w
+    D.route = spy
+    try:
+        llm.session().feed([1, 2, 3], want="last")
+    finally:
+        D.route = orig
+    assert seen and set(seen) <= {6, 7}
     with pytest.raises(ValueError, match="task"):
         cortiq.LLM(toy_path, task=np.ones((3, E), bool))
     llm.close()

@@ -212,6 +212,24 @@ def test_grouped_projection_is_identical_with_any_thread_count(isa, threads, dty
     assert (one == got).all()
 
 
+@pytest.mark.parametrize("dtype", ["f32", "q8_row", "q4tp", "q2tp"])
+def test_rows_sum_is_the_sum_of_matvecs(isa, threads, dtype):
+    rng = np.random.default_rng(1)
+    Ts = [QTensor.from_f32(f32(rng.standard_normal((37, 64))), dtype) for _ in range(5)]
+    xs = [f32(rng.standard_normal(64)) for _ in range(5)]
+    got = K.rows_sum(Ts, xs)
+    want = sum(T.dequantize().astype(np.float64) @ np.float64(x) for T, x in zip(Ts, xs))
+    scale = sum(np.abs(T.dequantize()) @ np.abs(x) for T, x in zip(Ts, xs))
+    assert (np.abs(got - want) <= 1e-5 * scale + 1e-6).all()
+    # the same terms in the same order as separate matvecs
+    seq = Ts[0].matvec(xs[0])
+    for T, x in zip(Ts[1:], xs[1:]):
+        seq = seq + T.matvec(x)
+    assert (got == seq).all()
+    with pytest.raises(ValueError, match="rows_sum"):
+        K.rows_sum(Ts, xs[:2])
+
+
 # ---------------------------------------------------------------- mix kernels vs float64
 
 @pytest.mark.parametrize("hc,dim", [(4, 37), (3, 64), (4, 1027)])

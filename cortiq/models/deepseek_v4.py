@@ -9,7 +9,8 @@ layers a Lightning indexer with its own compressor and top-k; sparse attention w
 per-head sink, the inverse RoPE on the output, and the grouped low-rank output
 projection read straight from the stored ``wo_a`` rows) and the MoE (sqrt-softplus
 scores, a selection-only bias, hash layers through ``tid2eid``, optional task masks,
-the shared expert, the asymmetric ``swiglu_limit`` clamp). Only the chosen experts'
+the shared expert, the asymmetric ``swiglu_limit`` clamp; all gate/up projections in
+one ``matvec_many`` pass, all down projections in one ``rows_sum`` pass). Only the chosen experts'
 pages are touched: each is a separate ``QTensor`` over the mapped file.
 
 Model protocol (used by ``cortiq.LLM`` / ``cortiq.Session``):
@@ -623,7 +624,11 @@ class DeepseekV4Model:
         logits = L.gate.matvec(x)
         forced = hash_route(L.tid2eid, tid) if L.tid2eid is not None else None
         idx, w = route(logits, L.bias, cfg.top_k, cfg.route_scale, forced, L.mask)
-        acc = self._expert(L.shared, x, 1.0, None)
-        for e, wt in zip(idx, w):
-            acc = self._expert(L.experts[int(e)], x, float(wt), acc)
-        return acc
+        chosen = [L.shared] + [L.experts[int(e)] for e in idx]
+        weights = [1.0] + [float(v) for v in w]
+        # every gate and up projection of the chosen experts in one pass over x
+        gu = QTensor.matvec_many([t for e in chosen for t in (e.w1, e.w3)], x)
+        limit = self.cfg.swiglu_limit
+        hs = [K.swiglu_clamp(gu[2 * j], gu[2 * j + 1], limit, wt) for j, wt in enumerate(weights)]
+        # and every down projection in one pass over the output rows
+        return K.rows_sum([e.w2 for e in chosen], hs)

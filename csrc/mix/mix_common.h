@@ -101,4 +101,26 @@ static cq_status mix_grouped_rows(const cq_qmat *m, const float *x, size_t group
     }
     return bad ? CQ_ERR_ARG : CQ_OK;
 }
+
+static cq_status mix_rows_sum(const cq_qmat *ms, size_t n, const float *const *xs, float *out) {
+    if (!ms || n == 0) return CQ_ERR_SHAPE;
+    for (size_t j = 1; j < n; j++)
+        if (ms[j].rows != ms[0].rows) return CQ_ERR_SHAPE;
+    long rows = (long)ms[0].rows;
+    int bad = 0;
+    cq_status (*row_dot)(const cq_qmat *, size_t, const float *, float *) =
+        cq_active()->matvec->row_dot;
+#ifdef CORTIQ_HAVE_OPENMP
+#pragma omp parallel for num_threads(cq_get_num_threads()) schedule(static) if (rows * (long)n >= 256) reduction(|: bad)
+#endif
+    for (long r = 0; r < rows; r++) {
+        float acc = 0.0f, v;
+        for (size_t j = 0; j < n; j++) {
+            if (row_dot(&ms[j], (size_t)r, xs[j], &v) != CQ_OK) bad |= 1;
+            acc += v;
+        }
+        out[r] = acc;
+    }
+    return bad ? CQ_ERR_ARG : CQ_OK;
+}
 #endif

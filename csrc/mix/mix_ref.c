@@ -18,7 +18,7 @@ static void hc_mixes_ref(const float *x, size_t n, const float *fn, size_t mix, 
     float r = 1.0f / sqrtf(ss / (float)n + eps);
     long m = (long)mix;
 #ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel for num_threads(cq_get_num_threads()) schedule(static) if (n >= 4096)
+#pragma omp parallel for num_threads(cq_get_num_threads()) schedule(static) if (n * mix >= ((size_t)1 << 18))
 #endif
     for (long i = 0; i < m; i++) out[i] = dot_ref(fn + (size_t)i * n, x, n) * r;
 }
@@ -57,5 +57,5 @@ static void hc_expand_ref(const float *blk, const float *res, const float *post,
 const cq_mix_ops cq_mix_ref = {
     hc_mixes_ref, mix_split_sinkhorn, mix_head_pre, hc_fold_ref, hc_fold_norm_ref,
     hc_expand_ref, rms_weighted_ref, mix_swiglu, mix_pool_by_score,
-    mix_grouped_rows,
+    mix_grouped_rows, mix_rows_sum,
 };
