@@ -101,6 +101,7 @@ def test_parity_f32(case):
     got = _cortiq_logits(out, ids)
     ref = H.full_logits(model, ids)
     diff = np.abs(got - ref).max()
+    print(f"parity f32: max |diff| {diff:.3g}")
     assert diff <= F32_TOL, f"max |logit diff| {diff:.3g}"
     assert (got.argmax(1) == ref.argmax(1)).all()
 
@@ -137,6 +138,7 @@ def test_parity_q8_row(case, tmp_path):
     ref = H.full_logits(hq, ids)
     got = _cortiq_logits(out, ids)
     diff = np.abs(got - ref).max()
+    print(f"parity q8_row: max |diff| {diff:.3g}")
     assert diff <= Q8_TOL, f"max |logit diff| {diff:.3g}"
     assert (got.argmax(1) == ref.argmax(1)).all()
     # and quantization actually changed something
