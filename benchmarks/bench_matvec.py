@@ -130,6 +130,7 @@ def main():
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--no-prefill", action="store_true")
     ap.add_argument("--no-numpy", action="store_true")
+    ap.add_argument("--isa", default=None, help="kernel table (default: the best usable)")
     a = ap.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
     dtypes = [d for d in a.dtypes.split(",") if d]
@@ -142,6 +143,8 @@ def main():
     if a.quick and a.dtypes == ",".join(DTYPES):
         dtypes = ["f16", "q8_row", "q8_2f", "q4_tiled", "q4tp"]
     rng = np.random.default_rng(0)
+    if a.isa:
+        K.set_isa(a.isa)
     cfg = cortiq.config()
     print(f"cortiq {cfg['version']}: isa {cfg['isa']}, openmp {cfg['openmp']}, "
           f"cpus {os.cpu_count()}, load average {os.getloadavg()[0]:.2f} "

@@ -162,6 +162,7 @@ uint64_t cq_read_sum(const uint8_t *p, size_t n, int threads);
 
 extern const cq_matvec_ops cq_matvec_ref;
 extern const cq_matvec_ops cq_matvec_avx2;
+extern const cq_matvec_ops cq_matvec_avx512;
 
 /* ---- attn: norms, rotary, top-k, attention (csrc/attn) [KERN] ------------------
  * All buffers float32 row-major; "rows" kernels treat x as [rows, n]. */

@@ -20,7 +20,7 @@ from cortiq.convert import hf_deepseek_v4 as C
 from cortiq.errors import ConfigError
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference.dsv4_toy import toy_tensors  # noqa: E402
+from reference.dsv4_toy import tokenizer_json, toy_tensors  # noqa: E402
 
 st_numpy = pytest.importorskip("safetensors.numpy")
 DTYPE_TOL = 1e-4
@@ -131,6 +131,7 @@ def hf_checkpoint(d, style, tid_dtype=np.int64):
     st_numpy.save_file({k: np.ascontiguousarray(v) for k, v in out.items()}, str(d / "model.safetensors"))
     (d / "config.json").write_text(json.dumps(HF_CONFIG))
     (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    (d / "tokenizer.json").write_bytes(tokenizer_json())
     return d
 
 
@@ -138,7 +139,7 @@ def hf_checkpoint(d, style, tid_dtype=np.int64):
 def direct(tmp_path_factory):
     t, arch = toy_tensors()
     p = tmp_path_factory.mktemp("dsv4c") / "direct.cmf"
-    cmf.write(p, t, arch=arch, quant="f32", progress=False)
+    cmf.write(p, t, arch=arch, quant="f32", tokenizer_json=tokenizer_json(), progress=False)
     llm = cortiq.LLM(p)
     out = llm.session().feed(IDS, want="all")
     llm.close()
@@ -201,7 +202,7 @@ def test_missing_tensor_is_named(tmp_path):
 def test_every_storage_dtype_decodes_like_its_dequantized_values(tmp_path, quant):
     t, arch = toy_tensors()
     qpath = tmp_path / f"{quant}.cmf"
-    cmf.write(qpath, t, arch=arch, quant=quant, progress=False)
+    cmf.write(qpath, t, arch=arch, quant=quant, tokenizer_json=tokenizer_json(), progress=False)
     f = cmf.open(qpath)
     dts = {i.dtype for i in f.tensors.values()}
     deq = {n: np.asarray(f.tensor(n), np.float32).reshape(t[n].shape) for n in t}
@@ -209,7 +210,7 @@ def test_every_storage_dtype_decodes_like_its_dequantized_values(tmp_path, quant
     if quant not in ("f16", "bf16"):
         assert quant in dts
     fpath = tmp_path / "deq.cmf"
-    cmf.write(fpath, deq, arch=arch, quant="f32", progress=False)
+    cmf.write(fpath, deq, arch=arch, quant="f32", tokenizer_json=tokenizer_json(), progress=False)
     outs = []
     for p in (qpath, fpath):
         llm = cortiq.LLM(p)
@@ -229,16 +230,20 @@ def test_task_mask_from_the_file(tmp_path):
     other = MaskTask(name="all", ffn=np.ones((L, 16), bool), heads=np.ones((L, 4), bool),
                      layers=np.ones(L, bool), experts=np.ones((L, E), bool), task_id=1)
     p = tmp_path / "m.cmf"
-    cmf.write(p, t, arch=arch, quant="f32", masks=Masks("code", [task, other]), progress=False)
-    llm = cortiq.LLM(p)                      # default task applies
+    cmf.write(p, t, arch=arch, quant="f32", masks=Masks("code", [task, other]),
+              tokenizer_json=tokenizer_json(), progress=False)
+    llm = cortiq.LLM(p, task="code")
     assert list(np.nonzero(llm.model.layers[1].mask)[0]) == [2, 5]
     assert llm.model.layers[0].mask is None   # hash layer: never masked
     llm.close()
     llm = cortiq.LLM(p, task="all")
     assert llm.model.layers[1].mask.all()
     llm.close()
-    llm = cortiq.LLM(p, task=False)
+    llm = cortiq.LLM(p)                      # no task: no mask
     assert llm.model.layers[1].mask is None
     llm.close()
+    from cortiq.models.deepseek_v4 import DeepseekV4Model
+    with cmf.open(p) as cf:                  # True: the file's default task
+        assert list(np.nonzero(DeepseekV4Model(cf, task=True).layers[1].mask)[0]) == [2, 5]
     with pytest.raises(ConfigError, match="nope"):
         cortiq.LLM(p, task="nope")

@@ -14,15 +14,12 @@ import cortiq.cmf as cmf
 from cortiq.errors import CortiqError
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference.dsv4_toy import toy_tensors  # noqa: E402
+from reference.dsv4_toy import toy_tensors, write_toy  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def toy_path(tmp_path_factory):
-    t, arch = toy_tensors()
-    p = tmp_path_factory.mktemp("dsv4toy") / "toy.cmf"
-    cmf.write(p, t, arch=arch, quant="f32", progress=False)
-    return p
+    return write_toy(tmp_path_factory.mktemp("dsv4toy") / "toy.cmf")
 
 
 def test_toy_stack_decodes_ten_tokens(toy_path):
@@ -73,9 +70,11 @@ def test_task_mask_option(toy_path):
     E = 8
     mask = np.ones((2, E), bool)
     mask[1, :6] = False                      # layer 1 may only pick experts 6 and 7
-    llm = cortiq.LLM(toy_path, task=mask)
-    L1 = llm.model.layers[1]
-    assert L1.mask is not None and llm.model.layers[0].mask is None  # hash layer untouched
+    from cortiq.models.deepseek_v4 import DeepseekV4Model
+    cf = cmf.open(toy_path)
+    model = DeepseekV4Model(cf, task=mask)
+    L1 = model.layers[1]
+    assert L1.mask is not None and model.layers[0].mask is None  # hash layer untouched
     from cortiq.models import deepseek_v4 as D
     seen = []
     orig = D.route
@@ -87,10 +86,10 @@ def test_task_mask_option(toy_path):
         return idx, w
     D.route = spy
     try:
-        llm.session().feed([1, 2, 3], want="last")
+        model.forward(model.new_state(), [1, 2, 3], "last")
     finally:
         D.route = orig
     assert seen and set(seen) <= {6, 7}
     with pytest.raises(ValueError, match="task"):
-        cortiq.LLM(toy_path, task=np.ones((3, E), bool))
-    llm.close()
+        DeepseekV4Model(cf, task=np.ones((3, E), bool))
+    cf.close()

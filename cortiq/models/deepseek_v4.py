@@ -21,11 +21,11 @@ arrive and cannot be un-folded. Start a new session instead.
 
 Prompts run token by token (the same path as decode).
 
-Options (``cortiq.LLM(path, task=...)``): ``task`` selects an expert mask from the
-file's masks section by name (``None`` = the section's ``default_task`` when it has
-expert fields, ``False`` = no mask), or is a bool array ``[num_layers, num_experts]``
-(or a ``{layer: [bool]*E}`` dict). Masks restrict selection on non-hash layers only
-and the weights renormalise over the survivors.
+Options (``cortiq.LLM(path, task="name")``): ``task`` selects an expert mask from the
+file's masks section by name (``True`` = the section's ``default_task``; ``None`` or
+``False`` = no mask); ``DeepseekV4Model(cmf_file, task=...)`` also takes a bool array
+``[num_layers, num_experts]`` or a ``{layer: [bool]*E}`` dict. Masks restrict selection
+on non-hash layers only and the weights renormalise over the survivors.
 
 Header: the generic ``arch`` keys of CMF_FORMAT §4.3, plus an optional
 ``arch.deepseek_v4`` object written by cortiq's converter with the constants upstream
@@ -355,9 +355,9 @@ class Dsv4State:
 
 def _task_masks(cf, cfg: Dsv4Config, task):
     """[n_layers, E] bool or None."""
-    if task is False:
+    if task is None or task is False:
         return None
-    if task is None:
+    if task is True:
         m = getattr(cf, "masks", None)
         if not m or not len(m) or not getattr(m, "default_task", None) or m.default_task not in m:
             return None

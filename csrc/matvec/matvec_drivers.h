@@ -21,6 +21,7 @@
  * cost more than the work). Does not change any result. */
 #define CQ_PAR_MIN ((size_t)1 << 16)
 
+
 static cq_status drv_check(const cq_qmat *m) {
     size_t need = cq_qmat_nbytes(m->dtype, m->rows, m->cols);
     if (need == 0 && m->rows * m->cols != 0) return CQ_ERR_UNSUPPORTED;
@@ -118,6 +119,7 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
     if (rows == 0 || t == 0) return CQ_OK;
     long nblocks = (long)((rows + CQ_MM_ROWS - 1) / CQ_MM_ROWS);
     int failed = 0;
+
     int par = rows * cols >= CQ_PAR_MIN / 4 && nblocks > 1;
     (void)par;
 #ifdef CORTIQ_HAVE_OPENMP

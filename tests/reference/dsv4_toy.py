@@ -68,3 +68,27 @@ def toy_tensors(dim=32, nh=4, hd=8, rd=4, ql=16, ol=16, og=2, hc=4, E=8, k=2, in
             "moe": {"num_experts": E, "top_k": k, "moe_intermediate_size": inter},
             "deepseek_v4": {"swiglu_limit": 10.0, "index_topk": 8}}
     return t, arch
+
+
+def tokenizer_json(vocab: int = 24) -> bytes:
+    """A word-level tokenizer.json with `vocab` tokens (ids 0 and 1 special)."""
+    import json
+    toks = {"<bos>": 0, "<eos>": 1}
+    for i in range(2, vocab):
+        toks[f"w{i}"] = i
+    added = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for c, i in (("<bos>", 0), ("<eos>", 1))]
+    return json.dumps({"version": "1.0", "truncation": None, "padding": None,
+                       "added_tokens": added, "normalizer": None,
+                       "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None,
+                       "decoder": None,
+                       "model": {"type": "WordLevel", "vocab": toks, "unk_token": "w2"}}).encode()
+
+
+def write_toy(path, quant="f32", tensors=None, **kw):
+    """The toy (or `tensors`) as a CMF file with a tokenizer."""
+    import cortiq.cmf as cmf
+    t, arch = toy_tensors()
+    cmf.write(path, tensors if tensors is not None else t, arch=arch, quant=quant,
+              tokenizer_json=tokenizer_json(), progress=False, **kw)
+    return path
