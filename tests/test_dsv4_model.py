@@ -93,3 +93,13 @@ def test_task_mask_option(toy_path):
     with pytest.raises(ValueError, match="task"):
         DeepseekV4Model(cf, task=np.ones((3, E), bool))
     cf.close()
+
+
+def test_generate_twice_through_the_llm(toy_path):
+    """The runtime's prefix reuse must start over (no rollback) and stay deterministic."""
+    llm = cortiq.LLM(toy_path, seed=0)
+    a = llm.generate("w3 w4 w5", max_tokens=6, temperature=0)
+    b = llm.generate("w3 w4 w5 w6", max_tokens=6, temperature=0)
+    c = llm.generate("w3 w4 w5", max_tokens=6, temperature=0)
+    assert isinstance(a, str) and a == c and isinstance(b, str)
+    llm.close()
