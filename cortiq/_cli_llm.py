@@ -205,8 +205,12 @@ def cmd_convert(args) -> int:
         elif args.arch == "dory":
             from .convert.hf_dory import convert
             convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet)
+        elif args.arch == "deepseek_v4":
+            from .convert.hf_deepseek_v4 import convert
+            convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet)
         else:
-            raise ConfigError(f"--arch {args.arch!r}: no converter (supported: dory, auto)")
+            raise ConfigError(f"--arch {args.arch!r}: no converter (supported: dory, "
+                              "deepseek_v4, auto)")
     except ImportError as e:
         raise ConfigError(f"cortiq convert needs the 'convert' extra (pip install "
                           f"'cortiq[convert]'): {e}") from None
@@ -293,7 +297,8 @@ def add_subcommands(sub) -> None:
     v = sub.add_parser("convert", help="convert a Hugging Face checkpoint to CMF")
     v.add_argument("hf_dir", metavar="HF_DIR")
     v.add_argument("out", metavar="OUT.cmf")
-    v.add_argument("--arch", default="auto", help="dory, or auto (from config.json)")
+    v.add_argument("--arch", default="auto",
+                   help="dory, deepseek_v4, or auto (from config.json)")
     v.add_argument("--quant", default="q8_row")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=cmd_convert)

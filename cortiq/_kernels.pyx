@@ -18,3 +18,4 @@ include "_k_hash.pxi"
 include "_k_quant.pxi"
 include "_k_matvec.pxi"  # [KERN]
 include "_k_attn.pxi"  # [KERN]
+include "_k_mix.pxi"

@@ -12,7 +12,8 @@ import importlib
 from ..errors import ConfigError
 
 # arch_name -> "module:Class" (imported on first use) or the class itself.
-_REGISTRY: dict = {"dory": "cortiq.models.dory:DoryModel"}
+_REGISTRY: dict = {"dory": "cortiq.models.dory:DoryModel",
+                    "deepseek_v4": "cortiq.models.deepseek_v4:DeepseekV4Model"}
 
 
 def register(name: str, cls) -> None:
