@@ -14,5 +14,8 @@ cnp.import_array()
 
 include "_k_dispatch.pxi"
 include "_k_mathfn.pxi"
+include "_k_hash.pxi"
+include "_k_quant.pxi"
 include "_k_matvec.pxi"  # [KERN]
 include "_k_attn.pxi"  # [KERN]
+include "_k_mix.pxi"

@@ -8,28 +8,37 @@
 #endif
 
 static const cq_table TABLE_REF = {
-    "ref",
-    &cq_mathfn_ref,
-    &cq_matvec_ref, /* [KERN] */
-    &cq_attn_ref,   /* [KERN] */
+    .name = "ref",
+    .mathfn = &cq_mathfn_ref,
+    .hash = &cq_hash_ref,
+    .quant = &cq_quant_ref,
+    .matvec = &cq_matvec_ref,
+    .attn = &cq_attn_ref,
+    .mix = &cq_mix_ref,     /* dsv4 */
 };
 
 #ifdef CORTIQ_HAVE_AVX2
 static const cq_table TABLE_AVX2 = {
-    "avx2",
-    &cq_mathfn_avx2,
-    &cq_matvec_avx2, /* [KERN] */
-    &cq_attn_avx2,   /* [KERN] */
+    .name = "avx2",
+    .mathfn = &cq_mathfn_avx2,
+    .hash = &cq_hash_avx2,
+    .quant = &cq_quant_avx2,
+    .matvec = &cq_matvec_avx2,
+    .attn = &cq_attn_avx2,
+    .mix = &cq_mix_avx2,     /* dsv4 */
 };
 #endif
 
 #ifdef CORTIQ_HAVE_AVX512
 /* AVX-512 twins exist only where they pay; the other families run their AVX2 code. */
 static const cq_table TABLE_AVX512 = {
-    "avx512",
-    &cq_mathfn_avx2,
-    &cq_matvec_avx512, /* [KERN] */
-    &cq_attn_avx2,     /* [KERN] */
+    .name = "avx512",
+    .mathfn = &cq_mathfn_avx2,
+    .hash = &cq_hash_avx2,
+    .quant = &cq_quant_avx2,
+    .matvec = &cq_matvec_avx512,
+    .attn = &cq_attn_avx2,
+    .mix = &cq_mix_avx2,     /* dsv4 */
 };
 #endif
 

@@ -1,1 +1,21 @@
-"""CMF v2 model files: reader, writer, quantizers (cortiq/cmf/quant.py is the layout spec)."""
+"""CMF v2 model files: reader, writer, quantizers (cortiq/cmf/quant.py is the layout spec).
+
+    cortiq.cmf.open(path) -> CmfFile        validated, mmap-backed, zero-copy
+    cortiq.cmf.write(path, tensors, arch=..., quant="q8_row", ...)
+    cortiq.cmf.Writer(path, arch=..., ...)  streaming: .add(name, array), .close()
+    cortiq.cmf.hash64(data)                 the format's 64-bit digest (C kernel)
+"""
+from .errors import (BoundsError, CmfFileNotFound, FormatError, HashMismatch, InvalidMagic,
+                     MissingTensor, ParseError, UnknownDtype, UnsupportedFeature,
+                     UnsupportedVersion)
+from .hash import hash64, hash64_numpy
+from .masks import Masks, MaskTask
+from .reader import CmfFile, TensorInfo, open, shard_file_name
+from .writer import Writer, choose_dtype, write
+
+__all__ = [
+    "BoundsError", "CmfFile", "CmfFileNotFound", "FormatError", "HashMismatch", "InvalidMagic",
+    "MaskTask", "Masks", "MissingTensor", "ParseError", "TensorInfo", "UnknownDtype",
+    "UnsupportedFeature", "UnsupportedVersion", "Writer", "choose_dtype", "hash64",
+    "hash64_numpy", "open", "shard_file_name", "write",
+]

@@ -1,0 +1,110 @@
+"""`cortiq info FILE` and `cortiq verify FILE` (registered in cortiq/cli.py).
+
+User errors (missing or malformed file) print one line and return 1: never a traceback.
+"""
+from __future__ import annotations
+
+import sys
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n}"
+
+
+def _open(path):
+    from . import open as cmf_open
+    if path is None:                       # no file: the bundled demo model
+        from ..demo import demo_path
+        path = demo_path()
+    return cmf_open(path)
+
+
+def _fail(e) -> int:
+    msg = str(e).replace("\n", " ") or type(e).__name__
+    print(f"cortiq: error: {msg}", file=sys.stderr)
+    return 1
+
+
+def cmd_info(args) -> int:
+    try:
+        cf = _open(args.file)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # noqa: BLE001 -- one line, never a traceback
+        return _fail(e)
+    with cf:
+        a = cf.arch
+        out = [f"file:        {cf.path}" + (f" ({len(cf.files)} shards)" if len(cf.files) > 1
+                                             else "")]
+        out.append(f"arch:        {a['arch_name']}  hidden {a['hidden_size']}, layers "
+                   f"{a['num_layers']}, heads {a['num_attention_heads']}/{a['num_kv_heads']} "
+                   f"(head_dim {a['head_dim']}), ffn {a['intermediate_size']}, vocab "
+                   f"{a['vocab_size']}, ctx {a['max_position_embeddings']}")
+        if cf.moe:
+            m = cf.moe
+            out.append(f"moe:         {m['num_experts']} experts, top {m['top_k']}, ffn "
+                       f"{m['moe_intermediate_size']}")
+        out.append(f"quant_type:  {cf.quant_type}   features 0x{cf.features:x}")
+        by = {}
+        for t in cf.tensors.values():
+            c, b = by.get(t.dtype, (0, 0))
+            by[t.dtype] = (c + 1, b + t.nbytes)
+        total = sum(b for _, b in by.values())
+        out.append(f"tensors:     {len(cf.tensors)}  ({_fmt_bytes(total)})")
+        for d, (c, b) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+            out.append(f"  {d:<10} {c:>6} tensors  {_fmt_bytes(b):>12}")
+        tj = cf.tokenizer_json()
+        out.append(f"tokenizer:   {'tokenizer.json, ' + _fmt_bytes(len(tj)) if tj else 'none'}")
+        tc = cf.tokenizer_config
+        if tc:
+            tpl = tc.get("chat_template")
+            out.append(f"chat:        template {len(tpl) if tpl else 0} chars, eos "
+                       f"{tc.get('eos_token_ids', [])}, bos {tc.get('bos_token_id')}, pad "
+                       f"{tc.get('pad_token_id')}")
+        else:
+            out.append("chat:        none (ChatML fallback)")
+        sk = cf.skills
+        out.append(f"skills:      {', '.join(s['id'] for s in sk) if sk else 'none'}")
+        if cf.masks is not None:
+            out.append(f"masks:       {len(cf.masks)} (default {cf.masks.default_task!r}): "
+                       f"{', '.join(cf.masks.names())}")
+        else:
+            out.append("masks:       none")
+        if len(cf.files) > 1 or cf.shard:
+            for f in cf.files:
+                n = sum(1 for t in cf.tensors.values() if t.file == f)
+                out.append(f"shard:       {f}  ({n} tensors)")
+        print("\n".join(out))
+    return 0
+
+
+def cmd_verify(args) -> int:
+    try:
+        cf = _open(args.file)
+        with cf:
+            problems = cf.verify()
+            n = len(cf.tensors)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # noqa: BLE001 -- one line, never a traceback
+        return _fail(e)
+    if problems:
+        for p in problems:
+            print(p)
+        return 1
+    print(f"ok: {n} tensors, header, directory and section hashes match")
+    return 0
+
+
+def add_subcommands(sub) -> None:
+    p = sub.add_parser("info", help="describe a CMF file (architecture, dtypes, tokenizer, "
+                                    "skills, masks, shards)")
+    p.add_argument("file", nargs="?", help="default: the bundled demo model")
+    p.set_defaults(func=cmd_info)
+    p = sub.add_parser("verify", help="check every hash of a CMF file; exit 1 on problems")
+    p.add_argument("file", nargs="?", help="default: the bundled demo model")
+    p.set_defaults(func=cmd_verify)

@@ -1,0 +1,36 @@
+"""Small helpers to build CMF fixtures in tests and benchmarks (no files outside tmp)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def tiny_arch(**over) -> dict:
+    """A minimal valid `arch` block (§4.1); keyword arguments override/add keys."""
+    a = dict(arch_name="dory", hidden_size=64, intermediate_size=96, num_layers=2,
+             num_attention_heads=4, num_kv_heads=2, head_dim=16, vocab_size=128,
+             max_position_embeddings=512, layer_types=["FullAttention", "SlidingAttention"],
+             rms_norm_eps=1e-6)
+    a.update(over)
+    return a
+
+
+def tiny_tensors(seed: int = 0, arch: dict | None = None) -> dict:
+    """A dict name -> float32 array shaped like a small dense decoder."""
+    a = arch or tiny_arch()
+    rng = np.random.default_rng(seed)
+    h, f, v = a["hidden_size"], a["intermediate_size"], a["vocab_size"]
+    kv = a["num_kv_heads"] * a["head_dim"]
+    t = {"model.embed_tokens.weight": rng.standard_normal((v, h)),
+         "model.norm.weight": 1 + 0.1 * rng.standard_normal(h)}
+    for i in range(a["num_layers"]):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(h)
+        t[p + "self_attn.q_proj.weight"] = rng.standard_normal((h, h)) * 0.1
+        t[p + "self_attn.k_proj.weight"] = rng.standard_normal((kv, h)) * 0.1
+        t[p + "self_attn.v_proj.weight"] = rng.standard_normal((kv, h)) * 0.1
+        t[p + "self_attn.o_proj.weight"] = rng.standard_normal((h, h)) * 0.1
+        t[p + "mlp.gate_proj.weight"] = rng.standard_normal((f, h)) * 0.1
+        t[p + "mlp.up_proj.weight"] = rng.standard_normal((f, h)) * 0.1
+        t[p + "mlp.down_proj.weight"] = rng.standard_normal((h, f)) * 0.1
+    t["lm_head.weight"] = rng.standard_normal((v, h)) * 0.1
+    return {k: np.asarray(x, np.float32) for k, x in t.items()}

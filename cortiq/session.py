@@ -1,0 +1,132 @@
+"""One sequence's state on a model: feed tokens, read logits, roll back.
+
+A Session is cheap; many share one model (and its one mapping of the file). It keeps
+the token ids it holds, and how they were fed, so that a rollback the model cannot do
+in place (a sliding window already dropped the keys it would need) is done by
+re-reading the prefix in the same pieces: the state is then exactly the one a straight
+run would have (Dory's last_loop cache depends on where chunks begin and end).
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .errors import CortiqError
+
+WANTS = ("none", "last", "all")
+
+
+class Session:
+    def __init__(self, model):
+        self._model = model
+        self._state = model.new_state()
+        self._ids: list[int] = []
+        self._feeds: list[tuple[int, str]] = []  # (tokens, want) of every feed, in order
+        self._last: np.ndarray | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def pos(self) -> int:
+        """Tokens held."""
+        return len(self._ids)
+
+    @property
+    def ids(self) -> list[int]:
+        return list(self._ids)
+
+    @property
+    def model(self):
+        return self._model
+
+    def common_prefix(self, ids) -> int:
+        """Length of the longest common prefix of what the session holds and `ids`."""
+        held = self._ids
+        n = min(len(held), len(ids))
+        i = 0
+        while i < n and held[i] == ids[i]:
+            i += 1
+        return i
+
+    def prefill(self, ids, reuse: bool = True):
+        """Make the session hold exactly `ids` and return `(reused, logits)`: the
+        logits [vocab] after the last id, and how many leading ids were kept from
+        what the session already held (the longest common prefix, capped so that at
+        least the last id is run) instead of being read again."""
+        ids = [int(i) for i in np.asarray(ids, dtype=np.int64).ravel()]
+        if not ids:
+            raise CortiqError("empty prompt: nothing to generate from")
+        keep = min(self.common_prefix(ids), len(ids) - 1) if reuse else 0
+        if keep < len(self._ids):
+            if keep == 0 or not getattr(self._model, "supports_rollback", False):
+                self.reset()
+                keep = 0
+            else:
+                self.rollback(keep)
+        logits = self.feed(ids[keep:], want="last")
+        return keep, logits
+
+    def feed(self, ids, want: str = "last"):
+        """Run `ids` after what the session holds. Returns None, the last row of logits
+        [vocab] or every row [len(ids), vocab] for want = "none" / "last" / "all"."""
+        if want not in WANTS:
+            raise ValueError(f"want must be one of {', '.join(WANTS)}, got {want!r}")
+        arr = np.asarray(ids, dtype=np.int64).ravel()
+        with self._lock:
+            if arr.size == 0:
+                return None if want == "none" else (
+                    np.zeros((0, self._model.vocab), np.float32) if want == "all" else self._last)
+            out = self._model.forward(self._state, arr, "all" if want == "all" else
+                                      ("last" if want == "last" else "none"))
+            self._ids.extend(int(i) for i in arr)
+            self._feeds.append((int(arr.size), want))
+            if want == "all":
+                self._last = out[-1].copy()
+            elif want == "last":
+                self._last = out.copy()
+            else:
+                self._last = None
+            return out
+
+    def logits(self) -> np.ndarray:
+        """The last row of logits of the most recent feed that asked for them."""
+        if self._last is None:
+            raise CortiqError("no logits: feed tokens with want='last' or 'all' first")
+        return self._last
+
+    def rollback(self, n: int) -> None:
+        """Forget positions >= n (keep the first n tokens)."""
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"rollback: n must be a non-negative integer, got {n!r}")
+        with self._lock:
+            if n >= len(self._ids):
+                return
+            if not getattr(self._model, "supports_rollback", False):
+                raise CortiqError(f"{self._model.arch}: rollback is not supported; start a "
+                                  "new session instead")
+            keep = self._ids[:n]
+            feeds, left = [], n
+            for size, want in self._feeds:
+                if left <= 0:
+                    break
+                feeds.append((min(size, left), want))
+                left -= size
+            if self._model.can_rollback(self._state, n):
+                self._model.rollback(self._state, n)
+            else:  # re-read the prefix in the pieces it was fed in
+                self._state = self._model.new_state()
+                at = 0
+                for size, want in feeds:
+                    self._model.forward(self._state, np.asarray(keep[at:at + size], np.int64),
+                                        "none" if want == "none" else "last")
+                    at += size
+            self._ids = keep
+            self._feeds = feeds
+            self._last = None
+
+    def reset(self) -> None:
+        with self._lock:
+            self._state = self._model.new_state()
+            self._ids = []
+            self._feeds = []
+            self._last = None
