@@ -141,6 +141,28 @@ cdef class QMat:
         check(st, "dequant_rows")
         return oa
 
+    def rows_dot(self, size_t r0, size_t nr, x, out=None):
+        """[row r0 + j . x for j < nr] (float32 [nr]) on the calling thread; x prepared
+        once; bit-identical to matvec(x)[r0:r0 + nr]."""
+        if r0 > self.rows or nr > self.rows - r0:
+            raise ValueError(f"rows_dot: rows {r0}..{r0 + nr} outside 0..{self.rows}")
+        cdef cnp.ndarray xa = self._x(x, "rows_dot")
+        cdef cnp.ndarray oa
+        if out is None:
+            oa = np.empty(nr, np.float32)
+        else:
+            oa = _f32(out, "rows_dot", "out")
+            _writable(oa, "rows_dot", "out")
+            if oa.ndim != 1 or <size_t>oa.shape[0] != nr:
+                raise ValueError(f"rows_dot: out must have shape ({nr},)")
+        cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
+        cdef float *po = <float *>cnp.PyArray_DATA(oa)
+        cdef cq_status st
+        with nogil:
+            st = cq_active().matvec.rows_dot(&self.m, r0, nr, px, po)
+        check(st, "rows_dot")
+        return oa
+
     def row_dot(self, size_t r, x):
         """sum_c W[r, c] x[c] (bit-identical to matvec(x)[r])."""
         if r >= self.rows:

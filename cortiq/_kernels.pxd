@@ -65,6 +65,7 @@ cdef extern from "cortiq.h" nogil:
         cq_status (*matmat)(const cq_qmat *m, const float *X, size_t t, float *Y) noexcept nogil
         cq_status (*dequant_rows)(const cq_qmat *m, size_t r0, size_t nr, float *out) noexcept nogil
         cq_status (*row_dot)(const cq_qmat *m, size_t r, const float *x, float *res) noexcept nogil
+        cq_status (*rows_dot)(const cq_qmat *m, size_t r0, size_t nr, const float *x, float *out) noexcept nogil
 
     # ---- [KERN] attn family (csrc/attn) ----
     ctypedef struct cq_attn_ops:

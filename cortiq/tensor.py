@@ -6,7 +6,7 @@ every product runs through the C kernels of ``csrc/matvec`` (scalar reference or
 AVX2/AVX-512 twin, OpenMP over output rows, bit-identical for any thread count).
 
 Exactness contract (see docs/ARCHITECTURE.md, "matvec"):
-* ``matvec`` / ``row_dot`` / ``matvec_many`` give bit-identical results for the same
+* ``matvec`` / ``row_dot`` / ``rows_dot`` / ``matvec_many`` give bit-identical results for the same
   row and input (and any thread count).
 * ``matmat`` equals ``t`` matvecs within float32 rounding (same weights, a different
   summation order), not bitwise (under ``CORTIQ_ISA=ref`` they are bitwise equal).
@@ -129,6 +129,11 @@ class QTensor:
     def row_dot(self, i: int, x) -> float:
         """sum_c W[i, c] x[c]; bit-identical to matvec(x)[i]."""
         return self._m.row_dot(self._index(i), x)
+
+    def rows_dot(self, r0: int, n: int, x, out=None) -> np.ndarray:
+        """[W[r0 + j] . x for j < n] on the calling thread (x prepared once);
+        bit-identical to matvec(x)[r0:r0 + n]."""
+        return self._m.rows_dot(r0, n, x, out)
 
     def dequantize(self) -> np.ndarray:
         """The whole matrix as float32 [rows, cols]."""

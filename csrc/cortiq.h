@@ -161,8 +161,12 @@ typedef struct cq_matvec_ops {
     cq_status (*matmat)(const cq_qmat *m, const float *X, size_t t, float *Y);
     /* out[nr, cols] = rows r0 .. r0+nr-1 decoded to float32 (exact). */
     cq_status (*dequant_rows)(const cq_qmat *m, size_t r0, size_t nr, float *out);
-    /* *res = sum_c W[r,c] x[c], bit-identical to matvec's y[r]. */
+    /* *res = sum_c W[r,c] x[c], bit-identical to matvec's y[r]. Prepares x for the row
+     * (q8_2f, grouped dtypes) on every call: for many rows sharing x use rows_dot. */
     cq_status (*row_dot)(const cq_qmat *m, size_t r, const float *x, float *res);
+    /* out[j] = row r0+j dotted with x for j < nr, on the calling thread only (for use
+     * inside a caller's parallel region); x prepared once; bit-identical to matvec. */
+    cq_status (*rows_dot)(const cq_qmat *m, size_t r0, size_t nr, const float *x, float *out);
 } cq_matvec_ops;
 
 /* Benchmark probe: sum of the buffer's 64-bit words over `threads` threads (reads

@@ -88,6 +88,8 @@ def test_decode_and_matvec(isa, dtype, shape):
     assert_dot_close(y, d, x)
     for i in range(rows):
         assert q.row_dot(i, x) == y[i]
+    np.testing.assert_array_equal(q._m.rows_dot(0, rows, x), y)
+    np.testing.assert_array_equal(q._m.rows_dot(rows // 2, rows - rows // 2, x), y[rows // 2:])
     out = np.full(rows, np.nan, np.float32)
     assert q.matvec(x, out=out) is out
     np.testing.assert_array_equal(out, y)

@@ -165,24 +165,38 @@ static cq_status drv_dequant_rows(const cq_qmat *m, size_t r0, size_t nr, float 
     return CQ_OK;
 }
 
-static cq_status drv_row_dot(const cq_qmat *m, size_t r, const float *x, float *res) {
+/* Serial: rows r0 .. r0+nr-1 against one x. The prepared x lives on the stack up to
+ * CQ_XSTACK floats (no allocation for the usual widths), else on the heap. */
+#define CQ_XSTACK 4096
+static cq_status drv_rows_dot(const cq_qmat *m, size_t r0, size_t nr, const float *x, float *out) {
     cq_status st = drv_check(m);
     if (st != CQ_OK) return st;
-    if (r >= m->rows) return CQ_ERR_ARG;
+    if (r0 > m->rows || nr > m->rows - r0) return CQ_ERR_ARG;
     const float *xp = x;
+    float stackbuf[CQ_XSTACK];
     float *tmp = NULL;
-    if (needs_prep(m)) {
-        tmp = (float *)malloc((m->cols ? m->cols : 1) * sizeof(float));
-        if (!tmp) return CQ_ERR_NOMEM;
-        prep_x(m, x, tmp);
-        xp = tmp;
+    if (needs_prep(m) && nr) {
+        if (m->cols <= CQ_XSTACK) {
+            prep_x(m, x, stackbuf);
+            xp = stackbuf;
+        } else {
+            tmp = (float *)malloc(m->cols * sizeof(float));
+            if (!tmp) return CQ_ERR_NOMEM;
+            prep_x(m, x, tmp);
+            xp = tmp;
+        }
     }
-    *res = dot_row(m, r, xp);
+    for (size_t j = 0; j < nr; j++) out[j] = dot_row(m, r0 + j, xp);
     free(tmp);
     return CQ_OK;
 }
 
+static cq_status drv_row_dot(const cq_qmat *m, size_t r, const float *x, float *res) {
+    return drv_rows_dot(m, r, 1, x, res);
+}
+
 #define CQ_MATVEC_OPS(name) \
-    const cq_matvec_ops name = {drv_matvec, drv_matvec_many, drv_matmat, drv_dequant_rows, drv_row_dot}
+    const cq_matvec_ops name = {drv_matvec, drv_matvec_many, drv_matmat, drv_dequant_rows, drv_row_dot, \
+                                drv_rows_dot}
 
 #endif
