@@ -37,6 +37,7 @@ import os
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Iterator, Mapping
 
 import numpy as np
@@ -44,7 +45,7 @@ import numpy as np
 from . import cmf as _cmf
 from ._config import set_num_threads
 from .chat import ChatTemplate
-from .errors import ConfigError
+from .errors import ConfigError, FormatError
 from .sampling import Sampler, SamplingParams
 from .session import Session
 from .stopping import StopChecker, normalize_stop
@@ -132,7 +133,12 @@ class LLM:
             self._router = SkillRouter(self.file) if self.skill == "auto" else None
             self._models: dict = {}
             model = self._build_model(None if self.skill == "auto" else self.skill)
-            tok = Tokenizer.from_cmf(self.file)
+            try:
+                tok = Tokenizer.from_cmf(self.file)
+            except FormatError as e:  # sessions still take ids; text gets bytes (upstream's rule)
+                warnings.warn(f"{e}; text is tokenized as raw UTF-8 bytes", RuntimeWarning,
+                              stacklevel=2)
+                tok = Tokenizer.bytes_only(getattr(self.file, "tokenizer_config", None))
             name = os.path.splitext(os.path.basename(self.path))[0]
             max_pos = self.file.arch.get("max_position_embeddings")
             self._setup(model, tok, chat_template, seed, name, n_ctx, max_sessions, max_pos)
