@@ -241,3 +241,80 @@ def sparse_attend(q, kv, idx, sink=None, scale=None, out=None):
         st = cq_active().attn.sparse_attend(pq, pk, nkv, pi, m, psk, sc, nh, hd, po)
     check(st, "sparse_attend")
     return oa
+
+
+# ---- fused Dory sub-layer steps (one call instead of several) -----------------------
+def qk_prep(x, cos, sin, scale=None, float eps=1e-6):
+    """In place on x [t, heads, hd]: half-split rotary by cos/sin [t, hd/2], justnorm of
+    each head, then * scale [heads*hd] when given. Equals rope_halfsplit, justnorm and
+    the multiply done separately, bit for bit. Returns x."""
+    cdef cnp.ndarray xa = _f32(x, "qk_prep", "x")
+    _writable(xa, "qk_prep", "x")
+    if xa.ndim != 3:
+        raise ValueError(f"qk_prep: x must be [t, heads, hd], got {xa.ndim}-D")
+    cdef size_t t = xa.shape[0], heads = xa.shape[1], hd = xa.shape[2]
+    if hd % 2:
+        raise ValueError(f"qk_prep: head dim {hd} must be even")
+    cdef cnp.ndarray ca = _f32(cos, "qk_prep", "cos")
+    cdef cnp.ndarray sa = _f32(sin, "qk_prep", "sin")
+    if <size_t>ca.size != t * (hd // 2) or <size_t>sa.size != t * (hd // 2):
+        raise ValueError(f"qk_prep: cos and sin must hold [t={t}, {hd // 2}] values")
+    cdef cnp.ndarray wa
+    cdef const float *pw = NULL
+    if scale is not None:
+        wa = _f32(scale, "qk_prep", "scale")
+        if <size_t>wa.size != heads * hd:
+            raise ValueError(f"qk_prep: scale must hold heads*hd = {heads * hd} values")
+        pw = <const float *>cnp.PyArray_DATA(wa)
+    cdef float *px = <float *>cnp.PyArray_DATA(xa)
+    cdef const float *pc = <const float *>cnp.PyArray_DATA(ca)
+    cdef const float *ps = <const float *>cnp.PyArray_DATA(sa)
+    with nogil:
+        cq_active().attn.qk_prep(px, pc, ps, pw, t, heads, hd, eps)
+    return xa
+
+
+def slerp(x, out, alpha, float eps=1e-6):
+    """The nGPT residual in place, per row: x = justnorm(x^ + alpha*(out^ - x^)), ^ being
+    justnorm; `out` is used as scratch. x, out [rows, n] (or [n]); alpha [n]. Returns x."""
+    cdef cnp.ndarray xa = _f32(x, "slerp", "x")
+    cdef cnp.ndarray oa = _f32(out, "slerp", "out")
+    cdef cnp.ndarray aa = _f32(alpha, "slerp", "alpha")
+    _writable(xa, "slerp", "x")
+    _writable(oa, "slerp", "out")
+    cdef size_t rows, n
+    rows, n = _last_axis(xa, "slerp", "x")
+    if (<object>oa).shape != (<object>xa).shape:
+        raise ValueError(f"slerp: out has shape {(<object>oa).shape}, x has {(<object>xa).shape}")
+    if <size_t>aa.size != n:
+        raise ValueError(f"slerp: alpha must hold {n} values")
+    if np.may_share_memory(xa, oa):
+        raise ValueError("slerp: x and out must not overlap")
+    cdef float *px = <float *>cnp.PyArray_DATA(xa)
+    cdef float *po = <float *>cnp.PyArray_DATA(oa)
+    cdef const float *pa = <const float *>cnp.PyArray_DATA(aa)
+    if rows:
+        with nogil:
+            cq_active().attn.slerp(px, po, pa, rows, n, eps)
+    return xa
+
+
+def gate_norm(y, g, s, float eps=1e-6):
+    """In place per row: y = justnorm(y * sigmoid(g*s)); s [n]. Returns y."""
+    cdef cnp.ndarray ya = _f32(y, "gate_norm", "y")
+    cdef cnp.ndarray ga = _f32(g, "gate_norm", "g")
+    cdef cnp.ndarray sa = _f32(s, "gate_norm", "s")
+    _writable(ya, "gate_norm", "y")
+    cdef size_t rows, n
+    rows, n = _last_axis(ya, "gate_norm", "y")
+    if <size_t>ga.size != <size_t>ya.size:
+        raise ValueError(f"gate_norm: g has {ga.size} values, y has {ya.size}")
+    if <size_t>sa.size != n:
+        raise ValueError(f"gate_norm: s must hold {n} values")
+    cdef float *py = <float *>cnp.PyArray_DATA(ya)
+    cdef const float *pg = <const float *>cnp.PyArray_DATA(ga)
+    cdef const float *ps = <const float *>cnp.PyArray_DATA(sa)
+    if rows:
+        with nogil:
+            cq_active().attn.gate_norm(py, pg, ps, rows, n, eps)
+    return ya

@@ -76,6 +76,9 @@ cdef extern from "cortiq.h" nogil:
         cq_status (*topk)(const float *x, size_t rows, size_t n, size_t k, int64_t *idx, int64_t *count) noexcept nogil
         cq_status (*attn_gqa)(const float *q, const float *keys, const float *vals, float *out, size_t t, size_t nh, size_t nk, size_t hd, size_t nkeys, size_t pos0, size_t first, size_t window, float scale) noexcept nogil
         cq_status (*sparse_attend)(const float *q, const float *kv, size_t nkv, const int64_t *idx, size_t m, const float *sink, float scale, size_t nh, size_t hd, float *out) noexcept nogil
+        void (*qk_prep)(float *x, const float *cos, const float *sin, const float *scale, size_t t, size_t heads, size_t hd, float eps) noexcept nogil
+        void (*slerp)(float *x, float *out, const float *alpha, size_t rows, size_t n, float eps) noexcept nogil
+        void (*gate_norm)(float *y, const float *g, const float *s, size_t rows, size_t n, float eps) noexcept nogil
 
     ctypedef struct cq_table:
         const char *name

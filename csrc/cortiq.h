@@ -212,6 +212,18 @@ typedef struct cq_attn_ops {
     cq_status (*sparse_attend)(const float *q, const float *kv, size_t nkv, const int64_t *idx,
                                size_t m, const float *sink, float scale, size_t nh, size_t hd,
                                float *out);
+    /* Fused per-token steps of a Dory sub-layer (one C call instead of several; each
+     * equals the composition of the separate kernels, bit for bit on one ISA):
+     * qk_prep: x [t, heads, hd]: half-split rotary by cos/sin [t, hd/2], then justnorm of
+     *   each head, then *scale[head*hd + i] when scale != NULL. */
+    void (*qk_prep)(float *x, const float *cos, const float *sin, const float *scale,
+                    size_t t, size_t heads, size_t hd, float eps);
+    /* slerp: per row of x, out [rows, n]: x = justnorm(x^ + alpha*(out^ - x^)) with
+     *   x^, out^ the justnorms (out is overwritten with out^ - x^ scaled by alpha). */
+    void (*slerp)(float *x, float *out, const float *alpha, size_t rows, size_t n, float eps);
+    /* gate_norm: per row: y = justnorm(y * sigmoid(g*s)) (mathfn gate_mul, then justnorm). */
+    void (*gate_norm)(float *y, const float *g, const float *s, size_t rows, size_t n,
+                      float eps);
 } cq_attn_ops;
 
 extern const cq_attn_ops cq_attn_ref;

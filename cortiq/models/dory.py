@@ -67,13 +67,9 @@ def top_prob(logits: np.ndarray) -> float:
 
 
 def slerp(x: np.ndarray, out: np.ndarray, alpha: np.ndarray) -> None:
-    """The nGPT residual, written into x: x = (x^ + alpha (out^ - x^))^ (rows)."""
-    justnorm(x)
-    justnorm(out)
-    out -= x
-    out *= alpha
-    x += out
-    justnorm(x)
+    """The nGPT residual, written into x: x = (x^ + alpha (out^ - x^))^ (rows; out is
+    scratch)."""
+    K.slerp(x, out, alpha, EPS)
 
 
 # ---- weights ---------------------------------------------------------------------
@@ -502,19 +498,15 @@ class DoryModel:
         q = q.reshape(t, nh, hd)
         k = k.reshape(t, nk, hd)
         cos, sin = rope
-        K.rope_halfsplit(q, cos, sin)
-        K.rope_halfsplit(k, cos, sin)
-        justnorm(q)
-        justnorm(k)
-        q *= w.sq.reshape(nh, hd)
+        K.qk_prep(q, cos, sin, w.sq, EPS)     # rotate, justnorm per head, * s_q
+        K.qk_prep(k, cos, sin, None, EPS)     # rotate, justnorm per head
         slot = self._slot(st, w, li, loop_i)
         slot.put(k, v.reshape(t, nk, hd), overwrite)
         window = self.window if w.sliding else (self.full_window or 0)  # 0: unlimited
         y = K.attn_gqa_window(q, slot.k[:slot.n], slot.v[:slot.n], pos0, window, slot.first,
                               float(self.attn_scale))
         y = y.reshape(t, nh * hd)
-        K.gate_mul(y, g, w.sg)
-        justnorm(y)
+        K.gate_norm(y, g, w.sg, EPS)          # y = (y * sigmoid(g * s_g))^
         return w.o.matvec(y[0])[None] if t == 1 else w.o.matmat(y)
 
     def _mlp(self, w: MlpWeights, h: np.ndarray) -> np.ndarray:

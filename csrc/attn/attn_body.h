@@ -154,6 +154,38 @@ static cq_status k_sparse_attend(const float *q, const float *kv, size_t nkv, co
     return failed ? CQ_ERR_NOMEM : CQ_OK;
 }
 
+static void k_qk_prep(float *x, const float *cs, const float *sn, const float *scale, size_t t,
+                      size_t heads, size_t hd, float eps) {
+    size_t h = hd / 2;
+    for (size_t r = 0; r < t; r++)
+        for (size_t j = 0; j < heads; j++) {
+            float *p = x + (r * heads + j) * hd;
+            rope_half_row(p, p + h, cs + r * h, sn + r * h, h, 0);
+            float inv = 1.0f / sqrtf(vsumsq(p, hd) + eps);
+            vscale(p, p, inv, scale ? scale + j * hd : NULL, hd);
+        }
+}
+
+static void k_slerp(float *x, float *out, const float *alpha, size_t rows, size_t n, float eps) {
+    for (size_t r = 0; r < rows; r++) {
+        float *xr = x + r * n, *o = out + r * n;
+        vscale(xr, xr, 1.0f / sqrtf(vsumsq(xr, n) + eps), NULL, n);
+        vscale(o, o, 1.0f / sqrtf(vsumsq(o, n) + eps), NULL, n);
+        for (size_t i = 0; i < n; i++) {
+            o[i] = (o[i] - xr[i]) * alpha[i];
+            xr[i] += o[i];
+        }
+        vscale(xr, xr, 1.0f / sqrtf(vsumsq(xr, n) + eps), NULL, n);
+    }
+}
+
+static void k_gate_norm(float *y, const float *g, const float *s, size_t rows, size_t n,
+                        float eps) {
+    cq_active()->mathfn->gate_mul(y, g, s, rows, n);
+    k_justnorm(y, eps, rows, n);
+}
+
 #define CQ_ATTN_OPS(name) \
-    const cq_attn_ops name = {k_rmsnorm, k_justnorm, k_rope_half, rope_interleaved_s, topk_s, k_attn_gqa, k_sparse_attend}
+    const cq_attn_ops name = {k_rmsnorm, k_justnorm, k_rope_half, rope_interleaved_s, topk_s, \
+                              k_attn_gqa, k_sparse_attend, k_qk_prep, k_slerp, k_gate_norm}
 #endif
