@@ -2,29 +2,9 @@
  * and half-split rotary; top-k and the interleaved tail rotary are the shared scalar
  * code. Dots keep two 8-lane accumulators (rounding-level differences from ref). */
 #include "attn_scalar.h"
-#include <immintrin.h>
+#include "../simd_avx2.h"
 
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-static float vdot(const float *a, const float *b, size_t n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    if (i + 8 <= n) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        i += 8;
-    }
-    float s = hsum8(_mm256_add_ps(s0, s1));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
+static float vdot(const float *a, const float *b, size_t n) { return cq_dot8(a, b, n); }
 static void vaxpy(float *y, float a, const float *x, size_t n) {
     __m256 va = _mm256_set1_ps(a);
     size_t i = 0;

@@ -2,7 +2,7 @@
  * through the reference's cq_exp1. Compiled with -mavx2 -mfma -mf16c only. */
 #include "../cortiq.h"
 #include "exp8.h"
-#include <immintrin.h>
+#include "../simd_avx2.h"
 
 /* exp on 8 lanes. min/max take the input as the SECOND operand so a NaN lane
  * propagates (minps/maxps return the second operand when either is NaN). */
@@ -28,27 +28,13 @@ static void exp_avx2(const float *x, float *out, size_t n) {
     for (; i < n; i++) out[i] = cq_exp1(x[i]);
 }
 
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline float hmax(__m256 v) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 static void softmax_row(float *r, size_t n) {
     size_t i = 0;
     float top = -INFINITY;
     if (n >= 8) {
         __m256 m = _mm256_set1_ps(-INFINITY);
         for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(r + i), m); /* NaN lanes dropped, as in ref */
-        top = hmax(m);
+        top = cq_hmax8(m);
     }
     /* NaN never wins the max (as in ref); it turns the row NaN through exp below. */
     for (; i < n; i++) top = r[i] > top ? r[i] : top;
@@ -59,7 +45,7 @@ static void softmax_row(float *r, size_t n) {
         _mm256_storeu_ps(r + i, e);
         acc = _mm256_add_ps(acc, e);
     }
-    float den = hsum(acc);
+    float den = cq_hsum8(acc);
     for (; i < n; i++) {
         r[i] = cq_exp1(r[i] - top);
         den += r[i];
@@ -111,21 +97,7 @@ static void gate_mul_avx2(float *y, const float *g, const float *s, size_t rows,
     }
 }
 
-static float dot_avx2(const float *a, const float *b, size_t n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    if (i + 8 <= n) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        i += 8;
-    }
-    float s = hsum(_mm256_add_ps(s0, s1));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
+static float dot_avx2(const float *a, const float *b, size_t n) { return cq_dot8(a, b, n); }
 
 static void axpy_avx2(float *y, float alpha, const float *x, size_t n) {
     __m256 va = _mm256_set1_ps(alpha);

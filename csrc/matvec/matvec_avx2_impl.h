@@ -8,14 +8,7 @@
 #define CQ_MATVEC_AVX2_IMPL_H
 #include "qmat.h"
 #include "matvec_scalar.h"
-#include <immintrin.h>
-
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#include "../simd_avx2.h"
 
 static inline __m256 ld_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 static inline __m256 ld_bf16x8(const uint8_t *p) {
@@ -41,7 +34,7 @@ static inline float h2f_hw(const uint8_t *p) { return _cvtsh_ss(cq_ld16(p)); }
             a3 = _mm256_fmadd_ps(LOAD(p + (c + 24) * EB), _mm256_loadu_ps(x + c + 24), a3); \
         }                                                                           \
         for (; c + 8 <= cols; c += 8) a0 = _mm256_fmadd_ps(LOAD(p + c * EB), _mm256_loadu_ps(x + c), a0); \
-        acc = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));   \
+        acc = cq_hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));   \
         for (; c < cols; c++) acc += (SCALAR) * x[c];                               \
     } while (0)
 
@@ -258,7 +251,7 @@ static float grouped_dot(const cq_qmat *m, size_t r, const float *x) {
     }
     default: break;
     }
-    float acc = hsum8(_mm256_add_ps(t0, t1));
+    float acc = cq_hsum8(_mm256_add_ps(t0, t1));
     return m->dtype == CQ_DT_Q2TP ? acc * 0.5f : acc;
 }
 
@@ -420,8 +413,8 @@ static void avx2_matmat_block(const float *w, size_t nr, size_t cols, const floa
                 q = _mm256_loadu_ps(w3 + c);
                 a30 = _mm256_fmadd_ps(q, v0, a30); a31 = _mm256_fmadd_ps(q, v1, a31); a32 = _mm256_fmadd_ps(q, v2, a32);
             }
-            float s[4][3] = {{hsum8(a00), hsum8(a01), hsum8(a02)}, {hsum8(a10), hsum8(a11), hsum8(a12)},
-                             {hsum8(a20), hsum8(a21), hsum8(a22)}, {hsum8(a30), hsum8(a31), hsum8(a32)}};
+            float s[4][3] = {{cq_hsum8(a00), cq_hsum8(a01), cq_hsum8(a02)}, {cq_hsum8(a10), cq_hsum8(a11), cq_hsum8(a12)},
+                             {cq_hsum8(a20), cq_hsum8(a21), cq_hsum8(a22)}, {cq_hsum8(a30), cq_hsum8(a31), cq_hsum8(a32)}};
             for (; c < cols; c++)
                 for (int jj = 0; jj < 4; jj++)
                     for (int ii = 0; ii < 3; ii++) s[jj][ii] += w[(j + jj) * cols + c] * X[(i + ii) * cols + c];
@@ -439,7 +432,7 @@ static void avx2_matmat_block(const float *w, size_t nr, size_t cols, const floa
                 a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + c), v, a2);
                 a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + c), v, a3);
             }
-            float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
+            float s[4] = {cq_hsum8(a0), cq_hsum8(a1), cq_hsum8(a2), cq_hsum8(a3)};
             for (; c < cols; c++)
                 for (int jj = 0; jj < 4; jj++) s[jj] += w[(j + jj) * cols + c] * x0[c];
             for (int jj = 0; jj < 4; jj++) Y[i * ldy + j + jj] = s[jj];
@@ -452,7 +445,7 @@ static void avx2_matmat_block(const float *w, size_t nr, size_t cols, const floa
             __m256 a0 = _mm256_setzero_ps();
             size_t c = 0;
             for (; c + 8 <= cols; c += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + c), _mm256_loadu_ps(x0 + c), a0);
-            float s = hsum8(a0);
+            float s = cq_hsum8(a0);
             for (; c < cols; c++) s += w0[c] * x0[c];
             Y[i * ldy + j] = s;
         }
