@@ -12,6 +12,8 @@ static const cq_table TABLE_REF = {
     &cq_mathfn_ref,
     &cq_hash_ref,
     &cq_quant_ref,
+    &cq_nystrom_ref,
+    &cq_linalg_ref,
 };
 
 #ifdef CORTIQ_HAVE_AVX2
@@ -20,6 +22,8 @@ static const cq_table TABLE_AVX2 = {
     &cq_mathfn_avx2,
     &cq_hash_avx2,
     &cq_quant_avx2,
+    &cq_nystrom_avx2,
+    &cq_linalg_ref, /* no twin: m^3 once per seal */
 };
 #endif
 
@@ -30,6 +34,8 @@ static const cq_table TABLE_AVX512 = {
     &cq_mathfn_avx2,
     &cq_hash_avx2,
     &cq_quant_avx2,
+    &cq_nystrom_avx2,
+    &cq_linalg_ref, /* no twin: m^3 once per seal */
 };
 #endif
 
