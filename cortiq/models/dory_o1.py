@@ -20,8 +20,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -34,7 +32,8 @@ from .nystrom import QT_STRIDE, NystromState
 
 __all__ = ["DoryO1", "ExactRows", "MAX_NEAR", "EXACT_TAIL", "EXACT_NEIGHBOURS", "QT_STRIDE",
            "rank_share", "pick_exact_rows", "seal_order", "far_states", "SlotStore",
-           "resolve_o1", "resolve_exact", "resolve_spill", "exact_from_var", "O1Slot"]
+           "resolve_o1", "resolve_exact", "resolve_spill", "exact_from_var", "O1Slot",
+           "O1Runtime", "host_kv_bytes"]
 
 log = logging.getLogger("cortiq.dory")
 
@@ -356,6 +355,8 @@ class O1Slot:
     qt: list = None                # query rows [t][nh*hd] until the seal / the chunk's
     arch: bool = False             # sealed, and its rows still kept for the choice
     store: SlotStore | None = None
+    chunk_snap: list | None = None  # the far field before the chunk at chunk_pos
+    chunk_pos: int = -1
 
     def __post_init__(self):
         self.far = [] if self.far is None else self.far
@@ -367,3 +368,246 @@ class O1Slot:
 
     def memory_bytes(self) -> int:
         return sum(n.memory_bytes() for n in self.far)
+
+
+# ------------------------------------------------------------------ the runtime
+
+def _o(slot) -> O1Slot:
+    o = getattr(slot, "o1", None)
+    if o is None:
+        o = O1Slot()
+        slot.o1 = o
+    return o
+
+
+def _slot_rows(slot, kv_row: int) -> tuple[np.ndarray, np.ndarray]:
+    """A KV slot's rows as ``[n, nk*hd]`` views (KvSlot: k/v ``[cap, nk, hd]``, n)."""
+    n = slot.n
+    return slot.k[:n].reshape(n, kv_row), slot.v[:n].reshape(n, kv_row)
+
+
+def _clear_slot(slot, first: int) -> None:
+    """Drop a slot's exact rows (and their memory); the next row is ``first``."""
+    cap = min(slot.k.shape[0], 16)
+    slot.k = np.empty((cap,) + slot.k.shape[1:], np.float32)
+    slot.v = np.empty((cap,) + slot.v.shape[1:], np.float32)
+    slot.n = 0
+    slot.first = first
+
+
+class O1Runtime:
+    """The far field of one model's full-attention layers: what ``DoryModel`` calls.
+
+    * ``attend`` — a full layer's attention over a chunk (exact before the seal, the
+      NystromState per KV head after it);
+    * ``after_chunk`` — at a chunk's end: sealed rows to the store, the seal itself;
+    * ``finish_exact`` — before a prompt's last ``EXACT_TAIL`` rows and at its end: the
+      rebuild with the chosen exact rows;
+    * ``host_kv_bytes`` / ``can_rollback``.
+    """
+
+    def __init__(self, o1: DoryO1, nh: int, nk: int, hd: int, full: Sequence[int],
+                 exact: ExactRows | None = None, spill: str | None = None):
+        self.o1, self.exact, self.spill = o1, exact, spill
+        self.nh, self.nk, self.hd = nh, nk, hd
+        self.rep = nh // nk
+        self.full = list(full)
+        self.kv_row, self.q_row = nk * hd, nh * hd
+
+    @classmethod
+    def for_model(cls, model, *, o1: Any = None, spill: Any = None, exact: Any = None,
+                  turbo_defaults: bool = True, env: Mapping[str, str] | None = None
+                  ) -> "O1Runtime | None":
+        """From the keyword, CMF_DORY_O1, the turbo record (when ``turbo_defaults``: no
+        fixed loop count); None when the far field is off or there is no full layer."""
+        cfg = model.cfg
+        turbo = cfg.turbo if turbo_defaults else None
+        o = resolve_o1(o1, turbo, env)
+        if o is None:
+            return None
+        full = [w.ordinal for w in model.layers
+                if hasattr(w, "ordinal") and not getattr(w, "sliding", True)]
+        if not full:
+            return None
+
+        def weights():
+            return model.file.tensor("dory.exact.weights")
+
+        x = resolve_exact(o, turbo, weights, env, exact)
+        return cls(o, cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim, full, x,
+                   resolve_spill(spill, env))
+
+    # -------------------------------------------------------------- per layer
+    def attend(self, slot, q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int,
+               overwrite: bool, exact):
+        """A full layer's chunk: q ``[t, nh, hd]`` (scaled, rotated), k/v ``[t, nk, hd]``.
+        Before the seal: records the queries and returns ``exact()`` (the model's own
+        put + attention). After it: ``[t, nh, hd]`` from the far field."""
+        o = _o(slot)
+        t = q.shape[0]
+        if o.far:
+            if o.arch:   # the chunk's rows wait at the slot for the store
+                slot.put(k, v, overwrite)
+                self._qt(o, q, overwrite)
+            return self._far_rows(o, q, k, v, pos0, overwrite)
+        self._qt(o, q, overwrite)
+        return exact()
+
+    def _qt(self, o: O1Slot, q: np.ndarray, overwrite: bool) -> None:
+        t = q.shape[0]
+        if overwrite and o.qt and o.qt[-1].shape[0] == t:
+            o.qt.pop()
+        o.qt.append(np.array(q, np.float32).reshape(t, self.q_row))
+
+    def _far_rows(self, o: O1Slot, q, k, v, pos0: int, overwrite: bool) -> np.ndarray:
+        t, nk, rep, hd = q.shape[0], self.nk, self.rep, self.hd
+        q = np.ascontiguousarray(q, np.float32).reshape(t, nk, rep, hd)
+        k = np.ascontiguousarray(k, np.float32).reshape(t, nk, hd)
+        v = np.ascontiguousarray(v, np.float32).reshape(t, nk, hd)
+        y = np.empty((t, nk, rep, hd), np.float32)
+        restep = False
+        if overwrite and t == 1:
+            restep = True          # the newest row, rewritten in place
+        elif overwrite and o.chunk_pos == pos0 and o.chunk_snap is not None:
+            # A later pass over a chunk of several rows: back to before the chunk, then
+            # the rows again (restep rewrites only the newest row).
+            for f, s in zip(o.far, o.chunk_snap):
+                f.restore(s)
+        elif t > 1:
+            o.chunk_snap = [f.snapshot() for f in o.far]
+            o.chunk_pos = pos0
+        for r in range(t):
+            for kh in range(nk):
+                f = o.far[kh]
+                if restep:
+                    f.restep_group(q[r, kh], k[r, kh], v[r, kh], y[r, kh])
+                else:
+                    f.step_group(q[r, kh], k[r, kh], v[r, kh], y[r, kh])
+        return y.reshape(t, self.nh, hd)
+
+    # -------------------------------------------------------------- per chunk
+    def _slots(self, st):
+        for o in self.full:
+            if o < len(st.slots):
+                for sl, s in enumerate(st.slots[o]):
+                    yield o, sl, s
+
+    def after_chunk(self, st, pos0: int, t: int) -> None:
+        """At a chunk's end (after every pass): its rows join a sealed slot's store;
+        a slot seals once the chunk reaches ``o1.seal`` rows."""
+        if any(_o(s).arch for _, _, s in self._slots(st)):
+            self.store_chunk(st, pos0)
+        if pos0 + t >= self.o1.seal:
+            self.seal_far(st)
+
+    def store_chunk(self, st, pos0: int) -> None:
+        for _, _, s in self._slots(st):
+            o = _o(s)
+            if not o.arch or o.store is None:
+                continue
+            k, v = _slot_rows(s, self.kv_row)
+            qt = np.concatenate(o.qt) if o.qt else np.zeros((0, self.q_row), np.float32)
+            try:
+                o.store.push(k, v, qt, self.kv_row, self.q_row, pos0)
+            except OSError as e:
+                self.give_up_rows(st, f"a store failed: {e}")
+                return
+            _clear_slot(s, s.first + s.n)
+            o.qt = []
+
+    def give_up_rows(self, st, why: str) -> None:
+        """The rows did not fit where they were going: the far field stays as first
+        sealed, with no exact rows (one warning)."""
+        import warnings
+        warnings.warn(f"dory: {why}: the prompt's rows are dropped, and none stays exact "
+                      f"past the seal", RuntimeWarning, stacklevel=3)
+        for _, _, s in self._slots(st):
+            o = _o(s)
+            if o.arch or o.store is not None:
+                if o.store is not None:
+                    o.store.remove()
+                o.arch, o.store, o.qt = False, None, []
+                _clear_slot(s, s.first + s.n)
+
+    def seal_far(self, st) -> None:
+        """Freeze each unsealed full slot's landmarks over the rows it holds and go on
+        from them row by row; with an exact-row choice to make, the rows go to a store."""
+        sealed, failed = False, None
+        for _, _, s in self._slots(st):
+            o = _o(s)
+            if o.far or s.n == 0:
+                continue
+            sealed = True
+            t = s.n
+            k, v = _slot_rows(s, self.kv_row)
+            qt = np.concatenate(o.qt)[-t:]
+            o.far = far_states(self.nh, self.nk, self.hd, self.o1, k, v, qt, 1, t, None, 0)
+            if self.exact is not None and failed is None:
+                store = None
+                try:
+                    store = SlotStore(self.spill)
+                    store.push(k, v, qt, self.kv_row, self.q_row, 0)
+                    o.arch, o.store = True, store
+                except OSError as e:
+                    failed = str(e)
+                    if store is not None:
+                        store.remove()
+            o.qt = []
+            _clear_slot(s, s.first + t)
+        if sealed and self.exact is not None:
+            if failed is not None:
+                self.give_up_rows(st, failed)
+            elif any(_o(s).far and not _o(s).arch for _, _, s in self._slots(st)):
+                self.give_up_rows(st, "a slot sealed without its rows")
+
+    def finish_exact(self, st) -> None:
+        """Before a prompt's last rows (and at its end): the far field built anew over
+        all the stored rows, in the seal order [sinks, kept rows, the rest]."""
+        if self.exact is None or not any(_o(s).arch for _, _, s in self._slots(st)):
+            return
+        t0 = time.perf_counter()
+        frozen, rows, fail = [], 0, None
+        for o_i, sl, s in self._slots(st):
+            o = _o(s)
+            a, o.store = o.store, None
+            if a is None:
+                continue
+            rows = a.rows
+            try:
+                frozen.append((o_i, sl, s, a.k.freeze(), a.v.freeze(), a.q.freeze()))
+            except OSError as e:
+                fail = str(e)
+                a.remove()
+        if fail is not None:
+            self.give_up_rows(st, f"a store could not be read back: {fail}")
+            return
+        o1 = self.o1
+        layers = [(k.reshape(rows, self.kv_row), v.reshape(rows, self.kv_row))
+                  for _, sl, _, k, v, _ in frozen if sl == 0]
+        keep = pick_exact_rows(self.exact, layers, rows, self.nk, self.hd, o1.m, o1.sink,
+                               max(rows - o1.w, 0))
+        order = seal_order(rows, o1.sink, keep)
+        for _, _, s, k, v, q in frozen:
+            o = _o(s)
+            o.far = far_states(self.nh, self.nk, self.hd, o1, k, v, q.reshape(-1, self.q_row),
+                               QT_STRIDE, rows, order, len(keep))
+            o.arch, o.chunk_snap = False, None
+        log.info("dory: far field rebuilt over %d rows, %d kept exact, in %.2f s", rows,
+                 len(keep), time.perf_counter() - t0)
+
+    # -------------------------------------------------------------- accounting
+    def can_rollback(self, st, n: int) -> bool:
+        """A sealed far field cannot forget rows: only a rollback to the end holds."""
+        return not any(_o(s).far for _, _, s in self._slots(st)) or n >= st.pos
+
+
+def host_kv_bytes(st) -> tuple[int, int]:
+    """The host's KV bytes: (exact rows, O(1) states)."""
+    exact = far = 0
+    for row in st.slots:
+        for s in row:
+            exact += s.nbytes()
+            o = getattr(s, "o1", None)
+            if o is not None:
+                far += o.memory_bytes()
+    return exact, far
