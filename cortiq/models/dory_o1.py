@@ -386,13 +386,13 @@ def _slot_rows(slot, kv_row: int) -> tuple[np.ndarray, np.ndarray]:
     return slot.k[:n].reshape(n, kv_row), slot.v[:n].reshape(n, kv_row)
 
 
-def _clear_slot(slot, first: int) -> None:
-    """Drop a slot's exact rows (and their memory); the next row is ``first``."""
+def _clear_slot(slot, first: int | None = None) -> None:
+    """Drop a slot's exact rows (and their memory). ``first`` stays: a sealed slot's
+    positions live in its far field, and the model's window checks must not see a gap."""
     cap = min(slot.k.shape[0], 16)
     slot.k = np.empty((cap,) + slot.k.shape[1:], np.float32)
     slot.v = np.empty((cap,) + slot.v.shape[1:], np.float32)
     slot.n = 0
-    slot.first = first
 
 
 class O1Runtime:
