@@ -121,6 +121,47 @@ cdef class NysGroup:
             raise KernelError(f"{op}: " + ("no row to rewrite" if restep else "exact buffer full"))
         return oa
 
+    def step_rows(self, q, k, v, out, size_t q_col=0, size_t k_col=0, size_t v_col=0,
+                  size_t out_col=0, bint restep=False):
+        """Rows of a chunk, one step each (or, with restep, the one-row rewrite): 2-D
+        float32 q [t, *], k [t, *], v [t, *], out [t, *], this group's columns starting at
+        q_col (rep*d wide), k_col (d), v_col (dv), out_col (rep*dv)."""
+        cdef str op = "nystrom.step_rows"
+        cdef cnp.ndarray qa = _f32(q, op, "q")
+        cdef cnp.ndarray ka = _f32(k, op, "k")
+        cdef cnp.ndarray va = _f32(v, op, "v")
+        cdef cnp.ndarray oa = _f32(out, op, "out")
+        _writable(oa, op, "out")
+        if qa.ndim != 2 or ka.ndim != 2 or va.ndim != 2 or oa.ndim != 2:
+            raise ValueError(f"{op}: q, k, v and out must be 2-D")
+        cdef size_t t = <size_t>qa.shape[0]
+        if <size_t>ka.shape[0] != t or <size_t>va.shape[0] != t or <size_t>oa.shape[0] != t:
+            raise ValueError(f"{op}: q, k, v and out must have the same rows")
+        cdef size_t rep = self.v.rep, d = self.v.d, dv = self.v.dv
+        if q_col + rep * d > <size_t>qa.shape[1] or k_col + d > <size_t>ka.shape[1] \
+                or v_col + dv > <size_t>va.shape[1] or out_col + rep * dv > <size_t>oa.shape[1]:
+            raise ValueError(f"{op}: a column range runs past its array")
+        if restep and t != 1:
+            raise ValueError(f"{op}: restep rewrites one row, got {t}")
+        if self.v.exact_only and self.v.win_len + t > self.v.w and not restep:
+            raise ValueError(f"{op}: the exact buffer holds {self.v.w - self.v.win_len} more rows")
+        cdef size_t lq = qa.shape[1], lk = ka.shape[1], lv = va.shape[1], lo = oa.shape[1]
+        cdef const float *pq = <const float *>cnp.PyArray_DATA(qa) + q_col
+        cdef const float *pk = <const float *>cnp.PyArray_DATA(ka) + k_col
+        cdef const float *pv = <const float *>cnp.PyArray_DATA(va) + v_col
+        cdef float *po = <float *>cnp.PyArray_DATA(oa) + out_col
+        cdef size_t r
+        cdef cq_status st = CQ_OK
+        cdef int rs = restep
+        with nogil:
+            for r in range(t):
+                st = cq_active().nystrom.step(&self.v, pq + r * lq, pk + r * lk, pv + r * lv,
+                                              po + r * lo, rs)
+                if st != CQ_OK:
+                    break
+        if st != CQ_OK:
+            raise KernelError(f"{op}: " + ("no row to rewrite" if restep else "exact buffer full"))
+
     def readout(self, q, out=None):
         """Read out without pushing: out[rep, dv]."""
         cdef cnp.ndarray qa = _f32(q, "nystrom.readout", "q")

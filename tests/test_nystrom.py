@@ -310,3 +310,26 @@ def test_errors():
         s.step_group(np.zeros((1, 4), np.float32), np.zeros(4, np.float32), np.zeros(4, np.float32))
     with pytest.raises(TypeError):
         s.step_group(np.zeros((2, 4)), np.zeros(4, np.float32), np.zeros(4, np.float32))
+
+
+@pytest.mark.parametrize("t0", [12, 150])   # exact-only and skeleton
+def test_step_rows_equals_step_group(isa, t0):
+    rng = np.random.default_rng(t0)
+    nk, rep, d, t = 2, 3, 8, 40
+    ks, vs = rows(rng, t0 + t, nk * d), rows(rng, t0 + t, nk * d)
+    qs = rows(rng, t0 + t, nk * rep * d)
+    a = [NystromState.new_group(8, 16, 2, rep) for _ in range(nk)]
+    b = [NystromState.new_group(8, 16, 2, rep) for _ in range(nk)]
+    for kh in range(nk):
+        q3 = qs[:t0, kh * rep * d:(kh + 1) * rep * d].reshape(t0, rep, d).transpose(1, 0, 2)
+        for s in (a[kh], b[kh]):
+            s.prefill_group(q3, ks[:t0, kh * d:(kh + 1) * d], vs[:t0, kh * d:(kh + 1) * d])
+    ya = np.zeros((t, nk * rep * d), np.float32)
+    for kh, s in enumerate(a):
+        s.step_rows(qs[t0:], ks[t0:], vs[t0:], ya, kh * rep * d, kh * d, kh * d, kh * rep * d)
+    for r in range(t):
+        for kh, s in enumerate(b):
+            y = s.step_group(qs[t0 + r, kh * rep * d:(kh + 1) * rep * d],
+                             ks[t0 + r, kh * d:(kh + 1) * d], vs[t0 + r, kh * d:(kh + 1) * d])
+            assert np.array_equal(y.reshape(-1), ya[r, kh * rep * d:(kh + 1) * rep * d])
+    assert a[0].rows_seen == t0 + t

@@ -476,13 +476,10 @@ class O1Runtime:
         elif t > 1:
             o.chunk_snap = [f.snapshot() for f in o.far]
             o.chunk_pos = pos0
-        for r in range(t):
-            for kh in range(nk):
-                f = o.far[kh]
-                if restep:
-                    f.restep_group(q[r, kh], k[r, kh], v[r, kh], y[r, kh])
-                else:
-                    f.step_group(q[r, kh], k[r, kh], v[r, kh], y[r, kh])
+        q2, k2, v2 = q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)
+        y2 = y.reshape(t, -1)
+        for kh, f in enumerate(o.far):
+            f.step_rows(q2, k2, v2, y2, kh * rep * hd, kh * hd, kh * hd, kh * rep * hd, restep)
         return y.reshape(t, self.nh, hd)
 
     # -------------------------------------------------------------- per chunk

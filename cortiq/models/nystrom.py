@@ -318,6 +318,20 @@ class NystromState:
         self._need("restep_group")
         return self._g.step(q_group, k, v, out, True)
 
+    def step_rows(self, q, k, v, out, q_col: int = 0, k_col: int = 0, v_col: int = 0,
+                  out_col: int = 0, restep: bool = False) -> None:
+        """``step_group`` (or ``restep_group``) over the rows of 2-D arrays, this group's
+        columns starting at the given offsets (a chunk's ``[t, nh*hd]`` queries and
+        ``[t, nk*hd]`` keys/values, without copies)."""
+        self._need("step_rows")
+        t = q.shape[0]
+        if self.exact_only and not restep:
+            while self._g.win_len + t > self._win_k.shape[0]:
+                self._grow()
+        self._g.step_rows(q, k, v, out, q_col, k_col, v_col, out_col, restep)
+        if not restep:
+            self._rows += t
+
     def readout(self, q_group, out=None) -> np.ndarray:
         """The current state's answer to ``rep`` queries, without pushing a row."""
         self._need("readout")
