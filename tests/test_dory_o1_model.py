@@ -226,3 +226,18 @@ def test_max_near_is_a_config_error(tiny_path, clean_env, tmp_path):
     exact_env(clean_env, tmp_path, budget=MAX_NEAR)
     with pytest.raises(ConfigError, match="near field"):
         model(tiny_path, o1="4,6,1,24")
+
+
+def test_rollback_before_the_seal_keeps_the_query_trace_in_step(tmp_path, clean_env):
+    m = model(write_tiny(tmp_path / "w50.cmf", window=50), o1="4,6,0,24")
+    ref = m.new_state()
+    m.forward(ref, IDS[:15])
+    want = m.forward(ref, IDS[15:40])      # last_loop: the same chunks as below
+    st = m.new_state()
+    m.forward(st, IDS[:20])
+    assert m.can_rollback(st, 15)
+    m.rollback(st, 15)
+    got = m.forward(st, IDS[15:40])
+    assert np.abs(got - want).max() <= 1e-5
+    for i in range(40, 46):                  # past the seal: the landmarks agree too
+        assert np.abs(m.forward(st, [IDS[i]]) - m.forward(ref, [IDS[i]])).max() <= 1e-5

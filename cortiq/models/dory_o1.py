@@ -593,6 +593,16 @@ class O1Runtime:
                  len(keep), time.perf_counter() - t0)
 
     # -------------------------------------------------------------- accounting
+    def rollback(self, st, n: int) -> None:
+        """After the model's slots forgot positions >= n: an unsealed slot's query trace
+        forgets them too (it starts at position 0)."""
+        for _, _, s in self._slots(st):
+            o = _o(s)
+            if o.far or not o.qt:
+                continue
+            qt = np.concatenate(o.qt)
+            o.qt = [qt[:max(n, 0)]] if qt.shape[0] > n else [qt]
+
     def can_rollback(self, st, n: int) -> bool:
         """A sealed far field cannot forget rows: only a rollback to the end holds."""
         return not any(_o(s).far for _, _, s in self._slots(st)) or n >= st.pos
