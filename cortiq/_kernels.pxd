@@ -1,5 +1,5 @@
 # The Cython mirror of csrc/cortiq.h. Keep it in the order of the header.
-from libc.stdint cimport uint32_t, uint8_t, uint16_t, int8_t, uint64_t
+from libc.stdint cimport uint32_t, uint8_t, uint16_t, int8_t, uint64_t, int64_t
 
 cdef extern from "cortiq.h" nogil:
     ctypedef enum cq_status:
@@ -30,6 +30,35 @@ cdef extern from "cortiq.h" nogil:
         cq_status (*q4_tiled)(const float *w, size_t n, uint8_t *out) noexcept nogil
         void (*f32_to_f16)(const float *x, uint8_t *out, size_t n) noexcept nogil
         void (*f16_to_f32)(const uint8_t *x, float *out, size_t n) noexcept nogil
+    # ---- [KERN] matvec family (csrc/matvec) ----
+    ctypedef struct cq_qmat:
+        const uint8_t *data
+        size_t nbytes
+        size_t rows
+        size_t cols
+        int dtype
+        const float *aux
+    size_t cq_qmat_nbytes(int dtype, size_t rows, size_t cols)
+    size_t cq_qmat_aux_len(int dtype, size_t rows, size_t cols)
+    cq_status cq_qmat_prepare(const cq_qmat *m, float *aux)
+    uint64_t cq_read_sum(const uint8_t *p, size_t n, int threads)
+
+    ctypedef struct cq_matvec_ops:
+        cq_status (*matvec)(const cq_qmat *m, const float *x, float *y) noexcept nogil
+        cq_status (*matvec_many)(const cq_qmat *ms, size_t n, const float *x, float *const *ys) noexcept nogil
+        cq_status (*matmat)(const cq_qmat *m, const float *X, size_t t, float *Y) noexcept nogil
+        cq_status (*dequant_rows)(const cq_qmat *m, size_t r0, size_t nr, float *out) noexcept nogil
+        cq_status (*row_dot)(const cq_qmat *m, size_t r, const float *x, float *res) noexcept nogil
+
+    # ---- [KERN] attn family (csrc/attn) ----
+    ctypedef struct cq_attn_ops:
+        void (*rmsnorm)(const float *x, const float *w, float eps, float *y, size_t rows, size_t n) noexcept nogil
+        void (*justnorm)(float *x, float eps, size_t rows, size_t n) noexcept nogil
+        void (*rope_halfsplit)(float *x, const float *cos, const float *sin, size_t t, size_t heads, size_t hd, int inverse) noexcept nogil
+        void (*rope_interleaved)(float *x, const float *cos, const float *sin, size_t vecs, size_t per_pos, size_t hd, size_t rope_dim, int inverse) noexcept nogil
+        cq_status (*topk)(const float *x, size_t rows, size_t n, size_t k, int64_t *idx, int64_t *count) noexcept nogil
+        cq_status (*attn_gqa)(const float *q, const float *keys, const float *vals, float *out, size_t t, size_t nh, size_t nk, size_t hd, size_t nkeys, size_t pos0, size_t first, size_t window, float scale) noexcept nogil
+        cq_status (*sparse_attend)(const float *q, const float *kv, size_t nkv, const int64_t *idx, size_t m, const float *sink, float scale, size_t nh, size_t hd, float *out) noexcept nogil
 
     # nystrom + linalg (issue 6)
     ctypedef struct cq_nys_view:
@@ -64,6 +93,8 @@ cdef extern from "cortiq.h" nogil:
         const cq_mathfn_ops *mathfn
         const cq_hash_ops *hash
         const cq_quant_ops *quant
+        const cq_matvec_ops *matvec  # [KERN]
+        const cq_attn_ops *attn  # [KERN]
         const cq_nystrom_ops *nystrom
         const cq_linalg_ops *linalg
 

@@ -111,6 +111,97 @@ typedef struct cq_quant_ops {
 
 extern const cq_quant_ops cq_quant_ref;
 extern const cq_quant_ops cq_quant_avx2;
+/* ---- matvec: stored matrices times float32 activations (csrc/matvec) [KERN] ----
+ * A cq_qmat is one 2-D CMF payload read in place (any alignment). dtype = CMF id.
+ * Activations are float32; weights are decoded exactly as CMF_FORMAT §7 says and
+ * multiplied in float32 (no activation quantization). Row r of the output is
+ * always computed by one thread in a fixed order: bit-identical for any thread
+ * count. The SIMD twins sum in a different order than the reference (and factor a
+ * row/group scale out of its partial sum), so they agree with it within float32
+ * rounding of sum|w*x|, not bitwise. */
+enum {
+    CQ_DT_F32 = 0, CQ_DT_F16 = 1, CQ_DT_BF16 = 2, CQ_DT_Q8_ROW = 3, CQ_DT_Q4_BLOCK = 4,
+    CQ_DT_Q8_2F = 9, CQ_DT_Q4_TILED = 11, CQ_DT_Q4TP = 15, CQ_DT_Q2TP = 16,
+};
+typedef struct cq_qmat {
+    const uint8_t *data; /* the payload bytes as stored in the file */
+    size_t nbytes;
+    size_t rows, cols;
+    int dtype;
+    /* Decoded side tables from cq_qmat_prepare (cq_qmat_aux_len floats, NULL if 0):
+     * q8_row: row scales [rows]; q8_2f: row scales [rows] then col [cols];
+     * q4tp/q2tp: per row the 32 tile scales indexed by code (q2tp: code 0 -> 0). */
+    const float *aux;
+} cq_qmat;
+/* Payload size of a dtype/shape, 0 when the dtype/shape is not supported here
+ * (q4tp/q2tp need cols % 32 == 0). */
+size_t cq_qmat_nbytes(int dtype, size_t rows, size_t cols);
+size_t cq_qmat_aux_len(int dtype, size_t rows, size_t cols);
+/* Fill aux (cq_qmat_aux_len floats) from m->data; m->aux is not read. */
+cq_status cq_qmat_prepare(const cq_qmat *m, float *aux);
+
+typedef struct cq_matvec_ops {
+    /* y[r] = sum_c W[r,c] x[c], r < rows; x has cols floats, y rows floats. */
+    cq_status (*matvec)(const cq_qmat *m, const float *x, float *y);
+    /* n matrices sharing x (same cols): ys[i] = ms[i] x, one parallel region;
+     * bit-identical to n matvec calls. */
+    cq_status (*matvec_many)(const cq_qmat *ms, size_t n, const float *x, float *const *ys);
+    /* Y[t, rows] = X[t, cols] W^T: decodes a block of rows once and reuses it for
+     * all t inputs. Equal to t matvecs within float32 rounding (not bitwise). */
+    cq_status (*matmat)(const cq_qmat *m, const float *X, size_t t, float *Y);
+    /* out[nr, cols] = rows r0 .. r0+nr-1 decoded to float32 (exact). */
+    cq_status (*dequant_rows)(const cq_qmat *m, size_t r0, size_t nr, float *out);
+    /* *res = sum_c W[r,c] x[c], bit-identical to matvec's y[r]. */
+    cq_status (*row_dot)(const cq_qmat *m, size_t r, const float *x, float *res);
+} cq_matvec_ops;
+
+/* Benchmark probe: sum of the buffer's 64-bit words over `threads` threads (reads
+ * every byte once; used to measure the machine's read bandwidth). */
+uint64_t cq_read_sum(const uint8_t *p, size_t n, int threads);
+
+extern const cq_matvec_ops cq_matvec_ref;
+extern const cq_matvec_ops cq_matvec_avx2;
+extern const cq_matvec_ops cq_matvec_avx512;
+
+/* ---- attn: norms, rotary, top-k, attention (csrc/attn) [KERN] ------------------
+ * All buffers float32 row-major; "rows" kernels treat x as [rows, n]. */
+typedef struct cq_attn_ops {
+    /* Per row: y = x / sqrt(mean(x^2) + eps) (* w when w != NULL). y may alias x. */
+    void (*rmsnorm)(const float *x, const float *w, float eps, float *y, size_t rows, size_t n);
+    /* Per row, in place: x = x / sqrt(sum(x^2) + eps). */
+    void (*justnorm)(float *x, float eps, size_t rows, size_t n);
+    /* Half-split (NeoX) pairs (x[i], x[i+h]), h = hd/2, for x [t, heads, hd] and
+     * cos/sin [t, h]: x[i] = a*c - b*s, x[i+h] = a*s + b*c (s negated if inverse). */
+    void (*rope_halfsplit)(float *x, const float *cos, const float *sin, size_t t,
+                           size_t heads, size_t hd, int inverse);
+    /* Interleaved pairs (x[b+2i], x[b+2i+1]) on the last rope_dim entries of each of
+     * the `vecs` vectors of length hd (b = hd - rope_dim); the vectors are grouped
+     * `per_pos` to a position: vector v uses cos/sin row v / per_pos (rope_dim/2 each). */
+    void (*rope_interleaved)(float *x, const float *cos, const float *sin, size_t vecs,
+                             size_t per_pos, size_t hd, size_t rope_dim, int inverse);
+    /* Per row of x [rows, n]: indices of the k largest finite values, ties to the lower
+     * index, in descending value order, into idx [rows, k]; count[row] = how many were
+     * found (< k when fewer finite values); unused slots get -1. */
+    cq_status (*topk)(const float *x, size_t rows, size_t n, size_t k, int64_t *idx, int64_t *count);
+    /* Causal windowed GQA. q [t, nh, hd], keys/vals [nkeys, nk, hd] (cache row j is
+     * position first + j), out [t, nh, hd]. Query r sits at position pos0 + r and
+     * attends positions max(first, pos+1-window) .. pos (window 0 = unlimited).
+     * rep = nh / nk query heads share kv head nh / rep; each key row is read once
+     * for the whole group. scale multiplies q.k. Parallel over (t, kv head). */
+    cq_status (*attn_gqa)(const float *q, const float *keys, const float *vals, float *out,
+                          size_t t, size_t nh, size_t nk, size_t hd, size_t nkeys,
+                          size_t pos0, size_t first, size_t window, float scale);
+    /* Sparse attention with a sink logit, per head h < nh: scores over kv rows
+     * idx[0..m) (idx < 0 = masked), logits scale*q.k, plus sink[h] in the softmax
+     * denominator only; out[h] = sum p_j kv[idx_j]. kv [nkv, hd] serves as key and
+     * value (MQA). q, out [nh, hd]. sink may be NULL (= -inf). */
+    cq_status (*sparse_attend)(const float *q, const float *kv, size_t nkv, const int64_t *idx,
+                               size_t m, const float *sink, float scale, size_t nh, size_t hd,
+                               float *out);
+} cq_attn_ops;
+
+extern const cq_attn_ops cq_attn_ref;
+extern const cq_attn_ops cq_attn_avx2;
 
 /* ---- nystrom (issue 6, csrc/nystrom) ------------------------------------ */
 /* The O(1) far field of specs/nystrom.md: one group = one KV head with `rep` query
@@ -180,6 +271,8 @@ typedef struct cq_table {
     const cq_mathfn_ops *mathfn;
     const cq_hash_ops *hash;
     const cq_quant_ops *quant;
+    const cq_matvec_ops *matvec; /* [KERN] */
+    const cq_attn_ops *attn;     /* [KERN] */
     const cq_nystrom_ops *nystrom;  /* issue 6 */
     const cq_linalg_ops *linalg;    /* issue 6 */
 } cq_table;

@@ -8,34 +8,40 @@
 #endif
 
 static const cq_table TABLE_REF = {
-    "ref",
-    &cq_mathfn_ref,
-    &cq_hash_ref,
-    &cq_quant_ref,
-    &cq_nystrom_ref,
-    &cq_linalg_ref,
+    .name = "ref",
+    .mathfn = &cq_mathfn_ref,
+    .hash = &cq_hash_ref,
+    .quant = &cq_quant_ref,
+    .matvec = &cq_matvec_ref,
+    .attn = &cq_attn_ref,
+    .nystrom = &cq_nystrom_ref, /* issue 6 */
+    .linalg = &cq_linalg_ref,
 };
 
 #ifdef CORTIQ_HAVE_AVX2
 static const cq_table TABLE_AVX2 = {
-    "avx2",
-    &cq_mathfn_avx2,
-    &cq_hash_avx2,
-    &cq_quant_avx2,
-    &cq_nystrom_avx2,
-    &cq_linalg_ref, /* no twin: m^3 once per seal */
+    .name = "avx2",
+    .mathfn = &cq_mathfn_avx2,
+    .hash = &cq_hash_avx2,
+    .quant = &cq_quant_avx2,
+    .matvec = &cq_matvec_avx2,
+    .attn = &cq_attn_avx2,
+    .nystrom = &cq_nystrom_avx2, /* issue 6 */
+    .linalg = &cq_linalg_ref, /* no twin: once per seal */
 };
 #endif
 
 #ifdef CORTIQ_HAVE_AVX512
 /* AVX-512 twins exist only where they pay; the other families run their AVX2 code. */
 static const cq_table TABLE_AVX512 = {
-    "avx512",
-    &cq_mathfn_avx2,
-    &cq_hash_avx2,
-    &cq_quant_avx2,
-    &cq_nystrom_avx2,
-    &cq_linalg_ref, /* no twin: m^3 once per seal */
+    .name = "avx512",
+    .mathfn = &cq_mathfn_avx2,
+    .hash = &cq_hash_avx2,
+    .quant = &cq_quant_avx2,
+    .matvec = &cq_matvec_avx512,
+    .attn = &cq_attn_avx2,
+    .nystrom = &cq_nystrom_avx2, /* issue 6 */
+    .linalg = &cq_linalg_ref, /* no twin: once per seal */
 };
 #endif
 

@@ -1,0 +1,203 @@
+"""Matrix-vector throughput of every stored dtype against the machine's read bandwidth.
+
+    python benchmarks/bench_matvec.py [--quick] [--threads 1,2] [--dtypes ...] [--gib 1]
+
+In one run it measures
+  (a) the read bandwidth: a C kernel (cortiq._kernels.read_sum) sums the 64-bit words
+      of a 1 GiB buffer on 1 and 2 threads (best of several passes);
+  (b) cortiq QTensor.matvec for each dtype at 4096x4096, 11008x4096 and 4096x11008 on
+      1 and 2 threads, in GB/s of payload (weight) bytes; it cycles through enough
+      copies of the payload (>= --gib GiB) that the weights come from DRAM, not cache;
+  (c) numpy float32 W @ x on the same shapes (OpenBLAS, OPENBLAS_NUM_THREADS = the
+      thread count, in a subprocess), also cycling copies;
+  (d) prefill: QTensor.matmat with t = 64 inputs against 64 separate matvecs (same
+      DRAM-cycled copies, so both stream the weights as a model forward would).
+Each GB/s figure is printed with its percentage of the read bandwidth at the same
+thread count and the issue's target. --quick: 256 MiB buffers, one shape, fewer dtypes.
+The machine's other load shows up as noise: run it on a quiet machine.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import cortiq
+from cortiq import _kernels as K
+from cortiq.tensor import QTensor
+
+DTYPES = ("f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp")
+SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008))
+# Issue 4's targets, % of read bandwidth: {threads: {dtype: pct}}
+TARGETS = {2: {"q8_row": 90, "q8_2f": 90, "q4_block": 85, "q4_tiled": 85, "q4tp": 85,
+               "f16": 85, "bf16": 85},
+           1: {"q8_row": 85}}
+
+
+def best_time(fn, reps):
+    fn()  # warm (page-in, thread start)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def read_bw(nbytes, threads, reps):
+    buf = np.ones(nbytes, np.uint8)
+    t = best_time(lambda: K.read_sum(buf, threads), reps)
+    return nbytes / t / 1e9
+
+
+def copies_for(nbytes, total):
+    return max(2, -(-total // nbytes))
+
+
+def bench_matvec(dtype, shape, threads_list, total, reps, rng):
+    rows, cols = shape
+    w = rng.standard_normal(shape, dtype=np.float32)
+    q = QTensor.from_f32(w, dtype)
+    del w
+    n = copies_for(q.nbytes, total)
+    qs = [q] + [QTensor(q.raw.copy(), dtype, shape) for _ in range(n - 1)]
+    x = rng.standard_normal(cols, dtype=np.float32)
+    out = np.empty(rows, np.float32)
+    res = {}
+    for th in threads_list:
+        cortiq.set_num_threads(th)
+
+        def run():
+            for m in qs:
+                m.matvec(x, out)
+        res[th] = n * q.nbytes / best_time(run, reps) / 1e9
+    return res, qs
+
+
+def bench_prefill(qs, t, reps, rng):
+    cols = qs[0].cols
+    X = rng.standard_normal((t, cols), dtype=np.float32)
+    k = max(1, len(qs) // 4)
+    sub = qs[:k]
+
+    def mm():
+        for m in sub:
+            m.matmat(X)
+
+    def mv():
+        for m in sub:
+            for i in range(t):
+                m.matvec(X[i])
+    tm = best_time(mm, max(1, reps // 2))
+    tv = best_time(mv, 1)
+    return tv / tm
+
+
+NUMPY_SNIPPET = r"""
+import sys, time, numpy as np
+rows, cols, total, reps = map(int, sys.argv[1:5])
+rng = np.random.default_rng(0)
+w = rng.standard_normal((rows, cols), dtype=np.float32)
+n = max(2, -(-total // w.nbytes))
+ws = [w.copy() for _ in range(n)]
+x = rng.standard_normal(cols, dtype=np.float32)
+out = np.empty(rows, np.float32)
+def run():
+    for m in ws:
+        np.dot(m, x, out=out)
+run()
+best = min((lambda t0: (run(), time.perf_counter() - t0)[1])(time.perf_counter()) for _ in range(reps))
+print(n * w.nbytes / best / 1e9)
+"""
+
+
+def bench_numpy(shape, threads, total, reps):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+    r = subprocess.run([sys.executable, "-c", NUMPY_SNIPPET, str(shape[0]), str(shape[1]),
+                        str(total), str(reps)], env=env, capture_output=True, text=True)
+    return float(r.stdout.strip()) if r.returncode == 0 else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="short run: 256 MiB, one shape")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--dtypes", default=",".join(DTYPES))
+    ap.add_argument("--shapes", default=None, help="e.g. 4096x4096,11008x4096")
+    ap.add_argument("--gib", type=float, default=None, help="bytes cycled per measurement")
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--no-prefill", action="store_true")
+    ap.add_argument("--no-numpy", action="store_true")
+    ap.add_argument("--isa", default=None, help="kernel table (default: the best usable)")
+    a = ap.parse_args()
+    threads = [int(t) for t in a.threads.split(",")]
+    dtypes = [d for d in a.dtypes.split(",") if d]
+    total = int((a.gib if a.gib else (0.25 if a.quick else 1.0)) * (1 << 30))
+    reps = a.reps or (3 if a.quick else 5)
+    if a.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
+    else:
+        shapes = SHAPES[:1] if a.quick else SHAPES
+    if a.quick and a.dtypes == ",".join(DTYPES):
+        dtypes = ["f16", "q8_row", "q8_2f", "q4_tiled", "q4tp"]
+    rng = np.random.default_rng(0)
+    if a.isa:
+        K.set_isa(a.isa)
+    cfg = cortiq.config()
+    print(f"cortiq {cfg['version']}: isa {cfg['isa']}, openmp {cfg['openmp']}, "
+          f"cpus {os.cpu_count()}, load average {os.getloadavg()[0]:.2f} "
+          f"(other processes make these numbers noisy)")
+    print(f"cycling >= {total / (1 << 30):.2f} GiB of weights per measurement, best of {reps}\n")
+
+    bw = {th: read_bw(total, th, reps) for th in threads}
+    print("(a) read bandwidth (C read kernel, sum over the buffer)")
+    for th in threads:
+        print(f"    {th} thread{'s' if th > 1 else ' '}: {bw[th]:6.1f} GB/s")
+    print()
+
+    print("(b) cortiq matvec, GB/s of weight bytes (% of read bandwidth at the same thread count)")
+    hdr = "    {:<9} {:>12}" + "".join("  {:>22}".format(f"{th} thr GB/s (%, target)") for th in threads)
+    print(hdr.format("dtype", "shape"))
+    fails = []
+    prefill = {}
+    for shape in shapes:
+        for dt in dtypes:
+            res, qs = bench_matvec(dt, shape, threads, total, reps, rng)
+            cells = []
+            for th in threads:
+                pct = 100 * res[th] / bw[th]
+                tgt = TARGETS.get(th, {}).get(dt)
+                mark = "" if tgt is None else (f" >={tgt} ok" if pct >= tgt else f" >={tgt} LOW")
+                if tgt is not None and pct < tgt:
+                    fails.append((dt, shape, th, pct, tgt))
+                cells.append(f"{res[th]:6.1f} ({pct:3.0f}%{mark})")
+            print(f"    {dt:<9} {shape[0]:>5}x{shape[1]:<6}" + "".join(f"  {c:>22}" for c in cells))
+            if not a.no_prefill and shape == shapes[0]:
+                cortiq.set_num_threads(threads[0])
+                prefill[dt] = bench_prefill(qs, 64, reps, rng)
+            del qs
+    print()
+    if not a.no_numpy:
+        print("(c) numpy float32 W @ x (OpenBLAS), GB/s of float32 weight bytes")
+        for shape in shapes:
+            cells = []
+            for th in threads:
+                g = bench_numpy(shape, th, total, reps)
+                cells.append(f"{th} thr {g:6.1f} ({100 * g / bw[th]:3.0f}%)")
+            print(f"    {shape[0]:>5}x{shape[1]:<6}  " + "   ".join(cells))
+        print()
+    if prefill:
+        print(f"(d) prefill at t = 64, {shapes[0][0]}x{shapes[0][1]}, {threads[0]} thread(s): "
+              "matmat speed / 64 separate matvecs (target >= 3x)")
+        for dt, r in prefill.items():
+            print(f"    {dt:<9} {r:5.2f}x {'ok' if r >= 3 else 'LOW'}")
+        print()
+    if fails:
+        print("below target: " + "; ".join(f"{d} {s[0]}x{s[1]} {t}thr {p:.0f}% < {g}%"
+                                          for d, s, t, p, g in fails))
+
+
+if __name__ == "__main__":
+    main()

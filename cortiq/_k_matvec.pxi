@@ -1,0 +1,203 @@
+# [KERN] matvec: stored CMF matrices times float32 activations (csrc/matvec).
+# QMat is the low-level handle cortiq.tensor.QTensor wraps; see docs/ARCHITECTURE.md.
+from libc.stdlib cimport malloc, free
+
+_MV_DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "q8_row": 3, "q4_block": 4, "q8_2f": 9,
+              "q4_tiled": 11, "q4tp": 15, "q2tp": 16}
+
+
+def qmat_nbytes(str dtype, size_t rows, size_t cols):
+    """Payload bytes of a [rows, cols] matrix of `dtype` (0 = unsupported shape)."""
+    if dtype not in _MV_DTYPES:
+        raise ValueError(f"qmat_nbytes: dtype {dtype!r} not supported; one of {', '.join(_MV_DTYPES)}")
+    return cq_qmat_nbytes(_MV_DTYPES[dtype], rows, cols)
+
+
+cdef class QMat:
+    """One 2-D CMF payload (uint8, read in place) with its decoded side table."""
+    cdef cq_qmat m
+    cdef readonly object raw
+    cdef readonly object aux
+    cdef readonly str dtype
+    cdef readonly size_t rows, cols
+
+    def __init__(self, raw, str dtype, size_t rows, size_t cols):
+        if dtype not in _MV_DTYPES:
+            raise ValueError(f"QMat: dtype {dtype!r} not supported; one of {', '.join(_MV_DTYPES)}")
+        if not isinstance(raw, cnp.ndarray) or (<cnp.ndarray>raw).dtype != np.uint8:
+            raise TypeError("QMat: raw must be a uint8 numpy array")
+        if not (<cnp.ndarray>raw).flags.c_contiguous:
+            raise ValueError("QMat: raw must be C-contiguous")
+        cdef int dt = _MV_DTYPES[dtype]
+        cdef size_t need = cq_qmat_nbytes(dt, rows, cols)
+        if need == 0 and rows * cols != 0:
+            raise ValueError(f"QMat: {dtype} cannot hold shape ({rows}, {cols}) (cols % 32 != 0?)")
+        if <size_t>(<cnp.ndarray>raw).size != need:
+            raise ValueError(f"QMat: {dtype} ({rows}, {cols}) payload must be {need} bytes, got {(<cnp.ndarray>raw).size}")
+        self.raw = raw
+        self.dtype = dtype
+        self.rows = rows
+        self.cols = cols
+        self.m.data = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>raw)
+        self.m.nbytes = need
+        self.m.rows = rows
+        self.m.cols = cols
+        self.m.dtype = dt
+        self.m.aux = NULL
+        cdef size_t naux = cq_qmat_aux_len(dt, rows, cols)
+        cdef cnp.ndarray a
+        if naux:
+            a = np.empty(naux, np.float32)
+            check(cq_qmat_prepare(&self.m, <float *>cnp.PyArray_DATA(a)), "QMat")
+            self.aux = a
+            self.m.aux = <const float *>cnp.PyArray_DATA(a)
+
+    @property
+    def nbytes(self):
+        return self.m.nbytes
+
+    cdef cnp.ndarray _x(self, x, str op):
+        cdef cnp.ndarray xa = _f32(x, op, "x")
+        if xa.ndim != 1 or <size_t>xa.shape[0] != self.cols:
+            raise ValueError(f"{op}: x must have shape ({self.cols},), got {(<object>xa).shape}")
+        return xa
+
+    def matvec(self, x, out=None):
+        """out[r] = sum_c W[r, c] x[c]; returns out ([rows] float32)."""
+        cdef cnp.ndarray xa = self._x(x, "matvec")
+        cdef cnp.ndarray oa
+        if out is None:
+            oa = np.empty(self.rows, np.float32)
+        else:
+            oa = _f32(out, "matvec", "out")
+            _writable(oa, "matvec", "out")
+            if oa.ndim != 1 or <size_t>oa.shape[0] != self.rows:
+                raise ValueError(f"matvec: out must have shape ({self.rows},), got {(<object>oa).shape}")
+            if np.may_share_memory(oa, xa):
+                raise ValueError("matvec: out must not overlap x")
+        cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
+        cdef float *po = <float *>cnp.PyArray_DATA(oa)
+        cdef cq_status st
+        with nogil:
+            st = cq_active().matvec.matvec(&self.m, px, po)
+        check(st, "matvec")
+        return oa
+
+    def matmat(self, X, out=None):
+        """Y[t, rows] = X[t, cols] W^T (decodes each block of rows once for all t)."""
+        cdef cnp.ndarray xa = _f32(X, "matmat", "X")
+        if xa.ndim != 2 or <size_t>xa.shape[1] != self.cols:
+            raise ValueError(f"matmat: X must have shape (t, {self.cols}), got {(<object>xa).shape}")
+        cdef size_t t = xa.shape[0]
+        cdef cnp.ndarray oa
+        if out is None:
+            oa = np.empty((t, self.rows), np.float32)
+        else:
+            oa = _f32(out, "matmat", "out")
+            _writable(oa, "matmat", "out")
+            if (<object>oa).shape != (t, self.rows):
+                raise ValueError(f"matmat: out must have shape ({t}, {self.rows}), got {(<object>oa).shape}")
+            if np.may_share_memory(oa, xa):
+                raise ValueError("matmat: out must not overlap X")
+        cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
+        cdef float *po = <float *>cnp.PyArray_DATA(oa)
+        cdef cq_status st
+        with nogil:
+            st = cq_active().matvec.matmat(&self.m, px, t, po)
+        check(st, "matmat")
+        return oa
+
+    def dequant_rows(self, size_t r0, size_t nr, out=None):
+        """Rows r0 .. r0+nr-1 decoded to float32, shape [nr, cols]."""
+        if r0 > self.rows or nr > self.rows - r0:
+            raise ValueError(f"dequant_rows: rows {r0}..{r0 + nr} outside 0..{self.rows}")
+        cdef cnp.ndarray oa
+        if out is None:
+            oa = np.empty((nr, self.cols), np.float32)
+        else:
+            oa = _f32(out, "dequant_rows", "out")
+            _writable(oa, "dequant_rows", "out")
+            if <size_t>oa.size != nr * self.cols:
+                raise ValueError(f"dequant_rows: out must hold {nr * self.cols} floats, has {oa.size}")
+        cdef float *po = <float *>cnp.PyArray_DATA(oa)
+        cdef cq_status st
+        with nogil:
+            st = cq_active().matvec.dequant_rows(&self.m, r0, nr, po)
+        check(st, "dequant_rows")
+        return oa
+
+    def row_dot(self, size_t r, x):
+        """sum_c W[r, c] x[c] (bit-identical to matvec(x)[r])."""
+        if r >= self.rows:
+            raise IndexError(f"row_dot: row {r} outside 0..{self.rows - 1}")
+        cdef cnp.ndarray xa = self._x(x, "row_dot")
+        cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
+        cdef float res = 0
+        cdef cq_status st
+        with nogil:
+            st = cq_active().matvec.row_dot(&self.m, r, px, &res)
+        check(st, "row_dot")
+        return res
+
+
+def matvec_many(list mats, x, outs=None):
+    """[M.matvec(x) for M in mats] in one parallel region (shared x, same cols);
+    bit-identical to separate matvec calls. Returns the list of outputs."""
+    cdef size_t n = len(mats), i
+    if n == 0:
+        return []
+    cdef QMat q0 = mats[0]
+    cdef cnp.ndarray xa = _f32(x, "matvec_many", "x")
+    if xa.ndim != 1 or <size_t>xa.shape[0] != q0.cols:
+        raise ValueError(f"matvec_many: x must have shape ({q0.cols},), got {(<object>xa).shape}")
+    if outs is not None and len(outs) != n:
+        raise ValueError(f"matvec_many: {len(outs)} outputs for {n} matrices")
+    cdef QMat q
+    cdef cnp.ndarray oa
+    res = []
+    for i in range(n):
+        q = mats[i]
+        if q.cols != q0.cols:
+            raise ValueError(f"matvec_many: matrix {i} has {q.cols} cols, matrix 0 has {q0.cols}")
+        if outs is None or outs[i] is None:
+            oa = np.empty(q.rows, np.float32)
+        else:
+            oa = _f32(outs[i], "matvec_many", f"outs[{i}]")
+            _writable(oa, "matvec_many", f"outs[{i}]")
+            if oa.ndim != 1 or <size_t>oa.shape[0] != q.rows:
+                raise ValueError(f"matvec_many: outs[{i}] must have shape ({q.rows},)")
+            if np.may_share_memory(oa, xa):
+                raise ValueError(f"matvec_many: outs[{i}] must not overlap x")
+        res.append(oa)
+    cdef cq_qmat *ms = <cq_qmat *>malloc(n * sizeof(cq_qmat))
+    cdef float **ys = <float **>malloc(n * sizeof(float *))
+    if ms == NULL or ys == NULL:
+        free(ms)
+        free(ys)
+        raise MemoryError("matvec_many")
+    for i in range(n):
+        q = mats[i]
+        ms[i] = q.m
+        ys[i] = <float *>cnp.PyArray_DATA(<cnp.ndarray>res[i])
+    cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
+    cdef cq_status st
+    with nogil:
+        st = cq_active().matvec.matvec_many(ms, n, px, ys)
+    free(ms)
+    free(ys)
+    check(st, "matvec_many")
+    return res
+
+
+def read_sum(buf, int threads=1):
+    """Benchmark probe: sum of the uint64 words of a uint8 buffer on `threads` threads
+    (reads every byte once; see benchmarks/bench_matvec.py)."""
+    if not isinstance(buf, cnp.ndarray) or (<cnp.ndarray>buf).dtype != np.uint8 \
+            or not (<cnp.ndarray>buf).flags.c_contiguous:
+        raise TypeError("read_sum: buf must be a C-contiguous uint8 numpy array")
+    cdef const uint8_t *p = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>buf)
+    cdef size_t n = (<cnp.ndarray>buf).size
+    cdef uint64_t r
+    with nogil:
+        r = cq_read_sum(p, n, threads)
+    return r

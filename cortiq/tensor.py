@@ -1,0 +1,136 @@
+"""QTensor: one stored 2-D weight matrix, multiplied in place from its CMF payload.
+
+The matrix is ``[rows, cols] = [out_features, in_features]``. Activations are float32
+and weights decode to exactly the float32 values of ``cortiq.cmf.quant.dequantize``;
+every product runs through the C kernels of ``csrc/matvec`` (scalar reference or its
+AVX2/AVX-512 twin, OpenMP over output rows, bit-identical for any thread count).
+
+Exactness contract (see docs/ARCHITECTURE.md, "matvec"):
+* ``matvec`` / ``row_dot`` / ``matvec_many`` give bit-identical results for the same
+  row and input (and any thread count).
+* ``matmat`` equals ``t`` matvecs within float32 rounding (same weights, a different
+  summation order), not bitwise (under ``CORTIQ_ISA=ref`` they are bitwise equal).
+* Against a float64 dot of the dequantized weights every result is within float32
+  rounding of ``sum |w * x|``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _kernels as _K
+from .errors import FormatError
+
+DTYPES = ("f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp")
+
+
+class QTensor:
+    """A 2-D weight read in place from its payload bytes (uint8)."""
+
+    __slots__ = ("_m", "dtype", "rows", "cols", "name")
+
+    def __init__(self, raw, dtype: str, shape, name: str | None = None):
+        if dtype not in DTYPES:
+            raise ValueError(f"QTensor: dtype {dtype!r} not supported; one of {', '.join(DTYPES)}")
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != 2:
+            raise ValueError(f"QTensor: shape must be 2-D (rows, cols), got {shape}")
+        raw = np.asarray(raw)
+        if raw.dtype != np.uint8:
+            raise TypeError(f"QTensor: raw must be uint8 payload bytes, got {raw.dtype}")
+        raw = np.ascontiguousarray(raw).reshape(-1)
+        rows, cols = shape
+        need = _K.qmat_nbytes(dtype, rows, cols)
+        if need == 0 and rows * cols:
+            raise FormatError(f"QTensor{_at(name)}: {dtype} cannot hold shape {shape} (cols % 32 != 0)")
+        if raw.size != need:
+            raise FormatError(f"QTensor{_at(name)}: {dtype} {shape} payload must be {need} bytes, "
+                              f"got {raw.size}")
+        self._m = _K.QMat(raw, dtype, rows, cols)
+        self.dtype, self.rows, self.cols, self.name = dtype, rows, cols, name
+
+    # ---- construction -------------------------------------------------------------
+    @classmethod
+    def from_f32(cls, array, dtype: str = "f32") -> "QTensor":
+        """Quantize a 2-D float array with cortiq.cmf.quant.quantize and wrap it."""
+        from .cmf import quant
+        a = np.ascontiguousarray(array, dtype=np.float32)
+        if a.ndim != 2:
+            raise ValueError(f"QTensor.from_f32: array must be 2-D, got shape {a.shape}")
+        return cls(quant.quantize(a, dtype), dtype, a.shape)
+
+    @classmethod
+    def from_cmf(cls, cmf_file, name: str, skill=None) -> "QTensor":
+        """Wrap tensor `name` of an open CmfFile (zero-copy view of the mapped payload).
+        dtypes without a kernel (e.g. vbit) are dequantized once and kept as f32."""
+        full = cmf_file.resolve(name, skill) if hasattr(cmf_file, "resolve") else name
+        info = cmf_file.tensors[full]
+        if len(info.shape) != 2:
+            raise FormatError(f"QTensor: tensor {full!r} in {getattr(cmf_file, 'path', '?')} "
+                              f"has shape {tuple(info.shape)}, needs 2-D")
+        dtype = info.dtype
+        ok = dtype in DTYPES and _K.qmat_nbytes(dtype, *info.shape) == info.nbytes
+        if ok:
+            return cls(cmf_file.raw(full), dtype, info.shape, name=full)
+        dense = np.ascontiguousarray(cmf_file.tensor(full), np.float32)
+        return cls(dense.view(np.uint8).reshape(-1), "f32", info.shape, name=full)
+
+    # ---- properties -------------------------------------------------------------------
+    @property
+    def shape(self):
+        return (self.rows, self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes (what a matvec streams from memory)."""
+        return self._m.nbytes
+
+    @property
+    def raw(self) -> np.ndarray:
+        return self._m.raw
+
+    def __repr__(self):
+        return f"QTensor({self.name or ''!s}{' ' if self.name else ''}{self.dtype} {self.rows}x{self.cols})"
+
+    # ---- products -----------------------------------------------------------------------
+    def matvec(self, x, out=None) -> np.ndarray:
+        """W @ x for x [cols] float32 -> [rows] float32 (into `out` when given)."""
+        return self._m.matvec(x, out)
+
+    def matmat(self, X, out=None) -> np.ndarray:
+        """X [t, cols] -> X @ W.T [t, rows]; decodes each block of rows once for all t."""
+        return self._m.matmat(X, out)
+
+    @staticmethod
+    def matvec_many(tensors, x, outs=None) -> list:
+        """[T.matvec(x) for T in tensors] in one parallel pass (all share cols);
+        bit-identical to the separate calls."""
+        return _K.matvec_many([t._m for t in tensors], x, outs)
+
+    def row(self, i: int, out=None) -> np.ndarray:
+        """Row i decoded to float32 [cols] (embedding lookup)."""
+        i = self._index(i)
+        return self._m.dequant_rows(i, 1, out).reshape(self.cols)
+
+    def rows_f32(self, r0: int, n: int, out=None) -> np.ndarray:
+        """Rows r0 .. r0+n-1 decoded to float32 [n, cols]."""
+        return self._m.dequant_rows(r0, n, out)
+
+    def row_dot(self, i: int, x) -> float:
+        """sum_c W[i, c] x[c]; bit-identical to matvec(x)[i]."""
+        return self._m.row_dot(self._index(i), x)
+
+    def dequantize(self) -> np.ndarray:
+        """The whole matrix as float32 [rows, cols]."""
+        return self._m.dequant_rows(0, self.rows)
+
+    def _index(self, i) -> int:
+        i = int(i)
+        if i < 0:
+            i += self.rows
+        if not 0 <= i < self.rows:
+            raise IndexError(f"QTensor{_at(self.name)}: row {i} outside 0..{self.rows - 1}")
+        return i
+
+
+def _at(name):
+    return f" {name!r}" if name else ""

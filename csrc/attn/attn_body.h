@@ -1,0 +1,159 @@
+/* attn_body.h -- the attn family's kernels written over four inner primitives that
+ * the including ISA file defines first:
+ *   static float vdot(const float *a, const float *b, size_t n);
+ *   static void vaxpy(float *y, float a, const float *x, size_t n);   y += a*x
+ *   static void vscale(float *y, const float *x, float s, const float *w, size_t n);
+ *        y = x*s (then *w[i] when w != NULL), y may alias x
+ *   static float vsumsq(const float *x, size_t n);
+ *   static void rope_half_row(float *a, float *b, const float *c, const float *s,
+ *                             size_t h, int inverse);
+ * Parallel kernels give each (query, kv head) or head task to one thread: results are
+ * bit-identical for any thread count. */
+#ifndef CQ_ATTN_BODY_H
+#define CQ_ATTN_BODY_H
+#include "attn_scalar.h"
+
+static void k_rmsnorm(const float *x, const float *w, float eps, float *y, size_t rows, size_t n) {
+    for (size_t r = 0; r < rows; r++) {
+        float ms = vsumsq(x + r * n, n) / (float)n;
+        float inv = 1.0f / sqrtf(ms + eps);
+        vscale(y + r * n, x + r * n, inv, w, n);
+    }
+}
+
+static void k_justnorm(float *x, float eps, size_t rows, size_t n) {
+    for (size_t r = 0; r < rows; r++) {
+        float inv = 1.0f / sqrtf(vsumsq(x + r * n, n) + eps);
+        vscale(x + r * n, x + r * n, inv, NULL, n);
+    }
+}
+
+static void k_rope_half(float *x, const float *cs, const float *sn, size_t t, size_t heads,
+                        size_t hd, int inverse) {
+    size_t h = hd / 2;
+    for (size_t r = 0; r < t; r++)
+        for (size_t j = 0; j < heads; j++) {
+            float *p = x + (r * heads + j) * hd;
+            rope_half_row(p, p + h, cs + r * h, sn + r * h, h, inverse);
+        }
+}
+
+/* softmax over s[0..n) in place with the shared exp; returns nothing (n >= 1). */
+static void soft_inplace(float *s, size_t n) {
+    float top = -INFINITY;
+    for (size_t i = 0; i < n; i++) top = s[i] > top ? s[i] : top;
+    if (top == -INFINITY) return;
+    float den = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        s[i] = cq_exp1(s[i] - top);
+        den += s[i];
+    }
+    float inv = 1.0f / den;
+    for (size_t i = 0; i < n; i++) s[i] *= inv;
+}
+
+static cq_status k_attn_gqa(const float *q, const float *keys, const float *vals, float *out,
+                            size_t t, size_t nh, size_t nk, size_t hd, size_t nkeys, size_t pos0,
+                            size_t first, size_t window, float scale) {
+    if (nk == 0 || nh % nk || hd == 0) return CQ_ERR_SHAPE;
+    if (t == 0) return CQ_OK;
+    if (pos0 < first || pos0 + t - first > nkeys) return CQ_ERR_SHAPE;
+    const size_t rep = nh / nk, kv_row = nk * hd, q_row = nh * hd;
+    const long tasks = (long)(t * nk);
+    int failed = 0;
+    size_t work = t * nh * (pos0 + t - first) * hd;
+    int par = work >= ((size_t)1 << 15) && tasks > 1;
+    (void)par;
+#ifdef CORTIQ_HAVE_OPENMP
+#pragma omp parallel num_threads(cq_get_num_threads()) if (par)
+#endif
+    {
+        float *sc = (float *)malloc(rep * nkeys * sizeof(float) + 16);
+        if (!sc) {
+#ifdef CORTIQ_HAVE_OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef CORTIQ_HAVE_OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (long task = 0; task < tasks; task++) {
+            if (!sc) continue;
+            size_t r = (size_t)task / nk, kh = (size_t)task % nk;
+            size_t p = pos0 + r;
+            size_t lo = first;
+            if (window && p + 1 > window && p + 1 - window > lo) lo = p + 1 - window;
+            size_t n = p + 1 - lo;
+            const float *qg = q + r * q_row + kh * rep * hd;
+            float *og = out + r * q_row + kh * rep * hd;
+            /* each key row once, against every query head of the group */
+            for (size_t e = 0; e < n; e++) {
+                const float *key = keys + (lo - first + e) * kv_row + kh * hd;
+                for (size_t h = 0; h < rep; h++) sc[h * n + e] = vdot(qg + h * hd, key, hd) * scale;
+            }
+            for (size_t h = 0; h < rep; h++) soft_inplace(sc + h * n, n);
+            memset(og, 0, rep * hd * sizeof(float));
+            for (size_t e = 0; e < n; e++) {
+                const float *val = vals + (lo - first + e) * kv_row + kh * hd;
+                for (size_t h = 0; h < rep; h++) vaxpy(og + h * hd, sc[h * n + e], val, hd);
+            }
+        }
+        free(sc);
+    }
+    return failed ? CQ_ERR_NOMEM : CQ_OK;
+}
+
+static cq_status k_sparse_attend(const float *q, const float *kv, size_t nkv, const int64_t *idx,
+                                 size_t m, const float *sink, float scale, size_t nh, size_t hd,
+                                 float *out) {
+    for (size_t j = 0; j < m; j++)
+        if (idx[j] >= (int64_t)nkv) return CQ_ERR_ARG;
+    int failed = 0;
+    long heads = (long)nh;
+    int par = nh * m * hd >= ((size_t)1 << 15) && nh > 1;
+    (void)par;
+#ifdef CORTIQ_HAVE_OPENMP
+#pragma omp parallel num_threads(cq_get_num_threads()) if (par)
+#endif
+    {
+        float *sc = (float *)malloc((m ? m : 1) * sizeof(float));
+        if (!sc) {
+#ifdef CORTIQ_HAVE_OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef CORTIQ_HAVE_OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (long hh = 0; hh < heads; hh++) {
+            if (!sc) continue;
+            const float *qh = q + (size_t)hh * hd;
+            float *oh = out + (size_t)hh * hd;
+            float sk = sink ? sink[hh] : -INFINITY;
+            float top = sk;
+            for (size_t j = 0; j < m; j++) {
+                if (idx[j] < 0) continue;
+                sc[j] = vdot(qh, kv + (size_t)idx[j] * hd, hd) * scale;
+                top = sc[j] > top ? sc[j] : top;
+            }
+            memset(oh, 0, hd * sizeof(float));
+            if (top == -INFINITY) continue; /* nothing to attend and no sink: zeros */
+            float den = sk == -INFINITY ? 0.0f : cq_exp1(sk - top);
+            for (size_t j = 0; j < m; j++) {
+                if (idx[j] < 0) continue;
+                float w = cq_exp1(sc[j] - top);
+                den += w;
+                vaxpy(oh, w, kv + (size_t)idx[j] * hd, hd);
+            }
+            vscale(oh, oh, 1.0f / den, NULL, hd);
+        }
+        free(sc);
+    }
+    return failed ? CQ_ERR_NOMEM : CQ_OK;
+}
+
+#define CQ_ATTN_OPS(name) \
+    const cq_attn_ops name = {k_rmsnorm, k_justnorm, k_rope_half, rope_interleaved_s, topk_s, k_attn_gqa, k_sparse_attend}
+#endif

@@ -1,0 +1,15 @@
+/* matvec_avx2.c -- AVX2/FMA twin of matvec_ref.c (row kernels in matvec_avx2_impl.h). */
+#include "matvec_avx2_impl.h"
+
+#define dot_row avx2_dot_row
+#define dequant_row avx2_dequant_row
+#define needs_prep avx2_needs_prep
+#define prep_x avx2_prep_x
+#define matmat_block avx2_matmat_block
+
+/* Rows decoded per matmat block: the block (CQ_MM_ROWS x cols floats) stays in L2. */
+#define CQ_MM_ROWS 16
+
+#include "matvec_drivers.h"
+
+CQ_MATVEC_OPS(cq_matvec_avx2);

@@ -1,0 +1,436 @@
+/* matvec_avx2_impl.h -- AVX2/FMA/F16C row kernels of the matvec family. Included by
+ * matvec_avx2.c and matvec_avx512.c only (both compiled with -mavx2 -mfma -mf16c).
+ * Numerics: weights decode to the exact float32 values of the reference; the dot
+ * products keep several 8-lane FMA accumulators and factor the row scale (q8) or
+ * the group scale (q4/q2 families) out of the partial sums, so they differ from the
+ * reference's sequential sum at float32 rounding level only. */
+#ifndef CQ_MATVEC_AVX2_IMPL_H
+#define CQ_MATVEC_AVX2_IMPL_H
+#include "qmat.h"
+#include "matvec_scalar.h"
+#include <immintrin.h>
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __m256 ld_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m256 ld_bf16x8(const uint8_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+static inline __m256 ld_i8x8(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+static inline float h2f_hw(const uint8_t *p) { return _cvtsh_ss(cq_ld16(p)); }
+
+/* One generic 8-lane stream: LOAD(p + k*EB) gives 8 floats of elements k..k+7. */
+#define CQ_DOT_STREAM(LOAD, EB, SCALAR)                                              \
+    do {                                                                            \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                  \
+        size_t c = 0;                                                               \
+        for (; c + 32 <= cols; c += 32) {                                           \
+            a0 = _mm256_fmadd_ps(LOAD(p + (c + 0) * EB), _mm256_loadu_ps(x + c + 0), a0);   \
+            a1 = _mm256_fmadd_ps(LOAD(p + (c + 8) * EB), _mm256_loadu_ps(x + c + 8), a1);   \
+            a2 = _mm256_fmadd_ps(LOAD(p + (c + 16) * EB), _mm256_loadu_ps(x + c + 16), a2); \
+            a3 = _mm256_fmadd_ps(LOAD(p + (c + 24) * EB), _mm256_loadu_ps(x + c + 24), a3); \
+        }                                                                           \
+        for (; c + 8 <= cols; c += 8) a0 = _mm256_fmadd_ps(LOAD(p + c * EB), _mm256_loadu_ps(x + c), a0); \
+        acc = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));   \
+        for (; c < cols; c++) acc += (SCALAR) * x[c];                               \
+    } while (0)
+
+static inline __m256 ld_f32x8(const uint8_t *p) { return _mm256_loadu_ps((const float *)p); }
+
+/* 16 bytes of nibbles (element 2k low, 2k+1 high of byte k) -> 32 int8 in order,
+ * minus 8: a = elements 0..15, b = 16..31. */
+static inline void q4_unpack(const uint8_t *p, __m128i *a, __m128i *b) {
+    const __m128i m = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+    *a = _mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), eight);
+    *b = _mm_sub_epi8(_mm_unpackhi_epi8(lo, hi), eight);
+}
+/* 8 bytes of 2-bit fields (element 4k+j = bits 2j.. of byte k) -> 32 int8 (2v - 3). */
+static inline void q2_unpack(const uint8_t *p, __m128i *a, __m128i *b) {
+    const __m128i m = _mm_set1_epi8(3), three = _mm_set1_epi8(3);
+    __m128i v = _mm_loadl_epi64((const __m128i *)p);
+    __m128i e0 = _mm_and_si128(v, m), e1 = _mm_and_si128(_mm_srli_epi16(v, 2), m);
+    __m128i e2 = _mm_and_si128(_mm_srli_epi16(v, 4), m), e3 = _mm_and_si128(_mm_srli_epi16(v, 6), m);
+    __m128i A = _mm_unpacklo_epi8(e0, e1), B = _mm_unpacklo_epi8(e2, e3);
+    __m128i L = _mm_unpacklo_epi16(A, B), H = _mm_unpackhi_epi16(A, B);
+    *a = _mm_sub_epi8(_mm_add_epi8(L, L), three);
+    *b = _mm_sub_epi8(_mm_add_epi8(H, H), three);
+}
+static inline __m256 i8lo(__m128i a) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a)); }
+static inline __m256 i8hi(__m128i a) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8))); }
+
+/* sum over one group of 32 of q * x (q from a, b). */
+static inline __m256 grp_dot(__m128i a, __m128i b, const float *x) {
+    __m256 s = _mm256_mul_ps(i8lo(a), _mm256_loadu_ps(x));
+    s = _mm256_fmadd_ps(i8hi(a), _mm256_loadu_ps(x + 8), s);
+    s = _mm256_fmadd_ps(i8lo(b), _mm256_loadu_ps(x + 16), s);
+    return _mm256_fmadd_ps(i8hi(b), _mm256_loadu_ps(x + 24), s);
+}
+static inline void grp_store(__m128i a, __m128i b, __m256 s, float *o) {
+    _mm256_storeu_ps(o, _mm256_mul_ps(i8lo(a), s));
+    _mm256_storeu_ps(o + 8, _mm256_mul_ps(i8hi(a), s));
+    _mm256_storeu_ps(o + 16, _mm256_mul_ps(i8lo(b), s));
+    _mm256_storeu_ps(o + 24, _mm256_mul_ps(i8hi(b), s));
+}
+
+/* Tile codes of a q4tp/q2tp row, 8 at a time (5 bytes hold 8 codes). */
+static inline void tp_codes(const uint8_t *cb, size_t stride, size_t gpr, uint8_t *codes) {
+    size_t g = 0;
+    for (; g + 8 <= gpr; g += 8) {
+        const uint8_t *p = cb + 5 * (g / 8);
+        uint64_t v = (uint64_t)p[0] | ((uint64_t)p[1] << 8) | ((uint64_t)p[2] << 16) |
+                     ((uint64_t)p[3] << 24) | ((uint64_t)p[4] << 32);
+        for (int k = 0; k < 8; k++) codes[g + k] = (uint8_t)((v >> (5 * k)) & 31u);
+    }
+    for (; g < gpr; g++) codes[g] = (uint8_t)tp_code(cb, stride, g);
+}
+
+/* Can the grouped fast path run (groups aligned to rows)? */
+static inline int grouped_fast(const cq_qmat *m) { return m->cols % CQ_GROUP == 0; }
+
+/* Group g of row r of a grouped dtype: its 32 weights as int8 (a, b) and its scale. */
+#define CQ_GROUP_LOOP(...)                                                              \
+    do {                                                                                \
+        const size_t gpr = cols / CQ_GROUP;                                             \
+        const uint8_t *d = m->data;                                                     \
+        switch (m->dtype) {                                                             \
+        case CQ_DT_Q4_BLOCK: {                                                          \
+            const uint8_t *nb = d + 16 * r * gpr, *sp = d + 16 * m->rows * gpr + 2 * r * gpr; \
+            for (size_t g = 0; g < gpr; g++) {                                          \
+                __m128i a, b;                                                           \
+                q4_unpack(nb + 16 * g, &a, &b);                                         \
+                float sc = h2f_hw(sp + 2 * g);                                          \
+                __VA_ARGS__;                                                                   \
+            }                                                                           \
+            break;                                                                      \
+        }                                                                               \
+        case CQ_DT_Q4_TILED: {                                                          \
+            const uint8_t *tl = d + 18 * r * gpr;                                       \
+            for (size_t g = 0; g < gpr; g++) {                                          \
+                __m128i a, b;                                                           \
+                q4_unpack(tl + 18 * g + 2, &a, &b);                                     \
+                float sc = h2f_hw(tl + 18 * g);                                         \
+                __VA_ARGS__;                                                                   \
+            }                                                                           \
+            break;                                                                      \
+        }                                                                               \
+        case CQ_DT_Q4TP:                                                                \
+        case CQ_DT_Q2TP: {                                                              \
+            const int q4 = m->dtype == CQ_DT_Q4TP;                                      \
+            const size_t tile = q4 ? 16 : 8, stride = cq_tp_stride(cols);               \
+            const uint8_t *body = d + r * gpr * tile;                                   \
+            const uint8_t *cb = d + m->rows * gpr * tile + 4 * m->rows + r * stride;    \
+            const float *ladder = m->aux + 32 * r;                                      \
+            for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                   \
+                uint8_t codes[64];                                                      \
+                size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                              \
+                tp_codes(cb + 5 * (g0 / 8), stride - 5 * (g0 / 8), ng, codes);          \
+                for (size_t gi = 0; gi < ng; gi++) {                                    \
+                    size_t g = g0 + gi;                                                 \
+                    __m128i a, b;                                                       \
+                    if (q4) q4_unpack(body + 16 * g, &a, &b);                           \
+                    else q2_unpack(body + 8 * g, &a, &b);                               \
+                    float sc = ladder[codes[gi]];                                       \
+                    __VA_ARGS__;                                                               \
+                }                                                                       \
+            }                                                                           \
+            break;                                                                      \
+        }                                                                               \
+        default: break;                                                                 \
+        }                                                                               \
+    } while (0)
+
+/* Grouped dtypes (cols % 32 == 0). x arrives permuted per group by prep_x:
+ * q4: [16 even elements][16 odd elements] (low nibbles, then high nibbles);
+ * q2: [8 elements 4k][8 elements 4k+1][.. 4k+2][.. 4k+3] (the 2-bit field j of byte k).
+ * So each byte widens once (vpmovzxbd) and its fields need no re-interleaving.
+ * Per group: gs = sum q*x over its 32 weights (q = nibble - 8, or 2v - 3 for q2),
+ * then acc += gs * scale (two alternating accumulators). */
+static inline __m256 q4_gdot(const uint8_t *nib, const float *xg) {
+    const __m256i m15 = _mm256_set1_epi32(15), eight = _mm256_set1_epi32(8);
+    __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)nib));
+    __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(nib + 8)));
+    __m256 l0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b0, m15), eight));
+    __m256 l1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b1, m15), eight));
+    __m256 h0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b0, 4), eight));
+    __m256 h1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b1, 4), eight));
+    __m256 ga = _mm256_fmadd_ps(h0, _mm256_loadu_ps(xg + 16), _mm256_mul_ps(l0, _mm256_loadu_ps(xg)));
+    __m256 gb = _mm256_fmadd_ps(h1, _mm256_loadu_ps(xg + 24), _mm256_mul_ps(l1, _mm256_loadu_ps(xg + 8)));
+    return _mm256_add_ps(ga, gb);
+}
+static inline __m256 q2_gdot(const uint8_t *q, const float *xg) {
+    const __m256i m3 = _mm256_set1_epi32(3), three = _mm256_set1_epi32(3);
+    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    __m256i v0 = _mm256_and_si256(b, m3), v1 = _mm256_and_si256(_mm256_srli_epi32(b, 2), m3);
+    __m256i v2 = _mm256_and_si256(_mm256_srli_epi32(b, 4), m3), v3 = _mm256_srli_epi32(b, 6);
+    __m256 f0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_add_epi32(v0, v0), three));
+    __m256 f1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_add_epi32(v1, v1), three));
+    __m256 f2 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_add_epi32(v2, v2), three));
+    __m256 f3 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_add_epi32(v3, v3), three));
+    __m256 ga = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xg + 8), _mm256_mul_ps(f0, _mm256_loadu_ps(xg)));
+    __m256 gb = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xg + 24), _mm256_mul_ps(f2, _mm256_loadu_ps(xg + 16)));
+    return _mm256_add_ps(ga, gb);
+}
+
+static float grouped_dot(const cq_qmat *m, size_t r, const float *x) {
+    const size_t cols = m->cols, gpr = cols / CQ_GROUP;
+    const uint8_t *d = m->data;
+    __m256 t0 = _mm256_setzero_ps(), t1 = t0;
+    size_t g = 0;
+    switch (m->dtype) {
+    case CQ_DT_Q4_BLOCK: {
+        const uint8_t *nb = d + 16 * r * gpr, *sp = d + 16 * m->rows * gpr + 2 * r * gpr;
+        float sc[8];
+        for (; g + 8 <= gpr; g += 8) {
+            _mm256_storeu_ps(sc, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp + 2 * g))));
+            for (int k = 0; k < 8; k += 2) {
+                t0 = _mm256_fmadd_ps(q4_gdot(nb + 16 * (g + k), x + 32 * (g + k)), _mm256_broadcast_ss(sc + k), t0);
+                t1 = _mm256_fmadd_ps(q4_gdot(nb + 16 * (g + k + 1), x + 32 * (g + k + 1)), _mm256_broadcast_ss(sc + k + 1), t1);
+            }
+        }
+        for (; g < gpr; g++)
+            t0 = _mm256_fmadd_ps(q4_gdot(nb + 16 * g, x + 32 * g), _mm256_set1_ps(h2f_hw(sp + 2 * g)), t0);
+        break;
+    }
+    case CQ_DT_Q4_TILED: {
+        const uint8_t *tl = d + 18 * r * gpr;
+        for (; g + 2 <= gpr; g += 2) {
+            t0 = _mm256_fmadd_ps(q4_gdot(tl + 18 * g + 2, x + 32 * g), _mm256_set1_ps(h2f_hw(tl + 18 * g)), t0);
+            t1 = _mm256_fmadd_ps(q4_gdot(tl + 18 * g + 20, x + 32 * g + 32), _mm256_set1_ps(h2f_hw(tl + 18 * g + 18)), t1);
+        }
+        for (; g < gpr; g++)
+            t0 = _mm256_fmadd_ps(q4_gdot(tl + 18 * g + 2, x + 32 * g), _mm256_set1_ps(h2f_hw(tl + 18 * g)), t0);
+        break;
+    }
+    case CQ_DT_Q4TP:
+    case CQ_DT_Q2TP: {
+        const int q4 = m->dtype == CQ_DT_Q4TP;
+        const size_t tile = q4 ? 16 : 8, stride = cq_tp_stride(cols);
+        const uint8_t *body = d + r * gpr * tile;
+        const uint8_t *cb = d + m->rows * gpr * tile + 4 * m->rows + r * stride;
+        const float *ladder = m->aux + 32 * r;
+        for (size_t g0 = 0; g0 < gpr; g0 += 64) {
+            uint8_t codes[64];
+            size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;
+            tp_codes(cb + 5 * (g0 / 8), stride - 5 * (g0 / 8), ng, codes);
+            size_t gi = 0;
+            if (q4) {
+                for (; gi + 2 <= ng; gi += 2) {
+                    size_t gg = g0 + gi;
+                    t0 = _mm256_fmadd_ps(q4_gdot(body + 16 * gg, x + 32 * gg), _mm256_broadcast_ss(ladder + codes[gi]), t0);
+                    t1 = _mm256_fmadd_ps(q4_gdot(body + 16 * gg + 16, x + 32 * gg + 32), _mm256_broadcast_ss(ladder + codes[gi + 1]), t1);
+                }
+                for (; gi < ng; gi++)
+                    t0 = _mm256_fmadd_ps(q4_gdot(body + 16 * (g0 + gi), x + 32 * (g0 + gi)), _mm256_broadcast_ss(ladder + codes[gi]), t0);
+            } else {
+                for (; gi + 2 <= ng; gi += 2) {
+                    size_t gg = g0 + gi;
+                    t0 = _mm256_fmadd_ps(q2_gdot(body + 8 * gg, x + 32 * gg), _mm256_broadcast_ss(ladder + codes[gi]), t0);
+                    t1 = _mm256_fmadd_ps(q2_gdot(body + 8 * gg + 8, x + 32 * gg + 32), _mm256_broadcast_ss(ladder + codes[gi + 1]), t1);
+                }
+                for (; gi < ng; gi++)
+                    t0 = _mm256_fmadd_ps(q2_gdot(body + 8 * (g0 + gi), x + 32 * (g0 + gi)), _mm256_broadcast_ss(ladder + codes[gi]), t0);
+            }
+        }
+        break;
+    }
+    default: break;
+    }
+    float acc = hsum8(_mm256_add_ps(t0, t1));
+    return m->dtype == CQ_DT_Q2TP ? acc * 0.5f : acc;
+}
+
+static float avx2_dot_row(const cq_qmat *m, size_t r, const float *x) {
+    const size_t cols = m->cols;
+    float acc = 0.0f;
+    switch (m->dtype) {
+    case CQ_DT_F32: {
+        const uint8_t *p = m->data + 4 * r * cols;
+        CQ_DOT_STREAM(ld_f32x8, 4, cq_ldf32(p + 4 * c));
+        return acc;
+    }
+    case CQ_DT_F16: {
+        const uint8_t *p = m->data + 2 * r * cols;
+        CQ_DOT_STREAM(ld_f16x8, 2, cq_h2f(cq_ld16(p + 2 * c)));
+        return acc;
+    }
+    case CQ_DT_BF16: {
+        const uint8_t *p = m->data + 2 * r * cols;
+        CQ_DOT_STREAM(ld_bf16x8, 2, cq_bf2f(cq_ld16(p + 2 * c)));
+        return acc;
+    }
+    case CQ_DT_Q8_ROW:
+    case CQ_DT_Q8_2F: { /* q8_2f: x arrives pre-multiplied by col (prep_x) */
+        const uint8_t *p = m->data + r * cols;
+        CQ_DOT_STREAM(ld_i8x8, 1, (float)(int8_t)p[c]);
+        return acc * m->aux[r];
+    }
+    default: break;
+    }
+    if (!grouped_fast(m)) return ref_row(m, r, x, NULL);
+    return grouped_dot(m, r, x);
+}
+
+static void avx2_dequant_row(const cq_qmat *m, size_t r, float *out) {
+    const size_t cols = m->cols;
+    size_t c = 0;
+    switch (m->dtype) {
+    case CQ_DT_F32:
+        memcpy(out, m->data + 4 * r * cols, cols * sizeof(float));
+        return;
+    case CQ_DT_F16: {
+        const uint8_t *p = m->data + 2 * r * cols;
+        for (; c + 8 <= cols; c += 8) _mm256_storeu_ps(out + c, ld_f16x8(p + 2 * c));
+        for (; c < cols; c++) out[c] = cq_h2f(cq_ld16(p + 2 * c));
+        return;
+    }
+    case CQ_DT_BF16: {
+        const uint8_t *p = m->data + 2 * r * cols;
+        for (; c + 8 <= cols; c += 8) _mm256_storeu_ps(out + c, ld_bf16x8(p + 2 * c));
+        for (; c < cols; c++) out[c] = cq_bf2f(cq_ld16(p + 2 * c));
+        return;
+    }
+    case CQ_DT_Q8_ROW: {
+        const uint8_t *p = m->data + r * cols;
+        float s = m->aux[r];
+        __m256 vs = _mm256_set1_ps(s);
+        for (; c + 8 <= cols; c += 8) _mm256_storeu_ps(out + c, _mm256_mul_ps(ld_i8x8(p + c), vs));
+        for (; c < cols; c++) out[c] = (float)(int8_t)p[c] * s;
+        return;
+    }
+    case CQ_DT_Q8_2F: {
+        const uint8_t *p = m->data + r * cols;
+        const float *col = m->aux + m->rows;
+        float s = m->aux[r];
+        __m256 vs = _mm256_set1_ps(s);
+        for (; c + 8 <= cols; c += 8)
+            _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_mul_ps(ld_i8x8(p + c), vs), _mm256_loadu_ps(col + c)));
+        for (; c < cols; c++) out[c] = ((float)(int8_t)p[c] * s) * col[c];
+        return;
+    }
+    default: break;
+    }
+    if (!grouped_fast(m)) {
+        (void)ref_row(m, r, NULL, out);
+        return;
+    }
+    if (m->dtype == CQ_DT_Q2TP) {
+        /* (2v - 3) * 0.5 is v - 1.5 exactly; then * s as the reference does. */
+        CQ_GROUP_LOOP({
+            float *o = out + CQ_GROUP * g;
+            __m256 h = _mm256_set1_ps(0.5f), s = _mm256_set1_ps(sc);
+            _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_mul_ps(i8lo(a), h), s));
+            _mm256_storeu_ps(o + 8, _mm256_mul_ps(_mm256_mul_ps(i8hi(a), h), s));
+            _mm256_storeu_ps(o + 16, _mm256_mul_ps(_mm256_mul_ps(i8lo(b), h), s));
+            _mm256_storeu_ps(o + 24, _mm256_mul_ps(_mm256_mul_ps(i8hi(b), h), s));
+        });
+    } else {
+        CQ_GROUP_LOOP(grp_store(a, b, _mm256_set1_ps(sc), out + CQ_GROUP * g));
+    }
+}
+
+static int avx2_needs_prep(const cq_qmat *m) {
+    switch (m->dtype) {
+    case CQ_DT_Q8_2F: return 1;
+    case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP: case CQ_DT_Q2TP: return grouped_fast(m);
+    default: return 0;
+    }
+}
+/* q8_2f: xp = col * x, so a row's dot is rs * sum q * xp. Grouped dtypes: x permuted
+ * per group of 32 into the order grouped_dot reads (see there). */
+static void avx2_prep_x(const cq_qmat *m, const float *x, float *xp) {
+    const size_t cols = m->cols;
+    if (m->dtype == CQ_DT_Q8_2F) {
+        const float *col = m->aux + m->rows;
+        size_t c = 0;
+        for (; c + 8 <= cols; c += 8)
+            _mm256_storeu_ps(xp + c, _mm256_mul_ps(_mm256_loadu_ps(col + c), _mm256_loadu_ps(x + c)));
+        for (; c < cols; c++) xp[c] = col[c] * x[c];
+        return;
+    }
+    for (size_t g = 0; g < cols / CQ_GROUP; g++) {
+        const float *xg = x + CQ_GROUP * g;
+        float *o = xp + CQ_GROUP * g;
+        if (m->dtype == CQ_DT_Q2TP) {
+            for (int j = 0; j < 4; j++)
+                for (int k = 0; k < 8; k++) o[8 * j + k] = xg[4 * k + j];
+        } else {
+            for (int k = 0; k < 16; k++) {
+                o[k] = xg[2 * k];
+                o[16 + k] = xg[2 * k + 1];
+            }
+        }
+    }
+}
+/* matmat: rows decoded per block (CQ_MM_ROWS x cols floats stay in L2). */
+/* Y[i, j] = w[j] . X[i] for j < nr, i < t; 4 rows x 3 inputs of 8-lane accumulators. */
+static void avx2_matmat_block(const float *w, size_t nr, size_t cols, const float *X, size_t t,
+                         float *Y, size_t ldy) {
+    size_t j = 0;
+    for (; j + 4 <= nr; j += 4) {
+        const float *w0 = w + j * cols, *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
+        size_t i = 0;
+        for (; i + 3 <= t; i += 3) {
+            const float *x0 = X + i * cols, *x1 = x0 + cols, *x2 = x1 + cols;
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
+            __m256 a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
+            size_t c = 0;
+            for (; c + 8 <= cols; c += 8) {
+                __m256 v0 = _mm256_loadu_ps(x0 + c), v1 = _mm256_loadu_ps(x1 + c), v2 = _mm256_loadu_ps(x2 + c);
+                __m256 q = _mm256_loadu_ps(w0 + c);
+                a00 = _mm256_fmadd_ps(q, v0, a00); a01 = _mm256_fmadd_ps(q, v1, a01); a02 = _mm256_fmadd_ps(q, v2, a02);
+                q = _mm256_loadu_ps(w1 + c);
+                a10 = _mm256_fmadd_ps(q, v0, a10); a11 = _mm256_fmadd_ps(q, v1, a11); a12 = _mm256_fmadd_ps(q, v2, a12);
+                q = _mm256_loadu_ps(w2 + c);
+                a20 = _mm256_fmadd_ps(q, v0, a20); a21 = _mm256_fmadd_ps(q, v1, a21); a22 = _mm256_fmadd_ps(q, v2, a22);
+                q = _mm256_loadu_ps(w3 + c);
+                a30 = _mm256_fmadd_ps(q, v0, a30); a31 = _mm256_fmadd_ps(q, v1, a31); a32 = _mm256_fmadd_ps(q, v2, a32);
+            }
+            float s[4][3] = {{hsum8(a00), hsum8(a01), hsum8(a02)}, {hsum8(a10), hsum8(a11), hsum8(a12)},
+                             {hsum8(a20), hsum8(a21), hsum8(a22)}, {hsum8(a30), hsum8(a31), hsum8(a32)}};
+            for (; c < cols; c++)
+                for (int jj = 0; jj < 4; jj++)
+                    for (int ii = 0; ii < 3; ii++) s[jj][ii] += w[(j + jj) * cols + c] * X[(i + ii) * cols + c];
+            for (int jj = 0; jj < 4; jj++)
+                for (int ii = 0; ii < 3; ii++) Y[(i + ii) * ldy + j + jj] = s[jj][ii];
+        }
+        for (; i < t; i++) {
+            const float *x0 = X + i * cols;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            size_t c = 0;
+            for (; c + 8 <= cols; c += 8) {
+                __m256 v = _mm256_loadu_ps(x0 + c);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + c), v, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + c), v, a1);
+                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + c), v, a2);
+                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + c), v, a3);
+            }
+            float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
+            for (; c < cols; c++)
+                for (int jj = 0; jj < 4; jj++) s[jj] += w[(j + jj) * cols + c] * x0[c];
+            for (int jj = 0; jj < 4; jj++) Y[i * ldy + j + jj] = s[jj];
+        }
+    }
+    for (; j < nr; j++) {
+        const float *w0 = w + j * cols;
+        for (size_t i = 0; i < t; i++) {
+            const float *x0 = X + i * cols;
+            __m256 a0 = _mm256_setzero_ps();
+            size_t c = 0;
+            for (; c + 8 <= cols; c += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + c), _mm256_loadu_ps(x0 + c), a0);
+            float s = hsum8(a0);
+            for (; c < cols; c++) s += w0[c] * x0[c];
+            Y[i * ldy + j] = s;
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,99 @@
+/* matvec_scalar.h -- the scalar row decoder of the reference, shared with the scalar
+ * fallbacks of the SIMD twins (odd shapes). Every file is compiled with
+ * -ffp-contract=off, so this code computes the same bits in every ISA file. */
+#ifndef CQ_MATVEC_SCALAR_H
+#define CQ_MATVEC_SCALAR_H
+#include "qmat.h"
+
+/* 5-bit tile code g of a q4tp/q2tp row (LSB-first, may straddle two bytes). */
+static inline unsigned tp_code(const uint8_t *cb, size_t stride, size_t g) {
+    size_t bit = 5 * g, byte = bit >> 3;
+    unsigned v = cb[byte];
+    if (byte + 1 < stride) v |= (unsigned)cb[byte + 1] << 8;
+    return (v >> (bit & 7)) & 31u;
+}
+
+/* Decode row r: with out != NULL store the weights, else return sum w * x. */
+static float ref_row(const cq_qmat *m, size_t r, const float *x, float *out) {
+    const size_t cols = m->cols, rows = m->rows;
+    const uint8_t *d = m->data;
+    float acc = 0.0f;
+#define EMIT(c, wexpr)                  \
+    do {                                \
+        float w_ = (wexpr);             \
+        if (out) out[c] = w_;           \
+        else acc += w_ * x[c];          \
+    } while (0)
+    switch (m->dtype) {
+    case CQ_DT_F32: {
+        const uint8_t *p = d + 4 * r * cols;
+        for (size_t c = 0; c < cols; c++) EMIT(c, cq_ldf32(p + 4 * c));
+        break;
+    }
+    case CQ_DT_F16: {
+        const uint8_t *p = d + 2 * r * cols;
+        for (size_t c = 0; c < cols; c++) EMIT(c, cq_h2f(cq_ld16(p + 2 * c)));
+        break;
+    }
+    case CQ_DT_BF16: {
+        const uint8_t *p = d + 2 * r * cols;
+        for (size_t c = 0; c < cols; c++) EMIT(c, cq_bf2f(cq_ld16(p + 2 * c)));
+        break;
+    }
+    case CQ_DT_Q8_ROW: {
+        const int8_t *q = (const int8_t *)(d + r * cols);
+        float s = m->aux[r];
+        for (size_t c = 0; c < cols; c++) EMIT(c, (float)q[c] * s);
+        break;
+    }
+    case CQ_DT_Q8_2F: {
+        const int8_t *q = (const int8_t *)(d + r * cols);
+        float s = m->aux[r];
+        const float *col = m->aux + rows;
+        for (size_t c = 0; c < cols; c++) EMIT(c, ((float)q[c] * s) * col[c]);
+        break;
+    }
+    case CQ_DT_Q4_BLOCK:
+    case CQ_DT_Q4_TILED: {
+        size_t G = cq_ceil32(rows * cols);
+        int tiled = m->dtype == CQ_DT_Q4_TILED;
+        for (size_t c = 0; c < cols; c++) {
+            size_t i = r * cols + c, g = i / CQ_GROUP, k = i % CQ_GROUP;
+            const uint8_t *nib = tiled ? d + 18 * g + 2 : d + 16 * g;
+            const uint8_t *sp = tiled ? d + 18 * g : d + 16 * G + 2 * g;
+            unsigned b = nib[k >> 1];
+            int q = (int)((k & 1) ? b >> 4 : b & 15u) - 8;
+            EMIT(c, (float)q * cq_h2f(cq_ld16(sp)));
+        }
+        break;
+    }
+    case CQ_DT_Q4TP:
+    case CQ_DT_Q2TP: {
+        size_t gpr = cq_tp_gpr(cols), stride = cq_tp_stride(cols), tile = cq_tp_tile(m->dtype);
+        const uint8_t *body = d + r * gpr * tile;
+        const uint8_t *cb = d + rows * gpr * tile + 4 * rows + r * stride;
+        const float *ladder = m->aux + 32 * r;
+        for (size_t g = 0; g < gpr; g++) {
+            float s = ladder[tp_code(cb, stride, g)];
+            const uint8_t *p = body + g * tile;
+            for (size_t k = 0; k < CQ_GROUP; k++) {
+                size_t c = g * CQ_GROUP + k;
+                if (tile == 16) {
+                    unsigned b = p[k >> 1];
+                    int q = (int)((k & 1) ? b >> 4 : b & 15u) - 8;
+                    EMIT(c, (float)q * s);
+                } else {
+                    unsigned v = (p[k >> 2] >> (2 * (k & 3))) & 3u;
+                    EMIT(c, ((float)v - 1.5f) * s);
+                }
+            }
+        }
+        break;
+    }
+    default: break;
+    }
+#undef EMIT
+    return acc;
+}
+
+#endif

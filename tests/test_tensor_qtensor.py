@@ -1,0 +1,271 @@
+"""QTensor and the matvec kernel family: every dtype x every usable ISA against the
+float64 product of cortiq.cmf.quant.dequantize (the decode reference), plus the
+exactness contracts between matvec / row_dot / matvec_many / matmat / threads.
+
+Tolerances, and why:
+  DOT_ULPS = 2   a float32 dot of n terms (any summation order, FMA or not) is within
+  EXTRA_ULPS = 8 n * u * sum|w*x| of the exact value (u = 2**-24). Factoring a scale out
+                 (q8: rs * sum q*(col*x); q4/q2: sum_g s_g * sum q*x) adds a few
+                 roundings per term that the decoded weight did not have (q8_2f's w is
+                 itself rounded once): we allow (2n + 8) * u * sum|w*x| + tiny.
+                 A wrong decode (a nibble off, a scale misplaced) errs by ~|w*x| and
+                 fails this by orders of magnitude.
+  Decoding (dequantize/row) and matvec_many/row_dot/threads are checked bit for bit.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import cortiq
+from cortiq import _kernels as K
+from cortiq.cmf import quant
+from cortiq.errors import FormatError
+from cortiq.tensor import DTYPES, QTensor
+
+U = 2.0 ** -24
+DOT_ULPS = 2
+EXTRA_ULPS = 8
+GROUPED_ROWS = ("q4tp", "q2tp")  # need cols % 32 == 0
+
+
+def _ok_shape(dtype, cols):
+    return not (dtype in GROUPED_ROWS and cols % 32)
+
+
+def make(dtype, rows, cols, seed=0, zero_rows=(), big=False):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    if big:  # mixed magnitudes inside rows and groups
+        w *= np.float32(10.0) ** rng.integers(-4, 3, size=w.shape).astype(np.float32)
+    for r in zero_rows:
+        if r < rows:
+            w[r] = 0
+    q = QTensor.from_f32(w, dtype)
+    d = quant.dequantize(quant.quantize(w, dtype), dtype, (rows, cols))
+    return q, d
+
+
+def bound(d, x):
+    """(2n + 8) * u * |D| @ |x| (+ tiny for all-zero rows)."""
+    return (DOT_ULPS * d.shape[-1] + EXTRA_ULPS) * U * (np.abs(d).astype(np.float64) @ np.abs(x).astype(np.float64)) + 1e-30
+
+
+def assert_dot_close(y, d, x):
+    exact = d.astype(np.float64) @ x.astype(np.float64)
+    err = np.abs(y.astype(np.float64) - exact)
+    b = bound(d, x)
+    assert (err <= b).all(), f"max err/bound {np.max(err / b):.3g} at {np.argmax(err / b)}"
+
+
+def misaligned(a):
+    """A copy of `a` whose data pointer is 4 bytes off a 32-byte boundary."""
+    a = np.ascontiguousarray(a)
+    buf = np.empty(a.nbytes + 64, np.uint8)
+    off = (-buf.ctypes.data) % 32 + 4
+    out = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+SHAPES = [(1, 32), (3, 64), (7, 96), (33, 128), (5, 40), (9, 7), (2, 1), (17, 33), (64, 320)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_decode_and_matvec(isa, dtype, shape):
+    rows, cols = shape
+    if not _ok_shape(dtype, cols):
+        pytest.skip("layout needs cols % 32 == 0")
+    q, d = make(dtype, rows, cols, seed=rows * 1000 + cols, zero_rows=(1,))
+    assert q.rows == rows and q.cols == cols and q.dtype == dtype
+    assert q.nbytes == quant.expected_nbytes(dtype, (rows, cols))
+    np.testing.assert_array_equal(q.dequantize(), d)
+    for i in (0, rows - 1, rows // 2):
+        np.testing.assert_array_equal(q.row(i), d[i])
+    x = np.random.default_rng(1).standard_normal(cols).astype(np.float32)
+    y = q.matvec(x)
+    assert y.shape == (rows,) and y.dtype == np.float32
+    assert_dot_close(y, d, x)
+    for i in range(rows):
+        assert q.row_dot(i, x) == y[i]
+    out = np.full(rows, np.nan, np.float32)
+    assert q.matvec(x, out=out) is out
+    np.testing.assert_array_equal(out, y)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_reference_table(isa, dtype):
+    q, d = make(dtype, 45, 160, seed=3, big=True)
+    x = np.random.default_rng(4).standard_normal(160).astype(np.float32)
+    y = q.matvec(x)
+    K.set_isa("ref")
+    try:
+        yr = q.matvec(x)
+    finally:
+        K.set_isa(isa)
+    assert_dot_close(y, d, x)
+    assert_dot_close(yr, d, x)
+    # the twin and the spec agree within the same rounding bound of each other
+    assert (np.abs(y.astype(np.float64) - yr) <= 2 * bound(d, x)).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmat(isa, dtype):
+    rows, cols, t = 37, 96, 11
+    q, d = make(dtype, rows, cols, seed=5, zero_rows=(0,))
+    X = np.random.default_rng(6).standard_normal((t, cols)).astype(np.float32)
+    Y = q.matmat(X)
+    assert Y.shape == (t, rows)
+    V = np.stack([q.matvec(X[i]) for i in range(t)])
+    for i in range(t):
+        assert_dot_close(Y[i], d, X[i])
+    if isa == "ref":  # the reference matmat is t reference matvecs, bit for bit
+        np.testing.assert_array_equal(Y, V)
+    out = np.empty((t, rows), np.float32)
+    assert q.matmat(X, out=out) is out
+    np.testing.assert_array_equal(out, Y)
+    assert q.matmat(np.empty((0, cols), np.float32)).shape == (0, rows)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_threads_bit_identical(isa, threads, dtype):
+    q, _ = make(dtype, 300, 512, seed=7)
+    x = np.random.default_rng(8).standard_normal(512).astype(np.float32)
+    X = np.random.default_rng(9).standard_normal((5, 512)).astype(np.float32)
+    y, Y = q.matvec(x), q.matmat(X)
+    cortiq.set_num_threads(1)
+    np.testing.assert_array_equal(q.matvec(x), y)
+    np.testing.assert_array_equal(q.matmat(X), Y)
+
+
+def test_matvec_many_bit_identical(isa, threads):
+    cols = 256
+    ts = [make(dt, r, cols, seed=i)[0] for i, (dt, r) in
+          enumerate([("q8_row", 300), ("q8_2f", 40), ("q4_tiled", 64), ("f16", 8), ("q4tp", 130)])]
+    x = np.random.default_rng(2).standard_normal(cols).astype(np.float32)
+    outs = QTensor.matvec_many(ts, x)
+    for t, o in zip(ts, outs):
+        np.testing.assert_array_equal(o, t.matvec(x))
+    given_outs = [np.empty(t.rows, np.float32) for t in ts]
+    res = QTensor.matvec_many(ts, x, given_outs)
+    assert all(a is b for a, b in zip(res, given_outs))
+    assert QTensor.matvec_many([], x) == []
+    with pytest.raises(ValueError, match="matvec_many"):
+        QTensor.matvec_many([ts[0], make("f32", 3, 64)[0]], x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zero_extreme_and_misaligned(isa, dtype):
+    rows, cols = 12, 128
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    w[0] = 0                          # an all-zero row
+    w[1, :32] = 0                     # an all-zero group
+    w[2] *= 1e4                       # large
+    w[3] *= 1e-5                      # tiny (scales floored at 2**-14)
+    w[4, 5] = 3e4                     # one outlier in a group
+    raw = quant.quantize(w, dtype)
+    d = quant.dequantize(raw, dtype, (rows, cols))
+    q = QTensor(misaligned(raw), dtype, (rows, cols))
+    x = misaligned(rng.standard_normal(cols).astype(np.float32))
+    assert x.ctypes.data % 32 != 0
+    np.testing.assert_array_equal(q.dequantize(), d)
+    y = q.matvec(x)
+    assert_dot_close(y, d, x)
+    assert y[0] == 0
+    Y = q.matmat(misaligned(np.stack([x, -x, 2 * x])))
+    assert_dot_close(Y[1], d, -x)
+
+
+def test_nan_in_x_propagates(isa):
+    q, _ = make("q8_row", 4, 64)
+    x = np.ones(64, np.float32)
+    x[10] = np.nan
+    assert np.isnan(q.matvec(x)).all()
+
+
+@given(rows=st.integers(1, 300), cols=st.integers(1, 12).map(lambda k: 32 * k) | st.integers(1, 200),
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31))
+def test_hypothesis_shapes(isas, rows, cols, dtype, seed):
+    if not _ok_shape(dtype, cols):
+        cols = 32 * max(1, cols // 32)
+    q, d = make(dtype, rows, cols, seed=seed)
+    x = np.random.default_rng(seed + 1).standard_normal(cols).astype(np.float32)
+    X = np.random.default_rng(seed + 2).standard_normal((3, cols)).astype(np.float32)
+    before = K.active_isa()
+    try:
+        for isa in isas:
+            K.set_isa(isa)
+            np.testing.assert_array_equal(q.dequantize(), d)
+            assert_dot_close(q.matvec(x), d, x)
+            Y = q.matmat(X)
+            for i in range(3):
+                assert_dot_close(Y[i], d, X[i])
+    finally:
+        K.set_isa(before)
+
+
+def test_argument_errors():
+    q, _ = make("q8_row", 4, 64)
+    with pytest.raises(TypeError, match="matvec"):
+        q.matvec(np.ones(64, np.float64))
+    with pytest.raises(ValueError, match="matvec"):
+        q.matvec(np.ones(63, np.float32))
+    with pytest.raises(ValueError, match="matvec"):
+        q.matvec(np.ones(64, np.float32), out=np.empty(3, np.float32))
+    with pytest.raises(ValueError, match="matmat"):
+        q.matmat(np.ones((2, 65), np.float32))
+    with pytest.raises(IndexError):
+        q.row(4)
+    np.testing.assert_array_equal(q.row(-1), q.dequantize()[-1])
+    with pytest.raises(FormatError, match="payload"):
+        QTensor(np.zeros(10, np.uint8), "q8_row", (4, 64))
+    with pytest.raises(FormatError, match="cols % 32"):
+        QTensor(np.zeros(100, np.uint8), "q4tp", (2, 40))
+    with pytest.raises(ValueError, match="dtype"):
+        QTensor(np.zeros(10, np.uint8), "vbit", (1, 32))
+    with pytest.raises(ValueError, match="2-D"):
+        QTensor.from_f32(np.ones(5, np.float32), "f32")
+
+
+def test_spec_example_q8_row():
+    # CMF_FORMAT §7.2: row [0.5, -1, 0.25, 0, 0.1, -0.3, 0.7, 0.05]
+    raw = np.array([0x40, 0x81, 0x20, 0x00, 0x0d, 0xda, 0x59, 0x06, 0x08, 0x20], np.uint8)
+    q = QTensor(raw, "q8_row", (1, 8))
+    s = np.float32(0.00787353515625)
+    want = np.array([64, -127, 32, 0, 13, -38, 89, 6], np.float32) * s
+    np.testing.assert_array_equal(q.row(0), want)
+    assert q.matvec(np.ones(8, np.float32))[0] == pytest.approx(float(want.astype(np.float64).sum()), rel=1e-6)
+
+
+class _FakeCmf:
+    def __init__(self, tensors):
+        from types import SimpleNamespace
+        self._arrays = tensors
+        self.path = "fake.cmf"
+        self.tensors = {n: SimpleNamespace(dtype=dt, shape=a.shape, nbytes=quant.quantize(a, dt).size)
+                        for n, (dt, a) in tensors.items()}
+
+    def resolve(self, name, skill=None):
+        return name
+
+    def raw(self, name):
+        dt, a = self._arrays[name]
+        return quant.quantize(a, dt)
+
+    def tensor(self, name, skill=None):
+        dt, a = self._arrays[name]
+        return quant.dequantize(quant.quantize(a, dt), dt, a.shape)
+
+
+def test_from_cmf():
+    a = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    cf = _FakeCmf({"w": ("q4_tiled", a), "v": ("vbit", a), "n": ("f16", a[0])})
+    q = QTensor.from_cmf(cf, "w")
+    assert q.dtype == "q4_tiled" and q.shape == (8, 64) and q.name == "w"
+    np.testing.assert_array_equal(q.dequantize(), cf.tensor("w"))
+    v = QTensor.from_cmf(cf, "v")  # no kernel for vbit: decoded once to f32
+    assert v.dtype == "f32"
+    np.testing.assert_array_equal(v.dequantize(), cf.tensor("v"))
+    with pytest.raises(FormatError, match="2-D"):
+        QTensor.from_cmf(cf, "n")
