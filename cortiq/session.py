@@ -1,9 +1,10 @@
 """One sequence's state on a model: feed tokens, read logits, roll back.
 
 A Session is cheap; many share one model (and its one mapping of the file). It keeps
-the token ids it holds so that a rollback the model cannot do in place (a sliding
-window already dropped the keys it would need) is done by re-reading the prefix:
-the result is always the same as a straight run.
+the token ids it holds, and how they were fed, so that a rollback the model cannot do
+in place (a sliding window already dropped the keys it would need) is done by
+re-reading the prefix in the same pieces: the state is then exactly the one a straight
+run would have (Dory's last_loop cache depends on where chunks begin and end).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class Session:
         self._model = model
         self._state = model.new_state()
         self._ids: list[int] = []
+        self._feeds: list[tuple[int, str]] = []  # (tokens, want) of every feed, in order
         self._last: np.ndarray | None = None
         self._lock = threading.Lock()
 
@@ -46,6 +48,7 @@ class Session:
             out = self._model.forward(self._state, arr, "all" if want == "all" else
                                       ("last" if want == "last" else "none"))
             self._ids.extend(int(i) for i in arr)
+            self._feeds.append((int(arr.size), want))
             if want == "all":
                 self._last = out[-1].copy()
             elif want == "last":
@@ -71,19 +74,28 @@ class Session:
                 raise CortiqError(f"{self._model.arch}: rollback is not supported; start a "
                                   "new session instead")
             keep = self._ids[:n]
+            feeds, left = [], n
+            for size, want in self._feeds:
+                if left <= 0:
+                    break
+                feeds.append((min(size, left), want))
+                left -= size
             if self._model.can_rollback(self._state, n):
                 self._model.rollback(self._state, n)
-                self._ids = keep
-            else:
+            else:  # re-read the prefix in the pieces it was fed in
                 self._state = self._model.new_state()
-                self._ids = []
-                if keep:
-                    self._model.forward(self._state, np.asarray(keep, np.int64), "none")
-                    self._ids = keep
+                at = 0
+                for size, want in feeds:
+                    self._model.forward(self._state, np.asarray(keep[at:at + size], np.int64),
+                                        "none" if want == "none" else "last")
+                    at += size
+            self._ids = keep
+            self._feeds = feeds
             self._last = None
 
     def reset(self) -> None:
         with self._lock:
             self._state = self._model.new_state()
             self._ids = []
+            self._feeds = []
             self._last = None

@@ -1,0 +1,533 @@
+"""NVIDIA Nemotron Labs Dory: a looped normalized GPT, on the host.
+
+The stack is three blocks, input, recurrent and output; the recurrent block runs
+`loops` times per token with the input block's output mixed back in before each
+pass. A physical layer is one sub-layer (attention or a SwiGLU MLP) and every
+hidden state lives on the unit sphere (nGPT):
+
+    attention  q,k,v,g = W x; rotate q,k; q = s_q * q^, k = k^     (per head)
+               a = softmax(q.k / sqrt(hd)) over the window; y = sum a v  (GQA)
+               y = (y * sigmoid(g * s_g))^ ; out = O y
+    mlp        g,u = W x; y = (silu(g * s_g) * (u * s_u))^ ; out = D y
+    residual   x = (x^ + |alpha| (out^ - x^))^
+    loop       state = input; h = (state + input)^; h = R(h); state = h^
+    logits     H h * logit_scale / sigma0
+
+`x^` is justnorm: x / sqrt(sum x^2 + 1e-6). The behavioural authority is the seed
+engine (shared/seeds/dory.rs.txt: `stack`, `attn_layer`, `mlp_layer`, `head`,
+`forward_host`); names below follow it.
+
+KV caches (`kv_mode`): `per_loop` keeps one cache per (recurrent attention layer,
+loop); `last_loop` keeps one per attention layer and each later pass over a chunk
+rewrites that chunk's rows in place, so earlier rows hold their last loop's keys.
+"""
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import _kernels as K
+from ..errors import ConfigError, CortiqError
+from ..tensor import QTensor
+from .dory_config import DoryConfig, DoryOptions
+
+EPS = 1e-6
+#: rows of a prompt run through the stack together
+HOST_CHUNK = 64
+
+
+# ---- small math, all float32 -----------------------------------------------------
+def justnorm(x: np.ndarray) -> np.ndarray:
+    """In place over the last axis: x / sqrt(sum x^2 + eps)."""
+    K.justnorm(x, EPS)
+    return x
+
+
+def rope_inv_freq(hd: int, theta: float) -> np.ndarray:
+    """inv[i] = 1 / theta^(2i/hd), rounded once to float32."""
+    i = np.arange(hd // 2, dtype=np.float64)
+    return (1.0 / np.power(float(theta), 2.0 * i / hd)).astype(np.float32)
+
+
+def rope_table(inv: np.ndarray, pos0: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [t, hd/2] of (pos * inv), evaluated in float64 as the seed does."""
+    ang = np.arange(pos0, pos0 + t, dtype=np.float64)[:, None] * inv.astype(np.float64)[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def top_prob(logits: np.ndarray) -> float:
+    """The top probability of a row of logits (terms more than 20 below the top skipped)."""
+    top = float(np.max(logits))
+    d = logits.astype(np.float64) - top
+    return float(1.0 / np.exp(d[d > -20.0]).sum())
+
+
+def slerp(x: np.ndarray, out: np.ndarray, alpha: np.ndarray) -> None:
+    """The nGPT residual, written into x: x = (x^ + alpha (out^ - x^))^ (rows)."""
+    justnorm(x)
+    justnorm(out)
+    out -= x
+    out *= alpha
+    x += out
+    justnorm(x)
+
+
+# ---- weights ---------------------------------------------------------------------
+@dataclass
+class AttnWeights:
+    q: QTensor
+    k: QTensor
+    v: QTensor
+    g: QTensor
+    o: QTensor
+    sq: np.ndarray      # (sqk * sqrt(hd) / sigma0)^2, [nh*hd]
+    sg: np.ndarray      # (s_gate * sqrt(g0) / sigma0)^2, [nh*hd]
+    alpha: np.ndarray   # |attn_alpha * alpha0 / sigma0|, [hidden]
+    sliding: bool
+    ordinal: int        # position among the attention layers: the KV slot table's row
+
+
+@dataclass
+class MlpWeights:
+    gate: QTensor
+    up: QTensor
+    down: QTensor
+    sg: np.ndarray      # suv_gate * sqrt(hidden), [ffn]
+    su: np.ndarray      # suv_up * sqrt(hidden), [ffn]
+    alpha: np.ndarray   # |mlp_alpha * alpha0 / sigma0|, [hidden]
+
+
+class Topologies:
+    """The reconstruction router of `gate="recon:..."`: two affine subspaces (easy and
+    hard tokens); a state the easy one reconstructs better leaves after one pass."""
+
+    def __init__(self, me, be, mh, bh):
+        dim = me.size
+        if mh.size != dim or be.size == 0 or be.size % dim or bh.size != be.size:
+            raise ConfigError("dory.router: inconsistent shapes of the easy/hard subspaces")
+        self.me, self.mh = me.astype(np.float32), mh.astype(np.float32)
+        self.be = be.astype(np.float32).reshape(-1, dim)
+        self.bh = bh.astype(np.float32).reshape(-1, dim)
+
+    @classmethod
+    def from_file(cls, path: str, dim: int) -> "Topologies":
+        try:
+            w = np.fromfile(path, dtype="<f4")
+        except OSError as e:
+            raise ConfigError(f"gate recon: cannot read {path}: {e.strerror}") from None
+        if w.size < 2:
+            raise ConfigError(f"gate recon: {path} is too short")
+        rank, d = int(w[0]), int(w[1])
+        need = 2 + 2 * d + 2 * rank * d
+        if d != dim or rank < 1 or w.size < need:
+            raise ConfigError(f"gate recon: {path} holds rank {rank} dim {d}; the model "
+                              f"needs dim {dim} and {need} floats")
+        at = 2
+        parts = []
+        for n in (d, rank * d, d, rank * d):
+            parts.append(w[at:at + n])
+            at += n
+        return cls(*parts)
+
+    @staticmethod
+    def _err(x, mu, basis):
+        y = x - mu
+        d = basis @ y
+        return float(y @ y - d @ d)
+
+    def score(self, x: np.ndarray) -> float:
+        """Positive: the easy class reconstructs x better."""
+        return self._err(x, self.mh, self.bh) - self._err(x, self.me, self.be)
+
+
+@dataclass
+class Gate:
+    """How a token leaves the loop early (decode only, one row at a time)."""
+    kind: str                       # "conf" or "recon"
+    threshold: float = 0.7          # conf: the top probability that ends a token
+    router: Topologies | None = None
+    bias: float = 0.0               # recon: exit when score >= bias
+
+
+class ExitRate:
+    """Below this rate of early exits a token goes straight to the second pass, and
+    one in eight still reads out, to notice when the text turns easy."""
+
+    def __init__(self):
+        self.rate = 1.0
+        self.tokens = 0
+
+    def probe(self) -> bool:
+        self.tokens = (self.tokens + 1) & 0xFFFFFFFF
+        return self.rate >= 0.35 or self.tokens % 8 == 0
+
+    def note(self, exited: bool) -> None:
+        self.rate += np.float32(0.1) * (float(exited) - self.rate)
+
+
+# ---- per-sequence state ------------------------------------------------------------
+class KvSlot:
+    """Keys and values of positions first .. first+n, [row][nk][hd], grown by doubling."""
+
+    def __init__(self, nk: int, hd: int):
+        self.k = np.empty((16, nk, hd), np.float32)
+        self.v = np.empty((16, nk, hd), np.float32)
+        self.n = 0
+        self.first = 0
+
+    def _reserve(self, rows: int) -> None:
+        cap = self.k.shape[0]
+        if rows <= cap:
+            return
+        while cap < rows:
+            cap *= 2
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = np.empty((cap,) + old.shape[1:], np.float32)
+            new[:self.n] = old[:self.n]
+            setattr(self, name, new)
+
+    def put(self, k: np.ndarray, v: np.ndarray, overwrite: bool) -> None:
+        """Append a chunk's rows; `overwrite` first drops the same number of newest rows
+        (a later pass over the chunk replaces its rows in place)."""
+        t = k.shape[0]
+        if overwrite:
+            self.n -= t
+        self._reserve(self.n + t)
+        self.k[self.n:self.n + t] = k
+        self.v[self.n:self.n + t] = v
+        self.n += t
+
+    def trim(self, keep: int) -> None:
+        """Keep the newest `keep` rows once more than twice that many are held."""
+        if self.n > 2 * keep:
+            drop = self.n - keep
+            self.k[:keep] = self.k[drop:self.n]
+            self.v[:keep] = self.v[drop:self.n]
+            self.first += drop
+            self.n = keep
+
+    def rollback(self, pos: int) -> None:
+        if self.first + self.n > pos:
+            self.n = max(pos - self.first, 0)
+
+    def nbytes(self) -> int:
+        return 2 * self.n * self.k.shape[1] * self.k.shape[2] * 4
+
+
+@dataclass
+class DoryState:
+    """One sequence: KV slots[attention ordinal][loop], the position, the exit rate."""
+    slots: list = field(default_factory=list)
+    pos: int = 0
+    exits: ExitRate = field(default_factory=ExitRate)
+    exit_logits: np.ndarray | None = None
+    gate_tokens: int = 0
+    gate_one: int = 0
+
+    def clear(self) -> None:
+        self.slots = []
+        self.pos = 0
+        self.exit_logits = None
+
+
+# ---- the model ---------------------------------------------------------------------
+class DoryModel:
+    """Dory's weights and forward. One instance serves many sequences (DoryState)."""
+
+    arch = "dory"
+    supports_rollback = True
+
+    def __init__(self, cmf, *, loops=None, kv_mode=None, gate=None, prompt_loops=None,
+                 full_window=None):
+        self.file = cmf
+        cfg = DoryConfig.from_header(cmf.header)
+        if loops == "auto":  # the loop count decided per token: an early-exit gate
+            loops, gate = None, gate or "auto"
+        opts = DoryOptions(loops=loops, kv_mode=kv_mode, gate=gate, prompt_loops=prompt_loops,
+                           full_window=full_window).resolve(cfg)
+        self.cfg, self.opts = cfg, opts
+        self.hidden, self.ffn, self.vocab = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+        self.nh, self.nk, self.hd = cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim
+        self.rep = self.nh // self.nk
+        self.n_in, self.n_rec, self.n_out = cfg.n_input_layers, cfg.n_recurrent_layers, cfg.n_output_layers
+        self.window = cfg.sliding_window
+        self.loops = opts.loops
+        self.kv_mode = opts.kv_mode
+        self.full_window = opts.full_window
+        self.prompt_loops = opts.prompt_loops
+        self.attn_scale = np.float32(1.0 / math.sqrt(self.hd))
+        q_size, kv_size = self.nh * self.hd, self.nk * self.hd
+
+        def vec(name, n):
+            v = cmf.tensor(name).astype(np.float32).ravel()
+            if v.size != n:
+                raise ConfigError(f"{name}: {v.size} values, the config needs {n}")
+            return v
+
+        def mat(name, rows, cols):
+            t = QTensor.from_cmf(cmf, name)
+            if (t.rows, t.cols) != (rows, cols):
+                raise ConfigError(f"{name}: shape [{t.rows}, {t.cols}], the config needs "
+                                  f"[{rows}, {cols}]")
+            return t
+
+        self.layers: list[AttnWeights | MlpWeights] = []
+        ordinal = 0
+        for li, kind in enumerate(cfg.layer_pattern):
+            p, m = f"model.layers.{li}", f"model.layers.{li}.mixer"
+            if kind == "-":
+                self.layers.append(MlpWeights(
+                    gate=mat(f"{m}.gate_proj.weight", self.ffn, self.hidden),
+                    up=mat(f"{m}.up_proj.weight", self.ffn, self.hidden),
+                    down=mat(f"{m}.down_proj.weight", self.hidden, self.ffn),
+                    sg=cfg.suv_scale(vec(f"{m}.suv_gate", self.ffn)),
+                    su=cfg.suv_scale(vec(f"{m}.suv_up", self.ffn)),
+                    alpha=cfg.alpha_scale(vec(f"{p}.mlp_alpha", self.hidden))))
+            else:
+                self.layers.append(AttnWeights(
+                    q=mat(f"{m}.q_proj.weight", q_size, self.hidden),
+                    k=mat(f"{m}.k_proj.weight", kv_size, self.hidden),
+                    v=mat(f"{m}.v_proj.weight", kv_size, self.hidden),
+                    g=mat(f"{m}.g_proj.weight", q_size, self.hidden),
+                    o=mat(f"{m}.o_proj.weight", self.hidden, q_size),
+                    sq=cfg.sqk_scale(vec(f"{m}.sqk", q_size)),
+                    sg=cfg.s_gate_scale(vec(f"{m}.s_gate", q_size)),
+                    alpha=cfg.alpha_scale(vec(f"{p}.attn_alpha", self.hidden)),
+                    sliding=kind == "S", ordinal=ordinal))
+                ordinal += 1
+        self.attn_layers = ordinal
+        self.embed = mat("model.embed_tokens.weight", self.vocab, self.hidden)
+        self.head_w = mat("lm_head.weight", self.vocab, self.hidden)
+        self.logit_scale = cfg.logit_scale(vec("lm_head.logit_scale", self.vocab))
+        self.inv_full = rope_inv_freq(self.hd, cfg.rope_theta_full)
+        self.inv_sliding = rope_inv_freq(self.hd, cfg.rope_theta_sliding)
+        self.gate = self._make_gate(opts.gate)
+        o1_env = os.environ.get("CMF_DORY_O1", "").strip()
+        if (cfg.turbo is not None and o1_env != "off") or (o1_env and o1_env != "off"):
+            warnings.warn("dory: this model asks for the O(1) far field, which this cortiq "
+                          "version does not have yet; attention runs exact", RuntimeWarning,
+                          stacklevel=2)
+
+    def _make_gate(self, spec) -> Gate | None:
+        if spec is None:
+            return None
+        if spec.kind == "conf":
+            return Gate("conf", threshold=spec.threshold)
+        if spec.kind == "file":  # the router a turbo file carries
+            router = Topologies(*(self.file.tensor(f"dory.router.{n}").ravel() for n in (
+                "easy.mean", "easy.basis", "hard.mean", "hard.basis")))
+            return Gate("recon", router=router, bias=spec.bias)
+        if spec.kind == "recon":
+            return Gate("recon", router=Topologies.from_file(spec.path, self.hidden),
+                        bias=spec.bias)
+        raise ConfigError(f"gate: unknown kind {spec.kind!r}")
+
+    # -- sequences -------------------------------------------------------------
+    def new_state(self) -> DoryState:
+        return DoryState()
+
+    def _chunk_loops(self, want: str) -> int:
+        if want == "none" and self.prompt_loops > 0 and self.kv_mode == "last_loop":
+            return min(self.loops, self.prompt_loops)
+        return self.loops
+
+    def _slot(self, st: DoryState, w: AttnWeights, li: int, loop_i: int) -> KvSlot:
+        recurrent = self.n_in <= li < self.n_in + self.n_rec
+        sl = loop_i if (self.kv_mode == "per_loop" and recurrent) else 0
+        row = st.slots[w.ordinal]
+        while len(row) <= sl:
+            row.append(KvSlot(self.nk, self.hd))
+        return row[sl]
+
+    def forward(self, st: DoryState, ids, want: str = "last") -> np.ndarray | None:
+        """Run tokens `ids` from position st.pos. want: "none" -> None, "last" ->
+        [vocab], "all" -> [len(ids), vocab] (float32)."""
+        ids = np.asarray(ids, dtype=np.int64).ravel()
+        if want not in ("none", "last", "all"):
+            raise ConfigError(f"want must be 'none', 'last' or 'all', got {want!r}")
+        if ids.size == 0:
+            return None if want == "none" else np.zeros((0, self.vocab) if want == "all" else 0,
+                                                        np.float32)
+        bad = (ids < 0) | (ids >= self.vocab)
+        if bad.any():
+            raise ValueError(f"token id {int(ids[bad][0])} is outside the vocabulary "
+                             f"[0, {self.vocab})")
+        if not st.slots:
+            st.slots = [[] for _ in range(self.attn_layers)]
+        out = []
+        done = 0
+        for start in range(0, ids.size, HOST_CHUNK):
+            chunk = ids[start:start + HOST_CHUNK]
+            t = chunk.size
+            last = start + t == ids.size
+            w = want if (last or want == "all") else "none"
+            h = np.stack([self.embed.row(int(i)) for i in chunk]).astype(np.float32)
+            self._stack(st, h, st.pos, self._chunk_loops(w))
+            st.pos += t
+            done += t
+            if st.exit_logits is not None:
+                lg, st.exit_logits = st.exit_logits, None
+                if want != "none":
+                    out.append(lg[None, :])
+                continue
+            if want == "all":
+                out.append(self._head(h))
+            elif want == "last" and last:
+                out.append(self._head(h[-1:]))
+        if want == "none":
+            return None
+        if want == "last":
+            return out[-1][0]
+        return np.concatenate(out, axis=0)
+
+    def rollback(self, st: DoryState, n: int) -> None:
+        """Forget positions >= n (Session falls back to re-reading when this cannot)."""
+        if not self.can_rollback(st, n):
+            raise CortiqError(f"dory: cannot roll back to {n}: a window layer has already "
+                              "dropped keys that position reads")
+        for row in st.slots:
+            for s in row:
+                s.rollback(n)
+        st.pos = min(st.pos, n)
+
+    def can_rollback(self, st: DoryState, n: int) -> bool:
+        """True when every window layer still holds the keys a token at n would read."""
+        for w in self.layers:
+            if isinstance(w, AttnWeights) and st.slots and st.slots[w.ordinal]:
+                keep = self._keep(w)
+                need = max(0, n + 1 - keep)
+                if any(s.first > need for s in st.slots[w.ordinal]):
+                    return False
+        return True
+
+    def kv_bytes(self, st: DoryState) -> int:
+        return sum(s.nbytes() for row in st.slots for s in row)
+
+    # -- the stack ------------------------------------------------------------
+    def _keep(self, w: AttnWeights) -> int:
+        if w.sliding:
+            return self.window
+        return self.full_window if self.full_window else (1 << 62)
+
+    def _stack(self, st: DoryState, h: np.ndarray, pos0: int, loops: int) -> None:
+        t = h.shape[0]
+        ropes = (rope_table(self.inv_sliding, pos0, t), rope_table(self.inv_full, pos0, t))
+        n_in, n_rec, n_out = self.n_in, self.n_rec, self.n_out
+
+        def run(li, loop_i, h):
+            w = self.layers[li]
+            if isinstance(w, AttnWeights):
+                recurrent = n_in <= li < n_in + n_rec
+                output = li >= n_in + n_rec
+                # A later pass over this chunk rewrites its rows; a second read-out of
+                # the output block replaces the first one's rows too (in either mode).
+                overwrite = loop_i > 0 and ((self.kv_mode == "last_loop" and recurrent) or output)
+                out = self._attn(st, w, li, loop_i, h, pos0, overwrite,
+                                 ropes[0] if w.sliding else ropes[1])
+            else:
+                out = self._mlp(w, h)
+            slerp(h, out, w.alpha)
+
+        for li in range(n_in):
+            run(li, 0, h)
+        inp = h.copy()
+        state = inp.copy()
+        early = t == 1 and self.gate is not None
+        for i in range(1 if early else loops):
+            np.add(state, inp, out=h)
+            justnorm(h)
+            for li in range(n_in, n_in + n_rec):
+                run(li, i, h)
+            np.copyto(state, h)
+            justnorm(state)
+        if early:
+            self._early_exit(st, h, state, inp, run)
+        else:
+            np.copyto(h, state)
+            for li in range(n_in + n_rec, n_in + n_rec + n_out):
+                run(li, 0, h)
+        # Windowed layers keep only what the next position reads; trimming waits for
+        # the chunk's end because a later last-loop pass reads what is behind it.
+        for w in self.layers:
+            if isinstance(w, AttnWeights):
+                for s in st.slots[w.ordinal]:
+                    s.trim(self._keep(w))
+
+    def _early_exit(self, st, h, state, inp, run) -> None:
+        n_in, n_rec, n_out = self.n_in, self.n_rec, self.n_out
+        g = self.gate
+        stay, readout = False, False
+        if g.kind == "recon":
+            stay = g.router.score(state[0]) < g.bias
+        np.copyto(h, state)
+        if g.kind == "conf":
+            if st.exits.probe():
+                readout = True
+                for li in range(n_in + n_rec, n_in + n_rec + n_out):
+                    run(li, 0, h)
+                lg = self._head(h)[0]
+                stay = top_prob(lg) < g.threshold
+                st.exits.note(not stay)
+                if not stay:
+                    st.exit_logits = lg
+            else:
+                stay = True
+        elif not stay:
+            for li in range(n_in + n_rec, n_in + n_rec + n_out):
+                run(li, 0, h)
+        if stay:
+            np.add(state, inp, out=h)
+            justnorm(h)
+            for li in range(n_in, n_in + n_rec):
+                run(li, 1, h)
+            justnorm(h)
+            for li in range(n_in + n_rec, n_in + n_rec + n_out):
+                run(li, int(readout), h)
+        st.gate_tokens += 1
+        st.gate_one += int(not stay)
+
+    def _attn(self, st, w: AttnWeights, li, loop_i, h, pos0, overwrite, rope) -> np.ndarray:
+        t = h.shape[0]
+        nh, nk, hd, rep = self.nh, self.nk, self.hd, self.rep
+        if t == 1:
+            q, k, v, g = QTensor.matvec_many([w.q, w.k, w.v, w.g], h[0])
+            q, k, v, g = q[None], k[None], v[None], g[None]
+        else:
+            q, k, v, g = (w.q.matmat(h), w.k.matmat(h), w.v.matmat(h), w.g.matmat(h))
+        q = q.reshape(t, nh, hd)
+        k = k.reshape(t, nk, hd)
+        cos, sin = rope
+        K.rope_halfsplit(q, cos, sin)
+        K.rope_halfsplit(k, cos, sin)
+        justnorm(q)
+        justnorm(k)
+        q *= w.sq.reshape(nh, hd)
+        slot = self._slot(st, w, li, loop_i)
+        slot.put(k, v.reshape(t, nk, hd), overwrite)
+        window = self.window if w.sliding else (self.full_window or 0)  # 0: unlimited
+        y = K.attn_gqa_window(q, slot.k[:slot.n], slot.v[:slot.n], pos0, window, slot.first,
+                              float(self.attn_scale))
+        y = y.reshape(t, nh * hd)
+        K.gate_mul(y, g, w.sg)
+        justnorm(y)
+        return w.o.matvec(y[0])[None] if t == 1 else w.o.matmat(y)
+
+    def _mlp(self, w: MlpWeights, h: np.ndarray) -> np.ndarray:
+        if h.shape[0] == 1:
+            g, u = QTensor.matvec_many([w.gate, w.up], h[0])
+            g, u = g[None], u[None]
+        else:
+            g, u = w.gate.matmat(h), w.up.matmat(h)
+        K.silu_mul(g, u, w.sg, w.su)
+        justnorm(g)
+        return w.down.matvec(g[0])[None] if h.shape[0] == 1 else w.down.matmat(g)
+
+    def _head(self, h: np.ndarray) -> np.ndarray:
+        lg = self.head_w.matvec(h[0])[None] if h.shape[0] == 1 else self.head_w.matmat(h)
+        lg *= self.logit_scale
+        return lg
