@@ -444,7 +444,6 @@ class O1Runtime:
         Before the seal: records the queries and returns ``exact()`` (the model's own
         put + attention). After it: ``[t, nh, hd]`` from the far field."""
         o = _o(slot)
-        t = q.shape[0]
         if o.far:
             if o.arch:   # the chunk's rows wait at the slot for the store
                 slot.put(k, v, overwrite)

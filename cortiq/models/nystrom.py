@@ -30,7 +30,6 @@ import enum
 import logging
 import math
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
