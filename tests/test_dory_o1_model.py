@@ -241,3 +241,17 @@ def test_rollback_before_the_seal_keeps_the_query_trace_in_step(tmp_path, clean_
     assert np.abs(got - want).max() <= 1e-5
     for i in range(40, 46):                  # past the seal: the landmarks agree too
         assert np.abs(m.forward(st, [IDS[i]]) - m.forward(ref, [IDS[i]])).max() <= 1e-5
+
+
+def test_a_state_dropped_before_its_rebuild_leaves_no_files(tiny_path, clean_env, tmp_path):
+    exact_env(clean_env, tmp_path, budget=3)
+    spill = tmp_path / "spill"
+    m = model(tiny_path, o1="4,6,1,24", spill=str(spill))
+    st = m.new_state()
+    st.slots = [[] for _ in range(m.attn_layers)]
+    m._stack(st, np.stack([m.embed.row(i) for i in IDS[:64]]), 0, 2)   # no forward end
+    assert len(os.listdir(spill)) > 0
+    del st
+    import gc
+    gc.collect()
+    assert os.listdir(spill) == []

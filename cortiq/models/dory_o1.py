@@ -300,6 +300,14 @@ class _Store:
             return np.fromfile(self.path, np.float32, self.n)
         finally:
             self.remove()
+            self.path = None
+
+    def __del__(self):
+        # A state dropped before its rebuild leaves no files behind.
+        try:
+            self.remove()
+        except Exception:  # noqa: BLE001 -- interpreter shutdown
+            pass
 
     def remove(self) -> None:
         if self._fh is not None:
