@@ -333,3 +333,43 @@ def test_step_rows_equals_step_group(isa, t0):
                              ks[t0 + r, kh * d:(kh + 1) * d], vs[t0 + r, kh * d:(kh + 1) * d])
             assert np.array_equal(y.reshape(-1), ya[r, kh * rep * d:(kh + 1) * rep * d])
     assert a[0].rows_seen == t0 + t
+
+
+def test_a_nan_far_denominator_drops_the_far_field(isa):
+    """The aggregate guard's `>= 0` test also catches NaN: the row reads sinks + window."""
+    rng = np.random.default_rng(12)
+    t, d, w, sink = 120, 8, 16, 2
+    ks, vs, qs = rows(rng, t, d), rows(rng, t, d), rows(rng, t, d)
+    a, b = NystromState.new(8, w, sink), NystromState.new(8, w, sink)
+    a.prefill_group([qs], ks, vs)
+    b.prefill_group([qs], ks, vs)
+    a._z_hat[0, 0] = np.nan
+    q = rows(rng, 1, d)
+    y = a.readout(q)[0]
+    assert np.isfinite(y).all()
+    near_k = np.r_[ks[:sink], b._win_k].astype(np.float64)
+    near_v = np.r_[vs[:sink], b._win_v].astype(np.float64)
+    sc = near_k @ q[0].astype(np.float64) / math.sqrt(d)
+    e = np.exp(sc - sc.max())
+    np.testing.assert_allclose(y, e @ near_v / e.sum(), atol=EXACT_TOL)
+
+
+def test_misaligned_rows_give_the_same_answer(isa):
+    rng = np.random.default_rng(13)
+    t, d, dv, rep = 100, 13, 7, 2
+    ks, vs = rows(rng, t, d), rows(rng, t, dv)
+    qs = rows(rng, rep * t, d).reshape(rep, t, d)
+    s = NystromState.new_group(8, 9, 1, rep)
+    s.prefill_group(qs, ks, vs)
+    q, k, v = rows(rng, rep, d), rows(rng, 1, d)[0], rows(rng, 1, dv)[0]
+    snap = s.snapshot()
+    want = s.step_group(q, k, v)
+    s.restore(snap)
+
+    def shifted(a):
+        buf = np.zeros(a.size + 1, np.float32)
+        buf[1:] = a.reshape(-1)
+        return buf[1:].reshape(a.shape)
+    out = shifted(np.zeros((rep, dv), np.float32))
+    got = s.step_group(shifted(q), shifted(k), shifted(v), out)
+    assert np.array_equal(got, want)
