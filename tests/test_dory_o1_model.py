@@ -255,3 +255,17 @@ def test_a_state_dropped_before_its_rebuild_leaves_no_files(tiny_path, clean_env
     import gc
     gc.collect()
     assert os.listdir(spill) == []
+
+
+def test_llm_sessions_take_the_option_and_reread_past_a_seal(tiny_path, clean_env):
+    from cortiq.llm import LLM
+    llm = LLM(tiny_path, o1="4,6,0,24")
+    s = llm.session()
+    s.feed(IDS[:30])
+    s.feed(IDS[30:40])
+    s.rollback(35)                      # sealed: the session reads the prefix again
+    got = s.feed(IDS[35:40])
+    ref = llm.session()
+    for a, b in ((0, 30), (30, 35), (35, 40)):
+        want = ref.feed(IDS[a:b])
+    assert np.isfinite(got).all() and np.abs(got - want).max() <= 1e-5
