@@ -2,6 +2,7 @@
 
     python benchmarks/bench_o1.py                       # 4k, 16k, 64k x o1 on/off
     python benchmarks/bench_o1.py --lengths 4096,16384 --decode 32 --off-max 16384
+    python benchmarks/bench_o1.py --decode 256 --off-max 4096 --interleaved
 
 Each (length, o1) cell runs in its own process (clean RSS): a prompt of random tokens is
 read in one forward (prefill tokens/s), then ``--decode`` tokens one at a time (decode
@@ -106,6 +107,30 @@ def one(args) -> dict:
             "kv_far": far, "kv_bytes": exact + far, "rss_mb": cur / 1024, "peak_mb": peak / 1024}
 
 
+def interleaved(args, lengths) -> None:
+    """Decode with o1 on after each prompt length, in one process, a token of each state in
+    turn: the machine's load hits every length alike."""
+    import cortiq.cmf
+    from cortiq.models import dory
+    m = dory.DoryModel(cortiq.cmf.open(args.model), o1=args.o1, prompt_loops=args.prompt_loops)
+    ids = np.random.default_rng(1).integers(0, m.vocab, max(lengths) + args.decode)
+    states = []
+    for n in lengths:
+        st = m.new_state()
+        m.forward(st, ids[:n], want="last")
+        states.append(st)
+    cpu = [[] for _ in lengths]
+    for i in range(args.decode):
+        for j, (n, st) in enumerate(zip(lengths, states)):
+            c0 = time.process_time()
+            m.forward(st, ids[n + i:n + i + 1], want="last")
+            cpu[j].append(time.process_time() - c0)
+    med = [1.0 / float(np.median(c)) for c in cpu]
+    print("interleaved decode, o1 on, tok/s per CPU second (median token): " +
+          ", ".join(f"{n}: {x:.1f}" for n, x in zip(lengths, med)) +
+          f"; spread {100 * (max(med) / min(med) - 1):.1f} % (target <= 10 %)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lengths", default="4096,16384,65536")
@@ -124,6 +149,8 @@ def main() -> None:
                     help="passes over prompt chunks (last_loop; the turbo default)")
     ap.add_argument("--quant", default="q8_row")
     ap.add_argument("--model", default=None)
+    ap.add_argument("--interleaved", action="store_true",
+                    help="also decode after every length in one process, token by token in turn")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--runner", default=os.path.abspath(__file__), help=argparse.SUPPRESS)
     ap.add_argument("--length", type=int, default=0, help=argparse.SUPPRESS)
@@ -182,6 +209,8 @@ def main() -> None:
               f"{100 * (max(d10) / min(d10) - 1):.1f} % p10 (target <= 10 %); prefill "
               f"{ls[0]} / {ls[-1]}: {on[ls[0]]['prefill_cpu_tok_s'] / b['prefill_cpu_tok_s']:.2f}x "
               f"(target <= 2x)")
+    if args.interleaved:
+        interleaved(args, [int(x) for x in args.lengths.split(",")])
 
 
 if __name__ == "__main__":
