@@ -1,12 +1,16 @@
 """cortiq: run CMF v2 language models (Dory, DeepSeek-V4) fast on the CPU."""
 from ._config import __version__, config, get_num_threads, set_num_threads, show_config
 from .errors import ConfigError, CortiqError, FormatError, KernelError, TemplateError
+from .llm import LLM
+from .sampling import SamplingParams
 
 __all__ = [
     "ConfigError",
     "CortiqError",
     "FormatError",
     "KernelError",
+    "LLM",
+    "SamplingParams",
     "TemplateError",
     "__version__",
     "config",

@@ -30,6 +30,20 @@ cdef extern from "cortiq.h" nogil:
         cq_status (*q4_tiled)(const float *w, size_t n, uint8_t *out) noexcept nogil
         void (*f32_to_f16)(const float *x, uint8_t *out, size_t n) noexcept nogil
         void (*f16_to_f32)(const uint8_t *x, float *out, size_t n) noexcept nogil
+
+    ctypedef struct cq_mix_ops:
+        void (*hc_mixes)(const float *x, size_t n, const float *fn, size_t mix, float eps, float *out) noexcept nogil
+        void (*hc_split_sinkhorn)(const float *mixes, const float *scale3, const float *base, size_t hc, size_t iters, float eps, float *pre, float *post, float *comb) noexcept nogil
+        void (*hc_head_pre)(const float *mixes, float scale, const float *base, size_t hc, float eps, float *pre) noexcept nogil
+        void (*hc_fold)(const float *x, const float *pre, size_t hc, size_t dim, float *out) noexcept nogil
+        void (*hc_fold_norm)(const float *x, const float *pre, size_t hc, size_t dim, const float *w, float eps, float *out) noexcept nogil
+        void (*hc_expand)(const float *blk, const float *res, const float *post, const float *comb, size_t hc, size_t dim, float *out) noexcept nogil
+        void (*rms_weighted)(float *v, const float *w, size_t n, float eps) noexcept nogil
+        void (*swiglu)(float *g, const float *u, size_t n, float limit, float weight) noexcept nogil
+        void (*pool_by_score)(const float *kv, const float *score, size_t slots, size_t width, float *out) noexcept nogil
+        cq_status (*grouped_rows)(const cq_qmat *m, const float *x, size_t groups, float *out) noexcept nogil
+        cq_status (*rows_sum)(const cq_qmat *ms, size_t n, const float *const *xs, float *out) noexcept nogil
+
     # ---- [KERN] matvec family (csrc/matvec) ----
     ctypedef struct cq_qmat:
         const uint8_t *data
@@ -95,6 +109,7 @@ cdef extern from "cortiq.h" nogil:
         const cq_quant_ops *quant
         const cq_matvec_ops *matvec  # [KERN]
         const cq_attn_ops *attn  # [KERN]
+        const cq_mix_ops *mix
         const cq_nystrom_ops *nystrom
         const cq_linalg_ops *linalg
 

@@ -19,6 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_cmd_config)
     from .cmf._cli import add_subcommands as _cmf_subcommands  # info, verify
     _cmf_subcommands(sub)
+    from ._cli_llm import add_subcommands as _llm_subcommands  # run chat convert bench serve
+    _llm_subcommands(sub)
     return p
 
 

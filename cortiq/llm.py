@@ -1,42 +1,243 @@
-"""`cortiq.LLM`: open a CMF model once, serve many sessions from it.
+"""`cortiq.LLM`: open a CMF model once, generate text from many sessions and threads.
 
-This is the minimal front of the runtime: load, pick the architecture, hand out
-sessions. Tokenizer, chat templates, sampling and generation build on it.
+    llm = cortiq.LLM("model.cmf")
+    llm.generate("Once upon a time", max_tokens=32, temperature=0)
+    llm.create_chat_completion([{"role": "user", "content": "Hi"}], stream=True)
+
+One model object (its weights mmapped once) serves every session; a session is one
+sequence's KV state. Generation (specs/dory_and_runtime.md §6.2):
+
+* prefill: a session already holding a prefix of the new prompt keeps it (rolls back
+  to the longest common prefix) and runs only the rest -- the cross-turn KV reuse that
+  makes a chat turn cost its new tokens, not the whole history. `LLM` keeps a small
+  pool of idle sessions (`max_sessions`) and hands each call the one sharing the
+  longest prefix with its prompt, so repeated chat turns through `create_chat_completion`
+  (and the server) reuse their KV state without the caller managing sessions; pass
+  `session=` to use one explicitly. `usage.prompt_tokens_details.cached_tokens` reports
+  how many prompt tokens were not re-read.
+* decode: sample with `cortiq.sampling.Sampler` over every id so far; stop on any of
+  the tokenizer's EOS ids (finish_reason "stop"), on a stop string -- matched on the
+  text, also across tokens, and cut out of the output (`cortiq.stopping`) -- or at
+  `max_tokens` / the context size (finish_reason "length").
+* Thread safety: calls from many Python threads run concurrently (each on its own
+  session; the kernels release the GIL) and give exactly what serial calls give.
+
+Skills (CMF_FORMAT §11): `skill="sql"` loads `skill.sql.*` replacements, a mapping
+`{"a": 0.7, "b": 0.3}` blends them, `skill="auto"` picks per prompt by the registry's
+selection subspaces (see `cortiq.models.overlay`). φ, the routing feature, is the
+model's hidden state at `phi_layer` averaged over the prompt when the model offers
+`phi(ids, layer) -> [hidden]`, else the prompt's mean input embedding.
+`task="coding"` is passed to models whose constructor takes `task` (MoE expert
+masks); other models raise ConfigError naming the option.
 """
 from __future__ import annotations
 
+import inspect
 import os
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Iterator, Mapping
+
+import numpy as np
 
 from . import cmf as _cmf
 from ._config import set_num_threads
-from .errors import ConfigError
+from .chat import ChatTemplate
+from .errors import ConfigError, FormatError
+from .sampling import Sampler, SamplingParams
 from .session import Session
+from .stopping import StopChecker, normalize_stop
+from .tokenizer import Tokenizer
+
+__all__ = ["LLM"]
+
+DEFAULT_MAX_TOKENS = 256          # upstream's `run -n` default
+DEFAULT_MAX_CTX = 32768           # upstream's max_seq_len cap (CMF_MAX_SEQ default)
+_SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                  "presence_penalty", "frequency_penalty", "logit_bias", "suppress_tokens",
+                  "seed")
+_DETOK_CONTEXT = 4                # prompt ids given to the stream decoder as context
 
 
-def _model_class(arch_name: str):
-    if arch_name == "dory":
-        from .models.dory import DoryModel
-        return DoryModel
-    raise ConfigError(f"architecture {arch_name!r} is not supported by this cortiq "
-                      "(supported: dory)")
+def _accepts(cls, name: str) -> bool:
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or bool(getattr(cls, f"accepts_{name}", False))
+
+
+class _Result:
+    """What one generation produced (filled while its generator runs)."""
+    __slots__ = ("prompt_tokens", "cached_tokens", "token_ids", "text", "finish_reason",
+                 "skill", "prefill_s", "decode_s")
+
+    def __init__(self):
+        self.prompt_tokens = self.cached_tokens = 0
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.skill = None
+        self.prefill_s = self.decode_s = 0.0
+
+    def usage(self) -> dict:
+        n = len(self.token_ids)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
+                "total_tokens": self.prompt_tokens + n,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
 
 class LLM:
-    """A loaded model. `LLM(path, n_threads=None, **model_options)`; model options are
-    the architecture's keyword options (for Dory: loops, kv_mode, gate, prompt_loops,
-    full_window)."""
+    """A loaded model plus its tokenizer and chat template.
+
+    `LLM(path, *, n_threads=None, seed=None, chat_template=None, skill=None, task=None,
+    n_ctx=None, max_sessions=4, **model_options)`; model options are the
+    architecture's keyword options (for Dory: loops, kv_mode, ...). `seed` is the
+    default sampling seed of every call (None: fresh entropy per call).
+    `LLM.from_model(model, tokenizer=...)` wraps a model object that is already built.
+    """
 
     def __init__(self, path: str | os.PathLike | None = None, *, n_threads: int | None = None,
+                 seed: int | None = None, chat_template: str | None = None, skill=None,
+                 task: str | None = None, n_ctx: int | None = None, max_sessions: int = 4,
                  **model_options):
-        if path is None:
-            raise ConfigError("no model path given (this build bundles no demo model yet)")
+        if path is None:  # the bundled demo model (cortiq/demo.py)
+            from .demo import demo_path
+            path = demo_path()
         if n_threads is not None:
             set_num_threads(n_threads)
         self.path = os.fspath(path)
         self.file = _cmf.open(self.path)
-        arch = self.file.arch.get("arch_name")
-        self.model = _model_class(arch)(self.file, **model_options)
+        try:
+            from .models import model_class
+            from .models.overlay import SkillRouter, normalize_skill
+            arch = self.file.arch.get("arch_name")
+            self._cls = model_class(arch)
+            self._model_options = dict(model_options)
+            if task is not None:
+                if not isinstance(task, str) or not task:
+                    raise ConfigError(f"task: expected a mask task name, got {task!r}")
+                if not _accepts(self._cls, "task"):
+                    raise ConfigError(f"task={task!r}: the {arch} architecture has no MoE "
+                                      "routing to restrict, so the `task` option cannot be "
+                                      "used with it")
+                masks = self.file.masks
+                if masks is None or task not in masks:
+                    have = ", ".join(masks.names()) if masks is not None else "none"
+                    raise ConfigError(f"task={task!r}: {self.path} has no such mask task "
+                                      f"(tasks: {have})")
+                self._model_options["task"] = task
+            self.skill = normalize_skill(self.file, skill)
+            self._router = SkillRouter(self.file) if self.skill == "auto" else None
+            self._models: dict = {}
+            model = self._build_model(None if self.skill == "auto" else self.skill)
+            try:
+                tok = Tokenizer.from_cmf(self.file)
+            except FormatError as e:  # sessions still take ids; text gets bytes (upstream's rule)
+                warnings.warn(f"{e}; text is tokenized as raw UTF-8 bytes", RuntimeWarning,
+                              stacklevel=2)
+                tok = Tokenizer.bytes_only(getattr(self.file, "tokenizer_config", None))
+            name = os.path.splitext(os.path.basename(self.path))[0]
+            max_pos = self.file.arch.get("max_position_embeddings")
+            self._setup(model, tok, chat_template, seed, name, n_ctx, max_sessions, max_pos)
+        except BaseException:
+            self.file.close()
+            raise
 
+    @classmethod
+    def from_model(cls, model, *, tokenizer, tokenizer_config: Mapping | None = None,
+                   chat_template: str | None = None, seed: int | None = None,
+                   name: str = "model", n_ctx: int | None = None,
+                   max_sessions: int = 4) -> "LLM":
+        """An LLM over a model object that implements the protocol of `cortiq.session`
+        (new_state, forward, rollback, can_rollback, vocab, arch, supports_rollback).
+        `tokenizer`: a `cortiq.tokenizer.Tokenizer`, a `tokenizers.Tokenizer`, the bytes
+        of a tokenizer.json or a path; `tokenizer_config`: a CMF chat bundle."""
+        self = cls.__new__(cls)
+        self.path = None
+        self.file = None
+        self.skill = None
+        self._router = None
+        self._models = {None: model}
+        if not isinstance(tokenizer, Tokenizer):
+            tokenizer = Tokenizer(tokenizer, tokenizer_config)
+        self._setup(model, tokenizer, chat_template, seed, name, n_ctx, max_sessions,
+                    getattr(model, "max_seq_len", None))
+        return self
+
+    def _setup(self, model, tok, chat_template, seed, name, n_ctx, max_sessions, max_pos):
+        self.model = model
+        self.tokenizer = tok
+        self.model_name = name
+        if seed is not None:
+            SamplingParams(seed=seed)              # validates
+        self.seed = seed
+        if chat_template is not None:
+            self.chat_template = chat_template if isinstance(chat_template, ChatTemplate) \
+                else ChatTemplate(chat_template, bos_token=tok.bos_token,
+                                  eos_token=tok.eos_token)
+        else:
+            self.chat_template = ChatTemplate.from_bundle(tok.tokenizer_config or None, tok)
+        cap = DEFAULT_MAX_CTX if max_pos is None else min(int(max_pos), DEFAULT_MAX_CTX)
+        if n_ctx is not None:
+            if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2:
+                raise ConfigError(f"n_ctx: expected an integer >= 2, got {n_ctx!r}")
+            cap = n_ctx if max_pos is None else min(n_ctx, int(max_pos))
+        self.n_ctx = cap
+        if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) \
+                or max_sessions < 0:
+            raise ConfigError(f"max_sessions: expected an integer >= 0, got {max_sessions!r}")
+        self.max_sessions = max_sessions
+        self._idle: list[Session] = []
+        self._lock = threading.Lock()
+
+    # -- models and skills ------------------------------------------------------------
+    def _build_model(self, overlay):
+        from .models.overlay import OverlayFile
+        if not isinstance(overlay, dict) and overlay in self._models:
+            return self._models[overlay]
+        opts = dict(self._model_options)
+        src = self.file
+        if overlay is not None:
+            src = OverlayFile(self.file, overlay)
+            if _accepts(self._cls, "skill"):
+                opts["skill"] = overlay
+        model = self._cls(src, **opts)
+        if not isinstance(overlay, dict):
+            self._models[overlay] = model
+        return model
+
+    def _model_for(self, ids):
+        """The model a prompt runs on (skill="auto": the routed skill's)."""
+        if self._router is None:
+            return self.model, self.skill
+        sid = self.select_skill(ids)
+        with self._lock:
+            m = self._models.get(sid)
+            if m is None:
+                m = self._build_model(sid)
+        return m, sid
+
+    def skill_errors(self, prompt) -> dict:
+        """skill="auto": {skill id: reconstruction error of the prompt's φ}."""
+        from .models.overlay import SkillRouter, mean_embedding
+        router = self._router or (SkillRouter(self.file) if self.file is not None else None)
+        if router is None or not router.entries:
+            raise ConfigError("skill routing: the model file has no skill selection records")
+        ids = self._prompt_ids(prompt)
+        phi = getattr(self.model, "phi", None)
+        if callable(phi):
+            return router.errors(lambda layer: np.asarray(phi(ids, layer), np.float32))
+        emb = mean_embedding(self.file, ids)
+        return router.errors(lambda layer: emb)
+
+    def select_skill(self, prompt) -> str:
+        errs = self.skill_errors(prompt)
+        return min(errs, key=lambda k: (errs[k], k))
+
+    # -- properties -------------------------------------------------------------------
     @property
     def arch(self) -> str:
         return self.model.arch
@@ -45,15 +246,255 @@ class LLM:
     def vocab_size(self) -> int:
         return self.model.vocab
 
-    def session(self) -> Session:
-        """A new, empty sequence on this model."""
-        return Session(self.model)
+    # -- tokens and templates ---------------------------------------------------------
+    def tokenize(self, text: str | bytes, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text` (BOS as the tokenizer asks; special tokens written in the
+        text become their ids)."""
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8", errors="replace")
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def detokenize(self, ids, skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, tools=None,
+                            **extra) -> str:
+        extra = {k: v for k, v in extra.items() if v is not None}
+        return self.chat_template.render(messages, add_generation_prompt, tools, **extra)
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenize(prompt)
+        elif isinstance(prompt, (list, tuple, np.ndarray)) and all(
+                isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in prompt):
+            ids = [int(i) for i in prompt]
+            bad = [i for i in ids if not 0 <= i < self.vocab_size]
+            if bad:
+                raise ConfigError(f"prompt: token id {bad[0]} is outside the vocabulary "
+                                  f"[0, {self.vocab_size})")
+        else:
+            raise ConfigError("prompt: expected a string or a list of token ids, got "
+                              f"{type(prompt).__name__}")
+        if not ids:
+            raise ConfigError("prompt: empty prompt: nothing to generate from")
+        if len(ids) >= self.n_ctx:
+            raise ConfigError(f"prompt: {len(ids)} tokens do not fit the context of "
+                              f"{self.n_ctx} tokens (at least one must be left to generate)")
+        return ids
+
+    # -- sessions ---------------------------------------------------------------------
+    def session(self, skill=None) -> Session:
+        """A new, empty sequence on this model (on skill `skill`'s weights when given;
+        the file must have been opened with skill="auto" or that skill)."""
+        if skill is None or skill == self.skill:
+            return Session(self.model)
+        if self._router is None:
+            raise ConfigError(f"session(skill={skill!r}): this LLM was opened with "
+                              f"skill={self.skill!r}; open it with skill='auto' to switch")
+        with self._lock:
+            m = self._models.get(skill) or self._build_model(skill)
+        return Session(m)
+
+    def _checkout(self, model, ids) -> Session:
+        with self._lock:
+            best, best_n = None, -1
+            for s in self._idle:
+                if s.model is model:
+                    n = s.common_prefix(ids)
+                    if n > best_n:
+                        best, best_n = s, n
+            if best is not None:
+                self._idle.remove(best)
+                return best
+        return Session(model)
+
+    def _checkin(self, s: Session) -> None:
+        if self.max_sessions == 0:
+            return
+        with self._lock:
+            self._idle.append(s)
+            del self._idle[:-self.max_sessions]        # drop the least recently used
+
+    # -- sampling parameters ----------------------------------------------------------
+    def _params(self, sampling: SamplingParams | None, kw: dict) -> SamplingParams:
+        unknown = set(kw) - set(_SAMPLING_KEYS)
+        if unknown:
+            raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        given = {k: v for k, v in kw.items() if v is not None}
+        base = sampling if sampling is not None else SamplingParams(seed=self.seed)
+        if not isinstance(base, SamplingParams):
+            raise TypeError(f"sampling: expected SamplingParams, got {type(base).__name__}")
+        return base.replace(**given) if given else base
+
+    @staticmethod
+    def _max_tokens(max_tokens):
+        if max_tokens is None:
+            return None
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) \
+                or max_tokens < 1:
+            raise ConfigError(f"max_tokens: expected an integer >= 1, got {max_tokens!r}")
+        return int(max_tokens)
+
+    # -- the generation loop ----------------------------------------------------------
+    def _generate(self, ids, params: SamplingParams, max_tokens, stop, session, res: _Result,
+                  cancel: threading.Event | None = None) -> Iterator[str]:
+        """Yield text pieces as they become safe to show; fill `res`."""
+        stop = normalize_stop(stop)
+        limit = self.n_ctx - len(ids)
+        if max_tokens is not None:
+            limit = min(limit, max_tokens)
+        own = session is None
+        if own:
+            model, res.skill = self._model_for(ids)
+            session = self._checkout(model, ids)
+        try:
+            t0 = time.perf_counter()
+            res.prompt_tokens = len(ids)
+            if cancel is not None and cancel.is_set():     # e.g. gave up while queued
+                res.finish_reason = "cancelled"
+                return
+            res.cached_tokens, logits = session.prefill(ids)
+            t1 = time.perf_counter()
+            res.prefill_s = t1 - t0
+            sampler = Sampler(params)
+            history = list(ids)
+            decoder = self.tokenizer.stream_decoder(prefix_ids=ids[-_DETOK_CONTEXT:])
+            chk = StopChecker(stop, self.tokenizer.eos_token_ids)
+            res.finish_reason = "length"
+            n_tok = self.tokenizer.vocab_size     # a padded vocabulary's tail never samples
+            while len(res.token_ids) < limit:
+                if cancel is not None and cancel.is_set():
+                    res.finish_reason = "cancelled"
+                    break
+                t = sampler.sample(logits[:n_tok], history)
+                if chk.check_token(t):
+                    res.finish_reason = "stop"
+                    break
+                history.append(t)
+                res.token_ids.append(t)
+                piece = chk.feed(decoder.feed(t))
+                if piece:
+                    yield piece
+                if chk.stopped:
+                    res.finish_reason = "stop"
+                    break
+                if len(res.token_ids) < limit:
+                    logits = session.feed([t], want="last")
+            tail = chk.finish(decoder.flush())
+            if tail:
+                yield tail
+            res.text = chk.text
+            res.decode_s = time.perf_counter() - t1
+        finally:
+            if own:
+                self._checkin(session)
+
+    def _run(self, prompt, max_tokens, stop, session, sampling, kw, cancel=None):
+        ids = self._prompt_ids(prompt)
+        params = self._params(sampling, kw)
+        max_tokens = self._max_tokens(max_tokens)
+        normalize_stop(stop)
+        if session is not None and not isinstance(session, Session):
+            raise TypeError(f"session: expected a cortiq Session, got {type(session).__name__}")
+        res = _Result()
+        return res, self._generate(ids, params, max_tokens, stop, session, res, cancel)
+
+    def generate(self, prompt, *, max_tokens: int | None = DEFAULT_MAX_TOKENS, stop=None,
+                 stream: bool = False, session: Session | None = None,
+                 sampling: SamplingParams | None = None, **sampling_kw):
+        """The continuation of `prompt` (a string or token ids): a string, or with
+        `stream=True` an iterator of text pieces. Sampling keywords: temperature,
+        top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty,
+        logit_bias, suppress_tokens, seed (defaults: `SamplingParams`'s)."""
+        res, gen = self._run(prompt, max_tokens, stop, session, sampling, sampling_kw)
+        if stream:
+            return gen
+        for _ in gen:
+            pass
+        return res.text
+
+    # -- OpenAI shapes ----------------------------------------------------------------
+    def create_completion(self, prompt, *, max_tokens: int | None = DEFAULT_MAX_TOKENS,
+                          stop=None, stream: bool = False, session: Session | None = None,
+                          sampling: SamplingParams | None = None, stream_options=None,
+                          cancel: threading.Event | None = None, **sampling_kw):
+        """An OpenAI `text_completion` dict, or with `stream=True` an iterator of chunk
+        dicts (the last one carries finish_reason and usage)."""
+        res, gen = self._run(prompt, max_tokens, stop, session, sampling, sampling_kw, cancel)
+        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def shape(text, finish, usage):
+            return {"id": cid, "object": "text_completion", "created": created,
+                    "model": self.model_name,
+                    "choices": [{"text": text, "index": 0, "logprobs": None,
+                                 "finish_reason": finish}],
+                    "usage": usage}
+        if not stream:
+            for _ in gen:
+                pass
+            return shape(res.text, res.finish_reason, res.usage())
+
+        def chunks():
+            for piece in gen:
+                yield shape(piece, None, None)
+            yield shape("", res.finish_reason, res.usage())
+        return chunks()
+
+    def create_chat_completion(self, messages, *, tools=None, max_tokens: int | None =
+                               DEFAULT_MAX_TOKENS, stop=None, stream: bool = False,
+                               session: Session | None = None,
+                               sampling: SamplingParams | None = None, stream_options=None,
+                               enable_thinking: bool | None = None,
+                               cancel: threading.Event | None = None, **sampling_kw):
+        """An OpenAI `chat.completion` dict, or with `stream=True` an iterator of
+        `chat.completion.chunk` dicts. The conversation is rendered with the model's
+        chat template; a pooled (or the given) session that holds an earlier turn
+        re-reads only what changed."""
+        text = self.apply_chat_template(messages, True, tools, enable_thinking=enable_thinking)
+        ids = self.tokenize(text, add_special_tokens=True)
+        res, gen = self._run(ids, max_tokens, stop, session, sampling, sampling_kw, cancel)
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        include_usage = bool((stream_options or {}).get("include_usage"))
+
+        if not stream:
+            for _ in gen:
+                pass
+            return {"id": cid, "object": "chat.completion", "created": created,
+                    "model": self.model_name,
+                    "choices": [{"index": 0, "message": {"role": "assistant",
+                                                         "content": res.text},
+                                 "logprobs": None, "finish_reason": res.finish_reason}],
+                    "usage": res.usage()}
+
+        def chunk(delta, finish, usage=None, choices=True):
+            out = {"id": cid, "object": "chat.completion.chunk", "created": created,
+                   "model": self.model_name,
+                   "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                "finish_reason": finish}] if choices else []}
+            if include_usage:
+                out["usage"] = usage
+            return out
+
+        def chunks():
+            yield chunk({"role": "assistant", "content": ""}, None)
+            for piece in gen:
+                yield chunk({"content": piece}, None)
+            yield chunk({}, res.finish_reason)
+            if include_usage:
+                yield chunk(None, None, res.usage(), choices=False)
+        return chunks()
 
     def close(self) -> None:
-        self.file.close()
+        with self._lock:
+            self._idle.clear()
+        if self.file is not None:
+            self.file.close()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+    def __repr__(self) -> str:
+        return f"LLM({self.path or self.model_name!r}, arch={self.arch!r}, n_ctx={self.n_ctx})"

@@ -35,6 +35,37 @@ class Session:
     def ids(self) -> list[int]:
         return list(self._ids)
 
+    @property
+    def model(self):
+        return self._model
+
+    def common_prefix(self, ids) -> int:
+        """Length of the longest common prefix of what the session holds and `ids`."""
+        held = self._ids
+        n = min(len(held), len(ids))
+        i = 0
+        while i < n and held[i] == ids[i]:
+            i += 1
+        return i
+
+    def prefill(self, ids, reuse: bool = True):
+        """Make the session hold exactly `ids` and return `(reused, logits)`: the
+        logits [vocab] after the last id, and how many leading ids were kept from
+        what the session already held (the longest common prefix, capped so that at
+        least the last id is run) instead of being read again."""
+        ids = [int(i) for i in np.asarray(ids, dtype=np.int64).ravel()]
+        if not ids:
+            raise CortiqError("empty prompt: nothing to generate from")
+        keep = min(self.common_prefix(ids), len(ids) - 1) if reuse else 0
+        if keep < len(self._ids):
+            if keep == 0 or not getattr(self._model, "supports_rollback", False):
+                self.reset()
+                keep = 0
+            else:
+                self.rollback(keep)
+        logits = self.feed(ids[keep:], want="last")
+        return keep, logits
+
     def feed(self, ids, want: str = "last"):
         """Run `ids` after what the session holds. Returns None, the last row of logits
         [vocab] or every row [len(ids), vocab] for want = "none" / "last" / "all"."""

@@ -111,6 +111,7 @@ typedef struct cq_quant_ops {
 
 extern const cq_quant_ops cq_quant_ref;
 extern const cq_quant_ops cq_quant_avx2;
+
 /* ---- matvec: stored matrices times float32 activations (csrc/matvec) [KERN] ----
  * A cq_qmat is one 2-D CMF payload read in place (any alignment). dtype = CMF id.
  * Activations are float32; weights are decoded exactly as CMF_FORMAT §7 says and
@@ -203,6 +204,55 @@ typedef struct cq_attn_ops {
 extern const cq_attn_ops cq_attn_ref;
 extern const cq_attn_ops cq_attn_avx2;
 
+/* mix: DeepSeek-V4 hyper-connections and small per-token helpers (csrc/mix).
+ * The state is hc copies of a dim vector, x[j*dim + d]. */
+typedef struct cq_mix_ops {
+    /* out[m] = rsqrt(mean(x^2) + eps) * sum_c fn[m*n + c] * x[c] for m < mix, n = hc*dim.
+     * OpenMP over m when mix*n >= 2^18 (one row per thread: bit-identical for any
+     * thread count). */
+    void (*hc_mixes)(const float *x, size_t n, const float *fn, size_t mix, float eps,
+                     float *out);
+    /* pre = sigmoid(m*s0 + b) + eps; post = 2 sigmoid(m*s1 + b); comb = row softmax of
+     * m*s2 + b, + eps, one column normalisation, then iters-1 row+column rounds;
+     * every division by (sum + eps). mixes/base have (2+hc)*hc entries, scale3 three. */
+    void (*hc_split_sinkhorn)(const float *mixes, const float *scale3, const float *base,
+                              size_t hc, size_t iters, float eps, float *pre, float *post,
+                              float *comb);
+    /* head gate: pre[j] = sigmoid(mixes[j]*scale + base[j]) + eps. */
+    void (*hc_head_pre)(const float *mixes, float scale, const float *base, size_t hc,
+                        float eps, float *pre);
+    /* out[d] = sum_j pre[j] * x[j*dim + d]. */
+    void (*hc_fold)(const float *x, const float *pre, size_t hc, size_t dim, float *out);
+    /* hc_fold, then RMSNorm of out with weight w (w NULL = no weight). */
+    void (*hc_fold_norm)(const float *x, const float *pre, size_t hc, size_t dim,
+                         const float *w, float eps, float *out);
+    /* out[j*dim+d] = post[j]*blk[d] + sum_k comb[k*hc+j] * res[k*dim+d] (the transpose);
+     * out must not overlap res or blk. */
+    void (*hc_expand)(const float *blk, const float *res, const float *post,
+                      const float *comb, size_t hc, size_t dim, float *out);
+    /* In place: v = v * rsqrt(mean(v^2) + eps) * w (w NULL = no weight). */
+    void (*rms_weighted)(float *v, const float *w, size_t n, float eps);
+    /* In place on g: g = silu(min(g, L)) * clamp(u, -L, L) * weight (limit <= 0: no
+     * clamp) -- the seed's asymmetric swiglu_limit. */
+    void (*swiglu)(float *g, const float *u, size_t n, float limit, float weight);
+    /* Per column d < width: softmax over `slots` of score[t*width+d], weighted sum of
+     * kv[t*width+d]; an all -inf column gives 0 (the compressor's pooling). */
+    void (*pool_by_score)(const float *kv, const float *score, size_t slots, size_t width,
+                          float *out);
+    /* The grouped low-rank projection read straight from the stored rows: m has
+     * groups*lora rows of per = m->cols; out[r] = row r . x[(r / lora) * per ..], i.e.
+     * each group's block of rows against its slice of x (x has groups*per entries).
+     * Each row through the active matvec.row_dot (bit-identical to matvec); OpenMP
+     * over rows, identical for any thread count. */
+    cq_status (*grouped_rows)(const cq_qmat *m, const float *x, size_t groups, float *out);
+    /* The MoE's down projections in one pass: out[r] = sum_j row r of ms[j] . xs[j]
+     * (j ascending), for r < ms[0].rows; every ms[j] has that many rows. One OpenMP
+     * region over rows (identical for any thread count) instead of one per expert. */
+    cq_status (*rows_sum)(const cq_qmat *ms, size_t n, const float *const *xs, float *out);
+} cq_mix_ops;
+
+extern const cq_mix_ops cq_mix_ref;
+extern const cq_mix_ops cq_mix_avx2;
 /* ---- nystrom (issue 6, csrc/nystrom) ------------------------------------ */
 /* The O(1) far field of specs/nystrom.md: one group = one KV head with `rep` query
  * heads. The state's buffers belong to the caller (cortiq/models/nystrom.py); the
@@ -273,6 +323,7 @@ typedef struct cq_table {
     const cq_quant_ops *quant;
     const cq_matvec_ops *matvec; /* [KERN] */
     const cq_attn_ops *attn;     /* [KERN] */
+    const cq_mix_ops *mix;      /* dsv4 */
     const cq_nystrom_ops *nystrom;  /* issue 6 */
     const cq_linalg_ops *linalg;    /* issue 6 */
 } cq_table;

@@ -13,7 +13,8 @@ from cortiq import _kernels
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(cortiq.__file__)))
 
 PUBLIC = {
-    "ConfigError", "CortiqError", "FormatError", "KernelError", "TemplateError",
+    "ConfigError", "CortiqError", "FormatError", "KernelError", "LLM", "SamplingParams",
+    "TemplateError",
     "__version__", "config", "get_num_threads", "set_num_threads", "show_config",
 }
 

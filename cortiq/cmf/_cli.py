@@ -17,6 +17,9 @@ def _fmt_bytes(n: int) -> str:
 
 def _open(path):
     from . import open as cmf_open
+    if path is None:                       # no file: the bundled demo model
+        from ..demo import demo_path
+        path = demo_path()
     return cmf_open(path)
 
 
@@ -100,8 +103,8 @@ def cmd_verify(args) -> int:
 def add_subcommands(sub) -> None:
     p = sub.add_parser("info", help="describe a CMF file (architecture, dtypes, tokenizer, "
                                     "skills, masks, shards)")
-    p.add_argument("file")
+    p.add_argument("file", nargs="?", help="default: the bundled demo model")
     p.set_defaults(func=cmd_info)
     p = sub.add_parser("verify", help="check every hash of a CMF file; exit 1 on problems")
-    p.add_argument("file")
+    p.add_argument("file", nargs="?", help="default: the bundled demo model")
     p.set_defaults(func=cmd_verify)

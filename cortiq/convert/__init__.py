@@ -17,4 +17,8 @@ def from_hf(hf_dir, out_path, quant: str = "q8_row", progress: bool = True) -> N
     if model_type == "dory":
         from .hf_dory import convert
         return convert(hf_dir, out_path, quant=quant, progress=progress)
-    raise ConfigError(f"{p}: model_type {model_type!r}: no converter (supported: dory)")
+    if model_type == "deepseek_v4":
+        from .hf_deepseek_v4 import convert
+        return convert(hf_dir, out_path, quant=quant, progress=progress)
+    raise ConfigError(f"{p}: model_type {model_type!r}: no converter (supported: dory, "
+                      "deepseek_v4)")

@@ -1,0 +1,326 @@
+"""`cortiq run | chat | convert | bench | serve` (registered in cortiq/cli.py).
+
+User errors (bad file, bad option value, a missing extra) raise CortiqError / OSError;
+cortiq.cli.main prints them as one line and exits 1.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from .errors import ConfigError
+
+
+def _add_model_options(p, model_required=False):
+    if model_required:
+        p.add_argument("model", metavar="MODEL", help="the .cmf model file")
+    else:
+        p.add_argument("model", metavar="MODEL", nargs="?", default=None,
+                       help="the .cmf model file")
+    p.add_argument("--threads", type=int, default=None, help="kernel threads")
+    p.add_argument("--skill", default=None,
+                   help="skill id, 'auto', or a blend 'a=0.7,b=0.3'")
+    p.add_argument("--task", default=None, help="mask task for MoE expert routing")
+    p.add_argument("--n-ctx", type=int, default=None, help="context size cap (tokens)")
+
+
+def _add_sampling_options(p):
+    p.add_argument("-n", "--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+    p.add_argument("--repetition-penalty", "--rep-penalty", type=float, default=None)
+    p.add_argument("--presence-penalty", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--greedy", action="store_true",
+                   help="argmax decoding (temperature 0, repetition penalty 1)")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--no-think", action="store_true",
+                   help="render the chat template with enable_thinking=false")
+
+
+def _skill(spec):
+    if spec is None or "=" not in spec:
+        return spec
+    out = {}
+    for part in spec.split(","):
+        k, _, w = part.partition("=")
+        try:
+            out[k.strip()] = float(w)
+        except ValueError:
+            raise ConfigError(f"--skill: blend weight {w!r} of {k!r} is not a number") from None
+    return out
+
+
+def _open(args, **kw):
+    from .llm import LLM
+    return LLM(args.model, n_threads=args.threads, skill=_skill(args.skill), task=args.task,
+               n_ctx=args.n_ctx, **kw)
+
+
+def _sampling(args) -> dict:
+    kw = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+              min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+              presence_penalty=args.presence_penalty, seed=args.seed)
+    if args.greedy:
+        kw.update(temperature=0.0, repetition_penalty=1.0)
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def _chat_mode(llm, args) -> bool:
+    return not args.raw and not llm.chat_template.is_fallback
+
+
+def _print_stream(chunks, key):
+    out = []
+    for c in chunks:
+        piece = key(c)
+        if piece:
+            out.append(piece)
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    return "".join(out)
+
+
+def cmd_run(args) -> int:
+    if args.prompt is None:
+        return cmd_chat(args)
+    with _open(args) as llm:
+        samp = _sampling(args)
+        think = False if args.no_think else None
+        t0 = time.perf_counter()
+        if _chat_mode(llm, args):
+            msgs = [{"role": "user", "content": args.prompt}]
+            if args.stream:
+                chunks = llm.create_chat_completion(
+                    msgs, max_tokens=args.max_tokens, stop=args.stop, stream=True,
+                    enable_thinking=think, stream_options={"include_usage": True}, **samp)
+                usage = {}
+
+                def key(c):
+                    if c.get("usage"):
+                        usage.update(c["usage"])
+                    return c["choices"][0]["delta"].get("content") if c["choices"] else None
+                _print_stream(chunks, key)
+                sys.stdout.write("\n")
+            else:
+                r = llm.create_chat_completion(msgs, max_tokens=args.max_tokens, stop=args.stop,
+                                               enable_thinking=think, **samp)
+                print(r["choices"][0]["message"]["content"])
+                usage = r["usage"]
+        else:
+            if args.stream:
+                usage = {}
+
+                def key(c):
+                    if c.get("usage"):
+                        usage.update(c["usage"])
+                    return c["choices"][0]["text"]
+                _print_stream(llm.create_completion(args.prompt, max_tokens=args.max_tokens,
+                                                    stop=args.stop, stream=True, **samp), key)
+                sys.stdout.write("\n")
+            else:
+                r = llm.create_completion(args.prompt, max_tokens=args.max_tokens,
+                                          stop=args.stop, **samp)
+                print(r["choices"][0]["text"])
+                usage = r["usage"]
+        if args.stats:
+            dt = time.perf_counter() - t0
+            print(f"[{usage.get('prompt_tokens')} prompt + {usage.get('completion_tokens')} "
+                  f"generated tokens in {dt:.2f} s]", file=sys.stderr)
+    return 0
+
+
+def _fit_history(llm, history, first) -> None:
+    """Upstream's rule: while the rendered conversation is over half the context, drop
+    the oldest exchange after the system message (never the turn being asked)."""
+    while len(history) - first > 1:
+        n = len(llm.tokenize(llm.apply_chat_template(history)))
+        if n <= llm.n_ctx // 2:
+            return
+        del history[first:first + 2]
+        print("[dropped the oldest exchange to fit the context]", file=sys.stderr)
+
+
+def cmd_chat(args) -> int:
+    """Interactive multi-turn chat on one session: each turn re-renders the history and
+    re-reads only what follows the longest common prefix. /reset clears, /exit quits."""
+    with _open(args, max_sessions=0) as llm:
+        samp = _sampling(args)
+        think = False if args.no_think else None
+        session = llm.session()
+        system = getattr(args, "system", None)
+        history = [{"role": "system", "content": system}] if system else []
+        interactive = sys.stdin.isatty()
+        while True:
+            if interactive:
+                sys.stdout.write("> ")
+                sys.stdout.flush()
+            line = sys.stdin.readline()
+            if not line:
+                break
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            if line.strip() in ("/exit", "/quit"):
+                break
+            if line.strip() == "/reset":
+                history = history[:1] if system else []
+                session.reset()
+                continue
+            history.append({"role": "user", "content": line})
+            _fit_history(llm, history, 1 if system else 0)
+            t0 = time.perf_counter()
+            usage = {}
+
+            def key(c):
+                if c.get("usage"):
+                    usage.update(c["usage"])
+                return c["choices"][0]["delta"].get("content") if c["choices"] else None
+            text = _print_stream(llm.create_chat_completion(
+                history, max_tokens=args.max_tokens, stop=args.stop, stream=True,
+                session=session, enable_thinking=think,
+                stream_options={"include_usage": True}, **samp), key)
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            history.append({"role": "assistant", "content": text})
+            if args.stats:
+                cached = usage["prompt_tokens_details"]["cached_tokens"]
+                print(f"[prompt {usage['prompt_tokens']} tokens, {cached} reused, "
+                      f"{usage['prompt_tokens'] - cached} read; {usage['completion_tokens']} "
+                      f"generated; {time.perf_counter() - t0:.2f} s]", file=sys.stderr)
+    return 0
+
+
+def cmd_convert(args) -> int:
+    from .cmf.writer import QUANT_LABEL
+    if args.quant not in QUANT_LABEL:
+        raise ConfigError(f"--quant {args.quant!r}: expected one of {', '.join(QUANT_LABEL)}")
+    try:
+        if args.arch == "auto":
+            from .convert import from_hf
+            from_hf(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet)
+        elif args.arch == "dory":
+            from .convert.hf_dory import convert
+            convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet)
+        elif args.arch == "deepseek_v4":
+            from .convert.hf_deepseek_v4 import convert
+            convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet)
+        else:
+            raise ConfigError(f"--arch {args.arch!r}: no converter (supported: dory, "
+                              "deepseek_v4, auto)")
+    except ImportError as e:
+        raise ConfigError(f"cortiq convert needs the 'convert' extra (pip install "
+                          f"'cortiq[convert]'): {e}") from None
+    if not args.quiet:
+        print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    """Prefill and decode speed, and the saving of a chat turn that reuses its session."""
+    import numpy as np
+    with _open(args) as llm:
+        rng = np.random.default_rng(0)
+        n_prompt = min(args.prompt_tokens, llm.n_ctx - args.tokens - 1)
+        ids = rng.integers(0, llm.vocab_size, n_prompt).tolist()
+        res = {}
+        s = llm.session()
+        t0 = time.perf_counter()
+        s.feed(ids, want="last")
+        t1 = time.perf_counter()
+        res["prefill_tokens"] = n_prompt
+        res["prefill_tok_s"] = n_prompt / (t1 - t0)
+        tok = int(np.argmax(s.logits()))
+        t0 = time.perf_counter()
+        for _ in range(args.tokens):
+            tok = int(np.argmax(s.feed([tok], want="last")))
+        t1 = time.perf_counter()
+        res["decode_tokens"] = args.tokens
+        res["decode_tok_s"] = args.tokens / (t1 - t0)
+        # A chat turn: the held sequence plus `turn` new tokens, reused vs from scratch.
+        turn = rng.integers(0, llm.vocab_size, args.turn_tokens).tolist()
+        seq = s.ids + turn
+        t0 = time.perf_counter()
+        reused, _ = s.prefill(seq)
+        t_reuse = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        llm.session().prefill(seq)
+        t_fresh = time.perf_counter() - t0
+        res.update(turn_tokens=len(seq), turn_reused_tokens=reused, turn_reuse_s=t_reuse,
+                   turn_fresh_s=t_fresh, turn_speedup=t_fresh / t_reuse)
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print(f"prefill  {res['prefill_tokens']:6d} tokens  {res['prefill_tok_s']:10.1f} tok/s")
+        print(f"decode   {res['decode_tokens']:6d} tokens  {res['decode_tok_s']:10.1f} tok/s")
+        print(f"chat turn of {res['turn_tokens']} tokens: reusing {reused} held tokens "
+              f"{t_reuse * 1e3:.1f} ms vs fresh {t_fresh * 1e3:.1f} ms "
+              f"(x{res['turn_speedup']:.1f})")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from .server import serve
+    llm = _open(args, seed=args.seed, max_sessions=args.max_sessions)
+    try:
+        serve(llm, args.host, args.port, max_concurrency=args.max_concurrency,
+              max_queue=args.max_queue, graceful_timeout=args.graceful_timeout,
+              max_prompt_tokens=args.max_prompt_tokens,
+              log_level=args.log_level)
+    finally:
+        llm.close()
+    return 0
+
+
+def add_subcommands(sub) -> None:
+    r = sub.add_parser("run", help="generate from a prompt (no --prompt: interactive chat)")
+    _add_model_options(r)
+    r.add_argument("-p", "--prompt", default=None)
+    _add_sampling_options(r)
+    r.add_argument("--stream", action="store_true", help="print tokens as they come")
+    r.add_argument("--raw", action="store_true", help="no chat template: plain continuation")
+    r.add_argument("--stats", action="store_true", help="token counts and time on stderr")
+    r.add_argument("--system", default=None, help="system message (chat)")
+    r.set_defaults(func=cmd_run)
+
+    c = sub.add_parser("chat", help="interactive multi-turn chat (reuses the KV state)")
+    _add_model_options(c)
+    _add_sampling_options(c)
+    c.add_argument("--system", default=None, help="system message")
+    c.add_argument("--stats", action="store_true",
+                   help="per turn: prompt tokens reused/read, generated, time (stderr)")
+    c.set_defaults(func=cmd_chat, raw=False)
+
+    v = sub.add_parser("convert", help="convert a Hugging Face checkpoint to CMF")
+    v.add_argument("hf_dir", metavar="HF_DIR")
+    v.add_argument("out", metavar="OUT.cmf")
+    v.add_argument("--arch", default="auto",
+                   help="dory, deepseek_v4, or auto (from config.json)")
+    v.add_argument("--quant", default="q8_row")
+    v.add_argument("--quiet", action="store_true", help="no progress bar")
+    v.set_defaults(func=cmd_convert)
+
+    b = sub.add_parser("bench", help="prefill/decode tokens per second, chat-turn reuse")
+    _add_model_options(b, model_required=True)
+    b.add_argument("--tokens", type=int, default=32, help="decode tokens")
+    b.add_argument("--prompt-tokens", type=int, default=128)
+    b.add_argument("--turn-tokens", type=int, default=16, help="new tokens of the chat turn")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    _add_model_options(s, model_required=True)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--seed", type=int, default=None, help="default sampling seed")
+    s.add_argument("--max-concurrency", type=int, default=2, help="generations at once")
+    s.add_argument("--max-queue", type=int, default=8, help="requests waiting (then 429)")
+    s.add_argument("--max-sessions", type=int, default=8, help="idle KV sessions kept")
+    s.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="longest prompt accepted (default: the context size - 1)")
+    s.add_argument("--graceful-timeout", type=float, default=30.0)
+    s.add_argument("--log-level", default="warning")
+    s.set_defaults(func=cmd_serve)

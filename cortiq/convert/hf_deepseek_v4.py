@@ -1,0 +1,369 @@
+"""Hugging Face DeepSeek-V4 checkpoint -> CMF v2 file.
+
+Accepts both spellings HF writes:
+
+* ``save_pretrained`` (reference-style names under ``model.``): ``attn.{wq_a,q_norm,wq_b,
+  wkv,wo_a,wo_b}``, the kv norm as ``attn.norm`` or ``attn.kv_norm``, ``attn.attn_sink``,
+  ``attn.compressor.*``, ``attn.indexer.*``, ``attn_norm``/``ffn_norm``,
+  ``hc_{attn,ffn}_{fn,base,scale}``, ``ffn.gate.{weight,bias,tid2eid}``,
+  ``ffn.experts.{e}.w{1,2,3}``, ``ffn.shared_experts.w{1,2,3}``, ``head.weight``,
+  ``model.hc_head.hc_{fn,base,scale}``;
+* the module names (``self_attn.q_a_proj``, ``kv_proj``, ``o_a_proj``, ``sinks``,
+  ``compressor.position_bias``, ``compressor.indexer.*``, ``attn_hc.fn``,
+  ``mlp.gate.e_score_correction_bias``, stacked ``mlp.experts.gate_up_proj [E, 2I, D]``
+  / ``down_proj [E, D, I]``, ``mlp.shared_experts.{gate,up,down}_proj``, ``lm_head``).
+
+``tid2eid`` may be int64 or int32 (stored f32, CMF_FORMAT §4.3). MTP weights and rotary
+buffers are dropped. Tensors stream one at a time (stacked experts are sliced per expert
+straight from the mapped shard), so memory stays bounded. The tokenizer and chat
+template come along (``hf_dory.tokenizer_bundle``). A config cortiq cannot run is refused
+with a ConfigError naming the ``config.json`` key.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import re
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..errors import ConfigError, FormatError
+from .hf_dory import (SafetensorsShard, find_tokenizer_json, open_checkpoint, read_hf_config,
+                      tokenizer_bundle)
+
+CONVERTER = "cortiq.convert.hf_deepseek_v4"
+ARCH_NAME = "deepseek_v4"
+_RATIO_TYPES = {"sliding_attention": 0, "compressed_sparse_attention": 4,
+                "heavily_compressed_attention": 128}
+_INT_DT = {"I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"),
+           "U8": np.dtype("u1"), "I8": np.dtype("i1")}
+
+
+def _bad(key, msg):
+    return ConfigError(f"config.json: {key}: {msg}")
+
+
+# ------------------------------------------------------------------ config
+
+def arch_from_hf_config(hf: dict) -> dict:
+    """HF ``config.json`` -> CMF ``arch`` (generic keys + ``arch.deepseek_v4``)."""
+    if hf.get("model_type") != ARCH_NAME and "DeepseekV4ForCausalLM" not in (hf.get("architectures") or []):
+        raise _bad("model_type", f"{hf.get('model_type')!r} is not a DeepSeek-V4 model")
+
+    def need(k):
+        if hf.get(k) is None:
+            raise _bad(k, "missing (required)")
+        return hf[k]
+
+    n = int(need("num_hidden_layers"))
+    hd = int(need("head_dim"))
+    fixed = {"scoring_func": ("sqrtsoftplus", "sqrtsoftplus"), "norm_topk_prob": (True, True),
+             "num_key_value_heads": (1, 1), "n_shared_experts": (1, 1),
+             "hidden_act": ("silu", "silu"), "attention_bias": (False, False),
+             "mlp_bias": (False, False)}
+    for k, (want, default) in fixed.items():
+        got = hf.get(k, default)
+        if got != want:
+            raise _bad(k, f"{got!r}; cortiq runs DeepSeek-V4 only with {k} = {want!r}")
+    if hf.get("qk_rope_head_dim") is not None:
+        rd = int(hf["qk_rope_head_dim"])
+    else:
+        rd = int(hd * float(hf.get("partial_rotary_factor") or 64 / 512))
+    if rd % 2 or not 0 < rd <= hd:
+        raise _bad("partial_rotary_factor", f"rope dim {rd} must be even and in 1..{hd}")
+    # per-layer compress ratios
+    rates = dict({"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+                 **(hf.get("compress_rates") or {}))
+    for legacy, key in (("compress_rate_csa", "compressed_sparse_attention"),
+                        ("compress_rate_hca", "heavily_compressed_attention")):
+        if hf.get(legacy) is not None:
+            rates[key] = hf[legacy]
+    lt = hf.get("layer_types")
+    if lt is None and hf.get("compress_ratios") is not None:
+        inv = {v: k for k, v in _RATIO_TYPES.items()}
+        try:
+            lt = [inv[int(r)] for r in hf["compress_ratios"][:n]]
+        except KeyError as e:
+            raise _bad("compress_ratios", f"ratio {e} is not one of 0, 4, 128") from None
+    if lt is None:
+        lt = ["heavily_compressed_attention"] * min(n, 2) + [
+            "compressed_sparse_attention" if i % 2 else "heavily_compressed_attention"
+            for i in range(max(n - 2, 0))]
+    lt = list(lt)[:n]
+    if len(lt) != n or any(t not in _RATIO_TYPES for t in lt):
+        raise _bad("layer_types", f"{lt!r}: want {n} of {sorted(_RATIO_TYPES)}")
+    ratios = [0 if t == "sliding_attention" else int(rates[t]) for t in lt]
+    for t in set(lt) - {"sliding_attention"}:
+        if int(rates[t]) < 1:
+            raise _bad("compress_rates", f"{t}: rate {rates[t]!r} must be >= 1")
+    mlt = hf.get("mlp_layer_types")
+    if mlt is None:
+        nh = hf.get("num_hash_layers", 3)
+        mlt = ["hash_moe"] * min(n, nh) + ["moe"] * max(0, n - nh)
+    mlt = list(mlt)[:n]
+    if len(mlt) != n or any(t not in ("hash_moe", "moe") for t in mlt):
+        raise _bad("mlp_layer_types", f"{mlt!r}: want {n} of hash_moe / moe")
+    # rope
+    rp = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    comp = rp.get("compress") if isinstance(rp.get("compress"), dict) else rp
+    main = rp.get("main") if isinstance(rp.get("main"), dict) else {}
+    if main.get("rope_type", "default") not in ("default", None):
+        raise _bad("rope_parameters.main.rope_type", f"{main.get('rope_type')!r}; cortiq runs "
+                                                     "the sliding layers with plain RoPE only")
+    ctype = comp.get("rope_type", comp.get("type", "default"))
+    if ctype not in ("default", "yarn"):
+        raise _bad("rope_parameters.rope_type", f"{ctype!r}: cortiq supports default or yarn")
+    yarn = None
+    if ctype == "yarn":
+        af = comp.get("attention_factor", 1.0)
+        if af not in (None, 1, 1.0) or comp.get("mscale") not in (None, 0, 1, 1.0):
+            raise _bad("rope_parameters.attention_factor",
+                       f"{af!r}: DeepSeek-V4 applies no YaRN mscale (want 1.0)")
+        if comp.get("truncate", True) is not True:
+            raise _bad("rope_parameters.truncate", "cortiq's YaRN truncates the correction range")
+        yarn = {"factor": float(comp.get("factor") or 16.0),
+                "original_max_position_embeddings": int(comp.get("original_max_position_embeddings") or 65536),
+                "beta_fast": float(comp.get("beta_fast") or 32.0),
+                "beta_slow": float(comp.get("beta_slow") or 1.0)}
+    rope_theta = float(main.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    ctheta = float(comp.get("rope_theta", hf.get("compress_rope_theta", 160000.0)))
+    hc = int(hf.get("hc_mult", 4))
+    if hc < 1:
+        raise _bad("hc_mult", f"{hc} must be >= 1")
+    E, k = int(need("n_routed_experts")), int(need("num_experts_per_tok"))
+    if not 0 < k <= E:
+        raise _bad("num_experts_per_tok", f"{k} must be in 1..n_routed_experts ({E})")
+    I = int(need("moe_intermediate_size"))
+    arch = {
+        "arch_name": ARCH_NAME, "hidden_size": int(need("hidden_size")), "num_layers": n,
+        "num_attention_heads": int(need("num_attention_heads")), "num_kv_heads": 1,
+        "head_dim": hd, "vocab_size": int(need("vocab_size")),
+        "rms_norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
+        "partial_rotary_factor": rd / hd, "sliding_window": int(hf.get("sliding_window", 128)),
+        "max_position_embeddings": int(hf.get("max_position_embeddings", 1048576)),
+        "intermediate_size": I, "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
+        "moe": {"num_experts": E, "top_k": k, "moe_intermediate_size": I,
+                "shared_expert_intermediate_size": I, "norm_topk_prob": True,
+                "routed_scaling_factor": float(hf.get("routed_scaling_factor", 1.0))},
+        "deepseek_v4": {
+            "hc_mult": hc, "hc_sinkhorn_iters": int(hf.get("hc_sinkhorn_iters", 20)),
+            "hc_eps": float(hf.get("hc_eps", 1e-6)),
+            "swiglu_limit": float(hf.get("swiglu_limit") or 0.0),
+            "index_topk": int(hf.get("index_topk", 512)),
+            "index_n_heads": int(hf.get("index_n_heads", 64)),
+            "index_head_dim": int(hf.get("index_head_dim", 128)),
+            "q_lora_rank": int(need("q_lora_rank")), "o_groups": int(need("o_groups")),
+            "o_lora_rank": int(need("o_lora_rank")), "rope_theta": rope_theta,
+            "compress_rope_theta": ctheta, "yarn": yarn, "compress_ratios": ratios,
+            "hash_layers": [i for i, t in enumerate(mlt) if t == "hash_moe"],
+        },
+    }
+    nh = arch["num_attention_heads"]
+    if (nh * hd) % arch["deepseek_v4"]["o_groups"]:
+        raise _bad("o_groups", f"{arch['deepseek_v4']['o_groups']} does not divide heads*head_dim")
+    return arch
+
+
+# ------------------------------------------------------------------ names
+
+_LAYER_RULES = [
+    # attention (both spellings)
+    (r"(?:attn|self_attn)\.(?:wq_a|q_a_proj)\.weight", "self_attn.wq_a.weight"),
+    (r"(?:attn|self_attn)\.(?:q_norm|q_a_norm)\.weight", "self_attn.q_norm.weight"),
+    (r"(?:attn|self_attn)\.(?:wq_b|q_b_proj)\.weight", "self_attn.wq_b.weight"),
+    (r"(?:attn|self_attn)\.(?:wkv|kv_proj)\.weight", "self_attn.wkv.weight"),
+    (r"(?:attn|self_attn)\.(?:norm|kv_norm)\.weight", "self_attn.kv_norm.weight"),
+    (r"(?:attn|self_attn)\.(?:wo_a|o_a_proj)\.weight", "self_attn.wo_a.weight"),
+    (r"(?:attn|self_attn)\.(?:wo_b|o_b_proj)\.weight", "self_attn.wo_b.weight"),
+    (r"(?:attn|self_attn)\.(?:attn_sink|sinks)", "self_attn.attn_sink"),
+    (r"(?:attn_sink)", "self_attn.attn_sink"),
+    # indexer (reference: attn.indexer.*; modules: self_attn.compressor.indexer.*)
+    (r"(?:attn|self_attn)\.(?:compressor\.)?indexer\.(?:wq_b|q_b_proj)\.weight",
+     "self_attn.indexer.wq_b.weight"),
+    (r"(?:attn|self_attn)\.(?:compressor\.)?indexer\.(?:scorer\.)?weights_proj\.weight",
+     "self_attn.indexer.weights_proj.weight"),
+    (r"(?:attn|self_attn)\.indexer\.compressor\.(wkv|wgate|norm)\.weight",
+     r"self_attn.indexer.compressor.\1.weight"),
+    (r"(?:attn|self_attn)\.indexer\.compressor\.ape", "self_attn.indexer.compressor.ape"),
+    (r"self_attn\.compressor\.indexer\.kv_proj\.weight", "self_attn.indexer.compressor.wkv.weight"),
+    (r"self_attn\.compressor\.indexer\.gate_proj\.weight", "self_attn.indexer.compressor.wgate.weight"),
+    (r"self_attn\.compressor\.indexer\.kv_norm\.weight", "self_attn.indexer.compressor.norm.weight"),
+    (r"self_attn\.compressor\.indexer\.position_bias", "self_attn.indexer.compressor.ape"),
+    # compressor
+    (r"(?:attn|self_attn)\.compressor\.(?:wkv|kv_proj)\.weight", "self_attn.compressor.wkv.weight"),
+    (r"(?:attn|self_attn)\.compressor\.(?:wgate|gate_proj)\.weight", "self_attn.compressor.wgate.weight"),
+    (r"(?:attn|self_attn)\.compressor\.(?:norm|kv_norm)\.weight", "self_attn.compressor.norm.weight"),
+    (r"(?:attn|self_attn)\.compressor\.(?:ape|position_bias)", "self_attn.compressor.ape"),
+    # norms and hyper-connections
+    (r"(?:attn_norm|input_layernorm)\.weight", "input_layernorm.weight"),
+    (r"(?:ffn_norm|post_attention_layernorm)\.weight", "post_attention_layernorm.weight"),
+    (r"hc_(attn|ffn)_(fn|base|scale)", r"hc_\1_\2"),
+    (r"(attn|ffn)_hc\.(fn|base|scale)", r"hc_\1_\2"),
+    # MoE
+    (r"(?:ffn|mlp)\.gate\.weight", "mlp.gate.weight"),
+    (r"(?:ffn|mlp)\.gate\.(?:bias|e_score_correction_bias)", "mlp.expert_bias"),
+    (r"(?:ffn|mlp)\.(?:expert_bias|e_score_correction_bias)", "mlp.expert_bias"),
+    (r"(?:ffn|mlp)\.gate\.tid2eid", "mlp.tid2eid"),
+    (r"(?:ffn|mlp)\.tid2eid", "mlp.tid2eid"),
+    (r"(?:ffn|mlp)\.experts\.(\d+)\.(?:w1|gate_proj)\.weight", r"mlp.experts.\1.gate_proj.weight"),
+    (r"(?:ffn|mlp)\.experts\.(\d+)\.(?:w3|up_proj)\.weight", r"mlp.experts.\1.up_proj.weight"),
+    (r"(?:ffn|mlp)\.experts\.(\d+)\.(?:w2|down_proj)\.weight", r"mlp.experts.\1.down_proj.weight"),
+    (r"(?:ffn|mlp)\.shared_experts?\.(?:w1|gate_proj)\.weight", "mlp.shared_expert.gate_proj.weight"),
+    (r"(?:ffn|mlp)\.shared_experts?\.(?:w3|up_proj)\.weight", "mlp.shared_expert.up_proj.weight"),
+    (r"(?:ffn|mlp)\.shared_experts?\.(?:w2|down_proj)\.weight", "mlp.shared_expert.down_proj.weight"),
+    (r"(?:ffn|mlp)\.experts\.gate_up_proj", "@stacked_gate_up"),
+    (r"(?:ffn|mlp)\.experts\.down_proj", "@stacked_down"),
+]
+_LAYER_RULES = [(re.compile(p), r) for p, r in _LAYER_RULES]
+_GLOBAL = {
+    "model.embed_tokens.weight": "model.embed_tokens.weight", "embed.weight": "model.embed_tokens.weight",
+    "model.embed.weight": "model.embed_tokens.weight",
+    "head.weight": "lm_head.weight", "lm_head.weight": "lm_head.weight",
+    "model.head.weight": "lm_head.weight",
+    "model.norm.weight": "model.norm.weight", "norm.weight": "model.norm.weight",
+}
+_LAYER = re.compile(r"(?:model\.)?layers\.(\d+)\.(.+)")
+_HC_HEAD = re.compile(r"(?:model\.)?(?:hc_head\.hc_|hc_head_)(fn|base|scale)")
+_DROP = re.compile(r"(^|.*\.)(mtp\.|rotary_emb\.).*|.*inv_freq")
+
+
+def cmf_name(hf: str) -> str | None:
+    """HF name -> CMF name; None for dropped tensors (MTP, rotary buffers); names starting
+    with '@' are stacked-expert tensors the converter splits."""
+    if _DROP.fullmatch(hf):
+        return None
+    if hf in _GLOBAL:
+        return _GLOBAL[hf]
+    m = _HC_HEAD.fullmatch(hf)
+    if m:
+        return f"model.hc_head_{m.group(1)}"
+    m = _LAYER.fullmatch(hf)
+    if m:
+        i, rest = m.group(1), m.group(2)
+        for pat, rep in _LAYER_RULES:
+            mm = pat.fullmatch(rest)
+            if mm:
+                if rep.startswith("@"):
+                    return f"{rep}:{i}"
+                return f"model.layers.{i}." + mm.expand(rep)
+    raise ConfigError(f"{hf}: not a DeepSeek-V4 tensor name cortiq knows")
+
+
+_KEEP_F32 = re.compile(r".*(hc_(attn|ffn)_(fn|base|scale)|hc_head_(fn|base|scale)|\.ape|attn_sink"
+                       r"|norm\.weight|layernorm\.weight|expert_bias|tid2eid)$")
+
+
+def _load(shard: SafetensorsShard, name: str) -> np.ndarray:
+    info = shard.header[name]
+    dt = _INT_DT.get(info["dtype"])
+    if dt is None:
+        return shard.load(name)
+    a, b = info["data_offsets"]
+    count = int(np.prod(info["shape"], dtype=np.int64))
+    if b - a != count * dt.itemsize:
+        raise FormatError(f"{shard.path}: {name}: data offsets do not fit shape {info['shape']}")
+    with open(shard.path, "rb") as f:
+        f.seek(shard._data + a)
+        raw = np.frombuffer(f.read(b - a), dtype=dt, count=count)
+    return raw.astype(np.float32).reshape(info["shape"])
+
+
+def _load_slice(shard: SafetensorsShard, name: str, e: int, lo: int | None = None,
+                hi: int | None = None) -> np.ndarray:
+    """Expert `e` of a stacked [E, R, C] tensor (rows lo..hi), read from the mapping."""
+    info = shard.header[name]
+    E, R, C = info["shape"]
+    esz = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}[info["dtype"]]
+    lo, hi = lo or 0, R if hi is None else hi
+    a = info["data_offsets"][0] + ((e * R + lo) * C) * esz
+    n = (hi - lo) * C
+    if shard._mm is None:
+        with open(shard.path, "rb") as f:
+            shard._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    dt = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}[info["dtype"]]
+    raw = np.frombuffer(shard._mm, dtype=dt, count=n, offset=shard._data + a)
+    out = (raw.astype(np.uint32) << 16).view(np.float32) if info["dtype"] == "BF16" else raw.astype(np.float32)
+    return out.reshape(hi - lo, C)
+
+
+def plan(hf_dir) -> tuple[dict, dict, list]:
+    """(hf_config, arch, [(cmf_name, loader, shape)]) after checking every tensor."""
+    hf = read_hf_config(hf_dir)
+    arch = arch_from_hf_config(hf)
+    shards = open_checkpoint(hf_dir)
+    n, E = arch["num_layers"], arch["moe"]["num_experts"]
+    I = arch["moe"]["moe_intermediate_size"]
+    out: dict[str, tuple] = {}
+    for name, sh in shards.items():
+        c = cmf_name(name)
+        if c is None:
+            continue
+        shape = sh.shape(name)
+        if c.startswith("@"):
+            kind, li = c[1:].split(":")
+            if len(shape) != 3 or shape[0] != E:
+                raise ConfigError(f"{name}: shape {shape}, want [{E}, ...] stacked experts")
+            p = f"model.layers.{li}.mlp.experts"
+            for e in range(E):
+                if kind == "stacked_gate_up":
+                    if shape[1] != 2 * I:
+                        raise ConfigError(f"{name}: shape {shape}, want [{E}, {2 * I}, D]")
+                    out[f"{p}.{e}.gate_proj.weight"] = (lambda s=sh, nm=name, e=e: _load_slice(s, nm, e, 0, I), (I, shape[2]))
+                    out[f"{p}.{e}.up_proj.weight"] = (lambda s=sh, nm=name, e=e: _load_slice(s, nm, e, I, 2 * I), (I, shape[2]))
+                else:
+                    out[f"{p}.{e}.down_proj.weight"] = (lambda s=sh, nm=name, e=e: _load_slice(s, nm, e), tuple(shape[1:]))
+            continue
+        if c in out:
+            raise ConfigError(f"{name}: a second spelling of {c}")
+        out[c] = (lambda s=sh, nm=name: _load(s, nm), shape)
+    if "lm_head.weight" not in out and arch.get("tie_word_embeddings"):
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    # presence checks
+    need = ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
+            "model.hc_head_fn", "model.hc_head_base", "model.hc_head_scale"]
+    ratios = arch["deepseek_v4"]["compress_ratios"]
+    hash_layers = set(arch["deepseek_v4"]["hash_layers"])
+    for i in range(n):
+        p = f"model.layers.{i}"
+        need += [f"{p}.{s}" for s in (
+            "input_layernorm.weight", "post_attention_layernorm.weight",
+            "self_attn.wq_a.weight", "self_attn.q_norm.weight", "self_attn.wq_b.weight",
+            "self_attn.wkv.weight", "self_attn.kv_norm.weight", "self_attn.wo_a.weight",
+            "self_attn.wo_b.weight", "self_attn.attn_sink", "mlp.gate.weight",
+            "mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight",
+            "mlp.shared_expert.down_proj.weight")]
+        need += [f"{p}.hc_{a}_{b}" for a in ("attn", "ffn") for b in ("fn", "base", "scale")]
+        need += [f"{p}.mlp.experts.{e}.{r}_proj.weight" for e in range(E) for r in ("gate", "up", "down")]
+        if ratios[i]:
+            need += [f"{p}.self_attn.compressor.{s}" for s in ("wkv.weight", "wgate.weight", "norm.weight", "ape")]
+        need.append(f"{p}.mlp.tid2eid" if i in hash_layers else f"{p}.mlp.expert_bias")
+    missing = [k for k in need if k not in out]
+    if missing:
+        raise ConfigError(f"{missing[0]}: missing from the checkpoint"
+                          + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
+    names = [k for k in need if k in out] + sorted(k for k in out if k not in set(need))
+    return hf, arch, [(k, out[k][0], out[k][1]) for k in names], shards
+
+
+def convert(hf_dir, out_path, quant: str = "q8_row", progress: bool = True) -> None:
+    """Convert a Hugging Face DeepSeek-V4 directory into one CMF v2 file."""
+    from .. import cmf
+    hf_dir = Path(hf_dir)
+    hf, arch, items, shards = plan(hf_dir)
+    dtypes = {name: "f32" for name, _, _ in items if _KEEP_F32.match(name)}
+
+    def stream() -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
+        for name, load, _ in items:
+            yield name, load
+
+    provenance = {"converter": CONVERTER, "source": hf_dir.name, "hf_config": hf}
+    try:
+        cmf.write(out_path, stream(), arch=arch, quant=quant,
+                  tokenizer_json=find_tokenizer_json(hf_dir),
+                  tokenizer_config=tokenizer_bundle(hf_dir, hf), provenance=provenance,
+                  dtypes=dtypes, progress=progress)
+    finally:
+        for s in set(shards.values()):
+            s.close()

@@ -1,0 +1,634 @@
+"""DeepSeek-V4 on the CPU (port of the seed's ``dsv4.rs`` CPU path).
+
+The hidden state is ``hc_mult`` copies of a ``dim`` vector. Every layer runs two
+hyper-connection blocks (fold -> RMSNorm -> block -> expand; csrc/mix): attention
+(q LoRA pair with both norms, interleaved RoPE on the tail, one-head-wide kv that is
+both key and value, a sliding window kept as a ring, a KV compressor on compress
+layers -- overlapping when its projection is two entries wide -- and on ratio-4
+layers a Lightning indexer with its own compressor and top-k; sparse attention with a
+per-head sink, the inverse RoPE on the output, and the grouped low-rank output
+projection read straight from the stored ``wo_a`` rows) and the MoE (sqrt-softplus
+scores, a selection-only bias, hash layers through ``tid2eid``, optional task masks,
+the shared expert, the asymmetric ``swiglu_limit`` clamp; all gate/up projections in
+one ``matvec_many`` pass, all down projections in one ``rows_sum`` pass). Only the chosen experts'
+pages are touched: each is a separate ``QTensor`` over the mapped file.
+
+Model protocol (used by ``cortiq.LLM`` / ``cortiq.Session``):
+``new_state()``, ``forward(state, ids, want)``, ``vocab``, ``arch = "deepseek_v4"``,
+``supports_rollback = False``; ``can_rollback`` is always False and ``rollback``
+raises ``CortiqError``: the compressor and indexer caches are folded as tokens
+arrive and cannot be un-folded. Start a new session instead.
+
+Prompts run token by token (the same path as decode).
+
+Options (``cortiq.LLM(path, task="name")``): ``task`` selects an expert mask from the
+file's masks section by name (``True`` = the section's ``default_task``; ``None`` or
+``False`` = no mask); ``DeepseekV4Model(cmf_file, task=...)`` also takes a bool array
+``[num_layers, num_experts]`` or a ``{layer: [bool]*E}`` dict. Masks restrict selection
+on non-hash layers only and the weights renormalise over the survivors.
+
+Header: the generic ``arch`` keys of CMF_FORMAT §4.3, plus an optional
+``arch.deepseek_v4`` object written by cortiq's converter with the constants upstream
+pins (``hc_sinkhorn_iters``, ``hc_eps``, ``swiglu_limit``, ``index_topk``,
+``rope_theta``, ``compress_rope_theta``, ``yarn`` {factor, original_max_position_embeddings,
+beta_fast, beta_slow} or null). Absent keys take the release values.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import _kernels as K
+from ..errors import ConfigError, CortiqError, FormatError
+from ..tensor import QTensor
+
+ARCH_NAME = "deepseek_v4"
+
+RELEASE = {
+    "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "swiglu_limit": 10.0, "index_topk": 512,
+    "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
+    "yarn": {"factor": 16.0, "original_max_position_embeddings": 65536, "beta_fast": 32.0,
+             "beta_slow": 1.0},
+}
+
+
+# ------------------------------------------------------------------ rope tables
+
+def rope_inv_freq(dim: int, base: float) -> np.ndarray:
+    """1 / base^(2i/dim) for i < dim/2, float32 (HF's default rope)."""
+    e = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
+    return (np.float32(1.0) / (np.float32(base) ** e)).astype(np.float32)
+
+
+def yarn_inv_freq(dim: int, base: float, factor: float, original: int,
+                  beta_fast: float = 32.0, beta_slow: float = 1.0) -> np.ndarray:
+    """YaRN inverse frequencies as HF's ``_compute_yarn_parameters`` (truncate=True).
+
+    The seed clamps ``high`` to dim/2-1 where HF clamps to dim-1; the two agree whenever
+    ceil(cd(beta_slow)) <= dim/2-1, which holds for the release (rope dim 64). HF's
+    bound is used so tiny test models match HF exactly."""
+    def cd(rot):
+        return (dim * math.log(original / (rot * 2 * math.pi))) / (2 * math.log(base))
+    low = max(math.floor(cd(beta_fast)), 0)
+    high = min(math.ceil(cd(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    pos = np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+    extrap = (np.float32(1.0) / pos).astype(np.float32)
+    interp = (np.float32(1.0) / (np.float32(factor) * pos)).astype(np.float32)
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - np.float32(low))
+                   / np.float32(high - low), 0, 1).astype(np.float32)
+    keep = np.float32(1.0) - ramp
+    return (interp * (np.float32(1.0) - keep) + extrap * keep).astype(np.float32)
+
+
+def _cos_sin(inv: np.ndarray, pos: int):
+    ang = np.float32(pos) * inv
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+# ------------------------------------------------------------------ small pieces (seed)
+
+def sqrt_softplus(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    with np.errstate(over="ignore"):
+        sp = np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+    return np.sqrt(sp).astype(np.float32)
+
+
+def route(logits, bias=None, top_k=1, route_scale=1.0, forced=None, mask=None):
+    """The seed's ``route``: (indices int64, weights float32). Scores are
+    sqrt(softplus(logits)); ``bias`` shifts selection only; ``forced`` (the hash
+    layers' table row) fixes the experts; ``mask`` (bool per expert) removes experts
+    from selection; weights are the unbiased scores of the chosen, renormalised and
+    scaled by ``route_scale``."""
+    scores = sqrt_softplus(logits)
+    if forced is not None:
+        idx = np.asarray(forced, np.int64)
+    else:
+        shifted = scores + np.asarray(bias, np.float32) if bias is not None else scores.copy()
+        if mask is not None:
+            shifted = np.where(np.asarray(mask, bool), shifted, np.float32(-np.inf)).astype(np.float32)
+        idx = K.topk(np.ascontiguousarray(shifted, np.float32), min(top_k, shifted.size))
+    w = scores[idx].astype(np.float32)
+    s = w.sum(dtype=np.float32)
+    if s > 0:
+        w = (w / s * np.float32(route_scale)).astype(np.float32)
+    return idx, w
+
+
+def hash_route(tid2eid: np.ndarray, tid: int) -> np.ndarray:
+    """Row ``tid`` of the ``[vocab, top_k]`` table (ids past the end clamp to the last)."""
+    row = min(max(int(tid), 0), tid2eid.shape[0] - 1)
+    return tid2eid[row].astype(np.int64)
+
+
+def compress_overlap(prev_kv, prev_score, cur_kv, cur_score, ratio: int, d: int):
+    """The overlapping compressor's fold: 2*ratio slots of width d -- the previous
+    window's first halves (or -inf votes when there is none) then the current
+    window's second halves; per-dimension softmax pooling."""
+    kv = np.zeros((2 * ratio, d), np.float32)
+    sc = np.full((2 * ratio, d), -np.inf, np.float32)
+    if prev_kv is not None:
+        kv[:ratio] = prev_kv[:, :d]
+        sc[:ratio] = prev_score[:, :d]
+    kv[ratio:] = cur_kv[:, d:]
+    sc[ratio:] = cur_score[:, d:]
+    return K.pool_by_score(kv, sc)
+
+
+def index_scores(q_heads, kv, head_weights, causal_limit: int) -> np.ndarray:
+    """Per compressed entry t: sum_h relu(q_h . k_t) * w_h; entries >= causal_limit
+    get -inf. q_heads [H, d], kv [n, d], head_weights [H]."""
+    n = kv.shape[0]
+    if n == 0:
+        return np.zeros(0, np.float32)
+    dots = np.maximum(kv @ q_heads.T, np.float32(0))          # [n, H]
+    s = (dots @ head_weights).astype(np.float32)
+    s[causal_limit:] = -np.inf
+    return s
+
+
+def top_k_positions(scores: np.ndarray, k: int) -> np.ndarray:
+    """Top-k finite entries, ties to the lower index, returned sorted by position."""
+    if scores.size == 0 or k == 0:
+        return np.zeros(0, np.int64)
+    idx = K.topk(np.ascontiguousarray(scores, np.float32), min(k, scores.size))
+    return np.sort(idx)
+
+
+# ------------------------------------------------------------------ config
+
+@dataclass
+class Dsv4Config:
+    dim: int
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    rope_head_dim: int
+    q_lora_rank: int
+    o_lora_rank: int
+    o_groups: int
+    hc_mult: int
+    hc_sinkhorn_iters: int
+    hc_eps: float
+    norm_eps: float
+    n_routed_experts: int
+    top_k: int
+    moe_inter: int
+    route_scale: float
+    swiglu_limit: float
+    window: int
+    index_topk: int
+    vocab: int
+    rope_theta: float = 10000.0
+    compress_rope_theta: float = 160000.0
+    yarn: dict | None = field(default_factory=lambda: dict(RELEASE["yarn"]))
+
+
+def _need(arch, key):
+    v = arch.get(key)
+    if v is None:
+        raise ConfigError(f"arch.{key}: missing (required for deepseek_v4)")
+    return v
+
+
+def config_from_file(cf) -> Dsv4Config:
+    arch = cf.arch
+    ext = dict(RELEASE)
+    ext.update({k: v for k, v in (arch.get("deepseek_v4") or {}).items()})
+    moe = arch.get("moe")
+    if not isinstance(moe, dict):
+        raise ConfigError("arch.moe: missing (mandatory for deepseek_v4)")
+    dim = int(_need(arch, "hidden_size"))
+    hd = int(_need(arch, "head_dim"))
+    nh = int(_need(arch, "num_attention_heads"))
+    prf = arch.get("partial_rotary_factor")
+    rd = 64 if prf in (None, 1, 1.0) else int(round(float(prf) * hd))
+    if rd % 2 or rd > hd:
+        raise ConfigError(f"arch.partial_rotary_factor: rope dim {rd} must be even and <= {hd}")
+
+    def shape(name):
+        if name not in cf.tensors:
+            raise FormatError(f"{cf.path}: tensor {name!r} missing")
+        return tuple(cf.tensors[name].shape)
+    q_lora = shape("model.layers.0.self_attn.wq_a.weight")[0]
+    wo_a = shape("model.layers.0.self_attn.wo_a.weight")
+    per_group = wo_a[1]
+    if (nh * hd) % per_group:
+        raise ConfigError(f"wo_a: {per_group} columns do not divide the attention width {nh * hd}")
+    groups = (nh * hd) // per_group
+    hc = shape("model.hc_head_fn")[0]
+    vocab = int(arch.get("vocab_size") or shape("model.embed_tokens.weight")[0])
+    return Dsv4Config(
+        dim=dim, n_layers=int(_need(arch, "num_layers")), n_heads=nh, head_dim=hd,
+        rope_head_dim=rd, q_lora_rank=q_lora, o_lora_rank=wo_a[0] // groups, o_groups=groups,
+        hc_mult=hc, hc_sinkhorn_iters=int(ext["hc_sinkhorn_iters"]), hc_eps=float(ext["hc_eps"]),
+        norm_eps=float(arch.get("rms_norm_eps") or 1e-6),
+        n_routed_experts=int(moe["num_experts"]), top_k=int(moe["top_k"]),
+        moe_inter=int(moe["moe_intermediate_size"]),
+        route_scale=float(moe.get("routed_scaling_factor") or 1.0),
+        swiglu_limit=float(ext["swiglu_limit"] or 0.0),
+        window=int(arch.get("sliding_window") or 128), index_topk=int(ext["index_topk"]),
+        vocab=vocab, rope_theta=float(ext["rope_theta"]),
+        compress_rope_theta=float(ext["compress_rope_theta"]), yarn=ext.get("yarn"))
+
+
+# ------------------------------------------------------------------ weights
+
+@dataclass
+class _Compressor:
+    wkv: QTensor
+    wgate: QTensor
+    norm: np.ndarray
+    ape: np.ndarray          # [ratio, width]
+    ratio: int
+    overlap: bool
+    width: int               # projection rows
+    entry: int               # entry width (width/2 when overlapping)
+
+
+@dataclass
+class _Indexer:
+    wq_b: QTensor
+    weights_proj: QTensor
+    comp: _Compressor
+    n_heads: int
+    head_dim: int
+
+
+@dataclass
+class _Expert:
+    w1: QTensor   # gate
+    w3: QTensor   # up
+    w2: QTensor   # down
+
+
+@dataclass
+class _Layer:
+    attn_norm: np.ndarray
+    ffn_norm: np.ndarray
+    wq_a: QTensor
+    q_norm: np.ndarray
+    wq_b: QTensor
+    wkv: QTensor
+    kv_norm: np.ndarray
+    wo_a: QTensor
+    wo_b: QTensor
+    sink: np.ndarray
+    comp: _Compressor | None
+    indexer: _Indexer | None
+    hc_attn: tuple
+    hc_ffn: tuple
+    gate: QTensor
+    bias: np.ndarray | None
+    tid2eid: np.ndarray | None
+    experts: list
+    shared: _Expert
+    mask: np.ndarray | None = None
+    first: list = field(default_factory=list)   # QTensors sharing the hidden input
+
+
+@dataclass
+class _CompState:
+    pk: list = field(default_factory=list)
+    ps: list = field(default_factory=list)
+    prev_kv: np.ndarray | None = None
+    prev_score: np.ndarray | None = None
+
+
+class _Growing:
+    """Rows appended one at a time into a doubling buffer."""
+    __slots__ = ("buf", "n", "off")
+
+    def __init__(self, width: int, off: int = 0, cap: int = 16):
+        self.buf = np.zeros((off + cap, width), np.float32)
+        self.n = 0
+        self.off = off
+
+    def append(self, row):
+        if self.off + self.n >= self.buf.shape[0]:
+            nb = np.zeros((self.off + 2 * (self.buf.shape[0] - self.off), self.buf.shape[1]), np.float32)
+            nb[: self.buf.shape[0]] = self.buf
+            self.buf = nb
+        self.buf[self.off + self.n] = row
+        self.n += 1
+
+
+class _LayerState:
+    __slots__ = ("cache", "win_n", "comp", "ix", "ix_kv")
+
+    def __init__(self, cfg: Dsv4Config, layer: _Layer):
+        # rows [0, window): the sliding window ring (slot = pos % window);
+        # rows [window, window + n): the compressed entries, in order.
+        self.cache = _Growing(cfg.head_dim, off=cfg.window)
+        self.win_n = 0
+        self.comp = _CompState() if layer.comp else None
+        self.ix = _CompState() if layer.indexer else None
+        self.ix_kv = _Growing(layer.indexer.head_dim) if layer.indexer else None
+
+
+class Dsv4State:
+    """Per-sequence state: position and every layer's caches."""
+
+    def __init__(self, model: "DeepseekV4Model"):
+        self.pos = 0
+        self.layers = [_LayerState(model.cfg, L) for L in model.layers]
+
+    # seed-style views (tests and debugging)
+    def window_len(self, li):
+        return self.layers[li].win_n
+
+    def n_compressed(self, li):
+        return self.layers[li].cache.n
+
+    def n_index(self, li):
+        s = self.layers[li]
+        return s.ix_kv.n if s.ix_kv is not None else 0
+
+    def has_prev(self, li):
+        c = self.layers[li].comp
+        return c is not None and c.prev_kv is not None
+
+
+def _task_masks(cf, cfg: Dsv4Config, task):
+    """[n_layers, E] bool or None."""
+    if task is None or task is False:
+        return None
+    if task is True:
+        m = getattr(cf, "masks", None)
+        if not m or not len(m) or not getattr(m, "default_task", None) or m.default_task not in m:
+            return None
+        t = m[m.default_task]
+        return None if t.experts is None else np.asarray(t.experts, bool)
+    if isinstance(task, str):
+        m = getattr(cf, "masks", None)
+        if not m or task not in m:
+            have = ", ".join(m.names()) if m else "none"
+            raise ConfigError(f"task {task!r}: not in {cf.path}'s masks section (tasks: {have})")
+        if m[task].experts is None:
+            raise ConfigError(f"task {task!r}: the mask has no expert fields")
+        return np.asarray(m[task].experts, bool)
+    if isinstance(task, dict):
+        out = np.ones((cfg.n_layers, cfg.n_routed_experts), bool)
+        for li, row in task.items():
+            out[int(li)] = np.asarray(row, bool)
+        return out
+    arr = np.asarray(task, bool)
+    if arr.shape != (cfg.n_layers, cfg.n_routed_experts):
+        raise ValueError(f"task: want a [{cfg.n_layers}, {cfg.n_routed_experts}] bool array, "
+                         f"got shape {arr.shape}")
+    return arr
+
+
+class DeepseekV4Model:
+    """A DeepSeek-V4 model read from an open CMF file (see the module docstring)."""
+
+    arch = ARCH_NAME
+    supports_rollback = False
+
+    def __init__(self, cmf_file, *, task=None):
+        cf = self.file = cmf_file
+        name = cf.arch.get("arch_name")
+        if name != ARCH_NAME:
+            raise ConfigError(f"{cf.path}: arch_name {name!r} is not {ARCH_NAME!r}")
+        cfg = self.cfg = config_from_file(cf)
+        self.vocab = cfg.vocab
+
+        def f(n):
+            if n not in cf.tensors:
+                raise FormatError(f"{cf.path}: tensor {n!r} missing")
+            return np.ascontiguousarray(cf.tensor(n), np.float32)
+
+        def q(n):
+            if n not in cf.tensors:
+                raise FormatError(f"{cf.path}: tensor {n!r} missing")
+            return QTensor.from_cmf(cf, n)
+
+        rd = cfg.rope_head_dim
+        self.inv_window = rope_inv_freq(rd, cfg.rope_theta)
+        if cfg.yarn:
+            y = cfg.yarn
+            self.inv_compress = yarn_inv_freq(rd, cfg.compress_rope_theta, float(y["factor"]),
+                                              int(y["original_max_position_embeddings"]),
+                                              float(y.get("beta_fast") or 32.0),
+                                              float(y.get("beta_slow") or 1.0))
+        else:
+            self.inv_compress = rope_inv_freq(rd, cfg.compress_rope_theta)
+        self.embed = q("model.embed_tokens.weight")
+        self.norm = f("model.norm.weight").ravel()
+        self.head = q("lm_head.weight")
+        self.hc_head_fn = f("model.hc_head_fn")
+        self.hc_head_base = f("model.hc_head_base").ravel()
+        self.hc_head_scale = float(f("model.hc_head_scale").ravel()[0])
+        masks = _task_masks(cf, cfg, task)
+
+        def compressor(p):
+            wkv = q(f"{p}.wkv.weight")
+            ape = f(f"{p}.ape")
+            width = wkv.rows
+            ape = ape.reshape(-1, width)
+            ratio = ape.shape[0]
+            norm = f(f"{p}.norm.weight").ravel()
+            overlap = norm.size * 2 == width
+            return _Compressor(wkv, q(f"{p}.wgate.weight"), norm, ape, ratio, overlap, width,
+                               width // 2 if overlap else width)
+
+        def hc(p, which):
+            sc = f(f"{p}.hc_{which}_scale").ravel()
+            if sc.size < 3:
+                raise FormatError(f"{cf.path}: {p}.hc_{which}_scale: expected 3 scales, got {sc.size}")
+            return (f(f"{p}.hc_{which}_fn"), np.ascontiguousarray(sc[:3]),
+                    f(f"{p}.hc_{which}_base").ravel())
+
+        self.layers: list[_Layer] = []
+        for li in range(cfg.n_layers):
+            p = f"model.layers.{li}"
+            a = f"{p}.self_attn"
+            comp = compressor(f"{a}.compressor") if f"{a}.compressor.wkv.weight" in cf.tensors else None
+            ix = None
+            if f"{a}.indexer.wq_b.weight" in cf.tensors:
+                wp = q(f"{a}.indexer.weights_proj.weight")
+                wqb = q(f"{a}.indexer.wq_b.weight")
+                ix = _Indexer(wqb, wp, compressor(f"{a}.indexer.compressor"), wp.rows,
+                              wqb.rows // max(wp.rows, 1))
+            m = f"{p}.mlp"
+            experts = [_Expert(q(f"{m}.experts.{e}.gate_proj.weight"),
+                               q(f"{m}.experts.{e}.up_proj.weight"),
+                               q(f"{m}.experts.{e}.down_proj.weight"))
+                       for e in range(cfg.n_routed_experts)]
+            tid = f"{m}.tid2eid"
+            L = _Layer(
+                attn_norm=f(f"{p}.input_layernorm.weight").ravel(),
+                ffn_norm=f(f"{p}.post_attention_layernorm.weight").ravel(),
+                wq_a=q(f"{a}.wq_a.weight"), q_norm=f(f"{a}.q_norm.weight").ravel(),
+                wq_b=q(f"{a}.wq_b.weight"), wkv=q(f"{a}.wkv.weight"),
+                kv_norm=f(f"{a}.kv_norm.weight").ravel(), wo_a=q(f"{a}.wo_a.weight"),
+                wo_b=q(f"{a}.wo_b.weight"), sink=f(f"{a}.attn_sink").ravel(),
+                comp=comp, indexer=ix, hc_attn=hc(p, "attn"), hc_ffn=hc(p, "ffn"),
+                gate=q(f"{m}.gate.weight"),
+                bias=f(f"{m}.expert_bias").ravel() if f"{m}.expert_bias" in cf.tensors else None,
+                tid2eid=(np.rint(f(tid)).astype(np.int64).reshape(-1, cfg.top_k)
+                         if tid in cf.tensors else None),
+                experts=experts,
+                shared=_Expert(q(f"{m}.shared_expert.gate_proj.weight"),
+                               q(f"{m}.shared_expert.up_proj.weight"),
+                               q(f"{m}.shared_expert.down_proj.weight")))
+            if L.tid2eid is not None:
+                if L.tid2eid.size and (L.tid2eid.min() < 0 or L.tid2eid.max() >= cfg.n_routed_experts):
+                    raise FormatError(f"{cf.path}: {tid}: expert ids outside 0..{cfg.n_routed_experts - 1}")
+            elif masks is not None:
+                L.mask = masks[li]
+            first = [L.wq_a, L.wkv]
+            if comp:
+                first += [comp.wkv, comp.wgate]
+            if ix:
+                first += [ix.comp.wkv, ix.comp.wgate, ix.weights_proj]
+            L.first = first
+            self.layers.append(L)
+
+    # ---- protocol -------------------------------------------------------------------
+    def new_state(self) -> Dsv4State:
+        return Dsv4State(self)
+
+    def can_rollback(self, state, n: int) -> bool:
+        return False
+
+    def rollback(self, state, n: int) -> None:
+        raise CortiqError("deepseek_v4: rollback is not supported (the compressor and "
+                          "indexer caches cannot be un-folded); start a new session instead")
+
+    def forward(self, state: Dsv4State, ids, want: str = "last"):
+        ids = np.asarray(ids, np.int64).ravel()
+        for t in ids:
+            if not 0 <= int(t) < self.cfg.vocab:
+                raise ValueError(f"deepseek_v4: token id {int(t)} outside 0..{self.cfg.vocab - 1}")
+        rows = []
+        for i, t in enumerate(ids):
+            need = want == "all" or (want == "last" and i == len(ids) - 1)
+            out = self.forward_token(state, int(t), logits=need)
+            if need:
+                rows.append(out)
+        if want == "all":
+            return np.stack(rows) if rows else np.zeros((0, self.vocab), np.float32)
+        if want == "last":
+            return rows[-1] if rows else None
+        return None
+
+    # ---- one token --------------------------------------------------------------------
+    def forward_token(self, st: Dsv4State, tid: int, logits: bool = True):
+        cfg = self.cfg
+        emb = self.embed.row(tid)
+        x = np.ascontiguousarray(np.broadcast_to(emb, (cfg.hc_mult, cfg.dim)), np.float32)
+        for li, L in enumerate(self.layers):
+            fn, sc, base = L.hc_attn
+            folded, post, comb = K.hc_pre(x, fn, sc, base, L.attn_norm, cfg.hc_sinkhorn_iters,
+                                          cfg.hc_eps, cfg.norm_eps)
+            out = self._attention(L, st.layers[li], folded, st.pos)
+            x = K.hc_expand(out, x, post, comb)
+            fn, sc, base = L.hc_ffn
+            folded, post, comb = K.hc_pre(x, fn, sc, base, L.ffn_norm, cfg.hc_sinkhorn_iters,
+                                          cfg.hc_eps, cfg.norm_eps)
+            out = self._moe(L, folded, tid)
+            x = K.hc_expand(out, x, post, comb)
+        st.pos += 1
+        if not logits:
+            return None
+        mixes = K.hc_mixes(x, self.hc_head_fn, cfg.norm_eps)
+        pre = K.hc_head_pre(mixes, self.hc_head_scale, self.hc_head_base, cfg.hc_eps)
+        h = K.hc_fold(x, pre, self.norm, cfg.norm_eps)
+        return self.head.matvec(h)
+
+    def _compress(self, cp: _Compressor, cs: _CompState, ckv, cg, pos, inv):
+        if cp.overlap:
+            cg = cg + cp.ape[pos % cp.ratio]
+        cs.pk.append(ckv)
+        cs.ps.append(cg)
+        if len(cs.pk) < cp.ratio:
+            return None
+        kv = np.stack(cs.pk)
+        sc = np.stack(cs.ps)
+        cs.pk, cs.ps = [], []
+        if cp.overlap:
+            folded = compress_overlap(cs.prev_kv, cs.prev_score, kv, sc, cp.ratio, cp.entry)
+            cs.prev_kv, cs.prev_score = kv, sc
+        else:
+            folded = K.pool_by_score(kv, np.ascontiguousarray(sc + cp.ape, np.float32))
+        K.rms_weighted(folded, cp.norm, self.cfg.norm_eps)
+        c, s = _cos_sin(inv, pos + 1 - cp.ratio)
+        K.rope_interleaved_tail(folded, c, s, self.cfg.rope_head_dim)
+        return folded
+
+    def _attention(self, L: _Layer, ls: _LayerState, x, pos):
+        cfg = self.cfg
+        hd, rd, W = cfg.head_dim, cfg.rope_head_dim, cfg.window
+        inv = self.inv_compress if L.comp is not None else self.inv_window
+        c, s = _cos_sin(inv, pos)
+        outs = QTensor.matvec_many(L.first, x)
+        qr, kv = outs[0], outs[1]
+        K.rms_weighted(qr, L.q_norm, cfg.norm_eps)
+        K.rms_weighted(kv, L.kv_norm, cfg.norm_eps)
+        K.rope_interleaved_tail(kv, c, s, rd)
+        k = 2
+        if L.comp is not None:
+            e = self._compress(L.comp, ls.comp, outs[2], outs[3], pos, inv)
+            k = 4
+            if e is not None:
+                ls.cache.append(e)
+        ix_e = None
+        if L.indexer is not None:
+            ix = L.indexer
+            ix_e = self._compress(ix.comp, ls.ix, outs[k], outs[k + 1], pos, inv)
+            if ix_e is not None:
+                ls.ix_kv.append(ix_e)
+            hw = outs[k + 2]
+        cache = ls.cache
+        cache.buf[pos % W] = kv
+        ls.win_n = min(ls.win_n + 1, W)
+        n_comp = cache.n
+        idx = [np.arange(ls.win_n, dtype=np.int64)]
+        if n_comp:
+            if L.indexer is not None:
+                ix = L.indexer
+                qi = ix.wq_b.matvec(qr).reshape(ix.n_heads, ix.head_dim)
+                K.rope_interleaved_tail(qi, c, s, rd)
+                w = (hw * np.float32(ix.head_dim ** -0.5 * ix.n_heads ** -0.5)).astype(np.float32)
+                n_ix = min(ls.ix_kv.n, n_comp)
+                sc = index_scores(qi, ls.ix_kv.buf[:n_ix], w, n_ix)
+                picked = top_k_positions(sc, cfg.index_topk)
+                idx.append(picked + W)
+            else:
+                idx.append(np.arange(W, W + n_comp, dtype=np.int64))
+        idx = np.concatenate(idx) if len(idx) > 1 else idx[0]
+        q = L.wq_b.matvec(qr).reshape(cfg.n_heads, hd)
+        K.rmsnorm(q, None, cfg.norm_eps, out=q)
+        K.rope_interleaved_tail(q, c, s, rd)
+        o = K.sparse_attend(q, cache.buf[: W + n_comp], idx, L.sink, hd ** -0.5)
+        K.rope_interleaved_tail(o, c, s, rd, True)
+        mid = K.grouped_rows(L.wo_a, o.reshape(-1), cfg.o_groups)
+        return L.wo_b.matvec(mid)
+
+    def _expert(self, e: _Expert, x, weight, acc):
+        g, u = QTensor.matvec_many([e.w1, e.w3], x)
+        K.swiglu_clamp(g, u, self.cfg.swiglu_limit, weight)
+        d = e.w2.matvec(g)
+        if acc is None:
+            return d
+        acc += d
+        return acc
+
+    def _moe(self, L: _Layer, x, tid):
+        cfg = self.cfg
+        logits = L.gate.matvec(x)
+        forced = hash_route(L.tid2eid, tid) if L.tid2eid is not None else None
+        idx, w = route(logits, L.bias, cfg.top_k, cfg.route_scale, forced, L.mask)
+        chosen = [L.shared] + [L.experts[int(e)] for e in idx]
+        weights = [1.0] + [float(v) for v in w]
+        # every gate and up projection of the chosen experts in one pass over x
+        gu = QTensor.matvec_many([t for e in chosen for t in (e.w1, e.w3)], x)
+        limit = self.cfg.swiglu_limit
+        hs = [K.swiglu_clamp(gu[2 * j], gu[2 * j + 1], limit, wt) for j, wt in enumerate(weights)]
+        # and every down projection in one pass over the output rows
+        return K.rows_sum([e.w2 for e in chosen], hs)

@@ -1,0 +1,100 @@
+/* mix_avx2.c -- AVX2/FMA twin of mix_ref.c (same contracts; sums in 8 lanes, so
+ * results differ from the reference at rounding level). The hot passes are the ones
+ * over hc*dim floats: the mixes projection, the fold and the expand. */
+#include "mix_common.h"
+#include <immintrin.h>
+#ifdef CORTIQ_HAVE_OPENMP
+#include <omp.h>
+#endif
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static float dot8(const float *a, const float *b, size_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), a1);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+    float s = hsum8(_mm256_add_ps(a0, a1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void hc_mixes_avx2(const float *x, size_t n, const float *fn, size_t mix, float eps,
+                          float *out) {
+    float r = 1.0f / sqrtf(dot8(x, x, n) / (float)n + eps);
+    long m = (long)mix;
+#ifdef CORTIQ_HAVE_OPENMP
+#pragma omp parallel for num_threads(cq_get_num_threads()) schedule(static) if (n * mix >= ((size_t)1 << 18))
+#endif
+    for (long i = 0; i < m; i++) out[i] = dot8(fn + (size_t)i * n, x, n) * r;
+}
+
+static void hc_fold_avx2(const float *x, const float *pre, size_t hc, size_t dim, float *out) {
+    size_t d = 0;
+    for (; d + 8 <= dim; d += 8) {
+        __m256 s = _mm256_setzero_ps();
+        for (size_t j = 0; j < hc; j++)
+            s = _mm256_fmadd_ps(_mm256_set1_ps(pre[j]), _mm256_loadu_ps(x + j * dim + d), s);
+        _mm256_storeu_ps(out + d, s);
+    }
+    for (; d < dim; d++) {
+        float s = 0.0f;
+        for (size_t j = 0; j < hc; j++) s += pre[j] * x[j * dim + d];
+        out[d] = s;
+    }
+}
+
+static void rms_weighted_avx2(float *v, const float *w, size_t n, float eps) {
+    float r = 1.0f / sqrtf(dot8(v, v, n) / (float)n + eps);
+    __m256 rr = _mm256_set1_ps(r);
+    size_t i = 0;
+    if (w) {
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(v + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), rr),
+                                                  _mm256_loadu_ps(w + i)));
+        for (; i < n; i++) v[i] = v[i] * r * w[i];
+    } else {
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, _mm256_mul_ps(_mm256_loadu_ps(v + i), rr));
+        for (; i < n; i++) v[i] = v[i] * r;
+    }
+}
+
+static void hc_fold_norm_avx2(const float *x, const float *pre, size_t hc, size_t dim,
+                              const float *w, float eps, float *out) {
+    hc_fold_avx2(x, pre, hc, dim, out);
+    rms_weighted_avx2(out, w, dim, eps);
+}
+
+static void hc_expand_avx2(const float *blk, const float *res, const float *post,
+                           const float *comb, size_t hc, size_t dim, float *out) {
+    for (size_t j = 0; j < hc; j++) {
+        __m256 p = _mm256_set1_ps(post[j]);
+        size_t d = 0;
+        for (; d + 8 <= dim; d += 8) {
+            __m256 s = _mm256_mul_ps(p, _mm256_loadu_ps(blk + d));
+            for (size_t k = 0; k < hc; k++)
+                s = _mm256_fmadd_ps(_mm256_set1_ps(comb[k * hc + j]),
+                                    _mm256_loadu_ps(res + k * dim + d), s);
+            _mm256_storeu_ps(out + j * dim + d, s);
+        }
+        for (; d < dim; d++) {
+            float s = post[j] * blk[d];
+            for (size_t k = 0; k < hc; k++) s += comb[k * hc + j] * res[k * dim + d];
+            out[j * dim + d] = s;
+        }
+    }
+}
+
+const cq_mix_ops cq_mix_avx2 = {
+    hc_mixes_avx2, mix_split_sinkhorn, mix_head_pre, hc_fold_avx2, hc_fold_norm_avx2,
+    hc_expand_avx2, rms_weighted_avx2, mix_swiglu, mix_pool_by_score,
+    mix_grouped_rows, mix_rows_sum,
+};
