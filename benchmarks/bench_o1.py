@@ -81,7 +81,9 @@ def rss_kb() -> tuple[int, int]:
 
 
 def one(args) -> dict:
+    import cortiq
     import cortiq.cmf
+    cortiq.set_num_threads(args.threads)
     from cortiq.models import dory
     from cortiq.models.dory_o1 import host_kv_bytes
     o1 = args.o1 if args.on else "off"
@@ -110,8 +112,10 @@ def one(args) -> dict:
 def interleaved(args, lengths) -> None:
     """Decode with o1 on after each prompt length, in one process, a token of each state in
     turn: the machine's load hits every length alike."""
+    import cortiq
     import cortiq.cmf
     from cortiq.models import dory
+    cortiq.set_num_threads(args.threads)
     m = dory.DoryModel(cortiq.cmf.open(args.model), o1=args.o1, prompt_loops=args.prompt_loops)
     ids = np.random.default_rng(1).integers(0, m.vocab, max(lengths) + args.decode)
     states = []
@@ -149,6 +153,8 @@ def main() -> None:
                     help="passes over prompt chunks (last_loop; the turbo default)")
     ap.add_argument("--quant", default="q8_row")
     ap.add_argument("--model", default=None)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="kernel threads (1: OpenMP waits on a shared machine distort timings)")
     ap.add_argument("--interleaved", action="store_true",
                     help="also decode after every length in one process, token by token in turn")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
@@ -175,7 +181,7 @@ def main() -> None:
                 continue
             cmd = [sys.executable, args.runner, "--one", "--model", args.model,
                    "--length", str(length), "--decode", str(args.decode), "--o1", args.o1,
-                   "--prompt-loops", str(args.prompt_loops)]
+                   "--prompt-loops", str(args.prompt_loops), "--threads", str(args.threads)]
             if on:
                 cmd.append("--on")
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -184,7 +190,7 @@ def main() -> None:
             print(f"# {length} o1={r['o1']}: prefill {r['prefill_s']:.1f} s", file=sys.stderr)
     print(f"model: hidden {args.hidden}, pattern {args.pattern}, heads {args.heads}, "
           f"{args.quant}, loops {args.loops} (last_loop, prompt loops {args.prompt_loops}), "
-          f"o1 on = {args.o1}, decode {args.decode} tokens")
+          f"o1 on = {args.o1}, decode {args.decode} tokens, {args.threads} thread(s)")
     print("| prompt | o1 | KV bytes (exact + far) | RSS MB (peak) | prefill tok/s cpu (wall)"
           " | decode tok/s cpu (wall) | decode tok/s cpu p10 |")
     print("|---:|---|---:|---:|---:|---:|---:|")
