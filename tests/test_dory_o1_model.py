@@ -257,6 +257,7 @@ def test_a_state_dropped_before_its_rebuild_leaves_no_files(tiny_path, clean_env
     assert os.listdir(spill) == []
 
 
+@pytest.mark.filterwarnings("ignore:.*no tokenizer")
 def test_llm_sessions_take_the_option_and_reread_past_a_seal(tiny_path, clean_env):
     from cortiq.llm import LLM
     llm = LLM(tiny_path, o1="4,6,0,24")
