@@ -80,6 +80,34 @@ cdef extern from "cortiq.h" nogil:
         void (*slerp)(float *x, float *out, const float *alpha, size_t rows, size_t n, float eps) noexcept nogil
         void (*gate_norm)(float *y, const float *g, const float *s, size_t rows, size_t n, float eps) noexcept nogil
 
+    # nystrom + linalg (issue 6)
+    ctypedef struct cq_nys_view:
+        size_t d, dv, m, rep
+        size_t sink_len, w, win_len, win_head, far_len
+        int exact_only, rect_fm
+        float scale
+        const float *sink_k
+        const float *sink_v
+        float *win_k
+        float *win_v
+        const float *k_tilde
+        const float *q_tilde
+        const float *mu
+        float *t_hat
+        float *z_hat
+        float *m_max
+        float *scratch
+
+    ctypedef struct cq_nystrom_ops:
+        void (*absorb)(cq_nys_view *g, const float *k, const float *v, size_t n) noexcept nogil
+        cq_status (*step)(cq_nys_view *g, const float *q, const float *k, const float *v, float *y, int restep) noexcept nogil
+        void (*readout)(cq_nys_view *g, const float *q, float *y) noexcept nogil
+        cq_status (*seg_means)(const float *x, size_t ld, size_t d, const uint32_t *index, size_t rows, size_t m, double *out) noexcept nogil
+
+    ctypedef struct cq_linalg_ops:
+        int (*ridge_pinv)(const double *A, size_t m, double *M, double *work) noexcept nogil
+        cq_status (*key_residuals)(const float *k, size_t rows, size_t ld, size_t hd, size_t m, float *out, double *work) noexcept nogil
+
     ctypedef struct cq_table:
         const char *name
         const cq_mathfn_ops *mathfn
@@ -88,6 +116,8 @@ cdef extern from "cortiq.h" nogil:
         const cq_matvec_ops *matvec  # [KERN]
         const cq_attn_ops *attn  # [KERN]
         const cq_mix_ops *mix
+        const cq_nystrom_ops *nystrom
+        const cq_linalg_ops *linalg
 
     ctypedef enum cq_isa:
         CQ_ISA_REF

@@ -19,3 +19,5 @@ include "_k_quant.pxi"
 include "_k_matvec.pxi"  # [KERN]
 include "_k_attn.pxi"  # [KERN]
 include "_k_mix.pxi"
+include "_k_nystrom.pxi"
+include "_k_linalg.pxi"

@@ -278,6 +278,67 @@ typedef struct cq_mix_ops {
 
 extern const cq_mix_ops cq_mix_ref;
 extern const cq_mix_ops cq_mix_avx2;
+/* ---- nystrom (issue 6, csrc/nystrom) ------------------------------------ */
+/* The O(1) far field of specs/nystrom.md: one group = one KV head with `rep` query
+ * heads. The state's buffers belong to the caller (cortiq/models/nystrom.py); the
+ * kernels read and update them through this view. Layouts (row-major f32):
+ *   sink_k [sink_len][d], sink_v [sink_len][dv]   permanent exact rows
+ *   win_k  [w][d], win_v [w][dv]                  the exact ring (exact-only mode: the
+ *                                                 growing buffer, capacity w)
+ *   k_tilde [m][d]                                key landmarks
+ *   per head h: q_tilde [rep][m][d], mu [rep][m][m] (row = key landmark),
+ *   t_hat [rep][m][dv], z_hat [rep][m], m_max [rep][m] (running maxima, -inf empty)
+ *   scratch: sink_len + w + 3*m floats. */
+typedef struct cq_nys_view {
+    size_t d, dv, m, rep;
+    size_t sink_len, w, win_len, win_head, far_len;
+    int exact_only, rect_fm;
+    float scale;
+    const float *sink_k, *sink_v;
+    float *win_k, *win_v;
+    const float *k_tilde, *q_tilde, *mu;
+    float *t_hat, *z_hat, *m_max;
+    float *scratch;
+} cq_nys_view;
+
+typedef struct cq_nystrom_ops {
+    /* Absorb rows k[n][d], v[n][dv] (in order) into every head's far accumulators
+     * with the running-max shifts of spec §2; far_len += n. */
+    void (*absorb)(cq_nys_view *g, const float *k, const float *v, size_t n);
+    /* One decode row: the group push (or, with restep, the overwrite of the newest
+     * row, spec §6.4), then each head's readout of q[rep][d] into y[rep][dv].
+     * CQ_ERR_SHAPE when an exact-only buffer is full (caller grows it first) or a
+     * restep finds no row. */
+    cq_status (*step)(cq_nys_view *g, const float *q, const float *k, const float *v,
+                      float *y, int restep);
+    /* Readout only (no push), every head. */
+    void (*readout)(cq_nys_view *g, const float *q, float *y);
+    /* Segment means in f64 of `rows` rows of width d taken from x (row stride ld),
+     * row r being x[index ? index[r] : r]: segment a covers [a*rows/m, (a+1)*rows/m).
+     * CQ_ERR_ARG when m == 0 or rows < m. */
+    cq_status (*seg_means)(const float *x, size_t ld, size_t d, const uint32_t *index,
+                           size_t rows, size_t m, double *out);
+} cq_nystrom_ops;
+
+extern const cq_nystrom_ops cq_nystrom_ref;
+extern const cq_nystrom_ops cq_nystrom_avx2;
+
+/* ---- linalg (issue 6, csrc/linalg): small dense f64 solves ---------------- */
+typedef struct cq_linalg_ops {
+    /* M = (A^T A + lam I)^-1 A^T for A[m][m] (spec §1.4): lam = 1e-6 * mean(diag A^T A),
+     * Cholesky retried with lam*10 up to 12 times, else M = I / mean(diag). work:
+     * 2*m*m + m doubles. Returns the number of Cholesky attempts used (0 = fallback). */
+    int (*ridge_pinv)(const double *A, size_t m, double *M, double *work);
+    /* The seed's key_residuals in f64: landmarks = m segment means of the rows of k
+     * (row r at k + r*ld, width hd; segment a = [a*rows/m, max((a+1)*rows/m, lo+1))),
+     * G = L L^T + 1e-4 I by Cholesky (pivots floored at 1e-12), per row
+     * c = G^-1 (L k), out[r] = k.k - c.(L k) - 1e-4 c.c. work: m*hd + m*m + 2*m doubles.
+     * CQ_ERR_ARG when m == 0 or rows == 0. */
+    cq_status (*key_residuals)(const float *k, size_t rows, size_t ld, size_t hd, size_t m,
+                               float *out, double *work);
+} cq_linalg_ops;
+
+extern const cq_linalg_ops cq_linalg_ref;
 
 /* ---- the dispatch table ------------------------------------------------- */
 typedef struct cq_table {
@@ -288,6 +349,8 @@ typedef struct cq_table {
     const cq_matvec_ops *matvec; /* [KERN] */
     const cq_attn_ops *attn;     /* [KERN] */
     const cq_mix_ops *mix;      /* dsv4 */
+    const cq_nystrom_ops *nystrom;  /* issue 6 */
+    const cq_linalg_ops *linalg;    /* issue 6 */
 } cq_table;
 
 typedef enum cq_isa { CQ_ISA_REF = 0, CQ_ISA_AVX2 = 1, CQ_ISA_AVX512 = 2, CQ_ISA_COUNT = 3 } cq_isa;

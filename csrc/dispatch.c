@@ -15,6 +15,8 @@ static const cq_table TABLE_REF = {
     .matvec = &cq_matvec_ref,
     .attn = &cq_attn_ref,
     .mix = &cq_mix_ref,     /* dsv4 */
+    .nystrom = &cq_nystrom_ref, /* issue 6 */
+    .linalg = &cq_linalg_ref,
 };
 
 #ifdef CORTIQ_HAVE_AVX2
@@ -26,6 +28,8 @@ static const cq_table TABLE_AVX2 = {
     .matvec = &cq_matvec_avx2,
     .attn = &cq_attn_avx2,
     .mix = &cq_mix_avx2,     /* dsv4 */
+    .nystrom = &cq_nystrom_avx2, /* issue 6 */
+    .linalg = &cq_linalg_ref, /* no twin: once per seal */
 };
 #endif
 
@@ -39,6 +43,8 @@ static const cq_table TABLE_AVX512 = {
     .matvec = &cq_matvec_avx512,
     .attn = &cq_attn_avx2,
     .mix = &cq_mix_avx2,     /* dsv4 */
+    .nystrom = &cq_nystrom_avx2, /* issue 6 */
+    .linalg = &cq_linalg_ref, /* no twin: once per seal */
 };
 #endif
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +33,7 @@ from .. import _kernels as K
 from ..errors import ConfigError, CortiqError
 from ..tensor import QTensor
 from .dory_config import DoryConfig, DoryOptions
+from .dory_o1 import EXACT_TAIL, O1Runtime, host_kv_bytes  # o1 (issue 6)
 
 EPS = 1e-6
 #: rows of a prompt run through the stack together
@@ -239,7 +239,7 @@ class DoryModel:
     supports_rollback = True
 
     def __init__(self, cmf, *, loops=None, kv_mode=None, gate=None, prompt_loops=None,
-                 full_window=None):
+                 full_window=None, o1=None, spill=None):
         self.file = cmf
         cfg = DoryConfig.from_header(cmf.header)
         if loops == "auto":  # the loop count decided per token: an early-exit gate
@@ -303,11 +303,10 @@ class DoryModel:
         self.inv_full = rope_inv_freq(self.hd, cfg.rope_theta_full)
         self.inv_sliding = rope_inv_freq(self.hd, cfg.rope_theta_sliding)
         self.gate = self._make_gate(opts.gate)
-        o1_env = os.environ.get("CMF_DORY_O1", "").strip()
-        if (cfg.turbo is not None and o1_env != "off") or (o1_env and o1_env != "off"):
-            warnings.warn("dory: this model asks for the O(1) far field, which this cortiq "
-                          "version does not have yet; attention runs exact", RuntimeWarning,
-                          stacklevel=2)
+        # ---- o1 (issue 6): the far field of the full layers (cortiq/models/dory_o1.py)
+        fixed_loops = loops is not None or bool(os.environ.get("CMF_DORY_LOOPS", "").strip())
+        self.o1rt = O1Runtime.for_model(self, o1=o1, spill=spill, turbo_defaults=not fixed_loops)
+        # ---- end o1
 
     def _make_gate(self, spec) -> Gate | None:
         if spec is None:
@@ -357,8 +356,11 @@ class DoryModel:
             st.slots = [[] for _ in range(self.attn_layers)]
         out = []
         done = 0
+        tail_from = st.pos + ids.size - EXACT_TAIL  # o1: the rebuild before the last rows
         for start in range(0, ids.size, HOST_CHUNK):
             chunk = ids[start:start + HOST_CHUNK]
+            if self.o1rt is not None and st.pos >= tail_from:  # o1
+                self.o1rt.finish_exact(st)
             t = chunk.size
             last = start + t == ids.size
             w = want if (last or want == "all") else "none"
@@ -375,6 +377,8 @@ class DoryModel:
                 out.append(self._head(h))
             elif want == "last" and last:
                 out.append(self._head(h[-1:]))
+        if self.o1rt is not None:  # o1
+            self.o1rt.finish_exact(st)
         if want == "none":
             return None
         if want == "last":
@@ -389,10 +393,14 @@ class DoryModel:
         for row in st.slots:
             for s in row:
                 s.rollback(n)
+        if self.o1rt is not None:  # o1: the query trace forgets them too
+            self.o1rt.rollback(st, n)
         st.pos = min(st.pos, n)
 
     def can_rollback(self, st: DoryState, n: int) -> bool:
         """True when every window layer still holds the keys a token at n would read."""
+        if self.o1rt is not None and not self.o1rt.can_rollback(st, n):  # o1
+            return False
         for w in self.layers:
             if isinstance(w, AttnWeights) and st.slots and st.slots[w.ordinal]:
                 keep = self._keep(w)
@@ -402,7 +410,8 @@ class DoryModel:
         return True
 
     def kv_bytes(self, st: DoryState) -> int:
-        return sum(s.nbytes() for row in st.slots for s in row)
+        exact = sum(s.nbytes() for row in st.slots for s in row)
+        return exact + (host_kv_bytes(st)[1] if self.o1rt is not None else 0)  # o1
 
     # -- the stack ------------------------------------------------------------
     def _keep(self, w: AttnWeights) -> int:
@@ -449,6 +458,8 @@ class DoryModel:
                 run(li, 0, h)
         # Windowed layers keep only what the next position reads; trimming waits for
         # the chunk's end because a later last-loop pass reads what is behind it.
+        if self.o1rt is not None:  # o1: sealed rows to the store, the seal
+            self.o1rt.after_chunk(st, pos0, t)
         for w in self.layers:
             if isinstance(w, AttnWeights):
                 for s in st.slots[w.ordinal]:
@@ -501,10 +512,17 @@ class DoryModel:
         K.qk_prep(q, cos, sin, w.sq, EPS)     # rotate, justnorm per head, * s_q
         K.qk_prep(k, cos, sin, None, EPS)     # rotate, justnorm per head
         slot = self._slot(st, w, li, loop_i)
-        slot.put(k, v.reshape(t, nk, hd), overwrite)
-        window = self.window if w.sliding else (self.full_window or 0)  # 0: unlimited
-        y = K.attn_gqa_window(q, slot.k[:slot.n], slot.v[:slot.n], pos0, window, slot.first,
-                              float(self.attn_scale))
+        v = v.reshape(t, nk, hd)
+
+        def exact():
+            slot.put(k, v, overwrite)
+            window = self.window if w.sliding else (self.full_window or 0)  # 0: unlimited
+            return K.attn_gqa_window(q, slot.k[:slot.n], slot.v[:slot.n], pos0, window,
+                                     slot.first, float(self.attn_scale))
+        if self.o1rt is not None and not w.sliding:  # o1: exact until the seal, then far
+            y = self.o1rt.attend(slot, q, k, v, pos0, overwrite, exact)
+        else:
+            y = exact()
         y = y.reshape(t, nh * hd)
         K.gate_norm(y, g, w.sg, EPS)          # y = (y * sigmoid(g * s_g))^
         return w.o.matvec(y[0])[None] if t == 1 else w.o.matmat(y)
