@@ -292,3 +292,16 @@ def test_from_cmf():
     np.testing.assert_array_equal(o.dequantize(), cf.tensor("o"))
     with pytest.raises(FormatError, match="2-D"):
         QTensor.from_cmf(cf, "n")
+
+
+def test_qgroup_equals_separate_matvecs():
+    from cortiq.tensor import QGroup
+    rng = np.random.default_rng(3)
+    ts = [QTensor.from_f32(rng.normal(size=(r, 64)).astype(np.float32), "q8_row") for r in (5, 17, 3)]
+    x = rng.normal(size=64).astype(np.float32)
+    for got, t in zip(QGroup(ts).matvec(x), ts):
+        np.testing.assert_array_equal(got, t.matvec(x))
+    with pytest.raises(ValueError, match="same number of columns"):
+        QGroup([ts[0], QTensor.from_f32(np.ones((2, 32), np.float32), "f32")])
+    with pytest.raises(ValueError):
+        QGroup([])

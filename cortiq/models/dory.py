@@ -31,7 +31,7 @@ import numpy as np
 
 from .. import _kernels as K
 from ..errors import ConfigError, CortiqError
-from ..tensor import QTensor
+from ..tensor import QGroup, QTensor
 from .dory_config import DoryConfig, DoryOptions
 from .dory_o1 import EXACT_TAIL, O1Runtime, host_kv_bytes  # o1 (issue 6)
 
@@ -86,6 +86,9 @@ class AttnWeights:
     sliding: bool
     ordinal: int        # position among the attention layers: the KV slot table's row
 
+    def __post_init__(self):
+        self.qkvg = QGroup([self.q, self.k, self.v, self.g])  # one pass over x per token
+
 
 @dataclass
 class MlpWeights:
@@ -95,6 +98,9 @@ class MlpWeights:
     sg: np.ndarray      # suv_gate * sqrt(hidden), [ffn]
     su: np.ndarray      # suv_up * sqrt(hidden), [ffn]
     alpha: np.ndarray   # |mlp_alpha * alpha0 / sigma0|, [hidden]
+
+    def __post_init__(self):
+        self.gate_up = QGroup([self.gate, self.up])
 
 
 class Topologies:
@@ -502,7 +508,7 @@ class DoryModel:
         t = h.shape[0]
         nh, nk, hd, rep = self.nh, self.nk, self.hd, self.rep
         if t == 1:
-            q, k, v, g = QTensor.matvec_many([w.q, w.k, w.v, w.g], h[0])
+            q, k, v, g = w.qkvg.matvec(h[0])
             q, k, v, g = q[None], k[None], v[None], g[None]
         else:
             q, k, v, g = (w.q.matmat(h), w.k.matmat(h), w.v.matmat(h), w.g.matmat(h))
@@ -529,7 +535,7 @@ class DoryModel:
 
     def _mlp(self, w: MlpWeights, h: np.ndarray) -> np.ndarray:
         if h.shape[0] == 1:
-            g, u = QTensor.matvec_many([w.gate, w.up], h[0])
+            g, u = w.gate_up.matvec(h[0])
             g, u = g[None], u[None]
         else:
             g, u = w.gate.matmat(h), w.up.matmat(h)
