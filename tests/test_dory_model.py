@@ -29,7 +29,7 @@ F32_ABS = 1e-4
 Q_ABS = 1e-3
 CHUNK_ABS = 1e-5
 
-convert = pytest.importorskip("cortiq.convert").from_hf
+from cortiq.convert import from_hf as convert  # noqa: E402
 
 
 def build_model(tmp_path_factory, name, quant="f32", **params):
