@@ -77,7 +77,7 @@ class BuildKernels(build_ext):
                          "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                                     "-mavx2", "-mfma", "-mf16c"]}
             omp_c, omp_l = ["-fopenmp"], ["-fopenmp"]
-            if native:
+            if native:  # CORTIQ_NATIVE=1 only: a local build, never a wheel
                 common.append("-march=native")
 
         groups = _c_sources()
