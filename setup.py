@@ -21,6 +21,7 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = "csrc"
+NATIVE_FLAG = "-march=native"  # only with CORTIQ_NATIVE=1 (a local build)
 
 
 def _target_is_x86() -> bool:
@@ -77,8 +78,8 @@ class BuildKernels(build_ext):
                          "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                                     "-mavx2", "-mfma", "-mf16c"]}
             omp_c, omp_l = ["-fopenmp"], ["-fopenmp"]
-            if native:  # CORTIQ_NATIVE=1 only: a local build, never a wheel
-                common.append("-march=native")
+            if native:  # a local, non-portable build: never in a wheel
+                common.append(NATIVE_FLAG)
 
         groups = _c_sources()
         macros = list(ext.define_macros)
