@@ -12,6 +12,7 @@
 #ifndef CQ_ATTN_BODY_H
 #define CQ_ATTN_BODY_H
 #include "attn_scalar.h"
+#include "../scratch.h"
 
 static void k_rmsnorm(const float *x, const float *w, float eps, float *y, size_t rows, size_t n) {
     for (size_t r = 0; r < rows; r++) {
@@ -68,13 +69,7 @@ static cq_status k_attn_gqa(const float *q, const float *keys, const float *vals
 #pragma omp parallel num_threads(cq_get_num_threads()) if (par)
 #endif
     {
-        float *sc = (float *)malloc(rep * nkeys * sizeof(float) + 16);
-        if (!sc) {
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
+        float *sc = cq_thread_scratch(rep * nkeys * sizeof(float) + 16, &failed);
 #ifdef CORTIQ_HAVE_OPENMP
 #pragma omp for schedule(static)
 #endif
@@ -117,13 +112,7 @@ static cq_status k_sparse_attend(const float *q, const float *kv, size_t nkv, co
 #pragma omp parallel num_threads(cq_get_num_threads()) if (par)
 #endif
     {
-        float *sc = (float *)malloc((m ? m : 1) * sizeof(float));
-        if (!sc) {
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
+        float *sc = cq_thread_scratch((m ? m : 1) * sizeof(float), &failed);
 #ifdef CORTIQ_HAVE_OPENMP
 #pragma omp for schedule(static)
 #endif

@@ -12,6 +12,7 @@
 #ifndef CQ_MATVEC_DRIVERS_H
 #define CQ_MATVEC_DRIVERS_H
 #include "qmat.h"
+#include "../scratch.h"
 #include <stdlib.h>
 #ifdef CORTIQ_HAVE_OPENMP
 #include <omp.h>
@@ -128,13 +129,7 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
 #pragma omp parallel num_threads(cq_get_num_threads()) if (par)
 #endif
     {
-        float *w = (float *)malloc(CQ_MM_ROWS * (cols ? cols : 1) * sizeof(float) + 64);
-        if (!w) {
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
+        float *w = cq_thread_scratch(CQ_MM_ROWS * (cols ? cols : 1) * sizeof(float) + 64, &failed);
 #ifdef CORTIQ_HAVE_OPENMP
 #pragma omp for schedule(static)
 #endif
