@@ -1,5 +1,6 @@
 """cortiq: run CMF v2 language models (Dory, DeepSeek-V4) fast on the CPU."""
-from ._config import __version__, config, get_num_threads, set_num_threads, show_config
+from ._config import (__version__, config, get_int8_activations, get_num_threads,
+                      set_int8_activations, set_num_threads, show_config)
 from .errors import ConfigError, CortiqError, FormatError, KernelError, TemplateError
 from .llm import LLM
 from .sampling import SamplingParams
@@ -14,7 +15,9 @@ __all__ = [
     "TemplateError",
     "__version__",
     "config",
+    "get_int8_activations",
     "get_num_threads",
+    "set_int8_activations",
     "set_num_threads",
     "show_config",
 ]

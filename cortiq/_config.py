@@ -1,8 +1,9 @@
-"""Process-wide settings: which kernel table runs and how many threads it uses.
+"""Process-wide settings: which kernel table runs, how many threads it uses, and
+whether the q4 matvecs may quantize their activations to int8.
 
-Read once at import from CORTIQ_ISA and CORTIQ_NUM_THREADS; changed later through
-cortiq.set_num_threads(). A forced ISA that cannot run here is an error, never a
-silent fallback.
+Read once at import from CORTIQ_ISA, CORTIQ_NUM_THREADS and CORTIQ_INT8_ACT; changed
+later through cortiq.set_num_threads() / cortiq.set_int8_activations(). A forced ISA
+that cannot run here is an error, never a silent fallback.
 """
 import os
 
@@ -40,6 +41,10 @@ def _init() -> None:
     else:
         _kernels.set_isa(_kernels.best_isa())
     _kernels.set_num_threads(_default_threads())
+    raw = os.environ.get("CORTIQ_INT8_ACT", "").strip()
+    if raw not in ("", "0", "1"):
+        raise ConfigError(f"CORTIQ_INT8_ACT must be 0 or 1, got {raw!r}")
+    _kernels.set_int8_act(raw == "1")
 
 
 def set_num_threads(n: int) -> None:
@@ -53,6 +58,25 @@ def get_num_threads() -> int:
     return _kernels.get_num_threads()
 
 
+def set_int8_activations(on: bool) -> None:
+    """Opt in (or back out) of int8 activations for q4 matrices, process-wide.
+
+    While on, matvec / matvec_many / row_dot / rows_dot of q4_block, q4_tiled and q4tp
+    matrices quantize x per group of 32 to int8 (scale max|x| / 127) and sum in
+    integers: about 1.5-2x the speed of the exact float32 path where that path is
+    compute-bound, at a relative error of a few 1e-3 per dot product (measured in
+    docs/ARCHITECTURE.md). Off by default: parity with float32 references holds only
+    with it off. Results stay deterministic and identical for any thread count.
+    """
+    if not isinstance(on, bool):
+        raise ConfigError(f"set_int8_activations: expected True or False, got {on!r}")
+    _kernels.set_int8_act(on)
+
+
+def get_int8_activations() -> bool:
+    return _kernels.get_int8_act()
+
+
 def config() -> dict:
     """The build and runtime configuration as a dict (what show_config prints)."""
     return {
@@ -62,6 +86,7 @@ def config() -> dict:
         "isa_usable": _kernels.usable_isas(),
         "cpu_features": _kernels.cpu_features(),
         "threads": _kernels.get_num_threads(),
+        "int8_activations": _kernels.get_int8_act(),
         "openmp": _kernels.have_openmp(),
         "compiler": _kernels.compiler(),
     }
@@ -77,6 +102,7 @@ def show_config(file=None) -> None:
         f"usable here: {', '.join(c['isa_usable'])})",
         f"  cpu features: {' '.join(c['cpu_features']) or '(none detected)'}",
         f"  threads:      {c['threads']}",
+        f"  int8 act:     {'on (q4 matvecs quantize x)' if c['int8_activations'] else 'off'}",
         f"  openmp:       {openmp}",
         f"  compiler:     {c['compiler']}",
     ]

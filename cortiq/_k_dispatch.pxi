@@ -20,6 +20,17 @@ def cpu_features():
     return [name for bit, name in _FEATURE_NAMES if f & (1u << bit)]
 
 
+def _hide_cpu_features(names):
+    """Tests only: report these features as absent (an empty list restores)."""
+    cdef uint32_t mask = 0
+    known = {name: bit for bit, name in _FEATURE_NAMES}
+    for n in names:
+        if n not in known:
+            raise ValueError(f"unknown cpu feature {n!r}; known: {', '.join(known)}")
+        mask |= 1u << known[n]
+    cq_hide_cpu_features(mask)
+
+
 def compiled_isas():
     """ISA tables compiled into this build, in order of preference (worst first)."""
     return [n for n, v in _ISA_BY_NAME.items() if cq_table_for(v) != NULL]
@@ -67,6 +78,14 @@ def set_num_threads(int n):
 
 def get_num_threads():
     return cq_get_num_threads()
+
+
+def set_int8_act(bint on):
+    cq_set_int8_act(1 if on else 0)
+
+
+def get_int8_act():
+    return bool(cq_get_int8_act())
 
 
 def compiler():

@@ -11,6 +11,7 @@ cdef extern from "cortiq.h" nogil:
     const char *cq_status_str(cq_status s)
 
     uint32_t cq_cpu_features()
+    void cq_hide_cpu_features(uint32_t mask)
 
     ctypedef struct cq_mathfn_ops:
         void (*exp_f32)(const float *x, float *out, size_t n) noexcept nogil
@@ -134,4 +135,6 @@ cdef extern from "cortiq.h" nogil:
     int cq_have_openmp()
     void cq_set_num_threads(int n)
     int cq_get_num_threads()
+    void cq_set_int8_act(int on)
+    int cq_get_int8_act()
     const char *cq_compiler()

@@ -49,6 +49,9 @@ enum {
 };
 /* Feature bits of this CPU (CQ_CPU_*), read once with CPUID + XGETBV. */
 uint32_t cq_cpu_features(void);
+/* For tests: report the CQ_CPU_* bits in mask as absent (0 restores), so a kernel's
+ * fallback for CPUs without a feature (e.g. AVX-512 without VNNI) runs here too. */
+void cq_hide_cpu_features(uint32_t mask);
 
 /* ---- kernel families ---------------------------------------------------- */
 /* mathfn: elementwise transcendental helpers (csrc/mathfn).
@@ -371,6 +374,15 @@ int cq_have_openmp(void);
 /* Threads used by every OpenMP region (process-wide; ignored without OpenMP). */
 void cq_set_num_threads(int n);
 int cq_get_num_threads(void);
+
+/* Opt-in int8 activations (default off): while on, matvec / matvec_many / row_dot /
+ * rows_dot of the q4 dtypes (q4_block, q4_tiled, q4tp; cols % 32 == 0) quantize x per
+ * group of 32 to int8 (scale max|x|/127, round to nearest) and sum q * xq in integers
+ * (maddubs / VNNI). Not exact: error measured in docs/ARCHITECTURE.md. Still
+ * deterministic and bit-identical for any thread count. Other dtypes and matmat stay
+ * float32. */
+void cq_set_int8_act(int on);
+int cq_get_int8_act(void);
 /* Compiler identification string baked in at build time. */
 const char *cq_compiler(void);
 

@@ -452,4 +452,91 @@ static void avx2_matmat_block(const float *w, size_t nr, size_t cols, const floa
     }
 }
 
+
+/* ---- int8 activations (cq_set_int8_act; spec: ref_i8_row) on 8 lanes ----
+ * Two groups per 256-bit register: their 32 nibble bytes split into low and high
+ * nibbles meet xq's evens and odds of the same two groups (qmat.h: a block of four
+ * keeps each half contiguous); maddubs + madd sum per 4-byte lane from xq's bias,
+ * lanes 0-3 hold group g and 4-7 group g+1, scaled by scale * d in float. */
+static inline float avx2_q4_scale(const cq_qmat *m, size_t r, size_t g, const uint8_t *codes) {
+    const size_t gpr = m->cols / CQ_GROUP;
+    switch (m->dtype) {
+    case CQ_DT_Q4_BLOCK: return h2f_hw(m->data + 16 * m->rows * gpr + 2 * (r * gpr + g));
+    case CQ_DT_Q4_TILED: return h2f_hw(m->data + 18 * (r * gpr + g));
+    default: return m->aux[32 * r + codes[g % 64]];
+    }
+}
+
+static float avx2_i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
+    const size_t gpr = m->cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;
+    const uint8_t *nb = m->data + gs * r * gpr + (gs == 18 ? 2 : 0);
+    const __m256i m0f = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const size_t stride = cq_tp_stride(m->cols);
+    const uint8_t *cb = m->data + m->rows * gpr * 16 + 4 * m->rows + r * stride;
+    uint8_t codes[64];
+    __m256 f0 = _mm256_setzero_ps(), f1 = f0;
+    for (size_t g = 0; g < gpr; g += 2) {
+        if (m->dtype == CQ_DT_Q4TP && g % 64 == 0)
+            tp_codes(cb + 5 * (g / 8), stride - 5 * (g / 8), gpr - g < 64 ? gpr - g : 64, codes);
+        const uint8_t *p = nb + gs * g;
+        const int two = g + 1 < gpr;
+        _mm_prefetch((const char *)(p + CQ_PF_DIST), _MM_HINT_T1);
+        __m128i n0 = _mm_loadu_si128((const __m128i *)p);
+        __m128i n1 = two ? _mm_loadu_si128((const __m128i *)(p + gs)) : _mm_setzero_si128();
+        __m256i v = _mm256_set_m128i(n1, n0);
+        __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+        const int8_t *qe = xq->q + 128 * (g / 4) + 16 * (g % 4);
+        __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i *)qe)),
+                                       _mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i *)(qe + 64))));
+        __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(p16, ones), _mm256_load_si256((const __m256i *)(xq->bias + 4 * g)));
+        float s0 = avx2_q4_scale(m, r, g, codes), s1 = two ? avx2_q4_scale(m, r, g + 1, codes) : 0.0f;
+        __m256 sc = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0)), _mm256_load_ps(xq->dl + 4 * g));
+        if (g & 2) f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f1);
+        else f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f0);
+    }
+    return cq_hsum8(_mm256_add_ps(f0, f1));
+}
+
+/* cq_xq_build with the scaling and rounding on 8 lanes (the same float32 operations;
+ * _mm256_cvtps_epi32 rounds as lrintf does), the even/odd split and bias scalar. */
+static void avx2_xq_build(const float *x, size_t cols, void *buf, cq_xq *xq) {
+    const size_t ng = cols / CQ_GROUP, npad = (ng + 3) / 4 * 4;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    cq_xq_view(buf, cols, xq);
+    for (size_t g = 0; g < npad; g++) {
+        if (g >= ng) {
+            cq_xq_group(xq, g, NULL);
+            continue;
+        }
+        const float *xg = x + CQ_GROUP * g;
+        __m256 a[4];
+        for (int k = 0; k < 4; k++) a[k] = _mm256_loadu_ps(xg + 8 * k);
+        __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(a[0], absmask), _mm256_and_ps(a[1], absmask)),
+                                  _mm256_max_ps(_mm256_and_ps(a[2], absmask), _mm256_and_ps(a[3], absmask)));
+        float amax = cq_hmax8(mx);
+        __m256 nan = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(a[0], a[0], _CMP_UNORD_Q), _mm256_cmp_ps(a[1], a[1], _CMP_UNORD_Q)),
+                                  _mm256_or_ps(_mm256_cmp_ps(a[2], a[2], _CMP_UNORD_Q), _mm256_cmp_ps(a[3], a[3], _CMP_UNORD_Q)));
+        /* NaN (max drops it, so asked apart), inf, or all zero: the scalar group */
+        if (_mm256_movemask_ps(nan) || !(amax <= 3.4028234663852886e38f) || amax == 0.0f) {
+            cq_xq_group(xq, g, xg);
+            continue;
+        }
+        __m256 id = _mm256_set1_ps(127.0f / amax);
+        int32_t qi[32];
+        for (int k = 0; k < 4; k++) _mm256_storeu_si256((__m256i *)(qi + 8 * k), _mm256_cvtps_epi32(_mm256_mul_ps(a[k], id)));
+        int8_t *qe = (int8_t *)xq->q + 128 * (g / 4) + 16 * (g % 4), *qo = qe + 64;
+        for (int k = 0; k < 16; k++) {
+            qe[k] = (int8_t)qi[2 * k];
+            qo[k] = (int8_t)qi[2 * k + 1];
+        }
+        const float dg = amax / 127.0f;
+        for (int j = 0; j < 4; j++) {
+            int32_t sum = 0;
+            for (int i = 0; i < 8; i++) sum += qi[8 * j + i];
+            ((int32_t *)xq->bias)[4 * g + j] = -8 * sum;
+            ((float *)xq->dl)[4 * g + j] = dg;
+        }
+        ((float *)xq->d)[g] = dg;
+    }
+}
 #endif

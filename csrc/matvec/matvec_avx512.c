@@ -1,9 +1,10 @@
 /* matvec_avx512.c -- AVX-512 twin of the matvec family: the q8 (q8_row, q8_2f) and
- * q4 (q4_block, q4_tiled, q4tp) row dots and the matmat block run 16 lanes (one
- * thread on the development VM: q8_row 22.4 vs 16.2 Gweights/s in cache, 13.5 vs 12.5
- * GB/s from DRAM; q4_block 14.0 vs 12.5 Gweights/s in cache); f32/f16/bf16 (16 lanes
- * measured 12.5 vs 15.2 GB/s from DRAM for f16), q2tp, vbit and the decoders are the
- * AVX2 code of matvec_avx2_impl.h. Same contracts as the reference. */
+ * q4 (q4_block, q4_tiled, q4tp) row dots, the opt-in int8-activation q4 rows and the
+ * matmat block run 16 lanes (one thread on the development VM: q8_row 22.4 vs 16.2
+ * Gweights/s in cache, 13.5 vs 12.5 GB/s from DRAM; exact q4 20 vs 12 Gweights/s in
+ * cache); f32/f16/bf16 (16 lanes measured 12.5 vs 15.2 GB/s from DRAM for f16), q2tp,
+ * vbit and the decoders are the AVX2 code of matvec_avx2_impl.h. Same contracts as
+ * the reference. */
 #include "matvec_avx2_impl.h"
 
 static inline __m512 z_i8(const uint8_t *p) {
@@ -27,67 +28,98 @@ static inline __m512 z_i8(const uint8_t *p) {
         for (; c < cols; c++) acc += (SCALAR) * x[c];                                    \
     } while (0)
 
-/* q4 group on 16 lanes: the 16 bytes widen once; low nibbles (even elements) meet
- * xg[0..15], high nibbles (odd elements) xg[16..31] (x permuted by prep_x). */
-static inline __m512 q4_gdot16(const uint8_t *nib, const float *xg) {
-    const __m512i m15 = _mm512_set1_epi32(15), eight = _mm512_set1_epi32(8);
-    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)nib));
-    __m512 lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(b, m15), eight));
-    __m512 hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(b, 4), eight));
-    return _mm512_fmadd_ps(hi, _mm512_loadu_ps(xg + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(xg)));
-}
+/* q4 groups on 16 lanes. The group's scale goes into a 16-entry table of its decoded
+ * weights, lut[k] = (k - 8) * scale (exactly the reference's float32 weight), and
+ * vpermps looks the nibbles up (it reads the low 4 bits of each lane, so the low
+ * nibbles need no mask). The 16 bytes widen once; low nibbles (even elements) meet
+ * xg[0..15], high nibbles (odd elements) xg[16..31] (x permuted by prep_x). Against
+ * convert-then-scale this drops the mask, two subtracts, two converts and the scale
+ * multiply-add per group (10 -> 7 vector uops on the two 512-bit ports); with the
+ * scales decoded 16 at a time (q4_scales) one thread went from 14.6 to 20 Gweights/s
+ * (128 x 4096 in L2). Four groups in flight, eight accumulators (FMA latency). */
+#define Q4_LUT(sc) _mm512_mul_ps(lut8, _mm512_set1_ps(sc))
+#define Q4_G(nib, xg, lut, A, B)                                                     \
+    do {                                                                             \
+        __m512i b_ = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(nib)));  \
+        A = _mm512_fmadd_ps(_mm512_permutexvar_ps(b_, lut), _mm512_loadu_ps(xg), A); \
+        B = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(b_, 4), lut),    \
+                            _mm512_loadu_ps((xg) + 16), B);                          \
+    } while (0)
 
-/* q4_block / q4_tiled / q4tp rows (cols % 32 == 0): acc += gs * scale per group. */
-static float q4_dot512(const cq_qmat *m, size_t r, const float *x) {
-    const size_t cols = m->cols, gpr = cols / CQ_GROUP;
+/* sw[0 .. ng) = the scales of groups g0 .. g0+ng-1 of row r. */
+static void q4_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, float *sw) {
+    const size_t gpr = m->cols / CQ_GROUP;
     const uint8_t *d = m->data;
-    __m512 t0 = _mm512_setzero_ps(), t1 = t0;
-    size_t g = 0;
-    if (m->dtype == CQ_DT_Q4_BLOCK) {
-        const uint8_t *nb = d + 16 * r * gpr, *sp = d + 16 * m->rows * gpr + 2 * r * gpr;
-        float sc[8];
-        for (; g + 8 <= gpr; g += 8) {
-            {
-                _mm_prefetch((const char *)(nb + 16 * g + CQ_PF_DIST), _MM_HINT_T1);
-                _mm_prefetch((const char *)(nb + 16 * g + 64 + CQ_PF_DIST), _MM_HINT_T1);
-            }
-            _mm256_storeu_ps(sc, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp + 2 * g))));
-            for (int k = 0; k < 8; k += 2) {
-                t0 = _mm512_fmadd_ps(q4_gdot16(nb + 16 * (g + k), x + 32 * (g + k)), _mm512_set1_ps(sc[k]), t0);
-                t1 = _mm512_fmadd_ps(q4_gdot16(nb + 16 * (g + k + 1), x + 32 * (g + k + 1)), _mm512_set1_ps(sc[k + 1]), t1);
-            }
+    size_t k = 0;
+    switch (m->dtype) {
+    case CQ_DT_Q4_BLOCK: {
+        const uint8_t *sp = d + 16 * m->rows * gpr + 2 * (r * gpr + g0);
+        for (; k + 16 <= ng; k += 16)
+            _mm512_storeu_ps(sw + k, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + 2 * k))));
+        for (; k < ng; k++) sw[k] = h2f_hw(sp + 2 * k);
+        break;
+    }
+    case CQ_DT_Q4_TILED: { /* each tile starts with its half: gather 16 of them */
+        const uint8_t *tp = d + 18 * (r * gpr + g0);
+        const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                              _mm512_set1_epi32(18));
+        for (; k + 16 <= ng; k += 16) {
+            __m512i h = _mm512_i32gather_epi32(at, (const void *)(tp + 18 * k), 1);
+            _mm512_storeu_ps(sw + k, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
         }
-        for (; g < gpr; g++)
-            t0 = _mm512_fmadd_ps(q4_gdot16(nb + 16 * g, x + 32 * g), _mm512_set1_ps(h2f_hw(sp + 2 * g)), t0);
-    } else if (m->dtype == CQ_DT_Q4_TILED) {
-        const uint8_t *tl = d + 18 * r * gpr;
-        for (; g + 2 <= gpr; g += 2) {
-            _mm_prefetch((const char *)(tl + 18 * g + CQ_PF_DIST), _MM_HINT_T1);
-            t0 = _mm512_fmadd_ps(q4_gdot16(tl + 18 * g + 2, x + 32 * g), _mm512_set1_ps(h2f_hw(tl + 18 * g)), t0);
-            t1 = _mm512_fmadd_ps(q4_gdot16(tl + 18 * g + 20, x + 32 * g + 32), _mm512_set1_ps(h2f_hw(tl + 18 * g + 18)), t1);
-        }
-        for (; g < gpr; g++)
-            t0 = _mm512_fmadd_ps(q4_gdot16(tl + 18 * g + 2, x + 32 * g), _mm512_set1_ps(h2f_hw(tl + 18 * g)), t0);
-    } else { /* q4tp */
-        const size_t stride = cq_tp_stride(cols);
-        const uint8_t *body = d + r * gpr * 16;
-        const uint8_t *cb = d + m->rows * gpr * 16 + 4 * m->rows + r * stride;
+        for (; k < ng; k++) sw[k] = h2f_hw(tp + 18 * k);
+        break;
+    }
+    default: { /* q4tp: 8 codes per 5 bytes, looked up in the row's 32-entry ladder */
+        const size_t stride = cq_tp_stride(m->cols);
+        const uint8_t *cb = d + m->rows * gpr * 16 + 4 * m->rows + r * stride + 5 * (g0 / 8);
         const float *ladder = m->aux + 32 * r;
-        for (size_t g0 = 0; g0 < gpr; g0 += 64) {
+        const __m512 l0 = _mm512_loadu_ps(ladder), l1 = _mm512_loadu_ps(ladder + 16);
+        const __m512i sh = _mm512_setr_epi64(0, 5, 10, 15, 20, 25, 30, 35), m31 = _mm512_set1_epi64(31);
+        for (; k + 16 <= ng; k += 16) {
+            const uint8_t *p = cb + 5 * (k / 8);
+            uint32_t w0, w1; /* 4 + 1 byte loads: a 5-byte memcpy into a stack qword stalled on store forwarding */
+            memcpy(&w0, p, 4);
+            memcpy(&w1, p + 5, 4);
+            uint64_t v0 = w0 | (uint64_t)p[4] << 32, v1 = w1 | (uint64_t)p[9] << 32;
+            __m256i c0 = _mm512_cvtepi64_epi32(_mm512_and_si512(_mm512_srlv_epi64(_mm512_set1_epi64((long long)v0), sh), m31));
+            __m256i c1 = _mm512_cvtepi64_epi32(_mm512_and_si512(_mm512_srlv_epi64(_mm512_set1_epi64((long long)v1), sh), m31));
+            __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
+            _mm512_storeu_ps(sw + k, _mm512_permutex2var_ps(l0, c, l1));
+        }
+        if (k < ng) {
             uint8_t codes[64];
-            size_t ng = gpr - g0 < 64 ? gpr - g0 : 64, gi = 0;
-            tp_codes(cb + 5 * (g0 / 8), stride - 5 * (g0 / 8), ng, codes);
-            for (; gi + 2 <= ng; gi += 2) {
-                size_t gg = g0 + gi;
-                _mm_prefetch((const char *)(body + 16 * gg + CQ_PF_DIST), _MM_HINT_T1);
-                t0 = _mm512_fmadd_ps(q4_gdot16(body + 16 * gg, x + 32 * gg), _mm512_set1_ps(ladder[codes[gi]]), t0);
-                t1 = _mm512_fmadd_ps(q4_gdot16(body + 16 * gg + 16, x + 32 * gg + 32), _mm512_set1_ps(ladder[codes[gi + 1]]), t1);
-            }
-            for (; gi < ng; gi++)
-                t0 = _mm512_fmadd_ps(q4_gdot16(body + 16 * (g0 + gi), x + 32 * (g0 + gi)), _mm512_set1_ps(ladder[codes[gi]]), t0);
+            tp_codes(cb + 5 * (k / 8), stride - 5 * ((g0 + k) / 8), ng - k, codes);
+            for (size_t j = k; j < ng; j++) sw[j] = ladder[codes[j - k]];
         }
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(t0, t1));
+    }
+}
+
+/* q4_block / q4_tiled / q4tp rows (cols % 32 == 0), 64 groups' scales at a time. */
+static float q4_dot512(const cq_qmat *m, size_t r, const float *x) {
+    const size_t gpr = m->cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;
+    const uint8_t *nb = m->data + gs * r * gpr + (gs == 18 ? 2 : 0);
+    const __m512 lut8 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    __m512 a[8];
+    float sw[64];
+    for (int k = 0; k < 8; k++) a[k] = _mm512_setzero_ps();
+    for (size_t g0 = 0; g0 < gpr; g0 += 64) {
+        const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;
+        q4_scales(m, r, g0, ng, sw);
+        const uint8_t *p = nb + gs * g0;
+        const float *xg = x + 32 * g0;
+        size_t g = 0;
+        for (; g + 4 <= ng; g += 4) {
+            _mm_prefetch((const char *)(p + gs * g + CQ_PF_DIST), _MM_HINT_T1);
+            for (int k = 0; k < 4; k++)
+                Q4_G(p + gs * (g + k), xg + 32 * (g + k), Q4_LUT(sw[g + k]), a[2 * k], a[2 * k + 1]);
+        }
+        for (; g < ng; g++) Q4_G(p + gs * g, xg + 32 * g, Q4_LUT(sw[g]), a[0], a[1]);
+    }
+    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])),
+                             _mm512_add_ps(_mm512_add_ps(a[4], a[5]), _mm512_add_ps(a[6], a[7])));
+    return _mm512_reduce_add_ps(s);
 }
 
 static float dot_row(const cq_qmat *m, size_t r, const float *x) {
@@ -107,6 +139,166 @@ static float dot_row(const cq_qmat *m, size_t r, const float *x) {
         return avx2_dot_row(m, r, x);
     default: return avx2_dot_row(m, r, x); /* f32/f16/bf16 measured faster on 8 lanes */
     }
+}
+
+/* Four q8 rows per pass over x: each x vector loaded once feeds four rows, so x
+ * (4 bytes a weight against the weights' 1) stops dominating the loads and, for wide
+ * rows whose x has left L1, the L2 traffic. Per row the lanes, accumulators and
+ * reduction are exactly those of CQ_DOT_STREAM16, so the result is dot_row's bit for
+ * bit. Measured: see docs/ARCHITECTURE.md (matvec). */
+static void q8_dot4(const cq_qmat *m, size_t r, const float *x, float *out) {
+    const size_t cols = m->cols;
+    const uint8_t *p[4];
+    __m512 a[4][4];
+    for (int k = 0; k < 4; k++) {
+        p[k] = m->data + (r + k) * cols;
+        for (int j = 0; j < 4; j++) a[k][j] = _mm512_setzero_ps();
+    }
+    size_t c = 0;
+    for (; c + 64 <= cols; c += 64) {
+        __m512 x0 = _mm512_loadu_ps(x + c), x1 = _mm512_loadu_ps(x + c + 16);
+        __m512 x2 = _mm512_loadu_ps(x + c + 32), x3 = _mm512_loadu_ps(x + c + 48);
+        for (int k = 0; k < 4; k++) {
+            _mm_prefetch((const char *)(p[k] + c + CQ_PF_DIST), _MM_HINT_T1);
+            a[k][0] = _mm512_fmadd_ps(z_i8(p[k] + c), x0, a[k][0]);
+            a[k][1] = _mm512_fmadd_ps(z_i8(p[k] + c + 16), x1, a[k][1]);
+            a[k][2] = _mm512_fmadd_ps(z_i8(p[k] + c + 32), x2, a[k][2]);
+            a[k][3] = _mm512_fmadd_ps(z_i8(p[k] + c + 48), x3, a[k][3]);
+        }
+    }
+    for (; c + 16 <= cols; c += 16) {
+        __m512 xv = _mm512_loadu_ps(x + c);
+        for (int k = 0; k < 4; k++) a[k][0] = _mm512_fmadd_ps(z_i8(p[k] + c), xv, a[k][0]);
+    }
+    for (int k = 0; k < 4; k++) {
+        float acc = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[k][0], a[k][1]), _mm512_add_ps(a[k][2], a[k][3])));
+        for (size_t cc = c; cc < cols; cc++) acc += (float)(int8_t)p[k][cc] * x[cc];
+        out[k] = acc * m->aux[r + k];
+    }
+}
+
+#define CQ_HAVE_DOT_ROWS
+static void dot_rows(const cq_qmat *m, size_t r0, size_t nr, const float *xp, float *out) {
+    size_t j = 0;
+    if (m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F)
+        for (; j + 4 <= nr; j += 4) q8_dot4(m, r0 + j, xp, out + j);
+    for (; j < nr; j++) out[j] = dot_row(m, r0 + j, xp);
+}
+
+/* ---- int8 activations (cq_set_int8_act; spec: ref_i8_row) ----
+ * Four groups per 512-bit register: one 64-byte load of their nibbles, split into low
+ * and high nibbles, meets xq's block of four lane by lane (qmat.h); u8 x s8 products
+ * summed per 4-byte lane (maddubs + madd, or VNNI dpbusd) start from xq's bias (the
+ * nibbles' -8); lanes 4j..4j+3 then hold group j, scaled by scale * d in float. */
+
+/* cq_xq_build on 16 lanes, byte for byte the same: the same float32 operations
+ * (|x| max, 127 / amax, x * id) and _mm512_cvtps_epi32 rounds to nearest-even as
+ * lrintf does in the default rounding mode. The scalar build took ~10 us for 4096
+ * columns, more than a 32 x 4096 q4 matvec itself. Non-finite groups and the padding
+ * go through cq_xq_group. */
+#define CQ_HAVE_XQ_BUILD
+static void xq_build(const float *x, size_t cols, void *buf, cq_xq *xq) {
+    const size_t ng = cols / CQ_GROUP, npad = (ng + 3) / 4 * 4;
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    const __m512i pick = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    cq_xq_view(buf, cols, xq);
+    for (size_t g = 0; g < npad; g++) {
+        if (g >= ng) {
+            cq_xq_group(xq, g, NULL);
+            continue;
+        }
+        const float *xg = x + CQ_GROUP * g;
+        __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+        /* NaN (max drops it, so asked apart), inf, or all zero: the scalar group */
+        if ((_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q)) ||
+            !(amax <= 3.4028234663852886e38f) || amax == 0.0f) {
+            cq_xq_group(xq, g, xg);
+            continue;
+        }
+        __m512 id = _mm512_set1_ps(127.0f / amax);
+        __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, id)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, id));
+        __m512i e = _mm512_permutex2var_epi32(qa, ev, qb), o = _mm512_permutex2var_epi32(qa, od, qb);
+        int8_t *qe = (int8_t *)xq->q + 128 * (g / 4) + 16 * (g % 4);
+        _mm_storeu_si128((__m128i *)qe, _mm512_cvtepi32_epi8(e));
+        _mm_storeu_si128((__m128i *)(qe + 64), _mm512_cvtepi32_epi8(o));
+        __m512i s = _mm512_add_epi32(e, o); /* lane k: the pair k; four pairs per 4-byte lane */
+        s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));
+        s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_BADC));
+        s = _mm512_mullo_epi32(_mm512_permutexvar_epi32(pick, s), _mm512_set1_epi32(-8));
+        _mm_storeu_si128((__m128i *)(xq->bias + 4 * g), _mm512_castsi512_si128(s));
+        const float dg = amax / 127.0f;
+        _mm_storeu_ps((float *)xq->dl + 4 * g, _mm_set1_ps(dg));
+        ((float *)xq->d)[g] = dg;
+    }
+}
+
+/* The nibbles of groups g .. g+n-1 (n <= 4) of a row, zero past n. */
+static inline __m512i q4_nibbles4(const uint8_t *p, size_t gs, size_t n) {
+    if (gs == 16) /* q4_block, q4tp: contiguous */
+        return n >= 4 ? _mm512_loadu_si512((const void *)p) : _mm512_maskz_loadu_epi8((1ULL << (16 * n)) - 1, p);
+    __m512i v = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)p)); /* q4_tiled: 18-byte tiles */
+    if (n > 1) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + gs)), 1);
+    if (n > 2) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 2 * gs)), 2);
+    if (n > 3) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 3 * gs)), 3);
+    return v;
+}
+
+#define I8_BODY(DOT)                                                                            \
+    const size_t gpr = m->cols / CQ_GROUP;                                                       \
+    const int tiled = m->dtype == CQ_DT_Q4_TILED;                                                \
+    const size_t gs = tiled ? 18 : 16;                                                           \
+    const uint8_t *nb = m->data + gs * r * gpr + (tiled ? 2 : 0);                                \
+    const __m512i m0f = _mm512_set1_epi8(0x0F);                                                  \
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);    \
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0;                                                    \
+    float sw[64 + 4];                                                                            \
+    for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                                    \
+        const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                                         \
+        q4_scales(m, r, g0, ng, sw);                                                             \
+        for (int k = 0; k < 4; k++) sw[ng + k] = 0.0f;                                           \
+        for (size_t gi = 0; gi < ng; gi += 4) {                                                  \
+            const size_t g = g0 + gi, blk = g / 4;                                               \
+            const uint8_t *p = nb + gs * g;                                                      \
+            _mm_prefetch((const char *)(p + CQ_PF_DIST), _MM_HINT_T1);                           \
+            __m512i v = q4_nibbles4(p, gs, ng - gi);                                             \
+            __m512i lo = _mm512_and_si512(v, m0f);                                               \
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);                         \
+            const int8_t *q = xq->q + 128 * blk;                                                 \
+            __m512i isum = DOT(_mm512_load_si512((const void *)(xq->bias + 16 * blk)), lo,       \
+                               _mm512_load_si512((const void *)q));                              \
+            isum = DOT(isum, hi, _mm512_load_si512((const void *)(q + 64)));                     \
+            __m512 sc = _mm512_mul_ps(_mm512_permutexvar_ps(spread, _mm512_castps128_ps512(      \
+                                          _mm_loadu_ps(sw + gi))),                               \
+                                      _mm512_load_ps(xq->dl + 16 * blk));                        \
+            if (gi & 4) f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, f1);                  \
+            else f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, f0);                         \
+        }                                                                                        \
+    }                                                                                            \
+    return _mm512_reduce_add_ps(_mm512_add_ps(f0, f1))
+
+static inline __m512i dot_bw(__m512i acc, __m512i u8, __m512i s8) {
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u8, s8), _mm512_set1_epi16(1)));
+}
+static float q4_i8_row_bw(const cq_qmat *m, size_t r, const cq_xq *xq) { I8_BODY(dot_bw); }
+
+#if defined(__GNUC__) || defined(__clang__)
+#define CQ_HAVE_VNNI_FN 1
+__attribute__((target("avx512vnni"))) static float q4_i8_row_vnni(const cq_qmat *m, size_t r, const cq_xq *xq) {
+    I8_BODY(_mm512_dpbusd_epi32);
+}
+#endif
+
+#define CQ_HAVE_I8_ROWS
+static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
+#ifdef CQ_HAVE_VNNI_FN
+    if (cq_cpu_features() & CQ_CPU_AVX512VNNI) {
+        for (size_t j = 0; j < nr; j++) out[j] = q4_i8_row_vnni(m, r0 + j, xq);
+        return;
+    }
+#endif
+    for (size_t j = 0; j < nr; j++) out[j] = q4_i8_row_bw(m, r0 + j, xq);
 }
 
 #define dequant_row avx2_dequant_row

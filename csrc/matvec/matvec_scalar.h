@@ -116,4 +116,51 @@ static float ref_row(const cq_qmat *m, size_t r, const float *x, float *out) {
     return acc;
 }
 
+/* Group g of row r of a q4 dtype (cols % 32 == 0): its 16 nibble bytes and scale. */
+static inline const uint8_t *q4_group(const cq_qmat *m, size_t r, size_t g, float *sw) {
+    const size_t gpr = m->cols / CQ_GROUP, i = r * gpr + g;
+    const uint8_t *d = m->data;
+    switch (m->dtype) {
+    case CQ_DT_Q4_BLOCK:
+        *sw = cq_h2f(cq_ld16(d + 16 * m->rows * gpr + 2 * i));
+        return d + 16 * i;
+    case CQ_DT_Q4_TILED:
+        *sw = cq_h2f(cq_ld16(d + 18 * i));
+        return d + 18 * i + 2;
+    default: { /* q4tp */
+        const size_t stride = cq_tp_stride(m->cols);
+        const uint8_t *cb = d + m->rows * gpr * 16 + 4 * m->rows + r * stride;
+        *sw = m->aux[32 * r + tp_code(cb, stride, g)];
+        return d + 16 * i;
+    }
+    }
+}
+
+/* Does the int8-activation path take this matrix (switch on, q4 dtype, whole groups)? */
+static inline int i8_takes(const cq_qmat *m) {
+    switch (m->dtype) {
+    case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP:
+        return cq_get_int8_act() && m->cols % CQ_GROUP == 0 && m->cols > 0;
+    default: return 0;
+    }
+}
+
+/* The int8-activation row, the spec of its SIMD twins: per group the exact integer
+ * sum of nibble * xq plus the group's bias (the nibbles' -8), then
+ * acc += (scale * d) * isum in group order. */
+static float ref_i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
+    const size_t gpr = m->cols / CQ_GROUP;
+    float acc = 0.0f;
+    for (size_t g = 0; g < gpr; g++) {
+        float sw;
+        const uint8_t *nib = q4_group(m, r, g, &sw);
+        const int8_t *qe = xq->q + 128 * (g / 4) + 16 * (g % 4), *qo = qe + 64;
+        int32_t isum = 0;
+        for (int k = 0; k < 16; k++) isum += (int32_t)(nib[k] & 15u) * qe[k] + (int32_t)(nib[k] >> 4) * qo[k];
+        for (int j = 0; j < 4; j++) isum += xq->bias[4 * g + j];
+        acc += (sw * xq->d[g]) * (float)isum;
+    }
+    return acc;
+}
+
 #endif

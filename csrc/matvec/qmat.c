@@ -95,3 +95,53 @@ cq_status cq_qmat_prepare_rows(const cq_qmat *m, uint64_t *rowoff) {
     if (off != m->nbytes) return CQ_ERR_SHAPE;
     return CQ_OK;
 }
+
+/* ---- int8 activations (see qmat.h) ---- */
+static size_t xq_blocks(size_t cols) { return (cols / CQ_GROUP + 3) / 4; }
+
+size_t cq_xq_bytes(size_t cols) { return 4 * 128 * (xq_blocks(cols) ? xq_blocks(cols) : 1); }
+
+void cq_xq_view(void *buf, size_t cols, cq_xq *xq) {
+    const size_t sec = 128 * (xq_blocks(cols) ? xq_blocks(cols) : 1);
+    uint8_t *b = (uint8_t *)buf;
+    xq->q = (const int8_t *)b;
+    xq->bias = (const int32_t *)(b + sec);
+    xq->dl = (const float *)(b + 2 * sec);
+    xq->d = (const float *)(b + 3 * sec);
+}
+
+void cq_xq_group(const cq_xq *xq, size_t g, const float *xg) {
+    int8_t *qe = (int8_t *)xq->q + 128 * (g / 4) + 16 * (g % 4), *qo = qe + 64;
+    float amax = 0.0f, id = 0.0f;
+    int finite = 1;
+    if (xg) {
+        for (int k = 0; k < CQ_GROUP; k++) {
+            float a = fabsf(xg[k]);
+            if (!(a <= 3.4028234663852886e38f)) { /* inf or NaN */
+                finite = 0;
+                amax = a;
+                break;
+            }
+            if (a > amax) amax = a;
+        }
+        if (finite && amax > 0.0f) id = 127.0f / amax;
+    }
+    for (int k = 0; k < 16; k++) {
+        qe[k] = (int8_t)(id != 0.0f ? lrintf(xg[2 * k] * id) : 0);
+        qo[k] = (int8_t)(id != 0.0f ? lrintf(xg[2 * k + 1] * id) : 0);
+    }
+    const float dg = finite ? amax / 127.0f : amax;
+    ((float *)xq->d)[g] = dg;
+    for (int j = 0; j < 4; j++) {
+        int s = 0;
+        for (int i = 0; i < 4; i++) s += qe[4 * j + i] + qo[4 * j + i];
+        ((int32_t *)xq->bias)[4 * g + j] = -8 * s;
+        ((float *)xq->dl)[4 * g + j] = dg;
+    }
+}
+
+void cq_xq_build(const float *x, size_t cols, void *buf, cq_xq *xq) {
+    const size_t ng = cols / CQ_GROUP, nb = xq_blocks(cols);
+    cq_xq_view(buf, cols, xq);
+    for (size_t g = 0; g < 4 * nb; g++) cq_xq_group(xq, g, g < ng ? x + CQ_GROUP * g : NULL);
+}

@@ -54,5 +54,28 @@ static inline size_t cq_tp_stride(size_t cols) { return (5 * (cols / CQ_GROUP) +
 static inline size_t cq_tp_tile(int dtype) { return dtype == CQ_DT_Q4TP ? 16 : 8; }
 static inline size_t cq_ceil32(size_t n) { return (n + CQ_GROUP - 1) / CQ_GROUP; }
 
-/* Size of the per-call scratch a SIMD driver may want per thread (floats). */
+/* x quantized for the int8-activation path (cq_set_int8_act), one layout for every
+ * ISA so all of them see the same integers. d[g] = max|x[group g]| / 127 and
+ * xq = round(x / d[g]) (a non-finite input gives d = that value and xq = 0, so the
+ * row's result is NaN as the float32 path's would be). Groups go in blocks of four
+ * (padded with zero groups), 128 bytes a block b:
+ *   q[128b + 16j + k]      = xq of element 2k of group 4b+j    (the low nibbles')
+ *   q[128b + 64 + 16j + k] = xq of element 2k+1 of group 4b+j  (the high nibbles')
+ * so one 64-byte load of four groups' nibbles, split into low and high nibbles, meets
+ * the two halves lane by lane. Per 4-byte lane L (0..15) of a block:
+ *   bias[16b + L] = -8 * (the 4 low-half plus the 4 high-half bytes of lane L)
+ *                   (the nibbles' -8, summed where maddubs+madd / VNNI sum them)
+ *   dl[16b + L]   = d[4b + L/4]  (the scale per lane) */
+typedef struct cq_xq {
+    const int8_t *q;
+    const int32_t *bias;
+    const float *d, *dl;
+} cq_xq;
+size_t cq_xq_bytes(size_t cols);
+/* buf: cq_xq_bytes(cols) bytes at a 64-byte boundary; cols % 32 == 0. */
+void cq_xq_build(const float *x, size_t cols, void *buf, cq_xq *xq);
+/* The pieces of cq_xq_build, for SIMD twins that must produce its exact bytes:
+ * the sections of buf, and group g from its 32 floats (xg NULL: a padding group). */
+void cq_xq_view(void *buf, size_t cols, cq_xq *xq);
+void cq_xq_group(const cq_xq *xq, size_t g, const float *xg);
 #endif
