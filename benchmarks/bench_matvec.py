@@ -30,7 +30,9 @@ import cortiq
 from cortiq import _kernels as K
 from cortiq.tensor import QTensor
 
-DTYPES = ("f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp")
+DTYPES = ("f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp",
+          "q4_block+i8", "q4_tiled+i8", "q4tp+i8")
+# "<dtype>+i8": the same weights with the opt-in int8 activations (cortiq.set_int8_activations)
 SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008))
 # Issue 4's targets, % of read bandwidth: {threads: {dtype: pct}}
 TARGETS = {2: {"q8_row": 90, "q8_2f": 90, "q4_block": 85, "q4_tiled": 85, "q4tp": 85,
@@ -61,6 +63,8 @@ def bench_matvec(dtype, shape, threads_list, total, reps, rng, buf):
     """{threads: (matvec GB/s, read GB/s measured alternately with it)}: on a shared
     machine the bandwidth drifts, so each figure gets its own adjacent reference."""
     rows, cols = shape
+    dtype, _, mode = dtype.partition("+")
+    cortiq.set_int8_activations(mode == "i8")
     w = rng.standard_normal(shape, dtype=np.float32)
     q = QTensor.from_f32(w, dtype)
     del w
@@ -156,7 +160,7 @@ def main():
     else:
         shapes = SHAPES[:1] if a.quick else SHAPES
     if a.quick and a.dtypes == ",".join(DTYPES):
-        dtypes = ["f16", "q8_row", "q8_2f", "q4_tiled", "q4tp"]
+        dtypes = ["f16", "q8_row", "q8_2f", "q4_tiled", "q4tp", "q4tp+i8"]
     rng = np.random.default_rng(0)
     if a.isa:
         K.set_isa(a.isa)
@@ -174,7 +178,8 @@ def main():
     print()
 
     print("(b) cortiq matvec, GB/s of weight bytes; % of the read bandwidth measured alternately")
-    print("    with it (same thread count, best of each), shown as [read GB/s]")
+    print("    with it (same thread count, best of each), shown as [read GB/s]; '+i8': the same")
+    print("    weights with the opt-in int8 activations (cortiq.set_int8_activations)")
     hdr = "    {:<9} {:>12}" + "".join("  {:>32}".format(f"{th} thr GB/s (%, target) [read]") for th in threads)
     print(hdr.format("dtype", "shape"))
     fails = []
@@ -187,13 +192,14 @@ def main():
                 g, rd = res[th]
                 bw[th] = max(bw[th], rd)
                 pct = 100 * g / rd
-                tgt = TARGETS.get(th, {}).get(dt)
+                tgt = TARGETS.get(th, {}).get(dt.partition("+")[0])
                 mark = "" if tgt is None else (f" >={tgt} ok" if pct >= tgt else f" >={tgt} LOW")
                 if tgt is not None and pct < tgt:
                     fails.append((dt, shape, th, pct, tgt))
                 cells.append(f"{g:6.1f} ({pct:3.0f}%{mark}) [{rd:4.1f}]")
             print(f"    {dt:<9} {shape[0]:>5}x{shape[1]:<6}" + "".join(f"  {c:>32}" for c in cells))
-            if not a.no_prefill and shape == shapes[0]:
+            cortiq.set_int8_activations(False)
+            if not a.no_prefill and shape == shapes[0] and "+" not in dt:
                 cortiq.set_num_threads(threads[0])
                 prefill[dt] = bench_prefill(qs, 64, reps, rng)
             del qs

@@ -141,49 +141,6 @@ static float dot_row(const cq_qmat *m, size_t r, const float *x) {
     }
 }
 
-/* Four q8 rows per pass over x: each x vector loaded once feeds four rows, so x
- * (4 bytes a weight against the weights' 1) stops dominating the loads and, for wide
- * rows whose x has left L1, the L2 traffic. Per row the lanes, accumulators and
- * reduction are exactly those of CQ_DOT_STREAM16, so the result is dot_row's bit for
- * bit. Measured: see docs/ARCHITECTURE.md (matvec). */
-static void q8_dot4(const cq_qmat *m, size_t r, const float *x, float *out) {
-    const size_t cols = m->cols;
-    const uint8_t *p[4];
-    __m512 a[4][4];
-    for (int k = 0; k < 4; k++) {
-        p[k] = m->data + (r + k) * cols;
-        for (int j = 0; j < 4; j++) a[k][j] = _mm512_setzero_ps();
-    }
-    size_t c = 0;
-    for (; c + 64 <= cols; c += 64) {
-        __m512 x0 = _mm512_loadu_ps(x + c), x1 = _mm512_loadu_ps(x + c + 16);
-        __m512 x2 = _mm512_loadu_ps(x + c + 32), x3 = _mm512_loadu_ps(x + c + 48);
-        for (int k = 0; k < 4; k++) {
-            _mm_prefetch((const char *)(p[k] + c + CQ_PF_DIST), _MM_HINT_T1);
-            a[k][0] = _mm512_fmadd_ps(z_i8(p[k] + c), x0, a[k][0]);
-            a[k][1] = _mm512_fmadd_ps(z_i8(p[k] + c + 16), x1, a[k][1]);
-            a[k][2] = _mm512_fmadd_ps(z_i8(p[k] + c + 32), x2, a[k][2]);
-            a[k][3] = _mm512_fmadd_ps(z_i8(p[k] + c + 48), x3, a[k][3]);
-        }
-    }
-    for (; c + 16 <= cols; c += 16) {
-        __m512 xv = _mm512_loadu_ps(x + c);
-        for (int k = 0; k < 4; k++) a[k][0] = _mm512_fmadd_ps(z_i8(p[k] + c), xv, a[k][0]);
-    }
-    for (int k = 0; k < 4; k++) {
-        float acc = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[k][0], a[k][1]), _mm512_add_ps(a[k][2], a[k][3])));
-        for (size_t cc = c; cc < cols; cc++) acc += (float)(int8_t)p[k][cc] * x[cc];
-        out[k] = acc * m->aux[r + k];
-    }
-}
-
-#define CQ_HAVE_DOT_ROWS
-static void dot_rows(const cq_qmat *m, size_t r0, size_t nr, const float *xp, float *out) {
-    size_t j = 0;
-    if (m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F)
-        for (; j + 4 <= nr; j += 4) q8_dot4(m, r0 + j, xp, out + j);
-    for (; j < nr; j++) out[j] = dot_row(m, r0 + j, xp);
-}
 
 /* ---- int8 activations (cq_set_int8_act; spec: ref_i8_row) ----
  * Four groups per 512-bit register: one 64-byte load of their nibbles, split into low
