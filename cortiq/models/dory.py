@@ -38,6 +38,8 @@ from .dory_o1 import EXACT_TAIL, O1Runtime, host_kv_bytes  # o1 (issue 6)
 EPS = 1e-6
 #: rows of a prompt run through the stack together
 HOST_CHUNK = 64
+#: positions per cached block of rotary cos/sin rows (RopeRows)
+ROPE_BLOCK = 64
 
 
 # ---- small math, all float32 -----------------------------------------------------
@@ -57,6 +59,27 @@ def rope_table(inv: np.ndarray, pos0: int, t: int) -> tuple[np.ndarray, np.ndarr
     """cos and sin [t, hd/2] of (pos * inv), evaluated in float64 as the seed does."""
     ang = np.arange(pos0, pos0 + t, dtype=np.float64)[:, None] * inv.astype(np.float64)[None, :]
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+class RopeRows:
+    """rope_table of one theta, kept for the aligned block of ROPE_BLOCK positions the
+    last request fell in: a decode step reads its row instead of evaluating cos/sin
+    again (the values are the same elementwise expression, so the same floats)."""
+
+    def __init__(self, inv: np.ndarray):
+        self.inv = inv
+        self._block = (-1, None, None)  # (first position, cos, sin): swapped whole
+
+    def __call__(self, pos0: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+        b0 = pos0 - pos0 % ROPE_BLOCK
+        if pos0 + t > b0 + ROPE_BLOCK:  # spans blocks: a prompt chunk, computed directly
+            return rope_table(self.inv, pos0, t)
+        blk = self._block
+        if blk[0] != b0:
+            blk = (b0,) + rope_table(self.inv, b0, ROPE_BLOCK)
+            self._block = blk
+        i = pos0 - b0
+        return blk[1][i:i + t], blk[2][i:i + t]
 
 
 def top_prob(logits: np.ndarray) -> float:
@@ -312,6 +335,7 @@ class DoryModel:
         self.logit_scale = cfg.logit_scale(vec("lm_head.logit_scale", self.vocab))
         self.inv_full = rope_inv_freq(self.hd, cfg.rope_theta_full)
         self.inv_sliding = rope_inv_freq(self.hd, cfg.rope_theta_sliding)
+        self.rope_sliding, self.rope_full = RopeRows(self.inv_sliding), RopeRows(self.inv_full)
         # Fixed per layer, looked up on every visit: does the KV slot depend on the loop
         # (per_loop recurrent layers), does a later pass rewrite the chunk's rows (last_loop
         # recurrent layers and the output block), the attention window (0: unlimited).
@@ -444,7 +468,7 @@ class DoryModel:
 
     def _stack(self, st: DoryState, h: np.ndarray, pos0: int, loops: int) -> None:
         t = h.shape[0]
-        ropes = (rope_table(self.inv_sliding, pos0, t), rope_table(self.inv_full, pos0, t))
+        ropes = (self.rope_sliding(pos0, t), self.rope_full(pos0, t))
         n_in, n_rec, n_out = self.n_in, self.n_rec, self.n_out
         layers, rewrite = self.layers, self._rewrite
         # One row (decode): each sub-layer is one fused kernel call (_attn_row, _mlp_row);
