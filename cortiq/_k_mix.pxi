@@ -123,7 +123,7 @@ def hc_expand(blk, res, post, comb, out=None):
     if <size_t>ba.size != dim or <size_t>pa.size != hc or <size_t>ca.size != hc * hc:
         raise ValueError(f"hc_expand: want blk [{dim}], post [{hc}], comb [{hc}, {hc}]")
     cdef cnp.ndarray oa = _mix_out(out, (hc, dim), "hc_expand")
-    if np.may_share_memory(oa, ra) or np.may_share_memory(oa, ba):
+    if _shares(oa, ra) or _shares(oa, ba):
         raise ValueError("hc_expand: out must not overlap res or blk")
     with nogil:
         cq_active().mix.hc_expand(<const float *>cnp.PyArray_DATA(ba),
