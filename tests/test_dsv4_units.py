@@ -212,6 +212,33 @@ def test_grouped_projection_is_identical_with_any_thread_count(isa, threads, dty
     assert (one == got).all()
 
 
+@pytest.mark.parametrize("dtype", ["f32", "q8_row", "q4tp"])
+@pytest.mark.parametrize("groups,lora", [(1, 300), (3, 129), (4, 128), (2, 1)])
+def test_grouped_rows_equal_each_rows_row_dot_across_blocks(isa, threads, dtype, groups, lora):
+    """The kernel works in blocks of rows (one rows_dot call each); every row must
+    still be exactly its own row_dot, whatever the block and thread boundaries."""
+    per = 64
+    rng = np.random.default_rng(groups * 1000 + lora)
+    T = QTensor.from_f32(f32(rng.standard_normal((groups * lora, per))), dtype)
+    x = f32(rng.standard_normal(groups * per))
+    got = K.grouped_rows(T, x, groups)
+    want = np.array([T.row_dot(r, x[(r // lora) * per:(r // lora + 1) * per])
+                     for r in range(groups * lora)], np.float32)
+    assert (got == want).all()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "q8_row", "q4tp"])
+@pytest.mark.parametrize("rows", [1, 127, 128, 300])
+def test_rows_sum_across_blocks_is_the_sum_of_matvecs(isa, threads, dtype, rows):
+    rng = np.random.default_rng(rows)
+    Ts = [QTensor.from_f32(f32(rng.standard_normal((rows, 64))), dtype) for _ in range(3)]
+    xs = [f32(rng.standard_normal(64)) for _ in range(3)]
+    seq = Ts[0].matvec(xs[0])
+    for T, x in zip(Ts[1:], xs[1:]):
+        seq = seq + T.matvec(x)
+    assert (K.rows_sum(Ts, xs) == seq).all()
+
+
 @pytest.mark.parametrize("dtype", ["f32", "q8_row", "q4tp", "q2tp"])
 def test_rows_sum_is_the_sum_of_matvecs(isa, threads, dtype):
     rng = np.random.default_rng(1)
