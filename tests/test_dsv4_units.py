@@ -152,6 +152,24 @@ def test_hc_block_preserves_the_copy_structure_and_applies_the_block(isa):
     assert y.shape == x.shape and np.isfinite(y).all() and np.abs(y - x).max() > 1e-4
 
 
+@pytest.mark.parametrize("hc,dim,weighted", [(4, 37, True), (2, 64, False), (8, 16, True)])
+def test_hc_pre_is_mixes_sinkhorn_and_fold_in_one_call(isa, hc, dim, weighted):
+    rng = np.random.default_rng(hc * dim)
+    mix = (2 + hc) * hc
+    fn = f32(rng.standard_normal((mix, hc * dim)) * 0.1)
+    base, sc = f32(rng.standard_normal(mix) * 0.3), f32([0.7, 1.1, 0.9])
+    x = f32(rng.standard_normal((hc, dim)))
+    w = f32(rng.uniform(0.5, 1.5, dim)) if weighted else None
+    mixes = K.hc_mixes(x, fn, 1e-6)
+    pre, post, comb = K.hc_split_sinkhorn(mixes, sc, base, hc, 20, 1e-6)
+    want = K.hc_fold(x, pre, w, 1e-6)
+    got = K.hc_pre(x, fn, sc, base, w, 20, 1e-6, 1e-6)
+    for a, b in zip(got, (want, post, comb)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="hc_pre"):
+        K.hc_pre(x, fn[1:], sc, base, w, 20, 1e-6, 1e-6)
+
+
 def test_hash_route_reads_the_table_row():
     t = np.array([[7, 9], [1, 2], [5, 6]])
     assert list(D.hash_route(t, 0)) == [7, 9]
