@@ -3,6 +3,7 @@
  * over hc*dim floats: the mixes projection, the fold and the expand. */
 #include "mix_common.h"
 #include "../simd_avx2.h"
+#include "../mathfn/exp8_avx2.h"
 #ifdef CORTIQ_HAVE_OPENMP
 #include <omp.h>
 #endif
@@ -73,8 +74,31 @@ static void hc_expand_avx2(const float *blk, const float *res, const float *post
     }
 }
 
+/* mix_swiglu on 8 lanes with the vector Cephes exp (the scalar tail is mix_swiglu's,
+ * libm expf): within rounding of the reference, about 8x faster -- the MoE runs it
+ * over top_k + 1 experts' moe_inter values per layer per token. The clamps keep the
+ * reference's NaN behaviour: min(g, L) gives L for a NaN g, clip(u) keeps a NaN u. */
+static void swiglu_avx2(float *g, const float *u, size_t n, float limit, float weight) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    const __m256 w = _mm256_set1_ps(weight), hi = _mm256_set1_ps(limit),
+                 lo = _mm256_set1_ps(-limit);
+    int clamp = limit > 0.0f;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i), uv = _mm256_loadu_ps(u + i);
+        if (clamp) {
+            gv = _mm256_min_ps(gv, hi);                     /* NaN g -> limit */
+            uv = _mm256_max_ps(lo, _mm256_min_ps(hi, uv));  /* NaN u stays NaN */
+        }
+        __m256 e = exp8(_mm256_xor_ps(gv, sign));
+        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(s, uv), w));
+    }
+    if (i < n) mix_swiglu(g + i, u + i, n - i, limit, weight);
+}
+
 const cq_mix_ops cq_mix_avx2 = {
     hc_mixes_avx2, mix_split_sinkhorn, mix_head_pre, hc_fold_avx2, hc_fold_norm_avx2,
-    hc_expand_avx2, rms_weighted_avx2, mix_swiglu, mix_pool_by_score,
+    hc_expand_avx2, rms_weighted_avx2, swiglu_avx2, mix_pool_by_score,
     mix_grouped_rows, mix_rows_sum,
 };
