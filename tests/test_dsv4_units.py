@@ -189,6 +189,17 @@ def test_swiglu_clamp_matches_float64_on_every_isa(isa, n, limit):
         assert np.isnan(got[2]) and (np.isnan(got[1]) == (limit <= 0))
 
 
+@pytest.mark.parametrize("mix,n", [(1, 37), (4, 64), (7, 1027), (24, 256)])
+def test_hc_mixes_rows_are_exactly_the_isa_dot(isa, mix, n):
+    """hc_mixes works on several rows at once; each row is still exactly the ISA's
+    dot (dot_f32) times the shared rsqrt."""
+    rng = np.random.default_rng(mix * n)
+    x, fn = f32(rng.standard_normal((1, n))), f32(rng.standard_normal((mix, n)))
+    r = np.float32(1) / np.sqrt(np.float32(K.dot_f32(x[0], x[0])) / np.float32(n) + np.float32(1e-6))
+    want = f32([np.float32(K.dot_f32(fn[i], x[0])) * r for i in range(mix)])
+    np.testing.assert_array_equal(K.hc_mixes(x, fn, 1e-6), want)
+
+
 def test_hash_route_reads_the_table_row():
     t = np.array([[7, 9], [1, 2], [5, 6]])
     assert list(D.hash_route(t, 0)) == [7, 9]
