@@ -195,7 +195,8 @@ def test_hc_mixes_rows_are_exactly_the_isa_dot(isa, mix, n):
     dot (dot_f32) times the shared rsqrt."""
     rng = np.random.default_rng(mix * n)
     x, fn = f32(rng.standard_normal((1, n))), f32(rng.standard_normal((mix, n)))
-    r = np.float32(1) / np.sqrt(np.float32(K.dot_f32(x[0], x[0])) / np.float32(n) + np.float32(1e-6))
+    ss = np.float32(K.dot_f32(x[0], x[0]))
+    r = np.float32(1) / np.sqrt(ss / np.float32(n) + np.float32(1e-6))
     want = f32([np.float32(K.dot_f32(fn[i], x[0])) * r for i in range(mix)])
     np.testing.assert_array_equal(K.hc_mixes(x, fn, 1e-6), want)
 

@@ -188,9 +188,11 @@ def test_dory_attn_row_refuses_bad_arguments():
 @pytest.mark.parametrize("hidden,ffn", [(32, 64), (64, 96)])
 def test_dory_mlp_row_equals_the_separate_calls(isa, dtype, hidden, ffn):
     rng = np.random.default_rng(hidden + ffn)
-    wg, wu, wd = _qt(rng, ffn, hidden, dtype), _qt(rng, ffn, hidden, dtype), _qt(rng, hidden, ffn, dtype)
+    wg, wu = _qt(rng, ffn, hidden, dtype), _qt(rng, ffn, hidden, dtype)
+    wd = _qt(rng, hidden, ffn, dtype)
     h = K.justnorm(rng.normal(size=hidden).astype(np.float32))
-    sg, su = rng.uniform(0.5, 2, ffn).astype(np.float32), rng.uniform(0.5, 2, ffn).astype(np.float32)
+    sg = rng.uniform(0.5, 2, ffn).astype(np.float32)
+    su = rng.uniform(0.5, 2, ffn).astype(np.float32)
     alpha = rng.uniform(0, 0.2, hidden).astype(np.float32)
     want = h.copy()[None]
     g, u = K.matvec_many([wg._m, wu._m], want[0])

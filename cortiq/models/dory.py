@@ -340,9 +340,10 @@ class DoryModel:
         # (per_loop recurrent layers), does a later pass rewrite the chunk's rows (last_loop
         # recurrent layers and the output block), the attention window (0: unlimited).
         rec = range(self.n_in, self.n_in + self.n_rec)
-        self._per_loop = [self.kv_mode == "per_loop" and li in rec for li in range(len(self.layers))]
+        n_layers = len(self.layers)
+        self._per_loop = [self.kv_mode == "per_loop" and li in rec for li in range(n_layers)]
         self._rewrite = [(self.kv_mode == "last_loop" and li in rec) or li >= self.n_in + self.n_rec
-                         for li in range(len(self.layers))]
+                         for li in range(n_layers)]
         self._window = [(self.window if w.sliding else (self.full_window or 0))
                         if isinstance(w, AttnWeights) else 0 for w in self.layers]
         # windowed layers' (slot row, keep) for the trim after each chunk
