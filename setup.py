@@ -110,10 +110,9 @@ class BuildKernels(build_ext):
                 depends=glob.glob(os.path.join(CSRC, "**", "*.h"), recursive=True),
                 debug=self.debug)
         ext.extra_objects = objects + list(ext.extra_objects or [])
-        # The link step only reruns when ext.sources/ext.depends are newer than the
-        # built module: name the C files and headers so a kernel edit relinks.
-        ext.depends = list(ext.depends or []) + [s for srcs in groups.values() for s in srcs] \
-            + glob.glob(os.path.join(CSRC, "**", "*.h"), recursive=True)
+        # build_ext relinks only when a source or a dependency is newer than the module;
+        # without the objects here, a change to csrc/ alone left the old module in place.
+        ext.depends = list(ext.depends or []) + objects
         ext.extra_link_args = list(ext.extra_link_args or []) + omp_l
         ext.extra_compile_args = list(ext.extra_compile_args or []) + (["-O2"] if not msvc else [])
         super().build_extension(ext)

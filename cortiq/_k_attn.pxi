@@ -30,7 +30,7 @@ def rmsnorm(x, w=None, float eps=1e-6, out=None):
         _writable(oa, "rmsnorm", "out")
         if (<object>oa).shape != (<object>xa).shape:
             raise ValueError(f"rmsnorm: out has shape {(<object>oa).shape}, x has {(<object>xa).shape}")
-        if np.may_share_memory(oa, xa) and cnp.PyArray_DATA(oa) != cnp.PyArray_DATA(xa):
+        if _shares(oa, xa) and cnp.PyArray_DATA(oa) != cnp.PyArray_DATA(xa):
             raise ValueError("rmsnorm: out overlaps x partially")
     cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
     cdef float *po = <float *>cnp.PyArray_DATA(oa)
@@ -181,7 +181,7 @@ def attn_gqa_window(q, keys, vals, size_t pos0, size_t window=0, size_t first=0,
         _writable(oa, "attn_gqa_window", "out")
         if oa.size != t * nh * hd:
             raise ValueError(f"attn_gqa_window: out must hold {t * nh * hd} floats")
-        if np.may_share_memory(oa, qa) or np.may_share_memory(oa, ka) or np.may_share_memory(oa, va):
+        if _shares(oa, qa) or _shares(oa, ka) or _shares(oa, va):
             raise ValueError("attn_gqa_window: out must not overlap q, keys or vals")
     cdef const float *pq = <const float *>cnp.PyArray_DATA(qa)
     cdef const float *pk = <const float *>cnp.PyArray_DATA(ka)
@@ -230,7 +230,7 @@ def sparse_attend(q, kv, idx, sink=None, scale=None, out=None):
         _writable(oa, "sparse_attend", "out")
         if oa.size != nh * hd:
             raise ValueError(f"sparse_attend: out must hold {nh * hd} floats")
-        if np.may_share_memory(oa, qa) or np.may_share_memory(oa, ka):
+        if _shares(oa, qa) or _shares(oa, ka):
             raise ValueError("sparse_attend: out must not overlap q or kv")
     cdef const float *pq = <const float *>cnp.PyArray_DATA(qa)
     cdef const float *pk = <const float *>cnp.PyArray_DATA(ka)
@@ -288,7 +288,7 @@ def slerp(x, out, alpha, float eps=1e-6):
         raise ValueError(f"slerp: out has shape {(<object>oa).shape}, x has {(<object>xa).shape}")
     if <size_t>aa.size != n:
         raise ValueError(f"slerp: alpha must hold {n} values")
-    if np.may_share_memory(xa, oa):
+    if _shares(xa, oa):
         raise ValueError("slerp: x and out must not overlap")
     cdef float *px = <float *>cnp.PyArray_DATA(xa)
     cdef float *po = <float *>cnp.PyArray_DATA(oa)

@@ -1,17 +1,28 @@
 # mathfn: exp, softmax, silu/gate activations, dot, axpy (csrc/mathfn).
 
+# The checks below read the array struct directly (no dtype comparison, flags object
+# or numpy call): every wrapper runs them on each call, and decode makes many calls.
 cdef inline cnp.ndarray _f32(object a, str op, str arg):
     """`a` as a C-contiguous float32 array, or TypeError naming the argument."""
-    if not isinstance(a, cnp.ndarray) or (<cnp.ndarray>a).dtype != np.float32:
+    if not isinstance(a, cnp.ndarray) or cnp.PyArray_TYPE(<cnp.ndarray>a) != cnp.NPY_FLOAT32 \
+            or not cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a):
         raise TypeError(f"{op}: {arg} must be a float32 numpy array")
-    if not (<cnp.ndarray>a).flags.c_contiguous:
+    if not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a):
         raise ValueError(f"{op}: {arg} must be C-contiguous")
     return <cnp.ndarray>a
 
 
 cdef inline void _writable(cnp.ndarray a, str op, str arg) except *:
-    if not a.flags.writeable:
+    if not cnp.PyArray_ISWRITEABLE(a):
         raise ValueError(f"{op}: {arg} is read-only")
+
+
+cdef inline bint _shares(cnp.ndarray a, cnp.ndarray b) noexcept:
+    """np.may_share_memory for two C-contiguous arrays: their byte ranges intersect."""
+    cdef char *pa = <char *>cnp.PyArray_DATA(a)
+    cdef char *pb = <char *>cnp.PyArray_DATA(b)
+    cdef cnp.npy_intp na = cnp.PyArray_NBYTES(a), nb = cnp.PyArray_NBYTES(b)
+    return na > 0 and nb > 0 and pa < pb + nb and pb < pa + na
 
 
 cdef inline (size_t, size_t) _rows_cols(cnp.ndarray a, str op, str arg) except *:
@@ -66,7 +77,7 @@ def silu_mul(g, u, a, b):
         raise ValueError(f"silu_mul: u has shape {(<object>ua).shape}, g has {(<object>ga).shape}")
     if aa.ndim != 1 or ba.ndim != 1 or <size_t>aa.shape[0] != cols or <size_t>ba.shape[0] != cols:
         raise ValueError(f"silu_mul: a and b must be 1-D of length {cols}")
-    if np.may_share_memory(ga, ua) or np.may_share_memory(ga, aa) or np.may_share_memory(ga, ba):
+    if _shares(ga, ua) or _shares(ga, aa) or _shares(ga, ba):
         raise ValueError("silu_mul: g must not overlap u, a or b")
     cdef float *pg = <float *>cnp.PyArray_DATA(ga)
     cdef const float *pu = <const float *>cnp.PyArray_DATA(ua)
@@ -119,7 +130,7 @@ def axpy_f32(y, float alpha, x):
     _writable(ya, "axpy_f32", "y")
     if ya.size != xa.size:
         raise ValueError(f"axpy_f32: y has {ya.size} elements, x has {xa.size}")
-    if np.may_share_memory(ya, xa) and cnp.PyArray_DATA(ya) != cnp.PyArray_DATA(xa):
+    if _shares(ya, xa) and cnp.PyArray_DATA(ya) != cnp.PyArray_DATA(xa):
         raise ValueError("axpy_f32: y and x overlap partially")
     cdef float *py = <float *>cnp.PyArray_DATA(ya)
     cdef const float *px = <const float *>cnp.PyArray_DATA(xa)

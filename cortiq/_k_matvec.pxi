@@ -88,7 +88,7 @@ cdef class QMat:
             _writable(oa, "matvec", "out")
             if oa.ndim != 1 or <size_t>oa.shape[0] != self.rows:
                 raise ValueError(f"matvec: out must have shape ({self.rows},), got {(<object>oa).shape}")
-            if np.may_share_memory(oa, xa):
+            if _shares(oa, xa):
                 raise ValueError("matvec: out must not overlap x")
         cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
         cdef float *po = <float *>cnp.PyArray_DATA(oa)
@@ -112,7 +112,7 @@ cdef class QMat:
             _writable(oa, "matmat", "out")
             if (<object>oa).shape != (t, self.rows):
                 raise ValueError(f"matmat: out must have shape ({t}, {self.rows}), got {(<object>oa).shape}")
-            if np.may_share_memory(oa, xa):
+            if _shares(oa, xa):
                 raise ValueError("matmat: out must not overlap X")
         cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
         cdef float *po = <float *>cnp.PyArray_DATA(oa)
@@ -203,7 +203,7 @@ def matvec_many(list mats, x, outs=None):
             _writable(oa, "matvec_many", f"outs[{i}]")
             if oa.ndim != 1 or <size_t>oa.shape[0] != q.rows:
                 raise ValueError(f"matvec_many: outs[{i}] must have shape ({q.rows},)")
-            if np.may_share_memory(oa, xa):
+            if _shares(oa, xa):
                 raise ValueError(f"matvec_many: outs[{i}] must not overlap x")
         res.append(oa)
     cdef cq_qmat *ms = <cq_qmat *>malloc(n * sizeof(cq_qmat))

@@ -123,7 +123,7 @@ def hc_expand(blk, res, post, comb, out=None):
     if <size_t>ba.size != dim or <size_t>pa.size != hc or <size_t>ca.size != hc * hc:
         raise ValueError(f"hc_expand: want blk [{dim}], post [{hc}], comb [{hc}, {hc}]")
     cdef cnp.ndarray oa = _mix_out(out, (hc, dim), "hc_expand")
-    if np.may_share_memory(oa, ra) or np.may_share_memory(oa, ba):
+    if _shares(oa, ra) or _shares(oa, ba):
         raise ValueError("hc_expand: out must not overlap res or blk")
     with nogil:
         cq_active().mix.hc_expand(<const float *>cnp.PyArray_DATA(ba),
@@ -136,13 +136,49 @@ def hc_expand(blk, res, post, comb, out=None):
 
 def hc_pre(x, fn, scale3, base, norm_w, size_t iters, float hc_eps, float norm_eps):
     """One hyper-connection block's opening, in one call: mixes, split + Sinkhorn, fold,
-    RMSNorm with norm_w. Returns (folded [dim], post [hc], comb [hc, hc])."""
-    cdef cnp.ndarray xa = _f32(x, "hc_pre", "x")
+    RMSNorm with norm_w. Returns (folded [dim], post [hc], comb [hc, hc]). The same
+    kernels as hc_mixes, hc_split_sinkhorn and hc_fold in turn, with the GIL released
+    once (this runs twice per layer per token)."""
+    cdef str op = "hc_pre"
+    cdef cnp.ndarray xa = _f32(x, op, "x")
     cdef size_t hc, dim
-    hc, dim = _mix_state(xa, "hc_pre")
-    mixes = hc_mixes(xa, fn, norm_eps)
-    pre, post, comb = hc_split_sinkhorn(mixes, scale3, base, hc, iters, hc_eps)
-    return hc_fold(xa, pre, norm_w, norm_eps), post, comb
+    hc, dim = _mix_state(xa, op)
+    cdef cnp.ndarray fa = _f32(fn, op, "fn")
+    cdef cnp.ndarray sa = _f32(scale3, op, "scale3")
+    cdef cnp.ndarray ba = _f32(base, op, "base")
+    cdef cnp.ndarray wa = None if norm_w is None else _f32(norm_w, op, "norm_w")
+    cdef size_t n = hc * dim, mix = (2 + hc) * hc
+    if n == 0:
+        raise ValueError(f"{op}: x is empty")
+    if fa.ndim != 2 or <size_t>fa.shape[0] != mix or <size_t>fa.shape[1] != n:
+        raise ValueError(f"{op}: fn must be [{mix}, {n}], got {(<object>fa).shape}")
+    if <size_t>ba.size != mix or sa.size != 3 or (wa is not None and <size_t>wa.size != dim):
+        raise ValueError(f"{op}: want base [{mix}], scale3 [3], norm_w [{dim}]")
+    cdef float mix_stack[64]
+    cdef cnp.ndarray mix_heap = None
+    cdef float *mixes = mix_stack
+    if mix > 64:  # hc > 7
+        mix_heap = np.empty(mix, np.float32)
+        mixes = <float *>cnp.PyArray_DATA(mix_heap)
+    cdef cnp.ndarray pre = np.empty(hc, np.float32)
+    cdef cnp.ndarray post = np.empty(hc, np.float32)
+    cdef cnp.ndarray comb = np.empty((hc, hc), np.float32)
+    cdef cnp.ndarray out = np.empty(dim, np.float32)
+    cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
+    cdef const float *pf = <const float *>cnp.PyArray_DATA(fa)
+    cdef const float *ps = <const float *>cnp.PyArray_DATA(sa)
+    cdef const float *pb = <const float *>cnp.PyArray_DATA(ba)
+    cdef const float *pw = NULL if wa is None else <const float *>cnp.PyArray_DATA(wa)
+    cdef float *ppre = <float *>cnp.PyArray_DATA(pre)
+    cdef float *ppost = <float *>cnp.PyArray_DATA(post)
+    cdef float *pcomb = <float *>cnp.PyArray_DATA(comb)
+    cdef float *po = <float *>cnp.PyArray_DATA(out)
+    cdef const cq_mix_ops *M = cq_active().mix
+    with nogil:
+        M.hc_mixes(px, n, pf, mix, norm_eps, mixes)
+        M.hc_split_sinkhorn(mixes, ps, pb, hc, iters, hc_eps, ppre, ppost, pcomb)
+        M.hc_fold_norm(px, ppre, hc, dim, pw, norm_eps, po)
+    return out, post, comb
 
 
 def rms_weighted(v, w=None, float eps=1e-6):

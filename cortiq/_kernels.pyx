@@ -18,6 +18,7 @@ include "_k_hash.pxi"
 include "_k_quant.pxi"
 include "_k_matvec.pxi"  # [KERN]
 include "_k_attn.pxi"  # [KERN]
+include "_k_dory.pxi"
 include "_k_mix.pxi"
 include "_k_nystrom.pxi"
 include "_k_linalg.pxi"

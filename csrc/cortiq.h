@@ -270,12 +270,13 @@ typedef struct cq_mix_ops {
     /* The grouped low-rank projection read straight from the stored rows: m has
      * groups*lora rows of per = m->cols; out[r] = row r . x[(r / lora) * per ..], i.e.
      * each group's block of rows against its slice of x (x has groups*per entries).
-     * Each row through the active matvec.row_dot (bit-identical to matvec); OpenMP
-     * over rows, identical for any thread count. */
+     * Blocks of rows through the active matvec.rows_dot (bit-identical to matvec);
+     * OpenMP over blocks, identical for any thread count. */
     cq_status (*grouped_rows)(const cq_qmat *m, const float *x, size_t groups, float *out);
     /* The MoE's down projections in one pass: out[r] = sum_j row r of ms[j] . xs[j]
      * (j ascending), for r < ms[0].rows; every ms[j] has that many rows. One OpenMP
-     * region over rows (identical for any thread count) instead of one per expert. */
+     * region over blocks of rows (identical for any thread count) instead of one per
+     * expert; each block is one matvec.rows_dot call per matrix. */
     cq_status (*rows_sum)(const cq_qmat *ms, size_t n, const float *const *xs, float *out);
 } cq_mix_ops;
 

@@ -208,3 +208,27 @@ def test_recon_gate_file_errors(f32_model, tmp_path):
         LLM(path, kv_mode="last_loop", gate=f"recon:{bad}:0.5")
     with pytest.raises(ConfigError, match="cannot read"):
         LLM(path, kv_mode="last_loop", gate=f"recon:{tmp_path / 'missing'}:0.5")
+
+
+@pytest.mark.parametrize("opts", [dict(kv_mode="per_loop", loops=2),
+                                  dict(kv_mode="last_loop", loops=3),
+                                  dict(kv_mode="last_loop", loops=2, gate="conf:0.3"),
+                                  dict(kv_mode="per_loop", loops=2, full_window=6)])
+def test_fused_decode_rows_equal_the_general_path(f32_model, opts):
+    """A decode step runs each sub-layer as one fused kernel call (dory_attn_row,
+    dory_mlp_row): bit for bit what the general path computes, cache rows included."""
+    path, _, config = f32_model
+    ids = ids_for(config["vocab_size"], 30, seed=11)
+    got = []
+    for fused in (True, False):
+        llm = LLM(path, **opts)
+        llm.model.fused_rows = fused
+        s = llm.session()
+        rows = [s.feed(ids[:5], want="last")] + [s.feed([i], want="last") for i in ids[5:]]
+        rows.append(s.feed(ids[:3], want="all")[-1])  # a chunk after decoding
+        rows.append(s.feed([ids[0]], want="last"))
+        got.append(np.stack(rows))
+        st = s._state
+        got.append(np.concatenate([sl.k[:sl.n].ravel() for row in st.slots for sl in row]))
+    np.testing.assert_array_equal(got[0], got[2])
+    np.testing.assert_array_equal(got[1], got[3])

@@ -270,3 +270,17 @@ def test_llm_sessions_take_the_option_and_reread_past_a_seal(tiny_path, clean_en
     for a, b in ((0, 30), (30, 35), (35, 40)):
         want = ref.feed(IDS[a:b])
     assert np.isfinite(got).all() and np.abs(got - want).max() <= 1e-5
+
+
+def test_fused_decode_rows_leave_the_far_field_layers_to_it(tiny_path, clean_env):
+    """With the far field on, a decode step fuses the window layers' rows only; the
+    result is the general path's, bit for bit, before and after the seal."""
+    got = []
+    for fused in (True, False):
+        m = model(tiny_path, o1=(4, 6, 0, 24))
+        m.fused_rows = fused
+        st = m.new_state()
+        m.forward(st, IDS[:20])
+        got.append(np.stack([m.forward(st, [i]) for i in IDS[20:45]]))
+    assert o1_slots(st), "the full layers sealed"
+    np.testing.assert_array_equal(got[0], got[1])

@@ -152,6 +152,55 @@ def test_hc_block_preserves_the_copy_structure_and_applies_the_block(isa):
     assert y.shape == x.shape and np.isfinite(y).all() and np.abs(y - x).max() > 1e-4
 
 
+@pytest.mark.parametrize("hc,dim,weighted", [(4, 37, True), (2, 64, False), (8, 16, True)])
+def test_hc_pre_is_mixes_sinkhorn_and_fold_in_one_call(isa, hc, dim, weighted):
+    rng = np.random.default_rng(hc * dim)
+    mix = (2 + hc) * hc
+    fn = f32(rng.standard_normal((mix, hc * dim)) * 0.1)
+    base, sc = f32(rng.standard_normal(mix) * 0.3), f32([0.7, 1.1, 0.9])
+    x = f32(rng.standard_normal((hc, dim)))
+    w = f32(rng.uniform(0.5, 1.5, dim)) if weighted else None
+    mixes = K.hc_mixes(x, fn, 1e-6)
+    pre, post, comb = K.hc_split_sinkhorn(mixes, sc, base, hc, 20, 1e-6)
+    want = K.hc_fold(x, pre, w, 1e-6)
+    got = K.hc_pre(x, fn, sc, base, w, 20, 1e-6, 1e-6)
+    for a, b in zip(got, (want, post, comb)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="hc_pre"):
+        K.hc_pre(x, fn[1:], sc, base, w, 20, 1e-6, 1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 33, 2048])
+@pytest.mark.parametrize("limit", [0.0, 0.7, 10.0])
+def test_swiglu_clamp_matches_float64_on_every_isa(isa, n, limit):
+    """The AVX2 twin evaluates exp on 8 lanes (Cephes), the reference with libm: both
+    within float32 rounding of the float64 formula; NaN lanes as the reference."""
+    rng = np.random.default_rng(n)
+    g, u = f32(rng.normal(0, 3, n)), f32(rng.normal(0, 3, n))
+    got = K.swiglu_clamp(g.copy(), u, limit, 0.75)
+    gd, ud = g.astype(np.float64), u.astype(np.float64)
+    if limit > 0:
+        gd, ud = np.minimum(gd, limit), np.clip(ud, -limit, limit)
+    want = gd / (1 + np.exp(-gd)) * ud * 0.75
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
+    if n >= 9:
+        g[1], u[2] = np.nan, np.nan
+        got = K.swiglu_clamp(g.copy(), u, limit, 0.75)
+        assert np.isnan(got[2]) and (np.isnan(got[1]) == (limit <= 0))
+
+
+@pytest.mark.parametrize("mix,n", [(1, 37), (4, 64), (7, 1027), (24, 256)])
+def test_hc_mixes_rows_are_exactly_the_isa_dot(isa, mix, n):
+    """hc_mixes works on several rows at once; each row is still exactly the ISA's
+    dot (dot_f32) times the shared rsqrt."""
+    rng = np.random.default_rng(mix * n)
+    x, fn = f32(rng.standard_normal((1, n))), f32(rng.standard_normal((mix, n)))
+    ss = np.float32(K.dot_f32(x[0], x[0]))
+    r = np.float32(1) / np.sqrt(ss / np.float32(n) + np.float32(1e-6))
+    want = f32([np.float32(K.dot_f32(fn[i], x[0])) * r for i in range(mix)])
+    np.testing.assert_array_equal(K.hc_mixes(x, fn, 1e-6), want)
+
+
 def test_hash_route_reads_the_table_row():
     t = np.array([[7, 9], [1, 2], [5, 6]])
     assert list(D.hash_route(t, 0)) == [7, 9]
@@ -210,6 +259,33 @@ def test_grouped_projection_is_identical_with_any_thread_count(isa, threads, dty
     one = K.grouped_rows(T, x, groups)
     cortiq.set_num_threads(n)
     assert (one == got).all()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "q8_row", "q4tp"])
+@pytest.mark.parametrize("groups,lora", [(1, 300), (3, 129), (4, 128), (2, 1)])
+def test_grouped_rows_equal_each_rows_row_dot_across_blocks(isa, threads, dtype, groups, lora):
+    """The kernel works in blocks of rows (one rows_dot call each); every row must
+    still be exactly its own row_dot, whatever the block and thread boundaries."""
+    per = 64
+    rng = np.random.default_rng(groups * 1000 + lora)
+    T = QTensor.from_f32(f32(rng.standard_normal((groups * lora, per))), dtype)
+    x = f32(rng.standard_normal(groups * per))
+    got = K.grouped_rows(T, x, groups)
+    want = np.array([T.row_dot(r, x[(r // lora) * per:(r // lora + 1) * per])
+                     for r in range(groups * lora)], np.float32)
+    assert (got == want).all()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "q8_row", "q4tp"])
+@pytest.mark.parametrize("rows", [1, 127, 128, 300])
+def test_rows_sum_across_blocks_is_the_sum_of_matvecs(isa, threads, dtype, rows):
+    rng = np.random.default_rng(rows)
+    Ts = [QTensor.from_f32(f32(rng.standard_normal((rows, 64))), dtype) for _ in range(3)]
+    xs = [f32(rng.standard_normal(64)) for _ in range(3)]
+    seq = Ts[0].matvec(xs[0])
+    for T, x in zip(Ts[1:], xs[1:]):
+        seq = seq + T.matvec(x)
+    assert (K.rows_sum(Ts, xs) == seq).all()
 
 
 @pytest.mark.parametrize("dtype", ["f32", "q8_row", "q4tp", "q2tp"])

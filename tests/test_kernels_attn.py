@@ -294,3 +294,26 @@ def test_sparse_attend_seed_cases(isa):
         K.sparse_attend(q, kv, np.array([2], np.int64))
     with pytest.raises(TypeError, match="int64"):
         K.sparse_attend(q, kv, np.array([1], np.int32))
+
+
+@pytest.mark.parametrize("n,window", [(1, 0), (9, 0), (70, 16), (300, 0)])
+def test_attn_softmax_weights_equal_the_reference_bit_for_bit(n, window):
+    """The AVX2 softmax evaluates the reference's exp (cq_exp1) on 8 lanes with the same
+    operations, so its weights are the reference's bit for bit. Seen through attention
+    on inputs where everything else is exact in any order (integer q.k, a power-of-two
+    scale, values in {0, +-1, +-2}): the outputs must then be equal too. The scores span
+    more than 87 below the top, so the exp's clamp is used as well."""
+    rng = np.random.default_rng(n)
+    nh, nk, hd = 4, 2, 16
+    q = rng.integers(-3, 4, (1, nh, hd)).astype(np.float32)
+    k = rng.integers(-3, 4, (n, nk, hd)).astype(np.float32)
+    v = rng.integers(-2, 3, (n, nk, hd)).astype(np.float32)
+    got, before = {}, K.active_isa()
+    try:
+        for isa in K.usable_isas():
+            K.set_isa(isa)
+            got[isa] = K.attn_gqa_window(q, k, v, n - 1, window, 0, 2.0)
+    finally:
+        K.set_isa(before)
+    for isa, out in got.items():
+        np.testing.assert_array_equal(out, got["ref"], err_msg=isa)

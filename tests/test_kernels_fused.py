@@ -97,3 +97,113 @@ def test_fused_argument_errors():
         K.gate_norm(x, x.copy(), np.ones(4, np.float32))
     with pytest.raises(TypeError, match="gate_norm: y must be a float32"):
         K.gate_norm(x.astype(np.float64), x, np.ones(5, np.float32))
+
+
+# ---- the Dory decode rows: one sub-layer per call -------------------------------------
+def _qt(rng, rows, cols, dtype):
+    from cortiq.tensor import QTensor
+    return QTensor.from_f32(rng.normal(0, 0.3, (rows, cols)).astype(np.float32), dtype)
+
+
+def _attn_case(seed, dtype, nh=4, nk=2, hd=16, hidden=64):
+    rng = np.random.default_rng(seed)
+    ws = [_qt(rng, r, hidden, dtype) for r in (nh * hd, nk * hd, nk * hd, nh * hd)]
+    ws.append(_qt(rng, hidden, nh * hd, dtype))
+    vec = lambda n: rng.uniform(0.2, 1.5, n).astype(np.float32)  # noqa: E731
+    ang = rng.uniform(0, 6.3, hd // 2)
+    return dict(ws=ws, h=K.justnorm(rng.normal(size=hidden).astype(np.float32)),
+                sq=vec(nh * hd), sg=vec(nh * hd), alpha=vec(hidden) * 0.1,
+                cos=np.cos(ang).astype(np.float32), sin=np.sin(ang).astype(np.float32),
+                keys=rng.normal(size=(40, nk, hd)).astype(np.float32),
+                vals=rng.normal(size=(40, nk, hd)).astype(np.float32), nh=nh, nk=nk, hd=hd)
+
+
+def _attn_separate(c, row, first, pos, window, scale):
+    """dory.py's general path for one row, call by call."""
+    wq, wk, wv, wg, wo = c["ws"]
+    nh, nk, hd = c["nh"], c["nk"], c["hd"]
+    h, keys, vals = c["h"].copy()[None], c["keys"].copy(), c["vals"].copy()
+    q, k, v, g = K.matvec_many([w._m for w in (wq, wk, wv, wg)], h[0])
+    q, k = q.reshape(1, nh, hd), k.reshape(1, nk, hd)
+    K.qk_prep(q, c["cos"][None], c["sin"][None], c["sq"])
+    K.qk_prep(k, c["cos"][None], c["sin"][None], None)
+    keys[row], vals[row] = k[0], v.reshape(nk, hd)
+    y = K.attn_gqa_window(q, keys[:row + 1], vals[:row + 1], pos, window, first, scale)
+    y = y.reshape(1, nh * hd)
+    K.gate_norm(y, g[None], c["sg"])
+    K.slerp(h, wo.matvec(y[0])[None], c["alpha"])
+    return h[0], keys, vals
+
+
+@pytest.mark.parametrize("dtype", ["f32", "q8_row"])
+@pytest.mark.parametrize("row,first,window", [(0, 0, 0), (9, 0, 4), (17, 30, 0), (39, 3, 8)])
+def test_dory_attn_row_equals_the_separate_calls(isa, dtype, row, first, window):
+    c = _attn_case(row * 7 + window, dtype)
+    pos, scale = first + row, float(np.float32(c["hd"] ** -0.5))
+    want_h, want_k, want_v = _attn_separate(c, row, first, pos, window, scale)
+    h, keys, vals = c["h"].copy(), c["keys"].copy(), c["vals"].copy()
+    scratch = np.full(K.dory_attn_scratch(h.size, c["nh"] * c["hd"]) + 5, np.nan, np.float32)
+    K.dory_attn_row(*(w._m for w in c["ws"]), h, c["sq"], c["sg"], c["alpha"], c["cos"],
+                    c["sin"], keys, vals, row, first, pos, window, scale, scratch)
+    np.testing.assert_array_equal(h, want_h)
+    np.testing.assert_array_equal(keys, want_k)
+    np.testing.assert_array_equal(vals, want_v)
+
+
+def test_dory_attn_row_refuses_bad_arguments():
+    c = _attn_case(1, "f32")
+    h, keys, vals = c["h"].copy(), c["keys"].copy(), c["vals"].copy()
+    scratch = np.empty(K.dory_attn_scratch(h.size, c["nh"] * c["hd"]), np.float32)
+    mats = [w._m for w in c["ws"]]
+
+    def call(**kw):
+        a = dict(h=h, sq=c["sq"], sg=c["sg"], alpha=c["alpha"], cos=c["cos"], sin=c["sin"],
+                 keys=keys, vals=vals, row=3, first=0, pos=3, window=0, scale=0.25,
+                 scratch=scratch)
+        a.update(kw)
+        K.dory_attn_row(*mats, a["h"], a["sq"], a["sg"], a["alpha"], a["cos"], a["sin"],
+                        a["keys"], a["vals"], a["row"], a["first"], a["pos"], a["window"],
+                        a["scale"], a["scratch"])
+    call()
+    with pytest.raises(ValueError, match="at least"):
+        call(scratch=scratch[:-1])
+    with pytest.raises(ValueError, match="keys must hold at least"):
+        call(row=40, pos=40)
+    with pytest.raises(ValueError, match="not in the cache"):
+        call(pos=4)
+    with pytest.raises(ValueError, match="overlap"):
+        call(scratch=keys.reshape(-1))
+    with pytest.raises(TypeError, match="float32"):
+        call(h=h.astype(np.float64))
+    with pytest.raises(ValueError, match="read-only"):
+        ro = h.copy()
+        ro.flags.writeable = False
+        call(h=ro)
+    with pytest.raises(ValueError, match="weight shapes"):
+        K.dory_attn_row(mats[0], mats[1], mats[2], mats[3], mats[1], h, c["sq"], c["sg"],
+                        c["alpha"], c["cos"], c["sin"], keys, vals, 3, 0, 3, 0, 0.25, scratch)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "q8_row"])
+@pytest.mark.parametrize("hidden,ffn", [(32, 64), (64, 96)])
+def test_dory_mlp_row_equals_the_separate_calls(isa, dtype, hidden, ffn):
+    rng = np.random.default_rng(hidden + ffn)
+    wg, wu = _qt(rng, ffn, hidden, dtype), _qt(rng, ffn, hidden, dtype)
+    wd = _qt(rng, hidden, ffn, dtype)
+    h = K.justnorm(rng.normal(size=hidden).astype(np.float32))
+    sg = rng.uniform(0.5, 2, ffn).astype(np.float32)
+    su = rng.uniform(0.5, 2, ffn).astype(np.float32)
+    alpha = rng.uniform(0, 0.2, hidden).astype(np.float32)
+    want = h.copy()[None]
+    g, u = K.matvec_many([wg._m, wu._m], want[0])
+    K.silu_mul(g[None], u[None], sg, su)
+    K.justnorm(g)
+    K.slerp(want, wd.matvec(g)[None], alpha)
+    got = h.copy()
+    scratch = np.empty(K.dory_mlp_scratch(hidden, ffn), np.float32)
+    K.dory_mlp_row(wg._m, wu._m, wd._m, got, sg, su, alpha, scratch)
+    np.testing.assert_array_equal(got, want[0])
+    with pytest.raises(ValueError, match="at least"):
+        K.dory_mlp_row(wg._m, wu._m, wd._m, got, sg, su, alpha, scratch[:-1])
+    with pytest.raises(ValueError, match="weight shapes"):
+        K.dory_mlp_row(wg._m, wu._m, wg._m, got, sg, su, alpha, scratch)

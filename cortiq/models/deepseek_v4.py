@@ -92,10 +92,10 @@ def _cos_sin(inv: np.ndarray, pos: int):
 # ------------------------------------------------------------------ small pieces (seed)
 
 def sqrt_softplus(x: np.ndarray) -> np.ndarray:
+    # float32 throughout; exp sees at most 20, so nothing overflows (no errstate needed)
     x = np.asarray(x, np.float32)
-    with np.errstate(over="ignore"):
-        sp = np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
-    return np.sqrt(sp).astype(np.float32)
+    sp = np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+    return np.sqrt(sp)
 
 
 def route(logits, bias=None, top_k=1, route_scale=1.0, forced=None, mask=None):
@@ -112,7 +112,7 @@ def route(logits, bias=None, top_k=1, route_scale=1.0, forced=None, mask=None):
         if mask is not None:
             shifted = np.where(np.asarray(mask, bool), shifted, np.float32(-np.inf)).astype(np.float32)
         idx = K.topk(np.ascontiguousarray(shifted, np.float32), min(top_k, shifted.size))
-    w = scores[idx].astype(np.float32)
+    w = scores[idx]
     s = w.sum(dtype=np.float32)
     if s > 0:
         w = (w / s * np.float32(route_scale)).astype(np.float32)
@@ -264,6 +264,10 @@ class _Expert:
     w1: QTensor   # gate
     w3: QTensor   # up
     w2: QTensor   # down
+
+    def __post_init__(self):  # the kernel handles a token's MoE pass lists
+        self.gate_up = (self.w1._m, self.w3._m)
+        self.down = self.w2._m
 
 
 @dataclass
@@ -418,6 +422,7 @@ class DeepseekV4Model:
         else:
             self.inv_compress = rope_inv_freq(rd, cfg.compress_rope_theta)
         self.embed = q("model.embed_tokens.weight")
+        self._iota_buf = np.arange(0, dtype=np.int64)
         self.norm = f("model.norm.weight").ravel()
         self.head = q("lm_head.weight")
         self.hc_head_fn = f("model.hc_head_fn")
@@ -522,11 +527,14 @@ class DeepseekV4Model:
         cfg = self.cfg
         emb = self.embed.row(tid)
         x = np.ascontiguousarray(np.broadcast_to(emb, (cfg.hc_mult, cfg.dim)), np.float32)
+        # this position's rotary tables, shared by every layer of a kind
+        ropes = (_cos_sin(self.inv_window, st.pos), _cos_sin(self.inv_compress, st.pos))
         for li, L in enumerate(self.layers):
             fn, sc, base = L.hc_attn
             folded, post, comb = K.hc_pre(x, fn, sc, base, L.attn_norm, cfg.hc_sinkhorn_iters,
                                           cfg.hc_eps, cfg.norm_eps)
-            out = self._attention(L, st.layers[li], folded, st.pos)
+            out = self._attention(L, st.layers[li], folded, st.pos,
+                                  ropes[1] if L.comp is not None else ropes[0])
             x = K.hc_expand(out, x, post, comb)
             fn, sc, base = L.hc_ffn
             folded, post, comb = K.hc_pre(x, fn, sc, base, L.ffn_norm, cfg.hc_sinkhorn_iters,
@@ -561,11 +569,11 @@ class DeepseekV4Model:
         K.rope_interleaved_tail(folded, c, s, self.cfg.rope_head_dim)
         return folded
 
-    def _attention(self, L: _Layer, ls: _LayerState, x, pos):
+    def _attention(self, L: _Layer, ls: _LayerState, x, pos, rope):
         cfg = self.cfg
         hd, rd, W = cfg.head_dim, cfg.rope_head_dim, cfg.window
         inv = self.inv_compress if L.comp is not None else self.inv_window
-        c, s = _cos_sin(inv, pos)
+        c, s = rope
         outs = QTensor.matvec_many(L.first, x)
         qr, kv = outs[0], outs[1]
         K.rms_weighted(qr, L.q_norm, cfg.norm_eps)
@@ -588,7 +596,7 @@ class DeepseekV4Model:
         cache.buf[pos % W] = kv
         ls.win_n = min(ls.win_n + 1, W)
         n_comp = cache.n
-        idx = [np.arange(ls.win_n, dtype=np.int64)]
+        idx = [self._iota(W + n_comp)[:ls.win_n]]
         if n_comp:
             if L.indexer is not None:
                 ix = L.indexer
@@ -600,7 +608,7 @@ class DeepseekV4Model:
                 picked = top_k_positions(sc, cfg.index_topk)
                 idx.append(picked + W)
             else:
-                idx.append(np.arange(W, W + n_comp, dtype=np.int64))
+                idx.append(self._iota(W + n_comp)[W:W + n_comp])
         idx = np.concatenate(idx) if len(idx) > 1 else idx[0]
         q = L.wq_b.matvec(qr).reshape(cfg.n_heads, hd)
         K.rmsnorm(q, None, cfg.norm_eps, out=q)
@@ -609,6 +617,13 @@ class DeepseekV4Model:
         K.rope_interleaved_tail(o, c, s, rd, True)
         mid = K.grouped_rows(L.wo_a, o.reshape(-1), cfg.o_groups)
         return L.wo_b.matvec(mid)
+
+    def _iota(self, n: int) -> np.ndarray:
+        """0, 1, ... (int64), at least n long: the cache rows attention reads are slices."""
+        a = self._iota_buf
+        if a.size < n:
+            a = self._iota_buf = np.arange(max(n, 2 * a.size), dtype=np.int64)
+        return a
 
     def _expert(self, e: _Expert, x, weight, acc):
         g, u = QTensor.matvec_many([e.w1, e.w3], x)
@@ -624,11 +639,11 @@ class DeepseekV4Model:
         logits = L.gate.matvec(x)
         forced = hash_route(L.tid2eid, tid) if L.tid2eid is not None else None
         idx, w = route(logits, L.bias, cfg.top_k, cfg.route_scale, forced, L.mask)
-        chosen = [L.shared] + [L.experts[int(e)] for e in idx]
-        weights = [1.0] + [float(v) for v in w]
+        chosen = [L.shared] + [L.experts[e] for e in idx.tolist()]
+        weights = [1.0] + w.tolist()
         # every gate and up projection of the chosen experts in one pass over x
-        gu = QTensor.matvec_many([t for e in chosen for t in (e.w1, e.w3)], x)
+        gu = K.matvec_many([m for e in chosen for m in e.gate_up], x)
         limit = self.cfg.swiglu_limit
         hs = [K.swiglu_clamp(gu[2 * j], gu[2 * j + 1], limit, wt) for j, wt in enumerate(weights)]
         # and every down projection in one pass over the output rows
-        return K.rows_sum([e.w2 for e in chosen], hs)
+        return K.rows_sum([e.down for e in chosen], hs)

@@ -38,6 +38,8 @@ from .dory_o1 import EXACT_TAIL, O1Runtime, host_kv_bytes  # o1 (issue 6)
 EPS = 1e-6
 #: rows of a prompt run through the stack together
 HOST_CHUNK = 64
+#: positions per cached block of rotary cos/sin rows (RopeRows)
+ROPE_BLOCK = 64
 
 
 # ---- small math, all float32 -----------------------------------------------------
@@ -57,6 +59,27 @@ def rope_table(inv: np.ndarray, pos0: int, t: int) -> tuple[np.ndarray, np.ndarr
     """cos and sin [t, hd/2] of (pos * inv), evaluated in float64 as the seed does."""
     ang = np.arange(pos0, pos0 + t, dtype=np.float64)[:, None] * inv.astype(np.float64)[None, :]
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+class RopeRows:
+    """rope_table of one theta, kept for the aligned block of ROPE_BLOCK positions the
+    last request fell in: a decode step reads its row instead of evaluating cos/sin
+    again (the values are the same elementwise expression, so the same floats)."""
+
+    def __init__(self, inv: np.ndarray):
+        self.inv = inv
+        self._block = (-1, None, None)  # (first position, cos, sin): swapped whole
+
+    def __call__(self, pos0: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+        b0 = pos0 - pos0 % ROPE_BLOCK
+        if pos0 + t > b0 + ROPE_BLOCK:  # spans blocks: a prompt chunk, computed directly
+            return rope_table(self.inv, pos0, t)
+        blk = self._block
+        if blk[0] != b0:
+            blk = (b0,) + rope_table(self.inv, b0, ROPE_BLOCK)
+            self._block = blk
+        i = pos0 - b0
+        return blk[1][i:i + t], blk[2][i:i + t]
 
 
 def top_prob(logits: np.ndarray) -> float:
@@ -230,6 +253,7 @@ class DoryState:
     exit_logits: np.ndarray | None = None
     gate_tokens: int = 0
     gate_one: int = 0
+    scratch: np.ndarray | None = None   # a decode row's temporaries (DoryModel.new_state)
 
     def clear(self) -> None:
         self.slots = []
@@ -243,6 +267,9 @@ class DoryModel:
 
     arch = "dory"
     supports_rollback = True
+    #: one-row chunks run each sub-layer as one fused kernel call (bit-identical to the
+    #: general path, which tests compare it with by switching this off)
+    fused_rows = True
 
     def __init__(self, cmf, *, loops=None, kv_mode=None, gate=None, prompt_loops=None,
                  full_window=None, o1=None, spill=None):
@@ -308,6 +335,22 @@ class DoryModel:
         self.logit_scale = cfg.logit_scale(vec("lm_head.logit_scale", self.vocab))
         self.inv_full = rope_inv_freq(self.hd, cfg.rope_theta_full)
         self.inv_sliding = rope_inv_freq(self.hd, cfg.rope_theta_sliding)
+        self.rope_sliding, self.rope_full = RopeRows(self.inv_sliding), RopeRows(self.inv_full)
+        # Fixed per layer, looked up on every visit: does the KV slot depend on the loop
+        # (per_loop recurrent layers), does a later pass rewrite the chunk's rows (last_loop
+        # recurrent layers and the output block), the attention window (0: unlimited).
+        rec = range(self.n_in, self.n_in + self.n_rec)
+        n_layers = len(self.layers)
+        self._per_loop = [self.kv_mode == "per_loop" and li in rec for li in range(n_layers)]
+        self._rewrite = [(self.kv_mode == "last_loop" and li in rec) or li >= self.n_in + self.n_rec
+                         for li in range(n_layers)]
+        self._window = [(self.window if w.sliding else (self.full_window or 0))
+                        if isinstance(w, AttnWeights) else 0 for w in self.layers]
+        # windowed layers' (slot row, keep) for the trim after each chunk
+        self._trims = [(w.ordinal, self._keep(w)) for w in self.layers
+                       if isinstance(w, AttnWeights) and (w.sliding or self.full_window)]
+        self._scratch = max(K.dory_attn_scratch(self.hidden, q_size),
+                            K.dory_mlp_scratch(self.hidden, self.ffn))
         self.gate = self._make_gate(opts.gate)
         # ---- o1 (issue 6): the far field of the full layers (cortiq/models/dory_o1.py)
         fixed_loops = loops is not None or bool(os.environ.get("CMF_DORY_LOOPS", "").strip())
@@ -330,7 +373,7 @@ class DoryModel:
 
     # -- sequences -------------------------------------------------------------
     def new_state(self) -> DoryState:
-        return DoryState()
+        return DoryState(scratch=np.empty(self._scratch, np.float32))
 
     def _chunk_loops(self, want: str) -> int:
         if want == "none" and self.prompt_loops > 0 and self.kv_mode == "last_loop":
@@ -338,8 +381,7 @@ class DoryModel:
         return self.loops
 
     def _slot(self, st: DoryState, w: AttnWeights, li: int, loop_i: int) -> KvSlot:
-        recurrent = self.n_in <= li < self.n_in + self.n_rec
-        sl = loop_i if (self.kv_mode == "per_loop" and recurrent) else 0
+        sl = loop_i if self._per_loop[li] else 0
         row = st.slots[w.ordinal]
         while len(row) <= sl:
             row.append(KvSlot(self.nk, self.hd))
@@ -427,19 +469,31 @@ class DoryModel:
 
     def _stack(self, st: DoryState, h: np.ndarray, pos0: int, loops: int) -> None:
         t = h.shape[0]
-        ropes = (rope_table(self.inv_sliding, pos0, t), rope_table(self.inv_full, pos0, t))
+        ropes = (self.rope_sliding(pos0, t), self.rope_full(pos0, t))
         n_in, n_rec, n_out = self.n_in, self.n_rec, self.n_out
+        layers, rewrite = self.layers, self._rewrite
+        # One row (decode): each sub-layer is one fused kernel call (_attn_row, _mlp_row);
+        # the far field's full layers keep the general path.
+        one = t == 1 and self.fused_rows
+        o1 = self.o1rt is not None
+        if one and st.scratch is None:
+            st.scratch = np.empty(self._scratch, np.float32)
 
         def run(li, loop_i, h):
-            w = self.layers[li]
+            w = layers[li]
             if isinstance(w, AttnWeights):
-                recurrent = n_in <= li < n_in + n_rec
-                output = li >= n_in + n_rec
                 # A later pass over this chunk rewrites its rows; a second read-out of
                 # the output block replaces the first one's rows too (in either mode).
-                overwrite = loop_i > 0 and ((self.kv_mode == "last_loop" and recurrent) or output)
-                out = self._attn(st, w, li, loop_i, h, pos0, overwrite,
-                                 ropes[0] if w.sliding else ropes[1])
+                overwrite = loop_i > 0 and rewrite[li]
+                rope = ropes[0] if w.sliding else ropes[1]
+                if one and not (o1 and not w.sliding):
+                    self._attn_row(st, w, li, loop_i, h, pos0, overwrite, rope)
+                    return
+                out = self._attn(st, w, li, loop_i, h, pos0, overwrite, rope)
+            elif one:
+                K.dory_mlp_row(w.gate._m, w.up._m, w.down._m, h, w.sg, w.su, w.alpha,
+                               st.scratch, EPS)
+                return
             else:
                 out = self._mlp(w, h)
             slerp(h, out, w.alpha)
@@ -466,10 +520,9 @@ class DoryModel:
         # the chunk's end because a later last-loop pass reads what is behind it.
         if self.o1rt is not None:  # o1: sealed rows to the store, the seal
             self.o1rt.after_chunk(st, pos0, t)
-        for w in self.layers:
-            if isinstance(w, AttnWeights):
-                for s in st.slots[w.ordinal]:
-                    s.trim(self._keep(w))
+        for ordinal, keep in self._trims:
+            for s in st.slots[ordinal]:
+                s.trim(keep)
 
     def _early_exit(self, st, h, state, inp, run) -> None:
         n_in, n_rec, n_out = self.n_in, self.n_rec, self.n_out
@@ -503,6 +556,18 @@ class DoryModel:
                 run(li, int(readout), h)
         st.gate_tokens += 1
         st.gate_one += int(not stay)
+
+    def _attn_row(self, st, w: AttnWeights, li, loop_i, h, pos0, overwrite, rope) -> None:
+        """_attn and the residual for one row, in one kernel call: the cache row is
+        written in place (q, g and the heads live in st.scratch)."""
+        slot = self._slot(st, w, li, loop_i)
+        if overwrite:
+            slot.n -= 1
+        slot._reserve(slot.n + 1)
+        K.dory_attn_row(w.q._m, w.k._m, w.v._m, w.g._m, w.o._m, h, w.sq, w.sg, w.alpha,
+                        rope[0], rope[1], slot.k, slot.v, slot.n, slot.first, pos0,
+                        self._window[li], self.attn_scale, st.scratch, EPS)
+        slot.n += 1
 
     def _attn(self, st, w: AttnWeights, li, loop_i, h, pos0, overwrite, rope) -> np.ndarray:
         t = h.shape[0]

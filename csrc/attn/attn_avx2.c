@@ -41,6 +41,37 @@ static void rope_half_row(float *a, float *b, const float *c, const float *s, si
         b[i] = x * si + y * c[i];
     }
 }
+/* cq_exp1(s[i] - top) on 8 lanes with exactly its operations -- separate mul and add
+ * (no FMA; -ffp-contract=off keeps them apart), floor, the same clamp and 2^n -- so
+ * every lane equals the scalar bit for bit and attention's softmax weights are the
+ * reference's. The scalar exp was most of a decode step's attention time at small
+ * head dims (one exp per key and query head). NaN lanes return their input. */
+static void vexp_shift(float *s, size_t n, float top) {
+    const __m256 t = _mm256_set1_ps(top), lo = _mm256_set1_ps(CQ_EXP_LO),
+                 hi = _mm256_set1_ps(CQ_EXP_HI), one = _mm256_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + i), t);
+        __m256 v = _mm256_max_ps(lo, _mm256_min_ps(hi, x)); /* = the scalar clamp off NaN */
+        __m256 nn = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(v, _mm256_set1_ps(CQ_LOG2E)),
+                                                  _mm256_set1_ps(0.5f)));
+        __m256 g = _mm256_sub_ps(_mm256_sub_ps(v, _mm256_mul_ps(nn, _mm256_set1_ps(CQ_EXP_C1))),
+                                 _mm256_mul_ps(nn, _mm256_set1_ps(CQ_EXP_C2)));
+        __m256 p = _mm256_set1_ps(CQ_EXP_P0);
+        p = _mm256_add_ps(_mm256_mul_ps(p, g), _mm256_set1_ps(CQ_EXP_P1));
+        p = _mm256_add_ps(_mm256_mul_ps(p, g), _mm256_set1_ps(CQ_EXP_P2));
+        p = _mm256_add_ps(_mm256_mul_ps(p, g), _mm256_set1_ps(CQ_EXP_P3));
+        p = _mm256_add_ps(_mm256_mul_ps(p, g), _mm256_set1_ps(CQ_EXP_P4));
+        p = _mm256_add_ps(_mm256_mul_ps(p, g), _mm256_set1_ps(CQ_EXP_P5));
+        p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, g), g), g), one);
+        __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(nn),
+                                                       _mm256_set1_epi32(127)), 23);
+        __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+        __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+        _mm256_storeu_ps(s + i, _mm256_blendv_ps(r, x, nan));
+    }
+    for (; i < n; i++) s[i] = cq_exp1(s[i] - top);
+}
 
 #include "attn_body.h"
 

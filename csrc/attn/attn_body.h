@@ -7,6 +7,8 @@
  *   static float vsumsq(const float *x, size_t n);
  *   static void rope_half_row(float *a, float *b, const float *c, const float *s,
  *                             size_t h, int inverse);
+ *   static void vexp_shift(float *s, size_t n, float top);   s[i] = cq_exp1(s[i] - top),
+ *        bit for bit (the AVX2 twin evaluates cq_exp1's exact operations on 8 lanes)
  * Parallel kernels give each (query, kv head) or head task to one thread: results are
  * bit-identical for any thread count. */
 #ifndef CQ_ATTN_BODY_H
@@ -44,11 +46,9 @@ static void soft_inplace(float *s, size_t n) {
     float top = -INFINITY;
     for (size_t i = 0; i < n; i++) top = s[i] > top ? s[i] : top;
     if (top == -INFINITY) return;
+    vexp_shift(s, n, top);
     float den = 0.0f;
-    for (size_t i = 0; i < n; i++) {
-        s[i] = cq_exp1(s[i] - top);
-        den += s[i];
-    }
+    for (size_t i = 0; i < n; i++) den += s[i];
     float inv = 1.0f / den;
     for (size_t i = 0; i < n; i++) s[i] *= inv;
 }

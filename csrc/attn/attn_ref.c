@@ -21,6 +21,9 @@ static void rope_half_row(float *a, float *b, const float *c, const float *s, si
         b[i] = x * si + y * c[i];
     }
 }
+static void vexp_shift(float *s, size_t n, float top) {
+    for (size_t i = 0; i < n; i++) s[i] = cq_exp1(s[i] - top);
+}
 
 #include "attn_body.h"
 
