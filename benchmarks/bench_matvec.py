@@ -73,6 +73,12 @@ def bench_matvec(dtype, shape, threads_list, total, reps, rng, buf):
     x = rng.standard_normal(cols, dtype=np.float32)
     out = np.empty(rows, np.float32)
     res = {}
+    if mode == "i8":  # the price of the opt-in, on this run's data
+        y8 = q.matvec(x)
+        cortiq.set_int8_activations(False)
+        y = q.matvec(x)
+        cortiq.set_int8_activations(True)
+        i8_err[dtype] = float(np.linalg.norm(y8 - y) / np.linalg.norm(y))
     for th in threads_list:
         cortiq.set_num_threads(th)
 
@@ -90,6 +96,9 @@ def bench_matvec(dtype, shape, threads_list, total, reps, rng, buf):
             best_rd, best_mv = min(best_rd, t1 - t0), min(best_mv, t2 - t1)
         res[th] = (n * q.nbytes / best_mv / 1e9, buf.size / best_rd / 1e9)
     return res, qs
+
+
+i8_err = {}  # dtype -> ||y_int8 - y_f32|| / ||y_f32|| of the benchmark's matvec
 
 
 def bench_prefill(qs, t, reps, rng):
@@ -219,6 +228,10 @@ def main():
         print("    dtype      weights from DRAM   in cache")
         for dt, (rd, rc) in prefill.items():
             print(f"    {dt:<9} {rd:8.2f}x {'ok ' if rd >= 3 else 'LOW'}    {rc:6.2f}x {'ok' if rc >= 3 else 'LOW'}")
+        print()
+    if i8_err:
+        print("(e) int8 activations: relative error ||y_int8 - y_f32|| / ||y_f32|| (Gaussian W, x)")
+        print("    " + ", ".join(f"{d} {e:.2e}" for d, e in i8_err.items()))
         print()
     if fails:
         print("below target: " + "; ".join(f"{d} {s[0]}x{s[1]} {t}thr {p:.0f}% < {g}%"

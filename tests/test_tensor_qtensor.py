@@ -305,3 +305,22 @@ def test_qgroup_equals_separate_matvecs():
         QGroup([ts[0], QTensor.from_f32(np.ones((2, 32), np.float32), "f32")])
     with pytest.raises(ValueError):
         QGroup([])
+
+
+@pytest.mark.parametrize("dtype", ["q8_row", "q8_2f", "f16", "q4_block"])
+@pytest.mark.parametrize("cols", [9217, 11008 + 37, 16384])
+def test_wide_rows_bit_identical(isa, threads, dtype, cols):
+    """Rows whose x overflows L1 (the AVX-512 q8 kernel then walks panels of rows
+    chunk by chunk, panels starting wherever a thread's share starts): every entry
+    point and thread count gives the same bits, within rounding of the exact product."""
+    rows = 70  # > two panels of 32, and a partial one
+    if not _ok_shape(dtype, cols):
+        pytest.skip("layout needs cols % 32 == 0")
+    q, d = make(dtype, rows, cols, seed=cols)
+    x = misaligned(np.random.default_rng(cols).standard_normal(cols).astype(np.float32))
+    y = q.matvec(x)
+    assert_dot_close(y, d, x)
+    for i in (0, 31, 32, 33, 63, 64, rows - 1):
+        assert q.row_dot(i, x) == y[i]
+    np.testing.assert_array_equal(q.rows_dot(5, rows - 5, x), y[5:])
+    np.testing.assert_array_equal(QTensor.matvec_many([q, q], x)[1], y)

@@ -43,9 +43,11 @@ static cq_status drv_check(const cq_qmat *m) {
     return CQ_OK;
 }
 
+#ifndef CQ_HAVE_DOT_ROWS
 static void dot_rows(const cq_qmat *m, size_t r0, size_t nr, const float *xp, float *out) {
     for (size_t j = 0; j < nr; j++) out[j] = dot_row(m, r0 + j, xp);
 }
+#endif
 #ifndef CQ_HAVE_XQ_BUILD
 #define xq_build cq_xq_build
 #endif
