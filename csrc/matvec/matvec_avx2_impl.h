@@ -19,6 +19,14 @@ static inline __m256 ld_i8x8(const uint8_t *p) {
 }
 static inline float h2f_hw(const uint8_t *p) { return _cvtsh_ss(cq_ld16(p)); }
 
+/* The weight stream's prefetches at byte address a (once per 64-byte line): far into
+ * L2 and near into L1 (qmat.h: CQ_PF_DIST, CQ_PF_NEAR). */
+#define CQ_STREAM_PF(a)                                                       \
+    do {                                                                      \
+        _mm_prefetch((const char *)(a) + CQ_PF_DIST, _MM_HINT_T1);            \
+        _mm_prefetch((const char *)(a) + CQ_PF_NEAR, _MM_HINT_T0);            \
+    } while (0)
+
 /* One generic 8-lane stream: LOAD(p + k*EB) gives 8 floats of elements k..k+7. */
 #define CQ_DOT_STREAM(LOAD, EB, SCALAR)                                              \
     do {                                                                            \
@@ -27,7 +35,7 @@ static inline float h2f_hw(const uint8_t *p) { return _cvtsh_ss(cq_ld16(p)); }
         for (; c + 32 <= cols; c += 32) {                                           \
             for (size_t o_ = 0; o_ < 32 * EB; o_ += 64) /* each line once */        \
                 if (((c * EB + o_) & 63) == 0)                                      \
-                    _mm_prefetch((const char *)(p + c * EB + o_ + CQ_PF_DIST), _MM_HINT_T1); \
+                    CQ_STREAM_PF(p + c * EB + o_);                                  \
             a0 = _mm256_fmadd_ps(LOAD(p + (c + 0) * EB), _mm256_loadu_ps(x + c + 0), a0);   \
             a1 = _mm256_fmadd_ps(LOAD(p + (c + 8) * EB), _mm256_loadu_ps(x + c + 8), a1);   \
             a2 = _mm256_fmadd_ps(LOAD(p + (c + 16) * EB), _mm256_loadu_ps(x + c + 16), a2); \
@@ -192,8 +200,8 @@ static float grouped_dot(const cq_qmat *m, size_t r, const float *x) {
         const uint8_t *nb = d + 16 * r * gpr, *sp = d + 16 * m->rows * gpr + 2 * r * gpr;
         float sc[8];
         for (; g + 8 <= gpr; g += 8) {
-            _mm_prefetch((const char *)(nb + 16 * g + CQ_PF_DIST), _MM_HINT_T1);
-            _mm_prefetch((const char *)(nb + 16 * g + 64 + CQ_PF_DIST), _MM_HINT_T1);
+            CQ_STREAM_PF(nb + 16 * g);
+            CQ_STREAM_PF(nb + 16 * g + 64);
             _mm256_storeu_ps(sc, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp + 2 * g))));
             for (int k = 0; k < 8; k += 2) {
                 t0 = _mm256_fmadd_ps(q4_gdot(nb + 16 * (g + k), x + 32 * (g + k)), _mm256_broadcast_ss(sc + k), t0);
@@ -207,7 +215,7 @@ static float grouped_dot(const cq_qmat *m, size_t r, const float *x) {
     case CQ_DT_Q4_TILED: {
         const uint8_t *tl = d + 18 * r * gpr;
         for (; g + 2 <= gpr; g += 2) {
-            _mm_prefetch((const char *)(tl + 18 * g + CQ_PF_DIST), _MM_HINT_T1);
+            CQ_STREAM_PF(tl + 18 * g);
             t0 = _mm256_fmadd_ps(q4_gdot(tl + 18 * g + 2, x + 32 * g), _mm256_set1_ps(h2f_hw(tl + 18 * g)), t0);
             t1 = _mm256_fmadd_ps(q4_gdot(tl + 18 * g + 20, x + 32 * g + 32), _mm256_set1_ps(h2f_hw(tl + 18 * g + 18)), t1);
         }
@@ -230,7 +238,7 @@ static float grouped_dot(const cq_qmat *m, size_t r, const float *x) {
             if (q4) {
                 for (; gi + 2 <= ng; gi += 2) {
                     size_t gg = g0 + gi;
-                    _mm_prefetch((const char *)(body + 16 * gg + CQ_PF_DIST), _MM_HINT_T1);
+                    CQ_STREAM_PF(body + 16 * gg);
                     t0 = _mm256_fmadd_ps(q4_gdot(body + 16 * gg, x + 32 * gg), _mm256_broadcast_ss(ladder + codes[gi]), t0);
                     t1 = _mm256_fmadd_ps(q4_gdot(body + 16 * gg + 16, x + 32 * gg + 32), _mm256_broadcast_ss(ladder + codes[gi + 1]), t1);
                 }
@@ -239,7 +247,7 @@ static float grouped_dot(const cq_qmat *m, size_t r, const float *x) {
             } else {
                 for (; gi + 2 <= ng; gi += 2) {
                     size_t gg = g0 + gi;
-                    if ((gi & 7) == 0) _mm_prefetch((const char *)(body + 8 * gg + CQ_PF_DIST), _MM_HINT_T1);
+                    if ((gi & 7) == 0) CQ_STREAM_PF(body + 8 * gg);
                     t0 = _mm256_fmadd_ps(q2_gdot(body + 8 * gg, x + 32 * gg), _mm256_broadcast_ss(ladder + codes[gi]), t0);
                     t1 = _mm256_fmadd_ps(q2_gdot(body + 8 * gg + 8, x + 32 * gg + 32), _mm256_broadcast_ss(ladder + codes[gi + 1]), t1);
                 }
@@ -480,7 +488,7 @@ static float avx2_i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
             tp_codes(cb + 5 * (g / 8), stride - 5 * (g / 8), gpr - g < 64 ? gpr - g : 64, codes);
         const uint8_t *p = nb + gs * g;
         const int two = g + 1 < gpr;
-        _mm_prefetch((const char *)(p + CQ_PF_DIST), _MM_HINT_T1);
+        CQ_STREAM_PF(p);
         __m128i n0 = _mm_loadu_si128((const __m128i *)p);
         __m128i n1 = two ? _mm_loadu_si128((const __m128i *)(p + gs)) : _mm_setzero_si128();
         __m256i v = _mm256_set_m128i(n1, n0);

@@ -17,7 +17,7 @@ static inline __m512 z_i8(const uint8_t *p) {
         size_t c = 0;                                                                    \
         for (; c + 64 <= cols; c += 64) {                                                \
             for (size_t o_ = 0; o_ < 64 * EB; o_ += 64) /* each line once */                 \
-                _mm_prefetch((const char *)(p + c * EB + o_ + CQ_PF_DIST), _MM_HINT_T1);     \
+                CQ_STREAM_PF(p + c * EB + o_);                                               \
             a0 = _mm512_fmadd_ps(LOAD(p + (c + 0) * EB), _mm512_loadu_ps(x + c + 0), a0);   \
             a1 = _mm512_fmadd_ps(LOAD(p + (c + 16) * EB), _mm512_loadu_ps(x + c + 16), a1); \
             a2 = _mm512_fmadd_ps(LOAD(p + (c + 32) * EB), _mm512_loadu_ps(x + c + 32), a2); \
@@ -111,7 +111,7 @@ static float q4_dot512(const cq_qmat *m, size_t r, const float *x) {
         const float *xg = x + 32 * g0;
         size_t g = 0;
         for (; g + 4 <= ng; g += 4) {
-            _mm_prefetch((const char *)(p + gs * g + CQ_PF_DIST), _MM_HINT_T1);
+            CQ_STREAM_PF(p + gs * g);
             for (int k = 0; k < 4; k++)
                 Q4_G(p + gs * (g + k), xg + 32 * (g + k), Q4_LUT(sw[g + k]), a[2 * k], a[2 * k + 1]);
         }
@@ -218,7 +218,7 @@ static inline __m512i q4_nibbles4(const uint8_t *p, size_t gs, size_t n) {
         for (size_t gi = 0; gi < ng; gi += 4) {                                                  \
             const size_t g = g0 + gi, blk = g / 4;                                               \
             const uint8_t *p = nb + gs * g;                                                      \
-            _mm_prefetch((const char *)(p + CQ_PF_DIST), _MM_HINT_T1);                           \
+            CQ_STREAM_PF(p);                                                                     \
             __m512i v = q4_nibbles4(p, gs, ng - gi);                                             \
             __m512i lo = _mm512_and_si512(v, m0f);                                               \
             __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);                         \

@@ -3,7 +3,7 @@
  * same software prefetch as the matvec kernels so that it stays their upper bound),
  * split statically over `threads` OpenMP threads. Not part of any kernel table. */
 #include "../cortiq.h"
-#include "qmat.h" /* CQ_PF_DIST */
+#include "qmat.h" /* CQ_PF_DIST, CQ_PF_NEAR */
 #include <string.h>
 #ifdef CORTIQ_HAVE_OPENMP
 #include <omp.h>
@@ -21,6 +21,7 @@ static uint64_t sum_block(const uint8_t *p) {
     __m128i s0 = _mm_setzero_si128(), s1 = s0, s2 = s0, s3 = s0;
     for (size_t i = 0; i < BLK; i += 64) {
         _mm_prefetch((const char *)(p + i + CQ_PF_DIST), _MM_HINT_T1);
+        _mm_prefetch((const char *)(p + i + CQ_PF_NEAR), _MM_HINT_T0);
         s0 = _mm_add_epi64(s0, _mm_loadu_si128((const __m128i *)(p + i)));
         s1 = _mm_add_epi64(s1, _mm_loadu_si128((const __m128i *)(p + i + 16)));
         s2 = _mm_add_epi64(s2, _mm_loadu_si128((const __m128i *)(p + i + 32)));
