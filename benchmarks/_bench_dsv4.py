@@ -223,14 +223,6 @@ def add_args(p, have=()):
 def main(a, rest):
     """Entry from bench_decode.py: `a` holds its common options (--quant, --threads,
     --tokens, --prompt, --cache, --quick), `rest` the DSV4 ones."""
-    if "OMP_WAIT_POLICY" not in os.environ:
-        # libgomp reads this when it loads (bench_decode.py has imported cortiq already):
-        # restart once with passive waiting. On a shared machine the default active wait
-        # makes every short parallel region (one per matvec) stall behind a preempted
-        # worker; OMP_WAIT_POLICY=ACTIVE on the command line keeps the default.
-        import sys
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-        os.execv(sys.executable, [sys.executable] + sys.argv)
     p = argparse.ArgumentParser(prog="bench_decode.py --arch deepseek_v4")
     add_args(p, have=("--quant", "--threads", "--tokens", "--prompt"))
     b = p.parse_args(rest)
