@@ -508,14 +508,10 @@ static float avx2_i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
 /* cq_xq_build with the scaling and rounding on 8 lanes (the same float32 operations;
  * _mm256_cvtps_epi32 rounds as lrintf does), the even/odd split and bias scalar. */
 static void avx2_xq_build(const float *x, size_t cols, void *buf, cq_xq *xq) {
-    const size_t ng = cols / CQ_GROUP, npad = (ng + 3) / 4 * 4;
+    const size_t ng = cols / CQ_GROUP;
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     cq_xq_view(buf, cols, xq);
-    for (size_t g = 0; g < npad; g++) {
-        if (g >= ng) {
-            cq_xq_group(xq, g, NULL);
-            continue;
-        }
+    for (size_t g = 0; g < ng; g++) {
         const float *xg = x + CQ_GROUP * g;
         __m256 a[4];
         for (int k = 0; k < 4; k++) a[k] = _mm256_loadu_ps(xg + 8 * k);

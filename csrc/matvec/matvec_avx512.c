@@ -151,20 +151,16 @@ static float dot_row(const cq_qmat *m, size_t r, const float *x) {
 /* cq_xq_build on 16 lanes, byte for byte the same: the same float32 operations
  * (|x| max, 127 / amax, x * id) and _mm512_cvtps_epi32 rounds to nearest-even as
  * lrintf does in the default rounding mode. The scalar build took ~10 us for 4096
- * columns, more than a 32 x 4096 q4 matvec itself. Non-finite groups and the padding
- * go through cq_xq_group. */
+ * columns, more than a 32 x 4096 q4 matvec itself. Non-finite groups go through
+ * cq_xq_group. */
 #define CQ_HAVE_XQ_BUILD
 static void xq_build(const float *x, size_t cols, void *buf, cq_xq *xq) {
-    const size_t ng = cols / CQ_GROUP, npad = (ng + 3) / 4 * 4;
+    const size_t ng = cols / CQ_GROUP;
     const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
     const __m512i pick = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
     cq_xq_view(buf, cols, xq);
-    for (size_t g = 0; g < npad; g++) {
-        if (g >= ng) {
-            cq_xq_group(xq, g, NULL);
-            continue;
-        }
+    for (size_t g = 0; g < ng; g++) {
         const float *xg = x + CQ_GROUP * g;
         __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
         float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));

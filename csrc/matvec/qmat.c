@@ -102,12 +102,13 @@ static size_t xq_blocks(size_t cols) { return (cols / CQ_GROUP + 3) / 4; }
 size_t cq_xq_bytes(size_t cols) { return 4 * 128 * (xq_blocks(cols) ? xq_blocks(cols) : 1); }
 
 void cq_xq_view(void *buf, size_t cols, cq_xq *xq) {
-    const size_t sec = 128 * (xq_blocks(cols) ? xq_blocks(cols) : 1);
+    const size_t nb = xq_blocks(cols), sec = 128 * (nb ? nb : 1);
     uint8_t *b = (uint8_t *)buf;
     xq->q = (const int8_t *)b;
     xq->bias = (const int32_t *)(b + sec);
     xq->dl = (const float *)(b + 2 * sec);
     xq->d = (const float *)(b + 3 * sec);
+    for (size_t g = cols / CQ_GROUP; g < 4 * nb; g++) cq_xq_group(xq, g, NULL); /* padding */
 }
 
 void cq_xq_group(const cq_xq *xq, size_t g, const float *xg) {
@@ -141,7 +142,6 @@ void cq_xq_group(const cq_xq *xq, size_t g, const float *xg) {
 }
 
 void cq_xq_build(const float *x, size_t cols, void *buf, cq_xq *xq) {
-    const size_t ng = cols / CQ_GROUP, nb = xq_blocks(cols);
     cq_xq_view(buf, cols, xq);
-    for (size_t g = 0; g < 4 * nb; g++) cq_xq_group(xq, g, g < ng ? x + CQ_GROUP * g : NULL);
+    for (size_t g = 0; g < cols / CQ_GROUP; g++) cq_xq_group(xq, g, x + CQ_GROUP * g);
 }

@@ -79,7 +79,8 @@ size_t cq_xq_bytes(size_t cols);
 /* buf: cq_xq_bytes(cols) bytes at a 64-byte boundary; cols % 32 == 0. */
 void cq_xq_build(const float *x, size_t cols, void *buf, cq_xq *xq);
 /* The pieces of cq_xq_build, for SIMD twins that must produce its exact bytes:
- * the sections of buf, and group g from its 32 floats (xg NULL: a padding group). */
+ * the sections of buf (with the padding groups written), and group g from its 32
+ * floats (xg NULL: a zero group). */
 void cq_xq_view(void *buf, size_t cols, cq_xq *xq);
 void cq_xq_group(const cq_xq *xq, size_t g, const float *xg);
 #endif
