@@ -46,6 +46,7 @@ enum {
     CQ_CPU_AVXVNNI = 1u << 10,
     CQ_CPU_OS_YMM = 1u << 11, /* XCR0 says the OS saves YMM state */
     CQ_CPU_OS_ZMM = 1u << 12, /* XCR0 says the OS saves opmask/ZMM state */
+    CQ_CPU_AVX512VBMI = 1u << 13,
 };
 /* Feature bits of this CPU (CQ_CPU_*), read once with CPUID + XGETBV. */
 uint32_t cq_cpu_features(void);

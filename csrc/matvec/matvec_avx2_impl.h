@@ -26,6 +26,13 @@ static inline float h2f_hw(const uint8_t *p) { return _cvtsh_ss(cq_ld16(p)); }
         _mm_prefetch((const char *)(a) + CQ_PF_DIST, _MM_HINT_T1);            \
         _mm_prefetch((const char *)(a) + CQ_PF_NEAR, _MM_HINT_T0);            \
     } while (0)
+/* ... for a step of n <= 128 bytes that may touch a second line (q4_tiled's 72-byte
+ * blocks: with one prefetch a step, one line in nine was left to a demand miss). */
+#define CQ_STREAM_PF_SPAN(a, n)                                               \
+    do {                                                                      \
+        CQ_STREAM_PF(a);                                                      \
+        CQ_STREAM_PF((const char *)(a) + (n) - 1);                            \
+    } while (0)
 
 /* One generic 8-lane stream: LOAD(p + k*EB) gives 8 floats of elements k..k+7. */
 #define CQ_DOT_STREAM(LOAD, EB, SCALAR)                                              \

@@ -111,7 +111,8 @@ static float q4_dot512(const cq_qmat *m, size_t r, const float *x) {
         const float *xg = x + 32 * g0;
         size_t g = 0;
         for (; g + 4 <= ng; g += 4) {
-            CQ_STREAM_PF(p + gs * g);
+            if (gs == 18) CQ_STREAM_PF_SPAN(p + gs * g, 72);
+            else CQ_STREAM_PF(p + gs * g);
             for (int k = 0; k < 4; k++)
                 Q4_G(p + gs * (g + k), xg + 32 * (g + k), Q4_LUT(sw[g + k]), a[2 * k], a[2 * k + 1]);
         }
@@ -214,7 +215,8 @@ static inline __m512i q4_nibbles4(const uint8_t *p, size_t gs, size_t n) {
         for (size_t gi = 0; gi < ng; gi += 4) {                                                  \
             const size_t g = g0 + gi, blk = g / 4;                                               \
             const uint8_t *p = nb + gs * g;                                                      \
-            CQ_STREAM_PF(p);                                                                     \
+            if (tiled) CQ_STREAM_PF_SPAN(p, 72);                                                 \
+            else CQ_STREAM_PF(p);                                                                \
             __m512i v = q4_nibbles4(p, gs, ng - gi);                                             \
             __m512i lo = _mm512_and_si512(v, m0f);                                               \
             __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);                         \
@@ -243,10 +245,69 @@ __attribute__((target("avx512vnni"))) static float q4_i8_row_vnni(const cq_qmat 
 }
 #endif
 
+#ifdef CQ_HAVE_VNNI_FN
+/* q4_tiled with VBMI: the 18-byte tiles of four groups sit in 72 bytes, so two loads
+ * and two vpermt2b pick out their 64 nibble bytes and their four halves, instead of
+ * four 16-byte loads, three inserts and a gathered scale row (one thread, 128 x 4096
+ * in L2: see docs/ARCHITECTURE.md). The same integers, scales and float operations in
+ * the same order as I8_BODY: bit for bit its result. */
+static const uint8_t TILE_NIB_IDX[64] = {
+    2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
+    20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35,
+    38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53,
+    56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71};
+static const uint8_t TILE_SCALE_IDX[64] = {0, 1, 18, 19, 36, 37, 54, 55};
+
+__attribute__((target("avx512vnni,avx512vbmi"))) static float q4t_i8_row_vbmi(const cq_qmat *m, size_t r,
+                                                                             const cq_xq *xq) {
+    const size_t gpr = m->cols / CQ_GROUP;
+    const uint8_t *tl = m->data + 18 * r * gpr;
+    const __m512i m0f = _mm512_set1_epi8(0x0F);
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i nidx = _mm512_loadu_si512((const void *)TILE_NIB_IDX);
+    const __m512i sidx = _mm512_loadu_si512((const void *)TILE_SCALE_IDX);
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0;
+    for (size_t g = 0; g < gpr; g += 4) {
+        const size_t n = gpr - g < 4 ? gpr - g : 4, blk = g / 4;
+        const uint8_t *p = tl + 18 * g;
+        CQ_STREAM_PF_SPAN(p, 72);
+        __m512i v, t0, t1;
+        __m128 sw4;
+        if (n == 4) {
+            t0 = _mm512_loadu_si512((const void *)p);
+            t1 = _mm512_maskz_loadu_epi8(0xFF, p + 64); /* bytes 64..71 only */
+            v = _mm512_permutex2var_epi8(t0, nidx, t1);
+            sw4 = _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(t0, sidx, t1)));
+        } else { /* the row's last 1-3 groups */
+            float s[4] = {0, 0, 0, 0};
+            for (size_t k = 0; k < n; k++) s[k] = h2f_hw(p + 18 * k);
+            v = q4_nibbles4(p + 2, 18, n);
+            sw4 = _mm_loadu_ps(s);
+        }
+        __m512i lo = _mm512_and_si512(v, m0f);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+        const int8_t *q = xq->q + 128 * blk;
+        __m512i isum = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(xq->bias + 16 * blk)), lo,
+                                           _mm512_load_si512((const void *)q));
+        isum = _mm512_dpbusd_epi32(isum, hi, _mm512_load_si512((const void *)(q + 64)));
+        __m512 sc = _mm512_mul_ps(_mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sw4)),
+                                  _mm512_load_ps(xq->dl + 16 * blk));
+        if (g & 4) f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, f1);
+        else f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, f0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(f0, f1));
+}
+#endif
+
 #define CQ_HAVE_I8_ROWS
 static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
 #ifdef CQ_HAVE_VNNI_FN
-    if (cq_cpu_features() & CQ_CPU_AVX512VNNI) {
+    const uint32_t f = cq_cpu_features();
+    if (m->dtype == CQ_DT_Q4_TILED && (f & CQ_CPU_AVX512VNNI) && (f & CQ_CPU_AVX512VBMI)) {
+        for (size_t j = 0; j < nr; j++) out[j] = q4t_i8_row_vbmi(m, r0 + j, xq);
+        return;
+    }
+    if (f & CQ_CPU_AVX512VNNI) {
         for (size_t j = 0; j < nr; j++) out[j] = q4_i8_row_vnni(m, r0 + j, xq);
         return;
     }
