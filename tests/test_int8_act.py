@@ -219,3 +219,21 @@ def test_env_var():
     env["CORTIQ_INT8_ACT"] = "maybe"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=cwd)
     assert out.returncode != 0 and "CORTIQ_INT8_ACT" in out.stderr
+
+
+def test_matvec_many_mixes_kinds(isa, int8_on):
+    """More matrices than the drivers' stack arrays hold, mixing the int8 path (q4),
+    a prepared x (q8_2f, q2tp) and x as given (f16), with a misaligned x: each output
+    equals that matrix's own matvec."""
+    rng = np.random.default_rng(9)
+    dtypes = ["q4_block", "q8_2f", "f16", "q4tp", "q2tp", "q4_tiled", "q8_row"] * 3
+    qs = [QTensor.from_f32(rng.standard_normal((5 + i, 96)).astype(np.float32), d)
+          for i, d in enumerate(dtypes)]
+    buf = np.empty(96 * 4 + 64, np.uint8)
+    off = (-buf.ctypes.data) % 64 + 4
+    x = buf[off:off + 96 * 4].view(np.float32)
+    x[:] = rng.standard_normal(96)
+    outs = QTensor.matvec_many(qs, x)
+    assert len(outs) == len(qs) > 16
+    for q, y in zip(qs, outs):
+        np.testing.assert_array_equal(y, q.matvec(x))

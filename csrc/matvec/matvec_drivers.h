@@ -113,14 +113,25 @@ static x_kind x_kind_of(const cq_qmat *m) {
 
 static cq_status drv_matvec_many(const cq_qmat *ms, size_t n, const float *x, float *const *ys) {
     if (n == 0) return CQ_OK;
-    size_t total = 0, nprep = 0;
-    int any_plain = 0, any_i8 = 0;
     for (size_t i = 0; i < n; i++) {
         cq_status st = drv_check(&ms[i]);
         if (st != CQ_OK) return st;
         if (ms[i].cols != ms[0].cols) return CQ_ERR_SHAPE;
+    }
+    size_t total = 0, nprep = 0;
+    int any_plain = 0, any_i8 = 0;
+    drv_x xs_[16];
+    drv_x *xv = n <= 16 ? xs_ : (drv_x *)malloc(n * sizeof(*xv));
+    if (!xv) return CQ_ERR_NOMEM;
+    /* each matrix's kind read once: the int8 switch may flip on another thread */
+    x_kind kinds_[16], *kinds = n <= 16 ? kinds_ : (x_kind *)malloc(n * sizeof(*kinds));
+    if (!kinds) {
+        if (xv != xs_) free(xv);
+        return CQ_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
         total += ms[i].rows * ms[i].cols;
-        switch (x_kind_of(&ms[i])) {
+        switch (kinds[i] = x_kind_of(&ms[i])) {
         case X_PREP: nprep++; break;
         case X_I8: any_i8 = 1; break;
         default: any_plain = 1;
@@ -132,13 +143,11 @@ static cq_status drv_matvec_many(const cq_qmat *ms, size_t n, const float *x, fl
     size_t bytes = fbytes * (nprep + (size_t)copy_x) + (any_i8 ? cq_xq_bytes(cols) : 0);
     void *raw = NULL;
     uint8_t *buf = NULL;
-    drv_x xs_[16];
-    drv_x *xv = n <= 16 ? xs_ : (drv_x *)malloc(n * sizeof(*xv));
-    if (!xv) return CQ_ERR_NOMEM;
     if (bytes) {
         buf = (uint8_t *)aligned_floats(bytes / sizeof(float) + 1, &raw);
         if (!buf) {
             if (xv != xs_) free(xv);
+            if (kinds != kinds_) free(kinds);
             return CQ_ERR_NOMEM;
         }
     }
@@ -154,7 +163,7 @@ static cq_status drv_matvec_many(const cq_qmat *ms, size_t n, const float *x, fl
     for (size_t i = 0; i < n; i++) {
         xv[i].xp = xa;
         xv[i].xq = NULL;
-        switch (x_kind_of(&ms[i])) {
+        switch (kinds[i]) {
         case X_PREP:
             prep_x(&ms[i], x, (float *)next);
             xv[i].xp = (const float *)next;
@@ -174,6 +183,7 @@ static cq_status drv_matvec_many(const cq_qmat *ms, size_t n, const float *x, fl
     }
     free(raw);
     if (xv != xs_) free(xv);
+    if (kinds != kinds_) free(kinds);
     return CQ_OK;
 }
 
