@@ -625,15 +625,6 @@ class DeepseekV4Model:
             a = self._iota_buf = np.arange(max(n, 2 * a.size), dtype=np.int64)
         return a
 
-    def _expert(self, e: _Expert, x, weight, acc):
-        g, u = QTensor.matvec_many([e.w1, e.w3], x)
-        K.swiglu_clamp(g, u, self.cfg.swiglu_limit, weight)
-        d = e.w2.matvec(g)
-        if acc is None:
-            return d
-        acc += d
-        return acc
-
     def _moe(self, L: _Layer, x, tid):
         cfg = self.cfg
         logits = L.gate.matvec(x)

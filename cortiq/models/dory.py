@@ -282,7 +282,6 @@ class DoryModel:
         self.cfg, self.opts = cfg, opts
         self.hidden, self.ffn, self.vocab = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
         self.nh, self.nk, self.hd = cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim
-        self.rep = self.nh // self.nk
         self.n_in, self.n_rec, self.n_out = cfg.n_input_layers, cfg.n_recurrent_layers, cfg.n_output_layers
         self.window = cfg.sliding_window
         self.loops = opts.loops
@@ -571,7 +570,7 @@ class DoryModel:
 
     def _attn(self, st, w: AttnWeights, li, loop_i, h, pos0, overwrite, rope) -> np.ndarray:
         t = h.shape[0]
-        nh, nk, hd, rep = self.nh, self.nk, self.hd, self.rep
+        nh, nk, hd = self.nh, self.nk, self.hd
         if t == 1:
             q, k, v, g = w.qkvg.matvec(h[0])
             q, k, v, g = q[None], k[None], v[None], g[None]
