@@ -473,12 +473,28 @@ static void avx2_matmat_block(const float *w, size_t nr, size_t cols, const floa
  * nibbles meet xq's evens and odds of the same two groups (qmat.h: a block of four
  * keeps each half contiguous); maddubs + madd sum per 4-byte lane from xq's bias,
  * lanes 0-3 hold group g and 4-7 group g+1, scaled by scale * d in float. */
-static inline float avx2_q4_scale(const cq_qmat *m, size_t r, size_t g, const uint8_t *codes) {
+/* sw[0 .. ng) = the scales of groups g0 .. g0+ng-1 of row r (decoded once per 64
+ * groups, off the per-group path). */
+static void avx2_q4_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, float *sw) {
     const size_t gpr = m->cols / CQ_GROUP;
+    const uint8_t *d = m->data;
+    size_t k = 0;
     switch (m->dtype) {
-    case CQ_DT_Q4_BLOCK: return h2f_hw(m->data + 16 * m->rows * gpr + 2 * (r * gpr + g));
-    case CQ_DT_Q4_TILED: return h2f_hw(m->data + 18 * (r * gpr + g));
-    default: return m->aux[32 * r + codes[g % 64]];
+    case CQ_DT_Q4_BLOCK: {
+        const uint8_t *sp = d + 16 * m->rows * gpr + 2 * (r * gpr + g0);
+        for (; k + 8 <= ng; k += 8) _mm256_storeu_ps(sw + k, ld_f16x8(sp + 2 * k));
+        for (; k < ng; k++) sw[k] = h2f_hw(sp + 2 * k);
+        break;
+    }
+    case CQ_DT_Q4_TILED:
+        for (; k < ng; k++) sw[k] = h2f_hw(d + 18 * (r * gpr + g0 + k));
+        break;
+    default: { /* q4tp */
+        const size_t stride = cq_tp_stride(m->cols);
+        uint8_t codes[64];
+        tp_codes(d + m->rows * gpr * 16 + 4 * m->rows + r * stride + 5 * (g0 / 8), stride - 5 * (g0 / 8), ng, codes);
+        for (; k < ng; k++) sw[k] = m->aux[32 * r + codes[k]];
+    }
     }
 }
 
@@ -486,28 +502,31 @@ static float avx2_i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
     const size_t gpr = m->cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;
     const uint8_t *nb = m->data + gs * r * gpr + (gs == 18 ? 2 : 0);
     const __m256i m0f = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    const size_t stride = cq_tp_stride(m->cols);
-    const uint8_t *cb = m->data + m->rows * gpr * 16 + 4 * m->rows + r * stride;
-    uint8_t codes[64];
+    float sw[64 + 1];
     __m256 f0 = _mm256_setzero_ps(), f1 = f0;
-    for (size_t g = 0; g < gpr; g += 2) {
-        if (m->dtype == CQ_DT_Q4TP && g % 64 == 0)
-            tp_codes(cb + 5 * (g / 8), stride - 5 * (g / 8), gpr - g < 64 ? gpr - g : 64, codes);
-        const uint8_t *p = nb + gs * g;
-        const int two = g + 1 < gpr;
-        CQ_STREAM_PF(p);
-        __m128i n0 = _mm_loadu_si128((const __m128i *)p);
-        __m128i n1 = two ? _mm_loadu_si128((const __m128i *)(p + gs)) : _mm_setzero_si128();
-        __m256i v = _mm256_set_m128i(n1, n0);
-        __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
-        const int8_t *qe = xq->q + 128 * (g / 4) + 16 * (g % 4);
-        __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i *)qe)),
-                                       _mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i *)(qe + 64))));
-        __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(p16, ones), _mm256_load_si256((const __m256i *)(xq->bias + 4 * g)));
-        float s0 = avx2_q4_scale(m, r, g, codes), s1 = two ? avx2_q4_scale(m, r, g + 1, codes) : 0.0f;
-        __m256 sc = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0)), _mm256_load_ps(xq->dl + 4 * g));
-        if (g & 2) f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f1);
-        else f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f0);
+    for (size_t g0 = 0; g0 < gpr; g0 += 64) {
+        const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;
+        avx2_q4_scales(m, r, g0, ng, sw);
+        sw[ng] = 0.0f;
+        for (size_t gi = 0; gi < ng; gi += 2) {
+            const size_t g = g0 + gi;
+            const uint8_t *p = nb + gs * g;
+            const int two = gi + 1 < ng;
+            CQ_STREAM_PF(p);
+            __m128i n0 = _mm_loadu_si128((const __m128i *)p);
+            __m128i n1 = two ? _mm_loadu_si128((const __m128i *)(p + gs)) : _mm_setzero_si128();
+            __m256i v = _mm256_set_m128i(n1, n0);
+            __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+            const int8_t *qe = xq->q + 128 * (g / 4) + 16 * (g % 4);
+            __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i *)qe)),
+                                           _mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i *)(qe + 64))));
+            __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(p16, ones),
+                                            _mm256_load_si256((const __m256i *)(xq->bias + 4 * g)));
+            __m256 sc = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(sw[gi + 1]), _mm_set1_ps(sw[gi])),
+                                      _mm256_load_ps(xq->dl + 4 * g));
+            if (g & 2) f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f1);
+            else f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f0);
+        }
     }
     return cq_hsum8(_mm256_add_ps(f0, f1));
 }
