@@ -475,13 +475,19 @@ static void avx2_matmat_block(const float *w, size_t nr, size_t cols, const floa
  * lanes 0-3 hold group g and 4-7 group g+1, scaled by scale * d in float. */
 /* sw[0 .. ng) = the scales of groups g0 .. g0+ng-1 of row r (decoded once per 64
  * groups, off the per-group path). */
+/* q4_block: where the f16 scale of group g of row r lives (after all the nibbles). */
+static inline const uint8_t *q4b_scale_at(const cq_qmat *m, size_t r, size_t g) {
+    const size_t gpr = m->cols / CQ_GROUP;
+    return m->data + 16 * m->rows * gpr + 2 * (r * gpr + g);
+}
+
 static void avx2_q4_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, float *sw) {
     const size_t gpr = m->cols / CQ_GROUP;
     const uint8_t *d = m->data;
     size_t k = 0;
     switch (m->dtype) {
     case CQ_DT_Q4_BLOCK: {
-        const uint8_t *sp = d + 16 * m->rows * gpr + 2 * (r * gpr + g0);
+        const uint8_t *sp = q4b_scale_at(m, r, g0);
         for (; k + 8 <= ng; k += 8) _mm256_storeu_ps(sw + k, ld_f16x8(sp + 2 * k));
         for (; k < ng; k++) sw[k] = h2f_hw(sp + 2 * k);
         break;

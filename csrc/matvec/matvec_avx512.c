@@ -46,33 +46,28 @@ static inline __m512 z_i8(const uint8_t *p) {
                             _mm512_loadu_ps((xg) + 16), B);                          \
     } while (0)
 
-/* sw[0 .. ng) = the scales of groups g0 .. g0+ng-1 of row r. */
+/* sw[0 .. ng) = the scales of groups g0 .. g0+ng-1 of row r: 16 at a time here, the
+ * rest by the AVX2 decoder (avx2_q4_scales). */
 static void q4_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, float *sw) {
-    const size_t gpr = m->cols / CQ_GROUP;
-    const uint8_t *d = m->data;
     size_t k = 0;
     switch (m->dtype) {
-    case CQ_DT_Q4_BLOCK: {
-        const uint8_t *sp = d + 16 * m->rows * gpr + 2 * (r * gpr + g0);
-        for (; k + 16 <= ng; k += 16)
+    case CQ_DT_Q4_BLOCK:
+        for (const uint8_t *sp = q4b_scale_at(m, r, g0); k + 16 <= ng; k += 16)
             _mm512_storeu_ps(sw + k, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + 2 * k))));
-        for (; k < ng; k++) sw[k] = h2f_hw(sp + 2 * k);
         break;
-    }
     case CQ_DT_Q4_TILED: { /* each tile starts with its half: gather 16 of them */
-        const uint8_t *tp = d + 18 * (r * gpr + g0);
+        const uint8_t *tp = m->data + 18 * (r * (m->cols / CQ_GROUP) + g0);
         const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                               _mm512_set1_epi32(18));
         for (; k + 16 <= ng; k += 16) {
             __m512i h = _mm512_i32gather_epi32(at, (const void *)(tp + 18 * k), 1);
             _mm512_storeu_ps(sw + k, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
         }
-        for (; k < ng; k++) sw[k] = h2f_hw(tp + 18 * k);
         break;
     }
     default: { /* q4tp: 8 codes per 5 bytes, looked up in the row's 32-entry ladder */
-        const size_t stride = cq_tp_stride(m->cols);
-        const uint8_t *cb = d + m->rows * gpr * 16 + 4 * m->rows + r * stride + 5 * (g0 / 8);
+        const size_t gpr = m->cols / CQ_GROUP, stride = cq_tp_stride(m->cols);
+        const uint8_t *cb = m->data + m->rows * gpr * 16 + 4 * m->rows + r * stride + 5 * (g0 / 8);
         const float *ladder = m->aux + 32 * r;
         const __m512 l0 = _mm512_loadu_ps(ladder), l1 = _mm512_loadu_ps(ladder + 16);
         const __m512i sh = _mm512_setr_epi64(0, 5, 10, 15, 20, 25, 30, 35), m31 = _mm512_set1_epi64(31);
@@ -87,13 +82,9 @@ static void q4_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, float *s
             __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
             _mm512_storeu_ps(sw + k, _mm512_permutex2var_ps(l0, c, l1));
         }
-        if (k < ng) {
-            uint8_t codes[64];
-            tp_codes(cb + 5 * (k / 8), stride - 5 * ((g0 + k) / 8), ng - k, codes);
-            for (size_t j = k; j < ng; j++) sw[j] = ladder[codes[j - k]];
-        }
     }
     }
+    if (k < ng) avx2_q4_scales(m, r, g0 + k, ng - k, sw + k);
 }
 
 /* q4_block / q4_tiled / q4tp rows (cols % 32 == 0), 64 groups' scales at a time. */
