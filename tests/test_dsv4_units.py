@@ -189,6 +189,19 @@ def test_swiglu_clamp_matches_float64_on_every_isa(isa, n, limit):
         assert np.isnan(got[2]) and (np.isnan(got[1]) == (limit <= 0))
 
 
+def test_swiglu_extreme_gates_as_the_reference(isa):
+    """Gates far below zero, where libm's expf(-g) overflows to inf and the 8-lane exp
+    saturates: every ISA gives the reference's -0 there (NaN for -inf), not g / FLT_MAX."""
+    g = f32([-np.inf, -1e30, -1e4, -100, -89, -88.73, np.inf, 1e30, -20, -5, 0, 5, 20, 3, -3, 1])
+    u = f32(np.ones(16))
+    got = K.swiglu_clamp(g.copy(), u, 0.0, 1.0)
+    assert np.isnan(got[0]) and got[6] == np.inf and got[7] == np.float32(1e30)
+    np.testing.assert_array_equal(got[1:6], np.zeros(5, np.float32))
+    assert np.signbit(got[1:6]).all()
+    want = g[8:].astype(np.float64) / (1 + np.exp(-g[8:].astype(np.float64)))
+    np.testing.assert_allclose(got[8:], want, rtol=2e-6, atol=1e-30)
+
+
 @pytest.mark.parametrize("mix,n", [(1, 37), (4, 64), (7, 1027), (24, 256)])
 def test_hc_mixes_rows_are_exactly_the_isa_dot(isa, mix, n):
     """hc_mixes works on several rows at once; each row is still exactly the ISA's

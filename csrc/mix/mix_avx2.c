@@ -133,6 +133,9 @@ static void swiglu_avx2(float *g, const float *u, size_t n, float limit, float w
             uv = _mm256_max_ps(lo, _mm256_min_ps(hi, uv));  /* NaN u stays NaN */
         }
         __m256 e = exp8(_mm256_xor_ps(gv, sign));
+        /* exp8 saturates near FLT_MAX where expf overflows to inf: take inf there, so
+         * g / (1 + e) is the reference's -0 (and NaN for g = -inf), not g / 3.4e38 */
+        e = _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(gv, _mm256_set1_ps(-88.72284f), _CMP_LT_OQ));
         __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
         _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(s, uv), w));
     }
