@@ -1,22 +1,16 @@
-/* quant_avx2.c -- AVX2 twin of quant_ref.c, bit-exact with it: the same IEEE float32
- * divisions (vdivps), round-to-nearest-even (vroundps), clamps and f16 scale rule; the
- * q8_2f column sums stay float64, row by row, with separate multiply and add (no FMA).
- * Scalar code handles the scales and the tails. */
+/* quant_avx2.c -- AVX2 twin of quant_ref.c's kernels, bit-exact with them: the same
+ * IEEE float32 divisions (vdivps), round-to-nearest-even (vroundps), clamps and f16
+ * scale rule; the q8_2f column sums stay float64, row by row, with separate multiply
+ * and add (no FMA). Scalar code handles the tails; the loops are quant_drivers.h's. */
 #include <immintrin.h>
 
 #include "cortiq.h"
 #include "quant_common.h"
 
-#ifdef CORTIQ_HAVE_OPENMP
-#include <omp.h>
-#endif
-
-#define LIMIT_Q8 8319008.0f
-#define LIMIT_Q4 458528.0f
 #define RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
 /* max |x| over n floats; *bad set when some |x| is not <= limit (NaN included) */
-static inline float absmax_lim(const float *x, size_t n, float limit, int *bad) {
+static float absmax(const float *x, size_t n, float limit, int *bad) {
     const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
     const __m256 lim = _mm256_set1_ps(limit);
     __m256 m = _mm256_setzero_ps(), b = _mm256_setzero_ps();
@@ -52,134 +46,69 @@ static inline __m256i qvec(__m256 x, __m256 s, __m256 lo, __m256 hi) {
     return _mm256_cvtps_epi32(v);
 }
 
-static void q8_row_codes(const float *x, size_t cols, float s, int8_t *q, float lo_f) {
+/* 32 columns at a time; colv (q8_2f) divides x first, as the reference does */
+static void codes(const float *x, const float *colv, size_t n, float s, float lo_f, int8_t *q) {
     const __m256 sv = _mm256_set1_ps(s), lo = _mm256_set1_ps(lo_f), hi = _mm256_set1_ps(127.0f);
     size_t c = 0;
-    for (; c + 32 <= cols; c += 32) {
-        __m256i v = pack32(qvec(_mm256_loadu_ps(x + c), sv, lo, hi),
-                           qvec(_mm256_loadu_ps(x + c + 8), sv, lo, hi),
-                           qvec(_mm256_loadu_ps(x + c + 16), sv, lo, hi),
-                           qvec(_mm256_loadu_ps(x + c + 24), sv, lo, hi));
+#define CQ_XV(k) (colv ? _mm256_div_ps(_mm256_loadu_ps(x + c + (k)), _mm256_loadu_ps(colv + c + (k))) \
+                       : _mm256_loadu_ps(x + c + (k)))
+    for (; c + 32 <= n; c += 32) {
+        __m256i v = pack32(qvec(CQ_XV(0), sv, lo, hi), qvec(CQ_XV(8), sv, lo, hi),
+                           qvec(CQ_XV(16), sv, lo, hi), qvec(CQ_XV(24), sv, lo, hi));
         _mm256_storeu_si256((__m256i *)(q + c), v);
     }
-    for (; c < cols; c++) {
-        float v = rintf(x[c] / s);
+#undef CQ_XV
+    for (; c < n; c++) {
+        float v = rintf((colv ? x[c] / colv[c] : x[c]) / s);
         v = v < lo_f ? lo_f : (v > 127.0f ? 127.0f : v);
         q[c] = (int8_t)v;
     }
 }
 
-static cq_status q8_row_avx2(const float *w, size_t rows, size_t cols, uint8_t *out) {
-    uint8_t *sc = out + rows * cols;
+static int colsq(const float *x, size_t c0, size_t c1, double *acc) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 lim = _mm256_set1_ps(LIMIT_Q8);
+    __m256 bv = _mm256_setzero_ps();
     int bad = 0;
-    ptrdiff_t r;
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel for num_threads(cq_get_num_threads()) schedule(static) reduction(| : bad)
-#endif
-    for (r = 0; r < (ptrdiff_t)rows; r++) {
-        const float *x = w + (size_t)r * cols;
-        int rb = 0;
-        float am = absmax_lim(x, cols, LIMIT_Q8, &rb), s;
-        if (rb) {
-            bad |= 1;
-            continue;
-        }
-        cq_put_u16(sc + 2 * (size_t)r, cq_scale_f16(am / 127.0f, &s));
-        q8_row_codes(x, cols, s, (int8_t *)(out + (size_t)r * cols), -128.0f);
+    size_t c = c0;
+    for (; c + 8 <= c1; c += 8) {
+        __m256 xv = _mm256_loadu_ps(x + c);
+        bv = _mm256_or_ps(bv, _mm256_cmp_ps(_mm256_and_ps(xv, absmask), lim, _CMP_NLE_UQ));
+        __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(xv));
+        __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(xv, 1));
+        _mm256_storeu_pd(acc + c, _mm256_add_pd(_mm256_loadu_pd(acc + c), _mm256_mul_pd(lo, lo)));
+        _mm256_storeu_pd(acc + c + 4, _mm256_add_pd(_mm256_loadu_pd(acc + c + 4), _mm256_mul_pd(hi, hi)));
     }
-    return bad ? CQ_ERR_ARG : CQ_OK;
+    for (; c < c1; c++) {
+        double d = (double)x[c];
+        bad |= !(fabsf(x[c]) <= LIMIT_Q8);
+        acc[c] += d * d;
+    }
+    return bad | (_mm256_movemask_ps(bv) != 0);
 }
 
-static cq_status q8_2f_avx2(const float *w, size_t rows, size_t cols, uint8_t *out,
-                            double *acc, float *colv) {
-    const size_t n = rows * cols;
-    uint8_t *rsb = out + n, *colb = out + n + 2 * rows;
-    int bad = 0;
-    ptrdiff_t cb;
-    const ptrdiff_t nblk = (ptrdiff_t)((cols + 255) / 256);
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel for num_threads(cq_get_num_threads()) schedule(static) reduction(| : bad)
-#endif
-    for (cb = 0; cb < nblk; cb++) {
-        size_t c0 = (size_t)cb * 256, c1 = c0 + 256 < cols ? c0 + 256 : cols;
-        const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
-        const __m256 lim = _mm256_set1_ps(LIMIT_Q8);
-        __m256 bv = _mm256_setzero_ps();
-        for (size_t c = c0; c < c1; c++) acc[c] = 0.0;
-        for (size_t r = 0; r < rows; r++) {
-            const float *x = w + r * cols;
-            size_t c = c0;
-            for (; c + 8 <= c1; c += 8) {
-                __m256 xv = _mm256_loadu_ps(x + c);
-                bv = _mm256_or_ps(bv, _mm256_cmp_ps(_mm256_and_ps(xv, _mm256_castsi256_ps(absmask)),
-                                                    lim, _CMP_NLE_UQ));
-                __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(xv));
-                __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(xv, 1));
-                _mm256_storeu_pd(acc + c, _mm256_add_pd(_mm256_loadu_pd(acc + c), _mm256_mul_pd(lo, lo)));
-                _mm256_storeu_pd(acc + c + 4, _mm256_add_pd(_mm256_loadu_pd(acc + c + 4), _mm256_mul_pd(hi, hi)));
-            }
-            for (; c < c1; c++) {
-                double d = (double)x[c];
-                bad |= !(fabsf(x[c]) <= LIMIT_Q8);
-                acc[c] += d * d;
-            }
-        }
-        bad |= _mm256_movemask_ps(bv) != 0;
-        for (size_t c = c0; c < c1; c++) {
-            double ms = rows ? acc[c] / (double)rows : 0.0;
-            double rms = sqrt(ms);
-            float v;
-            cq_put_u16(colb + 2 * c, cq_scale_f16((float)(rms > 1e-12 ? rms : 1e-12), &v));
-            colv[c] = v;
-        }
+static float absmax_div(const float *x, const float *colv, size_t n) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 mv = _mm256_setzero_ps();
+    size_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        __m256 a = _mm256_div_ps(_mm256_loadu_ps(x + c), _mm256_loadu_ps(colv + c));
+        mv = _mm256_max_ps(mv, _mm256_and_ps(a, absmask));
     }
-    if (bad) return CQ_ERR_ARG;
-    ptrdiff_t r;
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel for num_threads(cq_get_num_threads()) schedule(static)
-#endif
-    for (r = 0; r < (ptrdiff_t)rows; r++) {
-        const float *x = w + (size_t)r * cols;
-        const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
-        __m256 mv = _mm256_setzero_ps();
-        size_t c = 0;
-        for (; c + 8 <= cols; c += 8) {
-            __m256 a = _mm256_div_ps(_mm256_loadu_ps(x + c), _mm256_loadu_ps(colv + c));
-            mv = _mm256_max_ps(mv, _mm256_and_ps(a, _mm256_castsi256_ps(absmask)));
-        }
-        float lanes[8], am = 0.0f, s;
-        _mm256_storeu_ps(lanes, mv);
-        for (int k = 0; k < 8; k++) am = lanes[k] > am ? lanes[k] : am;
-        for (; c < cols; c++) {
-            float a = fabsf(x[c] / colv[c]);
-            am = a > am ? a : am;
-        }
-        am = am > 1e-12f ? am : 1e-12f;
-        cq_put_u16(rsb + 2 * (size_t)r, cq_scale_f16(am / 127.0f, &s));
-        int8_t *q = (int8_t *)(out + (size_t)r * cols);
-        const __m256 sv = _mm256_set1_ps(s), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
-        c = 0;
-        for (; c + 32 <= cols; c += 32) {
-            __m256i v = pack32(
-                qvec(_mm256_div_ps(_mm256_loadu_ps(x + c), _mm256_loadu_ps(colv + c)), sv, lo, hi),
-                qvec(_mm256_div_ps(_mm256_loadu_ps(x + c + 8), _mm256_loadu_ps(colv + c + 8)), sv, lo, hi),
-                qvec(_mm256_div_ps(_mm256_loadu_ps(x + c + 16), _mm256_loadu_ps(colv + c + 16)), sv, lo, hi),
-                qvec(_mm256_div_ps(_mm256_loadu_ps(x + c + 24), _mm256_loadu_ps(colv + c + 24)), sv, lo, hi));
-            _mm256_storeu_si256((__m256i *)(q + c), v);
-        }
-        for (; c < cols; c++) {
-            float v = rintf((x[c] / colv[c]) / s);
-            v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
-            q[c] = (int8_t)v;
-        }
+    float lanes[8], am = 0.0f;
+    _mm256_storeu_ps(lanes, mv);
+    for (int k = 0; k < 8; k++) am = lanes[k] > am ? lanes[k] : am;
+    for (; c < n; c++) {
+        float a = fabsf(x[c] / colv[c]);
+        am = a > am ? a : am;
     }
-    return CQ_OK;
+    return am;
 }
 
-/* one group of 32 floats (already zero-padded) -> 16 nibble bytes; returns f16 scale bits */
-static inline int q4_group_avx2(const float *g, uint8_t *nib, uint16_t *scale_bits) {
+/* one zero-padded group of 32 floats -> 16 nibble bytes + f16 scale bits */
+static int group4(const float *g, uint8_t *nib, uint16_t *scale_bits) {
     int bad = 0;
-    float am = absmax_lim(g, 32, LIMIT_Q4, &bad), s;
+    float am = absmax(g, 32, LIMIT_Q4, &bad), s;
     if (bad) return 1;
     *scale_bits = cq_scale_f16(am / 7.0f, &s);
     const __m256 sv = _mm256_set1_ps(s), lo = _mm256_set1_ps(-8.0f), hi = _mm256_set1_ps(7.0f);
@@ -192,40 +121,6 @@ static inline int q4_group_avx2(const float *g, uint8_t *nib, uint16_t *scale_bi
     __m128i packed = _mm_packus_epi16(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
     _mm_storeu_si128((__m128i *)nib, packed);
     return 0;
-}
-
-static cq_status q4_any_avx2(const float *w, size_t n, uint8_t *out, int tiled) {
-    const size_t G = (n + 31) / 32;
-    int bad = 0;
-    ptrdiff_t g;
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel for num_threads(cq_get_num_threads()) schedule(static) reduction(| : bad)
-#endif
-    for (g = 0; g < (ptrdiff_t)G; g++) {
-        size_t i0 = (size_t)g * 32, len = n - i0 < 32 ? n - i0 : 32;
-        float pad[32];
-        const float *src = w + i0;
-        if (len < 32) {
-            for (size_t i = 0; i < 32; i++) pad[i] = i < len ? src[i] : 0.0f;
-            src = pad;
-        }
-        uint16_t s = 0;
-        uint8_t *nib = tiled ? out + 18 * (size_t)g + 2 : out + 16 * (size_t)g;
-        if (q4_group_avx2(src, nib, &s)) {
-            bad |= 1;
-            continue;
-        }
-        cq_put_u16(tiled ? out + 18 * (size_t)g : out + 16 * G + 2 * (size_t)g, s);
-    }
-    return bad ? CQ_ERR_ARG : CQ_OK;
-}
-
-static cq_status q4_block_avx2(const float *w, size_t n, uint8_t *out) {
-    return q4_any_avx2(w, n, out, 0);
-}
-
-static cq_status q4_tiled_avx2(const float *w, size_t n, uint8_t *out) {
-    return q4_any_avx2(w, n, out, 1);
 }
 
 static void f32_to_f16_avx2(const float *x, uint8_t *out, size_t n) {
@@ -244,6 +139,6 @@ static void f16_to_f32_avx2(const uint8_t *x, float *out, size_t n) {
     for (; i < n; i++) out[i] = cq_f16_to_f32((uint16_t)(x[2 * i] | (x[2 * i + 1] << 8)));
 }
 
-const cq_quant_ops cq_quant_avx2 = {
-    q8_row_avx2, q8_2f_avx2, q4_block_avx2, q4_tiled_avx2, f32_to_f16_avx2, f16_to_f32_avx2,
-};
+#include "quant_drivers.h"
+
+CQ_QUANT_OPS(cq_quant_avx2, f32_to_f16_avx2, f16_to_f32_avx2);

@@ -9,6 +9,8 @@
 
 #define CQ_F16_MIN_NORMAL_BITS 0x0400u
 #define CQ_F16_MAX 65504.0f
+#define LIMIT_Q8 8319008.0f /* 65504 * 127: the largest |w| whose q8 scale fits f16 */
+#define LIMIT_Q4 458528.0f  /* 65504 * 7 */
 
 static inline uint16_t cq_f32_to_f16(float f) {
     uint32_t x;
