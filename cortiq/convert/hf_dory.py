@@ -435,16 +435,22 @@ def _ids(v: Any) -> list[int]:
     return [int(x) for x in vals if isinstance(x, int) and not isinstance(x, bool) and x >= 0]
 
 
+def _token_files(d: Path, config: Mapping | None):
+    """config.json (unless given), generation_config.json, tokenizer_config.json and the
+    parsed tokenizer.json of a checkpoint folder ({} / None where absent)."""
+    config = config if config is not None else (_read_json(d / "config.json") or {})
+    gen = _read_json(d / "generation_config.json") or {}
+    tcfg = _read_json(d / "tokenizer_config.json") or {}
+    tok = find_tokenizer_json(d)
+    return config, gen, tcfg, json.loads(tok) if tok else None
+
+
 def eos_token_ids(hf_dir: str | Path, config: Mapping | None = None,
                   template: str | None = None) -> list[int]:
     """Every id that ends generation: generation_config's eos (else config.json's), the
     tokenizer's eos token, and the chat end token the template uses. Ordered, unique."""
     d = Path(hf_dir)
-    config = config if config is not None else (_read_json(d / "config.json") or {})
-    gen = _read_json(d / "generation_config.json") or {}
-    tcfg = _read_json(d / "tokenizer_config.json") or {}
-    tok = find_tokenizer_json(d)
-    tok = json.loads(tok) if tok else None
+    config, gen, tcfg, tok = _token_files(d, config)
     ids = _ids(gen.get("eos_token_id")) or _ids(config.get("eos_token_id"))
     extra = [token_id(tok, tcfg.get("eos_token"))]
     if template:
@@ -458,11 +464,7 @@ def eos_token_ids(hf_dir: str | Path, config: Mapping | None = None,
 def tokenizer_bundle(hf_dir: str | Path, config: Mapping | None = None) -> dict | None:
     """The header's ``tokenizer_config`` (CMF_FORMAT §4.4), or None when there is nothing."""
     d = Path(hf_dir)
-    config = config if config is not None else (_read_json(d / "config.json") or {})
-    gen = _read_json(d / "generation_config.json") or {}
-    tcfg = _read_json(d / "tokenizer_config.json") or {}
-    tok = find_tokenizer_json(d)
-    tok = json.loads(tok) if tok else None
+    config, gen, tcfg, tok = _token_files(d, config)
     template = find_chat_template(d)
     out: dict[str, Any] = {}
     if template is not None:
