@@ -1,11 +1,16 @@
 """Shared fixtures: every compiled ISA that this machine can run, and thread counts."""
 import os
+import sys
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 import cortiq
 from cortiq import _kernels
+
+# Helper modules beside the tests (arrays.py, toy_model.py) import by name under
+# --import-mode=importlib.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 settings.register_profile(
     "ci", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])

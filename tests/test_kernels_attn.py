@@ -18,6 +18,7 @@ from hypothesis import given, strategies as st
 
 import cortiq
 from cortiq import _kernels as K
+from arrays import misaligned  # tests/arrays.py
 
 U = 2.0 ** -24
 NORM_REL = 1e-6
@@ -32,15 +33,6 @@ def with_isa(name, fn, *args, **kw):
         return fn(*args, **kw)
     finally:
         K.set_isa(before)
-
-
-def misaligned(a):
-    a = np.ascontiguousarray(a)
-    buf = np.empty(a.nbytes + 64, np.uint8)
-    off = (-buf.ctypes.data) % 32 + 4
-    out = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
-    out[...] = a
-    return out
 
 
 # ---- norms -----------------------------------------------------------------

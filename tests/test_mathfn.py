@@ -19,6 +19,7 @@ from hypothesis.extra import numpy as hnp
 
 import cortiq
 from cortiq import _kernels as K
+from arrays import misaligned  # tests/arrays.py
 
 EXP_REL = 2e-7
 ACT_REL = 1e-6
@@ -36,16 +37,6 @@ def ref_run(fn, *args):
         return fn(*args)
     finally:
         K.set_isa(before)
-
-
-def misaligned(a):
-    """A copy of `a` whose data pointer is 4 bytes off a 32-byte boundary."""
-    buf = np.empty(a.size + 16, dtype=np.float32)
-    off = ((-buf.ctypes.data) % 32) // 4 + 1
-    out = buf[off:off + a.size].reshape(a.shape)
-    out[...] = a
-    assert out.ctypes.data % 32 != 0
-    return out
 
 
 def assert_ulp_close(a, b, ulps):

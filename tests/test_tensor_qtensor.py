@@ -21,6 +21,7 @@ from cortiq import _kernels as K
 from cortiq.cmf import quant
 from cortiq.errors import FormatError
 from cortiq.tensor import DTYPES, QTensor
+from arrays import misaligned  # tests/arrays.py
 
 U = 2.0 ** -24
 DOT_ULPS = 2
@@ -55,16 +56,6 @@ def assert_dot_close(y, d, x):
     err = np.abs(y.astype(np.float64) - exact)
     b = bound(d, x)
     assert (err <= b).all(), f"max err/bound {np.max(err / b):.3g} at {np.argmax(err / b)}"
-
-
-def misaligned(a):
-    """A copy of `a` whose data pointer is 4 bytes off a 32-byte boundary."""
-    a = np.ascontiguousarray(a)
-    buf = np.empty(a.nbytes + 64, np.uint8)
-    off = (-buf.ctypes.data) % 32 + 4
-    out = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
-    out[...] = a
-    return out
 
 
 SHAPES = [(1, 32), (3, 64), (7, 96), (33, 128), (5, 40), (9, 7), (2, 1), (17, 33), (64, 320)]
