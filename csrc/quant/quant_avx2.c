@@ -23,14 +23,8 @@ static float absmax(const float *x, size_t n, float limit, int *bad) {
     float lanes[8], mm = 0.0f;
     _mm256_storeu_ps(lanes, m);
     for (int k = 0; k < 8; k++) mm = lanes[k] > mm ? lanes[k] : mm;
-    int bb = _mm256_movemask_ps(b) != 0;
-    for (; i < n; i++) {
-        float a = fabsf(x[i]);
-        bb |= !(a <= limit);
-        mm = a > mm ? a : mm;
-    }
-    *bad |= bb;
-    return mm;
+    *bad |= _mm256_movemask_ps(b) != 0;
+    return sc_absmax(x, i, n, limit, mm, bad);
 }
 
 /* 32 rounded+clamped floats (as int32 in 4 vectors) -> 32 int8 in order */
@@ -58,18 +52,13 @@ static void codes(const float *x, const float *colv, size_t n, float s, float lo
         _mm256_storeu_si256((__m256i *)(q + c), v);
     }
 #undef CQ_XV
-    for (; c < n; c++) {
-        float v = rintf((colv ? x[c] / colv[c] : x[c]) / s);
-        v = v < lo_f ? lo_f : (v > 127.0f ? 127.0f : v);
-        q[c] = (int8_t)v;
-    }
+    sc_codes(x, colv, c, n, s, lo_f, q);
 }
 
 static int colsq(const float *x, size_t c0, size_t c1, double *acc) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256 lim = _mm256_set1_ps(LIMIT_Q8);
     __m256 bv = _mm256_setzero_ps();
-    int bad = 0;
     size_t c = c0;
     for (; c + 8 <= c1; c += 8) {
         __m256 xv = _mm256_loadu_ps(x + c);
@@ -79,12 +68,7 @@ static int colsq(const float *x, size_t c0, size_t c1, double *acc) {
         _mm256_storeu_pd(acc + c, _mm256_add_pd(_mm256_loadu_pd(acc + c), _mm256_mul_pd(lo, lo)));
         _mm256_storeu_pd(acc + c + 4, _mm256_add_pd(_mm256_loadu_pd(acc + c + 4), _mm256_mul_pd(hi, hi)));
     }
-    for (; c < c1; c++) {
-        double d = (double)x[c];
-        bad |= !(fabsf(x[c]) <= LIMIT_Q8);
-        acc[c] += d * d;
-    }
-    return bad | (_mm256_movemask_ps(bv) != 0);
+    return sc_colsq(x, c, c1, acc) | (_mm256_movemask_ps(bv) != 0);
 }
 
 static float absmax_div(const float *x, const float *colv, size_t n) {
@@ -98,11 +82,7 @@ static float absmax_div(const float *x, const float *colv, size_t n) {
     float lanes[8], am = 0.0f;
     _mm256_storeu_ps(lanes, mv);
     for (int k = 0; k < 8; k++) am = lanes[k] > am ? lanes[k] : am;
-    for (; c < n; c++) {
-        float a = fabsf(x[c] / colv[c]);
-        am = a > am ? a : am;
-    }
-    return am;
+    return sc_absmax_div(x, colv, c, n, am);
 }
 
 /* one zero-padded group of 32 floats -> 16 nibble bytes + f16 scale bits */

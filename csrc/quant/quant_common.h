@@ -61,6 +61,46 @@ static inline uint16_t cq_scale_f16(float x, float *val) {
     return b;
 }
 
+/* The scalar kernels of the quantizers over elements i0 .. n-1: quant_ref.c runs them
+ * whole, its SIMD twins on their tails, so both compute the same bits. */
+static inline float sc_absmax(const float *x, size_t i0, size_t n, float limit, float m, int *bad) {
+    int b = 0;
+    for (size_t i = i0; i < n; i++) {
+        float a = fabsf(x[i]);
+        b |= !(a <= limit);
+        m = a > m ? a : m;
+    }
+    *bad |= b;
+    return m;
+}
+
+static inline void sc_codes(const float *x, const float *colv, size_t i0, size_t n, float s, float lo,
+                            int8_t *q) {
+    for (size_t c = i0; c < n; c++) {
+        float v = rintf((colv ? x[c] / colv[c] : x[c]) / s);
+        v = v < lo ? lo : (v > 127.0f ? 127.0f : v);
+        q[c] = (int8_t)v;
+    }
+}
+
+static inline int sc_colsq(const float *x, size_t c0, size_t c1, double *acc) {
+    int bad = 0;
+    for (size_t c = c0; c < c1; c++) {
+        double d = (double)x[c];
+        bad |= !(fabsf(x[c]) <= LIMIT_Q8);
+        acc[c] += d * d;
+    }
+    return bad;
+}
+
+static inline float sc_absmax_div(const float *x, const float *colv, size_t i0, size_t n, float am) {
+    for (size_t c = i0; c < n; c++) {
+        float a = fabsf(x[c] / colv[c]);
+        am = a > am ? a : am;
+    }
+    return am;
+}
+
 static inline void cq_put_u16(uint8_t *p, uint16_t v) {
     p[0] = (uint8_t)(v & 0xff);
     p[1] = (uint8_t)(v >> 8);

@@ -8,43 +8,16 @@
 #include "quant_common.h"
 
 static float absmax(const float *x, size_t n, float limit, int *bad) {
-    float m = 0.0f;
-    int b = 0;
-    for (size_t i = 0; i < n; i++) {
-        float a = fabsf(x[i]);
-        b |= !(a <= limit);
-        m = a > m ? a : m;
-    }
-    *bad |= b;
-    return m;
+    return sc_absmax(x, 0, n, limit, 0.0f, bad);
 }
 
 static void codes(const float *x, const float *colv, size_t n, float s, float lo, int8_t *q) {
-    for (size_t c = 0; c < n; c++) {
-        float v = rintf((colv ? x[c] / colv[c] : x[c]) / s);
-        v = v < lo ? lo : (v > 127.0f ? 127.0f : v);
-        q[c] = (int8_t)v;
-    }
+    sc_codes(x, colv, 0, n, s, lo, q);
 }
 
-static int colsq(const float *x, size_t c0, size_t c1, double *acc) {
-    int bad = 0;
-    for (size_t c = c0; c < c1; c++) {
-        double d = (double)x[c];
-        bad |= !(fabsf(x[c]) <= LIMIT_Q8);
-        acc[c] += d * d;
-    }
-    return bad;
-}
+static int colsq(const float *x, size_t c0, size_t c1, double *acc) { return sc_colsq(x, c0, c1, acc); }
 
-static float absmax_div(const float *x, const float *colv, size_t n) {
-    float am = 0.0f;
-    for (size_t c = 0; c < n; c++) {
-        float a = fabsf(x[c] / colv[c]);
-        am = a > am ? a : am;
-    }
-    return am;
-}
+static float absmax_div(const float *x, const float *colv, size_t n) { return sc_absmax_div(x, colv, 0, n, 0.0f); }
 
 /* One zero-padded group of 32: 16 nibble bytes (element 2k low, 2k+1 high) + f16 scale. */
 static int group4(const float *g, uint8_t *nib, uint16_t *scale) {
