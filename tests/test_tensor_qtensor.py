@@ -134,6 +134,24 @@ def test_matmat_blocks_and_tails(isa, dtype, rows, cols, t):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,cols,t", [(25, 160, 1), (49, 4128, 17), (24, 256, 64), (7, 288, 65),
+                                         (30, 384, 130), (61, 96, 33), (3, 4160, 48)])
+def test_matmat_panels_and_chunks(isa, dtype, rows, cols, t):
+    """The packed prefill path: inputs in panels of up to 64 (t = 65, 130: a narrow last
+    panel; 1, 17, 33, 48: 1-3 vectors), rows in blocks of 24 with a partial last one,
+    columns in chunks of 128 (4128, 4160: a short last chunk; 160, 288: q4tp's codes,
+    8 groups per 5 bytes, start mid-byte in a chunk), mixed magnitudes; misaligned X."""
+    if not _ok_shape(dtype, cols):
+        pytest.skip("layout needs cols % 32 == 0")
+    q, d = make(dtype, rows, cols, seed=rows + 7 * t, zero_rows=(2,), big=True)
+    X = misaligned(np.random.default_rng(t).standard_normal((t, cols)).astype(np.float32))
+    Y = q.matmat(X)
+    for i in range(t):
+        assert_dot_close(Y[i], d, X[i])
+    np.testing.assert_array_equal(Y[:, 2], 0)  # an all-zero row
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_threads_bit_identical(isa, threads, dtype):
     q, _ = make(dtype, 300, 512, seed=7)
     x = np.random.default_rng(8).standard_normal(512).astype(np.float32)

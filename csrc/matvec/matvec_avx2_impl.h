@@ -114,14 +114,14 @@ static inline int grouped_fast(const cq_qmat *m) {
 }
 
 /* Group g of row r of a grouped dtype: its 32 weights as int8 (a, b) and its scale. */
-#define CQ_GROUP_LOOP(...)                                                              \
+#define CQ_GROUP_LOOP(...) /* groups [ga, gb) of row r */                               \
     do {                                                                                \
         const size_t gpr = cols / CQ_GROUP;                                             \
         const uint8_t *d = m->data;                                                     \
         switch (m->dtype) {                                                             \
         case CQ_DT_Q4_BLOCK: {                                                          \
             const uint8_t *nb = d + 16 * r * gpr, *sp = d + 16 * m->rows * gpr + 2 * r * gpr; \
-            for (size_t g = 0; g < gpr; g++) {                                          \
+            for (size_t g = ga; g < gb; g++) {                                          \
                 __m128i a, b;                                                           \
                 q4_unpack(nb + 16 * g, &a, &b);                                         \
                 float sc = h2f_hw(sp + 2 * g);                                          \
@@ -131,7 +131,7 @@ static inline int grouped_fast(const cq_qmat *m) {
         }                                                                               \
         case CQ_DT_Q4_TILED: {                                                          \
             const uint8_t *tl = d + 18 * r * gpr;                                       \
-            for (size_t g = 0; g < gpr; g++) {                                          \
+            for (size_t g = ga; g < gb; g++) {                                          \
                 __m128i a, b;                                                           \
                 q4_unpack(tl + 18 * g + 2, &a, &b);                                     \
                 float sc = h2f_hw(tl + 18 * g);                                         \
@@ -146,11 +146,11 @@ static inline int grouped_fast(const cq_qmat *m) {
             const uint8_t *body = d + r * gpr * tile;                                   \
             const uint8_t *cb = d + m->rows * gpr * tile + 4 * m->rows + r * stride;    \
             const float *ladder = m->aux + 32 * r;                                      \
-            for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                   \
+            for (size_t g0 = ga & ~(size_t)7; g0 < gb; g0 += 64) { /* codes: 8 per 5 bytes */ \
                 uint8_t codes[64];                                                      \
-                size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                              \
+                size_t ng = gb - g0 < 64 ? gb - g0 : 64;                                \
                 tp_codes(cb + 5 * (g0 / 8), stride - 5 * (g0 / 8), ng, codes);          \
-                for (size_t gi = 0; gi < ng; gi++) {                                    \
+                for (size_t gi = g0 < ga ? ga - g0 : 0; gi < ng; gi++) {                \
                     size_t g = g0 + gi;                                                 \
                     __m128i a, b;                                                       \
                     if (q4) q4_unpack(body + 16 * g, &a, &b);                           \
@@ -301,31 +301,35 @@ static float avx2_dot_row(const cq_qmat *m, size_t r, const float *x) {
     return grouped_dot(m, r, x);
 }
 
-static void avx2_dequant_row(const cq_qmat *m, size_t r, float *out) {
+/* Columns [c0, c1) of row r into out[0 .. c1 - c0); for the grouped dtypes c0 is a
+ * multiple of 32 and c1 one too or cols; dtypes the reference decodes (vbit, grouped
+ * dtypes with cols % 32 != 0) take whole rows only. matmat decodes a chunk of columns
+ * at a time, so the rows it multiplies stay in L1. */
+static void avx2_dequant_span(const cq_qmat *m, size_t r, size_t c0, size_t c1, float *out) {
     const size_t cols = m->cols;
-    size_t c = 0;
+    size_t c = c0;
     switch (m->dtype) {
     case CQ_DT_F32:
-        memcpy(out, m->data + 4 * r * cols, cols * sizeof(float));
+        memcpy(out, m->data + 4 * (r * cols + c0), (c1 - c0) * sizeof(float));
         return;
     case CQ_DT_F16: {
         const uint8_t *p = m->data + 2 * r * cols;
-        for (; c + 8 <= cols; c += 8) _mm256_storeu_ps(out + c, ld_f16x8(p + 2 * c));
-        for (; c < cols; c++) out[c] = cq_h2f(cq_ld16(p + 2 * c));
+        for (; c + 8 <= c1; c += 8) _mm256_storeu_ps(out + (c - c0), ld_f16x8(p + 2 * c));
+        for (; c < c1; c++) out[c - c0] = cq_h2f(cq_ld16(p + 2 * c));
         return;
     }
     case CQ_DT_BF16: {
         const uint8_t *p = m->data + 2 * r * cols;
-        for (; c + 8 <= cols; c += 8) _mm256_storeu_ps(out + c, ld_bf16x8(p + 2 * c));
-        for (; c < cols; c++) out[c] = cq_bf2f(cq_ld16(p + 2 * c));
+        for (; c + 8 <= c1; c += 8) _mm256_storeu_ps(out + (c - c0), ld_bf16x8(p + 2 * c));
+        for (; c < c1; c++) out[c - c0] = cq_bf2f(cq_ld16(p + 2 * c));
         return;
     }
     case CQ_DT_Q8_ROW: {
         const uint8_t *p = m->data + r * cols;
         float s = m->aux[r];
         __m256 vs = _mm256_set1_ps(s);
-        for (; c + 8 <= cols; c += 8) _mm256_storeu_ps(out + c, _mm256_mul_ps(ld_i8x8(p + c), vs));
-        for (; c < cols; c++) out[c] = (float)(int8_t)p[c] * s;
+        for (; c + 8 <= c1; c += 8) _mm256_storeu_ps(out + (c - c0), _mm256_mul_ps(ld_i8x8(p + c), vs));
+        for (; c < c1; c++) out[c - c0] = (float)(int8_t)p[c] * s;
         return;
     }
     case CQ_DT_Q8_2F: {
@@ -333,21 +337,22 @@ static void avx2_dequant_row(const cq_qmat *m, size_t r, float *out) {
         const float *col = m->aux + m->rows;
         float s = m->aux[r];
         __m256 vs = _mm256_set1_ps(s);
-        for (; c + 8 <= cols; c += 8)
-            _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_mul_ps(ld_i8x8(p + c), vs), _mm256_loadu_ps(col + c)));
-        for (; c < cols; c++) out[c] = ((float)(int8_t)p[c] * s) * col[c];
+        for (; c + 8 <= c1; c += 8)
+            _mm256_storeu_ps(out + (c - c0), _mm256_mul_ps(_mm256_mul_ps(ld_i8x8(p + c), vs), _mm256_loadu_ps(col + c)));
+        for (; c < c1; c++) out[c - c0] = ((float)(int8_t)p[c] * s) * col[c];
         return;
     }
     default: break;
     }
-    if (!grouped_fast(m)) {
+    if (!grouped_fast(m)) { /* odd shapes, vbit: whole rows only (matmat asks no less) */
         (void)ref_row(m, r, NULL, out);
         return;
     }
+    const size_t ga = c0 / CQ_GROUP, gb = (c1 + CQ_GROUP - 1) / CQ_GROUP;
     if (m->dtype == CQ_DT_Q2TP) {
         /* (2v - 3) * 0.5 is v - 1.5 exactly; then * s as the reference does. */
         CQ_GROUP_LOOP({
-            float *o = out + CQ_GROUP * g;
+            float *o = out + CQ_GROUP * (g - ga);
             __m256 h = _mm256_set1_ps(0.5f), s = _mm256_set1_ps(sc);
             _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_mul_ps(i8lo(a), h), s));
             _mm256_storeu_ps(o + 8, _mm256_mul_ps(_mm256_mul_ps(i8hi(a), h), s));
@@ -355,9 +360,11 @@ static void avx2_dequant_row(const cq_qmat *m, size_t r, float *out) {
             _mm256_storeu_ps(o + 24, _mm256_mul_ps(_mm256_mul_ps(i8hi(b), h), s));
         });
     } else {
-        CQ_GROUP_LOOP(grp_store(a, b, _mm256_set1_ps(sc), out + CQ_GROUP * g));
+        CQ_GROUP_LOOP(grp_store(a, b, _mm256_set1_ps(sc), out + CQ_GROUP * (g - ga)));
     }
 }
+
+static void avx2_dequant_row(const cq_qmat *m, size_t r, float *out) { avx2_dequant_span(m, r, 0, m->cols, out); }
 
 static int avx2_needs_prep(const cq_qmat *m) {
     switch (m->dtype) {

@@ -370,72 +370,201 @@ static void dot_rows(const cq_qmat *m, size_t r0, size_t nr, const float *xp, fl
 #define dequant_row avx2_dequant_row
 #define needs_prep avx2_needs_prep
 #define prep_x avx2_prep_x
-#define CQ_MM_ROWS 16
+/* ---- matmat (prefill): Y = X W^T with the vectors running over the inputs ----
+ * The driver packs X once per call into panels of up to MM_NI inputs, xt[c][i]
+ * (mm_pack; inputs zero-padded to a multiple of 16). A thread takes CQ_MM_ROWS weight
+ * rows at a time and walks their columns in chunks of MM_KC: it decodes the chunk
+ * (24 x 128 floats, 12 KiB) and runs register tiles over it and the panels' chunk
+ * (128 x 64 floats, 32 KiB), all in L1. A tile of MR rows x NV vectors of 16 inputs
+ * takes, per column, NV panel loads, MR broadcasts and MR*NV FMAs into 24 accumulators
+ * (6x4, 8x3, 12x2; 12x1 for t <= 16), so the FMA ports set the pace; its partial sums
+ * wait in `part` between chunks. Each Y[i][j] is one lane summed over the columns in
+ * order: no horizontal sums, no column tails, the same bits for any thread count.
+ * Measured, one thread, 512 x 4096, t = 64 (GMAC/s): the previous tile (4 rows x 6
+ * inputs, lanes over the columns, whole rows decoded into L2 first) 34; this tile
+ * over whole decoded rows 59-68, over L1 chunks decoded 16 lanes at a time 62-70
+ * (the tile alone runs at ~90, the two FMA ports' peak; decoding takes most of the
+ * rest); numpy's OpenBLAS sgemm on the same f32 shape 47. Prefetching the next chunk's
+ * stored bytes changed nothing measurable, from cache or DRAM. */
+#define CQ_MM_ROWS 24
+#define MM_NI 64
+#define MM_KC 128
+#define CQ_HAVE_MM_PACK
 
-/* Prefill block: Y[i, j] = w[j] . X[i] for j < nr (<= 16), i < t. Register tile: 4 rows
- * x 6 inputs of 16-lane accumulators (24 zmm). Cache blocking: the columns go in chunks
- * of MM_KC; inside a chunk the decoded rows' chunk (16 x MM_KC floats) stays in L1 for
- * every group of 6 inputs and each input chunk for the 4 row quads; the tiles' partial
- * sums wait in `part` (stack) between chunks. The order depends on the shape only.
- * Measured (one thread, 512x4096, t = 64, loaded VM, best of 30): q8_row 34.5 vs 27.5
- * GMAC/s for the AVX2 block, q4_block 41.5 vs 30.9. */
-#define MM_KC 512
-#define MM_T 6
-static void mm_tile(const float *w, size_t cols, const float *X, size_t c0, size_t c1, __m512 *p,
-                    int first) {
-    const float *w0 = w, *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
-    __m512 acc[4][MM_T];
-    for (int a = 0; a < 4; a++)
-        for (int b = 0; b < MM_T; b++) acc[a][b] = first ? _mm512_setzero_ps() : p[a * MM_T + b];
-    for (size_t c = c0; c < c1; c += 16) {
-        __m512 q0 = _mm512_loadu_ps(w0 + c), q1 = _mm512_loadu_ps(w1 + c);
-        __m512 q2 = _mm512_loadu_ps(w2 + c), q3 = _mm512_loadu_ps(w3 + c);
-        for (int b = 0; b < MM_T; b++) {
-            __m512 v = _mm512_loadu_ps(X + b * cols + c);
-            acc[0][b] = _mm512_fmadd_ps(q0, v, acc[0][b]);
-            acc[1][b] = _mm512_fmadd_ps(q1, v, acc[1][b]);
-            acc[2][b] = _mm512_fmadd_ps(q2, v, acc[2][b]);
-            acc[3][b] = _mm512_fmadd_ps(q3, v, acc[3][b]);
-        }
-    }
-    for (int a = 0; a < 4; a++)
-        for (int b = 0; b < MM_T; b++) p[a * MM_T + b] = acc[a][b];
+static size_t up16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* Floats of the packed X: panel g (inputs 64g ..) holds cols x its width. */
+static size_t mm_pack_floats(size_t t, size_t cols) { return up16(t) * cols; }
+
+/* The grouped q4 dtypes decode in their stored order: per group of 32 the 16 low
+ * nibbles (elements 0, 2, .., 30), then the 16 high ones (1, 3, .., 31); X is packed
+ * in the same order, so the products meet as in the reference. */
+static int mm_q4_order(const cq_qmat *m) {
+    return (m->dtype == CQ_DT_Q4_BLOCK || m->dtype == CQ_DT_Q4_TILED || m->dtype == CQ_DT_Q4TP) && grouped_fast(m);
 }
 
-#define MM_GROUPS 8 /* input groups per pass: the partial sums (48 KiB) live on the stack */
-static void matmat_block(const float *w, size_t nr, size_t cols, const float *X, size_t t,
-                         float *Y, size_t ldy) {
-    const size_t cv = cols & ~(size_t)15, nq = nr / 4, ng = t / MM_T;
-    if (nq == 0 || ng == 0 || cv == 0) {
-        avx2_matmat_block(w, nr, cols, X, t, Y, ldy);
-        return;
-    }
-    __m512 part[MM_GROUPS * (CQ_MM_ROWS / 4) * 4 * MM_T];
-    for (size_t g0 = 0; g0 < ng; g0 += MM_GROUPS) {
-        size_t gn = ng - g0 < MM_GROUPS ? ng - g0 : MM_GROUPS;
-        const float *Xg = X + g0 * MM_T * cols;
-        for (size_t c0 = 0; c0 < cv; c0 += MM_KC) {
-            size_t c1 = c0 + MM_KC < cv ? c0 + MM_KC : cv;
-            for (size_t g = 0; g < gn; g++)
-                for (size_t q = 0; q < nq; q++)
-                    mm_tile(w + 4 * q * cols, cols, Xg + g * MM_T * cols, c0, c1,
-                            part + (g * nq + q) * 4 * MM_T, c0 == 0);
+/* Columns [c0, c1) of every panel: xt[64g*cols + c*wd + i] = X[64g + i][column c]
+ * (column c in the decode order of m). */
+static void mm_pack(const cq_qmat *m, const float *X, size_t t, size_t cols, size_t c0, size_t c1, float *xt) {
+    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32((int)cols));
+    const int q4 = mm_q4_order(m);
+    for (size_t g0 = 0; g0 < t; g0 += MM_NI) {
+        const size_t n = t - g0 < MM_NI ? t - g0 : MM_NI, wd = up16(n);
+        float *pg = xt + g0 * cols;
+        for (size_t i0 = 0; i0 < wd; i0 += 16) {
+            const size_t k = n - i0 < 16 ? n - i0 : 16; /* live inputs in this vector */
+            const __mmask16 live = (__mmask16)((1u << k) - 1);
+            const float *src = X + (g0 + i0) * cols;
+            for (size_t c = c0; c < c1; c++) {
+                const size_t e = q4 ? (c & ~(size_t)31) + ((c & 31) < 16 ? 2 * (c & 15) : 2 * (c & 15) + 1) : c;
+                _mm512_storeu_ps(pg + c * wd + i0,
+                                 _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, at, src + e, 4));
+            }
         }
-        for (size_t g = 0; g < gn; g++)
-            for (size_t q = 0; q < nq; q++)
-                for (int a = 0; a < 4; a++)
-                    for (int b = 0; b < MM_T; b++) {
-                        size_t j = 4 * q + a, i = (g0 + g) * MM_T + b;
-                        float s = _mm512_reduce_add_ps(part[(g * nq + q) * 4 * MM_T + a * MM_T + b]);
-                        for (size_t c = cv; c < cols; c++) s += w[j * cols + c] * X[i * cols + c];
-                        Y[i * ldy + j] = s;
-                    }
     }
-    /* rows past the last quad, and inputs past the last group of 6 */
-    if (4 * nq < nr)
-        avx2_matmat_block(w + 4 * nq * cols, nr - 4 * nq, cols, X, ng * MM_T, Y + 4 * nq, ldy);
-    if (ng * MM_T < t)
-        avx2_matmat_block(w, nr, cols, X + ng * MM_T * cols, t - ng * MM_T, Y + ng * MM_T * ldy, ldy);
+}
+
+/* Columns [c0, c1) of row r as matmat multiplies them (the reference's float32
+ * weights, grouped q4 in mm_q4_order), 16 lanes where the dtype allows; the rest, and
+ * the tails, by the AVX2 decoder. */
+static void mm_decode(const cq_qmat *m, size_t r, size_t c0, size_t c1, float *out) {
+    const size_t cols = m->cols;
+    size_t c = c0;
+    switch (m->dtype) {
+    case CQ_DT_F16: {
+        const uint8_t *p = m->data + 2 * r * cols;
+        for (; c + 16 <= c1; c += 16)
+            _mm512_storeu_ps(out + (c - c0), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * c))));
+        break;
+    }
+    case CQ_DT_BF16: {
+        const uint8_t *p = m->data + 2 * r * cols;
+        for (; c + 16 <= c1; c += 16)
+            _mm512_storeu_ps(out + (c - c0), _mm512_castsi512_ps(_mm512_slli_epi32(
+                                                 _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 2 * c))), 16)));
+        break;
+    }
+    case CQ_DT_Q8_ROW: {
+        const uint8_t *p = m->data + r * cols;
+        const __m512 s = _mm512_set1_ps(m->aux[r]);
+        for (; c + 16 <= c1; c += 16) _mm512_storeu_ps(out + (c - c0), _mm512_mul_ps(z_i8(p + c), s));
+        break;
+    }
+    case CQ_DT_Q8_2F: {
+        const uint8_t *p = m->data + r * cols;
+        const float *col = m->aux + m->rows;
+        const __m512 s = _mm512_set1_ps(m->aux[r]);
+        for (; c + 16 <= c1; c += 16)
+            _mm512_storeu_ps(out + (c - c0), _mm512_mul_ps(_mm512_mul_ps(z_i8(p + c), s), _mm512_loadu_ps(col + c)));
+        break;
+    }
+    default:
+        if (mm_q4_order(m)) { /* c0, c1: multiples of 32 (or c1 = cols, itself one) */
+            const size_t gpr = cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;
+            const uint8_t *nb = m->data + gs * r * gpr + (gs == 18 ? 2 : 0);
+            const __m512 lut8 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+            float sw[64];
+            const size_t ga = c0 / CQ_GROUP, gb = c1 / CQ_GROUP;
+            for (size_t s0 = ga & ~(size_t)7; s0 < gb; s0 += 64) { /* q4tp codes: 8 per 5 bytes */
+                const size_t ns = gb - s0 < 64 ? gb - s0 : 64;
+                q4_scales(m, r, s0, ns, sw);
+                for (size_t k = s0 < ga ? ga - s0 : 0; k < ns; k++) {
+                    const __m512 lut = Q4_LUT(sw[k]);
+                    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(nb + gs * (s0 + k))));
+                    float *o = out + CQ_GROUP * (s0 + k - ga);
+                    _mm512_storeu_ps(o, _mm512_permutexvar_ps(b, lut));
+                    _mm512_storeu_ps(o + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut));
+                }
+            }
+            return;
+        }
+        break; /* f32 (a copy), q2tp, vbit, odd shapes */
+    }
+    if (c < c1) avx2_dequant_span(m, r, c, c1, out + (c - c0));
+}
+
+/* Whole rows per chunk where the decoder cannot start mid-row. */
+static size_t mm_chunk(const cq_qmat *m) {
+    switch (m->dtype) {
+    case CQ_DT_F32: case CQ_DT_F16: case CQ_DT_BF16: case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: return MM_KC;
+    default: return grouped_fast(m) ? MM_KC : m->cols;
+    }
+}
+
+/* Floats of per-thread scratch: the decoded chunk, then the partial sums. */
+static size_t mm_scratch_floats(const cq_qmat *m, size_t t) {
+    return CQ_MM_ROWS * (mm_chunk(m) + up16(t)) + 16;
+}
+
+/* One MR x NV tile over n columns: w[r * ldw + c], xp[c * wd + 16 v + lane],
+ * part[r * ldp + 16 v + lane]. */
+static inline __attribute__((always_inline)) void mm_tile(const float *w, size_t ldw, const float *xp,
+                                                          size_t wd, size_t n, float *part, size_t ldp,
+                                                          int first, const int MR, const int NV) {
+    __m512 acc[24];
+#pragma GCC unroll 24
+    for (int k = 0; k < MR * NV; k++)
+        acc[k] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + (k / NV) * ldp + 16 * (k % NV));
+    for (size_t c = 0; c < n; c++) {
+        const float *xc = xp + c * wd;
+        __m512 xv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) xv[v] = _mm512_loadu_ps(xc + 16 * v);
+#pragma GCC unroll 24
+        for (int r = 0; r < MR; r++) {
+            const __m512 b = _mm512_set1_ps(w[r * ldw + c]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) acc[r * NV + v] = _mm512_fmadd_ps(b, xv[v], acc[r * NV + v]);
+        }
+    }
+#pragma GCC unroll 24
+    for (int k = 0; k < MR * NV; k++) _mm512_storeu_ps(part + (k / NV) * ldp + 16 * (k % NV), acc[k]);
+}
+
+#define MM_TILE_FN(MR, NV)                                                                          \
+    static void mm_tile_##MR##x##NV(const float *w, size_t ldw, const float *xp, size_t wd, size_t n, \
+                                    float *part, size_t ldp, int first) {                          \
+        mm_tile(w, ldw, xp, wd, n, part, ldp, first, MR, NV);                                      \
+    }
+MM_TILE_FN(6, 4)
+MM_TILE_FN(8, 3)
+MM_TILE_FN(12, 2)
+MM_TILE_FN(12, 1)
+
+/* Y[i * ldy + j] = row r0 + j of m . X[i] for j < nr <= CQ_MM_ROWS, i < t; xt the
+ * packed X, scratch mm_scratch_floats(m, t) floats. */
+static void matmat_packed(const cq_qmat *m, size_t r0, size_t nr, const float *xt, size_t t, float *Y,
+                          size_t ldy, float *scratch) {
+    const size_t cols = m->cols, kc = mm_chunk(m), ldp = up16(t);
+    float *w = scratch, *part = scratch + CQ_MM_ROWS * kc;
+    /* rows past nr: zeros the tiles multiply and nobody reads */
+    memset(w + nr * kc, 0, (CQ_MM_ROWS - nr) * kc * sizeof(float));
+    for (size_t c0 = 0; c0 < cols; c0 += kc) {
+        const size_t c1 = c0 + kc < cols ? c0 + kc : cols, n = c1 - c0;
+        const int first = c0 == 0;
+        for (size_t j = 0; j < nr; j++) mm_decode(m, r0 + j, c0, c1, w + j * kc);
+        for (size_t g0 = 0; g0 < t; g0 += MM_NI) {
+            const size_t wd = up16(t - g0 < MM_NI ? t - g0 : MM_NI);
+            const float *xp = xt + g0 * cols + c0 * wd;
+            float *pg = part + g0;
+            switch (wd / 16) {
+            case 4:
+                for (size_t r = 0; r < nr; r += 6) mm_tile_6x4(w + r * kc, kc, xp, wd, n, pg + r * ldp, ldp, first);
+                break;
+            case 3:
+                for (size_t r = 0; r < nr; r += 8) mm_tile_8x3(w + r * kc, kc, xp, wd, n, pg + r * ldp, ldp, first);
+                break;
+            case 2:
+                for (size_t r = 0; r < nr; r += 12) mm_tile_12x2(w + r * kc, kc, xp, wd, n, pg + r * ldp, ldp, first);
+                break;
+            default:
+                for (size_t r = 0; r < nr; r += 12) mm_tile_12x1(w + r * kc, kc, xp, wd, n, pg + r * ldp, ldp, first);
+            }
+        }
+    }
+    for (size_t i = 0; i < t; i++) /* row by row of Y: its stores fill lines, part's reads hit L1 */
+        for (size_t j = 0; j < nr; j++) Y[i * ldy + j] = part[j * ldp + i];
 }
 
 #include "matvec_drivers.h"

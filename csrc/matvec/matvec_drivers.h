@@ -10,6 +10,10 @@
  * and optionally (else the scalar spec / the portable build of x serve):
  *   #define CQ_HAVE_I8_ROWS + static void i8_dot_rows(m, r0, nr, const cq_xq *xq, out);
  *   #define CQ_HAVE_XQ_BUILD + static void xq_build(x, cols, buf, cq_xq *xq);
+ *   #define CQ_HAVE_MM_PACK + mm_pack_floats(t, cols), mm_pack(m, X, t, cols, c0, c1, xt),
+ *       mm_scratch_floats(m, t), matmat_packed(m, r0, nr, xt, t, Y, ldy, scratch):
+ *       matmat packs X once per call (its columns split over the threads) and each
+ *       block of CQ_MM_ROWS rows decodes what it needs itself (no matmat_block).
  * Row r of every output is computed by exactly one thread, with the same code and
  * order whatever the thread count, so results are bit-identical for any count. */
 #ifndef CQ_MATVEC_DRIVERS_H
@@ -196,8 +200,18 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
     if (st != CQ_OK) return st;
     size_t rows = m->rows, cols = m->cols;
     if (rows == 0 || t == 0) return CQ_OK;
+    if (cols == 0) {
+        memset(Y, 0, t * rows * sizeof(float));
+        return CQ_OK;
+    }
     long nblocks = (long)((rows + CQ_MM_ROWS - 1) / CQ_MM_ROWS);
     int failed = 0;
+#ifdef CQ_HAVE_MM_PACK
+    void *xraw = NULL;
+    float *xt = aligned_floats(mm_pack_floats(t, cols), &xraw);
+    if (!xt) return CQ_ERR_NOMEM;
+    const long npack = (long)((cols + 63) / 64);
+#endif
 
     int par = rows * cols >= CQ_PAR_MIN / 4 && nblocks > 1;
     (void)par;
@@ -205,7 +219,18 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
 #pragma omp parallel num_threads(cq_get_num_threads()) if (par)
 #endif
     {
-        float *w = cq_thread_scratch(CQ_MM_ROWS * (cols ? cols : 1) * sizeof(float) + 64, &failed);
+#ifdef CQ_HAVE_MM_PACK
+        float *w = cq_thread_scratch(mm_scratch_floats(m, t) * sizeof(float), &failed);
+#ifdef CORTIQ_HAVE_OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (long k = 0; k < npack; k++) {
+            size_t c0 = (size_t)k * 64, c1 = c0 + 64 < cols ? c0 + 64 : cols;
+            mm_pack(m, X, t, cols, c0, c1, xt);
+        } /* the barrier: every block reads all of xt */
+#else
+        float *w = cq_thread_scratch(CQ_MM_ROWS * cols * sizeof(float) + 64, &failed);
+#endif
 #ifdef CORTIQ_HAVE_OPENMP
 #pragma omp for schedule(static)
 #endif
@@ -213,11 +238,18 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
             if (!w) continue;
             size_t r0 = (size_t)b * CQ_MM_ROWS;
             size_t nr = rows - r0 < CQ_MM_ROWS ? rows - r0 : CQ_MM_ROWS;
+#ifdef CQ_HAVE_MM_PACK
+            matmat_packed(m, r0, nr, xt, t, Y + r0, rows, w);
+#else
             for (size_t j = 0; j < nr; j++) dequant_row(m, r0 + j, w + j * cols);
             matmat_block(w, nr, cols, X, t, Y + r0, rows);
+#endif
         }
         free(w);
     }
+#ifdef CQ_HAVE_MM_PACK
+    free(xraw);
+#endif
     return failed ? CQ_ERR_NOMEM : CQ_OK;
 }
 
