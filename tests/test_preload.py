@@ -1,5 +1,6 @@
-"""Preload (cmf.open(preload=True)): the file's bytes copied into private anonymous memory
-give the same tensors and hashes as the file mapping, read-only views, an untouched
+"""Preload (cmf.open(preload=True), LLM(preload=...), --preload; CORTIQ_PRELOAD is pinned
+in test_public_api.py): the file's bytes copied into private anonymous memory give the
+same tensors, hashes and logits as the file mapping, read-only views, an untouched
 file, and a copy (later writes to the file do not reach it) that starts on a 2 MiB
 boundary."""
 import io
@@ -10,9 +11,17 @@ import sys
 import numpy as np
 import pytest
 
+import cortiq
 import cortiq.cmf as C
+from cortiq import _config
+from cortiq.cli import build_parser, main
 from cortiq.cmf._anon import HUGE_PAGE, anon_copy
 from cortiq.cmf.testing import tiny_arch, tiny_tensors
+from cortiq.demo import demo_path
+
+import toy_model as T
+
+T.register()
 
 
 @pytest.fixture(scope="module")
@@ -143,3 +152,56 @@ def test_a_file_that_shrinks_while_read_is_a_bounds_error(model_file):
     assert buf.tobytes() == model_file.read_bytes()
     del buf
     mm.close()
+
+
+def test_llm_logits_identical():
+    ids = [1, 5, 9, 2, 7, 3, 11, 4]
+    out = {}
+    for preload in (False, True):
+        with cortiq.LLM(demo_path(), preload=preload) as llm:
+            assert llm.file.preload is preload
+            s = llm.session()
+            out[preload] = (s.feed(ids, want="all"), s.feed([6], want="last"))
+    for a, b in zip(out[False], out[True]):
+        assert a.dtype == np.float32 and a.tobytes() == b.tobytes()
+
+
+def test_llm_preload_default_and_validation(model_file, monkeypatch, tmp_path):
+    toy = tmp_path / "toy.cmf"
+    T.write_toy(toy)
+    monkeypatch.setattr(_config, "_preload", True)
+    with cortiq.LLM(toy) as llm:
+        assert llm.file.preload is True
+    with cortiq.LLM(toy, preload=False) as llm:
+        assert llm.file.preload is False
+    for bad in ("yes", 1, "0"):
+        with pytest.raises(cortiq.ConfigError, match="preload"):
+            cortiq.LLM(toy, preload=bad)
+
+
+def test_cli_preload_flag(tmp_path, capsys, monkeypatch):
+    toy = str(tmp_path / "toy.cmf")
+    T.write_toy(toy)
+    seen = []
+    real_open = cortiq.llm._cmf.open
+
+    def spy(path, preload=False):
+        seen.append(preload)
+        return real_open(path, preload=preload)
+
+    monkeypatch.setattr(cortiq.llm._cmf, "open", spy)
+    argv = ["run", toy, "-p", "hello world", "--greedy", "-n", "5"]
+    outs = []
+    for extra in ([], ["--preload"], ["--no-preload"]):
+        assert main(argv + extra) == 0
+        outs.append(capsys.readouterr().out)
+    assert seen == [False, True, False] and outs[0] == outs[1] == outs[2]
+    monkeypatch.setattr(_config, "_preload", True)  # CORTIQ_PRELOAD=1 ...
+    assert main(argv) == 0 and main(argv + ["--no-preload"]) == 0  # ... and its override
+    assert seen[3:] == [True, False]
+    assert main(["bench", toy, "--tokens", "2", "--prompt-tokens", "4", "--json",
+                 "--preload"]) == 0
+    assert seen[5:] == [True]
+    for cmd in ("chat", "serve"):
+        args = build_parser().parse_args([cmd, toy, "--preload"])
+        assert args.preload is True
