@@ -1,13 +1,18 @@
 """Decode and prefill speed of a whole model against the machine's read bandwidth.
 
-    python benchmarks/bench_decode.py --arch dory [--quick] [--threads 2] [--tokens 32]
+    python benchmarks/bench_decode.py --arch dory [--quick] [--threads 2] [--tokens 32] \
+        [--preload on|off|both]
     python benchmarks/bench_decode.py --arch deepseek_v4 ...   (benchmarks/_bench_dsv4.py)
 
 Dory: a random-weight model at release proportions scaled down to about 0.85 GB of q8
 weights per pass over the stack (hidden 2048, 16/4 heads of 128, MLP 5632,
 `S-S-S-*-` x 3, blocks 8/8/8, 2 loops, vocab 32000), written once to a cache file
-(--cache, default $TMPDIR/cortiq-bench). In one run it measures
-  * the read bandwidth (cortiq._kernels.read_sum over 1 GiB, at the same thread count),
+(--cache, default $TMPDIR/cortiq-bench). In one run it measures, per thread count and
+per way of loading the weights (--preload off: the file mapping; on: a copy in
+anonymous huge-page memory, cmf.open(preload=True); both, the default: a row each),
+  * the read bandwidth (cortiq._kernels.read_sum over 1 GiB, at the same thread count)
+    right before and right after the decode measurement -- the percentage divides by
+    their mean, so a shared machine's drifting bandwidth moves both sides,
   * decode tokens/s (one token at a time after a short prompt) and prefill tokens/s,
   * effective GB/s = weight bytes touched per decoded token x tokens/s, and its
     percentage of the read bandwidth (the issue's target: >= 85 % at 2 threads),
@@ -20,6 +25,7 @@ weights per pass over the stack (hidden 2048, 16/4 heads of 128, MLP 5632,
 just the tiny model.
 """
 import argparse
+import gc
 import math
 import os
 import sys
@@ -108,11 +114,11 @@ def touched_bytes(model) -> int:
     return total + model.head_w.nbytes + model.embed.nbytes // model.vocab
 
 
-def read_bandwidth(threads, nbytes=1 << 30, reps=3):
-    buf = np.ones(nbytes, np.uint8)
+def read_bandwidth(threads, buf, reps=3):
+    """GB/s of the fastest of `reps` read_sum passes over `buf` (after one warm-up)."""
     K.read_sum(buf, threads)
     best = min(_timed(lambda: K.read_sum(buf, threads)) for _ in range(reps))
-    return nbytes / best / 1e9
+    return buf.nbytes / best / 1e9
 
 
 def _timed(fn):
@@ -135,21 +141,36 @@ def decode_rate(llm, prompt_len, tokens, seed=0):
     return prefill, decode
 
 
+def measure(path, threads, preload, probe, a):
+    """One table row: load (timed), read bandwidth, decode, read bandwidth again."""
+    t0 = time.perf_counter()
+    llm = LLM(path, preload=preload)
+    load = time.perf_counter() - t0
+    nbytes = touched_bytes(llm.model)
+    bw0 = read_bandwidth(threads, probe)
+    prefill, decode = decode_rate(llm, a.prompt, a.tokens)
+    bw1 = read_bandwidth(threads, probe)
+    llm.close()
+    eff = nbytes * decode / 1e9
+    return dict(threads=threads, mode="preload" if preload else "mmap", load=load, bw0=bw0,
+                bw1=bw1, decode=decode, prefill=prefill, eff=eff,
+                pct=100 * eff / ((bw0 + bw1) / 2), nbytes=nbytes)
+
+
 def bench_dory(a):
     p = QUICK if a.quick else RELEASE_LIKE
     cache = a.cache or os.path.join(tempfile.gettempdir(), "cortiq-bench")
     name = f"dory-{'quick' if a.quick else 'release-like'}-{a.quant}.cmf"
     path = None if a.overhead_only else build_dory(os.path.join(cache, name), p, a.quant)
+    modes = {"off": [False], "on": [True], "both": [False, True]}[a.preload or "both"]
     rows = []
+    probe = None if a.overhead_only else np.ones(1 << 30, np.uint8)
     for threads in ([] if a.overhead_only else a.threads):
         cortiq.set_num_threads(threads)
-        bw = read_bandwidth(threads)
-        llm = LLM(path)
-        nbytes = touched_bytes(llm.model)
-        prefill, decode = decode_rate(llm, a.prompt, a.tokens)
-        eff = nbytes * decode / 1e9
-        rows.append((threads, bw, decode, prefill, eff, 100 * eff / bw, nbytes))
-        llm.close()
+        for preload in modes:
+            rows.append(measure(path, threads, preload, probe, a))
+            gc.collect()  # the previous model's weights go before the next load
+    del probe
     # Python overhead: a tiny model whose kernels take next to nothing
     tiny = build_dory(os.path.join(cache, "dory-tiny-f32.cmf"), TINY, "f32")
     cortiq.set_num_threads(1)
@@ -160,15 +181,19 @@ def bench_dory(a):
 
     if rows:
         print(f"Dory decode, {a.quant}, model {path}")
-        print(f"  weights touched per token: {rows[0][6] / 1e9:.3f} GB "
+        print(f"  weights touched per token: {rows[0]['nbytes'] / 1e9:.3f} GB "
               f"(hidden {p['hidden']}, ffn {p['ffn']}, {len(p['pattern'])} sub-layers, "
               f"{p['loops']} loops, vocab {p['vocab']})")
-        print(f"{'threads':>8}{'read GB/s':>11}{'decode tok/s':>14}{'prefill tok/s':>15}"
-              f"{'eff GB/s':>10}{'% of read':>11}{'target':>8}")
-        for threads, bw, decode, prefill, eff, pct, _ in rows:
-            target = ">=85%" if threads == 2 else ""
-            print(f"{threads:>8}{bw:>11.1f}{decode:>14.2f}{prefill:>15.1f}{eff:>10.1f}"
-                  f"{pct:>10.0f}%{target:>8}")
+        print("  weights: mmap = the file mapping (4 KiB pages), preload = a copy in anonymous "
+              "huge-page memory\n  read GB/s: right before / after the decode run; % of read: "
+              "of their mean")
+        print(f"{'threads':>7}{'weights':>9}{'load s':>8}{'read GB/s':>15}{'decode tok/s':>14}"
+              f"{'prefill tok/s':>15}{'eff GB/s':>10}{'% of read':>11}{'target':>8}")
+        for r in rows:
+            target = ">=85%" if r["threads"] == 2 else ""
+            bw = f"{r['bw0']:.1f}/{r['bw1']:.1f}"
+            print(f"{r['threads']:>7}{r['mode']:>9}{r['load']:>8.2f}{bw:>15}{r['decode']:>14.2f}"
+                  f"{r['prefill']:>15.1f}{r['eff']:>10.1f}{r['pct']:>10.0f}%{target:>8}")
     print(f"Python overhead per sub-layer visit (tiny model, 1 thread): {per_visit:.1f} us "
           f"(target <= 15 us; {visits} visits per token; decode wall time / visits, the "
           f"tiny model's kernels included)")
@@ -185,8 +210,13 @@ def main():
     ap.add_argument("--cache", default=None)
     ap.add_argument("--overhead-only", action="store_true",
                     help="Dory: only the per-visit overhead on the tiny model")
+    ap.add_argument("--preload", choices=("on", "off", "both"), default=None,
+                    help="Dory: weights from the file mapping (off), preloaded into "
+                         "anonymous huge-page memory (on), or a row of each (both, default)")
     a, rest = ap.parse_known_args()
     if a.arch == "deepseek_v4":
+        if a.preload is not None:
+            ap.error("--preload: Dory only (the DeepSeek-V4 bench maps the file itself)")
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import _bench_dsv4  # noqa: PLC0415 -- its own module, owned with the DSV4 forward
         return _bench_dsv4.main(a, rest)

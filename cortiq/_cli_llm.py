@@ -5,6 +5,7 @@ cortiq.cli.main prints them as one line and exits 1.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -23,6 +24,9 @@ def _add_model_options(p, model_required=False):
                    help="skill id, 'auto', or a blend 'a=0.7,b=0.3'")
     p.add_argument("--task", default=None, help="mask task for MoE expert routing")
     p.add_argument("--n-ctx", type=int, default=None, help="context size cap (tokens)")
+    p.add_argument("--preload", action=argparse.BooleanOptionalAction, default=None,
+                   help="copy the weights into anonymous huge-page memory at load (faster "
+                        "decode, no page-cache sharing); default: CORTIQ_PRELOAD, else off")
 
 
 def _add_sampling_options(p):
@@ -57,7 +61,7 @@ def _skill(spec):
 def _open(args, **kw):
     from .llm import LLM
     return LLM(args.model, n_threads=args.threads, skill=_skill(args.skill), task=args.task,
-               n_ctx=args.n_ctx, **kw)
+               n_ctx=args.n_ctx, preload=args.preload, **kw)
 
 
 def _sampling(args) -> dict:

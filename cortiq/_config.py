@@ -1,9 +1,11 @@
-"""Process-wide settings: which kernel table runs, how many threads it uses, and
-whether the q4 matvecs may quantize their activations to int8.
+"""Process-wide settings: which kernel table runs, how many threads it uses,
+whether the q4 matvecs may quantize their activations to int8, and whether LLM()
+preloads model files by default.
 
-Read once at import from CORTIQ_ISA, CORTIQ_NUM_THREADS and CORTIQ_INT8_ACT; changed
-later through cortiq.set_num_threads() / cortiq.set_int8_activations(). A forced ISA
-that cannot run here is an error, never a silent fallback.
+Read once at import from CORTIQ_ISA, CORTIQ_NUM_THREADS, CORTIQ_INT8_ACT and
+CORTIQ_PRELOAD; changed later through cortiq.set_num_threads() /
+cortiq.set_int8_activations() (preload: LLM(path, preload=...)). A forced ISA that
+cannot run here is an error, never a silent fallback.
 """
 import os
 
@@ -11,6 +13,10 @@ from . import _kernels
 from .errors import ConfigError
 
 __version__ = "0.1.0"
+
+_BOOL_WORDS = {"1": True, "0": False, "true": True, "false": False, "yes": True, "no": False,
+               "on": True, "off": False}
+_preload = False
 
 
 def _default_threads() -> int:
@@ -45,6 +51,16 @@ def _init() -> None:
     if raw not in ("", "0", "1"):
         raise ConfigError(f"CORTIQ_INT8_ACT must be 0 or 1, got {raw!r}")
     _kernels.set_int8_act(raw == "1")
+    global _preload
+    raw = os.environ.get("CORTIQ_PRELOAD", "").strip()
+    if raw and raw.lower() not in _BOOL_WORDS:
+        raise ConfigError(f"CORTIQ_PRELOAD must be one of {'/'.join(_BOOL_WORDS)}, got {raw!r}")
+    _preload = _BOOL_WORDS.get(raw.lower(), False)
+
+
+def preload_default() -> bool:
+    """What LLM(path) does without preload=: CORTIQ_PRELOAD as read at import."""
+    return _preload
 
 
 def set_num_threads(n: int) -> None:
@@ -87,6 +103,7 @@ def config() -> dict:
         "cpu_features": _kernels.cpu_features(),
         "threads": _kernels.get_num_threads(),
         "int8_activations": _kernels.get_int8_act(),
+        "preload": _preload,
         "openmp": _kernels.have_openmp(),
         "compiler": _kernels.compiler(),
     }
@@ -103,6 +120,7 @@ def show_config(file=None) -> None:
         f"  cpu features: {' '.join(c['cpu_features']) or '(none detected)'}",
         f"  threads:      {c['threads']}",
         f"  int8 act:     {'on (q4 matvecs quantize x)' if c['int8_activations'] else 'off'}",
+        f"  preload:      {'on' if c['preload'] else 'off'}  (LLM default, CORTIQ_PRELOAD)",
         f"  openmp:       {openmp}",
         f"  compiler:     {c['compiler']}",
     ]

@@ -4,8 +4,9 @@
     llm.generate("Once upon a time", max_tokens=32, temperature=0)
     llm.create_chat_completion([{"role": "user", "content": "Hi"}], stream=True)
 
-One model object (its weights mmapped once) serves every session; a session is one
-sequence's KV state. Generation (specs/dory_and_runtime.md §6.2):
+One model object (its weights mmapped once, or with preload=True copied once into
+anonymous huge-page memory) serves every session; a session is one sequence's KV
+state. Generation (specs/dory_and_runtime.md §6.2):
 
 * prefill: a session already holding a prefix of the new prompt keeps it (rolls back
   to the longest common prefix) and runs only the rest -- the cross-turn KV reuse that
@@ -43,7 +44,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 from . import cmf as _cmf
-from ._config import set_num_threads
+from ._config import preload_default, set_num_threads
 from .chat import ChatTemplate
 from .errors import ConfigError, FormatError
 from .sampling import Sampler, SamplingParams
@@ -93,23 +94,29 @@ class LLM:
     """A loaded model plus its tokenizer and chat template.
 
     `LLM(path, *, n_threads=None, seed=None, chat_template=None, skill=None, task=None,
-    n_ctx=None, max_sessions=4, **model_options)`; model options are the
+    n_ctx=None, max_sessions=4, preload=None, **model_options)`; model options are the
     architecture's keyword options (for Dory: loops, kv_mode, ...). `seed` is the
-    default sampling seed of every call (None: fresh entropy per call).
+    default sampling seed of every call (None: fresh entropy per call). `preload=True`
+    copies the file into anonymous (huge-page) memory instead of mapping it, see
+    `cortiq.cmf.open`; None takes CORTIQ_PRELOAD (default off).
     `LLM.from_model(model, tokenizer=...)` wraps a model object that is already built.
     """
 
     def __init__(self, path: str | os.PathLike | None = None, *, n_threads: int | None = None,
                  seed: int | None = None, chat_template: str | None = None, skill=None,
                  task: str | None = None, n_ctx: int | None = None, max_sessions: int = 4,
-                 **model_options):
+                 preload: bool | None = None, **model_options):
         if path is None:  # the bundled demo model (cortiq/demo.py)
             from .demo import demo_path
             path = demo_path()
+        if preload is None:
+            preload = preload_default()
+        elif not isinstance(preload, bool):
+            raise ConfigError(f"preload: expected True, False or None, got {preload!r}")
         if n_threads is not None:
             set_num_threads(n_threads)
         self.path = os.fspath(path)
-        self.file = _cmf.open(self.path)
+        self.file = _cmf.open(self.path, preload=preload)
         try:
             from .models import model_class
             from .models.overlay import SkillRouter, normalize_skill

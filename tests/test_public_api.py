@@ -38,6 +38,7 @@ def test_show_config_reports_isa_threads_and_build(capsys):
     c = cortiq.config()
     assert c["isa"] in out and f"threads:      {c['threads']}" in out
     assert c["version"] == cortiq.__version__ and "compiler" in out
+    assert f"preload:      {'on' if c['preload'] else 'off'}" in out
     assert c["isa"] in c["isa_usable"] and set(c["isa_usable"]) <= set(c["isa_compiled"])
     if not os.environ.get("CORTIQ_ISA"):
         assert c["isa"] == _kernels.best_isa()
@@ -87,6 +88,25 @@ def test_cortiq_num_threads():
     assert r.stdout.split()[1] == ("3" if cortiq.config()["openmp"] else "1")
     r = _run({"CORTIQ_NUM_THREADS": "zero"})
     assert r.returncode != 0 and "CORTIQ_NUM_THREADS" in r.stderr
+
+
+def test_cortiq_preload():
+    code = "import cortiq; print(cortiq.config()['preload'])"
+    for value, want in (("", "False"), ("1", "True"), ("0", "False"), ("true", "True"),
+                        ("False", "False"), (" YES ", "True"), ("no", "False"),
+                        ("On", "True"), ("off", "False")):
+        r = _run({"CORTIQ_PRELOAD": value}, code)
+        assert r.returncode == 0 and r.stdout.strip() == want, (value, r.stderr)
+    assert _run({}, code).stdout.strip() == "False"
+    r = _run({"CORTIQ_PRELOAD": "1"}, "import cortiq; print(cortiq.LLM().file.preload)")  # demo
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
+    assert "preload:      on" in _run({"CORTIQ_PRELOAD": "1"}, "import cortiq; "
+                                      "cortiq.show_config()").stdout
+    for bad in ("2", "maybe", "y"):
+        r = _run({"CORTIQ_PRELOAD": bad})
+        assert r.returncode != 0 and "ConfigError" in r.stderr, r.stderr
+        assert f"CORTIQ_PRELOAD must be one of 1/0/true/false/yes/no/on/off, got '{bad}'" \
+            in r.stderr
 
 
 def test_cli_version_and_config():

@@ -1,6 +1,7 @@
 """CMF v2 model files: reader, writer, quantizers (cortiq/cmf/quant.py is the layout spec).
 
     cortiq.cmf.open(path) -> CmfFile        validated, mmap-backed, zero-copy
+    cortiq.cmf.open(path, preload=True)     the same over a copy in anonymous huge pages
     cortiq.cmf.write(path, tensors, arch=..., quant="q8_row", ...)
     cortiq.cmf.Writer(path, arch=..., ...)  streaming: .add(name, array), .close()
     cortiq.cmf.hash64(data)                 the format's 64-bit digest (C kernel)
