@@ -5,7 +5,6 @@
 #define dequant_row avx2_dequant_row
 #define needs_prep avx2_needs_prep
 #define prep_x avx2_prep_x
-#define matmat_block avx2_matmat_block
 #define CQ_HAVE_XQ_BUILD
 #define xq_build avx2_xq_build
 #define CQ_HAVE_I8_ROWS
@@ -13,8 +12,28 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
     for (size_t j = 0; j < nr; j++) out[j] = avx2_i8_row(m, r0 + j, xq);
 }
 
-/* Rows decoded per matmat block: the block (CQ_MM_ROWS x cols floats) stays in L2. */
-#define CQ_MM_ROWS 16
+/* matmat: the packed GEMM of matmat_packed.h on 8 lanes. 16 ymm registers: 12
+ * accumulators (4 rows x 3 vectors, 6 x 2, 12 x 1), the input vectors, a broadcast. */
+#define MM_VL 8
+#define MM_NV 3 /* panels of 24 inputs */
+typedef __m256 mm_vec;
+typedef __m256i mm_idx;
+#define mm_load _mm256_loadu_ps
+#define mm_store _mm256_storeu_ps
+#define mm_set1 _mm256_set1_ps
+#define mm_fma _mm256_fmadd_ps
+#define mm_zero _mm256_setzero_ps
+static inline mm_idx mm_gather_idx(size_t stride) {
+    return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)stride));
+}
+static inline mm_vec mm_gather(mm_idx at, const float *base, size_t live) {
+    const __m256i live_lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)live), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_mask_i32gather_ps(_mm256_setzero_ps(), base, at, _mm256_castsi256_ps(live_lanes), 4);
+}
+#define MM_SHAPES(X) X(4, 3) X(6, 2) X(12, 1)
+#define mm_decode avx2_dequant_span
+static size_t mm_column(const cq_qmat *m, size_t c) { (void)m; return c; } /* natural order */
+#include "matmat_packed.h"
 
 #include "matvec_drivers.h"
 

@@ -370,31 +370,26 @@ static void dot_rows(const cq_qmat *m, size_t r0, size_t nr, const float *xp, fl
 #define dequant_row avx2_dequant_row
 #define needs_prep avx2_needs_prep
 #define prep_x avx2_prep_x
-/* ---- matmat (prefill): Y = X W^T with the vectors running over the inputs ----
- * The driver packs X once per call into panels of up to MM_NI inputs, xt[c][i]
- * (mm_pack; inputs zero-padded to a multiple of 16). A thread takes CQ_MM_ROWS weight
- * rows at a time and walks their columns in chunks of MM_KC: it decodes the chunk
- * (24 x 128 floats, 12 KiB) and runs register tiles over it and the panels' chunk
- * (128 x 64 floats, 32 KiB), all in L1. A tile of MR rows x NV vectors of 16 inputs
- * takes, per column, NV panel loads, MR broadcasts and MR*NV FMAs into 24 accumulators
- * (6x4, 8x3, 12x2; 12x1 for t <= 16), so the FMA ports set the pace; its partial sums
- * wait in `part` between chunks. Each Y[i][j] is one lane summed over the columns in
- * order: no horizontal sums, no column tails, the same bits for any thread count.
- * Measured, one thread, 512 x 4096, t = 64 (GMAC/s): the previous tile (4 rows x 6
- * inputs, lanes over the columns, whole rows decoded into L2 first) 34; this tile
- * over whole decoded rows 59-68, over L1 chunks decoded 16 lanes at a time 62-70
- * (the tile alone runs at ~90, the two FMA ports' peak; decoding takes most of the
- * rest); numpy's OpenBLAS sgemm on the same f32 shape 47. Prefetching the next chunk's
- * stored bytes changed nothing measurable, from cache or DRAM. */
-#define CQ_MM_ROWS 24
-#define MM_NI 64
-#define MM_KC 128
-#define CQ_HAVE_MM_PACK
-
-static size_t up16(size_t n) { return (n + 15) & ~(size_t)15; }
-
-/* Floats of the packed X: panel g (inputs 64g ..) holds cols x its width. */
-static size_t mm_pack_floats(size_t t, size_t cols) { return up16(t) * cols; }
+/* ---- matmat (prefill): the packed GEMM of matmat_packed.h on 16 lanes ---- */
+#define MM_VL 16
+#define MM_NV 4 /* panels of 64 inputs */
+typedef __m512 mm_vec;
+typedef __m512i mm_idx;
+#define mm_load _mm512_loadu_ps
+#define mm_store _mm512_storeu_ps
+#define mm_set1 _mm512_set1_ps
+#define mm_fma _mm512_fmadd_ps
+#define mm_zero _mm512_setzero_ps
+static inline mm_idx mm_gather_idx(size_t stride) {
+    return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                              _mm512_set1_epi32((int)stride));
+}
+static inline mm_vec mm_gather(mm_idx at, const float *base, size_t live) {
+    return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), (__mmask16)((1u << live) - 1), at, base, 4);
+}
+/* 24 accumulators each: 6 rows x 4 vectors, 8 x 3, 12 x 2; 12 x 1 (24 x 1 spilled
+ * its row pointers) */
+#define MM_SHAPES(X) X(6, 4) X(8, 3) X(12, 2) X(12, 1)
 
 /* The grouped q4 dtypes decode in their stored order: per group of 32 the 16 low
  * nibbles (elements 0, 2, .., 30), then the 16 high ones (1, 3, .., 31); X is packed
@@ -403,26 +398,10 @@ static int mm_q4_order(const cq_qmat *m) {
     return (m->dtype == CQ_DT_Q4_BLOCK || m->dtype == CQ_DT_Q4_TILED || m->dtype == CQ_DT_Q4TP) && grouped_fast(m);
 }
 
-/* Columns [c0, c1) of every panel: xt[64g*cols + c*wd + i] = X[64g + i][column c]
- * (column c in the decode order of m). */
-static void mm_pack(const cq_qmat *m, const float *X, size_t t, size_t cols, size_t c0, size_t c1, float *xt) {
-    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                          _mm512_set1_epi32((int)cols));
-    const int q4 = mm_q4_order(m);
-    for (size_t g0 = 0; g0 < t; g0 += MM_NI) {
-        const size_t n = t - g0 < MM_NI ? t - g0 : MM_NI, wd = up16(n);
-        float *pg = xt + g0 * cols;
-        for (size_t i0 = 0; i0 < wd; i0 += 16) {
-            const size_t k = n - i0 < 16 ? n - i0 : 16; /* live inputs in this vector */
-            const __mmask16 live = (__mmask16)((1u << k) - 1);
-            const float *src = X + (g0 + i0) * cols;
-            for (size_t c = c0; c < c1; c++) {
-                const size_t e = q4 ? (c & ~(size_t)31) + ((c & 31) < 16 ? 2 * (c & 15) : 2 * (c & 15) + 1) : c;
-                _mm512_storeu_ps(pg + c * wd + i0,
-                                 _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, at, src + e, 4));
-            }
-        }
-    }
+/* The column decoded c-th: X is packed in the decode order. */
+static size_t mm_column(const cq_qmat *m, size_t c) {
+    if (!mm_q4_order(m)) return c;
+    return (c & ~(size_t)31) + ((c & 31) < 16 ? 2 * (c & 15) : 2 * (c & 15) + 1);
 }
 
 /* Columns [c0, c1) of row r as matmat multiplies them (the reference's float32
@@ -484,88 +463,7 @@ static void mm_decode(const cq_qmat *m, size_t r, size_t c0, size_t c1, float *o
     if (c < c1) avx2_dequant_span(m, r, c, c1, out + (c - c0));
 }
 
-/* Whole rows per chunk where the decoder cannot start mid-row. */
-static size_t mm_chunk(const cq_qmat *m) {
-    switch (m->dtype) {
-    case CQ_DT_F32: case CQ_DT_F16: case CQ_DT_BF16: case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: return MM_KC;
-    default: return grouped_fast(m) ? MM_KC : m->cols;
-    }
-}
-
-/* Floats of per-thread scratch: the decoded chunk, then the partial sums. */
-static size_t mm_scratch_floats(const cq_qmat *m, size_t t) {
-    return CQ_MM_ROWS * (mm_chunk(m) + up16(t)) + 16;
-}
-
-/* One MR x NV tile over n columns: w[r * ldw + c], xp[c * wd + 16 v + lane],
- * part[r * ldp + 16 v + lane]. */
-static inline __attribute__((always_inline)) void mm_tile(const float *w, size_t ldw, const float *xp,
-                                                          size_t wd, size_t n, float *part, size_t ldp,
-                                                          int first, const int MR, const int NV) {
-    __m512 acc[24];
-#pragma GCC unroll 24
-    for (int k = 0; k < MR * NV; k++)
-        acc[k] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + (k / NV) * ldp + 16 * (k % NV));
-    for (size_t c = 0; c < n; c++) {
-        const float *xc = xp + c * wd;
-        __m512 xv[4];
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) xv[v] = _mm512_loadu_ps(xc + 16 * v);
-#pragma GCC unroll 24
-        for (int r = 0; r < MR; r++) {
-            const __m512 b = _mm512_set1_ps(w[r * ldw + c]);
-#pragma GCC unroll 4
-            for (int v = 0; v < NV; v++) acc[r * NV + v] = _mm512_fmadd_ps(b, xv[v], acc[r * NV + v]);
-        }
-    }
-#pragma GCC unroll 24
-    for (int k = 0; k < MR * NV; k++) _mm512_storeu_ps(part + (k / NV) * ldp + 16 * (k % NV), acc[k]);
-}
-
-#define MM_TILE_FN(MR, NV)                                                                          \
-    static void mm_tile_##MR##x##NV(const float *w, size_t ldw, const float *xp, size_t wd, size_t n, \
-                                    float *part, size_t ldp, int first) {                          \
-        mm_tile(w, ldw, xp, wd, n, part, ldp, first, MR, NV);                                      \
-    }
-MM_TILE_FN(6, 4)
-MM_TILE_FN(8, 3)
-MM_TILE_FN(12, 2)
-MM_TILE_FN(12, 1)
-
-/* Y[i * ldy + j] = row r0 + j of m . X[i] for j < nr <= CQ_MM_ROWS, i < t; xt the
- * packed X, scratch mm_scratch_floats(m, t) floats. */
-static void matmat_packed(const cq_qmat *m, size_t r0, size_t nr, const float *xt, size_t t, float *Y,
-                          size_t ldy, float *scratch) {
-    const size_t cols = m->cols, kc = mm_chunk(m), ldp = up16(t);
-    float *w = scratch, *part = scratch + CQ_MM_ROWS * kc;
-    /* rows past nr: zeros the tiles multiply and nobody reads */
-    memset(w + nr * kc, 0, (CQ_MM_ROWS - nr) * kc * sizeof(float));
-    for (size_t c0 = 0; c0 < cols; c0 += kc) {
-        const size_t c1 = c0 + kc < cols ? c0 + kc : cols, n = c1 - c0;
-        const int first = c0 == 0;
-        for (size_t j = 0; j < nr; j++) mm_decode(m, r0 + j, c0, c1, w + j * kc);
-        for (size_t g0 = 0; g0 < t; g0 += MM_NI) {
-            const size_t wd = up16(t - g0 < MM_NI ? t - g0 : MM_NI);
-            const float *xp = xt + g0 * cols + c0 * wd;
-            float *pg = part + g0;
-            switch (wd / 16) {
-            case 4:
-                for (size_t r = 0; r < nr; r += 6) mm_tile_6x4(w + r * kc, kc, xp, wd, n, pg + r * ldp, ldp, first);
-                break;
-            case 3:
-                for (size_t r = 0; r < nr; r += 8) mm_tile_8x3(w + r * kc, kc, xp, wd, n, pg + r * ldp, ldp, first);
-                break;
-            case 2:
-                for (size_t r = 0; r < nr; r += 12) mm_tile_12x2(w + r * kc, kc, xp, wd, n, pg + r * ldp, ldp, first);
-                break;
-            default:
-                for (size_t r = 0; r < nr; r += 12) mm_tile_12x1(w + r * kc, kc, xp, wd, n, pg + r * ldp, ldp, first);
-            }
-        }
-    }
-    for (size_t i = 0; i < t; i++) /* row by row of Y: its stores fill lines, part's reads hit L1 */
-        for (size_t j = 0; j < nr; j++) Y[i * ldy + j] = part[j * ldp + i];
-}
+#include "matmat_packed.h"
 
 #include "matvec_drivers.h"
 
