@@ -26,7 +26,8 @@ def _add_model_options(p, model_required=False):
     p.add_argument("--n-ctx", type=int, default=None, help="context size cap (tokens)")
     p.add_argument("--preload", action=argparse.BooleanOptionalAction, default=None,
                    help="copy the weights into anonymous huge-page memory at load (faster "
-                        "decode, no page-cache sharing); default: CORTIQ_PRELOAD, else off")
+                        "decode, no page-cache sharing); default: CORTIQ_PRELOAD, else off "
+                        "(serve: on)")
 
 
 def _add_sampling_options(p):
@@ -268,6 +269,9 @@ def cmd_bench(args) -> int:
 
 def cmd_serve(args) -> int:
     from .server import serve
+    if args.preload is None:  # a server loads once and decodes for long: copy by default
+        from ._config import preload_default
+        args.preload = preload_default(long_running=True)
     llm = _open(args, seed=args.seed, max_sessions=args.max_sessions)
     try:
         serve(llm, args.host, args.port, max_concurrency=args.max_concurrency,

@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 _BOOL_WORDS = {"1": True, "0": False, "true": True, "false": False, "yes": True, "no": False,
                "on": True, "off": False}
-_preload = False
+_preload: bool | None = None  # CORTIQ_PRELOAD; None: unset
 
 
 def _default_threads() -> int:
@@ -55,12 +55,14 @@ def _init() -> None:
     raw = os.environ.get("CORTIQ_PRELOAD", "").strip()
     if raw and raw.lower() not in _BOOL_WORDS:
         raise ConfigError(f"CORTIQ_PRELOAD must be one of {'/'.join(_BOOL_WORDS)}, got {raw!r}")
-    _preload = _BOOL_WORDS.get(raw.lower(), False)
+    _preload = _BOOL_WORDS.get(raw.lower()) if raw else None
 
 
-def preload_default() -> bool:
-    """What LLM(path) does without preload=: CORTIQ_PRELOAD as read at import."""
-    return _preload
+def preload_default(long_running: bool = False) -> bool:
+    """What LLM(path) does without preload=: CORTIQ_PRELOAD as read at import; unset,
+    off, except for a long-running process (`cortiq serve`), which pays the copy once
+    and decodes faster ever after."""
+    return long_running if _preload is None else _preload
 
 
 def set_num_threads(n: int) -> None:
@@ -103,7 +105,7 @@ def config() -> dict:
         "cpu_features": _kernels.cpu_features(),
         "threads": _kernels.get_num_threads(),
         "int8_activations": _kernels.get_int8_act(),
-        "preload": _preload,
+        "preload": preload_default(),
         "openmp": _kernels.have_openmp(),
         "compiler": _kernels.compiler(),
     }
@@ -120,7 +122,8 @@ def show_config(file=None) -> None:
         f"  cpu features: {' '.join(c['cpu_features']) or '(none detected)'}",
         f"  threads:      {c['threads']}",
         f"  int8 act:     {'on (q4 matvecs quantize x)' if c['int8_activations'] else 'off'}",
-        f"  preload:      {'on' if c['preload'] else 'off'}  (LLM default, CORTIQ_PRELOAD)",
+        f"  preload:      {'on' if c['preload'] else 'off'}  (LLM default, CORTIQ_PRELOAD; "
+        f"cortiq serve: {'on' if preload_default(long_running=True) else 'off'})",
         f"  openmp:       {openmp}",
         f"  compiler:     {c['compiler']}",
     ]

@@ -205,3 +205,19 @@ def test_cli_preload_flag(tmp_path, capsys, monkeypatch):
     for cmd in ("chat", "serve"):
         args = build_parser().parse_args([cmd, toy, "--preload"])
         assert args.preload is True
+
+
+def test_serve_preloads_by_default(tmp_path, monkeypatch):
+    """A server copies the weights unless told not to (flag, or CORTIQ_PRELOAD=0)."""
+    import cortiq.server
+    toy = str(tmp_path / "toy.cmf")
+    T.write_toy(toy)
+    seen = []
+    monkeypatch.setattr(cortiq.server, "serve", lambda llm, *a, **kw: seen.append(llm.file.preload))
+    monkeypatch.setattr(_config, "_preload", None)  # CORTIQ_PRELOAD unset
+    for extra in ([], ["--no-preload"], ["--preload"]):
+        assert main(["serve", toy] + extra) == 0
+    monkeypatch.setattr(_config, "_preload", False)  # CORTIQ_PRELOAD=0
+    assert main(["serve", toy]) == 0
+    assert seen == [True, False, True, False]
+    assert _config.preload_default() is False and _config.config()["preload"] is False
