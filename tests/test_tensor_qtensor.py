@@ -151,6 +151,35 @@ def test_matmat_panels_and_chunks(isa, dtype, rows, cols, t):
     np.testing.assert_array_equal(Y[:, 2], 0)  # an all-zero row
 
 
+@pytest.mark.parametrize("groups", [1, 3, 4, 7, 64, 67, 130])
+def test_q4_tiled_loaders_agree(groups):
+    """Exact q4_tiled rows on AVX-512: the VBMI tile loader (two loads, two vpermt2b) and
+    the plain one (four loads, three inserts, gathered scales) feed the same block sums
+    in the same order: the same bits, through matvec, rows_dot and row_dot; blocks of
+    four groups plus 0-3 tail groups, a scale row decoded 64 groups at a time."""
+    if "avx512" not in K.usable_isas():
+        pytest.skip("no AVX-512 here")
+    cols = 32 * groups
+    q, d = make("q4_tiled", 19, cols, seed=groups, big=True)
+    x = misaligned(np.random.default_rng(groups).standard_normal(cols).astype(np.float32))
+    before = K.active_isa()
+    out = []
+    try:
+        K.set_isa("avx512")
+        for hide in ([], ["avx512vbmi"]):
+            K._hide_cpu_features(hide)
+            try:
+                out.append((q.matvec(x), q.row_dot(5, x), q._m.rows_dot(3, 9, x)))
+            finally:
+                K._hide_cpu_features([])
+    finally:
+        K.set_isa(before)
+    for a, b in zip(*out):
+        np.testing.assert_array_equal(a, b)
+    assert_dot_close(out[0][0], d, x)
+    np.testing.assert_array_equal(out[0][1], out[0][0][5])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_threads_bit_identical(isa, threads, dtype):
     q, _ = make(dtype, 300, 512, seed=7)

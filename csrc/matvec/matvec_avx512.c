@@ -42,15 +42,25 @@ static inline __m512 z_i8(const uint8_t *p) {
         for (; c < cols; c++) acc += (SCALAR) * x[c];                                    \
     } while (0)
 
-/* q4 groups on 16 lanes. The group's scale goes into a 16-entry table of its decoded
- * weights, lut[k] = (k - 8) * scale (exactly the reference's float32 weight), and
- * vpermps looks the nibbles up (it reads the low 4 bits of each lane, so the low
- * nibbles need no mask). The 16 bytes widen once; low nibbles (even elements) meet
- * xg[0..15], high nibbles (odd elements) xg[16..31] (x permuted by prep_x). Against
- * convert-then-scale this drops the mask, two subtracts, two converts and the scale
- * multiply-add per group (10 -> 7 vector uops on the two 512-bit ports); with the
- * scales decoded 16 at a time (q4_scales) one thread went from 14.6 to 20 Gweights/s
- * (128 x 4096 in L2). Four groups in flight, eight accumulators (FMA latency). */
+/* The nibbles of groups g .. g+n-1 (n <= 4) of a row, zero past n. */
+static inline __m512i q4_nibbles4(const uint8_t *p, size_t gs, size_t n) {
+    if (gs == 16) /* q4_block, q4tp: contiguous */
+        return n >= 4 ? _mm512_loadu_si512((const void *)p) : _mm512_maskz_loadu_epi8((1ULL << (16 * n)) - 1, p);
+    __m512i v = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)p)); /* q4_tiled: 18-byte tiles */
+    if (n > 1) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + gs)), 1);
+    if (n > 2) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 2 * gs)), 2);
+    if (n > 3) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 3 * gs)), 3);
+    return v;
+}
+
+/* One q4 group on 16 lanes (the groups past a row's last block of four; matmat's
+ * decoder uses the same table): the group's scale goes into a 16-entry table of its decoded weights,
+ * lut[k] = (k - 8) * scale (exactly the reference's float32 weight), and vpermps looks
+ * the nibbles up (it reads the low 4 bits of each lane, so the low nibbles need no
+ * mask). The 16 bytes widen once; low nibbles (even elements) meet xg[0..15], high
+ * nibbles (odd elements) xg[16..31]. Against convert-then-scale this dropped the mask,
+ * two subtracts, two converts and the scale multiply-add per group (10 -> 7 vector
+ * uops): one thread went from 14.6 to 20 Gweights/s (128 x 4096 in L2). */
 #define Q4_LUT(sc) _mm512_mul_ps(lut8, _mm512_set1_ps(sc))
 #define Q4_G(nib, xg, lut, A, B)                                                     \
     do {                                                                             \
@@ -101,14 +111,40 @@ static void q4_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, float *s
     if (k < ng) avx2_q4_scales(m, r, g0 + k, ng - k, sw + k);
 }
 
-/* q4_block / q4_tiled / q4tp rows (cols % 32 == 0), 64 groups' scales at a time. */
+/* q4_block / q4_tiled / q4tp rows (cols % 32 == 0), four groups at a time. One
+ * 64-byte load holds their 128 nibbles as 16 dwords (dword j: 8 nibbles of group j/4);
+ * nibble k of every dword is (v >> 4k) & 15, and vpermps reads just those 4 low bits
+ * out of a table of q - 8, so each 16 weights cost a shift, a lookup and an FMA against
+ * x laid out to match (q4_prep: xp[128b + 16k + j] = x[128b + 8j + k]). The lanes of a
+ * vector span the four groups, so the sum over the 8 nibbles is scaled once per block
+ * by the groups' scales spread 4 lanes each. Against a scaled table per group (a widen,
+ * two lookups, a shift, two FMAs and the table's multiply per 32 weights: 7 uops on the
+ * two 512-bit ports) this is 26 per 128 weights instead of 28, and no lane widening on
+ * port 5: one thread, 128 x 4096 in L2, q4_block 25-26 vs 20-21 Gweights/s, q4tp 23 vs
+ * 19.5; from DRAM q4_block went from 70-73 to 74-80 % of the read probe (two blocks an
+ * iteration dropped it to 65 %). Groups past the last block of four take the per-group
+ * table (Q4_G), x laid out per group (evens, odds). */
+static inline __m512 q4_sum4(__m512i v, const float *xb, __m512 lut8) {
+    __m512 t0 = _mm512_mul_ps(_mm512_permutexvar_ps(v, lut8), _mm512_loadu_ps(xb));
+    __m512 t1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut8), _mm512_loadu_ps(xb + 16));
+    t0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 8), lut8), _mm512_loadu_ps(xb + 32), t0);
+    t1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 12), lut8), _mm512_loadu_ps(xb + 48), t1);
+    t0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 16), lut8), _mm512_loadu_ps(xb + 64), t0);
+    t1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 20), lut8), _mm512_loadu_ps(xb + 80), t1);
+    t0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 24), lut8), _mm512_loadu_ps(xb + 96), t0);
+    t1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 28), lut8), _mm512_loadu_ps(xb + 112), t1);
+    return _mm512_add_ps(t0, t1);
+}
+#define Q4_LUT8 _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
+#define Q4_SPREAD _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+
 static float q4_dot512(const cq_qmat *m, size_t r, const float *x) {
     const size_t gpr = m->cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;
     const uint8_t *nb = m->data + gs * r * gpr + (gs == 18 ? 2 : 0);
-    const __m512 lut8 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    __m512 a[8];
+    const __m512 lut8 = Q4_LUT8;
+    const __m512i spread = Q4_SPREAD;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, tail0 = acc0, tail1 = acc0;
     float sw[64];
-    for (int k = 0; k < 8; k++) a[k] = _mm512_setzero_ps();
     for (size_t g0 = 0; g0 < gpr; g0 += 64) {
         const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;
         q4_scales(m, r, g0, ng, sw);
@@ -116,36 +152,41 @@ static float q4_dot512(const cq_qmat *m, size_t r, const float *x) {
         const float *xg = x + 32 * g0;
         size_t g = 0;
         for (; g + 4 <= ng; g += 4) {
-            if (gs == 18) CQ_STREAM_PF_SPAN(p + gs * g, 72);
-            else CQ_STREAM_PF(p + gs * g);
-            for (int k = 0; k < 4; k++)
-                Q4_G(p + gs * (g + k), xg + 32 * (g + k), Q4_LUT(sw[g + k]), a[2 * k], a[2 * k + 1]);
+            const uint8_t *pb = p + gs * g;
+            if (gs == 18) CQ_STREAM_PF_SPAN(pb, 72);
+            else CQ_STREAM_PF(pb);
+            const __m512 d = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(sw + g)));
+            const __m512 t = q4_sum4(q4_nibbles4(pb, gs, 4), xg + 32 * g, lut8);
+            if (g & 4) acc1 = _mm512_fmadd_ps(t, d, acc1);
+            else acc0 = _mm512_fmadd_ps(t, d, acc0);
         }
-        for (; g < ng; g++) Q4_G(p + gs * g, xg + 32 * g, Q4_LUT(sw[g]), a[0], a[1]);
+        for (; g < ng; g++) Q4_G(p + gs * g, xg + 32 * g, Q4_LUT(sw[g]), tail0, tail1);
     }
-    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])),
-                             _mm512_add_ps(_mm512_add_ps(a[4], a[5]), _mm512_add_ps(a[6], a[7])));
-    return _mm512_reduce_add_ps(s);
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(tail0, tail1)));
 }
 
-static float dot_row(const cq_qmat *m, size_t r, const float *x) {
-    const size_t cols = m->cols;
-    float acc = 0.0f;
-    switch (m->dtype) {
-    case CQ_DT_Q8_ROW:
-    case CQ_DT_Q8_2F: {
-        const uint8_t *p = m->data + r * cols;
-        CQ_DOT_STREAM16(z_i8, 1, (float)(int8_t)p[c]);
-        return acc * m->aux[r];
-    }
-    case CQ_DT_Q4_BLOCK:
-    case CQ_DT_Q4_TILED:
-    case CQ_DT_Q4TP:
-        if (grouped_fast(m)) return q4_dot512(m, r, x);
-        return avx2_dot_row(m, r, x);
-    default: return avx2_dot_row(m, r, x); /* f32/f16/bf16 measured faster on 8 lanes */
-    }
+/* x for q4_dot512: blocks of four groups transposed (xp[128b + 16k + j] = x[128b + 8j
+ * + k]), then the groups past the last block per group as avx2_prep_x lays them. */
+static int q4_lanes(const cq_qmat *m) {
+    return (m->dtype == CQ_DT_Q4_BLOCK || m->dtype == CQ_DT_Q4_TILED || m->dtype == CQ_DT_Q4TP) && grouped_fast(m);
 }
+static void q4_prep(const cq_qmat *m, const float *x, float *xp) {
+    const size_t gpr = m->cols / CQ_GROUP, nblk = gpr / 4;
+    const __m512i at = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
+    for (size_t b = 0; b < nblk; b++)
+        for (int k = 0; k < 8; k++)
+            _mm512_storeu_ps(xp + 128 * b + 16 * k, _mm512_i32gather_ps(at, x + 128 * b + k, 4));
+    for (size_t g = 4 * nblk; g < gpr; g++)
+        for (int i = 0; i < 16; i++) {
+            xp[32 * g + i] = x[32 * g + 2 * i];
+            xp[32 * g + 16 + i] = x[32 * g + 2 * i + 1];
+        }
+}
+static void prep_x(const cq_qmat *m, const float *x, float *xp) {
+    if (q4_lanes(m)) q4_prep(m, x, xp);
+    else avx2_prep_x(m, x, xp);
+}
+
 
 
 /* ---- int8 activations (cq_set_int8_act; spec: ref_i8_row) ----
@@ -191,17 +232,6 @@ static void xq_build(const float *x, size_t cols, void *buf, cq_xq *xq) {
         _mm_storeu_ps((float *)xq->dl + 4 * g, _mm_set1_ps(dg));
         ((float *)xq->d)[g] = dg;
     }
-}
-
-/* The nibbles of groups g .. g+n-1 (n <= 4) of a row, zero past n. */
-static inline __m512i q4_nibbles4(const uint8_t *p, size_t gs, size_t n) {
-    if (gs == 16) /* q4_block, q4tp: contiguous */
-        return n >= 4 ? _mm512_loadu_si512((const void *)p) : _mm512_maskz_loadu_epi8((1ULL << (16 * n)) - 1, p);
-    __m512i v = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)p)); /* q4_tiled: 18-byte tiles */
-    if (n > 1) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + gs)), 1);
-    if (n > 2) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 2 * gs)), 2);
-    if (n > 3) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + 3 * gs)), 3);
-    return v;
 }
 
 #define I8_BODY(DOT)                                                                            \
@@ -304,6 +334,59 @@ __attribute__((target("avx512vnni,avx512vbmi"))) static float q4t_i8_row_vbmi(co
 }
 #endif
 
+#ifdef CQ_HAVE_VNNI_FN
+/* q4_tiled, float32 x, with VBMI: q4_dot512 with each block's nibbles and halves picked
+ * out of its 72 bytes by two vpermt2b (TILE_NIB_IDX, TILE_SCALE_IDX) instead of four
+ * loads, three inserts and a gathered scale row: one thread, 128 x 4096 in L2, 20.2 vs
+ * 19.2 Gweights/s (port 5 still carries the two byte permutes and the lookups). */
+__attribute__((target("avx512vbmi"))) static float q4t_dot512_vbmi(const cq_qmat *m, size_t r, const float *x) {
+    const size_t gpr = m->cols / CQ_GROUP;
+    const uint8_t *tl = m->data + 18 * r * gpr;
+    const __m512 lut8 = Q4_LUT8;
+    const __m512i spread = Q4_SPREAD;
+    const __m512i nidx = _mm512_loadu_si512((const void *)TILE_NIB_IDX);
+    const __m512i sidx = _mm512_loadu_si512((const void *)TILE_SCALE_IDX);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, tail0 = acc0, tail1 = acc0;
+    size_t g = 0;
+    for (; g + 4 <= gpr; g += 4) {
+        const uint8_t *p = tl + 18 * g;
+        CQ_STREAM_PF_SPAN(p, 72);
+        const __m512i t0 = _mm512_loadu_si512((const void *)p);
+        const __m512i t1 = _mm512_maskz_loadu_epi8(0xFF, p + 64); /* bytes 64..71 only */
+        const __m128 sw4 = _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(t0, sidx, t1)));
+        const __m512 d = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sw4));
+        const __m512 t = q4_sum4(_mm512_permutex2var_epi8(t0, nidx, t1), x + 32 * g, lut8);
+        if (g & 4) acc1 = _mm512_fmadd_ps(t, d, acc1);
+        else acc0 = _mm512_fmadd_ps(t, d, acc0);
+    }
+    for (; g < gpr; g++) Q4_G(tl + 18 * g + 2, x + 32 * g, Q4_LUT(h2f_hw(tl + 18 * g)), tail0, tail1);
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(tail0, tail1)));
+}
+#endif
+
+static float dot_row(const cq_qmat *m, size_t r, const float *x) {
+    const size_t cols = m->cols;
+    float acc = 0.0f;
+    switch (m->dtype) {
+    case CQ_DT_Q8_ROW:
+    case CQ_DT_Q8_2F: {
+        const uint8_t *p = m->data + r * cols;
+        CQ_DOT_STREAM16(z_i8, 1, (float)(int8_t)p[c]);
+        return acc * m->aux[r];
+    }
+    case CQ_DT_Q4_TILED:
+#ifdef CQ_HAVE_VNNI_FN
+        if (grouped_fast(m) && (cq_cpu_features() & CQ_CPU_AVX512VBMI)) return q4t_dot512_vbmi(m, r, x);
+#endif
+        /* fall through */
+    case CQ_DT_Q4_BLOCK:
+    case CQ_DT_Q4TP:
+        if (grouped_fast(m)) return q4_dot512(m, r, x);
+        return avx2_dot_row(m, r, x);
+    default: return avx2_dot_row(m, r, x); /* f32/f16/bf16 measured faster on 8 lanes */
+    }
+}
+
 #define CQ_HAVE_I8_ROWS
 static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
 #ifdef CQ_HAVE_VNNI_FN
@@ -383,7 +466,6 @@ static void dot_rows(const cq_qmat *m, size_t r0, size_t nr, const float *xp, fl
 
 #define dequant_row avx2_dequant_row
 #define needs_prep avx2_needs_prep
-#define prep_x avx2_prep_x
 /* ---- matmat (prefill): the packed GEMM of matmat_packed.h on 16 lanes ---- */
 #define MM_VL 16
 #define MM_NV 4 /* panels of 64 inputs */
