@@ -135,12 +135,13 @@ def test_matmat_blocks_and_tails(isa, dtype, rows, cols, t):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,cols,t", [(25, 160, 1), (49, 4128, 17), (24, 256, 64), (7, 288, 65),
-                                         (30, 384, 130), (61, 96, 33), (3, 4160, 48)])
+                                         (30, 384, 130), (61, 96, 33), (3, 4160, 48), (9, 64, 1030)])
 def test_matmat_panels_and_chunks(isa, dtype, rows, cols, t):
     """The packed prefill path: inputs in panels of up to 64 (t = 65, 130: a narrow last
     panel; 1, 17, 33, 48: 1-3 vectors), rows in blocks of 24 with a partial last one,
     columns in chunks of 128 (4128, 4160: a short last chunk; 160, 288: q4tp's codes,
-    8 groups per 5 bytes, start mid-byte in a chunk), mixed magnitudes; misaligned X."""
+    8 groups per 5 bytes, start mid-byte in a chunk), inputs in pieces of 512 (1030),
+    mixed magnitudes; misaligned X."""
     if not _ok_shape(dtype, cols):
         pytest.skip("layout needs cols % 32 == 0")
     q, d = make(dtype, rows, cols, seed=rows + 7 * t, zero_rows=(2,), big=True)

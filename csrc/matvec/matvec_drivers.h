@@ -30,6 +30,8 @@
 /* Below this many weights a call stays on the calling thread (thread start-up would
  * cost more than the work). Does not change any result. */
 #define CQ_PAR_MIN ((size_t)1 << 16)
+/* Inputs per piece of a packed matmat (CQ_HAVE_MM_PACK). */
+#define CQ_MM_TMAX ((size_t)512)
 
 
 static cq_status drv_check(const cq_qmat *m) {
@@ -207,8 +209,11 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
     long nblocks = (long)((rows + CQ_MM_ROWS - 1) / CQ_MM_ROWS);
     int failed = 0;
 #ifdef CQ_HAVE_MM_PACK
+    /* inputs in pieces of CQ_MM_TMAX: the packed X stays a bounded copy (the weights are
+     * decoded again per piece, a small cost next to 512 inputs' products) */
+    const size_t tc = t < CQ_MM_TMAX ? t : CQ_MM_TMAX;
     void *xraw = NULL;
-    float *xt = aligned_floats(mm_pack_floats(t, cols), &xraw);
+    float *xt = aligned_floats(mm_pack_floats(tc, cols), &xraw);
     if (!xt) return CQ_ERR_NOMEM;
     const long npack = (long)((cols + 63) / 64);
 #endif
@@ -220,17 +225,28 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
 #endif
     {
 #ifdef CQ_HAVE_MM_PACK
-        float *w = cq_thread_scratch(mm_scratch_floats(m, t) * sizeof(float), &failed);
+        float *w = cq_thread_scratch(mm_scratch_floats(m, tc) * sizeof(float), &failed);
+        for (size_t t0 = 0; t0 < t; t0 += tc) {
+            const size_t tn = t - t0 < tc ? t - t0 : tc;
 #ifdef CORTIQ_HAVE_OPENMP
 #pragma omp for schedule(static)
 #endif
-        for (long k = 0; k < npack; k++) {
-            size_t c0 = (size_t)k * 64, c1 = c0 + 64 < cols ? c0 + 64 : cols;
-            mm_pack(m, X, t, cols, c0, c1, xt);
-        } /* the barrier: every block reads all of xt */
+            for (long k = 0; k < npack; k++) {
+                size_t c0 = (size_t)k * 64, c1 = c0 + 64 < cols ? c0 + 64 : cols;
+                mm_pack(m, X + t0 * cols, tn, cols, c0, c1, xt);
+            } /* the barrier: every block reads all of xt */
+#ifdef CORTIQ_HAVE_OPENMP
+#pragma omp for schedule(static)
+#endif
+            for (long b = 0; b < nblocks; b++) { /* (its barrier: xt is packed again next) */
+                if (!w) continue;
+                size_t r0 = (size_t)b * CQ_MM_ROWS;
+                size_t nr = rows - r0 < CQ_MM_ROWS ? rows - r0 : CQ_MM_ROWS;
+                matmat_packed(m, r0, nr, xt, tn, Y + t0 * rows + r0, rows, w);
+            }
+        }
 #else
         float *w = cq_thread_scratch(CQ_MM_ROWS * cols * sizeof(float) + 64, &failed);
-#endif
 #ifdef CORTIQ_HAVE_OPENMP
 #pragma omp for schedule(static)
 #endif
@@ -238,13 +254,10 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
             if (!w) continue;
             size_t r0 = (size_t)b * CQ_MM_ROWS;
             size_t nr = rows - r0 < CQ_MM_ROWS ? rows - r0 : CQ_MM_ROWS;
-#ifdef CQ_HAVE_MM_PACK
-            matmat_packed(m, r0, nr, xt, t, Y + r0, rows, w);
-#else
             for (size_t j = 0; j < nr; j++) dequant_row(m, r0 + j, w + j * cols);
             matmat_block(w, nr, cols, X, t, Y + r0, rows);
-#endif
         }
+#endif
         free(w);
     }
 #ifdef CQ_HAVE_MM_PACK
