@@ -140,7 +140,7 @@ def test_matmat_panels_and_chunks(isa, dtype, rows, cols, t):
     """The packed prefill path: inputs in panels of up to 64 (t = 65, 130: a narrow last
     panel; 1, 17, 33, 48: 1-3 vectors), rows in blocks of 24 with a partial last one,
     columns in chunks of 128 (4128, 4160: a short last chunk; 160, 288: q4tp's codes,
-    8 groups per 5 bytes, start mid-byte in a chunk), inputs in pieces of 512 (1030),
+    8 groups per 5 bytes, start mid-byte in a chunk), inputs in pieces of 16-64 (65, 130, 1030),
     mixed magnitudes; misaligned X."""
     if not _ok_shape(dtype, cols):
         pytest.skip("layout needs cols % 32 == 0")

@@ -30,8 +30,6 @@
 /* Below this many weights a call stays on the calling thread (thread start-up would
  * cost more than the work). Does not change any result. */
 #define CQ_PAR_MIN ((size_t)1 << 16)
-/* Inputs per piece of a packed matmat (CQ_HAVE_MM_PACK). */
-#define CQ_MM_TMAX ((size_t)512)
 
 
 static cq_status drv_check(const cq_qmat *m) {
@@ -209,9 +207,13 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
     long nblocks = (long)((rows + CQ_MM_ROWS - 1) / CQ_MM_ROWS);
     int failed = 0;
 #ifdef CQ_HAVE_MM_PACK
-    /* inputs in pieces of CQ_MM_TMAX: the packed X stays a bounded copy (the weights are
-     * decoded again per piece, a small cost next to 512 inputs' products) */
-    const size_t tc = t < CQ_MM_TMAX ? t : CQ_MM_TMAX;
+    /* Inputs in pieces of 16-64, so that a packed piece (about 1 MiB) stays in L2 beside
+     * the rows being decoded, and any t costs a bounded copy of X. The rows are decoded
+     * again per piece. One thread, 512 x 4096, t = 256 (GMAC/s): pieces of 512 (4 MiB,
+     * from L3) 58-60, of 64 67-68; 256 x 11008, t = 64: pieces of 64 (2.8 MiB) 56-58,
+     * of 32 58-62. */
+    const size_t fit = ((size_t)1 << 20) / (sizeof(float) * cols), piece = (fit + 15) / 16 * 16;
+    const size_t tc = t < piece ? t : piece < 16 ? 16 : piece > 64 ? 64 : piece;
     void *xraw = NULL;
     float *xt = aligned_floats(mm_pack_floats(tc, cols), &xraw);
     if (!xt) return CQ_ERR_NOMEM;
