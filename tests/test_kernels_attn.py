@@ -229,6 +229,23 @@ def test_attn_gqa_window(isa, threads, t, nh, nk, hd, window, first):
     np.testing.assert_allclose(out, r, atol=ATTN_TOL, rtol=0)
 
 
+@pytest.mark.parametrize("hd", [64, 136, 200])
+def test_attn_gqa_long_rows(isa, threads, hd):
+    """Value pass in slices of 64 floats plus 8-float and scalar tails, and keys past
+    the prefetch distance (40 keys, a window that slides)."""
+    rng = np.random.default_rng(hd)
+    t, nh, nk, first = 3, 8, 2, 4
+    pos0 = first + 37
+    nkeys = pos0 + t - first
+    q = rng.standard_normal((t, nh, hd)).astype(np.float32)
+    keys = rng.standard_normal((nkeys, nk, hd)).astype(np.float32)
+    vals = rng.standard_normal((nkeys, nk, hd)).astype(np.float32)
+    for window in (0, 29):
+        out = K.attn_gqa_window(q, keys, vals, pos0, window=window, first=first)
+        np.testing.assert_allclose(out, attn_ref(q, keys, vals, pos0, window, first, hd ** -0.5),
+                                   atol=ATTN_TOL, rtol=0)
+
+
 def test_attn_gqa_errors():
     q = np.ones((2, 4, 8), np.float32)
     kv = np.ones((3, 3, 8), np.float32)

@@ -2,6 +2,8 @@
  * the including ISA file defines first:
  *   static float vdot(const float *a, const float *b, size_t n);
  *   static void vaxpy(float *y, float a, const float *x, size_t n);   y += a*x
+ *   (optional) CQ_HAVE_GQA_VALUES + gqa_values(og, sc, n, val, kv_row, rep, hd): the
+ *   value pass of attn_gqa with vaxpy's roundings in vaxpy's order
  *   static void vscale(float *y, const float *x, float s, const float *w, size_t n);
  *        y = x*s (then *w[i] when w != NULL), y may alias x
  *   static float vsumsq(const float *x, size_t n);
@@ -53,6 +55,16 @@ static void soft_inplace(float *s, size_t n) {
     for (size_t i = 0; i < n; i++) s[i] *= inv;
 }
 
+#ifndef CQ_HAVE_GQA_VALUES
+/* og[h][d] = sum over keys e, in order, of sc[h][e] * val[e][d] (vaxpy's roundings). */
+static void gqa_values(float *og, const float *sc, size_t n, const float *val, size_t kv_row, size_t rep,
+                       size_t hd) {
+    memset(og, 0, rep * hd * sizeof(float));
+    for (size_t e = 0; e < n; e++)
+        for (size_t h = 0; h < rep; h++) vaxpy(og + h * hd, sc[h * n + e], val + e * kv_row, hd);
+}
+#endif
+
 static cq_status k_attn_gqa(const float *q, const float *keys, const float *vals, float *out,
                             size_t t, size_t nh, size_t nk, size_t hd, size_t nkeys, size_t pos0,
                             size_t first, size_t window, float scale) {
@@ -85,14 +97,13 @@ static cq_status k_attn_gqa(const float *q, const float *keys, const float *vals
             /* each key row once, against every query head of the group */
             for (size_t e = 0; e < n; e++) {
                 const float *key = keys + (lo - first + e) * kv_row + kh * hd;
+                if (e + ATTN_PF_KEYS < n) /* the rows are kv_row apart: the hardware does not follow */
+                    for (size_t b = 0; b < hd * sizeof(float); b += 64)
+                        CQ_PREFETCH((const char *)(key + ATTN_PF_KEYS * kv_row) + b);
                 for (size_t h = 0; h < rep; h++) sc[h * n + e] = vdot(qg + h * hd, key, hd) * scale;
             }
             for (size_t h = 0; h < rep; h++) soft_inplace(sc + h * n, n);
-            memset(og, 0, rep * hd * sizeof(float));
-            for (size_t e = 0; e < n; e++) {
-                const float *val = vals + (lo - first + e) * kv_row + kh * hd;
-                for (size_t h = 0; h < rep; h++) vaxpy(og + h * hd, sc[h * n + e], val, hd);
-            }
+            gqa_values(og, sc, n, vals + (lo - first) * kv_row + kh * hd, kv_row, rep, hd);
         }
         free(sc);
     }

@@ -9,6 +9,15 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+/* attn_gqa reads a kv head's key and value rows kv_row floats apart, a stride the
+ * hardware prefetchers do not follow: the rows ATTN_PF_KEYS ahead are prefetched.
+ * (With gqa_values: see attn_avx2.c.) */
+#if defined(__GNUC__) || defined(__clang__)
+#define CQ_PREFETCH(p) __builtin_prefetch(p)
+#else
+#define CQ_PREFETCH(p) ((void)(p))
+#endif
+#define ATTN_PF_KEYS 8
 #ifdef CORTIQ_HAVE_OPENMP
 #include <omp.h>
 #endif
