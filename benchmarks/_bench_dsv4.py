@@ -5,7 +5,8 @@ Writes a random-weight DeepSeek-V4 in q8_row (default: dim 1024, 8 layers, 16 he
 plain-ratio layers, vocab 32000), decodes with cortiq and reports tokens/s and the
 effective GB/s of the weights a token touches (attention, hyper-connections, router,
 shared + chosen experts, head) against the read bandwidth measured in the same run
-(``_kernels.read_sum`` over a buffer larger than the caches). Then, unless
+(``_kernels.read_sum`` over a buffer larger than the caches), with the weights
+mapped and preloaded (``--preload on|off|both``, default both). Then, unless
 ``--no-hf``, transformers' DeepseekV4ForCausalLM on the same config in float32 and
 bfloat16 (incremental decode with its cache), same thread count.
 """
@@ -150,12 +151,12 @@ def read_bw(threads, nbytes=1 << 30, reps=3):
     return nbytes / best / 1e9
 
 
-def bench_cortiq(path, prompt, n_tok, threads):
+def bench_cortiq(path, prompt, n_tok, threads, preload=False):
     import cortiq
     from cortiq import cmf
     from cortiq.models.deepseek_v4 import DeepseekV4Model
     cortiq.set_num_threads(threads)
-    cf = cmf.open(path)
+    cf = cmf.open(path, preload=preload)
     m = DeepseekV4Model(cf)
     st = m.new_state()
     m.forward(st, prompt, "none")
@@ -217,6 +218,10 @@ def add_args(p, have=()):
     if "--threads" not in have:
         p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[2])
     p.add_argument("--no-hf", action="store_true", help="skip transformers")
+    if "--preload" not in have:
+        p.add_argument("--preload", choices=("on", "off", "both"), default=None,
+                       help="weights from the file mapping (off), copied to huge-page memory "
+                            "(on), or a row each (both, the default)")
     p.add_argument("--keep", default=None, help="write/reuse the CMF file at this path")
 
 
@@ -224,9 +229,9 @@ def main(a, rest):
     """Entry from bench_decode.py: `a` holds its common options (--quant, --threads,
     --tokens, --prompt, --cache, --quick), `rest` the DSV4 ones."""
     p = argparse.ArgumentParser(prog="bench_decode.py --arch deepseek_v4")
-    add_args(p, have=("--quant", "--threads", "--tokens", "--prompt"))
+    add_args(p, have=("--quant", "--threads", "--tokens", "--prompt", "--preload"))
     b = p.parse_args(rest)
-    for k in ("quant", "threads", "tokens", "prompt"):
+    for k in ("quant", "threads", "tokens", "prompt", "preload"):
         setattr(b, k, getattr(a, k))
     if getattr(a, "quick", False):
         b.experts, b.inter, b.layers = 16, 512, 4
@@ -248,13 +253,16 @@ def run(a):
     print("| engine | weights | threads | ms/token | tokens/s | GB touched/token | eff. GB/s | read bw GB/s | % of read bw |")
     print("|---|---|---|---|---|---|---|---|---|")
     best = None
+    modes = {"off": [False], "on": [True], "both": [False, True]}[a.preload or "both"]
     for th in a.threads:
-        bw = read_bw(th)
-        sec, tb = bench_cortiq(path, prompt, a.tokens, th)
-        gbs = tb / sec / 1e9
-        best = sec if best is None else min(best, sec)
-        print(f"| cortiq | {a.quant} | {th} | {sec * 1e3:.1f} | {1 / sec:.2f} | {tb / 1e9:.3f} | "
-              f"{gbs:.2f} | {bw:.2f} | {100 * gbs / bw:.0f} % |", flush=True)
+        for preload in modes:
+            bw = read_bw(th)
+            sec, tb = bench_cortiq(path, prompt, a.tokens, th, preload)
+            gbs = tb / sec / 1e9
+            best = sec if best is None else min(best, sec)
+            how = f"{a.quant}{', preload' if preload else ''}"
+            print(f"| cortiq | {how} | {th} | {sec * 1e3:.1f} | {1 / sec:.2f} | {tb / 1e9:.3f} | "
+                  f"{gbs:.2f} | {bw:.2f} | {100 * gbs / bw:.0f} % |", flush=True)
     if not a.no_hf:
         th = max(a.threads)
         for dt in ("float32", "bfloat16"):
