@@ -165,11 +165,14 @@ static float q4_dot512(const cq_qmat *m, size_t r, const float *x) {
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(tail0, tail1)));
 }
 
-/* x for q4_dot512: blocks of four groups transposed (xp[128b + 16k + j] = x[128b + 8j
- * + k]), then the groups past the last block per group as avx2_prep_x lays them. */
-static int q4_lanes(const cq_qmat *m) {
+/* q4_block, q4_tiled, q4tp with whole groups: the dtypes q4_dot512 and matmat's
+ * 16-lane decoder take. */
+static int q4_grouped(const cq_qmat *m) {
     return (m->dtype == CQ_DT_Q4_BLOCK || m->dtype == CQ_DT_Q4_TILED || m->dtype == CQ_DT_Q4TP) && grouped_fast(m);
 }
+
+/* x for q4_dot512: blocks of four groups transposed (xp[128b + 16k + j] = x[128b + 8j
+ * + k]), then the groups past the last block per group as avx2_prep_x lays them. */
 static void q4_prep(const cq_qmat *m, const float *x, float *xp) {
     const size_t gpr = m->cols / CQ_GROUP, nblk = gpr / 4;
     const __m512i at = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
@@ -183,7 +186,7 @@ static void q4_prep(const cq_qmat *m, const float *x, float *xp) {
         }
 }
 static void prep_x(const cq_qmat *m, const float *x, float *xp) {
-    if (q4_lanes(m)) q4_prep(m, x, xp);
+    if (q4_grouped(m)) q4_prep(m, x, xp);
     else avx2_prep_x(m, x, xp);
 }
 
@@ -487,21 +490,16 @@ static inline mm_vec mm_gather(mm_idx at, const float *base, size_t live) {
  * its row pointers) */
 #define MM_SHAPES(X) X(6, 4) X(8, 3) X(12, 2) X(12, 1)
 
-/* The grouped q4 dtypes decode in their stored order: per group of 32 the 16 low
- * nibbles (elements 0, 2, .., 30), then the 16 high ones (1, 3, .., 31); X is packed
- * in the same order, so the products meet as in the reference. */
-static int mm_q4_order(const cq_qmat *m) {
-    return (m->dtype == CQ_DT_Q4_BLOCK || m->dtype == CQ_DT_Q4_TILED || m->dtype == CQ_DT_Q4TP) && grouped_fast(m);
-}
-
-/* The column decoded c-th: X is packed in the decode order. */
+/* The column decoded c-th: X is packed in the decode order. The grouped q4 dtypes
+ * decode in their stored order: per group of 32 the 16 low nibbles (elements 0, 2, ..,
+ * 30), then the 16 high ones (1, 3, .., 31), so the products meet as in the reference. */
 static size_t mm_column(const cq_qmat *m, size_t c) {
-    if (!mm_q4_order(m)) return c;
+    if (!q4_grouped(m)) return c;
     return (c & ~(size_t)31) + ((c & 31) < 16 ? 2 * (c & 15) : 2 * (c & 15) + 1);
 }
 
 /* Columns [c0, c1) of row r as matmat multiplies them (the reference's float32
- * weights, grouped q4 in mm_q4_order), 16 lanes where the dtype allows; the rest, and
+ * weights, grouped q4 in mm_column's order), 16 lanes where the dtype allows; the rest, and
  * the tails, by the AVX2 decoder. */
 static void mm_decode(const cq_qmat *m, size_t r, size_t c0, size_t c1, float *out) {
     const size_t cols = m->cols;
@@ -535,10 +533,10 @@ static void mm_decode(const cq_qmat *m, size_t r, size_t c0, size_t c1, float *o
         break;
     }
     default:
-        if (mm_q4_order(m)) { /* c0, c1: multiples of 32 (or c1 = cols, itself one) */
+        if (q4_grouped(m)) { /* c0, c1: multiples of 32 (or c1 = cols, itself one) */
             const size_t gpr = cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;
             const uint8_t *nb = m->data + gs * r * gpr + (gs == 18 ? 2 : 0);
-            const __m512 lut8 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+            const __m512 lut8 = Q4_LUT8;
             float sw[64];
             const size_t ga = c0 / CQ_GROUP, gb = c1 / CQ_GROUP;
             for (size_t s0 = ga & ~(size_t)7; s0 < gb; s0 += 64) { /* q4tp codes: 8 per 5 bytes */
