@@ -152,16 +152,18 @@ def test_matmat_panels_and_chunks(isa, dtype, rows, cols, t):
     np.testing.assert_array_equal(Y[:, 2], 0)  # an all-zero row
 
 
-@pytest.mark.parametrize("groups", [1, 3, 4, 7, 64, 67, 130])
-def test_q4_tiled_loaders_agree(groups):
-    """Exact q4_tiled rows on AVX-512: the VBMI tile loader (two loads, two vpermt2b) and
-    the plain one (four loads, three inserts, gathered scales) feed the same block sums
-    in the same order: the same bits, through matvec, rows_dot and row_dot; blocks of
-    four groups plus 0-3 tail groups, a scale row decoded 64 groups at a time."""
+@pytest.mark.parametrize("dtype", ["q4_tiled", "q4tp"])
+@pytest.mark.parametrize("groups", [1, 3, 4, 7, 16, 17, 64, 67, 130])
+def test_q4_vbmi_loaders_agree(dtype, groups):
+    """Exact q4 rows on AVX-512 with and without VBMI give the same bits, through matvec,
+    rows_dot and row_dot: q4_tiled's VBMI tile loader (two loads, two vpermt2b) against
+    the plain one (four loads, three inserts, gathered scales), and q4tp's VBMI scale-code
+    decoder (vpermb, vpmultishiftqb) against 64-bit shifts; blocks of four groups plus
+    0-3 tail groups, a scale row decoded 64 groups at a time, 16 codes at a time."""
     if "avx512" not in K.usable_isas():
         pytest.skip("no AVX-512 here")
     cols = 32 * groups
-    q, d = make("q4_tiled", 19, cols, seed=groups, big=True)
+    q, d = make(dtype, 19, cols, seed=groups, big=True)
     x = misaligned(np.random.default_rng(groups).standard_normal(cols).astype(np.float32))
     before = K.active_isa()
     out = []
@@ -179,6 +181,42 @@ def test_q4_tiled_loaders_agree(groups):
         np.testing.assert_array_equal(a, b)
     assert_dot_close(out[0][0], d, x)
     np.testing.assert_array_equal(out[0][1], out[0][0][5])
+
+
+def _at_guard_page(raw):
+    """raw copied to the very end of a readable mapping whose next page is PROT_NONE (as
+    a payload that ends a file mapping): a kernel that reads past it faults."""
+    import ctypes
+    import mmap
+    page = mmap.PAGESIZE
+    n = -(-raw.size // page) * page
+    mm = mmap.mmap(-1, n + page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    if libc.mprotect(base + n, page, 0) != 0:
+        pytest.skip("mprotect unavailable")
+    view = np.frombuffer(mm, np.uint8, count=raw.size, offset=n - raw.size)
+    view[:] = raw
+    return view
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d not in ("vbit", "vbit_ro")])
+@pytest.mark.parametrize("rows,cols", [(3, 128), (2, 4096), (5, 96), (1, 4128)])
+def test_payload_ending_at_a_guard_page(isa, dtype, rows, cols):
+    """Kernels read no byte past a payload, on every path (row dots, wide rows, matmat,
+    decode): the file mapping may end right after the last tensor."""
+    if not _ok_shape(dtype, cols):
+        pytest.skip("layout needs cols % 32 == 0")
+    q, d = make(dtype, rows, cols, seed=rows + cols)
+    g = QTensor(_at_guard_page(q.raw), dtype, (rows, cols))
+    x = np.random.default_rng(cols).standard_normal(cols).astype(np.float32)
+    np.testing.assert_array_equal(g.matvec(x), q.matvec(x))
+    np.testing.assert_array_equal(g.row_dot(rows - 1, x), q.row_dot(rows - 1, x))
+    X = np.random.default_rng(rows).standard_normal((5, cols)).astype(np.float32)
+    np.testing.assert_array_equal(g.matmat(X), q.matmat(X))
+    np.testing.assert_array_equal(g.dequantize(), d)
+    assert_dot_close(g.matvec(x), d, x)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

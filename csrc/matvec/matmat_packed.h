@@ -12,6 +12,11 @@
  *       columns [c0, c1) of row r (c0, c1 multiples of MM_KC, or c1 = cols), in the
  *       order mm_column(m, c) names
  *   static size_t mm_column(const cq_qmat *m, size_t c)  the column decoded c-th
+ * and optionally, for dtypes whose per-group scales are worth decoding once per row
+ * rather than once per chunk (AVX-512's grouped q4):
+ *   MM_ROW_SCALES(m)            floats of a row's decoded scales (0: none)
+ *   mm_row_scales(m, r, sc)     decode them
+ *   mm_decode_sc(m, r, c0, c1, out, sc)  mm_decode given row r's scales
  * and gets the CQ_HAVE_MM_PACK hooks of matvec_drivers.h.
  *
  * The driver packs X once per call into panels of up to MM_NI inputs, xt[c][i]
@@ -35,6 +40,11 @@
 #define MM_KC 128
 #define MM_NI (MM_NV * MM_VL)
 #define CQ_HAVE_MM_PACK
+#ifndef MM_ROW_SCALES
+#define MM_ROW_SCALES(m) ((void)(m), (size_t)0)
+#define mm_row_scales(m, r, sc) ((void)0)
+#define mm_decode_sc(m, r, c0, c1, out, sc) ((void)(sc), mm_decode(m, r, c0, c1, out))
+#endif
 
 static size_t mm_up(size_t n) { return (n + MM_VL - 1) / MM_VL * MM_VL; }
 
@@ -63,9 +73,9 @@ static size_t mm_chunk(const cq_qmat *m) {
     }
 }
 
-/* Floats of per-thread scratch: the decoded chunk, then the partial sums. */
+/* Floats of per-thread scratch: the decoded chunk, the partial sums, the rows' scales. */
 static size_t mm_scratch_floats(const cq_qmat *m, size_t t) {
-    return CQ_MM_ROWS * (mm_chunk(m) + mm_up(t)) + MM_VL;
+    return CQ_MM_ROWS * (mm_chunk(m) + mm_up(t) + MM_ROW_SCALES(m)) + MM_VL;
 }
 
 /* One MR x NV tile over n columns: w[r * ldw + c], xp[c * wd + MM_VL v + lane],
@@ -106,13 +116,15 @@ MM_SHAPES(MM_TILE_FN)
 static void matmat_packed(const cq_qmat *m, size_t r0, size_t nr, const float *xt, size_t t, float *Y,
                           size_t ldy, float *scratch) {
     const size_t cols = m->cols, kc = mm_chunk(m), ldp = mm_up(t);
-    float *w = scratch, *part = scratch + CQ_MM_ROWS * kc;
+    const size_t ns = MM_ROW_SCALES(m);
+    float *w = scratch, *part = scratch + CQ_MM_ROWS * kc, *sc = part + CQ_MM_ROWS * ldp;
     /* rows past nr: zeros the tiles multiply and nobody reads */
     memset(w + nr * kc, 0, (CQ_MM_ROWS - nr) * kc * sizeof(float));
+    for (size_t j = 0; j < nr && ns; j++) mm_row_scales(m, r0 + j, sc + j * ns);
     for (size_t c0 = 0; c0 < cols; c0 += kc) {
         const size_t c1 = c0 + kc < cols ? c0 + kc : cols, n = c1 - c0;
         const int first = c0 == 0;
-        for (size_t j = 0; j < nr; j++) mm_decode(m, r0 + j, c0, c1, w + j * kc);
+        for (size_t j = 0; j < nr; j++) mm_decode_sc(m, r0 + j, c0, c1, w + j * kc, sc + j * ns);
         for (size_t g0 = 0; g0 < t; g0 += MM_NI) {
             const size_t wd = mm_up(t - g0 < MM_NI ? t - g0 : MM_NI);
             const float *xp = xt + g0 * cols + c0 * wd;

@@ -42,6 +42,20 @@ static inline __m512 z_i8(const uint8_t *p) {
         for (; c < cols; c++) acc += (SCALAR) * x[c];                                    \
     } while (0)
 
+/* The nibbles of four q4_tiled tiles, p at the first one's nibbles (tile + 2): tile k's
+ * 16 bytes start 18k bytes on, so 128-bit lane k comes from a load at p + 2k (three
+ * blends, which any vector port runs, instead of a vpermt2b (2 cycles on port 5 here):
+ * one thread, 512 x 4096 in L2, 21.3 -> 23 Gweights/s in one run). The VBMI paths take it; the
+ * plain ones keep q4_nibbles4's inserts (in q4_nibbles4 it slowed the int8 rows'
+ * generated code for q4_block from 81 to 65 Gweights/s). */
+static inline __m512i q4_tiles4(const uint8_t *p) {
+    const __m512i ab = _mm512_mask_blend_epi32(0x00F0, _mm512_loadu_si512((const void *)p),
+                                               _mm512_loadu_si512((const void *)(p + 2)));
+    const __m512i cd = _mm512_mask_blend_epi32(0xF000, _mm512_loadu_si512((const void *)(p + 4)),
+                                               _mm512_loadu_si512((const void *)(p + 6)));
+    return _mm512_mask_blend_epi32(0xFF00, ab, cd);
+}
+
 /* The nibbles of groups g .. g+n-1 (n <= 4) of a row, zero past n. */
 static inline __m512i q4_nibbles4(const uint8_t *p, size_t gs, size_t n) {
     if (gs == 16) /* q4_block, q4tp: contiguous */
@@ -70,6 +84,37 @@ static inline __m512i q4_nibbles4(const uint8_t *p, size_t gs, size_t n) {
                             _mm512_loadu_ps((xg) + 16), B);                          \
     } while (0)
 
+#if defined(__GNUC__) || defined(__clang__)
+#define CQ_HAVE_VBMI_CODES 1
+/* q4tp scales with VBMI, 16 groups at a time: their 16 five-bit codes fill 10 bytes (bit
+ * 5j, low bit first); vpermb gives qword i bytes from 10i / 8 on, vpmultishiftqb moves
+ * the bits of codes 2i and 2i + 1 to the low bytes of its two dwords, and vpermt2ps
+ * looks them up in the row's 32-entry ladder (it reads 5 bits). Three port-5 uops for
+ * 16 groups against about 14 uops in the 64-bit shift decoder below: one thread, 512 x
+ * 4096 q4tp in L2, 22.5-23.4 -> 24.4-24.5 Gweights/s (alternating builds). Returns the
+ * groups done (a multiple of 16). */
+__attribute__((target("avx512vbmi"))) static size_t q4tp_scales_vbmi(const uint8_t *cb, const float *ladder,
+                                                                    size_t ng, float *sw) {
+    static const uint8_t place[64] = {0, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 8,
+                                      2, 3, 4, 5, 6, 7, 8, 9, 3, 4, 5, 6, 7, 8, 9, 10,
+                                      5, 6, 7, 8, 9, 10, 11, 12, 6, 7, 8, 9, 10, 11, 12, 13,
+                                      7, 8, 9, 10, 11, 12, 13, 14, 8, 9, 10, 11, 12, 13, 14, 15};
+    /* qword i starts at bit 8 * (10i / 8); its codes sit at (10i) % 8 and 5 more */
+    const __m512i at = _mm512_loadu_si512((const void *)place);
+    const __m512i shift = _mm512_set_epi64(0x0000000b00000006LL, 0x0000000900000004LL, 0x0000000700000002LL,
+                                           0x0000000500000000LL, 0x0000000b00000006LL, 0x0000000900000004LL,
+                                           0x0000000700000002LL, 0x0000000500000000LL);
+    const __m512 l0 = _mm512_loadu_ps(ladder), l1 = _mm512_loadu_ps(ladder + 16);
+    size_t k = 0;
+    for (; k + 16 <= ng; k += 16) {
+        const __m512i raw = _mm512_maskz_loadu_epi8(0x3FF, cb + 5 * (k / 8)); /* 10 bytes, no further */
+        const __m512i c = _mm512_multishift_epi64_epi8(shift, _mm512_permutexvar_epi8(at, raw));
+        _mm512_storeu_ps(sw + k, _mm512_permutex2var_ps(l0, c, l1));
+    }
+    return k;
+}
+#endif
+
 /* sw[0 .. ng) = the scales of groups g0 .. g0+ng-1 of row r: 16 at a time here, the
  * rest by the AVX2 decoder (avx2_q4_scales). */
 static void q4_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, float *sw) {
@@ -93,6 +138,12 @@ static void q4_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, float *s
         const size_t gpr = m->cols / CQ_GROUP, stride = cq_tp_stride(m->cols);
         const uint8_t *cb = m->data + m->rows * gpr * 16 + 4 * m->rows + r * stride + 5 * (g0 / 8);
         const float *ladder = m->aux + 32 * r;
+#ifdef CQ_HAVE_VBMI_CODES
+        if (cq_cpu_features() & CQ_CPU_AVX512VBMI) {
+            k = q4tp_scales_vbmi(cb, ladder, ng, sw);
+            break;
+        }
+#endif
         const __m512 l0 = _mm512_loadu_ps(ladder), l1 = _mm512_loadu_ps(ladder + 16);
         const __m512i sh = _mm512_setr_epi64(0, 5, 10, 15, 20, 25, 30, 35), m31 = _mm512_set1_epi64(31);
         for (; k + 16 <= ng; k += 16) {
@@ -284,17 +335,14 @@ __attribute__((target("avx512vnni"))) static float q4_i8_row_vnni(const cq_qmat 
 #endif
 
 #ifdef CQ_HAVE_VNNI_FN
-/* q4_tiled with VBMI: the 18-byte tiles of four groups sit in 72 bytes, so two loads
- * and two vpermt2b pick out their 64 nibble bytes and their four halves, instead of
- * four 16-byte loads, three inserts and a gathered scale row (one thread, 128 x 4096
- * in L2: see docs/ARCHITECTURE.md). The same integers, scales and float operations in
- * the same order as I8_BODY: bit for bit its result. */
-static const uint8_t TILE_NIB_IDX[64] = {
-    2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
-    20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35,
-    38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53,
-    56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71};
-static const uint8_t TILE_SCALE_IDX[64] = {0, 1, 18, 19, 36, 37, 54, 55};
+/* q4_tiled with VBMI: the four halves of a block of four tiles lie in its first 64
+ * bytes (offsets 0, 18, 36, 54), so one vpermb spreads them to the lanes of their
+ * groups, and q4_tiles4 blends the nibbles out of four loads; without VBMI a row of
+ * scales is gathered first (q4_scales) and the rest is the same. The same integers,
+ * scales and float operations in the same order as I8_BODY: bit for bit its result. */
+/* the four halves spread four words each, for the lanes of their groups */
+static const uint8_t TILE_SCALE_SPREAD[64] = {0, 1, 0, 1, 0, 1, 0, 1, 18, 19, 18, 19, 18, 19, 18, 19,
+                                              36, 37, 36, 37, 36, 37, 36, 37, 54, 55, 54, 55, 54, 55, 54, 55};
 
 __attribute__((target("avx512vnni,avx512vbmi"))) static float q4t_i8_row_vbmi(const cq_qmat *m, size_t r,
                                                                              const cq_xq *xq) {
@@ -302,25 +350,22 @@ __attribute__((target("avx512vnni,avx512vbmi"))) static float q4t_i8_row_vbmi(co
     const uint8_t *tl = m->data + 18 * r * gpr;
     const __m512i m0f = _mm512_set1_epi8(0x0F);
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m512i nidx = _mm512_loadu_si512((const void *)TILE_NIB_IDX);
-    const __m512i sidx = _mm512_loadu_si512((const void *)TILE_SCALE_IDX);
+    const __m512i sidx = _mm512_loadu_si512((const void *)TILE_SCALE_SPREAD);
     __m512 f0 = _mm512_setzero_ps(), f1 = f0;
     for (size_t g = 0; g < gpr; g += 4) {
         const size_t n = gpr - g < 4 ? gpr - g : 4, blk = g / 4;
         const uint8_t *p = tl + 18 * g;
         CQ_STREAM_PF_SPAN(p, 72);
-        __m512i v, t0, t1;
-        __m128 sw4;
+        __m512i v;
+        __m512 d;
         if (n == 4) {
-            t0 = _mm512_loadu_si512((const void *)p);
-            t1 = _mm512_maskz_loadu_epi8(0xFF, p + 64); /* bytes 64..71 only */
-            v = _mm512_permutex2var_epi8(t0, nidx, t1);
-            sw4 = _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(t0, sidx, t1)));
+            v = q4_tiles4(p + 2);
+            d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(sidx, _mm512_loadu_si512((const void *)p))));
         } else { /* the row's last 1-3 groups */
             float s[4] = {0, 0, 0, 0};
             for (size_t k = 0; k < n; k++) s[k] = h2f_hw(p + 18 * k);
             v = q4_nibbles4(p + 2, 18, n);
-            sw4 = _mm_loadu_ps(s);
+            d = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(s)));
         }
         __m512i lo = _mm512_and_si512(v, m0f);
         __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
@@ -328,8 +373,7 @@ __attribute__((target("avx512vnni,avx512vbmi"))) static float q4t_i8_row_vbmi(co
         __m512i isum = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(xq->bias + 16 * blk)), lo,
                                            _mm512_load_si512((const void *)q));
         isum = _mm512_dpbusd_epi32(isum, hi, _mm512_load_si512((const void *)(q + 64)));
-        __m512 sc = _mm512_mul_ps(_mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sw4)),
-                                  _mm512_load_ps(xq->dl + 16 * blk));
+        __m512 sc = _mm512_mul_ps(d, _mm512_load_ps(xq->dl + 16 * blk));
         if (g & 4) f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, f1);
         else f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, f0);
     }
@@ -338,27 +382,24 @@ __attribute__((target("avx512vnni,avx512vbmi"))) static float q4t_i8_row_vbmi(co
 #endif
 
 #ifdef CQ_HAVE_VNNI_FN
-/* q4_tiled, float32 x, with VBMI: q4_dot512 with each block's nibbles and halves picked
- * out of its 72 bytes by two vpermt2b (TILE_NIB_IDX, TILE_SCALE_IDX) instead of four
- * loads, three inserts and a gathered scale row: one thread, 128 x 4096 in L2, 20.2 vs
- * 19.2 Gweights/s (port 5 still carries the two byte permutes and the lookups). */
+/* q4_tiled, float32 x, with VBMI: q4_dot512 with each block's scales spread by one
+ * vpermb of its first 64 bytes (TILE_SCALE_SPREAD) instead of a gathered scale row and a
+ * spread permute, and its nibbles from q4_tiles4. One thread, 512 x 4096 in L2
+ * (alternating builds): 21.5 Gweights/s, against 18.8 with the earlier two vpermt2b (on
+ * this core 2 cycles each on port 5) for nibbles and halves. */
 __attribute__((target("avx512vbmi"))) static float q4t_dot512_vbmi(const cq_qmat *m, size_t r, const float *x) {
     const size_t gpr = m->cols / CQ_GROUP;
     const uint8_t *tl = m->data + 18 * r * gpr;
     const __m512 lut8 = Q4_LUT8;
-    const __m512i spread = Q4_SPREAD;
-    const __m512i nidx = _mm512_loadu_si512((const void *)TILE_NIB_IDX);
-    const __m512i sidx = _mm512_loadu_si512((const void *)TILE_SCALE_IDX);
+    const __m512i sidx = _mm512_loadu_si512((const void *)TILE_SCALE_SPREAD);
     __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, tail0 = acc0, tail1 = acc0;
     size_t g = 0;
     for (; g + 4 <= gpr; g += 4) {
         const uint8_t *p = tl + 18 * g;
         CQ_STREAM_PF_SPAN(p, 72);
         const __m512i t0 = _mm512_loadu_si512((const void *)p);
-        const __m512i t1 = _mm512_maskz_loadu_epi8(0xFF, p + 64); /* bytes 64..71 only */
-        const __m128 sw4 = _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(t0, sidx, t1)));
-        const __m512 d = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sw4));
-        const __m512 t = q4_sum4(_mm512_permutex2var_epi8(t0, nidx, t1), x + 32 * g, lut8);
+        const __m512 d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(sidx, t0)));
+        const __m512 t = q4_sum4(q4_tiles4(p + 2), x + 32 * g, lut8);
         if (g & 4) acc1 = _mm512_fmadd_ps(t, d, acc1);
         else acc0 = _mm512_fmadd_ps(t, d, acc0);
     }
@@ -498,10 +539,17 @@ static size_t mm_column(const cq_qmat *m, size_t c) {
     return (c & ~(size_t)31) + ((c & 31) < 16 ? 2 * (c & 15) : 2 * (c & 15) + 1);
 }
 
+/* Grouped q4's scales, decoded once per row of a matmat row block (q4_scales 16 at a
+ * time) instead of once per 128-column chunk (4 groups, mostly in the AVX2 decoder's
+ * tail loop): one thread, 4096 x 4096, t = 64 from DRAM, q4tp's matmat went from 65 to
+ * 70 GMAC/s (its scale decoding had been 10 % of the matmat's time, q4_block's 5 %). */
+#define MM_ROW_SCALES(m) (q4_grouped(m) ? (m)->cols / CQ_GROUP : 0)
+static void mm_row_scales(const cq_qmat *m, size_t r, float *sc) { q4_scales(m, r, 0, m->cols / CQ_GROUP, sc); }
+
 /* Columns [c0, c1) of row r as matmat multiplies them (the reference's float32
- * weights, grouped q4 in mm_column's order), 16 lanes where the dtype allows; the rest, and
- * the tails, by the AVX2 decoder. */
-static void mm_decode(const cq_qmat *m, size_t r, size_t c0, size_t c1, float *out) {
+ * weights, grouped q4 in mm_column's order, with the row's scales sc), 16 lanes where
+ * the dtype allows; the rest, and the tails, by the AVX2 decoder. */
+static void mm_decode_sc(const cq_qmat *m, size_t r, size_t c0, size_t c1, float *out, const float *sc) {
     const size_t cols = m->cols;
     size_t c = c0;
     switch (m->dtype) {
@@ -537,18 +585,12 @@ static void mm_decode(const cq_qmat *m, size_t r, size_t c0, size_t c1, float *o
             const size_t gpr = cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;
             const uint8_t *nb = m->data + gs * r * gpr + (gs == 18 ? 2 : 0);
             const __m512 lut8 = Q4_LUT8;
-            float sw[64];
-            const size_t ga = c0 / CQ_GROUP, gb = c1 / CQ_GROUP;
-            for (size_t s0 = ga & ~(size_t)7; s0 < gb; s0 += 64) { /* q4tp codes: 8 per 5 bytes */
-                const size_t ns = gb - s0 < 64 ? gb - s0 : 64;
-                q4_scales(m, r, s0, ns, sw);
-                for (size_t k = s0 < ga ? ga - s0 : 0; k < ns; k++) {
-                    const __m512 lut = Q4_LUT(sw[k]);
-                    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(nb + gs * (s0 + k))));
-                    float *o = out + CQ_GROUP * (s0 + k - ga);
-                    _mm512_storeu_ps(o, _mm512_permutexvar_ps(b, lut));
-                    _mm512_storeu_ps(o + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut));
-                }
+            for (size_t g = c0 / CQ_GROUP; g < c1 / CQ_GROUP; g++) {
+                const __m512 lut = Q4_LUT(sc[g]);
+                const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(nb + gs * g)));
+                float *o = out + CQ_GROUP * g - c0;
+                _mm512_storeu_ps(o, _mm512_permutexvar_ps(b, lut));
+                _mm512_storeu_ps(o + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut));
             }
             return;
         }
