@@ -156,8 +156,9 @@ def test_matmat_panels_and_chunks(isa, dtype, rows, cols, t):
 @pytest.mark.parametrize("groups", [1, 3, 4, 7, 16, 17, 64, 67, 130])
 def test_q4_vbmi_loaders_agree(dtype, groups):
     """Exact q4 rows on AVX-512 with and without VBMI give the same bits, through matvec,
-    rows_dot and row_dot: q4_tiled's VBMI tile loader (two loads, two vpermt2b) against
-    the plain one (four loads, three inserts, gathered scales), and q4tp's VBMI scale-code
+    rows_dot and row_dot: q4_tiled's VBMI tile loader (halves by one vpermb, nibbles
+    blended from four loads) against the plain one (four loads, three inserts, gathered
+    scales), and q4tp's VBMI scale-code
     decoder (vpermb, vpmultishiftqb) against 64-bit shifts; blocks of four groups plus
     0-3 tail groups, a scale row decoded 64 groups at a time, 16 codes at a time."""
     if "avx512" not in K.usable_isas():
@@ -202,10 +203,11 @@ def _at_guard_page(raw):
 
 
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d not in ("vbit", "vbit_ro")])
-@pytest.mark.parametrize("rows,cols", [(3, 128), (2, 4096), (5, 96), (1, 4128)])
+@pytest.mark.parametrize("rows,cols", [(3, 128), (2, 4096), (5, 96), (1, 4128), (2, 9248)])
 def test_payload_ending_at_a_guard_page(isa, dtype, rows, cols):
     """Kernels read no byte past a payload, on every path (row dots, wide rows, matmat,
-    decode): the file mapping may end right after the last tensor."""
+    decode; 9248 columns take the chunked wide-q8 rows): the file mapping may end right
+    after the last tensor."""
     if not _ok_shape(dtype, cols):
         pytest.skip("layout needs cols % 32 == 0")
     q, d = make(dtype, rows, cols, seed=rows + cols)

@@ -542,7 +542,7 @@ static size_t mm_column(const cq_qmat *m, size_t c) {
 /* Grouped q4's scales, decoded once per row of a matmat row block (q4_scales 16 at a
  * time) instead of once per 128-column chunk (4 groups, mostly in the AVX2 decoder's
  * tail loop): one thread, 4096 x 4096, t = 64 from DRAM, q4tp's matmat went from 65 to
- * 70 GMAC/s (its scale decoding had been 10 % of the matmat's time, q4_block's 5 %). */
+ * 72 GMAC/s (its scale decoding had been 10 % of the matmat's time, q4_block's 5 %). */
 #define MM_ROW_SCALES(m) (q4_grouped(m) ? (m)->cols / CQ_GROUP : 0)
 static void mm_row_scales(const cq_qmat *m, size_t r, float *sc) { q4_scales(m, r, 0, m->cols / CQ_GROUP, sc); }
 
