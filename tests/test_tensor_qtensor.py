@@ -152,14 +152,14 @@ def test_matmat_panels_and_chunks(isa, dtype, rows, cols, t):
     np.testing.assert_array_equal(Y[:, 2], 0)  # an all-zero row
 
 
-@pytest.mark.parametrize("dtype", ["q4_tiled", "q4tp"])
+@pytest.mark.parametrize("dtype", ["q4_tiled", "q4tp", "q2tp"])
 @pytest.mark.parametrize("groups", [1, 3, 4, 7, 16, 17, 64, 67, 130])
 def test_q4_vbmi_loaders_agree(dtype, groups):
     """Exact q4 rows on AVX-512 with and without VBMI give the same bits, through matvec,
     rows_dot and row_dot: q4_tiled's VBMI tile loader (halves by one vpermb, nibbles
     blended from four loads) against the plain one (four loads, three inserts, gathered
     scales), and q4tp's VBMI scale-code
-    decoder (vpermb, vpmultishiftqb) against 64-bit shifts; blocks of four groups plus
+    decoder (vpermb, vpmultishiftqb; q2tp shares it) against 64-bit shifts; blocks of four groups plus
     0-3 tail groups, a scale row decoded 64 groups at a time, 16 codes at a time."""
     if "avx512" not in K.usable_isas():
         pytest.skip("no AVX-512 here")

@@ -442,10 +442,10 @@ static void avx2_q4_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, flo
     case CQ_DT_Q4_TILED:
         for (; k < ng; k++) sw[k] = h2f_hw(d + 18 * (r * gpr + g0 + k));
         break;
-    default: { /* q4tp */
+    default: { /* q4tp, q2tp */
         const size_t stride = cq_tp_stride(m->cols);
         uint8_t codes[64];
-        tp_codes(d + m->rows * gpr * 16 + 4 * m->rows + r * stride + 5 * (g0 / 8), stride - 5 * (g0 / 8), ng, codes);
+        tp_codes(d + m->rows * gpr * cq_tp_tile(m->dtype) + 4 * m->rows + r * stride + 5 * (g0 / 8), stride - 5 * (g0 / 8), ng, codes);
         for (; k < ng; k++) sw[k] = m->aux[32 * r + codes[k]];
     }
     }
