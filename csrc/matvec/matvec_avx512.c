@@ -1,10 +1,10 @@
-/* matvec_avx512.c -- AVX-512 twin of the matvec family: the q8 (q8_row, q8_2f) and
- * q4 (q4_block, q4_tiled, q4tp) row dots, the opt-in int8-activation q4 rows and the
- * matmat block run 16 lanes (one thread on the development VM: q8_row 22.4 vs 16.2
+/* matvec_avx512.c -- AVX-512 twin of the matvec family: the q8 (q8_row, q8_2f), q4
+ * (q4_block, q4_tiled, q4tp) and q2tp row dots, the opt-in int8-activation q4 rows and
+ * the matmat block run 16 lanes (one thread on the development VM: q8_row 22.4 vs 16.2
  * Gweights/s in cache, 13.5 vs 12.5 GB/s from DRAM; exact q4 20 vs 12 Gweights/s in
- * cache); f32/f16/bf16 (16 lanes measured 12.5 vs 15.2 GB/s from DRAM for f16), q2tp,
- * vbit and the decoders are the AVX2 code of matvec_avx2_impl.h. Same contracts as
- * the reference. */
+ * cache); f32/f16/bf16 (16 lanes measured 12.5 vs 15.2 GB/s from DRAM for f16), vbit
+ * and the row decoders are the AVX2 code of matvec_avx2_impl.h. Same contracts as the
+ * reference. */
 #include "matvec_avx2_impl.h"
 
 static inline __m512 z_i8(const uint8_t *p) {
