@@ -166,7 +166,7 @@ static void q4_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, float *s
  * 64-byte load holds their 128 nibbles as 16 dwords (dword j: 8 nibbles of group j/4);
  * nibble k of every dword is (v >> 4k) & 15, and vpermps reads just those 4 low bits
  * out of a table of q - 8, so each 16 weights cost a shift, a lookup and an FMA against
- * x laid out to match (q4_prep: xp[128b + 16k + j] = x[128b + 8j + k]). The lanes of a
+ * x laid out to match (grouped_prep: xp[128b + 16k + j] = x[128b + 8j + k]). The lanes of a
  * vector span the four groups, so the sum over the 8 nibbles is scaled once per block
  * by the groups' scales spread 4 lanes each. Against a scaled table per group (a widen,
  * two lookups, a shift, two FMAs and the table's multiply per 32 weights: 7 uops on the
@@ -220,7 +220,7 @@ static float q4_dot512(const cq_qmat *m, size_t r, const float *x) {
  * two-bit codes as 16 dwords (dword j: codes 0..15 of elements 16j .. 16j + 15 of the
  * block), and code c of every dword is (v >> 2c), which vpermps looks up in a table of
  * v - 1.5 (it reads 4 bits, so the table repeats every 4 entries), against x laid out to
- * match (q2_prep: xp[256b + 16c + j] = x[256b + 16j + c]); the block's sum is scaled
+ * match (grouped_prep: xp[256b + 16c + j] = x[256b + 16j + c]); the block's sum is scaled
  * once by its eight scales spread two lanes each. A shift, a lookup and an FMA per 16
  * weights, as in q4_sum4: one thread, 512 x 4096 in L2, 7.5 -> 24 Gweights/s, against
  * the AVX2 group kernel (a widen, four masks, four converts per 32 weights). Groups
@@ -270,36 +270,29 @@ static float q2_dot512(const cq_qmat *m, size_t r, const float *x) {
 static int q4_grouped(const cq_qmat *m) {
     return (m->dtype == CQ_DT_Q4_BLOCK || m->dtype == CQ_DT_Q4_TILED || m->dtype == CQ_DT_Q4TP) && grouped_fast(m);
 }
+/* q2tp with whole groups: q2_dot512 and matmat's 8-lane q2 decoder. */
+static int q2_grouped(const cq_qmat *m) { return m->dtype == CQ_DT_Q2TP && grouped_fast(m); }
 
-/* x for q4_dot512: blocks of four groups transposed (xp[128b + 16k + j] = x[128b + 8j
- * + k]), then the groups past the last block per group as avx2_prep_x lays them. */
-static void q4_prep(const cq_qmat *m, const float *x, float *xp) {
-    const size_t gpr = m->cols / CQ_GROUP, nblk = gpr / 4;
-    const __m512i at = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
+/* x for q4_dot512 and q2_dot512, whose 64-byte blocks hold n = 8 nibbles (q4, four
+ * groups) or n = 16 codes (q2, eight groups) per dword: blocks transposed, xp[16n b +
+ * 16k + j] = x[16n b + n j + k], then the groups past the last block as avx2_prep_x
+ * lays them (q4: evens, odds; q2: code k of bytes 0..7). */
+static void grouped_prep(const cq_qmat *m, const float *x, float *xp) {
+    const int q2 = m->dtype == CQ_DT_Q2TP, n = q2 ? 16 : 8;
+    const size_t gpr = m->cols / CQ_GROUP, nblk = gpr / (n / 2);
+    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(n));
     for (size_t b = 0; b < nblk; b++)
-        for (int k = 0; k < 8; k++)
-            _mm512_storeu_ps(xp + 128 * b + 16 * k, _mm512_i32gather_ps(at, x + 128 * b + k, 4));
-    for (size_t g = 4 * nblk; g < gpr; g++)
-        for (int i = 0; i < 16; i++) {
-            xp[32 * g + i] = x[32 * g + 2 * i];
-            xp[32 * g + 16 + i] = x[32 * g + 2 * i + 1];
-        }
-}
-/* x for q2_dot512: blocks of eight groups transposed (xp[256b + 16c + j] = x[256b + 16j
- * + c]), then the groups past the last block as avx2_prep_x lays them. */
-static void q2_prep(const cq_qmat *m, const float *x, float *xp) {
-    const size_t gpr = m->cols / CQ_GROUP, nblk = gpr / 8;
-    const __m512i at = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
-    for (size_t b = 0; b < nblk; b++)
-        for (int c = 0; c < 16; c++)
-            _mm512_storeu_ps(xp + 256 * b + 16 * c, _mm512_i32gather_ps(at, x + 256 * b + c, 4));
-    for (size_t g = 8 * nblk; g < gpr; g++)
-        for (int j = 0; j < 4; j++)
-            for (int k = 0; k < 8; k++) xp[32 * g + 8 * j + k] = x[32 * g + 4 * k + j];
+        for (int k = 0; k < n; k++)
+            _mm512_storeu_ps(xp + 16 * n * b + 16 * k, _mm512_i32gather_ps(at, x + 16 * n * b + k, 4));
+    for (size_t g = nblk * (n / 2); g < gpr; g++) {
+        const float *xg = x + 32 * g;
+        float *o = xp + 32 * g;
+        for (int i = 0; i < 32; i++) o[i] = q2 ? xg[4 * (i & 7) + i / 8] : xg[2 * (i & 15) + i / 16];
+    }
 }
 static void prep_x(const cq_qmat *m, const float *x, float *xp) {
-    if (q4_grouped(m)) q4_prep(m, x, xp);
-    else if (m->dtype == CQ_DT_Q2TP && grouped_fast(m)) q2_prep(m, x, xp);
+    if (q4_grouped(m) || q2_grouped(m)) grouped_prep(m, x, xp);
     else avx2_prep_x(m, x, xp);
 }
 
@@ -599,8 +592,6 @@ static inline mm_vec mm_gather(mm_idx at, const float *base, size_t live) {
 /* The column decoded c-th: X is packed in the decode order. The grouped q4 dtypes
  * decode in their stored order: per group of 32 the 16 low nibbles (elements 0, 2, ..,
  * 30), then the 16 high ones (1, 3, .., 31), so the products meet as in the reference. */
-static int q2_grouped(const cq_qmat *m) { return m->dtype == CQ_DT_Q2TP && grouped_fast(m); }
-
 static size_t mm_column(const cq_qmat *m, size_t c) {
     if (q2_grouped(m)) return (c & ~(size_t)31) + 4 * (c & 7) + ((c & 31) >> 3); /* code k of bytes 0..7 */
     if (!q4_grouped(m)) return c;
