@@ -18,15 +18,21 @@
 #include "quant_common.h"
 #ifdef CORTIQ_HAVE_OPENMP
 #include <omp.h>
+/* the loops below: independent rows, blocks or groups on the configured threads; a
+ * refused input sets `bad` in any of them */
+#define CQ_QUANT_FOR _Pragma("omp parallel for num_threads(cq_get_num_threads()) schedule(static)")
+#define CQ_QUANT_FOR_BAD \
+    _Pragma("omp parallel for num_threads(cq_get_num_threads()) schedule(static) reduction(| : bad)")
+#else
+#define CQ_QUANT_FOR
+#define CQ_QUANT_FOR_BAD
 #endif
 
 static cq_status drv_q8_row(const float *w, size_t rows, size_t cols, uint8_t *out) {
     uint8_t *sc = out + rows * cols;
     int bad = 0;
     ptrdiff_t r;
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel for num_threads(cq_get_num_threads()) schedule(static) reduction(| : bad)
-#endif
+    CQ_QUANT_FOR_BAD
     for (r = 0; r < (ptrdiff_t)rows; r++) {
         const float *x = w + (size_t)r * cols;
         int rb = 0;
@@ -49,9 +55,7 @@ static cq_status drv_q8_2f(const float *w, size_t rows, size_t cols, uint8_t *ou
     ptrdiff_t cb;
     const ptrdiff_t nblk = (ptrdiff_t)((cols + 255) / 256);
     /* column RMS: per column, sequential float64 sum over rows (numpy's axis-0 order) */
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel for num_threads(cq_get_num_threads()) schedule(static) reduction(| : bad)
-#endif
+    CQ_QUANT_FOR_BAD
     for (cb = 0; cb < nblk; cb++) {
         size_t c0 = (size_t)cb * 256, c1 = c0 + 256 < cols ? c0 + 256 : cols;
         for (size_t c = c0; c < c1; c++) acc[c] = 0.0;
@@ -66,9 +70,7 @@ static cq_status drv_q8_2f(const float *w, size_t rows, size_t cols, uint8_t *ou
     }
     if (bad) return CQ_ERR_ARG;
     ptrdiff_t r;
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel for num_threads(cq_get_num_threads()) schedule(static)
-#endif
+    CQ_QUANT_FOR
     for (r = 0; r < (ptrdiff_t)rows; r++) {
         const float *x = w + (size_t)r * cols;
         float am = absmax_div(x, colv, cols), s;
@@ -83,9 +85,7 @@ static cq_status drv_q4(const float *w, size_t n, uint8_t *out, int tiled) {
     const size_t G = (n + 31) / 32;
     int bad = 0;
     ptrdiff_t g;
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel for num_threads(cq_get_num_threads()) schedule(static) reduction(| : bad)
-#endif
+    CQ_QUANT_FOR_BAD
     for (g = 0; g < (ptrdiff_t)G; g++) {
         size_t i0 = (size_t)g * 32, len = n - i0 < 32 ? n - i0 : 32;
         float pad[32];
