@@ -232,6 +232,24 @@ def test_threads_bit_identical(isa, threads, dtype):
     np.testing.assert_array_equal(q.matmat(X), Y)
 
 
+@pytest.mark.parametrize("dtype", ["q8_row", "f16", "q4_block"])
+def test_rows_claimed_in_pieces(isa, threads, dtype):
+    """Threads claim rows in pieces of about 64 KiB of weights, their own share first,
+    then each other's leftovers: with many short rows (many claims a thread, more
+    threads than cores) every row is written once, by the same code, for any count."""
+    rows = 20011
+    q, d = make(dtype, rows, 64, seed=3)
+    x = np.random.default_rng(4).standard_normal(64).astype(np.float32)
+    y = np.full(rows, np.nan, np.float32)
+    q.matvec(x, y)
+    assert_dot_close(y, d, x)
+    a, b = QTensor.matvec_many([q, q], x)
+    np.testing.assert_array_equal(a, y)
+    np.testing.assert_array_equal(b, y)
+    cortiq.set_num_threads(1)
+    np.testing.assert_array_equal(q.matvec(x), y)
+
+
 def test_matvec_many_bit_identical(isa, threads):
     cols = 256
     ts = [make(dt, r, cols, seed=i)[0] for i, (dt, r) in

@@ -505,19 +505,41 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
     for (size_t j = 0; j < nr; j++) out[j] = q4_i8_row_bw(m, r0 + j, xq);
 }
 
+/* acc[0..3] += the n (a multiple of 64) columns at p against x, prefetching into L2
+ * from far and into L1 from near, which step along with p. Pointers that step (no
+ * indexed addressing): an FMA with an indexed memory operand is two uops in the
+ * out-of-order core of these Intel cores (un-laminated), and the wide rows read 2-4
+ * points less of the bandwidth with them. */
+static inline void q8_segment(const uint8_t *p, const float *x, const uint8_t *far, const uint8_t *near, size_t n,
+                              __m512 acc[4]) {
+    __m512 a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3];
+    for (const uint8_t *const e = p + n; p < e; p += 64, x += 64, far += 64, near += 64) {
+        _mm_prefetch((const char *)far, _MM_HINT_T1);
+        _mm_prefetch((const char *)near, _MM_HINT_T0);
+        a0 = _mm512_fmadd_ps(z_i8(p), _mm512_loadu_ps(x), a0);
+        a1 = _mm512_fmadd_ps(z_i8(p + 16), _mm512_loadu_ps(x + 16), a1);
+        a2 = _mm512_fmadd_ps(z_i8(p + 32), _mm512_loadu_ps(x + 32), a2);
+        a3 = _mm512_fmadd_ps(z_i8(p + 48), _mm512_loadu_ps(x + 48), a3);
+    }
+    acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
+}
+
 /* q8 rows too wide for x to stay in L1 (4 bytes a column against the weights' 1).
  * From DRAM, one thread, q8_row ran at 85-87 % of the read bandwidth up to 9216
  * columns (36 KiB of x) and at ~70 % from 11008 (43 KiB; L1d is 48 KiB): each row
  * refetched most of x from L2 while the weights streamed in. So a panel of rows goes
  * chunk by chunk over the columns, each x chunk (<= 24 KiB) staying in L1, the rows'
- * four accumulators parked between chunks; the prefetch follows the order of access
+ * four accumulators parked between chunks; both prefetches follow the order of access
  * (the same columns of the next row of the panel), not the row. Measured from DRAM:
- * 4096 x 11008 went from 72 to 87 % of the read bandwidth on one thread, 73 to 86 % on
- * two (without the access-order prefetch the chunking lost: 68 %). Chunks are whole
+ * 4096 x 11008 went from 72 to 82 % of the read bandwidth (without the access-order
+ * prefetch into L2 the chunking lost: 68 %); the prefetch into L1 in access order and
+ * the stepping pointers of q8_segment took it to 86-89 % on one and two threads
+ * (alternating builds, 2026-11-30: 79-83 -> 87-89 % on two). Chunks are whole
  * 64-column steps and depend on cols only, and row_dot / rows_dot come here too, so a
  * row's result is the same through every entry point and thread count. */
 #define Q8_CHUNK_BYTES 24576
 #define Q8_PANEL 32
+#define Q8_NEAR 1024
 static void q8_rows_chunked(const cq_qmat *m, size_t r0, size_t nr, const float *x, float *out) {
     const size_t cols = m->cols, c64 = cols & ~(size_t)63;
     const size_t nch = (cols * sizeof(float) + Q8_CHUNK_BYTES - 1) / Q8_CHUNK_BYTES;
@@ -531,17 +553,17 @@ static void q8_rows_chunked(const cq_qmat *m, size_t r0, size_t nr, const float 
             const size_t c1 = c0 + chunk < c64 ? c0 + chunk : c64;
             for (size_t k = 0; k < np; k++) {
                 const uint8_t *p = m->data + (r0 + p0 + k) * cols;
-                /* what comes after this segment: the next row's, or the panel's next chunk */
-                const uint8_t *pn = k + 1 < np ? p + cols : m->data + (r0 + p0) * cols + chunk;
-                __m512 a0 = st[k][0], a1 = st[k][1], a2 = st[k][2], a3 = st[k][3];
-                for (size_t c = c0; c < c1; c += 64) {
-                    _mm_prefetch((const char *)(pn + c), _MM_HINT_T1);
-                    a0 = _mm512_fmadd_ps(z_i8(p + c), _mm512_loadu_ps(x + c), a0);
-                    a1 = _mm512_fmadd_ps(z_i8(p + c + 16), _mm512_loadu_ps(x + c + 16), a1);
-                    a2 = _mm512_fmadd_ps(z_i8(p + c + 32), _mm512_loadu_ps(x + c + 32), a2);
-                    a3 = _mm512_fmadd_ps(z_i8(p + c + 48), _mm512_loadu_ps(x + c + 48), a3);
-                }
-                st[k][0] = a0, st[k][1] = a1, st[k][2] = a2, st[k][3] = a3;
+                /* pn + c: column c's byte in the segment read next (the next row's,
+                 * the panel's next chunk, or the next panel's first row) */
+                const uint8_t *pn = k + 1 < np ? p + cols
+                                  : c1 < c64 ? m->data + (r0 + p0) * cols + chunk
+                                  : p0 + np < nr ? m->data + (r0 + p0 + np) * cols - c0
+                                  : p;
+                /* into L1, Q8_NEAR bytes ahead in the order of access: this segment's
+                 * bytes up to `mid`, then the next segment's */
+                const size_t mid = c1 - c0 > Q8_NEAR ? c1 - Q8_NEAR : c0;
+                q8_segment(p + c0, x + c0, pn + c0, p + c0 + Q8_NEAR, mid - c0, st[k]);
+                q8_segment(p + mid, x + mid, pn + mid, pn + c0, c1 - mid, st[k]);
             }
         }
         for (size_t k = 0; k < np; k++) { /* CQ_DOT_STREAM16's tail and reduction */
@@ -557,9 +579,16 @@ static void q8_rows_chunked(const cq_qmat *m, size_t r0, size_t nr, const float 
     }
 }
 
+static int q8_wide(const cq_qmat *m) {
+    return (m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F) && m->cols * sizeof(float) > 36864;
+}
+
+#define CQ_HAVE_ROWS_GRAIN
+static size_t rows_grain(const cq_qmat *m) { return q8_wide(m) ? Q8_PANEL : 1; }
+
 #define CQ_HAVE_DOT_ROWS
 static void dot_rows(const cq_qmat *m, size_t r0, size_t nr, const float *xp, float *out) {
-    if ((m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F) && m->cols * sizeof(float) > 36864) {
+    if (q8_wide(m)) {
         q8_rows_chunked(m, r0, nr, xp, out);
         return;
     }

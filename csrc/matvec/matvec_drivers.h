@@ -10,6 +10,8 @@
  * and optionally (else the scalar spec / the portable build of x serve):
  *   #define CQ_HAVE_I8_ROWS + static void i8_dot_rows(m, r0, nr, const cq_xq *xq, out);
  *   #define CQ_HAVE_XQ_BUILD + static void xq_build(x, cols, buf, cq_xq *xq);
+ *   #define CQ_HAVE_ROWS_GRAIN + static size_t rows_grain(m): dot_rows wants rows in
+ *       multiples of this many (a panel); threads claim rows in such multiples.
  *   #define CQ_HAVE_MM_PACK + mm_pack_floats(t, cols), mm_pack(m, X, t, cols, c0, c1, xt),
  *       mm_scratch_floats(m, t), matmat_packed(m, r0, nr, xt, t, Y, ldy, scratch):
  *       matmat packs X once per call (its columns split over the threads) and each
@@ -25,6 +27,9 @@
 #include <string.h>
 #ifdef CORTIQ_HAVE_OPENMP
 #include <omp.h>
+#endif
+#if defined(CORTIQ_HAVE_OPENMP) && defined(_MSC_VER)
+#include <intrin.h>
 #endif
 
 /* Below this many weights a call stays on the calling thread (thread start-up would
@@ -46,6 +51,14 @@ static cq_status drv_check(const cq_qmat *m) {
     if (cq_qmat_aux_len(m->dtype, m->rows, m->cols) && !m->aux) return CQ_ERR_ARG;
     return CQ_OK;
 }
+
+#ifndef CQ_HAVE_ROWS_GRAIN
+/* Rows a dot_rows call should get together, at least (claims are whole multiples). */
+static size_t rows_grain(const cq_qmat *m) {
+    (void)m;
+    return 1;
+}
+#endif
 
 #ifndef CQ_HAVE_DOT_ROWS
 static void dot_rows(const cq_qmat *m, size_t r0, size_t nr, const float *xp, float *out) {
@@ -72,18 +85,63 @@ static void drv_dot_rows(const cq_qmat *m, size_t r0, size_t nr, drv_x x, float 
     else dot_rows(m, r0, nr, x.xp, out);
 }
 
-/* Inside a parallel region (or serially): y[r] for every row, each thread one
- * contiguous share of the rows (one weight stream per thread: four rows read side by
- * side were measured slower from DRAM, 78 vs 86 % of the read bandwidth for q8_row
- * 4096 x 4096). No barrier at the end: matvec_many's matrices follow one another. */
-static void drv_rows(const cq_qmat *m, drv_x x, float *y) {
-    size_t lo = 0, hi = m->rows;
-#ifdef CORTIQ_HAVE_OPENMP
-    size_t nt = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
-    lo = m->rows * t / nt;
-    hi = m->rows * (t + 1) / nt;
+/* The rows of one matrix, split over `parts` threads: thread t owns share t, one
+ * contiguous range (one weight stream per thread: four rows read side by side were
+ * measured slower from DRAM, 78 vs 86 % of the read bandwidth for q8_row 4096 x 4096).
+ * Rows go out in claims of about CQ_CLAIM_BYTES; a thread claims its own share front to
+ * back, then what is left of the others', so a thread whose memory runs slower in this
+ * call (or that the OS delayed) does not hold the rest back. One cache line a share. */
+#ifndef CQ_CLAIM_BYTES
+#define CQ_CLAIM_BYTES 65536
 #endif
-    drv_dot_rows(m, lo, hi - lo, x, y + lo);
+typedef struct {
+    size_t next, end;
+    char pad_[64 - 2 * sizeof(size_t)];
+} drv_share;
+
+static void drv_shares_init(const cq_qmat *m, drv_share *s, size_t parts) {
+    for (size_t t = 0; t < parts; t++) {
+        s[t].next = m->rows * t / parts;
+        s[t].end = m->rows * (t + 1) / parts;
+    }
+}
+
+/* The first row of the next n of share s (at or past s->end when none are left). An
+ * atomic fetch-and-add: OpenMP's `atomic capture` is 3.1, which MSVC lacks. */
+static size_t drv_claim(drv_share *s, size_t n) {
+#if !defined(CORTIQ_HAVE_OPENMP)
+    const size_t a = s->next;
+    s->next += n;
+    return a;
+#elif defined(_MSC_VER)
+    return (size_t)_InterlockedExchangeAdd64((volatile __int64 *)&s->next, (__int64)n);
+#else
+    return __atomic_fetch_add(&s->next, n, __ATOMIC_RELAXED);
+#endif
+}
+
+/* Inside a parallel region (or serially): y[r] for every row of m. No barrier at the
+ * end: matvec_many's matrices follow one another. */
+static void drv_rows(const cq_qmat *m, drv_x x, float *y, drv_share *s, size_t parts) {
+    size_t t = 0;
+#ifdef CORTIQ_HAVE_OPENMP
+    t = (size_t)omp_get_thread_num() % parts;
+#endif
+    size_t per = m->rows; /* one thread: one claim */
+    if (parts > 1 && m->rows) {
+        const size_t row_bytes = m->nbytes / m->rows, grain = rows_grain(m);
+        per = row_bytes >= CQ_CLAIM_BYTES ? 1 : CQ_CLAIM_BYTES / (row_bytes ? row_bytes : 1);
+        per = (per + grain - 1) / grain * grain;
+    }
+    for (size_t k = 0; k < parts; k++) {
+        drv_share *sh = &s[(t + k) % parts];
+        for (;;) {
+            const size_t a = drv_claim(sh, per);
+            if (a >= sh->end) break;
+            const size_t nr = sh->end - a < per ? sh->end - a : per;
+            drv_dot_rows(m, a, nr, x, y + a);
+        }
+    }
 }
 
 /* x as the row kernels read it: prepared by prep_x (q8_2f's column scale, the grouped
@@ -177,14 +235,23 @@ static cq_status drv_matvec_many(const cq_qmat *ms, size_t n, const float *x, fl
         default: break;
         }
     }
-    int par = total >= CQ_PAR_MIN;
-    (void)par;
+    const int par = total >= CQ_PAR_MIN;
+    const size_t parts = par ? (size_t)cq_get_num_threads() : 1;
+    drv_share shares_[32], *shares = n * parts <= 32 ? shares_ : (drv_share *)malloc(n * parts * sizeof(drv_share));
+    if (!shares) {
+        free(raw);
+        if (xv != xs_) free(xv);
+        if (kinds != kinds_) free(kinds);
+        return CQ_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) drv_shares_init(&ms[i], shares + i * parts, parts);
 #ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel num_threads(cq_get_num_threads()) if (par)
+#pragma omp parallel num_threads((int)parts) if (par)
 #endif
     {
-        for (size_t i = 0; i < n; i++) drv_rows(&ms[i], xv[i], ys[i]);
+        for (size_t i = 0; i < n; i++) drv_rows(&ms[i], xv[i], ys[i], shares + i * parts, parts);
     }
+    if (shares != shares_) free(shares);
     free(raw);
     if (xv != xs_) free(xv);
     if (kinds != kinds_) free(kinds);
