@@ -506,10 +506,9 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
 }
 
 /* acc[0..3] += the n (a multiple of 64) columns at p against x, prefetching into L2
- * from far and into L1 from near, which step along with p. Pointers that step (no
- * indexed addressing): an FMA with an indexed memory operand is two uops in the
- * out-of-order core of these Intel cores (un-laminated), and the wide rows read 2-4
- * points less of the bandwidth with them. */
+ * from far and into L1 from near, which step along with p (CQ_STEPPING in
+ * matvec_avx2_impl.h: with indexed addressing the wide rows read 2-4 points less of
+ * the bandwidth). */
 static inline void q8_segment(const uint8_t *p, const float *x, const uint8_t *far, const uint8_t *near, size_t n,
                               __m512 acc[4]) {
     __m512 a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3];
