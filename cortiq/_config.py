@@ -103,6 +103,7 @@ def config() -> dict:
         "isa_compiled": _kernels.compiled_isas(),
         "isa_usable": _kernels.usable_isas(),
         "cpu_features": _kernels.cpu_features(),
+        "l1d_bytes": _kernels.l1d_bytes(),
         "threads": _kernels.get_num_threads(),
         "int8_activations": _kernels.get_int8_act(),
         "preload": preload_default(),
@@ -120,6 +121,7 @@ def show_config(file=None) -> None:
         f"  isa:          {c['isa']}  (compiled: {', '.join(c['isa_compiled'])}; "
         f"usable here: {', '.join(c['isa_usable'])})",
         f"  cpu features: {' '.join(c['cpu_features']) or '(none detected)'}",
+        f"  L1 data:      {c['l1d_bytes'] // 1024} KiB",
         f"  threads:      {c['threads']}",
         f"  int8 act:     {'on (q4 matvecs quantize x)' if c['int8_activations'] else 'off'}",
         f"  preload:      {'on' if c['preload'] else 'off'}  (LLM default, CORTIQ_PRELOAD; "

@@ -20,6 +20,12 @@ def cpu_features():
     return [name for bit, name in _FEATURE_NAMES if f & (1u << bit)]
 
 
+def l1d_bytes():
+    """Bytes of L1 data cache (CPUID; 32 KiB when the CPU does not say): the wide-row
+    kernels size their x chunks by it."""
+    return cq_l1d_bytes()
+
+
 def _hide_cpu_features(names):
     """Tests only: report these features as absent (an empty list restores)."""
     cdef uint32_t mask = 0

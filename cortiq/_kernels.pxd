@@ -12,6 +12,7 @@ cdef extern from "cortiq.h" nogil:
 
     uint32_t cq_cpu_features()
     void cq_hide_cpu_features(uint32_t mask)
+    size_t cq_l1d_bytes()
 
     ctypedef struct cq_mathfn_ops:
         void (*exp_f32)(const float *x, float *out, size_t n) noexcept nogil

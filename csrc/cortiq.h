@@ -53,6 +53,9 @@ uint32_t cq_cpu_features(void);
 /* For tests: report the CQ_CPU_* bits in mask as absent (0 restores), so a kernel's
  * fallback for CPUs without a feature (e.g. AVX-512 without VNNI) runs here too. */
 void cq_hide_cpu_features(uint32_t mask);
+/* Bytes of L1 data cache of this CPU (CPUID; 32 KiB when it does not say): the wide-row
+ * kernels size their x chunks by it. */
+size_t cq_l1d_bytes(void);
 
 /* ---- kernel families ---------------------------------------------------- */
 /* mathfn: elementwise transcendental helpers (csrc/mathfn).

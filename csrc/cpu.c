@@ -75,3 +75,38 @@ uint32_t cq_cpu_features(void) {
 }
 
 void cq_hide_cpu_features(uint32_t mask) { HIDDEN = mask; }
+
+/* L1 data cache bytes: CPUID leaf 4 (Intel's deterministic cache parameters; recent
+ * AMD parts answer it too), else AMD's leaf 0x80000005 (ECX[31:24] KiB), else 32 KiB.
+ * Clamped to 16-256 KiB against odd hypervisor answers. */
+static size_t detect_l1d(void) {
+    size_t bytes = 0;
+#ifdef CQ_X86
+    unsigned r[4];
+    cpuid(0, 0, r);
+    if (r[0] >= 4) {
+        for (int sub = 0; sub < 16 && !bytes; sub++) {
+            cpuid(4, sub, r);
+            const unsigned type = r[0] & 31u, level = (r[0] >> 5) & 7u;
+            if (type == 0) break; /* no more caches */
+            if (level == 1 && (type == 1 || type == 3)) /* data or unified */
+                bytes = (size_t)((r[1] >> 22) + 1) * (((r[1] >> 12) & 1023u) + 1) * ((r[1] & 4095u) + 1) * ((size_t)r[2] + 1);
+        }
+    }
+    if (!bytes) {
+        cpuid((int)0x80000000u, 0, r);
+        if (r[0] >= 0x80000005u) {
+            cpuid((int)0x80000005u, 0, r);
+            bytes = (size_t)(r[2] >> 24) * 1024;
+        }
+    }
+#endif
+    if (!bytes) bytes = 32768;
+    return bytes < 16384 ? 16384 : bytes > 262144 ? 262144 : bytes;
+}
+
+size_t cq_l1d_bytes(void) {
+    static size_t cached = 0; /* benign race, as above */
+    if (!cached) cached = detect_l1d();
+    return cached;
+}

@@ -44,6 +44,9 @@ def test_show_config_reports_isa_threads_and_build(capsys):
         assert c["isa"] == _kernels.best_isa()
         if {"avx2", "fma", "f16c", "os-ymm"} <= set(c["cpu_features"]):
             assert c["isa"] in ("avx2", "avx512"), "an AVX2 machine must dispatch to AVX2"
+    # the wide-row kernels size their x chunks by it: CPUID's answer, clamped, or 32 KiB
+    assert 16384 <= c["l1d_bytes"] <= 262144 and c["l1d_bytes"] % 1024 == 0
+    assert f"L1 data:      {c['l1d_bytes'] // 1024} KiB" in out
 
 
 def test_set_num_threads_validates():

@@ -1,10 +1,37 @@
 /* matvec_avx2.c -- AVX2/FMA twin of matvec_ref.c (row kernels in matvec_avx2_impl.h). */
 #include "matvec_avx2_impl.h"
 
-#define dot_row avx2_dot_row
 #define dequant_row avx2_dequant_row
 #define needs_prep avx2_needs_prep
 #define prep_x avx2_prep_x
+/* q8 rows (q8_wide.h) on 8 lanes: acc is eight accumulators (64 floats). Against the
+ * generic 8-lane stream (four accumulators, 32 columns a step): 4096 x 4096 from DRAM
+ * 79-80 -> 84-86 % of the read probe on one and two threads (2026-11-30). */
+static inline void q8_segment(const uint8_t *p, const float *x, const uint8_t *far, const uint8_t *near, size_t n,
+                              float *acc) {
+    __m256 a[8];
+    for (int i = 0; i < 8; i++) a[i] = _mm256_load_ps(acc + 8 * i);
+    for (const uint8_t *const e = p + n; p < e; p += 64, x += 64, far += 64, near += 64) {
+        _mm_prefetch((const char *)far, _MM_HINT_T1);
+        _mm_prefetch((const char *)near, _MM_HINT_T0);
+        for (int i = 0; i < 8; i++) a[i] = _mm256_fmadd_ps(ld_i8x8(p + 8 * i), _mm256_loadu_ps(x + 8 * i), a[i]);
+    }
+    for (int i = 0; i < 8; i++) _mm256_store_ps(acc + 8 * i, a[i]);
+}
+static inline float q8_finish(const float *acc, const uint8_t *p, const float *x, size_t c, size_t cols) {
+    __m256 s = _mm256_load_ps(acc);
+    for (; c + 8 <= cols; c += 8) s = _mm256_fmadd_ps(ld_i8x8(p + c), _mm256_loadu_ps(x + c), s);
+    for (int i = 1; i < 8; i++) s = _mm256_add_ps(s, _mm256_load_ps(acc + 8 * i));
+    float r = cq_hsum8(s);
+    for (; c < cols; c++) r += (float)(int8_t)p[c] * x[c];
+    return r;
+}
+#include "q8_wide.h"
+static float dot_row(const cq_qmat *m, size_t r, const float *x) {
+    if (m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F) return q8_row_dot(m, r, x);
+    return avx2_dot_row(m, r, x);
+}
+
 #define CQ_HAVE_XQ_BUILD
 #define xq_build avx2_xq_build
 #define CQ_HAVE_I8_ROWS

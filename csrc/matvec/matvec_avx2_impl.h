@@ -301,13 +301,7 @@ static float avx2_dot_row(const cq_qmat *m, size_t r, const float *x) {
         CQ_DOT_STREAM(ld_bf16x8, 2, cq_bf2f(cq_ld16(p + 2 * c)));
         return acc;
     }
-    case CQ_DT_Q8_ROW:
-    case CQ_DT_Q8_2F: { /* q8_2f: x arrives pre-multiplied by col (prep_x) */
-        const uint8_t *p = m->data + r * cols;
-        CQ_DOT_STREAM(ld_i8x8, 1, (float)(int8_t)p[c]);
-        return acc * m->aux[r];
-    }
-    default: break;
+    default: break; /* q8: q8_row_dot (q8_wide.h) in each ISA file */
     }
     if (!grouped_fast(m)) return ref_row(m, r, x, NULL);
     return grouped_dot(m, r, x);

@@ -11,37 +11,6 @@ static inline __m512 z_i8(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
-/* 64 columns from c + o: one prefetch pair per weight line, one FMA per accumulator. */
-#define CQ_DOT16_STEP(LOAD, EB, o)                                                       \
-    do {                                                                                 \
-        for (size_t o_ = 0; o_ < 64 * EB; o_ += 64) /* each line once */                 \
-            CQ_STREAM_PF(p + (c + (o)) * EB + o_);                                       \
-        a0 = _mm512_fmadd_ps(LOAD(p + (c + (o)) * EB), _mm512_loadu_ps(x + c + (o)), a0);           \
-        a1 = _mm512_fmadd_ps(LOAD(p + (c + (o) + 16) * EB), _mm512_loadu_ps(x + c + (o) + 16), a1); \
-        a2 = _mm512_fmadd_ps(LOAD(p + (c + (o) + 32) * EB), _mm512_loadu_ps(x + c + (o) + 32), a2); \
-        a3 = _mm512_fmadd_ps(LOAD(p + (c + (o) + 48) * EB), _mm512_loadu_ps(x + c + (o) + 48), a3); \
-    } while (0)
-
-/* 128 columns an iteration: per 64-column iteration q8_row 4096 x 4096 from DRAM ran at
- * 88-89 % of the read probe on one thread and 86-89 % on two; two steps an iteration
- * (less loop and prefetch-address work between the loads), 90-93 % and 88-91 %. */
-#define CQ_DOT_STREAM16(LOAD, EB, SCALAR)                                                 \
-    do {                                                                                 \
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                       \
-        size_t c = 0;                                                                    \
-        for (; c + 128 <= cols; c += 128) {                                              \
-            CQ_DOT16_STEP(LOAD, EB, 0);                                                  \
-            CQ_DOT16_STEP(LOAD, EB, 64);                                                 \
-        }                                                                                \
-        if (c + 64 <= cols) {                                                            \
-            CQ_DOT16_STEP(LOAD, EB, 0);                                                  \
-            c += 64;                                                                     \
-        }                                                                                \
-        for (; c + 16 <= cols; c += 16) a0 = _mm512_fmadd_ps(LOAD(p + c * EB), _mm512_loadu_ps(x + c), a0); \
-        acc = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))); \
-        for (; c < cols; c++) acc += (SCALAR) * x[c];                                    \
-    } while (0)
-
 /* The nibbles of four q4_tiled tiles, p at the first one's nibbles (tile + 2): tile k's
  * 16 bytes start 18k bytes on, so 128-bit lane k comes from a load at p + 2k (three
  * blends, which any vector port runs, instead of a vpermt2b (2 cycles on port 5 here):
@@ -463,16 +432,38 @@ __attribute__((target("avx512vbmi"))) static float q4t_dot512_vbmi(const cq_qmat
 }
 #endif
 
+/* q8 rows (q8_wide.h) on 16 lanes: acc is four accumulators (64 floats), a 64-column
+ * step an iteration. From DRAM it reads 90-95 % of the probe on one and two threads, level
+ * with or above the two-step loop it replaced (2026-11-30). */
+static inline void q8_segment(const uint8_t *p, const float *x, const uint8_t *far, const uint8_t *near, size_t n,
+                              float *acc) {
+    __m512 a0 = _mm512_load_ps(acc), a1 = _mm512_load_ps(acc + 16), a2 = _mm512_load_ps(acc + 32),
+           a3 = _mm512_load_ps(acc + 48);
+    for (const uint8_t *const e = p + n; p < e; p += 64, x += 64, far += 64, near += 64) {
+        _mm_prefetch((const char *)far, _MM_HINT_T1);
+        _mm_prefetch((const char *)near, _MM_HINT_T0);
+        a0 = _mm512_fmadd_ps(z_i8(p), _mm512_loadu_ps(x), a0);
+        a1 = _mm512_fmadd_ps(z_i8(p + 16), _mm512_loadu_ps(x + 16), a1);
+        a2 = _mm512_fmadd_ps(z_i8(p + 32), _mm512_loadu_ps(x + 32), a2);
+        a3 = _mm512_fmadd_ps(z_i8(p + 48), _mm512_loadu_ps(x + 48), a3);
+    }
+    _mm512_store_ps(acc, a0), _mm512_store_ps(acc + 16, a1), _mm512_store_ps(acc + 32, a2), _mm512_store_ps(acc + 48, a3);
+}
+/* ... and the row's tail and reduction */
+static inline float q8_finish(const float *acc, const uint8_t *p, const float *x, size_t c, size_t cols) {
+    __m512 a0 = _mm512_load_ps(acc);
+    for (; c + 16 <= cols; c += 16) a0 = _mm512_fmadd_ps(z_i8(p + c), _mm512_loadu_ps(x + c), a0);
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, _mm512_load_ps(acc + 16)),
+                                                 _mm512_add_ps(_mm512_load_ps(acc + 32), _mm512_load_ps(acc + 48))));
+    for (; c < cols; c++) r += (float)(int8_t)p[c] * x[c];
+    return r;
+}
+#include "q8_wide.h"
+
 static float dot_row(const cq_qmat *m, size_t r, const float *x) {
-    const size_t cols = m->cols;
-    float acc = 0.0f;
     switch (m->dtype) {
     case CQ_DT_Q8_ROW:
-    case CQ_DT_Q8_2F: {
-        const uint8_t *p = m->data + r * cols;
-        CQ_DOT_STREAM16(z_i8, 1, (float)(int8_t)p[c]);
-        return acc * m->aux[r];
-    }
+    case CQ_DT_Q8_2F: return q8_row_dot(m, r, x); /* q8_2f: x pre-multiplied by col */
     case CQ_DT_Q4_TILED:
 #ifdef CQ_HAVE_VNNI_FN
         if (grouped_fast(m) && (cq_cpu_features() & CQ_CPU_AVX512VBMI)) return q4t_dot512_vbmi(m, r, x);
@@ -505,94 +496,6 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
     for (size_t j = 0; j < nr; j++) out[j] = q4_i8_row_bw(m, r0 + j, xq);
 }
 
-/* acc[0..3] += the n (a multiple of 64) columns at p against x, prefetching into L2
- * from far and into L1 from near, which step along with p (CQ_STEPPING in
- * matvec_avx2_impl.h: with indexed addressing the wide rows read 2-4 points less of
- * the bandwidth). */
-static inline void q8_segment(const uint8_t *p, const float *x, const uint8_t *far, const uint8_t *near, size_t n,
-                              __m512 acc[4]) {
-    __m512 a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3];
-    for (const uint8_t *const e = p + n; p < e; p += 64, x += 64, far += 64, near += 64) {
-        _mm_prefetch((const char *)far, _MM_HINT_T1);
-        _mm_prefetch((const char *)near, _MM_HINT_T0);
-        a0 = _mm512_fmadd_ps(z_i8(p), _mm512_loadu_ps(x), a0);
-        a1 = _mm512_fmadd_ps(z_i8(p + 16), _mm512_loadu_ps(x + 16), a1);
-        a2 = _mm512_fmadd_ps(z_i8(p + 32), _mm512_loadu_ps(x + 32), a2);
-        a3 = _mm512_fmadd_ps(z_i8(p + 48), _mm512_loadu_ps(x + 48), a3);
-    }
-    acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
-}
-
-/* q8 rows too wide for x to stay in L1 (4 bytes a column against the weights' 1).
- * From DRAM, one thread, q8_row ran at 85-87 % of the read bandwidth up to 9216
- * columns (36 KiB of x) and at ~70 % from 11008 (43 KiB; L1d is 48 KiB): each row
- * refetched most of x from L2 while the weights streamed in. So a panel of rows goes
- * chunk by chunk over the columns, each x chunk (<= 24 KiB) staying in L1, the rows'
- * four accumulators parked between chunks; both prefetches follow the order of access
- * (the same columns of the next row of the panel), not the row. Measured from DRAM:
- * 4096 x 11008 went from 72 to 82 % of the read bandwidth (without the access-order
- * prefetch into L2 the chunking lost: 68 %); the prefetch into L1 in access order and
- * the stepping pointers of q8_segment took it to 86-89 % on one and two threads
- * (alternating builds, 2026-11-30: 79-83 -> 87-89 % on two). Chunks are whole
- * 64-column steps and depend on cols only, and row_dot / rows_dot come here too, so a
- * row's result is the same through every entry point and thread count. */
-#define Q8_CHUNK_BYTES 24576
-#define Q8_PANEL 32
-#define Q8_NEAR 1024
-static void q8_rows_chunked(const cq_qmat *m, size_t r0, size_t nr, const float *x, float *out) {
-    const size_t cols = m->cols, c64 = cols & ~(size_t)63;
-    const size_t nch = (cols * sizeof(float) + Q8_CHUNK_BYTES - 1) / Q8_CHUNK_BYTES;
-    const size_t chunk = ((c64 + nch - 1) / nch + 63) & ~(size_t)63;
-    __m512 st[Q8_PANEL][4];
-    for (size_t p0 = 0; p0 < nr; p0 += Q8_PANEL) {
-        const size_t np = nr - p0 < Q8_PANEL ? nr - p0 : Q8_PANEL;
-        for (size_t k = 0; k < np; k++)
-            for (int j = 0; j < 4; j++) st[k][j] = _mm512_setzero_ps();
-        for (size_t c0 = 0; c0 < c64; c0 += chunk) {
-            const size_t c1 = c0 + chunk < c64 ? c0 + chunk : c64;
-            for (size_t k = 0; k < np; k++) {
-                const uint8_t *p = m->data + (r0 + p0 + k) * cols;
-                /* pn + c: column c's byte in the segment read next (the next row's,
-                 * the panel's next chunk, or the next panel's first row) */
-                const uint8_t *pn = k + 1 < np ? p + cols
-                                  : c1 < c64 ? m->data + (r0 + p0) * cols + chunk
-                                  : p0 + np < nr ? m->data + (r0 + p0 + np) * cols - c0
-                                  : p;
-                /* into L1, Q8_NEAR bytes ahead in the order of access: this segment's
-                 * bytes up to `mid`, then the next segment's */
-                const size_t mid = c1 - c0 > Q8_NEAR ? c1 - Q8_NEAR : c0;
-                q8_segment(p + c0, x + c0, pn + c0, p + c0 + Q8_NEAR, mid - c0, st[k]);
-                q8_segment(p + mid, x + mid, pn + mid, pn + c0, c1 - mid, st[k]);
-            }
-        }
-        for (size_t k = 0; k < np; k++) { /* CQ_DOT_STREAM16's tail and reduction */
-            const size_t r = r0 + p0 + k;
-            const uint8_t *p = m->data + r * cols;
-            __m512 a0 = st[k][0];
-            size_t c = c64;
-            for (; c + 16 <= cols; c += 16) a0 = _mm512_fmadd_ps(z_i8(p + c), _mm512_loadu_ps(x + c), a0);
-            float acc = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, st[k][1]), _mm512_add_ps(st[k][2], st[k][3])));
-            for (; c < cols; c++) acc += (float)(int8_t)p[c] * x[c];
-            out[p0 + k] = acc * m->aux[r];
-        }
-    }
-}
-
-static int q8_wide(const cq_qmat *m) {
-    return (m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F) && m->cols * sizeof(float) > 36864;
-}
-
-#define CQ_HAVE_ROWS_GRAIN
-static size_t rows_grain(const cq_qmat *m) { return q8_wide(m) ? Q8_PANEL : 1; }
-
-#define CQ_HAVE_DOT_ROWS
-static void dot_rows(const cq_qmat *m, size_t r0, size_t nr, const float *xp, float *out) {
-    if (q8_wide(m)) {
-        q8_rows_chunked(m, r0, nr, xp, out);
-        return;
-    }
-    for (size_t j = 0; j < nr; j++) out[j] = dot_row(m, r0 + j, xp);
-}
 
 #define dequant_row avx2_dequant_row
 #define needs_prep avx2_needs_prep
