@@ -246,6 +246,8 @@ def test_rows_claimed_in_pieces(isa, threads, dtype):
     a, b = QTensor.matvec_many([q, q], x)
     np.testing.assert_array_equal(a, y)
     np.testing.assert_array_equal(b, y)
+    many = QTensor.matvec_many([q] * 20, x)  # 20 matrices x threads shares: heap-held
+    assert all(np.array_equal(o, y) for o in many)
     cortiq.set_num_threads(1)
     np.testing.assert_array_equal(q.matvec(x), y)
 
