@@ -4,7 +4,7 @@
 #define dequant_row avx2_dequant_row
 #define needs_prep avx2_needs_prep
 #define prep_x avx2_prep_x
-/* q8 rows (q8_wide.h) on 8 lanes: acc is eight accumulators (64 floats). Against the
+/* q8 rows (q8_rows.h) on 8 lanes: acc is eight accumulators (64 floats). Against the
  * generic 8-lane stream (four accumulators, 32 columns a step): 4096 x 4096 from DRAM
  * 79-80 -> 84-86 % of the read probe on one and two threads (2026-11-30). */
 static inline void q8_segment(const uint8_t *p, const float *x, const uint8_t *far, const uint8_t *near, size_t n,
@@ -26,7 +26,7 @@ static inline float q8_finish(const float *acc, const uint8_t *p, const float *x
     for (; c < cols; c++) r += (float)(int8_t)p[c] * x[c];
     return r;
 }
-#include "q8_wide.h"
+#include "q8_rows.h"
 static float dot_row(const cq_qmat *m, size_t r, const float *x) {
     if (m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F) return q8_row_dot(m, r, x);
     return avx2_dot_row(m, r, x);

@@ -301,7 +301,7 @@ static float avx2_dot_row(const cq_qmat *m, size_t r, const float *x) {
         CQ_DOT_STREAM(ld_bf16x8, 2, cq_bf2f(cq_ld16(p + 2 * c)));
         return acc;
     }
-    default: break; /* q8: q8_row_dot (q8_wide.h) in each ISA file */
+    default: break; /* q8: q8_row_dot (q8_rows.h) in each ISA file */
     }
     if (!grouped_fast(m)) return ref_row(m, r, x, NULL);
     return grouped_dot(m, r, x);

@@ -432,7 +432,7 @@ __attribute__((target("avx512vbmi"))) static float q4t_dot512_vbmi(const cq_qmat
 }
 #endif
 
-/* q8 rows (q8_wide.h) on 16 lanes: acc is four accumulators (64 floats), a 64-column
+/* q8 rows (q8_rows.h) on 16 lanes: acc is four accumulators (64 floats), a 64-column
  * step an iteration. From DRAM it reads 90-95 % of the probe on one and two threads, level
  * with or above the two-step loop it replaced (2026-11-30). */
 static inline void q8_segment(const uint8_t *p, const float *x, const uint8_t *far, const uint8_t *near, size_t n,
@@ -458,7 +458,7 @@ static inline float q8_finish(const float *acc, const uint8_t *p, const float *x
     for (; c < cols; c++) r += (float)(int8_t)p[c] * x[c];
     return r;
 }
-#include "q8_wide.h"
+#include "q8_rows.h"
 
 static float dot_row(const cq_qmat *m, size_t r, const float *x) {
     switch (m->dtype) {

@@ -113,8 +113,10 @@ static size_t drv_claim(drv_share *s, size_t n) {
     const size_t a = s->next;
     s->next += n;
     return a;
-#elif defined(_MSC_VER)
+#elif defined(_MSC_VER) && defined(_WIN64)
     return (size_t)_InterlockedExchangeAdd64((volatile __int64 *)&s->next, (__int64)n);
+#elif defined(_MSC_VER)
+    return (size_t)_InterlockedExchangeAdd((volatile long *)&s->next, (long)n);
 #else
     return __atomic_fetch_add(&s->next, n, __ATOMIC_RELAXED);
 #endif

@@ -1,5 +1,6 @@
-/* q8_wide.h -- q8 rows too wide for x to stay in L1, for the AVX2 and AVX-512 row
- * kernels. The including file defines, before including it:
+/* q8_rows.h -- the q8 rows (q8_row, q8_2f) of the AVX2 and AVX-512 tables: one row by
+ * one segment loop, and the chunked walk of rows too wide for x to stay in L1. The
+ * including file defines, before including it:
  *   static void q8_segment(p, x, far, near, n, float *acc): acc (64 floats, 64-byte
  *       aligned: the row's accumulators) += the n columns (a multiple of 64) at p
  *       against x, prefetching far into L2 and near into L1, both stepping with p
@@ -21,12 +22,12 @@
  * with the prefetch into L2 in access order (without it the chunking lost: 68 %); with
  * the prefetch into L1 in access order too and stepping pointers, 86-89 % on one and
  * two threads (2026-11-30, alternating builds: 79-83 -> 87-89 % on two); AVX2 (8
- * lanes, CORTIQ_ISA=avx2 here) 70-71 -> see docs/ARCHITECTURE.md. Chunks are whole
+ * lanes, CORTIQ_ISA=avx2 here, no chunked path before) 70-71 -> 82-84 %. Chunks are whole
  * 64-column steps and depend on cols (and the machine's L1) only, and row_dot /
  * rows_dot come here too, so a row's result is the same through every entry point and
  * thread count. */
-#ifndef CQ_Q8_WIDE_H
-#define CQ_Q8_WIDE_H
+#ifndef CQ_Q8_ROWS_H
+#define CQ_Q8_ROWS_H
 
 #include <string.h>
 #if defined(_MSC_VER)
