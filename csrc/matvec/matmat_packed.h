@@ -13,7 +13,7 @@
  *       order mm_column(m, c) names
  *   static size_t mm_column(const cq_qmat *m, size_t c)  the column decoded c-th
  * and optionally, for dtypes whose per-group scales are worth decoding once per row
- * rather than once per chunk (AVX-512's grouped q4):
+ * rather than once per chunk (AVX-512's grouped q4 and q2):
  *   MM_ROW_SCALES(m)            floats of a row's decoded scales (0: none)
  *   mm_row_scales(m, r, sc)     decode them
  *   mm_decode_sc(m, r, c0, c1, out, sc)  mm_decode given row r's scales

@@ -38,7 +38,8 @@ static inline float h2f_hw(const uint8_t *p) { return _cvtsh_ss(cq_ld16(p)); }
         if (((uintptr_t)e_ & 63) >= 128 - (n)) CQ_STREAM_PF(e_ + 64);         \
     } while (0)
 
-/* One generic 8-lane stream: LOAD(p + k*EB) gives 8 floats of elements k..k+7.
+/* One generic 8-lane stream: LOAD(p + k*EB) gives 8 floats of elements k..k+7, EB >= 2
+ * bytes an element (f32, f16, bf16: a step covers whole lines; q8 rows: q8_rows.h).
  * Stepping pointers (CQ_STEPPING): the hot loops walk the weights and x with pointers
  * of their own and count no columns, because GCC turns a live column counter into
  * indexed addressing (x + 4c), and an FMA with an indexed memory operand is
@@ -51,9 +52,8 @@ static inline float h2f_hw(const uint8_t *p) { return _cvtsh_ss(cq_ld16(p)); }
         const uint8_t *pc_ = p; /* CQ_STEPPING, above */                      \
         const float *xc_ = x, *const xe_ = x + (cols & ~(size_t)31);                \
         for (; xc_ < xe_; pc_ += 32 * EB, xc_ += 32) {                              \
-            for (size_t o_ = 0; o_ < 32 * EB; o_ += 64) /* each line once */        \
-                if ((((size_t)(pc_ - p) + o_) & 63) == 0)                           \
-                    CQ_STREAM_PF(pc_ + o_);                                         \
+            for (size_t o_ = 0; o_ < 32 * EB; o_ += 64) /* each line once (EB >= 2) */ \
+                CQ_STREAM_PF(pc_ + o_);                                             \
             a0 = _mm256_fmadd_ps(LOAD(pc_), _mm256_loadu_ps(xc_), a0);               \
             a1 = _mm256_fmadd_ps(LOAD(pc_ + 8 * EB), _mm256_loadu_ps(xc_ + 8), a1);  \
             a2 = _mm256_fmadd_ps(LOAD(pc_ + 16 * EB), _mm256_loadu_ps(xc_ + 16), a2); \
@@ -430,7 +430,7 @@ static inline const uint8_t *q4b_scale_at(const cq_qmat *m, size_t r, size_t g) 
     return m->data + 16 * m->rows * gpr + 2 * (r * gpr + g);
 }
 
-static void avx2_q4_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, float *sw) {
+static void avx2_group_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, float *sw) {
     const size_t gpr = m->cols / CQ_GROUP;
     const uint8_t *d = m->data;
     size_t k = 0;
@@ -461,7 +461,7 @@ static float avx2_i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
     __m256 f0 = _mm256_setzero_ps(), f1 = f0;
     for (size_t g0 = 0; g0 < gpr; g0 += 64) {
         const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;
-        avx2_q4_scales(m, r, g0, ng, sw);
+        avx2_group_scales(m, r, g0, ng, sw);
         sw[ng] = 0.0f;
         for (size_t gi = 0; gi < ng; gi += 2) {
             const size_t g = g0 + gi;

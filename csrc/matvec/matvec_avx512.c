@@ -62,7 +62,7 @@ static inline __m512i q4_nibbles4(const uint8_t *p, size_t gs, size_t n) {
  * 16 groups against about 14 uops in the 64-bit shift decoder below: one thread, 512 x
  * 4096 q4tp in L2, 22.5-23.4 -> 24.4-24.5 Gweights/s (alternating builds). Returns the
  * groups done (a multiple of 16). */
-__attribute__((target("avx512vbmi"))) static size_t q4tp_scales_vbmi(const uint8_t *cb, const float *ladder,
+__attribute__((target("avx512vbmi"))) static size_t tp_scales_vbmi(const uint8_t *cb, const float *ladder,
                                                                     size_t ng, float *sw) {
     static const uint8_t place[64] = {0, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 8,
                                       2, 3, 4, 5, 6, 7, 8, 9, 3, 4, 5, 6, 7, 8, 9, 10,
@@ -85,8 +85,8 @@ __attribute__((target("avx512vbmi"))) static size_t q4tp_scales_vbmi(const uint8
 #endif
 
 /* sw[0 .. ng) = the scales of groups g0 .. g0+ng-1 of row r: 16 at a time here, the
- * rest by the AVX2 decoder (avx2_q4_scales). */
-static void q4_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, float *sw) {
+ * rest by the AVX2 decoder (avx2_group_scales). */
+static void group_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, float *sw) {
     size_t k = 0;
     switch (m->dtype) {
     case CQ_DT_Q4_BLOCK:
@@ -109,7 +109,7 @@ static void q4_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, float *s
         const float *ladder = m->aux + 32 * r;
 #ifdef CQ_HAVE_VBMI_CODES
         if (cq_cpu_features() & CQ_CPU_AVX512VBMI) {
-            k = q4tp_scales_vbmi(cb, ladder, ng, sw);
+            k = tp_scales_vbmi(cb, ladder, ng, sw);
             break;
         }
 #endif
@@ -128,7 +128,7 @@ static void q4_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, float *s
         }
     }
     }
-    if (k < ng) avx2_q4_scales(m, r, g0 + k, ng - k, sw + k);
+    if (k < ng) avx2_group_scales(m, r, g0 + k, ng - k, sw + k);
 }
 
 /* q4_block / q4_tiled / q4tp rows (cols % 32 == 0), four groups at a time. One
@@ -167,7 +167,7 @@ static float q4_dot512(const cq_qmat *m, size_t r, const float *x) {
     float sw[64];
     for (size_t g0 = 0; g0 < gpr; g0 += 64) {
         const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;
-        q4_scales(m, r, g0, ng, sw);
+        group_scales(m, r, g0, ng, sw);
         const uint8_t *p = nb + gs * g0;
         const float *xg = x + 32 * g0;
         size_t g = 0;
@@ -218,7 +218,7 @@ static float q2_dot512(const cq_qmat *m, size_t r, const float *x) {
     float sw[64];
     for (size_t g0 = 0; g0 < gpr; g0 += 64) {
         const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;
-        q4_scales(m, r, g0, ng, sw);
+        group_scales(m, r, g0, ng, sw);
         size_t g = 0;
         for (; g + 8 <= ng; g += 8) {
             const uint8_t *pb = body + 8 * (g0 + g);
@@ -323,7 +323,7 @@ static void xq_build(const float *x, size_t cols, void *buf, cq_xq *xq) {
     float sw[64 + 4];                                                                            \
     for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                                    \
         const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                                         \
-        q4_scales(m, r, g0, ng, sw);                                                             \
+        group_scales(m, r, g0, ng, sw);                                                             \
         for (int k = 0; k < 4; k++) sw[ng + k] = 0.0f;                                           \
         for (size_t gi = 0; gi < ng; gi += 4) {                                                  \
             const size_t g = g0 + gi, blk = g / 4;                                               \
@@ -362,7 +362,7 @@ __attribute__((target("avx512vnni"))) static float q4_i8_row_vnni(const cq_qmat 
 /* q4_tiled with VBMI: the four halves of a block of four tiles lie in its first 64
  * bytes (offsets 0, 18, 36, 54), so one vpermb spreads them to the lanes of their
  * groups, and q4_tiles4 blends the nibbles out of four loads; without VBMI a row of
- * scales is gathered first (q4_scales) and the rest is the same. The same integers,
+ * scales is gathered first (group_scales) and the rest is the same. The same integers,
  * scales and float operations in the same order as I8_BODY: bit for bit its result. */
 /* the four halves spread four words each, for the lanes of their groups */
 static const uint8_t TILE_SCALE_SPREAD[64] = {0, 1, 0, 1, 0, 1, 0, 1, 18, 19, 18, 19, 18, 19, 18, 19,
@@ -529,12 +529,12 @@ static size_t mm_column(const cq_qmat *m, size_t c) {
     return (c & ~(size_t)31) + ((c & 31) < 16 ? 2 * (c & 15) : 2 * (c & 15) + 1);
 }
 
-/* Grouped q4's scales, decoded once per row of a matmat row block (q4_scales 16 at a
+/* Grouped q4's scales, decoded once per row of a matmat row block (group_scales 16 at a
  * time) instead of once per 128-column chunk (4 groups, mostly in the AVX2 decoder's
  * tail loop): one thread, 4096 x 4096, t = 64 from DRAM, q4tp's matmat went from 65 to
  * 72 GMAC/s (its scale decoding had been 10 % of the matmat's time, q4_block's 5 %). */
 #define MM_ROW_SCALES(m) (q4_grouped(m) || q2_grouped(m) ? (m)->cols / CQ_GROUP : 0)
-static void mm_row_scales(const cq_qmat *m, size_t r, float *sc) { q4_scales(m, r, 0, m->cols / CQ_GROUP, sc); }
+static void mm_row_scales(const cq_qmat *m, size_t r, float *sc) { group_scales(m, r, 0, m->cols / CQ_GROUP, sc); }
 
 /* Columns [c0, c1) of row r as matmat multiplies them (the reference's float32
  * weights, grouped q4 in mm_column's order, with the row's scales sc), 16 lanes where
