@@ -10,7 +10,7 @@ weights per pass over the stack (hidden 2048, 16/4 heads of 128, MLP 5632,
 (--cache, default $TMPDIR/cortiq-bench). In one run it measures, per thread count and
 per way of loading the weights (--preload off: the file mapping; on: a copy in
 anonymous huge-page memory, cmf.open(preload=True); both, the default: a row each),
-  * the read bandwidth (cortiq._kernels.read_sum over 1 GiB, at the same thread count)
+  * the read bandwidth (cortiq._kernels.read_sum over 1 GiB, four streams a thread, at the same thread count)
     right before and right after the decode measurement -- the percentage divides by
     their mean, so a shared machine's drifting bandwidth moves both sides,
   * decode tokens/s (one token at a time after a short prompt) and prefill tokens/s,
@@ -116,8 +116,8 @@ def touched_bytes(model) -> int:
 
 def read_bandwidth(threads, buf, reps=3):
     """GB/s of the fastest of `reps` read_sum passes over `buf` (after one warm-up)."""
-    K.read_sum(buf, threads)
-    best = min(_timed(lambda: K.read_sum(buf, threads)) for _ in range(reps))
+    K.read_sum(buf, threads, 4)  # four streams a thread, as bench_matvec (a)
+    best = min(_timed(lambda: K.read_sum(buf, threads, 4)) for _ in range(reps))
     return buf.nbytes / best / 1e9
 
 

@@ -4,7 +4,10 @@
 
 In one run it measures
   (a) the read bandwidth: a C kernel (cortiq._kernels.read_sum) sums the 64-bit words
-      of a 1 GiB buffer on 1 and 2 threads (best of several passes);
+      of a 1 GiB buffer on 1 and 2 threads (best of several passes), each thread reading
+      its part as 1, 2, 4 or 8 far-apart streams side by side; the best pattern
+      (READ_STREAMS, 4) is the reference of every percentage below, because on some
+      machines one stream per core reads far below what the memory gives;
   (b) cortiq QTensor.matvec for each dtype at 4096x4096, 11008x4096 and 4096x11008 on
       1 and 2 threads, in GB/s of payload (weight) bytes; it cycles through enough
       copies of the payload (>= --gib GiB) that the weights come from DRAM, not cache;
@@ -50,8 +53,11 @@ def best_time(fn, reps):
     return best
 
 
-def read_bw(buf, threads, reps):
-    t = best_time(lambda: K.read_sum(buf, threads), reps)
+READ_STREAMS = 4  # the reference probe's streams per thread (see (a))
+
+
+def read_bw(buf, threads, reps, streams=READ_STREAMS):
+    t = best_time(lambda: K.read_sum(buf, threads, streams), reps)
     return buf.size / t / 1e9
 
 
@@ -89,7 +95,7 @@ def bench_matvec(dtype, shape, threads_list, total, reps, rng, buf):
         best_mv = best_rd = float("inf")
         for _ in range(reps):
             t0 = time.perf_counter()
-            K.read_sum(buf, th)
+            K.read_sum(buf, th, READ_STREAMS)
             t1 = time.perf_counter()
             run()
             t2 = time.perf_counter()
@@ -180,10 +186,13 @@ def main():
     print(f"cycling >= {total / (1 << 30):.2f} GiB of weights per measurement, best of {reps}\n")
 
     buf = np.ones(total, np.uint8)
-    bw = {th: read_bw(buf, th, reps) for th in threads}
-    print("(a) read bandwidth (C read kernel, sum over the buffer) at the start")
+    probe = {(th, ns): read_bw(buf, th, reps, ns) for th in threads for ns in (1, 2, 4, 8)}
+    bw = {th: probe[th, READ_STREAMS] for th in threads}
+    print("(a) read bandwidth (C read kernel, sum over the buffer) at the start, GB/s, by streams")
+    print(f"    per thread read side by side (the reference below: {READ_STREAMS})")
     for th in threads:
-        print(f"    {th} thread{'s' if th > 1 else ' '}: {bw[th]:6.1f} GB/s")
+        print(f"    {th} thread{'s' if th > 1 else ' '}: " +
+              "   ".join(f"{ns} stream{'s' if ns > 1 else ' '} {probe[th, ns]:5.1f}" for ns in (1, 2, 4, 8)))
     print()
 
     print("(b) cortiq matvec, GB/s of weight bytes; % of the read bandwidth measured alternately")

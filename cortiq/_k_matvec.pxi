@@ -226,9 +226,12 @@ def matvec_many(list mats, x, outs=None):
     return res
 
 
-def read_sum(buf, int threads=1):
-    """Benchmark probe: sum of the uint64 words of a uint8 buffer on `threads` threads
-    (reads every byte once; see benchmarks/bench_matvec.py)."""
+def read_sum(buf, int threads=1, int streams=1):
+    """Benchmark probe: sum of the uint64 words of a uint8 buffer on `threads` threads,
+    each reading its part as `streams` (1..8) streams side by side (reads every byte
+    once; see benchmarks/bench_matvec.py)."""
+    if not 1 <= streams <= 8:
+        raise ValueError(f"read_sum: streams must be 1..8, not {streams}")
     if not isinstance(buf, cnp.ndarray) or (<cnp.ndarray>buf).dtype != np.uint8 \
             or not (<cnp.ndarray>buf).flags.c_contiguous:
         raise TypeError("read_sum: buf must be a C-contiguous uint8 numpy array")
@@ -236,6 +239,6 @@ def read_sum(buf, int threads=1):
     cdef size_t n = (<cnp.ndarray>buf).size
     cdef uint64_t r
     with nogil:
-        r = cq_read_sum(p, n, threads)
+        r = cq_read_sum(p, n, threads, streams)
     return r
 

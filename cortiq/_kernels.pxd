@@ -59,7 +59,7 @@ cdef extern from "cortiq.h" nogil:
     size_t cq_qmat_aux_len(int dtype, size_t rows, size_t cols)
     cq_status cq_qmat_prepare(const cq_qmat *m, float *aux)
     cq_status cq_qmat_prepare_rows(const cq_qmat *m, uint64_t *rowoff)
-    uint64_t cq_read_sum(const uint8_t *p, size_t n, int threads)
+    uint64_t cq_read_sum(const uint8_t *p, size_t n, int threads, int streams)
 
     ctypedef struct cq_matvec_ops:
         cq_status (*matvec)(const cq_qmat *m, const float *x, float *y) noexcept nogil

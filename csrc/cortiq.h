@@ -176,9 +176,10 @@ typedef struct cq_matvec_ops {
     cq_status (*rows_dot)(const cq_qmat *m, size_t r0, size_t nr, const float *x, float *out);
 } cq_matvec_ops;
 
-/* Benchmark probe: sum of the buffer's 64-bit words over `threads` threads (reads
- * every byte once; used to measure the machine's read bandwidth). */
-uint64_t cq_read_sum(const uint8_t *p, size_t n, int threads);
+/* Benchmark probe: sum of the buffer's 64-bit words over `threads` threads, each
+ * thread reading its part as `streams` (1..8) streams side by side (reads every byte
+ * once; used to measure the machine's read bandwidth). */
+uint64_t cq_read_sum(const uint8_t *p, size_t n, int threads, int streams);
 
 extern const cq_matvec_ops cq_matvec_ref;
 extern const cq_matvec_ops cq_matvec_avx2;

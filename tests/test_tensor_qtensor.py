@@ -423,3 +423,37 @@ def test_wide_rows_bit_identical(isa, threads, dtype, cols):
         assert q.row_dot(i, x) == y[i]
     np.testing.assert_array_equal(q.rows_dot(5, rows - 5, x), y[5:])
     np.testing.assert_array_equal(QTensor.matvec_many([q, q], x)[1], y)
+
+
+@pytest.mark.parametrize("threads_", [1, 2, 3])
+@pytest.mark.parametrize("streams", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("n", [0, 5, 4096, 4096 * 7 + 13, 4096 * 33])
+def test_read_probe_reads_every_byte_once(threads_, streams, n):
+    """The benchmark's read probe: whatever the threads and streams, the sum of the
+    64-bit words of the whole 4 KiB blocks plus the remaining bytes, each read once."""
+    buf = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
+    whole = n // 4096 * 4096
+    want = (int(buf[:whole].view(np.uint64).sum(dtype=np.uint64)) + int(buf[whole:].sum())) % 2**64
+    assert K.read_sum(buf, threads_, streams) == want
+    with pytest.raises(ValueError, match="streams"):
+        K.read_sum(buf, 1, 9)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 9, 70])
+def test_row_streams_bit_identical(isa, threads, dtype, rows):
+    """The AVX2 drivers read rows as four far-apart streams side by side (lanes of a
+    thread's share, matvec_drivers.h CQ_ROW_STREAMS): a row's bits do not depend on
+    which rows it is read beside, so row_dot, rows_dot over any range, matvec and every
+    thread count agree bit for bit (column counts with 64-, 16- and 8-column tails)."""
+    for cols in (32, 200, 1000, 4160 + 24):
+        if not _ok_shape(dtype, cols):
+            continue
+        q, d = make(dtype, rows, cols, seed=rows * cols)
+        x = np.random.default_rng(cols).standard_normal(cols).astype(np.float32)
+        y = q.matvec(x)
+        assert_dot_close(y, d, x)
+        np.testing.assert_array_equal([q.row_dot(i, x) for i in range(rows)], y)
+        for a in range(min(rows, 4)):
+            for b in (a + 1, rows):
+                np.testing.assert_array_equal(q.rows_dot(a, b - a, x), y[a:b])

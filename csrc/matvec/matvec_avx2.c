@@ -4,39 +4,161 @@
 #define dequant_row avx2_dequant_row
 #define needs_prep avx2_needs_prep
 #define prep_x avx2_prep_x
-/* q8 rows (q8_rows.h) on 8 lanes: acc is eight accumulators (64 floats). Against the
- * generic 8-lane stream (four accumulators, 32 columns a step): 4096 x 4096 from DRAM
- * 79-80 -> 84-86 % of the read probe on one and two threads (2026-11-30). */
-static inline void q8_segment(const uint8_t *p, const float *x, const uint8_t *far, const uint8_t *near, size_t n,
-                              float *acc) {
-    __m256 a[8];
-    for (int i = 0; i < 8; i++) a[i] = _mm256_load_ps(acc + 8 * i);
-    for (const uint8_t *const e = p + n; p < e; p += 64, x += 64, far += 64, near += 64) {
-        _mm_prefetch((const char *)far, _MM_HINT_T1);
-        _mm_prefetch((const char *)near, _MM_HINT_T0);
-        for (int i = 0; i < 8; i++) a[i] = _mm256_fmadd_ps(ld_i8x8(p + 8 * i), _mm256_loadu_ps(x + 8 * i), a[i]);
+/* ---- Rows as four weight streams (CQ_ROW_STREAMS, matvec_drivers.h) ----
+ * Each kernel computes nk <= 4 rows r0 + k*L side by side; a row's arithmetic is the
+ * same whatever nk is, so dot_row (nk = 1), matvec, rows_dot and any thread count give
+ * the same bits. CQ_LANES_AI: the nk-row bodies are instantiated for constant nk so the
+ * accumulators stay in registers. */
+#define CQ_ROW_STREAMS 4
+#if defined(__GNUC__)
+#define CQ_LANES_AI static inline __attribute__((always_inline))
+#else
+#define CQ_LANES_AI static __forceinline
+#endif
+#define CQ_LANES_DISPATCH(BODY, nk, ...)     \
+    switch (nk) {                            \
+    case 4: BODY(__VA_ARGS__, 4); break;     \
+    case 3: BODY(__VA_ARGS__, 3); break;     \
+    case 2: BODY(__VA_ARGS__, 2); break;     \
+    default: BODY(__VA_ARGS__, 1); break;    \
     }
-    for (int i = 0; i < 8; i++) _mm256_store_ps(acc + 8 * i, a[i]);
+
+/* 8-lane streams (f32, f16, bf16, q8_row, q8_2f): per row two accumulators, columns
+ * 16j .. 16j+7 and 16j+8 .. 16j+15, 64 columns a step with one prefetch pair per line
+ * per row; then 16- and 8-column steps, then the scalar tail. LOAD(p) gives the 8
+ * floats of the EB-byte elements at p. */
+#define CQ_LANES8(NAME, LOAD, EB, SCALAR)                                                    \
+    CQ_LANES_AI void NAME(const uint8_t *p0, size_t ls, const float *x, size_t cols, float *res, \
+                          const int nk) {                                                    \
+        __m256 a0[4], a1[4];                                                                 \
+        const uint8_t *pk[4];                                                                \
+        for (int k = 0; k < nk; k++) {                                                       \
+            a0[k] = a1[k] = _mm256_setzero_ps();                                             \
+            pk[k] = p0 + k * ls;                                                             \
+        }                                                                                    \
+        const float *xc = x, *const xe = x + (cols & ~(size_t)63);                           \
+        for (; xc < xe; xc += 64) {                                                          \
+            for (int k = 0; k < nk; k++)                                                     \
+                for (int o = 0; o < 64 * EB; o += 64) CQ_STREAM_PF(pk[k] + o);               \
+            for (int j = 0; j < 64; j += 16) {                                               \
+                const __m256 x0 = _mm256_loadu_ps(xc + j), x1 = _mm256_loadu_ps(xc + j + 8); \
+                for (int k = 0; k < nk; k++) {                                               \
+                    a0[k] = _mm256_fmadd_ps(LOAD(pk[k] + j * EB), x0, a0[k]);                \
+                    a1[k] = _mm256_fmadd_ps(LOAD(pk[k] + (j + 8) * EB), x1, a1[k]);          \
+                }                                                                            \
+            }                                                                                \
+            for (int k = 0; k < nk; k++) pk[k] += 64 * EB;                                   \
+        }                                                                                    \
+        size_t c = (size_t)(xc - x);                                                         \
+        for (; c + 16 <= cols; c += 16)                                                      \
+            for (int k = 0; k < nk; k++) {                                                   \
+                const uint8_t *p = p0 + k * ls + c * EB;                                     \
+                a0[k] = _mm256_fmadd_ps(LOAD(p), _mm256_loadu_ps(x + c), a0[k]);             \
+                a1[k] = _mm256_fmadd_ps(LOAD(p + 8 * EB), _mm256_loadu_ps(x + c + 8), a1[k]); \
+            }                                                                                \
+        if (c + 8 <= cols) {                                                                 \
+            for (int k = 0; k < nk; k++)                                                     \
+                a0[k] = _mm256_fmadd_ps(LOAD(p0 + k * ls + c * EB), _mm256_loadu_ps(x + c), a0[k]); \
+            c += 8;                                                                          \
+        }                                                                                    \
+        for (int k = 0; k < nk; k++) {                                                       \
+            const uint8_t *p = p0 + k * ls;                                                  \
+            float acc = cq_hsum8(_mm256_add_ps(a0[k], a1[k]));                               \
+            for (size_t cc = c; cc < cols; cc++) acc += (SCALAR) * x[cc];                    \
+            res[k] = acc;                                                                    \
+        }                                                                                    \
+    }
+CQ_LANES8(lanes_f32, ld_f32x8, 4, cq_ldf32(p + 4 * cc))
+CQ_LANES8(lanes_f16, ld_f16x8, 2, cq_h2f(cq_ld16(p + 2 * cc)))
+CQ_LANES8(lanes_bf16, ld_bf16x8, 2, cq_bf2f(cq_ld16(p + 2 * cc)))
+CQ_LANES8(lanes_q8, ld_i8x8, 1, (float)(int8_t)p[cc])
+
+#define LANES8_CALL(F, p0, ls, x, cols, res, NK) F(p0, ls, x, cols, res, NK)
+/* rows r0 + k*L (k < nk) into out[k*L] (matvec_drivers.h: CQ_ROW_STREAMS) */
+static void dot_lanes(const cq_qmat *m, size_t r0, size_t L, int nk, const float *x, float *out) {
+    float res[4];
+    const size_t cols = m->cols;
+    switch (m->dtype) {
+    case CQ_DT_F32: CQ_LANES_DISPATCH(LANES8_CALL, nk, lanes_f32, m->data + 4 * r0 * cols, 4 * L * cols, x, cols, res); break;
+    case CQ_DT_F16: CQ_LANES_DISPATCH(LANES8_CALL, nk, lanes_f16, m->data + 2 * r0 * cols, 2 * L * cols, x, cols, res); break;
+    case CQ_DT_BF16: CQ_LANES_DISPATCH(LANES8_CALL, nk, lanes_bf16, m->data + 2 * r0 * cols, 2 * L * cols, x, cols, res); break;
+    case CQ_DT_Q8_ROW:
+    case CQ_DT_Q8_2F: /* x is col * x for q8_2f (prep_x): rs * sum q * xp */
+        CQ_LANES_DISPATCH(LANES8_CALL, nk, lanes_q8, m->data + r0 * cols, L * cols, x, cols, res);
+        for (int k = 0; k < nk; k++) res[k] *= m->aux[r0 + k * L];
+        break;
+    default:
+        /* grouped dtypes one row after another: their exact float decode is bound by
+         * the core, not by memory (a four-row version read no faster here), and
+         * vbit / odd grouped shapes take the reference row */
+        for (int k = 0; k < nk; k++) res[k] = avx2_dot_row(m, r0 + k * L, x);
+    }
+    for (int k = 0; k < nk; k++) out[k * L] = res[k];
 }
-static inline float q8_finish(const float *acc, const uint8_t *p, const float *x, size_t c, size_t cols) {
-    __m256 s = _mm256_load_ps(acc);
-    for (; c + 8 <= cols; c += 8) s = _mm256_fmadd_ps(ld_i8x8(p + c), _mm256_loadu_ps(x + c), s);
-    for (int i = 1; i < 8; i++) s = _mm256_add_ps(s, _mm256_load_ps(acc + 8 * i));
-    float r = cq_hsum8(s);
-    for (; c < cols; c++) r += (float)(int8_t)p[c] * x[c];
-    return r;
-}
-#include "q8_rows.h"
+
 static float dot_row(const cq_qmat *m, size_t r, const float *x) {
-    if (m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F) return q8_row_dot(m, r, x);
-    return avx2_dot_row(m, r, x);
+    float y;
+    dot_lanes(m, r, 1, 1, x, &y);
+    return y;
 }
 
 #define CQ_HAVE_XQ_BUILD
 #define xq_build avx2_xq_build
 #define CQ_HAVE_I8_ROWS
+/* int8 activations (spec: ref_i8_row) for nk rows side by side. Two groups per
+ * 256-bit register: their 32 nibble bytes split into low and high nibbles meet xq's
+ * evens and odds of the same two groups (qmat.h: a block of four keeps each half
+ * contiguous); maddubs + madd sum per 4-byte lane from xq's bias, lanes 0-3 hold group
+ * g and 4-7 group g+1, scaled by scale * d in float, into two accumulators per row
+ * (by g & 2). Scales are decoded 64 groups at a time per row. */
+CQ_LANES_AI void lanes_i8(const cq_qmat *m, size_t r0, size_t L, const cq_xq *xq, float *res, const int nk) {
+    const size_t gpr = m->cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;
+    const __m256i m0f = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    float sw[4][64 + 1];
+    __m256 f0[4], f1[4];
+    const uint8_t *nb[4];
+    for (int k = 0; k < nk; k++) {
+        f0[k] = f1[k] = _mm256_setzero_ps();
+        nb[k] = m->data + gs * (r0 + k * L) * gpr + (gs == 18 ? 2 : 0);
+    }
+    for (size_t g0 = 0; g0 < gpr; g0 += 64) {
+        const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;
+        for (int k = 0; k < nk; k++) {
+            avx2_group_scales(m, r0 + k * L, g0, ng, sw[k]);
+            sw[k][ng] = 0.0f;
+        }
+        for (size_t gi = 0; gi < ng; gi += 2) {
+            const size_t g = g0 + gi;
+            const int two = gi + 1 < ng;
+            const int8_t *qe = xq->q + 128 * (g / 4) + 16 * (g % 4);
+            const __m256i xe = _mm256_load_si256((const __m256i *)qe), xo = _mm256_load_si256((const __m256i *)(qe + 64));
+            const __m256i bias = _mm256_load_si256((const __m256i *)(xq->bias + 4 * g));
+            const __m256 dl = _mm256_load_ps(xq->dl + 4 * g);
+            for (int k = 0; k < nk; k++) {
+                const uint8_t *p = nb[k] + gs * g;
+                CQ_STREAM_PF(p);
+                __m128i n0 = _mm_loadu_si128((const __m128i *)p);
+                __m128i n1 = two ? _mm_loadu_si128((const __m128i *)(p + gs)) : _mm_setzero_si128();
+                __m256i v = _mm256_set_m128i(n1, n0);
+                __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+                __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xe), _mm256_maddubs_epi16(hi, xo));
+                __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(p16, ones), bias);
+                __m256 sc = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(sw[k][gi + 1]), _mm_set1_ps(sw[k][gi])), dl);
+                if (g & 2) f1[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f1[k]);
+                else f0[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f0[k]);
+            }
+        }
+    }
+    for (int k = 0; k < nk; k++) res[k] = cq_hsum8(_mm256_add_ps(f0[k], f1[k]));
+}
+#define LANESI8_CALL(m, r0, L, xq, res, NK) lanes_i8(m, r0, L, xq, res, NK)
+static void i8_dot_lanes(const cq_qmat *m, size_t r0, size_t L, int nk, const cq_xq *xq, float *out) {
+    float res[4];
+    CQ_LANES_DISPATCH(LANESI8_CALL, nk, m, r0, L, xq, res);
+    for (int k = 0; k < nk; k++) out[k * L] = res[k];
+}
 static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
-    for (size_t j = 0; j < nr; j++) out[j] = avx2_i8_row(m, r0 + j, xq);
+    for (size_t j = 0; j < nr; j++) i8_dot_lanes(m, r0 + j, 1, 1, xq, out + j);
 }
 
 /* matmat: the packed GEMM of matmat_packed.h on 8 lanes. 16 ymm registers: 12

@@ -417,19 +417,16 @@ static void avx2_prep_x(const cq_qmat *m, const float *x, float *xp) {
         }
     }
 }
-/* ---- int8 activations (cq_set_int8_act; spec: ref_i8_row) on 8 lanes ----
- * Two groups per 256-bit register: their 32 nibble bytes split into low and high
- * nibbles meet xq's evens and odds of the same two groups (qmat.h: a block of four
- * keeps each half contiguous); maddubs + madd sum per 4-byte lane from xq's bias,
- * lanes 0-3 hold group g and 4-7 group g+1, scaled by scale * d in float. */
-/* sw[0 .. ng) = the scales of groups g0 .. g0+ng-1 of row r (decoded once per 64
- * groups, off the per-group path). */
+/* ---- int8 activations (cq_set_int8_act; spec: ref_i8_row) on 8 lanes: the row
+ * kernel is lanes_i8 in matvec_avx2.c; the pieces both ISA files share are here ---- */
 /* q4_block: where the f16 scale of group g of row r lives (after all the nibbles). */
 static inline const uint8_t *q4b_scale_at(const cq_qmat *m, size_t r, size_t g) {
     const size_t gpr = m->cols / CQ_GROUP;
     return m->data + 16 * m->rows * gpr + 2 * (r * gpr + g);
 }
 
+/* sw[0 .. ng) = the scales of groups g0 .. g0+ng-1 of row r (decoded once per 64
+ * groups, off the per-group path). */
 static void avx2_group_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, float *sw) {
     const size_t gpr = m->cols / CQ_GROUP;
     const uint8_t *d = m->data;
@@ -451,39 +448,6 @@ static void avx2_group_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, 
         for (; k < ng; k++) sw[k] = m->aux[32 * r + codes[k]];
     }
     }
-}
-
-static float avx2_i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
-    const size_t gpr = m->cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;
-    const uint8_t *nb = m->data + gs * r * gpr + (gs == 18 ? 2 : 0);
-    const __m256i m0f = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    float sw[64 + 1];
-    __m256 f0 = _mm256_setzero_ps(), f1 = f0;
-    for (size_t g0 = 0; g0 < gpr; g0 += 64) {
-        const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;
-        avx2_group_scales(m, r, g0, ng, sw);
-        sw[ng] = 0.0f;
-        for (size_t gi = 0; gi < ng; gi += 2) {
-            const size_t g = g0 + gi;
-            const uint8_t *p = nb + gs * g;
-            const int two = gi + 1 < ng;
-            CQ_STREAM_PF(p);
-            __m128i n0 = _mm_loadu_si128((const __m128i *)p);
-            __m128i n1 = two ? _mm_loadu_si128((const __m128i *)(p + gs)) : _mm_setzero_si128();
-            __m256i v = _mm256_set_m128i(n1, n0);
-            __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
-            const int8_t *qe = xq->q + 128 * (g / 4) + 16 * (g % 4);
-            __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i *)qe)),
-                                           _mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i *)(qe + 64))));
-            __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(p16, ones),
-                                            _mm256_load_si256((const __m256i *)(xq->bias + 4 * g)));
-            __m256 sc = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(sw[gi + 1]), _mm_set1_ps(sw[gi])),
-                                      _mm256_load_ps(xq->dl + 4 * g));
-            if (g & 2) f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f1);
-            else f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f0);
-        }
-    }
-    return cq_hsum8(_mm256_add_ps(f0, f1));
 }
 
 /* cq_xq_build with the scaling and rounding on 8 lanes (the same float32 operations;

@@ -12,6 +12,10 @@
  *   #define CQ_HAVE_XQ_BUILD + static void xq_build(x, cols, buf, cq_xq *xq);
  *   #define CQ_HAVE_ROWS_GRAIN + static size_t rows_grain(m): dot_rows wants rows in
  *       multiples of this many (a panel); threads claim rows in such multiples.
+ *   #define CQ_ROW_STREAMS S (2..4) + static void dot_lanes(m, r0, L, nk, xp, out) and
+ *       static void i8_dot_lanes(m, r0, L, nk, xq, out): rows r0 + k*L (k < nk <= S)
+ *       side by side, out[k*L] = row r0 + k*L; a row's bits must not depend on nk or
+ *       on its neighbours. The drivers then read S weight streams at once (below).
  *   #define CQ_HAVE_MM_PACK + mm_pack_floats(t, cols), mm_pack(m, X, t, cols, c0, c1, xt),
  *       mm_scratch_floats(m, t), matmat_packed(m, r0, nr, xt, t, Y, ldy, scratch):
  *       matmat packs X once per call (its columns split over the threads) and each
@@ -90,21 +94,83 @@ static void drv_dot_rows(const cq_qmat *m, size_t r0, size_t nr, drv_x x, float 
  * measured slower from DRAM, 78 vs 86 % of the read bandwidth for q8_row 4096 x 4096).
  * Rows go out in claims of about CQ_CLAIM_BYTES; a thread claims its own share front to
  * back, then what is left of the others', so a thread whose memory runs slower in this
- * call (or that the OS delayed) does not hold the rest back. One cache line a share. */
+ * call (or that the OS delayed) does not hold the rest back. One cache line a share.
+ *
+ * Streams (CQ_ROW_STREAMS = S > 1, the AVX2 table): a share is read in panels of S
+ * lanes of L rows (L = CQ_LANE_BYTES / row bytes, at least 1, so lanes start 16 KiB
+ * apart), and claim position i is the S rows at the same place of each lane, read side
+ * by side by one kernel call (dot_lanes): S weight streams per core; the last panel's
+ * lanes are shortened so that it too keeps S streams. On the AMD EPYC (Zen 3, KVM)
+ * development VM one stream per core left most of the memory parallelism unused: the
+ * read probe went 10.9-12.0 -> 15.0-15.8 GB/s on one thread and 18.3-18.6 -> 21.7-22.4
+ * on two with four streams, q8_row 4096 x 4096 from DRAM 8-9 -> 13-16 GB/s on one
+ * thread and ~17 -> 21-22 on two (2026-12-01). Lanes a share apart (megabytes) read
+ * as fast, within this VM's noise; four adjacent 4 KiB rows gained nothing. Session 5
+ * measured four rows side by side slower on its Xeon (78 vs 86 %), so the AVX-512
+ * table keeps one stream (S = 1: a claim is plain rows). */
 #ifndef CQ_CLAIM_BYTES
 #define CQ_CLAIM_BYTES 65536
 #endif
+#ifndef CQ_ROW_STREAMS
+#define CQ_ROW_STREAMS 1
+#endif
 typedef struct {
-    size_t next, end;
-    char pad_[64 - 2 * sizeof(size_t)];
+    size_t next, end;   /* claim cursor (a row, or a lane position) and its end */
+    size_t first, last; /* streams: the share's rows [first, last) ... */
+    size_t lane, full;  /* ... in `full` panels of CQ_ROW_STREAMS lanes of `lane` rows, */
+    size_t tail_lane;   /* then one panel of lanes of tail_lane rows */
+    char pad_[64 - 7 * sizeof(size_t)];
 } drv_share;
 
+/* Bytes a lane streams before its panel moves on: lanes 16 KiB apart read faster than
+ * lanes a share apart (megabytes) on the development VM (see CQ_ROW_STREAMS above). */
+#define CQ_LANE_BYTES 16384
+
+static void drv_share_set(const cq_qmat *m, drv_share *sh, size_t first, size_t last) {
+    const size_t S = CQ_ROW_STREAMS, n = last - first;
+    sh->first = first;
+    sh->last = last;
+    if (S == 1) {
+        sh->next = first;
+        sh->end = last;
+        return;
+    }
+    const size_t row_bytes = m->rows ? m->nbytes / m->rows : 0;
+    size_t L = row_bytes ? CQ_LANE_BYTES / row_bytes : 1;
+    if (L < 1) L = 1;
+    if (L > (n + S - 1) / S) L = (n + S - 1) / S;
+    sh->lane = L;
+    sh->full = L ? n / (S * L) : 0;
+    sh->tail_lane = (n - sh->full * S * L + S - 1) / S;
+    sh->next = 0;
+    sh->end = sh->full * L + sh->tail_lane;
+}
+
 static void drv_shares_init(const cq_qmat *m, drv_share *s, size_t parts) {
-    for (size_t t = 0; t < parts; t++) {
-        s[t].next = m->rows * t / parts;
-        s[t].end = m->rows * (t + 1) / parts;
+    for (size_t t = 0; t < parts; t++) drv_share_set(m, &s[t], m->rows * t / parts, m->rows * (t + 1) / parts);
+}
+
+#if CQ_ROW_STREAMS > 1
+/* Lane positions [a, b) of share sh: at each, the rows of every lane that has one;
+ * row r's result goes to y[r - base]. */
+static void drv_lanes(const cq_qmat *m, drv_x x, const drv_share *sh, size_t a, size_t b, float *y, size_t base) {
+    const size_t L = sh->lane, S = CQ_ROW_STREAMS;
+    for (size_t i = a; i < b; i++) {
+        size_t r0, stride, nk = S;
+        if (i < sh->full * L) { /* a full panel */
+            r0 = sh->first + (i / L) * S * L + i % L;
+            stride = L;
+        } else { /* the last panel: its lanes may not all have a row here */
+            stride = sh->tail_lane;
+            r0 = sh->first + sh->full * S * L + (i - sh->full * L);
+            nk = (sh->last - r0 + stride - 1) / stride;
+            if (nk > S) nk = S;
+        }
+        if (x.xq) i8_dot_lanes(m, r0, stride, (int)nk, x.xq, y + (r0 - base));
+        else dot_lanes(m, r0, stride, (int)nk, x.xp, y + (r0 - base));
     }
 }
+#endif
 
 /* The first row of the next n of share s (at or past s->end when none are left). An
  * atomic fetch-and-add: OpenMP's `atomic capture` is 3.1, which MSVC lacks. */
@@ -131,8 +197,9 @@ static void drv_rows(const cq_qmat *m, drv_x x, float *y, drv_share *s, size_t p
 #endif
     size_t per = m->rows; /* one thread: one claim */
     if (parts > 1 && m->rows) {
-        const size_t row_bytes = m->nbytes / m->rows, grain = rows_grain(m);
-        per = row_bytes >= CQ_CLAIM_BYTES ? 1 : CQ_CLAIM_BYTES / (row_bytes ? row_bytes : 1);
+        /* a claim position is CQ_ROW_STREAMS rows */
+        const size_t pos_bytes = m->nbytes / m->rows * CQ_ROW_STREAMS, grain = rows_grain(m);
+        per = pos_bytes >= CQ_CLAIM_BYTES ? 1 : CQ_CLAIM_BYTES / (pos_bytes ? pos_bytes : 1);
         per = (per + grain - 1) / grain * grain;
     }
     for (size_t k = 0; k < parts; k++) {
@@ -141,7 +208,11 @@ static void drv_rows(const cq_qmat *m, drv_x x, float *y, drv_share *s, size_t p
             const size_t a = drv_claim(sh, per);
             if (a >= sh->end) break;
             const size_t nr = sh->end - a < per ? sh->end - a : per;
+#if CQ_ROW_STREAMS > 1
+            drv_lanes(m, x, sh, a, a + nr, y, 0);
+#else
             drv_dot_rows(m, a, nr, x, y + a);
+#endif
         }
     }
 }
@@ -352,6 +423,17 @@ static cq_status drv_dequant_rows(const cq_qmat *m, size_t r0, size_t nr, float 
     return CQ_OK;
 }
 
+/* Rows r0 .. r0+nr-1 on this thread (as lanes when the ISA reads several streams). */
+static void drv_rows_serial(const cq_qmat *m, size_t r0, size_t nr, drv_x x, float *out) {
+#if CQ_ROW_STREAMS > 1
+    drv_share sh;
+    drv_share_set(m, &sh, r0, r0 + nr);
+    drv_lanes(m, x, &sh, 0, sh.end, out, r0);
+#else
+    drv_dot_rows(m, r0, nr, x, out);
+#endif
+}
+
 /* Serial: rows r0 .. r0+nr-1 against one x. The prepared, quantized or aligned x
  * lives on the stack up to CQ_XSTACK bytes (no allocation for the usual widths). */
 #define CQ_XSTACK 20480
@@ -363,7 +445,7 @@ static cq_status drv_rows_dot(const cq_qmat *m, size_t r0, size_t nr, const floa
     const x_kind kind = x_kind_of(m);
     drv_x xv = {x, NULL};
     if (kind == X_PLAIN && !x_misaligned(x)) {
-        dot_rows(m, r0, nr, x, out);
+        drv_rows_serial(m, r0, nr, xv, out);
         return CQ_OK;
     }
     size_t bytes = kind == X_I8 ? cq_xq_bytes(m->cols) : m->cols * sizeof(float);
@@ -384,7 +466,7 @@ static cq_status drv_rows_dot(const cq_qmat *m, size_t r0, size_t nr, const floa
         x_for(m, x, buf);
         xv.xp = buf;
     }
-    drv_dot_rows(m, r0, nr, xv, out);
+    drv_rows_serial(m, r0, nr, xv, out);
     free(raw);
     return CQ_OK;
 }

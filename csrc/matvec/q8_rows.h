@@ -1,4 +1,5 @@
-/* q8_rows.h -- the q8 rows (q8_row, q8_2f) of the AVX2 and AVX-512 tables: one row by
+/* q8_rows.h -- the q8 rows (q8_row, q8_2f) of the AVX-512 table (the AVX2 table reads
+ * four rows side by side instead: dot_lanes in matvec_avx2.c): one row by
  * one segment loop, and the chunked walk of rows too wide for x to stay in L1. The
  * including file defines, before including it:
  *   static void q8_segment(p, x, far, near, n, float *acc): acc (64 floats, 64-byte
