@@ -12,8 +12,9 @@
  *   #define CQ_HAVE_XQ_BUILD + static void xq_build(x, cols, buf, cq_xq *xq);
  *   #define CQ_HAVE_ROWS_GRAIN + static size_t rows_grain(m): dot_rows wants rows in
  *       multiples of this many (a panel); threads claim rows in such multiples.
- *   #define CQ_ROW_STREAMS S (2..4) + static void dot_lanes(m, r0, L, nk, xp, out) and
- *       static void i8_dot_lanes(m, r0, L, nk, xq, out): rows r0 + k*L (k < nk <= S)
+ *   #define CQ_ROW_STREAMS S (2..4) + static int row_streams(m, int i8): how many
+ *       streams (1 or S) m's rows are read as, and static void dot_lanes(m, r0, L, nk,
+ *       xp, out) and i8_dot_lanes(m, r0, L, nk, xq, out): rows r0 + k*L (k < nk <= S)
  *       side by side, out[k*L] = row r0 + k*L; a row's bits must not depend on nk or
  *       on its neighbours. The drivers then read S weight streams at once (below).
  *   #define CQ_HAVE_MM_PACK + mm_pack_floats(t, cols), mm_pack(m, X, t, cols, c0, c1, xt),
@@ -114,22 +115,29 @@ static void drv_dot_rows(const cq_qmat *m, size_t r0, size_t nr, drv_x x, float 
 #ifndef CQ_ROW_STREAMS
 #define CQ_ROW_STREAMS 1
 #endif
+#if CQ_ROW_STREAMS == 1
+static int row_streams(const cq_qmat *m, int i8) {
+    (void)m, (void)i8;
+    return 1;
+}
+#endif
 typedef struct {
     size_t next, end;   /* claim cursor (a row, or a lane position) and its end */
-    size_t first, last; /* streams: the share's rows [first, last) ... */
-    size_t lane, full;  /* ... in `full` panels of CQ_ROW_STREAMS lanes of `lane` rows, */
+    size_t first, last; /* the share's rows [first, last); with streams > 1 ... */
+    size_t lane, full;  /* ... in `full` panels of `streams` lanes of `lane` rows, */
     size_t tail_lane;   /* then one panel of lanes of tail_lane rows */
-    char pad_[64 - 7 * sizeof(size_t)];
+    size_t streams;
 } drv_share;
 
 /* Bytes a lane streams before its panel moves on: lanes 16 KiB apart read faster than
  * lanes a share apart (megabytes) on the development VM (see CQ_ROW_STREAMS above). */
 #define CQ_LANE_BYTES 16384
 
-static void drv_share_set(const cq_qmat *m, drv_share *sh, size_t first, size_t last) {
-    const size_t S = CQ_ROW_STREAMS, n = last - first;
+static void drv_share_set(const cq_qmat *m, drv_share *sh, size_t first, size_t last, size_t S) {
+    const size_t n = last - first;
     sh->first = first;
     sh->last = last;
+    sh->streams = S;
     if (S == 1) {
         sh->next = first;
         sh->end = last;
@@ -146,15 +154,15 @@ static void drv_share_set(const cq_qmat *m, drv_share *sh, size_t first, size_t 
     sh->end = sh->full * L + sh->tail_lane;
 }
 
-static void drv_shares_init(const cq_qmat *m, drv_share *s, size_t parts) {
-    for (size_t t = 0; t < parts; t++) drv_share_set(m, &s[t], m->rows * t / parts, m->rows * (t + 1) / parts);
+static void drv_shares_init(const cq_qmat *m, drv_share *s, size_t parts, size_t streams) {
+    for (size_t t = 0; t < parts; t++) drv_share_set(m, &s[t], m->rows * t / parts, m->rows * (t + 1) / parts, streams);
 }
 
 #if CQ_ROW_STREAMS > 1
 /* Lane positions [a, b) of share sh: at each, the rows of every lane that has one;
  * row r's result goes to y[r - base]. */
 static void drv_lanes(const cq_qmat *m, drv_x x, const drv_share *sh, size_t a, size_t b, float *y, size_t base) {
-    const size_t L = sh->lane, S = CQ_ROW_STREAMS;
+    const size_t L = sh->lane, S = sh->streams;
     for (size_t i = a; i < b; i++) {
         size_t r0, stride, nk = S;
         if (i < sh->full * L) { /* a full panel */
@@ -197,8 +205,8 @@ static void drv_rows(const cq_qmat *m, drv_x x, float *y, drv_share *s, size_t p
 #endif
     size_t per = m->rows; /* one thread: one claim */
     if (parts > 1 && m->rows) {
-        /* a claim position is CQ_ROW_STREAMS rows */
-        const size_t pos_bytes = m->nbytes / m->rows * CQ_ROW_STREAMS, grain = rows_grain(m);
+        /* a claim position is `streams` rows */
+        const size_t pos_bytes = m->nbytes / m->rows * s[0].streams, grain = rows_grain(m);
         per = pos_bytes >= CQ_CLAIM_BYTES ? 1 : CQ_CLAIM_BYTES / (pos_bytes ? pos_bytes : 1);
         per = (per + grain - 1) / grain * grain;
     }
@@ -209,10 +217,12 @@ static void drv_rows(const cq_qmat *m, drv_x x, float *y, drv_share *s, size_t p
             if (a >= sh->end) break;
             const size_t nr = sh->end - a < per ? sh->end - a : per;
 #if CQ_ROW_STREAMS > 1
-            drv_lanes(m, x, sh, a, a + nr, y, 0);
-#else
-            drv_dot_rows(m, a, nr, x, y + a);
+            if (sh->streams > 1) {
+                drv_lanes(m, x, sh, a, a + nr, y, 0);
+                continue;
+            }
 #endif
+            drv_dot_rows(m, a, nr, x, y + a);
         }
     }
 }
@@ -317,7 +327,8 @@ static cq_status drv_matvec_many(const cq_qmat *ms, size_t n, const float *x, fl
         if (kinds != kinds_) free(kinds);
         return CQ_ERR_NOMEM;
     }
-    for (size_t i = 0; i < n; i++) drv_shares_init(&ms[i], shares + i * parts, parts);
+    for (size_t i = 0; i < n; i++)
+        drv_shares_init(&ms[i], shares + i * parts, parts, (size_t)row_streams(&ms[i], kinds[i] == X_I8));
 #ifdef CORTIQ_HAVE_OPENMP
 #pragma omp parallel num_threads((int)parts) if (par)
 #endif
@@ -426,12 +437,15 @@ static cq_status drv_dequant_rows(const cq_qmat *m, size_t r0, size_t nr, float 
 /* Rows r0 .. r0+nr-1 on this thread (as lanes when the ISA reads several streams). */
 static void drv_rows_serial(const cq_qmat *m, size_t r0, size_t nr, drv_x x, float *out) {
 #if CQ_ROW_STREAMS > 1
-    drv_share sh;
-    drv_share_set(m, &sh, r0, r0 + nr);
-    drv_lanes(m, x, &sh, 0, sh.end, out, r0);
-#else
-    drv_dot_rows(m, r0, nr, x, out);
+    const int S = row_streams(m, x.xq != NULL);
+    if (S > 1) {
+        drv_share sh;
+        drv_share_set(m, &sh, r0, r0 + nr, (size_t)S);
+        drv_lanes(m, x, &sh, 0, sh.end, out, r0);
+        return;
+    }
 #endif
+    drv_dot_rows(m, r0, nr, x, out);
 }
 
 /* Serial: rows r0 .. r0+nr-1 against one x. The prepared, quantized or aligned x
