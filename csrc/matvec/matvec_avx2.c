@@ -117,60 +117,49 @@ static float dot_row(const cq_qmat *m, size_t r, const float *x) {
 #define CQ_HAVE_XQ_BUILD
 #define xq_build avx2_xq_build
 #define CQ_HAVE_I8_ROWS
-/* int8 activations (spec: ref_i8_row) for nk rows side by side. Two groups per
- * 256-bit register: their 32 nibble bytes split into low and high nibbles meet xq's
- * evens and odds of the same two groups (qmat.h: a block of four keeps each half
- * contiguous); maddubs + madd sum per 4-byte lane from xq's bias, lanes 0-3 hold group
- * g and 4-7 group g+1, scaled by scale * d in float, into two accumulators per row
- * (by g & 2). Scales are decoded 64 groups at a time per row. */
-CQ_LANES_AI void lanes_i8(const cq_qmat *m, size_t r0, size_t L, const cq_xq *xq, float *res, const int nk) {
+/* int8 activations (spec: ref_i8_row), one row. Two groups per 256-bit register: their
+ * 32 nibble bytes split into low and high nibbles meet xq's evens and odds of the same
+ * two groups (qmat.h: a block of four keeps each half contiguous); maddubs + madd sum
+ * per 4-byte lane from xq's bias, lanes 0-3 hold group g and 4-7 group g+1, scaled by
+ * scale * d in float, into two accumulators (by g & 2). Scales are decoded 64 groups
+ * at a time. (Read as four lanes side by side these rows ran slower: row_streams.) */
+static float i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
     const size_t gpr = m->cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;
+    const uint8_t *nb = m->data + gs * r * gpr + (gs == 18 ? 2 : 0);
     const __m256i m0f = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    float sw[4][64 + 1];
-    __m256 f0[4], f1[4];
-    const uint8_t *nb[4];
-    for (int k = 0; k < nk; k++) {
-        f0[k] = f1[k] = _mm256_setzero_ps();
-        nb[k] = m->data + gs * (r0 + k * L) * gpr + (gs == 18 ? 2 : 0);
-    }
+    float sw[64 + 1];
+    __m256 f0 = _mm256_setzero_ps(), f1 = f0;
     for (size_t g0 = 0; g0 < gpr; g0 += 64) {
         const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;
-        for (int k = 0; k < nk; k++) {
-            avx2_group_scales(m, r0 + k * L, g0, ng, sw[k]);
-            sw[k][ng] = 0.0f;
-        }
+        avx2_group_scales(m, r, g0, ng, sw);
+        sw[ng] = 0.0f;
         for (size_t gi = 0; gi < ng; gi += 2) {
             const size_t g = g0 + gi;
+            const uint8_t *p = nb + gs * g;
             const int two = gi + 1 < ng;
+            CQ_STREAM_PF(p);
+            __m128i n0 = _mm_loadu_si128((const __m128i *)p);
+            __m128i n1 = two ? _mm_loadu_si128((const __m128i *)(p + gs)) : _mm_setzero_si128();
+            __m256i v = _mm256_set_m128i(n1, n0);
+            __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
             const int8_t *qe = xq->q + 128 * (g / 4) + 16 * (g % 4);
-            const __m256i xe = _mm256_load_si256((const __m256i *)qe), xo = _mm256_load_si256((const __m256i *)(qe + 64));
-            const __m256i bias = _mm256_load_si256((const __m256i *)(xq->bias + 4 * g));
-            const __m256 dl = _mm256_load_ps(xq->dl + 4 * g);
-            for (int k = 0; k < nk; k++) {
-                const uint8_t *p = nb[k] + gs * g;
-                CQ_STREAM_PF(p);
-                __m128i n0 = _mm_loadu_si128((const __m128i *)p);
-                __m128i n1 = two ? _mm_loadu_si128((const __m128i *)(p + gs)) : _mm_setzero_si128();
-                __m256i v = _mm256_set_m128i(n1, n0);
-                __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
-                __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xe), _mm256_maddubs_epi16(hi, xo));
-                __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(p16, ones), bias);
-                __m256 sc = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(sw[k][gi + 1]), _mm_set1_ps(sw[k][gi])), dl);
-                if (g & 2) f1[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f1[k]);
-                else f0[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f0[k]);
-            }
+            __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i *)qe)),
+                                           _mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i *)(qe + 64))));
+            __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(p16, ones),
+                                            _mm256_load_si256((const __m256i *)(xq->bias + 4 * g)));
+            __m256 sc = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(sw[gi + 1]), _mm_set1_ps(sw[gi])),
+                                      _mm256_load_ps(xq->dl + 4 * g));
+            if (g & 2) f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f1);
+            else f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f0);
         }
     }
-    for (int k = 0; k < nk; k++) res[k] = cq_hsum8(_mm256_add_ps(f0[k], f1[k]));
+    return cq_hsum8(_mm256_add_ps(f0, f1));
 }
-#define LANESI8_CALL(m, r0, L, xq, res, NK) lanes_i8(m, r0, L, xq, res, NK)
 static void i8_dot_lanes(const cq_qmat *m, size_t r0, size_t L, int nk, const cq_xq *xq, float *out) {
-    float res[4];
-    CQ_LANES_DISPATCH(LANESI8_CALL, nk, m, r0, L, xq, res);
-    for (int k = 0; k < nk; k++) out[k * L] = res[k];
+    for (int k = 0; k < nk; k++) out[k * L] = i8_row(m, r0 + k * L, xq);
 }
 static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
-    for (size_t j = 0; j < nr; j++) i8_dot_lanes(m, r0 + j, 1, 1, xq, out + j);
+    for (size_t j = 0; j < nr; j++) out[j] = i8_row(m, r0 + j, xq);
 }
 
 /* matmat: the packed GEMM of matmat_packed.h on 8 lanes. 16 ymm registers: 12
