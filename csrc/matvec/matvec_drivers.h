@@ -126,8 +126,8 @@ typedef struct {
     size_t first, last; /* the share's rows [first, last); with streams > 1 ... */
     size_t lane, full;  /* ... in `full` panels of `streams` lanes of `lane` rows, */
     size_t tail_lane;   /* then one panel of lanes of tail_lane rows */
-    size_t streams;
-} drv_share;
+    size_t streams;     /* 1: plain rows, claimed front to back */
+} drv_share;            /* eight words: one cache line a share on 64-bit targets */
 
 /* Bytes a lane streams before its panel moves on: lanes 16 KiB apart read faster than
  * lanes a share apart (megabytes) on the development VM (see CQ_ROW_STREAMS above). */
