@@ -79,8 +79,7 @@ CQ_LANES8(lanes_q8, ld_i8x8, 1, (float)(int8_t)p[cc])
  * int8 activations, whose decode bounds them: read as four lanes their rows ran
  * slower (q4_block from DRAM, one thread: 7.0 -> 4.4 GB/s exact; 10.2 -> 7.3-10.7
  * with int8). */
-static int row_streams(const cq_qmat *m, int i8) {
-    (void)i8;
+static int row_streams(const cq_qmat *m) {
     switch (m->dtype) {
     case CQ_DT_F32: case CQ_DT_F16: case CQ_DT_BF16: case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: return CQ_ROW_STREAMS;
     default: return 1;
@@ -122,7 +121,8 @@ static float dot_row(const cq_qmat *m, size_t r, const float *x) {
  * two groups (qmat.h: a block of four keeps each half contiguous); maddubs + madd sum
  * per 4-byte lane from xq's bias, lanes 0-3 hold group g and 4-7 group g+1, scaled by
  * scale * d in float, into two accumulators (by g & 2). Scales are decoded 64 groups
- * at a time. (Read as four lanes side by side these rows ran slower: row_streams.) */
+ * at a time. (Read as four lanes side by side these rows ran slower: drv_streams
+ * reads every int8 row in row order.) */
 static float i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
     const size_t gpr = m->cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;
     const uint8_t *nb = m->data + gs * r * gpr + (gs == 18 ? 2 : 0);
@@ -154,9 +154,6 @@ static float i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
         }
     }
     return cq_hsum8(_mm256_add_ps(f0, f1));
-}
-static void i8_dot_lanes(const cq_qmat *m, size_t r0, size_t L, int nk, const cq_xq *xq, float *out) {
-    for (int k = 0; k < nk; k++) out[k * L] = i8_row(m, r0 + k * L, xq);
 }
 static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
     for (size_t j = 0; j < nr; j++) out[j] = i8_row(m, r0 + j, xq);

@@ -12,9 +12,9 @@
  *   #define CQ_HAVE_XQ_BUILD + static void xq_build(x, cols, buf, cq_xq *xq);
  *   #define CQ_HAVE_ROWS_GRAIN + static size_t rows_grain(m): dot_rows wants rows in
  *       multiples of this many (a panel); threads claim rows in such multiples.
- *   #define CQ_ROW_STREAMS S (2..4) + static int row_streams(m, int i8): how many
- *       streams (1 or S) m's rows are read as, and static void dot_lanes(m, r0, L, nk,
- *       xp, out) and i8_dot_lanes(m, r0, L, nk, xq, out): rows r0 + k*L (k < nk <= S)
+ *   #define CQ_ROW_STREAMS S (2..4) + static int row_streams(m): how many streams (1
+ *       or S) m's rows are read as against a float32 x (int8-quantized x: always 1),
+ *       and static void dot_lanes(m, r0, L, nk, xp, out): rows r0 + k*L (k < nk <= S)
  *       side by side, out[k*L] = row r0 + k*L; a row's bits must not depend on nk or
  *       on its neighbours. The drivers then read S weight streams at once (below).
  *   #define CQ_HAVE_MM_PACK + mm_pack_floats(t, cols), mm_pack(m, X, t, cols, c0, c1, xt),
@@ -99,7 +99,7 @@ static void drv_dot_rows(const cq_qmat *m, size_t r0, size_t nr, drv_x x, float 
  *
  * Streams (CQ_ROW_STREAMS = S > 1, the AVX2 table): a share is read in panels of S
  * lanes of L rows (L = CQ_LANE_BYTES / row bytes, at least 1, so lanes start 16 KiB
- * apart), and claim position i is the S rows at the same place of each lane, read side
+ * apart: a claim stays one contiguous piece), and claim position i is the S rows at the same place of each lane, read side
  * by side by one kernel call (dot_lanes): S weight streams per core; the last panel's
  * lanes are shortened so that it too keeps S streams. On the AMD EPYC (Zen 3, KVM)
  * development VM one stream per core left most of the memory parallelism unused: the
@@ -116,11 +116,13 @@ static void drv_dot_rows(const cq_qmat *m, size_t r0, size_t nr, drv_x x, float 
 #define CQ_ROW_STREAMS 1
 #endif
 #if CQ_ROW_STREAMS == 1
-static int row_streams(const cq_qmat *m, int i8) {
-    (void)m, (void)i8;
+static int row_streams(const cq_qmat *m) {
+    (void)m;
     return 1;
 }
 #endif
+/* Streams for m against this kind of x: int8 rows are always read in row order. */
+static size_t drv_streams(const cq_qmat *m, int i8) { return i8 ? 1 : (size_t)row_streams(m); }
 typedef struct {
     size_t next, end;   /* claim cursor (a row, or a lane position) and its end */
     size_t first, last; /* the share's rows [first, last); with streams > 1 ... */
@@ -128,10 +130,6 @@ typedef struct {
     size_t tail_lane;   /* then one panel of lanes of tail_lane rows */
     size_t streams;     /* 1: plain rows, claimed front to back */
 } drv_share;            /* eight words: one cache line a share on 64-bit targets */
-
-/* Bytes a lane streams before its panel moves on: lanes 16 KiB apart read faster than
- * lanes a share apart (megabytes) on the development VM (see CQ_ROW_STREAMS above). */
-#define CQ_LANE_BYTES 16384
 
 static void drv_share_set(const cq_qmat *m, drv_share *sh, size_t first, size_t last, size_t S) {
     const size_t n = last - first;
@@ -144,7 +142,7 @@ static void drv_share_set(const cq_qmat *m, drv_share *sh, size_t first, size_t 
         return;
     }
     const size_t row_bytes = m->rows ? m->nbytes / m->rows : 0;
-    size_t L = row_bytes ? CQ_LANE_BYTES / row_bytes : 1;
+    size_t L = row_bytes ? CQ_LANE_BYTES / row_bytes : 1; /* qmat.h */
     if (L < 1) L = 1;
     if (L > (n + S - 1) / S) L = (n + S - 1) / S;
     sh->lane = L;
@@ -160,8 +158,9 @@ static void drv_shares_init(const cq_qmat *m, drv_share *s, size_t parts, size_t
 
 #if CQ_ROW_STREAMS > 1
 /* Lane positions [a, b) of share sh: at each, the rows of every lane that has one;
- * row r's result goes to y[r - base]. */
-static void drv_lanes(const cq_qmat *m, drv_x x, const drv_share *sh, size_t a, size_t b, float *y, size_t base) {
+ * row r's result goes to y[r - base]. x is float32 (drv_streams). */
+static void drv_lanes(const cq_qmat *m, const float *xp, const drv_share *sh, size_t a, size_t b, float *y,
+                      size_t base) {
     const size_t L = sh->lane, S = sh->streams;
     for (size_t i = a; i < b; i++) {
         size_t r0, stride, nk = S;
@@ -174,8 +173,7 @@ static void drv_lanes(const cq_qmat *m, drv_x x, const drv_share *sh, size_t a, 
             nk = (sh->last - r0 + stride - 1) / stride;
             if (nk > S) nk = S;
         }
-        if (x.xq) i8_dot_lanes(m, r0, stride, (int)nk, x.xq, y + (r0 - base));
-        else dot_lanes(m, r0, stride, (int)nk, x.xp, y + (r0 - base));
+        dot_lanes(m, r0, stride, (int)nk, xp, y + (r0 - base));
     }
 }
 #endif
@@ -218,7 +216,7 @@ static void drv_rows(const cq_qmat *m, drv_x x, float *y, drv_share *s, size_t p
             const size_t nr = sh->end - a < per ? sh->end - a : per;
 #if CQ_ROW_STREAMS > 1
             if (sh->streams > 1) {
-                drv_lanes(m, x, sh, a, a + nr, y, 0);
+                drv_lanes(m, x.xp, sh, a, a + nr, y, 0);
                 continue;
             }
 #endif
@@ -328,7 +326,7 @@ static cq_status drv_matvec_many(const cq_qmat *ms, size_t n, const float *x, fl
         return CQ_ERR_NOMEM;
     }
     for (size_t i = 0; i < n; i++)
-        drv_shares_init(&ms[i], shares + i * parts, parts, (size_t)row_streams(&ms[i], kinds[i] == X_I8));
+        drv_shares_init(&ms[i], shares + i * parts, parts, drv_streams(&ms[i], kinds[i] == X_I8));
 #ifdef CORTIQ_HAVE_OPENMP
 #pragma omp parallel num_threads((int)parts) if (par)
 #endif
@@ -437,11 +435,11 @@ static cq_status drv_dequant_rows(const cq_qmat *m, size_t r0, size_t nr, float 
 /* Rows r0 .. r0+nr-1 on this thread (as lanes when the ISA reads several streams). */
 static void drv_rows_serial(const cq_qmat *m, size_t r0, size_t nr, drv_x x, float *out) {
 #if CQ_ROW_STREAMS > 1
-    const int S = row_streams(m, x.xq != NULL);
+    const size_t S = drv_streams(m, x.xq != NULL);
     if (S > 1) {
         drv_share sh;
-        drv_share_set(m, &sh, r0, r0 + nr, (size_t)S);
-        drv_lanes(m, x, &sh, 0, sh.end, out, r0);
+        drv_share_set(m, &sh, r0, r0 + nr, S);
+        drv_lanes(m, x.xp, &sh, 0, sh.end, out, r0);
         return;
     }
 #endif

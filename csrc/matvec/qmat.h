@@ -16,6 +16,9 @@
  * wait on L2: one thread, q8_row 4096x4096 from DRAM went from 87-88 to 90 % of the
  * read bandwidth, two threads from 87 to 90-91 % (alternating builds, same run). */
 #define CQ_PF_NEAR 1024
+/* Several streams per core (matvec_drivers.h: CQ_ROW_STREAMS; readbw.c): each stream
+ * reads this many bytes of a panel before the panel moves on. */
+#define CQ_LANE_BYTES 16384
 
 /* IEEE half -> float, exact for every input (subnormals, inf, NaN). */
 static inline float cq_h2f(uint16_t h) {

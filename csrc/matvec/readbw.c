@@ -1,13 +1,14 @@
 /* readbw.c -- the memory read-bandwidth probe of benchmarks/bench_matvec.py: a 64-bit
- * integer sum over a buffer (16-byte loads on x86-64, 4 independent accumulators, the
- * same software prefetch as the matvec kernels so that it stays their upper bound),
+ * integer sum over a buffer (16-byte loads on x86-64, 4 independent accumulators),
  * split statically over `threads` OpenMP threads, each thread's part read as `streams`
- * (1..8) streams side by side: panels of `streams` x 16 KiB, one stream a 16 KiB lane.
+ * (1..8) streams side by side: panels of `streams` lanes of CQ_LANE_BYTES, as the
+ * AVX2 matvec drivers read rows. One stream takes the kernels' software prefetch;
+ * several go without it, which read faster.
  * One stream per core leaves memory parallelism unused on some machines: on the EPYC
  * (Zen 3) development VM 12.4 -> 17.0 GB/s on one thread and 21.4 -> 29.5 on two with
  * four streams (2026-12-01). Not in any kernel table. */
 #include "../cortiq.h"
-#include "qmat.h" /* CQ_PF_DIST, CQ_PF_NEAR */
+#include "qmat.h" /* CQ_PF_DIST, CQ_PF_NEAR, CQ_LANE_BYTES */
 #include <string.h>
 #ifdef CORTIQ_HAVE_OPENMP
 #include <omp.h>
@@ -20,7 +21,6 @@
 
 #define BLK 4096 /* bytes per work item */
 #define MAXS 8    /* streams at most */
-#define LANE 16384 /* bytes a stream reads before the panel moves on */
 
 /* The next 64-byte line of each of S streams (q[k] + i), into the four accumulators:
  * S streams read side by side, as the matvec drivers read S rows (CQ_ROW_STREAMS). */
@@ -69,7 +69,7 @@ uint64_t cq_read_sum(const uint8_t *p, size_t n, int threads, int streams) {
     uint64_t total = 0;
     const int S = streams < 1 ? 1 : streams > MAXS ? MAXS : streams;
     const int parts = threads > 0 ? threads : 1;
-    const size_t nblk = n / BLK, panel = (size_t)S * LANE / BLK; /* blocks a panel */
+    const size_t nblk = n / BLK, panel = (size_t)S * CQ_LANE_BYTES / BLK; /* blocks a panel */
     (void)parts;
 #ifdef CORTIQ_HAVE_OPENMP
 #pragma omp parallel num_threads(parts) reduction(+ : total)
@@ -80,14 +80,14 @@ uint64_t cq_read_sum(const uint8_t *p, size_t n, int threads, int streams) {
         t = (size_t)omp_get_thread_num();
         nt = (size_t)omp_get_num_threads();
 #endif
-        /* this thread's blocks [b0, b1): panels of S lanes of LANE bytes read side by
+        /* this thread's blocks [b0, b1): panels of S lanes of CQ_LANE_BYTES read side by
          * side, then what does not fill a panel as one stream */
         const size_t b0 = nblk * t / nt, b1 = nblk * (t + 1) / nt;
         size_t b = b0;
         const uint8_t *q[MAXS];
         for (; S > 1 && b + panel <= b1; b += panel) {
-            for (int k = 0; k < S; k++) q[k] = p + b * BLK + (size_t)k * LANE;
-            total += sum_streams(q, LANE, S);
+            for (int k = 0; k < S; k++) q[k] = p + b * BLK + (size_t)k * CQ_LANE_BYTES;
+            total += sum_streams(q, CQ_LANE_BYTES, S);
         }
         q[0] = p + b * BLK;
         total += sum_streams(q, (b1 - b) * BLK, 1);
