@@ -457,3 +457,35 @@ def test_row_streams_bit_identical(isa, threads, dtype, rows):
         for a in range(min(rows, 4)):
             for b in (a + 1, rows):
                 np.testing.assert_array_equal(q.rows_dot(a, b - a, x), y[a:b])
+
+
+LANE_BYTES = 131072  # csrc/matvec/qmat.h CQ_LANE_BYTES: the bytes of one stream's lane
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_row", "q8_2f"])  # the lane dtypes
+def test_row_streams_many_panels(isa, dtype):
+    """Shares long enough for several full panels of four lanes and a shortened last
+    panel (about nine lanes a thread at three threads): every row lands in its own
+    place, and every thread count gives the bits of row_dot. (The grouped dtypes read
+    rows in order: test_row_streams_bit_identical covers them.)"""
+    cols = 64
+    if not _ok_shape(dtype, cols):
+        pytest.skip("layout needs other columns")
+    probe, _ = make(dtype, 4, cols)
+    lane = max(1, LANE_BYTES // (probe.nbytes // 4))
+    rows = 3 * 9 * lane + 7
+    q, d = make(dtype, rows, cols, seed=11)
+    x = np.random.default_rng(5).standard_normal(cols).astype(np.float32)
+    before = cortiq.get_num_threads()
+    try:
+        ys = []
+        for th in (1, 2, 3):
+            cortiq.set_num_threads(th)
+            ys.append(q.matvec(x))
+    finally:
+        cortiq.set_num_threads(before)
+    assert_dot_close(ys[0], d, x)
+    for y in ys[1:]:
+        np.testing.assert_array_equal(y, ys[0])
+    pick = np.random.default_rng(1).choice(rows, 64, replace=False)
+    np.testing.assert_array_equal([q.row_dot(int(i), x) for i in pick], ys[0][pick])

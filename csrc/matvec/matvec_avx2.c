@@ -10,6 +10,7 @@
  * the same bits. CQ_LANES_AI: the nk-row bodies are instantiated for constant nk so the
  * accumulators stay in registers. */
 #define CQ_ROW_STREAMS 4
+#define CQ_LANE_PF(a) _mm_prefetch((const char *)(a) + CQ_LANE_PF_NEAR, _MM_HINT_T0) /* qmat.h */
 #if defined(__GNUC__)
 #define CQ_LANES_AI static inline __attribute__((always_inline))
 #else
@@ -24,8 +25,8 @@
     }
 
 /* 8-lane streams (f32, f16, bf16, q8_row, q8_2f): per row two accumulators, columns
- * 16j .. 16j+7 and 16j+8 .. 16j+15, 64 columns a step with one prefetch pair per line
- * per row; then 16- and 8-column steps, then the scalar tail. LOAD(p) gives the 8
+ * 16j .. 16j+7 and 16j+8 .. 16j+15, 64 columns a step with one prefetch per line per
+ * row; then 16- and 8-column steps, then the scalar tail. LOAD(p) gives the 8
  * floats of the EB-byte elements at p. */
 #define CQ_LANES8(NAME, LOAD, EB, SCALAR)                                                    \
     CQ_LANES_AI void NAME(const uint8_t *p0, size_t ls, const float *x, size_t cols, float *res, \
@@ -39,7 +40,7 @@
         const float *xc = x, *const xe = x + (cols & ~(size_t)63);                           \
         for (; xc < xe; xc += 64) {                                                          \
             for (int k = 0; k < nk; k++)                                                     \
-                for (int o = 0; o < 64 * EB; o += 64) CQ_STREAM_PF(pk[k] + o);               \
+                for (int o = 0; o < 64 * EB; o += 64) CQ_LANE_PF(pk[k] + o);               \
             for (int j = 0; j < 64; j += 16) {                                               \
                 const __m256 x0 = _mm256_loadu_ps(xc + j), x1 = _mm256_loadu_ps(xc + j + 8); \
                 for (int k = 0; k < nk; k++) {                                               \

@@ -98,15 +98,15 @@ static void drv_dot_rows(const cq_qmat *m, size_t r0, size_t nr, drv_x x, float 
  * call (or that the OS delayed) does not hold the rest back. One cache line a share.
  *
  * Streams (CQ_ROW_STREAMS = S > 1, the AVX2 table): a share is read in panels of S
- * lanes of L rows (L = CQ_LANE_BYTES / row bytes, at least 1, so lanes start 16 KiB
- * apart: a claim stays one contiguous piece), and claim position i is the S rows at the same place of each lane, read side
+ * lanes of L rows (L = CQ_LANE_BYTES / row bytes, at least 1, so lanes start 128 KiB
+ * apart), and claim position i is the S rows at the same place of each lane, read side
  * by side by one kernel call (dot_lanes): S weight streams per core; the last panel's
  * lanes are shortened so that it too keeps S streams. On the AMD EPYC (Zen 3, KVM)
  * development VM one stream per core left most of the memory parallelism unused: the
  * read probe went 10.9-12.0 -> 15.0-15.8 GB/s on one thread and 18.3-18.6 -> 21.7-22.4
  * on two with four streams, q8_row 4096 x 4096 from DRAM 8-9 -> 13-16 GB/s on one
- * thread and ~17 -> 21-22 on two (2026-12-01). Lanes a share apart (megabytes) read
- * as fast, within this VM's noise; four adjacent 4 KiB rows gained nothing. Session 5
+ * thread and ~17 -> 21-22 on two (2026-12-01); lanes of 128 KiB rather than 16 read
+ * faster again (qmat.h: CQ_LANE_BYTES). Four adjacent 4 KiB rows gained nothing. Session 5
  * measured four rows side by side slower on its Xeon (78 vs 86 %), so the AVX-512
  * table keeps one stream (S = 1: a claim is plain rows). */
 #ifndef CQ_CLAIM_BYTES

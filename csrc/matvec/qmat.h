@@ -17,8 +17,16 @@
  * read bandwidth, two threads from 87 to 90-91 % (alternating builds, same run). */
 #define CQ_PF_NEAR 1024
 /* Several streams per core (matvec_drivers.h: CQ_ROW_STREAMS; readbw.c): each stream
- * reads this many bytes of a panel before the panel moves on. */
-#define CQ_LANE_BYTES 16384
+ * reads this many bytes of a panel before the panel moves on. On the Zen 3 VM 128 KiB
+ * lanes beat 16 KiB ones from DRAM (in-process A/B, 10 alternating rounds, q8_row
+ * 4096 x 4096, best of each: 12.9 -> 15.8 GB/s on one thread, 22.0 -> 27.5 on two);
+ * the read probe moved within its noise (16.4 -> 17.6 and 27.3 -> 28.8 GB/s). */
+#define CQ_LANE_BYTES 131072
+/* The four-stream kernels prefetch only this far ahead, into L1: with CQ_PF_DIST and
+ * CQ_PF_NEAR (the one-stream kernels' pair, four streams x 8 KiB ahead) the same
+ * matvecs ran 15-30 % slower (q8_row 4096 x 4096, mean of 10 rounds: 10.1 vs 12.0
+ * GB/s on one thread, 15.5 vs 18.8 on two; f32 11.3 vs 15.8 and 18.1 vs 25.4). */
+#define CQ_LANE_PF_NEAR 256
 
 /* IEEE half -> float, exact for every input (subnormals, inf, NaN). */
 static inline float cq_h2f(uint16_t h) {
