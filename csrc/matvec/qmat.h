@@ -69,6 +69,30 @@ static inline size_t cq_tp_stride(size_t cols) { return (5 * (cols / CQ_GROUP) +
 static inline size_t cq_tp_tile(int dtype) { return dtype == CQ_DT_Q4TP ? 16 : 8; }
 static inline size_t cq_ceil32(size_t n) { return (n + CQ_GROUP - 1) / CQ_GROUP; }
 
+/* Where the weights of columns [c0, c1) of row r start (*p) and how many bytes they
+ * take, scales aside: what to prefetch ahead of decoding them. 0 for the layouts whose
+ * rows have no fixed place (vbit, vbit_ro). A hint only: never read through it. */
+static inline size_t cq_row_span(const cq_qmat *m, size_t r, size_t c0, size_t c1, const uint8_t **p) {
+    size_t at, per; /* a row's elements (or groups), and bytes each */
+    switch (m->dtype) {
+    case CQ_DT_F32: per = 4; break;
+    case CQ_DT_F16: case CQ_DT_BF16: per = 2; break;
+    case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: per = 1; break;
+    case CQ_DT_Q4_BLOCK: case CQ_DT_Q4TP: per = 16; break;
+    case CQ_DT_Q4_TILED: per = 18; break;
+    case CQ_DT_Q2TP: per = 8; break;
+    default: return 0;
+    }
+    if (per >= 8) { /* grouped: whole groups */
+        at = r * cq_ceil32(m->cols) + c0 / CQ_GROUP;
+        *p = m->data + per * at;
+        return per * (cq_ceil32(c1) - c0 / CQ_GROUP);
+    }
+    at = r * m->cols + c0;
+    *p = m->data + per * at;
+    return per * (c1 - c0);
+}
+
 /* x quantized for the int8-activation path (cq_set_int8_act), one layout for every
  * ISA so all of them see the same integers. d[g] = max|x[group g]| / 127 and
  * xq = round(x / d[g]) (a non-finite input gives d = that value and xq = 0, so the
