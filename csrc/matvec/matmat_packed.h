@@ -5,6 +5,9 @@
  *   mm_vec, mm_load(p), mm_store(p, v), mm_set1(f), mm_fma(a, b, c), mm_zero()
  *   mm_idx, mm_gather_idx(stride) and mm_gather(idx, base, live): the first `live`
  *       lanes of base[lane * stride], the others 0
+ *   optionally MM_HAVE_PACK_BLOCK and mm_pack_block(src, cols, live, dst, wd): columns
+ *       0 .. MM_VL-1 of the first `live` rows of src (row stride cols; the other rows 0)
+ *       into dst[c * wd + lane] (for tables whose mm_column is the natural order)
  *   MM_SHAPES(X)                the register tiles as X(MR, NV): MR rows x NV vectors,
  *                               one per NV = 1 .. MM_NV (MR a divisor of CQ_MM_ROWS)
  *   MM_NV                       vectors per panel (MM_NI = MM_NV * MM_VL inputs)
@@ -60,7 +63,11 @@ static void mm_pack(const cq_qmat *m, const float *X, size_t t, size_t cols, siz
         for (size_t i0 = 0; i0 < wd; i0 += MM_VL) {
             const size_t live = n - i0 < MM_VL ? n - i0 : MM_VL;
             const float *src = X + (g0 + i0) * cols;
-            for (size_t c = c0; c < c1; c++) mm_store(pg + c * wd + i0, mm_gather(at, src + mm_column(m, c), live));
+            size_t c = c0;
+#ifdef MM_HAVE_PACK_BLOCK
+            for (; c + MM_VL <= c1; c += MM_VL) mm_pack_block(src + c, cols, live, pg + c * wd + i0, wd);
+#endif
+            for (; c < c1; c++) mm_store(pg + c * wd + i0, mm_gather(at, src + mm_column(m, c), live));
         }
     }
 }
