@@ -9,7 +9,12 @@
  * same whatever nk is, so dot_row (nk = 1), matvec, rows_dot and any thread count give
  * the same bits. CQ_LANES_AI: the nk-row bodies are instantiated for constant nk so the
  * accumulators stay in registers. */
+#ifndef CQ_ROW_STREAMS
 #define CQ_ROW_STREAMS 4
+#endif
+#if CQ_ROW_STREAMS < 2 || CQ_ROW_STREAMS > 4
+#error "AVX2 reads two to four streams (CQ_LANES_DISPATCH; one: the drivers' row_streams)"
+#endif
 #define CQ_LANE_PF(a) _mm_prefetch((const char *)(a) + CQ_LANE_PF_NEAR, _MM_HINT_T0) /* qmat.h */
 #if defined(__GNUC__)
 #define CQ_LANES_AI static inline __attribute__((always_inline))
