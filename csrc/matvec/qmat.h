@@ -78,10 +78,12 @@ static inline size_t cq_tp_tile(int dtype) { return dtype == CQ_DT_Q4TP ? 16 : 8
 static inline size_t cq_ceil32(size_t n) { return (n + CQ_GROUP - 1) / CQ_GROUP; }
 
 /* Where the weights of columns [c0, c1) of row r start (*p) and how many bytes they
- * take, scales aside: what to prefetch ahead of decoding them. 0 for the layouts whose
- * rows have no fixed place (vbit, vbit_ro). A hint only: never read through it. */
+ * take, scales aside: what to prefetch ahead of decoding them. The grouped layouts
+ * count groups over the flat element index (CMF_FORMAT §7: q4_block and q4_tiled
+ * groups run across rows when cols % 32 != 0). 0 for the layouts whose rows have no
+ * fixed place (vbit, vbit_ro). A hint only: never read through it. */
 static inline size_t cq_row_span(const cq_qmat *m, size_t r, size_t c0, size_t c1, const uint8_t **p) {
-    size_t at, per; /* a row's elements (or groups), and bytes each */
+    size_t per; /* bytes an element, or (grouped) a group of CQ_GROUP */
     switch (m->dtype) {
     case CQ_DT_F32: per = 4; break;
     case CQ_DT_F16: case CQ_DT_BF16: per = 2; break;
@@ -91,14 +93,13 @@ static inline size_t cq_row_span(const cq_qmat *m, size_t r, size_t c0, size_t c
     case CQ_DT_Q2TP: per = 8; break;
     default: return 0;
     }
-    if (per >= 8) { /* grouped: whole groups */
-        at = r * cq_ceil32(m->cols) + c0 / CQ_GROUP;
-        *p = m->data + per * at;
-        return per * (cq_ceil32(c1) - c0 / CQ_GROUP);
+    const size_t e0 = r * m->cols + c0, e1 = r * m->cols + c1;
+    if (per < 8) {
+        *p = m->data + per * e0;
+        return per * (e1 - e0);
     }
-    at = r * m->cols + c0;
-    *p = m->data + per * at;
-    return per * (c1 - c0);
+    *p = m->data + per * (e0 / CQ_GROUP);
+    return per * (cq_ceil32(e1) - e0 / CQ_GROUP);
 }
 
 /* x quantized for the int8-activation path (cq_set_int8_act), one layout for every
