@@ -292,7 +292,7 @@ def main():
         sg = float("nan") if a.no_numpy else bench_sgemm(shapes[0], 64, threads[0], reps)
         print(f"(d) prefill at t = 64, {shapes[0][0]}x{shapes[0][1]}, {threads[0]} thread(s): throughput of "
               "one matmat / 64 separate matvecs (target >= 3x);")
-        print(f"    GMAC/s from DRAM of the matmat, of the 64 matvecs, and what 3x takes; numpy float32")
+        print("    GMAC/s from DRAM of the matmat, of the 64 matvecs, and what 3x takes; numpy float32")
         print(f"    X @ W.T (OpenBLAS sgemm) on the same shape: {sg:.1f} GMAC/s")
         print("    dtype      weights from DRAM   in cache    matmat  matvecs  3x takes")
         for dt, r in prefill.items():
