@@ -121,8 +121,7 @@ def bench_ceiling(dtype, cols, threads_list, reps, rng):
     (at least 96 rows, so two threads and four row streams each have work)."""
     dtype, _, mode = dtype.partition("+")
     cortiq.set_int8_activations(mode == "i8")
-    probe = QTensor.from_f32(np.zeros((1, cols), np.float32), dtype)
-    rows = max(96, CEIL_BYTES // max(1, probe.nbytes))
+    rows = max(96, CEIL_BYTES // max(1, K.qmat_nbytes(dtype, 1, cols)))
     q = QTensor.from_f32(rng.standard_normal((rows, cols), dtype=np.float32), dtype)
     x = rng.standard_normal(cols, dtype=np.float32)
     out = np.empty(rows, np.float32)
@@ -190,19 +189,22 @@ print(rows * cols * t / best / 1e9)
 """
 
 
-def bench_sgemm(shape, t, threads, reps):
-    """numpy float32 X @ W.T, GMAC/s (the peer of (d)), in a subprocess."""
+def run_numpy(snippet, threads, *args):
+    """The number a numpy snippet prints, run in a subprocess with OpenBLAS on
+    `threads` threads (nan if it fails)."""
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
-    r = subprocess.run([sys.executable, "-c", SGEMM_SNIPPET, str(shape[0]), str(shape[1]), str(t), str(reps)],
-                       env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", snippet, *map(str, args)], env=env, capture_output=True, text=True)
     return float(r.stdout.strip()) if r.returncode == 0 else float("nan")
+
+
+def bench_sgemm(shape, t, threads, reps):
+    """numpy float32 X @ W.T, GMAC/s (the peer of (d))."""
+    return run_numpy(SGEMM_SNIPPET, threads, shape[0], shape[1], t, reps)
 
 
 def bench_numpy(shape, threads, total, reps):
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
-    r = subprocess.run([sys.executable, "-c", NUMPY_SNIPPET, str(shape[0]), str(shape[1]),
-                        str(total), str(reps)], env=env, capture_output=True, text=True)
-    return float(r.stdout.strip()) if r.returncode == 0 else float("nan")
+    """numpy float32 W @ x over cycled copies, GB/s (the peer of (b))."""
+    return run_numpy(NUMPY_SNIPPET, threads, shape[0], shape[1], total, reps)
 
 
 def main():
