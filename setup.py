@@ -5,14 +5,13 @@ C sources under csrc/ are compiled here, each with the flags its file name asks 
   *_avx512.c -> AVX-512 F/BW/VL/DQ  (x86-64 only)
   anything else -> portable baseline flags
 and linked with the Cython module. No -march=native unless CORTIQ_NATIVE=1 asks for a
-local build. OpenMP is used when the compiler has it; otherwise the build is serial
-and cortiq.show_config() says so.
+local build. Threads come from cortiq's own pool (csrc/pool.c: pthreads, or Win32
+threads on Windows): no OpenMP runtime is needed on any platform.
 """
 import glob
 import os
 import sys
 import sysconfig
-import tempfile
 
 import numpy as np
 from Cython.Build import cythonize
@@ -49,26 +48,13 @@ def _c_sources():
 class BuildKernels(build_ext):
     """Compiles csrc/ per ISA group, then links the objects into the extension."""
 
-    def _try_compile(self, code: str, flags, link_flags=()) -> bool:
-        with tempfile.TemporaryDirectory() as tmp:
-            src = os.path.join(tmp, "probe.c")
-            with open(src, "w") as fh:
-                fh.write(code)
-            try:
-                objs = self.compiler.compile([src], output_dir=tmp, extra_postargs=list(flags))
-                self.compiler.link_executable(objs, "probe", output_dir=tmp,
-                                              extra_postargs=list(link_flags))
-                return True
-            except Exception:  # noqa: BLE001 -- any failure means "not available"
-                return False
-
     def build_extension(self, ext):
         msvc = self.compiler.compiler_type == "msvc"
         native = os.environ.get("CORTIQ_NATIVE") == "1"
         if msvc:
             common = ["/O2", "/fp:precise"]
             isa_flags = {"base": [], "avx2": ["/arch:AVX2"], "avx512": ["/arch:AVX512"]}
-            omp_c, omp_l = ["/openmp"], []
+            thread_l = []
         else:
             # No contraction of a*b+c into FMA behind our back: the reference kernels
             # must compute exactly what their source says on every platform.
@@ -77,7 +63,7 @@ class BuildKernels(build_ext):
             isa_flags = {"base": [], "avx2": ["-mavx2", "-mfma", "-mf16c"],
                          "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                                     "-mavx2", "-mfma", "-mf16c"]}
-            omp_c, omp_l = ["-fopenmp"], ["-fopenmp"]
+            thread_l = ["-pthread"]
             if native:  # a local, non-portable build: never in a wheel
                 common.append(NATIVE_FLAG)
 
@@ -91,29 +77,20 @@ class BuildKernels(build_ext):
         if groups["avx512"]:
             macros.append(("CORTIQ_HAVE_AVX512", "1"))
 
-        omp_probe = "#include <omp.h>\nint main(void){return omp_get_max_threads() < 1;}\n"
-        have_omp = os.environ.get("CORTIQ_NO_OPENMP") != "1" and self._try_compile(omp_probe, omp_c, omp_l)
-        if have_omp:
-            macros.append(("CORTIQ_HAVE_OPENMP", "1"))
-        else:
-            omp_c, omp_l = [], []
-            print("cortiq: WARNING: the compiler has no OpenMP; building serial kernels",
-                  file=sys.stderr)
-
         objects = []
         for group, sources in groups.items():
             if not sources:
                 continue
             objects += self.compiler.compile(
                 sources, output_dir=self.build_temp, macros=macros,
-                include_dirs=[CSRC], extra_postargs=common + isa_flags[group] + omp_c,
+                include_dirs=[CSRC], extra_postargs=common + isa_flags[group],
                 depends=glob.glob(os.path.join(CSRC, "**", "*.h"), recursive=True),
                 debug=self.debug)
         ext.extra_objects = objects + list(ext.extra_objects or [])
         # build_ext relinks only when a source or a dependency is newer than the module;
         # without the objects here, a change to csrc/ alone left the old module in place.
         ext.depends = list(ext.depends or []) + objects
-        ext.extra_link_args = list(ext.extra_link_args or []) + omp_l
+        ext.extra_link_args = list(ext.extra_link_args or []) + thread_l
         ext.extra_compile_args = list(ext.extra_compile_args or []) + (["-O2"] if not msvc else [])
         super().build_extension(ext)
 

@@ -234,7 +234,7 @@ def main():
     if a.isa:
         K.set_isa(a.isa)
     cfg = cortiq.config()
-    print(f"cortiq {cfg['version']}: isa {cfg['isa']}, openmp {cfg['openmp']}, "
+    print(f"cortiq {cfg['version']}: isa {cfg['isa']}, pool spin {cfg['pool']['spin_us']} us, "
           f"cpus {os.cpu_count()}, load average {os.getloadavg()[0]:.2f} "
           f"(other processes make these numbers noisy)")
     print(f"cycling >= {total / (1 << 30):.2f} GiB of weights per measurement, best of {reps}\n")

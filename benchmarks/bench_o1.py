@@ -154,7 +154,7 @@ def main() -> None:
     ap.add_argument("--quant", default="q8_row")
     ap.add_argument("--model", default=None)
     ap.add_argument("--threads", type=int, default=1,
-                    help="kernel threads (1: OpenMP waits on a shared machine distort timings)")
+                    help="kernel threads (1: the steadiest timings on a shared machine)")
     ap.add_argument("--interleaved", action="store_true",
                     help="also decode after every length in one process, token by token in turn")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)

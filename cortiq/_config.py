@@ -2,8 +2,8 @@
 whether the q4 matvecs may quantize their activations to int8, and whether LLM()
 preloads model files by default.
 
-Read once at import from CORTIQ_ISA, CORTIQ_NUM_THREADS, CORTIQ_INT8_ACT and
-CORTIQ_PRELOAD; changed later through cortiq.set_num_threads() /
+Read once at import from CORTIQ_ISA, CORTIQ_NUM_THREADS, CORTIQ_SPIN_US,
+CORTIQ_INT8_ACT and CORTIQ_PRELOAD; changed later through cortiq.set_num_threads() /
 cortiq.set_int8_activations() (preload: LLM(path, preload=...)). A forced ISA that
 cannot run here is an error, never a silent fallback.
 """
@@ -47,6 +47,11 @@ def _init() -> None:
     else:
         _kernels.set_isa(_kernels.best_isa())
     _kernels.set_num_threads(_default_threads())
+    raw = os.environ.get("CORTIQ_SPIN_US", "").strip()
+    if raw:
+        if not raw.isdigit():
+            raise ConfigError(f"CORTIQ_SPIN_US must be a whole number of microseconds, got {raw!r}")
+        _kernels.set_pool_spin_us(int(raw))
     raw = os.environ.get("CORTIQ_INT8_ACT", "").strip()
     if raw not in ("", "0", "1"):
         raise ConfigError(f"CORTIQ_INT8_ACT must be 0 or 1, got {raw!r}")
@@ -66,7 +71,8 @@ def preload_default(long_running: bool = False) -> bool:
 
 
 def set_num_threads(n: int) -> None:
-    """Threads every kernel uses from now on (process-wide)."""
+    """Threads every kernel uses from now on (process-wide): the calling thread plus
+    n - 1 workers of the kernel pool, started or stopped at the next parallel kernel."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ConfigError(f"set_num_threads: n must be a positive integer, got {n!r}")
     _kernels.set_num_threads(n)
@@ -107,26 +113,29 @@ def config() -> dict:
         "threads": _kernels.get_num_threads(),
         "int8_activations": _kernels.get_int8_act(),
         "preload": preload_default(),
-        "openmp": _kernels.have_openmp(),
+        "pool": {"threads": _kernels.get_num_threads(), "workers": _kernels.pool_workers(),
+                 "spin_us": _kernels.pool_spin_us(), "stalls": _kernels.pool_stalls()},
         "compiler": _kernels.compiler(),
     }
 
 
 def show_config(file=None) -> None:
-    """Print the active ISA, CPU features, threads, compiler/OpenMP and version."""
+    """Print the active ISA, CPU features, threads and their pool, compiler and version."""
     c = config()
-    openmp = "yes" if c["openmp"] else "no (built serial: the compiler had no OpenMP)"
+    pool = c["pool"]
     lines = [
         f"cortiq {c['version']}",
         f"  isa:          {c['isa']}  (compiled: {', '.join(c['isa_compiled'])}; "
         f"usable here: {', '.join(c['isa_usable'])})",
         f"  cpu features: {' '.join(c['cpu_features']) or '(none detected)'}",
         f"  L1 data:      {c['l1d_bytes'] // 1024} KiB",
-        f"  threads:      {c['threads']}",
+        f"  threads:      {c['threads']}  (the caller + {c['threads'] - 1} pool workers; "
+        f"{pool['workers']} started)",
+        f"  wait policy:  idle workers spin {pool['spin_us']} us, then sleep (CORTIQ_SPIN_US); "
+        f"{pool['stalls']} calls met a descheduled worker",
         f"  int8 act:     {'on (q4 matvecs quantize x)' if c['int8_activations'] else 'off'}",
         f"  preload:      {'on' if c['preload'] else 'off'}  (LLM default, CORTIQ_PRELOAD; "
         f"cortiq serve: {'on' if preload_default(long_running=True) else 'off'})",
-        f"  openmp:       {openmp}",
         f"  compiler:     {c['compiler']}",
     ]
     print("\n".join(lines), file=file)

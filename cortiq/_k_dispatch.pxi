@@ -72,8 +72,26 @@ def active_isa():
     return cq_active().name.decode()
 
 
-def have_openmp():
-    return bool(cq_have_openmp())
+def pool_workers():
+    """Worker threads the kernel pool has started (threads - 1 once a parallel kernel
+    has run; 0 before)."""
+    return cq_pool_workers()
+
+
+def pool_stalls():
+    """Parallel calls that found a pool worker descheduled by the OS (cores shared with
+    other busy threads); after each, calls run on their caller alone for a while."""
+    return cq_pool_stalls()
+
+
+def pool_spin_us():
+    return cq_pool_spin_us()
+
+
+def set_pool_spin_us(int us):
+    if us < 0:
+        raise ValueError(f"set_pool_spin_us: us must be >= 0, got {us}")
+    cq_pool_set_spin_us(us)
 
 
 def set_num_threads(int n):

@@ -133,9 +133,14 @@ cdef extern from "cortiq.h" nogil:
     cq_status cq_set_isa(cq_isa isa)
     const cq_table *cq_active()
 
-    int cq_have_openmp()
     void cq_set_num_threads(int n)
     int cq_get_num_threads()
     void cq_set_int8_act(int on)
     int cq_get_int8_act()
     const char *cq_compiler()
+
+cdef extern from "pool.h":
+    int cq_pool_workers()
+    unsigned long cq_pool_stalls()
+    int cq_pool_spin_us()
+    void cq_pool_set_spin_us(int us)

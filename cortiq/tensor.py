@@ -3,7 +3,7 @@
 The matrix is ``[rows, cols] = [out_features, in_features]``. Activations are float32
 and weights decode to exactly the float32 values of ``cortiq.cmf.quant.dequantize``;
 every product runs through the C kernels of ``csrc/matvec`` (scalar reference or its
-AVX2/AVX-512 twin, OpenMP over output rows, bit-identical for any thread count).
+AVX2/AVX-512 twin, output rows split over the kernel pool, bit-identical for any thread count).
 
 Exactness contract (see docs/ARCHITECTURE.md, "matvec"):
 * ``matvec`` / ``row_dot`` / ``rows_dot`` / ``matvec_many`` give bit-identical results for the same

@@ -7,8 +7,9 @@
  *  - Every kernel exists as a scalar reference (the spec, *_ref.c) and, where it
  *    pays, an AVX2/FMA twin (*_avx2.c) with the same contract. Callers reach them
  *    through the active table (cq_active()), chosen once by dispatch.c.
- *  - OpenMP-parallel kernels split work into disjoint ranges decided by the problem
- *    shape only, so results are bit-identical for any thread count.
+ *  - Parallel kernels run on the process-wide thread pool (pool.h) and split work
+ *    into pieces decided by the problem shape only, each computed by one thread, so
+ *    results are bit-identical for any thread count and any calling thread.
  */
 #ifndef CORTIQ_H
 #define CORTIQ_H
@@ -376,8 +377,8 @@ cq_status cq_set_isa(cq_isa isa);
 const cq_table *cq_active(void);
 
 /* ---- threads ------------------------------------------------------------ */
-int cq_have_openmp(void);
-/* Threads used by every OpenMP region (process-wide; ignored without OpenMP). */
+/* Threads every parallel kernel uses: the caller plus n - 1 workers of the
+ * process-wide pool (pool.h), started or stopped at the next parallel call. */
 void cq_set_num_threads(int n);
 int cq_get_num_threads(void);
 

@@ -2,10 +2,7 @@
  * A family without a faster twin for an ISA reuses the best slower one, so every
  * table is complete. */
 #include "cortiq.h"
-
-#ifdef CORTIQ_HAVE_OPENMP
-#include <omp.h>
-#endif
+#include "pool.h"
 
 static const cq_table TABLE_REF = {
     .name = "ref",
@@ -107,25 +104,13 @@ const char *cq_status_str(cq_status s) {
     }
 }
 
-int cq_have_openmp(void) {
-#ifdef CORTIQ_HAVE_OPENMP
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-/* One process-wide count. omp_set_num_threads() would only set the calling thread's
- * ICV, and cortiq's kernels are called from many Python threads, so parallel regions
- * pass num_threads(cq_get_num_threads()) explicitly. */
-static int NTHREADS = 1;
+/* One process-wide count, read by every parallel call (the pool resizes to it). */
+static volatile int NTHREADS = 1;
 
 void cq_set_num_threads(int n) {
-#ifdef CORTIQ_HAVE_OPENMP
-    if (n > 0) NTHREADS = n;
-#else
-    (void)n;
-#endif
+    if (n <= 0) return;
+    NTHREADS = n > CQ_POOL_MAX_SLOTS ? CQ_POOL_MAX_SLOTS : n;
+    cq_pool_trim(); /* fewer threads: the extra workers stop now rather than idle */
 }
 
 int cq_get_num_threads(void) { return NTHREADS; }

@@ -51,4 +51,4 @@ def pytest_report_header(config):
     c = cortiq.config()
     return (f"cortiq {c['version']} from {os.path.dirname(cortiq.__file__)}; isa {c['isa']} "
             f"(usable {', '.join(c['isa_usable'])}), threads {c['threads']}, "
-            f"openmp {c['openmp']}")
+            f"pool spin {c['pool']['spin_us']} us")

@@ -53,7 +53,7 @@ def test_set_num_threads_validates():
     before = cortiq.get_num_threads()
     try:
         cortiq.set_num_threads(3)
-        assert cortiq.get_num_threads() == (3 if cortiq.config()["openmp"] else 1)
+        assert cortiq.get_num_threads() == 3 == cortiq.config()["pool"]["threads"]
         for bad in (0, -1, 1.5, "2", True):
             with pytest.raises(cortiq.ConfigError):
                 cortiq.set_num_threads(bad)
@@ -88,7 +88,7 @@ def test_cortiq_isa_that_cannot_run_names_the_choices():
 def test_cortiq_num_threads():
     r = _run({"CORTIQ_NUM_THREADS": "3"})
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split()[1] == ("3" if cortiq.config()["openmp"] else "1")
+    assert r.stdout.split()[1] == "3"
     r = _run({"CORTIQ_NUM_THREADS": "zero"})
     assert r.returncode != 0 and "CORTIQ_NUM_THREADS" in r.stderr
 

@@ -65,93 +65,114 @@ static void gqa_values(float *og, const float *sc, size_t n, const float *val, s
 }
 #endif
 
+/* One attn_gqa call: tasks (query row, kv head), claimed by the pool's slots. */
+typedef struct {
+    const float *q, *keys, *vals;
+    float *out;
+    size_t nk, hd, rep, kv_row, q_row, nkeys, pos0, first, window, tasks, next;
+    float scale;
+    int failed;
+} gqa_job;
+
+static void gqa_slot(void *arg, size_t slot, size_t nslots) {
+    gqa_job *j = (gqa_job *)arg;
+    (void)slot;
+    (void)nslots;
+    const size_t rep = j->rep, hd = j->hd, kv_row = j->kv_row;
+    float *sc = NULL;
+    for (;;) {
+        const size_t task = cq_pool_claim(&j->next, 1);
+        if (task >= j->tasks) break;
+        if (!sc && !(sc = cq_thread_scratch(rep * j->nkeys * sizeof(float) + 16, &j->failed))) break;
+        size_t r = task / j->nk, kh = task % j->nk;
+        size_t p = j->pos0 + r;
+        size_t lo = j->first;
+        if (j->window && p + 1 > j->window && p + 1 - j->window > lo) lo = p + 1 - j->window;
+        size_t n = p + 1 - lo;
+        const float *qg = j->q + r * j->q_row + kh * rep * hd;
+        float *og = j->out + r * j->q_row + kh * rep * hd;
+        /* each key row once, against every query head of the group */
+        for (size_t e = 0; e < n; e++) {
+            const float *key = j->keys + (lo - j->first + e) * kv_row + kh * hd;
+            if (e + ATTN_PF_KEYS < n) /* the rows are kv_row apart: the hardware does not follow */
+                for (size_t b = 0; b < hd * sizeof(float); b += 64)
+                    CQ_PREFETCH((const char *)(key + ATTN_PF_KEYS * kv_row) + b);
+            for (size_t h = 0; h < rep; h++) sc[h * n + e] = vdot(qg + h * hd, key, hd) * j->scale;
+        }
+        for (size_t h = 0; h < rep; h++) soft_inplace(sc + h * n, n);
+        gqa_values(og, sc, n, j->vals + (lo - j->first) * kv_row + kh * hd, kv_row, rep, hd);
+    }
+    free(sc);
+}
+
 static cq_status k_attn_gqa(const float *q, const float *keys, const float *vals, float *out,
                             size_t t, size_t nh, size_t nk, size_t hd, size_t nkeys, size_t pos0,
                             size_t first, size_t window, float scale) {
     if (nk == 0 || nh % nk || hd == 0) return CQ_ERR_SHAPE;
     if (t == 0) return CQ_OK;
     if (pos0 < first || pos0 + t - first > nkeys) return CQ_ERR_SHAPE;
-    const size_t rep = nh / nk, kv_row = nk * hd, q_row = nh * hd;
-    const long tasks = (long)(t * nk);
-    int failed = 0;
-    size_t work = t * nh * (pos0 + t - first) * hd;
-    int par = work >= ((size_t)1 << 15) && tasks > 1;
-    (void)par;
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel num_threads(cq_get_num_threads()) if (par)
-#endif
-    {
-        float *sc = cq_thread_scratch(rep * nkeys * sizeof(float) + 16, &failed);
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp for schedule(static)
-#endif
-        for (long task = 0; task < tasks; task++) {
-            if (!sc) continue;
-            size_t r = (size_t)task / nk, kh = (size_t)task % nk;
-            size_t p = pos0 + r;
-            size_t lo = first;
-            if (window && p + 1 > window && p + 1 - window > lo) lo = p + 1 - window;
-            size_t n = p + 1 - lo;
-            const float *qg = q + r * q_row + kh * rep * hd;
-            float *og = out + r * q_row + kh * rep * hd;
-            /* each key row once, against every query head of the group */
-            for (size_t e = 0; e < n; e++) {
-                const float *key = keys + (lo - first + e) * kv_row + kh * hd;
-                if (e + ATTN_PF_KEYS < n) /* the rows are kv_row apart: the hardware does not follow */
-                    for (size_t b = 0; b < hd * sizeof(float); b += 64)
-                        CQ_PREFETCH((const char *)(key + ATTN_PF_KEYS * kv_row) + b);
-                for (size_t h = 0; h < rep; h++) sc[h * n + e] = vdot(qg + h * hd, key, hd) * scale;
-            }
-            for (size_t h = 0; h < rep; h++) soft_inplace(sc + h * n, n);
-            gqa_values(og, sc, n, vals + (lo - first) * kv_row + kh * hd, kv_row, rep, hd);
+    gqa_job j = {q, keys, vals, out, nk, hd, nh / nk, nk * hd, nh * hd, nkeys, pos0, first, window,
+                 t * nk, 0, scale, 0};
+    const size_t work = t * nh * (pos0 + t - first) * hd, threads = (size_t)cq_get_num_threads();
+    const int par = work >= ((size_t)1 << 15) && j.tasks > 1;
+    cq_pool_run(!par ? 1 : threads < j.tasks ? threads : j.tasks, gqa_slot, &j);
+    return j.failed ? CQ_ERR_NOMEM : CQ_OK;
+}
+
+/* One sparse_attend call: one task a head. */
+typedef struct {
+    const float *q, *kv, *sink;
+    const int64_t *idx;
+    float *out;
+    size_t m, nh, hd, next;
+    float scale;
+    int failed;
+} sparse_job;
+
+static void sparse_slot(void *arg, size_t slot, size_t nslots) {
+    sparse_job *j = (sparse_job *)arg;
+    (void)slot;
+    (void)nslots;
+    const size_t m = j->m, hd = j->hd;
+    const int64_t *idx = j->idx;
+    float *sc = NULL;
+    for (;;) {
+        const size_t hh = cq_pool_claim(&j->next, 1);
+        if (hh >= j->nh) break;
+        if (!sc && !(sc = cq_thread_scratch((m ? m : 1) * sizeof(float), &j->failed))) break;
+        const float *qh = j->q + hh * hd;
+        float *oh = j->out + hh * hd;
+        float sk = j->sink ? j->sink[hh] : -INFINITY;
+        float top = sk;
+        for (size_t e = 0; e < m; e++) {
+            if (idx[e] < 0) continue;
+            sc[e] = vdot(qh, j->kv + (size_t)idx[e] * hd, hd) * j->scale;
+            top = sc[e] > top ? sc[e] : top;
         }
-        free(sc);
+        memset(oh, 0, hd * sizeof(float));
+        if (top == -INFINITY) continue; /* nothing to attend and no sink: zeros */
+        float den = sk == -INFINITY ? 0.0f : cq_exp1(sk - top);
+        for (size_t e = 0; e < m; e++) {
+            if (idx[e] < 0) continue;
+            float w = cq_exp1(sc[e] - top);
+            den += w;
+            vaxpy(oh, w, j->kv + (size_t)idx[e] * hd, hd);
+        }
+        vscale(oh, oh, 1.0f / den, NULL, hd);
     }
-    return failed ? CQ_ERR_NOMEM : CQ_OK;
+    free(sc);
 }
 
 static cq_status k_sparse_attend(const float *q, const float *kv, size_t nkv, const int64_t *idx,
                                  size_t m, const float *sink, float scale, size_t nh, size_t hd,
                                  float *out) {
-    for (size_t j = 0; j < m; j++)
-        if (idx[j] >= (int64_t)nkv) return CQ_ERR_ARG;
-    int failed = 0;
-    long heads = (long)nh;
-    int par = nh * m * hd >= ((size_t)1 << 15) && nh > 1;
-    (void)par;
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel num_threads(cq_get_num_threads()) if (par)
-#endif
-    {
-        float *sc = cq_thread_scratch((m ? m : 1) * sizeof(float), &failed);
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp for schedule(static)
-#endif
-        for (long hh = 0; hh < heads; hh++) {
-            if (!sc) continue;
-            const float *qh = q + (size_t)hh * hd;
-            float *oh = out + (size_t)hh * hd;
-            float sk = sink ? sink[hh] : -INFINITY;
-            float top = sk;
-            for (size_t j = 0; j < m; j++) {
-                if (idx[j] < 0) continue;
-                sc[j] = vdot(qh, kv + (size_t)idx[j] * hd, hd) * scale;
-                top = sc[j] > top ? sc[j] : top;
-            }
-            memset(oh, 0, hd * sizeof(float));
-            if (top == -INFINITY) continue; /* nothing to attend and no sink: zeros */
-            float den = sk == -INFINITY ? 0.0f : cq_exp1(sk - top);
-            for (size_t j = 0; j < m; j++) {
-                if (idx[j] < 0) continue;
-                float w = cq_exp1(sc[j] - top);
-                den += w;
-                vaxpy(oh, w, kv + (size_t)idx[j] * hd, hd);
-            }
-            vscale(oh, oh, 1.0f / den, NULL, hd);
-        }
-        free(sc);
-    }
-    return failed ? CQ_ERR_NOMEM : CQ_OK;
+    for (size_t e = 0; e < m; e++)
+        if (idx[e] >= (int64_t)nkv) return CQ_ERR_ARG;
+    sparse_job j = {q, kv, sink, idx, out, m, nh, hd, 0, scale, 0};
+    const size_t threads = (size_t)cq_get_num_threads();
+    const int par = nh * m * hd >= ((size_t)1 << 15) && nh > 1;
+    cq_pool_run(!par ? 1 : threads < nh ? threads : nh, sparse_slot, &j);
+    return j.failed ? CQ_ERR_NOMEM : CQ_OK;
 }
 
 static void k_qk_prep(float *x, const float *cs, const float *sn, const float *scale, size_t t,

@@ -18,9 +18,6 @@
 #define CQ_PREFETCH(p) ((void)(p))
 #endif
 #define ATTN_PF_KEYS 8
-#ifdef CORTIQ_HAVE_OPENMP
-#include <omp.h>
-#endif
 
 static void rope_interleaved_s(float *x, const float *cs, const float *sn, size_t vecs,
                                size_t per_pos, size_t hd, size_t rope_dim, int inverse) {

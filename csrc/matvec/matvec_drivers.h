@@ -26,16 +26,11 @@
 #ifndef CQ_MATVEC_DRIVERS_H
 #define CQ_MATVEC_DRIVERS_H
 #include "qmat.h"
+#include "../pool.h"
 #include "../scratch.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef CORTIQ_HAVE_OPENMP
-#include <omp.h>
-#endif
-#if defined(CORTIQ_HAVE_OPENMP) && defined(_MSC_VER)
-#include <intrin.h>
-#endif
 
 /* Below this many weights a call stays on the calling thread (thread start-up would
  * cost more than the work). Does not change any result. */
@@ -178,29 +173,12 @@ static void drv_lanes(const cq_qmat *m, const float *xp, const drv_share *sh, si
 }
 #endif
 
-/* The first row of the next n of share s (at or past s->end when none are left). An
- * atomic fetch-and-add: OpenMP's `atomic capture` is 3.1, which MSVC lacks. */
-static size_t drv_claim(drv_share *s, size_t n) {
-#if !defined(CORTIQ_HAVE_OPENMP)
-    const size_t a = s->next;
-    s->next += n;
-    return a;
-#elif defined(_MSC_VER) && defined(_WIN64)
-    return (size_t)_InterlockedExchangeAdd64((volatile __int64 *)&s->next, (__int64)n);
-#elif defined(_MSC_VER)
-    return (size_t)_InterlockedExchangeAdd((volatile long *)&s->next, (long)n);
-#else
-    return __atomic_fetch_add(&s->next, n, __ATOMIC_RELAXED);
-#endif
-}
+/* The first row of the next n of share s (at or past s->end when none are left). */
+static size_t drv_claim(drv_share *s, size_t n) { return cq_pool_claim(&s->next, n); }
 
-/* Inside a parallel region (or serially): y[r] for every row of m. No barrier at the
- * end: matvec_many's matrices follow one another. */
-static void drv_rows(const cq_qmat *m, drv_x x, float *y, drv_share *s, size_t parts) {
-    size_t t = 0;
-#ifdef CORTIQ_HAVE_OPENMP
-    t = (size_t)omp_get_thread_num() % parts;
-#endif
+/* Slot t of `parts`: y[r] for the rows of m it claims (its own share first). No
+ * barrier at the end: matvec_many's matrices follow one another. */
+static void drv_rows(const cq_qmat *m, drv_x x, float *y, drv_share *s, size_t parts, size_t t) {
     size_t per = m->rows; /* one thread: one claim */
     if (parts > 1 && m->rows) {
         /* a claim position is `streams` rows */
@@ -252,6 +230,22 @@ typedef enum { X_PLAIN, X_PREP, X_I8 } x_kind;
 static x_kind x_kind_of(const cq_qmat *m) {
     if (i8_takes(m)) return X_I8;
     return needs_prep(m) ? X_PREP : X_PLAIN;
+}
+
+/* One matvec_many call as pool slots: slot t walks every matrix in order. */
+typedef struct {
+    const cq_qmat *ms;
+    size_t n;
+    const drv_x *xv;
+    float *const *ys;
+    drv_share *shares;
+    size_t parts;
+} mv_job;
+
+static void mv_slot(void *arg, size_t t, size_t nslots) {
+    const mv_job *j = (const mv_job *)arg;
+    (void)nslots;
+    for (size_t i = 0; i < j->n; i++) drv_rows(&j->ms[i], j->xv[i], j->ys[i], j->shares + i * j->parts, j->parts, t);
 }
 
 static cq_status drv_matvec_many(const cq_qmat *ms, size_t n, const float *x, float *const *ys) {
@@ -327,12 +321,8 @@ static cq_status drv_matvec_many(const cq_qmat *ms, size_t n, const float *x, fl
     }
     for (size_t i = 0; i < n; i++)
         drv_shares_init(&ms[i], shares + i * parts, parts, drv_streams(&ms[i], kinds[i] == X_I8));
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel num_threads((int)parts) if (par)
-#endif
-    {
-        for (size_t i = 0; i < n; i++) drv_rows(&ms[i], xv[i], ys[i], shares + i * parts, parts);
-    }
+    mv_job job = {ms, n, xv, ys, shares, parts};
+    cq_pool_run(parts, mv_slot, &job);
     if (shares != shares_) free(shares);
     free(raw);
     if (xv != xs_) free(xv);
@@ -344,6 +334,56 @@ static cq_status drv_matvec(const cq_qmat *m, const float *x, float *y) {
     return drv_matvec_many(m, 1, x, &y);
 }
 
+/* One matmat call as pool work: each slot decodes blocks of CQ_MM_ROWS rows, claimed
+ * from `next`, into its own scratch (allocated on the slot's first block, kept for the
+ * call). */
+typedef struct {
+    const cq_qmat *m;
+    const float *X;
+    float *Y;
+    size_t rows, cols, t, nblocks, next, scratch_bytes;
+    float **w; /* per slot */
+    int failed;
+#ifdef CQ_HAVE_MM_PACK
+    float *xt;           /* the packed piece of X */
+    size_t t0, tn;       /* the piece: inputs [t0, t0 + tn) */
+#endif
+} mm_job;
+
+static float *mm_scratch(mm_job *j, size_t slot) {
+    if (!j->w[slot]) j->w[slot] = cq_thread_scratch(j->scratch_bytes, &j->failed);
+    return j->w[slot];
+}
+
+static void mm_blocks(void *arg, size_t slot, size_t nslots) {
+    mm_job *j = (mm_job *)arg;
+    (void)nslots;
+    for (;;) {
+        const size_t b = cq_pool_claim(&j->next, 1);
+        if (b >= j->nblocks) return;
+        float *w = mm_scratch(j, slot);
+        if (!w) return;
+        const size_t r0 = b * CQ_MM_ROWS, nr = j->rows - r0 < CQ_MM_ROWS ? j->rows - r0 : CQ_MM_ROWS;
+#ifdef CQ_HAVE_MM_PACK
+        matmat_packed(j->m, r0, nr, j->xt, j->tn, j->Y + j->t0 * j->rows + r0, j->rows, w);
+#else
+        for (size_t k = 0; k < nr; k++) dequant_row(j->m, r0 + k, w + k * j->cols);
+        matmat_block(w, nr, j->cols, j->X, j->t, j->Y + r0, j->rows);
+#endif
+    }
+}
+
+#ifdef CQ_HAVE_MM_PACK
+/* Columns [64 * k0, 64 * k1) of the current piece of X into xt. */
+static void mm_pack_cols(void *arg, size_t k0, size_t k1) {
+    const mm_job *j = (const mm_job *)arg;
+    for (size_t k = k0; k < k1; k++) {
+        const size_t c0 = k * 64, c1 = c0 + 64 < j->cols ? c0 + 64 : j->cols;
+        mm_pack(j->m, j->X + j->t0 * j->cols, j->tn, j->cols, c0, c1, j->xt);
+    }
+}
+#endif
+
 static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y) {
     cq_status st = drv_check(m);
     if (st != CQ_OK) return st;
@@ -353,8 +393,13 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
         memset(Y, 0, t * rows * sizeof(float));
         return CQ_OK;
     }
-    long nblocks = (long)((rows + CQ_MM_ROWS - 1) / CQ_MM_ROWS);
-    int failed = 0;
+    const size_t nblocks = (rows + CQ_MM_ROWS - 1) / CQ_MM_ROWS;
+    const int par = rows * cols >= CQ_PAR_MIN / 4 && nblocks > 1;
+    const size_t threads = (size_t)cq_get_num_threads();
+    const size_t slots = !par ? 1 : threads < nblocks ? threads : nblocks;
+    mm_job j = {m, X, Y, rows, cols, t, nblocks, 0, 0, NULL, 0};
+    j.w = (float **)calloc(slots, sizeof(float *));
+    if (!j.w) return CQ_ERR_NOMEM;
 #ifdef CQ_HAVE_MM_PACK
     /* Inputs in pieces of 16-64, so that a packed piece (about 1 MiB) stays in L2 beside
      * the rows being decoded, and any t costs a bounded copy of X. The rows are decoded
@@ -364,71 +409,48 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
     const size_t fit = ((size_t)1 << 20) / (sizeof(float) * cols), piece = (fit + 15) / 16 * 16;
     const size_t tc = t < piece ? t : piece < 16 ? 16 : piece > 64 ? 64 : piece;
     void *xraw = NULL;
-    float *xt = aligned_floats(mm_pack_floats(tc, cols), &xraw);
-    if (!xt) return CQ_ERR_NOMEM;
-    const long npack = (long)((cols + 63) / 64);
-#endif
-
-    int par = rows * cols >= CQ_PAR_MIN / 4 && nblocks > 1;
-    (void)par;
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel num_threads(cq_get_num_threads()) if (par)
-#endif
-    {
-#ifdef CQ_HAVE_MM_PACK
-        float *w = cq_thread_scratch(mm_scratch_floats(m, tc) * sizeof(float), &failed);
-        for (size_t t0 = 0; t0 < t; t0 += tc) {
-            const size_t tn = t - t0 < tc ? t - t0 : tc;
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp for schedule(static)
-#endif
-            for (long k = 0; k < npack; k++) {
-                size_t c0 = (size_t)k * 64, c1 = c0 + 64 < cols ? c0 + 64 : cols;
-                mm_pack(m, X + t0 * cols, tn, cols, c0, c1, xt);
-            } /* the barrier: every block reads all of xt */
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp for schedule(static)
-#endif
-            for (long b = 0; b < nblocks; b++) { /* (its barrier: xt is packed again next) */
-                if (!w) continue;
-                size_t r0 = (size_t)b * CQ_MM_ROWS;
-                size_t nr = rows - r0 < CQ_MM_ROWS ? rows - r0 : CQ_MM_ROWS;
-                matmat_packed(m, r0, nr, xt, tn, Y + t0 * rows + r0, rows, w);
-            }
-        }
-#else
-        float *w = cq_thread_scratch(CQ_MM_ROWS * cols * sizeof(float) + 64, &failed);
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp for schedule(static)
-#endif
-        for (long b = 0; b < nblocks; b++) {
-            if (!w) continue;
-            size_t r0 = (size_t)b * CQ_MM_ROWS;
-            size_t nr = rows - r0 < CQ_MM_ROWS ? rows - r0 : CQ_MM_ROWS;
-            for (size_t j = 0; j < nr; j++) dequant_row(m, r0 + j, w + j * cols);
-            matmat_block(w, nr, cols, X, t, Y + r0, rows);
-        }
-#endif
-        free(w);
+    j.xt = aligned_floats(mm_pack_floats(tc, cols), &xraw);
+    j.scratch_bytes = mm_scratch_floats(m, tc) * sizeof(float);
+    if (!j.xt) {
+        free(j.w);
+        return CQ_ERR_NOMEM;
     }
-#ifdef CQ_HAVE_MM_PACK
+    const size_t npack = (cols + 63) / 64;
+    for (size_t t0 = 0; t0 < t && !j.failed; t0 += tc) {
+        j.t0 = t0;
+        j.tn = t - t0 < tc ? t - t0 : tc;
+        cq_pool_for(npack, 1, par, mm_pack_cols, &j); /* every block reads all of xt */
+        j.next = 0;
+        cq_pool_run(slots, mm_blocks, &j);
+    }
     free(xraw);
+#else
+    j.scratch_bytes = CQ_MM_ROWS * cols * sizeof(float) + 64;
+    cq_pool_run(slots, mm_blocks, &j);
 #endif
-    return failed ? CQ_ERR_NOMEM : CQ_OK;
+    for (size_t s = 0; s < slots; s++) free(j.w[s]);
+    free(j.w);
+    return j.failed ? CQ_ERR_NOMEM : CQ_OK;
+}
+
+/* Rows [r0 + j0, r0 + j1) of a dequant_rows call. */
+typedef struct {
+    const cq_qmat *m;
+    size_t r0;
+    float *out;
+} dq_job;
+
+static void dq_range(void *arg, size_t j0, size_t j1) {
+    const dq_job *d = (const dq_job *)arg;
+    for (size_t k = j0; k < j1; k++) dequant_row(d->m, d->r0 + k, d->out + k * d->m->cols);
 }
 
 static cq_status drv_dequant_rows(const cq_qmat *m, size_t r0, size_t nr, float *out) {
     cq_status st = drv_check(m);
     if (st != CQ_OK) return st;
     if (r0 > m->rows || nr > m->rows - r0) return CQ_ERR_ARG;
-    size_t cols = m->cols;
-    long n = (long)nr;
-    int par = nr * cols >= CQ_PAR_MIN;
-    (void)par;
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel for schedule(static) num_threads(cq_get_num_threads()) if (par)
-#endif
-    for (long j = 0; j < n; j++) dequant_row(m, r0 + (size_t)j, out + (size_t)j * cols);
+    dq_job d = {m, r0, out};
+    cq_pool_for(nr, 16, nr * m->cols >= CQ_PAR_MIN, dq_range, &d);
     return CQ_OK;
 }
 

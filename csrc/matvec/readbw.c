@@ -1,6 +1,6 @@
 /* readbw.c -- the memory read-bandwidth probe of benchmarks/bench_matvec.py: a 64-bit
  * integer sum over a buffer (16-byte loads on x86-64, 4 independent accumulators),
- * split statically over `threads` OpenMP threads, each thread's part read as `streams`
+ * split statically into `threads` slots of the kernel pool, each slot's part read as `streams`
  * (1..8) streams side by side: panels of `streams` lanes of CQ_LANE_BYTES, as the
  * AVX2 matvec drivers read rows. One stream takes the kernels' software prefetch;
  * several go without it, which read faster.
@@ -9,10 +9,9 @@
  * four streams (2026-12-01). Not in any kernel table. */
 #include "../cortiq.h"
 #include "qmat.h" /* CQ_PF_DIST, CQ_PF_NEAR, CQ_LANE_BYTES */
+#include "../pool.h"
+#include <stdlib.h>
 #include <string.h>
-#ifdef CORTIQ_HAVE_OPENMP
-#include <omp.h>
-#endif
 #if defined(__SSE2__) || defined(_M_X64)
 #include <emmintrin.h>
 #include <xmmintrin.h>
@@ -65,33 +64,45 @@ static uint64_t sum_streams(const uint8_t *const *q, size_t n, int S) {
 #endif
 }
 
-uint64_t cq_read_sum(const uint8_t *p, size_t n, int threads, int streams) {
+/* One read_sum call: slot t of nt reads blocks [nblk * t / nt, nblk * (t + 1) / nt):
+ * panels of S lanes of CQ_LANE_BYTES read side by side, then what does not fill a
+ * panel as one stream. */
+typedef struct {
+    const uint8_t *p;
+    size_t nblk, panel;
+    int S;
+    uint64_t sums[CQ_POOL_MAX_SLOTS];
+} read_job;
+
+static void read_slot(void *arg, size_t t, size_t nt) {
+    read_job *j = (read_job *)arg;
+    const size_t b0 = j->nblk * t / nt, b1 = j->nblk * (t + 1) / nt;
+    const int S = j->S;
+    size_t b = b0;
     uint64_t total = 0;
-    const int S = streams < 1 ? 1 : streams > MAXS ? MAXS : streams;
-    const int parts = threads > 0 ? threads : 1;
-    const size_t nblk = n / BLK, panel = (size_t)S * CQ_LANE_BYTES / BLK; /* blocks a panel */
-    (void)parts;
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel num_threads(parts) reduction(+ : total)
-#endif
-    {
-        size_t t = 0, nt = 1;
-#ifdef CORTIQ_HAVE_OPENMP
-        t = (size_t)omp_get_thread_num();
-        nt = (size_t)omp_get_num_threads();
-#endif
-        /* this thread's blocks [b0, b1): panels of S lanes of CQ_LANE_BYTES read side by
-         * side, then what does not fill a panel as one stream */
-        const size_t b0 = nblk * t / nt, b1 = nblk * (t + 1) / nt;
-        size_t b = b0;
-        const uint8_t *q[MAXS];
-        for (; S > 1 && b + panel <= b1; b += panel) {
-            for (int k = 0; k < S; k++) q[k] = p + b * BLK + (size_t)k * CQ_LANE_BYTES;
-            total += sum_streams(q, CQ_LANE_BYTES, S);
-        }
-        q[0] = p + b * BLK;
-        total += sum_streams(q, (b1 - b) * BLK, 1);
+    const uint8_t *q[MAXS];
+    for (; S > 1 && b + j->panel <= b1; b += j->panel) {
+        for (int k = 0; k < S; k++) q[k] = j->p + b * BLK + (size_t)k * CQ_LANE_BYTES;
+        total += sum_streams(q, CQ_LANE_BYTES, S);
     }
-    for (size_t i = nblk * BLK; i < n; i++) total += p[i];
+    q[0] = j->p + b * BLK;
+    j->sums[t] = total + sum_streams(q, (b1 - b) * BLK, 1);
+}
+
+uint64_t cq_read_sum(const uint8_t *p, size_t n, int threads, int streams) {
+    const int S = streams < 1 ? 1 : streams > MAXS ? MAXS : streams;
+    size_t parts = threads > 0 ? (size_t)threads : 1;
+    if (parts > CQ_POOL_MAX_SLOTS) parts = CQ_POOL_MAX_SLOTS;
+    read_job *j = (read_job *)malloc(sizeof(read_job));
+    if (!j) return 0;
+    j->p = p;
+    j->nblk = n / BLK;
+    j->panel = (size_t)S * CQ_LANE_BYTES / BLK; /* blocks a panel */
+    j->S = S;
+    cq_pool_run(parts, read_slot, j);
+    uint64_t total = 0;
+    for (size_t t = 0; t < parts; t++) total += j->sums[t];
+    free(j);
+    for (size_t i = (n / BLK) * BLK; i < n; i++) total += p[i];
     return total;
 }

@@ -4,9 +4,6 @@
 #include "mix_common.h"
 #include "../simd_avx2.h"
 #include "../mathfn/exp8_avx2.h"
-#ifdef CORTIQ_HAVE_OPENMP
-#include <omp.h>
-#endif
 
 /* Four rows of fn against x at once: four streams from memory in flight instead of
  * one (fn is read cold every token), x loaded once per step. Each row keeps exactly
@@ -45,19 +42,28 @@ static void dot8_rows4(const float *f, size_t n, const float *x, float *res) {
     }
 }
 
+typedef struct {
+    const float *fn, *x;
+    size_t n;
+    float r, *out;
+} mixes_job;
+
+static void mixes_quads(void *arg, size_t q0, size_t q1) {
+    const mixes_job *j = (const mixes_job *)arg;
+    for (size_t q = q0; q < q1; q++) {
+        float d[4];
+        dot8_rows4(j->fn + q * 4 * j->n, j->n, j->x, d);
+        for (int k = 0; k < 4; k++) j->out[q * 4 + k] = d[k] * j->r;
+    }
+}
+
 static void hc_mixes_avx2(const float *x, size_t n, const float *fn, size_t mix, float eps,
                           float *out) {
     float r = 1.0f / sqrtf(cq_dot8(x, x, n) / (float)n + eps);
-    long quads = (long)(mix / 4);
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel for num_threads(cq_get_num_threads()) schedule(static) if (n * mix >= ((size_t)1 << 18))
-#endif
-    for (long q = 0; q < quads; q++) {
-        float d[4];
-        dot8_rows4(fn + (size_t)q * 4 * n, n, x, d);
-        for (int k = 0; k < 4; k++) out[q * 4 + k] = d[k] * r;
-    }
-    for (size_t i = (size_t)quads * 4; i < mix; i++) out[i] = cq_dot8(fn + i * n, x, n) * r;
+    const size_t quads = mix / 4;
+    mixes_job j = {fn, x, n, r, out};
+    cq_pool_for(quads, 1, n * mix >= ((size_t)1 << 18), mixes_quads, &j);
+    for (size_t i = quads * 4; i < mix; i++) out[i] = cq_dot8(fn + i * n, x, n) * r;
 }
 
 static void hc_fold_avx2(const float *x, const float *pre, size_t hc, size_t dim, float *out) {

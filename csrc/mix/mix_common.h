@@ -83,9 +83,7 @@ static void mix_pool_by_score(const float *kv, const float *score, size_t slots,
     }
 }
 
-#ifdef CORTIQ_HAVE_OPENMP
-#include <omp.h>
-#endif
+#include "../pool.h"
 /* Rows per task of grouped_rows / rows_sum. A task makes one matvec.rows_dot call per
  * matrix (x prepared and the matrix checked once per call, not per row) and reads each
  * matrix as one run of contiguous rows, which the hardware prefetcher follows better
@@ -96,51 +94,62 @@ static void mix_pool_by_score(const float *kv, const float *score, size_t slots,
 #endif
 typedef cq_status (*mix_rows_dot_fn)(const cq_qmat *, size_t, size_t, const float *, float *);
 
-static cq_status mix_grouped_rows(const cq_qmat *m, const float *x, size_t groups, float *out) {
-    if (!m || groups == 0 || m->rows % groups) return CQ_ERR_SHAPE;
-    size_t lora = m->rows / groups, per = m->cols;
-    if (lora == 0) return CQ_OK;
-    size_t nb = (lora + MIX_BLOCK - 1) / MIX_BLOCK; /* tasks per group */
-    long tasks = (long)(groups * nb);
-    int bad = 0;
-    mix_rows_dot_fn rows_dot = cq_active()->matvec->rows_dot;
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel for num_threads(cq_get_num_threads()) schedule(static) if (m->rows >= 64 && tasks > 1) reduction(|: bad)
-#endif
-    for (long t = 0; t < tasks; t++) {
-        size_t g = (size_t)t / nb, b0 = ((size_t)t % nb) * MIX_BLOCK;
-        size_t nr = lora - b0 < MIX_BLOCK ? lora - b0 : MIX_BLOCK;
-        size_t r0 = g * lora + b0;
-        if (rows_dot(m, r0, nr, x + g * per, out + r0) != CQ_OK) bad |= 1;
+typedef struct {
+    const cq_qmat *m; /* grouped_rows: one matrix; rows_sum: n of them */
+    size_t n, groups, lora, nb, rows;
+    const float *x;
+    const float *const *xs;
+    float *out;
+    mix_rows_dot_fn rows_dot;
+    int bad;
+} mix_job;
+
+static void grouped_range(void *arg, size_t t0, size_t t1) {
+    mix_job *j = (mix_job *)arg;
+    for (size_t t = t0; t < t1; t++) {
+        size_t g = t / j->nb, b0 = (t % j->nb) * MIX_BLOCK;
+        size_t nr = j->lora - b0 < MIX_BLOCK ? j->lora - b0 : MIX_BLOCK;
+        size_t r0 = g * j->lora + b0;
+        if (j->rows_dot(j->m, r0, nr, j->x + g * j->m->cols, j->out + r0) != CQ_OK) cq_pool_flag(&j->bad);
     }
-    return bad ? CQ_ERR_ARG : CQ_OK;
 }
 
-static cq_status mix_rows_sum(const cq_qmat *ms, size_t n, const float *const *xs, float *out) {
-    if (!ms || n == 0) return CQ_ERR_SHAPE;
-    for (size_t j = 1; j < n; j++)
-        if (ms[j].rows != ms[0].rows) return CQ_ERR_SHAPE;
-    size_t rows = ms[0].rows;
-    long blocks = (long)((rows + MIX_BLOCK - 1) / MIX_BLOCK);
-    int bad = 0;
-    mix_rows_dot_fn rows_dot = cq_active()->matvec->rows_dot;
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel for num_threads(cq_get_num_threads()) schedule(static) if (rows * n >= 256 && blocks > 1) reduction(|: bad)
-#endif
-    for (long b = 0; b < blocks; b++) {
-        size_t r0 = (size_t)b * MIX_BLOCK;
-        size_t nr = rows - r0 < MIX_BLOCK ? rows - r0 : MIX_BLOCK;
+static cq_status mix_grouped_rows(const cq_qmat *m, const float *x, size_t groups, float *out) {
+    if (!m || groups == 0 || m->rows % groups) return CQ_ERR_SHAPE;
+    size_t lora = m->rows / groups;
+    if (lora == 0) return CQ_OK;
+    size_t nb = (lora + MIX_BLOCK - 1) / MIX_BLOCK; /* tasks per group */
+    mix_job j = {m, 1, groups, lora, nb, m->rows, x, NULL, out, cq_active()->matvec->rows_dot, 0};
+    const size_t tasks = groups * nb;
+    cq_pool_for(tasks, 1, m->rows >= 64 && tasks > 1, grouped_range, &j);
+    return j.bad ? CQ_ERR_ARG : CQ_OK;
+}
+
+static void sum_range(void *arg, size_t b0, size_t b1) {
+    mix_job *j = (mix_job *)arg;
+    for (size_t b = b0; b < b1; b++) {
+        size_t r0 = b * MIX_BLOCK;
+        size_t nr = j->rows - r0 < MIX_BLOCK ? j->rows - r0 : MIX_BLOCK;
         float acc[MIX_BLOCK], part[MIX_BLOCK];
         for (size_t i = 0; i < nr; i++) acc[i] = 0.0f;
-        for (size_t j = 0; j < n; j++) { /* terms in list order, as row by row */
-            if (rows_dot(&ms[j], r0, nr, xs[j], part) != CQ_OK) {
-                bad |= 1;
+        for (size_t k = 0; k < j->n; k++) { /* terms in list order, as row by row */
+            if (j->rows_dot(&j->m[k], r0, nr, j->xs[k], part) != CQ_OK) {
+                cq_pool_flag(&j->bad);
                 continue;
             }
             for (size_t i = 0; i < nr; i++) acc[i] += part[i];
         }
-        memcpy(out + r0, acc, nr * sizeof(float));
+        memcpy(j->out + r0, acc, nr * sizeof(float));
     }
-    return bad ? CQ_ERR_ARG : CQ_OK;
+}
+
+static cq_status mix_rows_sum(const cq_qmat *ms, size_t n, const float *const *xs, float *out) {
+    if (!ms || n == 0) return CQ_ERR_SHAPE;
+    for (size_t k = 1; k < n; k++)
+        if (ms[k].rows != ms[0].rows) return CQ_ERR_SHAPE;
+    size_t rows = ms[0].rows, blocks = (rows + MIX_BLOCK - 1) / MIX_BLOCK;
+    mix_job j = {ms, n, 0, 0, 0, rows, NULL, xs, out, cq_active()->matvec->rows_dot, 0};
+    cq_pool_for(blocks, 1, rows * n >= 256 && blocks > 1, sum_range, &j);
+    return j.bad ? CQ_ERR_ARG : CQ_OK;
 }
 #endif

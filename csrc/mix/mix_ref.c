@@ -1,9 +1,6 @@
 /* mix_ref.c -- scalar reference of the `mix` family (DeepSeek-V4 hyper-connections);
  * contracts in cortiq.h. */
 #include "mix_common.h"
-#ifdef CORTIQ_HAVE_OPENMP
-#include <omp.h>
-#endif
 
 static float dot_ref(const float *a, const float *b, size_t n) {
     float s = 0.0f;
@@ -11,16 +8,24 @@ static float dot_ref(const float *a, const float *b, size_t n) {
     return s;
 }
 
+typedef struct {
+    const float *fn, *x;
+    size_t n;
+    float r, *out;
+} mixes_job;
+
+static void mixes_rows(void *arg, size_t i0, size_t i1) {
+    const mixes_job *j = (const mixes_job *)arg;
+    for (size_t i = i0; i < i1; i++) j->out[i] = dot_ref(j->fn + i * j->n, j->x, j->n) * j->r;
+}
+
 static void hc_mixes_ref(const float *x, size_t n, const float *fn, size_t mix, float eps,
                          float *out) {
     float ss = 0.0f;
     for (size_t i = 0; i < n; i++) ss += x[i] * x[i];
     float r = 1.0f / sqrtf(ss / (float)n + eps);
-    long m = (long)mix;
-#ifdef CORTIQ_HAVE_OPENMP
-#pragma omp parallel for num_threads(cq_get_num_threads()) schedule(static) if (n * mix >= ((size_t)1 << 18))
-#endif
-    for (long i = 0; i < m; i++) out[i] = dot_ref(fn + (size_t)i * n, x, n) * r;
+    mixes_job j = {fn, x, n, r, out};
+    cq_pool_for(mix, 4, n * mix >= ((size_t)1 << 18), mixes_rows, &j);
 }
 
 static void hc_fold_ref(const float *x, const float *pre, size_t hc, size_t dim, float *out) {

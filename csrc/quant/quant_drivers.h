@@ -1,5 +1,5 @@
 /* quant_drivers.h -- the loops of the CMF quantizers (rows, column blocks, groups of
- * 32, OpenMP split, scale rule and output layout), compiled once per ISA file. The
+ * 32, thread split, scale rule and output layout), compiled once per ISA file. The
  * including file defines, before including this header at its end, the kernels that touch the
  * values (each must compute exactly what quant_ref.c's does, bit for bit):
  *   float absmax(const float *x, size_t n, float limit, int *bad);
@@ -11,98 +11,117 @@
  *   float absmax_div(const float *x, const float *colv, size_t n);  max |x[i] / colv[i]|
  *   int group4(const float *g32, uint8_t *nib, uint16_t *scale_bits);
  *       one zero-padded group of 32 -> 16 nibble bytes + f16 scale; nonzero if refused
- * Rows, column blocks and groups are independent, so the OpenMP split changes nothing. */
+ * Rows, column blocks and groups are independent, so the thread split changes nothing. */
 #ifndef CQ_QUANT_DRIVERS_H
 #define CQ_QUANT_DRIVERS_H
 #include "cortiq.h"
 #include "quant_common.h"
-#ifdef CORTIQ_HAVE_OPENMP
-#include <omp.h>
-/* the loops below: independent rows, blocks or groups on the configured threads; a
- * refused input sets `bad` in any of them */
-#define CQ_QUANT_FOR _Pragma("omp parallel for num_threads(cq_get_num_threads()) schedule(static)")
-#define CQ_QUANT_FOR_BAD \
-    _Pragma("omp parallel for num_threads(cq_get_num_threads()) schedule(static) reduction(| : bad)")
-#else
-#define CQ_QUANT_FOR
-#define CQ_QUANT_FOR_BAD
-#endif
+#include "../pool.h"
 
-static cq_status drv_q8_row(const float *w, size_t rows, size_t cols, uint8_t *out) {
-    uint8_t *sc = out + rows * cols;
-    int bad = 0;
-    ptrdiff_t r;
-    CQ_QUANT_FOR_BAD
-    for (r = 0; r < (ptrdiff_t)rows; r++) {
-        const float *x = w + (size_t)r * cols;
+/* One quantizer call: its independent rows, column blocks or groups are pool pieces;
+ * a refused input in any of them sets `bad`. */
+typedef struct {
+    const float *w;
+    size_t rows, cols, n;
+    uint8_t *out;
+    double *acc;
+    float *colv;
+    int tiled, bad;
+} qjob;
+
+/* Rows at least this long (or groups this many) make a call parallel. */
+#define CQ_QUANT_PAR ((size_t)1 << 15)
+
+static void q8_row_rows(void *arg, size_t r0, size_t r1) {
+    qjob *j = (qjob *)arg;
+    uint8_t *sc = j->out + j->rows * j->cols;
+    for (size_t r = r0; r < r1; r++) {
+        const float *x = j->w + r * j->cols;
         int rb = 0;
-        float am = absmax(x, cols, LIMIT_Q8, &rb), s;
+        float am = absmax(x, j->cols, LIMIT_Q8, &rb), s;
         if (rb) {
-            bad |= 1;
+            cq_pool_flag(&j->bad);
             continue;
         }
-        cq_put_u16(sc + 2 * (size_t)r, cq_scale_f16(am / 127.0f, &s));
-        codes(x, NULL, cols, s, -128.0f, (int8_t *)(out + (size_t)r * cols));
+        cq_put_u16(sc + 2 * r, cq_scale_f16(am / 127.0f, &s));
+        codes(x, NULL, j->cols, s, -128.0f, (int8_t *)(j->out + r * j->cols));
     }
-    return bad ? CQ_ERR_ARG : CQ_OK;
+}
+
+static cq_status drv_q8_row(const float *w, size_t rows, size_t cols, uint8_t *out) {
+    qjob j = {w, rows, cols, rows * cols, out, NULL, NULL, 0, 0};
+    cq_pool_for(rows, 1, j.n >= CQ_QUANT_PAR, q8_row_rows, &j);
+    return j.bad ? CQ_ERR_ARG : CQ_OK;
+}
+
+/* Column RMS of blocks of 256 columns: per column, a sequential float64 sum over rows
+ * (numpy's axis-0 order). */
+static void q8_2f_colblocks(void *arg, size_t b0, size_t b1) {
+    qjob *j = (qjob *)arg;
+    uint8_t *colb = j->out + j->n + 2 * j->rows;
+    for (size_t cb = b0; cb < b1; cb++) {
+        size_t c0 = cb * 256, c1 = c0 + 256 < j->cols ? c0 + 256 : j->cols;
+        int bad = 0;
+        for (size_t c = c0; c < c1; c++) j->acc[c] = 0.0;
+        for (size_t r = 0; r < j->rows; r++) bad |= colsq(j->w + r * j->cols, c0, c1, j->acc);
+        if (bad) cq_pool_flag(&j->bad);
+        for (size_t c = c0; c < c1; c++) {
+            double ms = j->rows ? j->acc[c] / (double)j->rows : 0.0;
+            double rms = sqrt(ms);
+            float v;
+            cq_put_u16(colb + 2 * c, cq_scale_f16((float)(rms > 1e-12 ? rms : 1e-12), &v));
+            j->colv[c] = v;
+        }
+    }
+}
+
+static void q8_2f_rows(void *arg, size_t r0, size_t r1) {
+    qjob *j = (qjob *)arg;
+    uint8_t *rsb = j->out + j->n;
+    for (size_t r = r0; r < r1; r++) {
+        const float *x = j->w + r * j->cols;
+        float am = absmax_div(x, j->colv, j->cols), s;
+        am = am > 1e-12f ? am : 1e-12f;
+        cq_put_u16(rsb + 2 * r, cq_scale_f16(am / 127.0f, &s));
+        codes(x, j->colv, j->cols, s, -127.0f, (int8_t *)(j->out + r * j->cols));
+    }
 }
 
 static cq_status drv_q8_2f(const float *w, size_t rows, size_t cols, uint8_t *out, double *acc,
                            float *colv) {
-    const size_t n = rows * cols;
-    uint8_t *rsb = out + n, *colb = out + n + 2 * rows;
-    int bad = 0;
-    ptrdiff_t cb;
-    const ptrdiff_t nblk = (ptrdiff_t)((cols + 255) / 256);
-    /* column RMS: per column, sequential float64 sum over rows (numpy's axis-0 order) */
-    CQ_QUANT_FOR_BAD
-    for (cb = 0; cb < nblk; cb++) {
-        size_t c0 = (size_t)cb * 256, c1 = c0 + 256 < cols ? c0 + 256 : cols;
-        for (size_t c = c0; c < c1; c++) acc[c] = 0.0;
-        for (size_t r = 0; r < rows; r++) bad |= colsq(w + r * cols, c0, c1, acc);
-        for (size_t c = c0; c < c1; c++) {
-            double ms = rows ? acc[c] / (double)rows : 0.0;
-            double rms = sqrt(ms);
-            float v;
-            cq_put_u16(colb + 2 * c, cq_scale_f16((float)(rms > 1e-12 ? rms : 1e-12), &v));
-            colv[c] = v;
-        }
-    }
-    if (bad) return CQ_ERR_ARG;
-    ptrdiff_t r;
-    CQ_QUANT_FOR
-    for (r = 0; r < (ptrdiff_t)rows; r++) {
-        const float *x = w + (size_t)r * cols;
-        float am = absmax_div(x, colv, cols), s;
-        am = am > 1e-12f ? am : 1e-12f;
-        cq_put_u16(rsb + 2 * (size_t)r, cq_scale_f16(am / 127.0f, &s));
-        codes(x, colv, cols, s, -127.0f, (int8_t *)(out + (size_t)r * cols));
-    }
+    qjob j = {w, rows, cols, rows * cols, out, acc, colv, 0, 0};
+    const int par = j.n >= CQ_QUANT_PAR;
+    cq_pool_for((cols + 255) / 256, 1, par, q8_2f_colblocks, &j);
+    if (j.bad) return CQ_ERR_ARG;
+    cq_pool_for(rows, 1, par, q8_2f_rows, &j);
     return CQ_OK;
 }
 
-static cq_status drv_q4(const float *w, size_t n, uint8_t *out, int tiled) {
-    const size_t G = (n + 31) / 32;
-    int bad = 0;
-    ptrdiff_t g;
-    CQ_QUANT_FOR_BAD
-    for (g = 0; g < (ptrdiff_t)G; g++) {
-        size_t i0 = (size_t)g * 32, len = n - i0 < 32 ? n - i0 : 32;
+static void q4_groups(void *arg, size_t g0, size_t g1) {
+    qjob *j = (qjob *)arg;
+    const size_t G = (j->n + 31) / 32;
+    for (size_t g = g0; g < g1; g++) {
+        size_t i0 = g * 32, len = j->n - i0 < 32 ? j->n - i0 : 32;
         float pad[32];
-        const float *src = w + i0;
+        const float *src = j->w + i0;
         if (len < 32) { /* the last group, zero-padded */
             for (size_t i = 0; i < 32; i++) pad[i] = i < len ? src[i] : 0.0f;
             src = pad;
         }
         uint16_t s = 0;
-        uint8_t *nib = tiled ? out + 18 * (size_t)g + 2 : out + 16 * (size_t)g;
+        uint8_t *nib = j->tiled ? j->out + 18 * g + 2 : j->out + 16 * g;
         if (group4(src, nib, &s)) {
-            bad |= 1;
+            cq_pool_flag(&j->bad);
             continue;
         }
-        cq_put_u16(tiled ? out + 18 * (size_t)g : out + 16 * G + 2 * (size_t)g, s);
+        cq_put_u16(j->tiled ? j->out + 18 * g : j->out + 16 * G + 2 * g, s);
     }
-    return bad ? CQ_ERR_ARG : CQ_OK;
+}
+
+static cq_status drv_q4(const float *w, size_t n, uint8_t *out, int tiled) {
+    qjob j = {w, 0, 0, n, out, NULL, NULL, tiled, 0};
+    cq_pool_for((n + 31) / 32, 256, n >= CQ_QUANT_PAR, q4_groups, &j);
+    return j.bad ? CQ_ERR_ARG : CQ_OK;
 }
 
 static cq_status drv_q4_block(const float *w, size_t n, uint8_t *out) { return drv_q4(w, n, out, 0); }
