@@ -24,7 +24,6 @@
 #include <windows.h>
 #include <process.h>
 #include <intrin.h>
-#define CQ_TLS __declspec(thread)
 typedef SRWLOCK cq_mutex;
 typedef CONDITION_VARIABLE cq_cond;
 typedef HANDLE cq_thread;
@@ -46,7 +45,6 @@ static uint64_t now_ns(void) {
 #else
 #include <pthread.h>
 #include <time.h>
-#define CQ_TLS __thread
 typedef pthread_mutex_t cq_mutex;
 typedef pthread_cond_t cq_cond;
 typedef pthread_t cq_thread;
@@ -69,6 +67,12 @@ static uint64_t now_ns(void) {
 #else
 #define cpu_relax() ((void)0)
 #endif
+#endif
+
+#if defined(_MSC_VER)
+#define CQ_TLS __declspec(thread)
+#else
+#define CQ_TLS __thread
 #endif
 
 /* ---- atomics: GCC/Clang builtins, or MSVC's interlocked functions ---------- */
