@@ -126,13 +126,14 @@ void cq_pool_flag(int *flag) {
 #define CQ_WORKER_STACK ((size_t)8 << 20)
 #define CQ_SPIN_US_DEFAULT 200
 
-/* A caller that waits longer than this for the last slots of its job after finishing
- * its own has met a worker the OS descheduled (no slot holds work for that long: the
- * kernels claim pieces of microseconds). The cores are then shared with other busy
- * threads, where every parallel call risks such a stall, so the pool runs calls on the
- * caller alone for a while, twice as long after each new stall (SOLO_MIN_NS ..
- * SOLO_MAX_NS), and forgets the stalls after SOLO_FORGET_NS without one. On an idle
- * machine the waits are microseconds and this never triggers. */
+/* A caller that, after finishing its own part of a job, waits for the other threads
+ * longer than STALL_NS and longer than its own part took has met a worker the OS
+ * descheduled: with work claimed in small pieces, the others finish at most one piece
+ * after the caller. The cores are then shared with other busy threads, where every
+ * parallel call risks such a stall, so the pool runs calls on the caller alone for a
+ * while, twice as long after each new stall (SOLO_MIN_NS .. SOLO_MAX_NS), and forgets
+ * the stalls after SOLO_FORGET_NS without one. On an idle machine the waits are
+ * microseconds and this never triggers. */
 #define STALL_NS 1000000u
 #define SOLO_MIN_NS 20000000u
 #define SOLO_MAX_NS 1280000000u
@@ -329,9 +330,10 @@ static void run_inline(size_t nslots, cq_slot_fn fn, void *ctx) {
     in_pool = was;
 }
 
-/* With `busy` held, after a job: `wait` ns spent waiting for other threads' slots. */
-static void note_wait(uint64_t end, uint64_t wait) {
-    if (wait > STALL_NS) {
+/* With `busy` held, after a job: the caller worked `own` ns, then waited `wait` ns for
+ * the other threads. */
+static void note_wait(uint64_t end, uint64_t own, uint64_t wait) {
+    if (wait > STALL_NS && wait > own) {
         P.stalls++;
         P.solo_ns = P.solo_ns ? (P.solo_ns * 2 < SOLO_MAX_NS ? P.solo_ns * 2 : SOLO_MAX_NS) : SOLO_MIN_NS;
         P.solo_until = end + P.solo_ns;
@@ -359,13 +361,14 @@ void cq_pool_run(size_t nslots, cq_slot_fn fn, void *ctx) {
     P.ctx = ctx;
     st_l(&P.done, 0);
     const uint32_t g = T_GEN(ld64(&P.ticket)) + 1;
+    const uint64_t start = now_ns();
     st64(&P.ticket, T_PACK(g, nslots, 0));
     wake_workers();
     run_slots(g);
     const uint64_t own = now_ns();
     wait_done((long)nslots);
     const uint64_t end = now_ns();
-    note_wait(end, end - own);
+    note_wait(end, own - start, end - own);
     in_pool = 0;
     st_l(&P.busy, 0);
 }
