@@ -30,6 +30,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..errors import ConfigError, FormatError
+from . import scaled_weights as SW
 from .hf_dory import (SafetensorsShard, find_tokenizer_json, open_checkpoint, read_hf_config,
                       tokenizer_bundle)
 
@@ -47,8 +48,59 @@ def _bad(key, msg):
 
 # ------------------------------------------------------------------ config
 
+#: DeepSeek's reference ``ModelArgs`` keys -> the transformers keys they stand for
+REFERENCE_KEYS = {
+    "dim": "hidden_size", "moe_inter_dim": "moe_intermediate_size",
+    "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+    "n_activated_experts": "num_experts_per_tok", "score_func": "scoring_func",
+    "route_scale": "routed_scaling_factor", "rope_head_dim": "qk_rope_head_dim",
+    "norm_eps": "rms_norm_eps", "window_size": "sliding_window",
+    "n_hash_layers": "num_hash_layers", "n_mtp_layers": "num_nextn_predict_layers",
+}
+
+
+def is_reference_config(hf: dict) -> bool:
+    """A config.json in DeepSeek's reference spelling (no ``model_type``)."""
+    return (not hf.get("model_type") and "compress_ratios" in hf
+            and ("hc_mult" in hf or "n_hash_layers" in hf))
+
+
+def with_transformers_keys(hf: dict) -> dict:
+    """``hf`` with the reference keys (``dim``, ``n_layers``, ``rope_factor`` +
+    ``original_seq_len``, ...) copied to the transformers keys they stand for, where those
+    are absent. A transformers key always wins."""
+    out = dict(hf)
+    for ref, key in REFERENCE_KEYS.items():
+        if out.get(key) is None and hf.get(ref) is not None:
+            out[key] = hf[ref]
+    if is_reference_config(hf):
+        out["model_type"] = ARCH_NAME
+    if (out.get("rope_parameters") is None and out.get("rope_scaling") is None
+            and hf.get("rope_factor") is not None and int(hf.get("original_seq_len") or 0) > 0):
+        out["rope_scaling"] = {"type": "yarn", "factor": hf["rope_factor"],
+                               "original_max_position_embeddings": hf["original_seq_len"],
+                               "beta_fast": hf.get("beta_fast", 32),
+                               "beta_slow": hf.get("beta_slow", 1)}
+    return out
+
+
+def fp8_block_size(hf: dict) -> int:
+    """The FP8 tile edge from ``quantization_config.weight_block_size`` (default 128)."""
+    q = hf.get("quantization_config") or {}
+    bs = q.get("weight_block_size") if isinstance(q, dict) else None
+    if bs is None:
+        return 128
+    if (not isinstance(bs, (list, tuple)) or len(bs) != 2 or bs[0] != bs[1]
+            or not isinstance(bs[0], int) or bs[0] < 1):
+        raise _bad("quantization_config.weight_block_size",
+                   f"{bs!r}: cortiq reads square FP8 blocks [b, b]")
+    return int(bs[0])
+
+
 def arch_from_hf_config(hf: dict) -> dict:
-    """HF ``config.json`` -> CMF ``arch`` (generic keys + ``arch.deepseek_v4``)."""
+    """HF ``config.json`` -> CMF ``arch`` (generic keys + ``arch.deepseek_v4``). Accepts
+    transformers' keys, DeepSeek's reference keys, or both."""
+    hf = with_transformers_keys(hf)
     if hf.get("model_type") != ARCH_NAME and "DeepseekV4ForCausalLM" not in (hf.get("architectures") or []):
         raise _bad("model_type", f"{hf.get('model_type')!r} is not a DeepSeek-V4 model")
 
@@ -82,22 +134,24 @@ def arch_from_hf_config(hf: dict) -> dict:
             rates[key] = hf[legacy]
     lt = hf.get("layer_types")
     if lt is None and hf.get("compress_ratios") is not None:
-        inv = {v: k for k, v in _RATIO_TYPES.items()}
-        try:
-            lt = [inv[int(r)] for r in hf["compress_ratios"][:n]]
-        except KeyError as e:
-            raise _bad("compress_ratios", f"ratio {e} is not one of 0, 4, 128") from None
-    if lt is None:
-        lt = ["heavily_compressed_attention"] * min(n, 2) + [
-            "compressed_sparse_attention" if i % 2 else "heavily_compressed_attention"
-            for i in range(max(n - 2, 0))]
-    lt = list(lt)[:n]
-    if len(lt) != n or any(t not in _RATIO_TYPES for t in lt):
-        raise _bad("layer_types", f"{lt!r}: want {n} of {sorted(_RATIO_TYPES)}")
-    ratios = [0 if t == "sliding_attention" else int(rates[t]) for t in lt]
-    for t in set(lt) - {"sliding_attention"}:
-        if int(rates[t]) < 1:
-            raise _bad("compress_rates", f"{t}: rate {rates[t]!r} must be >= 1")
+        # the reference's per-layer ratios (its list may go on for the MTP layers)
+        cr = hf["compress_ratios"]
+        if (not isinstance(cr, (list, tuple)) or len(cr) < n
+                or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in cr)):
+            raise _bad("compress_ratios", f"{cr!r}: want {n} integers >= 0 (0 = sliding only)")
+        ratios = [int(r) for r in cr[:n]]
+    else:
+        if lt is None:
+            lt = ["heavily_compressed_attention"] * min(n, 2) + [
+                "compressed_sparse_attention" if i % 2 else "heavily_compressed_attention"
+                for i in range(max(n - 2, 0))]
+        lt = list(lt)[:n]
+        if len(lt) != n or any(t not in _RATIO_TYPES for t in lt):
+            raise _bad("layer_types", f"{lt!r}: want {n} of {sorted(_RATIO_TYPES)}")
+        ratios = [0 if t == "sliding_attention" else int(rates[t]) for t in lt]
+        for t in set(lt) - {"sliding_attention"}:
+            if int(rates[t]) < 1:
+                raise _bad("compress_rates", f"{t}: rate {rates[t]!r} must be >= 1")
     mlt = hf.get("mlp_layer_types")
     if mlt is None:
         nh = hf.get("num_hash_layers", 3)
@@ -288,19 +342,54 @@ def _load_slice(shard: SafetensorsShard, name: str, e: int, lo: int | None = Non
     return out.reshape(hi - lo, C)
 
 
-def plan(hf_dir) -> tuple[dict, dict, list]:
-    """(hf_config, arch, [(cmf_name, loader, shape)]) after checking every tensor."""
+def _plain_loader(sh: SafetensorsShard, name: str, cmf: str):
+    """Loader of a tensor stored as plain values; code dtypes (FP8/FP4/E8M0) without a
+    scale and integers outside the expert-id tables are refused."""
+    dt = sh.dtype(name)
+    if dt in SW.CODE_DTYPES or (dt in _INT_DT and not cmf.endswith("tid2eid")):
+        raise FormatError(f"{sh.path.name}: {name}: dtype {dt} without a .scale tensor: "
+                          f"cortiq reads {dt} only as block-scaled weights"
+                          + ("" if dt in SW.CODE_DTYPES else " (or the tid2eid table)"))
+    if dt not in _INT_DT and dt not in ("F32", "F16", "BF16", "F64"):
+        raise FormatError(f"{sh.path.name}: {name}: dtype {dt} is not one cortiq converts")
+    return lambda: _load(sh, name)
+
+
+def plan(hf_dir, log: Callable[[str], None] | None = None):
+    """``(hf_config, arch, [(cmf_name, loader, shape)], shards, sources)`` after checking
+    every tensor; ``sources`` maps the CMF names of FP8/FP4 weights to their
+    ``ScaledWeight``. Both layouts: transformers' ``save_pretrained`` and DeepSeek's
+    release (reference names, ``.scale`` siblings)."""
     hf = read_hf_config(hf_dir)
     arch = arch_from_hf_config(hf)
+    block = fp8_block_size(hf)
     shards = open_checkpoint(hf_dir)
     n, E = arch["num_layers"], arch["moe"]["num_experts"]
     I = arch["moe"]["moe_intermediate_size"]
+    scales = SW.pair(shards)
+    scale_names = set(scales.values())
     out: dict[str, tuple] = {}
+    sources: dict[str, SW.ScaledWeight] = {}
+    mtp = 0
     for name, sh in shards.items():
+        if name in scale_names:
+            continue
         c = cmf_name(name)
         if c is None:
+            mtp += name.startswith("mtp.") or ".mtp." in name
             continue
         shape = sh.shape(name)
+        if name in scales:
+            if c.startswith("@"):
+                raise FormatError(f"{scales[name]}: scales of stacked experts are not a "
+                                  f"layout cortiq reads")
+            sn = scales[name]
+            sw = SW.describe(sh, name, shards[sn], sn, fp8_block=block)
+            if c in out:
+                raise ConfigError(f"{name}: a second spelling of {c}")
+            out[c] = (sw.load, sw.shape)
+            sources[c] = sw
+            continue
         if c.startswith("@"):
             kind, li = c[1:].split(":")
             if len(shape) != 3 or shape[0] != E:
@@ -317,7 +406,10 @@ def plan(hf_dir) -> tuple[dict, dict, list]:
             continue
         if c in out:
             raise ConfigError(f"{name}: a second spelling of {c}")
-        out[c] = (lambda s=sh, nm=name: _load(s, nm), shape)
+        out[c] = (_plain_loader(sh, name, c), shape)
+    if mtp and log is not None:
+        log(f"skipping {mtp} multi-token-prediction tensors (mtp.*): cortiq decodes "
+            f"one token at a time")
     if "lm_head.weight" not in out and arch.get("tie_word_embeddings"):
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
     # presence checks
@@ -344,21 +436,72 @@ def plan(hf_dir) -> tuple[dict, dict, list]:
         raise ConfigError(f"{missing[0]}: missing from the checkpoint"
                           + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
     names = [k for k in need if k in out] + sorted(k for k in out if k not in set(need))
-    return hf, arch, [(k, out[k][0], out[k][1]) for k in names], shards
+    return hf, arch, [(k, out[k][0], out[k][1]) for k in names], shards, sources
 
 
-def convert(hf_dir, out_path, quant: str = "q8_row", progress: bool = True) -> None:
-    """Convert a Hugging Face DeepSeek-V4 directory into one CMF v2 file."""
+_EXPERT = re.compile(r"model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight")
+
+
+def experts_dtypes(spec: str | None) -> tuple[str, str] | None:
+    """``--experts-quant``: one dtype for every routed expert matrix (``q4tp``), or
+    ``GATE_UP,DOWN`` (``q2tp,q4tp``: 2-bit gate/up, 4-bit down). None: follow ``quant``."""
+    if spec is None:
+        return None
+    from ..cmf.writer import QUANT_LABEL
+    parts = [p.strip() for p in str(spec).split(",")]
+    if len(parts) not in (1, 2) or any(p not in QUANT_LABEL for p in parts):
+        raise ConfigError(f"--experts-quant {spec!r}: want DTYPE or GATE_UP,DOWN with each "
+                          f"one of {', '.join(QUANT_LABEL)}")
+    return parts[0], parts[-1]
+
+
+def tensor_dtypes(items, quant: str, experts_quant: str | None = None) -> dict[str, str]:
+    """The dtype of every tensor that does not follow ``quant`` alone: f32 for the small
+    control tensors, ``experts_quant`` (cols % 32 fallbacks as in CMF_FORMAT §8) for the
+    routed experts."""
+    from ..cmf.writer import choose_dtype
+    ex = experts_dtypes(experts_quant)
+    out = {}
+    for name, _, shape in items:
+        if _KEEP_F32.match(name):
+            out[name] = "f32"
+            continue
+        m = _EXPERT.fullmatch(name) if ex else None
+        if m:
+            out[name] = choose_dtype(name, shape, ex[1] if m.group(1) == "down" else ex[0])
+    return out
+
+
+def convert(hf_dir, out_path, quant: str = "q8_row", progress: bool = True,
+            experts_quant: str | None = None) -> None:
+    """Convert a DeepSeek-V4 directory (transformers' ``save_pretrained`` or DeepSeek's
+    release layout with FP8/FP4 weights) into one CMF v2 file, one tensor at a time.
+
+    ``experts_quant`` stores the routed experts in another dtype than ``quant`` (e.g.
+    attention ``q8_row``, experts ``q4tp`` or ``q2tp,q4tp``)."""
+    import sys
     from .. import cmf
     hf_dir = Path(hf_dir)
-    hf, arch, items, shards = plan(hf_dir)
-    dtypes = {name: "f32" for name, _, _ in items if _KEEP_F32.match(name)}
+    log = (lambda msg: print(msg, file=sys.stderr)) if progress else None
+    hf, arch, items, shards, sources = plan(hf_dir, log=log)
+    dtypes = tensor_dtypes(items, quant, experts_quant)
+    if sources and log is not None:
+        kinds = [sw.kind for sw in sources.values()]
+        log(f"release layout: {kinds.count('fp8')} FP8 (E4M3 x E8M0 blocks) and "
+            f"{kinds.count('fp4')} FP4 (E2M1 x E8M0 / 32) weights, dequantized block by block")
 
     def stream() -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
         for name, load, _ in items:
             yield name, load
 
-    provenance = {"converter": CONVERTER, "source": hf_dir.name, "hf_config": hf}
+    provenance = {"converter": CONVERTER, "source": hf_dir.name, "hf_config": hf,
+                  "layout": "release" if sources else "transformers"}
+    if sources:
+        kinds = [sw.kind for sw in sources.values()]
+        provenance["source_dtypes"] = {"fp8_e4m3_block": kinds.count("fp8"),
+                                       "fp4_e2m1_group32": kinds.count("fp4")}
+    if experts_quant:
+        provenance["experts_quant"] = experts_quant
     try:
         cmf.write(out_path, stream(), arch=arch, quant=quant,
                   tokenizer_json=find_tokenizer_json(hf_dir),
