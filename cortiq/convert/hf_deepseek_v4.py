@@ -25,7 +25,7 @@ import json
 import mmap
 import re
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
@@ -490,10 +490,9 @@ def convert(hf_dir, out_path, quant: str = "q8_row", progress: bool = True,
         log(f"release layout: {kinds.count('fp8')} FP8 (E4M3 x E8M0 blocks) and "
             f"{kinds.count('fp4')} FP4 (E2M1 x E8M0 / 32) weights, dequantized block by block")
 
-    def stream() -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
-        for name, load, _ in items:
-            yield name, load
-
+    # (name, loader) pairs: the writer calls each loader in turn, so one tensor at a time
+    # is in memory, and the list's length gives the progress bar its total
+    stream = [(name, load) for name, load, _ in items]
     provenance = {"converter": CONVERTER, "source": hf_dir.name, "hf_config": hf,
                   "layout": "release" if sources else "transformers"}
     if sources:
@@ -503,7 +502,7 @@ def convert(hf_dir, out_path, quant: str = "q8_row", progress: bool = True,
     if experts_quant:
         provenance["experts_quant"] = experts_quant
     try:
-        cmf.write(out_path, stream(), arch=arch, quant=quant,
+        cmf.write(out_path, stream, arch=arch, quant=quant,
                   tokenizer_json=find_tokenizer_json(hf_dir),
                   tokenizer_config=tokenizer_bundle(hf_dir, hf), provenance=provenance,
                   dtypes=dtypes, progress=progress)

@@ -373,7 +373,10 @@ class SafetensorsShard:
 
     def close(self) -> None:
         if self._mm is not None:
-            self._mm.close()
+            try:
+                self._mm.close()
+            except BufferError:  # a view is still alive (e.g. in a traceback): the
+                pass             # mapping closes when the last view goes
             self._mm = None
 
 

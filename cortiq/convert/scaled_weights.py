@@ -128,4 +128,6 @@ def describe(shard, name: str, scale_shard, scale_name: str,
     if sshape != tuple(want):
         raise FormatError(f"{scale_name}: shape {list(sshape)} does not match its "
                           f"{wdt} weight {name} {list(logical)}: want {list(want)} ({what})")
+    shard.raw(name)                      # offsets against the file, before anything runs
+    scale_shard.raw(scale_name)
     return ScaledWeight(kind, shard, name, scale_shard, scale_name, tuple(logical), block)
