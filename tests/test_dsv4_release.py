@@ -386,3 +386,31 @@ def test_requantized_release(release, tmp_path, quant, experts, plane_tol):
           f"max {max(pe.values()):.3g}; logits max |diff| / range {rel:.3g}, argmax {agree:.0%}")
     assert max(pe.values()) <= plane_tol
     assert min(pe.values()) > 0          # requantization did change the experts
+
+
+def test_exact_experts_store_the_release_values_bit_for_bit(release, tmp_path):
+    """E2M1 x E8M0 maps losslessly onto vbit at 5 bits (u = 15 + 2 * code value, f16
+    scale = E8M0 / 2): with ``--experts-quant exact`` the routed experts keep the
+    release values exactly."""
+    d, values, ref_model, ids, H = release
+    out = tmp_path / "x.cmf"
+    cortiq.convert.from_hf(d, out, quant="f32", experts_quant="exact", progress=False)
+    with cmf.open(out) as f:
+        assert {i.dtype for n, i in f.tensors.items() if C._EXPERT.fullmatch(n)} == {"vbit"}
+    stored = _stored_values(out)
+    for n, v in values.items():
+        np.testing.assert_array_equal(stored[n], v, err_msg=n)
+    ref = H.full_logits(ref_model, ids)
+    assert np.abs(_logits(out, ids) - ref).max() <= F32_TOL
+
+
+def test_exact_experts_need_fp4(tmp_path, toy):
+    t, cfg = toy   # the toy's down_proj has 16 columns: vbit needs 32
+    d, _ = write_release(tmp_path / "rel", t, cfg)
+    with pytest.raises(ConfigError, match=r"mlp\.experts\.0\.down_proj\.weight.*multiple of 32"):
+        cortiq.convert.from_hf(d, tmp_path / "x.cmf", experts_quant="q4tp,exact", progress=False)
+    hf = tmp_path / "hf"
+    from test_dsv4_convert import hf_checkpoint
+    hf_checkpoint(hf, "ref")
+    with pytest.raises(ConfigError, match="FP4"):
+        cortiq.convert.from_hf(hf, tmp_path / "y.cmf", experts_quant="exact", progress=False)

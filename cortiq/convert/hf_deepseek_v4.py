@@ -439,6 +439,8 @@ def plan(hf_dir, log: Callable[[str], None] | None = None):
     return hf, arch, [(k, out[k][0], out[k][1]) for k in names], shards, sources
 
 
+#: ``--experts-quant exact``: FP4 experts stored bit-exactly as 5-bit vbit
+EXACT = "exact"
 _EXPERT = re.compile(r"model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight")
 
 
@@ -449,9 +451,9 @@ def experts_dtypes(spec: str | None) -> tuple[str, str] | None:
         return None
     from ..cmf.writer import QUANT_LABEL
     parts = [p.strip() for p in str(spec).split(",")]
-    if len(parts) not in (1, 2) or any(p not in QUANT_LABEL for p in parts):
+    if len(parts) not in (1, 2) or any(p not in QUANT_LABEL and p != EXACT for p in parts):
         raise ConfigError(f"--experts-quant {spec!r}: want DTYPE or GATE_UP,DOWN with each "
-                          f"one of {', '.join(QUANT_LABEL)}")
+                          f"{EXACT!r} or one of {', '.join(QUANT_LABEL)}")
     return parts[0], parts[-1]
 
 
@@ -468,7 +470,31 @@ def tensor_dtypes(items, quant: str, experts_quant: str | None = None) -> dict[s
             continue
         m = _EXPERT.fullmatch(name) if ex else None
         if m:
-            out[name] = choose_dtype(name, shape, ex[1] if m.group(1) == "down" else ex[0])
+            want = ex[1] if m.group(1) == "down" else ex[0]
+            if want != EXACT:
+                out[name] = choose_dtype(name, shape, want)
+    return out
+
+
+def _exact_experts(items, sources, experts_quant):
+    """``items`` with the loaders of the experts ``exact`` applies to replaced by their
+    bit-exact vbit payloads; an expert that is not FP4 is refused."""
+    ex = experts_dtypes(experts_quant)
+    if not ex or EXACT not in ex:
+        return items
+    out = []
+    for name, load, shape in items:
+        m = _EXPERT.fullmatch(name)
+        if m and (ex[1] if m.group(1) == "down" else ex[0]) == EXACT:
+            sw = sources.get(name)
+            if sw is None or sw.kind != "fp4":
+                raise ConfigError(f"{name}: --experts-quant exact maps FP4 (E2M1) experts "
+                                  f"only; this one is stored as plain values")
+            if shape[1] % 32:
+                raise ConfigError(f"{name}: --experts-quant exact needs cols a multiple of "
+                                  f"32 (vbit), got shape {list(shape)}")
+            load = sw.as_vbit5
+        out.append((name, load, shape))
     return out
 
 
@@ -485,6 +511,7 @@ def convert(hf_dir, out_path, quant: str = "q8_row", progress: bool = True,
     log = (lambda msg: print(msg, file=sys.stderr)) if progress else None
     hf, arch, items, shards, sources = plan(hf_dir, log=log)
     dtypes = tensor_dtypes(items, quant, experts_quant)
+    items = _exact_experts(items, sources, experts_quant)
     if sources and log is not None:
         kinds = [sw.kind for sw in sources.values()]
         log(f"release layout: {kinds.count('fp8')} FP8 (E4M3 x E8M0 blocks) and "

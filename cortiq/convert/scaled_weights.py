@@ -97,6 +97,12 @@ class ScaledWeight:
                               f"code, or a scale that overflows float32)")
         return out
 
+    def as_vbit5(self):
+        """FP4 only: the same values as a CMF ``vbit`` payload at 5 bits a row, bit for bit
+        (``exact_vbit5``)."""
+        return exact_vbit5(self.shard.raw(self.name).view(np.uint8), self.scales(),
+                           self.name, self.block)
+
     @property
     def source_dtype(self) -> str:
         return {"fp8": "E4M3", "fp4": "E2M1"}[self.kind]
@@ -131,3 +137,43 @@ def describe(shard, name: str, scale_shard, scale_name: str,
     shard.raw(name)                      # offsets against the file, before anything runs
     scale_shard.raw(scale_name)
     return ScaledWeight(kind, shard, name, scale_shard, scale_name, tuple(logical), block)
+
+
+#: 2 * E2M1 value of each code: the integers {0, 1, 2, 3, 4, 6, 8, 12} with sign
+_E2M1_TWICE = (2 * M.E2M1).astype(np.int16)
+
+
+def exact_vbit5(packed: np.ndarray, scale: np.ndarray, name: str = "",
+                group: int = M.FP4_GROUP):
+    """E2M1 codes x per-32 scales -> a CMF ``vbit`` payload (CMF_FORMAT §7.6) that decodes
+    to exactly the same float32 values.
+
+    vbit stores ``(u - 15) * s`` with 5-bit ``u`` and one f16 ``s`` per 32 of a row:
+    ``u = 15 + 2 * e2m1`` spans 3..27 and ``s = scale / 2`` is a power of two f16 holds
+    (``2^-24 .. 2^15``) for every scale a real checkpoint has. The cost is 5.5 bits a
+    weight against the source's 4.25; q4tp (4.2) requantizes instead. A ``cortiq.cmf.
+    writer.Payload``; ConfigError names the tensor when a scale has no exact f16 half."""
+    from ..cmf.quant import f16_bytes
+    from ..cmf.writer import Payload
+    from ..errors import ConfigError
+    rows, pc = packed.shape
+    cols = 2 * pc
+    if cols % 32 or group != 32:
+        raise ConfigError(f"{name}: exact vbit needs cols a multiple of 32 and 32-element "
+                          f"scale groups (got cols {cols}, group {group})")
+    gpr = cols // 32
+    half = (scale.astype(np.float32) / np.float32(2)).reshape(rows, gpr)
+    codes = np.stack([packed & 0xF, packed >> 4], axis=2).reshape(rows, cols)
+    live = (codes & 0x7).reshape(rows, gpr, 32).any(axis=2)   # groups holding a non-zero
+    h16 = half.astype(np.float16)
+    if not np.array_equal(h16.astype(np.float32)[live], half[live]):
+        r, g = np.argwhere(live & (h16.astype(np.float32) != half))[0]
+        raise ConfigError(f"{name}: scale {float(scale[r, g])!r} at [{r}, {g}] has no exact "
+                          f"f16 half; use a requantizing --experts-quant (q4tp)")
+    h16 = np.where(live, h16, np.float16(0))
+    u = (15 + _E2M1_TWICE[codes]).astype(np.uint8)
+    bits = np.unpackbits(u[:, :, None], axis=2)[:, :, 3:]        # 5 bits, MSB first
+    rows_packed = np.packbits(bits.reshape(rows, cols * 5), axis=1)
+    data = np.concatenate([np.full(rows, 5, np.uint8), f16_bytes(h16).reshape(-1),
+                           rows_packed.reshape(-1)])
+    return Payload(data, "vbit", (rows, cols))
