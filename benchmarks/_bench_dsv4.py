@@ -390,6 +390,30 @@ def requant_report(rel_dir, path, n_planes=6):
     return errs
 
 
+def prompt_logits(path, prompt):
+    from cortiq import cmf
+    from cortiq.models.deepseek_v4 import DeepseekV4Model
+    with cmf.open(path) as cf:
+        m = DeepseekV4Model(cf)
+        return np.asarray(m.forward(m.new_state(), prompt, "all"), np.float64)
+
+
+def logits_report(rel_dir, path, prompt):
+    """The requantized file's logits over the prompt against the exact (f32) conversion
+    of the same release file: max |diff| / logit range, and argmax agreement."""
+    from cortiq.convert import hf_deepseek_v4 as C
+    exact = path + ".f32.cmf"
+    try:
+        C.convert(rel_dir, exact, quant="f32", progress=False)
+        ref = prompt_logits(exact, prompt)
+    finally:
+        if os.path.exists(exact):
+            os.remove(exact)
+    got = prompt_logits(path, prompt)
+    rel = float(np.abs(got - ref).max() / (ref.max() - ref.min()))
+    return rel, float((got.argmax(-1) == ref.argmax(-1)).mean())
+
+
 def llama_cpp_peer():
     """The llama.cpp peer, or why it is skipped."""
     try:
@@ -426,6 +450,9 @@ def run(a):
         rel = prepare_release(a, g, path)
         for n, (dt, e) in requant_report(rel, path).items():
             print(f"requantization FP4 -> {dt}: {n}: relative error {e:.4f}")
+        r, agree = logits_report(rel, path, prompt)
+        print(f"requantization on the logits (prompt of {len(prompt)}, against the exact f32 "
+              f"conversion): max |diff| / range {r:.4f}, argmax agreement {agree:.0%}")
     elif not os.path.exists(path):
         t0 = time.perf_counter()
         write_model(path, g, a.quant)

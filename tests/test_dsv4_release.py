@@ -245,6 +245,43 @@ def test_float_scales_and_weight_scale_inv(tmp_path, toy):
         np.testing.assert_array_equal(np.asarray(f.tensor(n)).reshape(values[n].shape), values[n])
 
 
+def test_f4_dtype_weights(tmp_path, toy):
+    """torch's float4_e2m1fn_x2 is saved as safetensors F4 with the logical shape."""
+    t, cfg = toy
+
+    def edit(stored):
+        for n in [k for k in stored if k.endswith(".weight") and stored[k][0] == "I8"]:
+            dt, (r, pc), raw = stored[n]
+            stored[n] = ("F4", (r, 2 * pc), raw)
+    d, values = write_release(tmp_path / "rel", t, cfg, edit=edit)
+    out = tmp_path / "m.cmf"
+    cortiq.convert.from_hf(d, out, quant="f32", progress=False)
+    stored = _stored_values(out)
+    n = "model.layers.1.mlp.experts.6.down_proj.weight"
+    np.testing.assert_array_equal(stored[n], values[n])
+
+
+def test_payloads_are_checked_by_the_writer(tmp_path):
+    from cortiq.cmf.writer import Payload
+    from cortiq.convert.scaled_weights import exact_vbit5
+    arch = toy_tensors()[1]
+    packed, sc = M.quant_fp4_groups(np.linspace(-1, 1, 4 * 64, dtype=np.float32).reshape(4, 64))
+    good = exact_vbit5(packed, M.E8M0[sc])
+    bad = Payload(good.data[:-1], "vbit", good.shape)
+    with pytest.raises(ValueError, match="'w'"):
+        cmf.write(tmp_path / "a.cmf", [("w", bad)], arch=arch, progress=False)
+    with pytest.raises(ValueError, match="q8_row payload is 3 bytes"):
+        cmf.write(tmp_path / "b.cmf", [("w", Payload(b"abc", "q8_row", (4, 64)))], arch=arch,
+                  progress=False)
+    assert not list(tmp_path.iterdir())
+    cmf.write(tmp_path / "c.cmf", [("w", good)], arch=arch, progress=False)
+    with cmf.open(tmp_path / "c.cmf") as f:
+        np.testing.assert_array_equal(np.asarray(f.tensor("w")).reshape(4, 64),
+                                      M.dequant_fp4_groups(packed, M.E8M0[sc]))
+    with pytest.raises(ConfigError, match="no exact f16 half"):
+        exact_vbit5(packed, np.full(sc.shape, 2.0 ** -30, np.float32), "w")
+
+
 def test_experts_quant_option(tmp_path, toy):
     t, cfg = toy
     d, _ = write_release(tmp_path / "rel", t, cfg)
@@ -414,3 +451,30 @@ def test_exact_experts_need_fp4(tmp_path, toy):
     hf_checkpoint(hf, "ref")
     with pytest.raises(ConfigError, match="FP4"):
         cortiq.convert.from_hf(hf, tmp_path / "y.cmf", experts_quant="exact", progress=False)
+
+
+def test_release_written_by_torch_safetensors(release, tmp_path):
+    """The same checkpoint through safetensors.torch (float8_e4m3fn, float8_e8m0fnu, int8
+    tensors): another writer's headers and offsets."""
+    torch = _hf()
+    from safetensors.torch import save_file
+    d, values, ref_model, ids, H = release
+    from cortiq.convert.hf_dory import open_checkpoint
+    shards = open_checkpoint(d)
+    tdt = {"F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": torch.float8_e8m0fnu, "I8": torch.int8,
+           "I32": torch.int32, "F32": torch.float32, "BF16": torch.bfloat16}
+    tensors = {}
+    for n, sh in shards.items():
+        raw = np.array(sh.raw(n))
+        tensors[n] = torch.from_numpy(raw.view(np.uint8).copy()).view(tdt[sh.dtype(n)]).reshape(raw.shape)
+    for s in set(shards.values()):
+        s.close()
+    td = tmp_path / "torch"
+    td.mkdir()
+    save_file(tensors, str(td / "model.safetensors"), metadata={"format": "pt"})
+    (td / "config.json").write_text((d / "config.json").read_text())
+    out = tmp_path / "t.cmf"
+    cortiq.convert.from_hf(td, out, quant="f32", progress=False)
+    stored = _stored_values(out)
+    for n, v in values.items():
+        np.testing.assert_array_equal(stored[n], v, err_msg=n)

@@ -160,6 +160,8 @@ class Payload:
     __slots__ = ("data", "dtype", "shape")
 
     def __init__(self, data, dtype: str, shape):
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            data = np.frombuffer(data, np.uint8)
         self.data = np.ascontiguousarray(data, np.uint8).reshape(-1)
         self.dtype = dtype
         self.shape = tuple(int(d) for d in shape)
