@@ -1,6 +1,20 @@
-"""Hugging Face DeepSeek-V4 checkpoint -> CMF v2 file.
+"""DeepSeek-V4 checkpoint -> CMF v2 file.
 
-Accepts both spellings HF writes:
+Reads two layouts, told apart tensor by tensor:
+
+* transformers' (``save_pretrained``): float tensors (F32/BF16/F16) under the names below;
+* DeepSeek's release: the reference implementation's names without ``model.``
+  (``embed.weight``, ``head.weight``, ``norm.weight``, ``hc_head_{fn,base,scale}``,
+  ``layers.N.attn.*``, ``layers.N.ffn.*``), FP8 weights (E4M3 with an E8M0 ``.scale`` per
+  128x128 block) and FP4 routed experts (E2M1 with an E8M0 ``.scale`` per 32 of a row),
+  decoded by ``scaled_weights`` / ``microfloat``. MTP layers (``mtp.*``) are skipped with
+  one log line. ``config.json`` may carry the reference keys (``compress_ratios``,
+  ``num_hash_layers``, ``qk_rope_head_dim``, or the inference code's ``dim``,
+  ``n_layers``, ``rope_factor``...) beside or instead of transformers' ones.
+
+``--quant f32`` stores the release values exactly; ``experts_quant`` gives the routed
+experts their own dtype (``q4tp``, ``q2tp,q4tp``, or ``exact``: FP4 losslessly as 5-bit
+vbit). Names accepted, in both spellings HF writes:
 
 * ``save_pretrained`` (reference-style names under ``model.``): ``attn.{wq_a,q_norm,wq_b,
   wkv,wo_a,wo_b}``, the kv norm as ``attn.norm`` or ``attn.kv_norm``, ``attn.attn_sink``,
@@ -21,7 +35,6 @@ with a ConfigError naming the ``config.json`` key.
 """
 from __future__ import annotations
 
-import json
 import mmap
 import re
 from pathlib import Path
