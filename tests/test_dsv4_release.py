@@ -478,3 +478,14 @@ def test_release_written_by_torch_safetensors(release, tmp_path):
     stored = _stored_values(out)
     for n, v in values.items():
         np.testing.assert_array_equal(stored[n], v, err_msg=n)
+
+
+def test_a_weight_the_config_does_not_fit_is_refused(tmp_path, toy):
+    t, cfg = toy
+    t = dict(t)
+    for e in range(8):   # every expert of layer 1 one row short: consistent with its scale
+        n = f"model.layers.1.mlp.experts.{e}.up_proj.weight"
+        t[n] = t[n][:-1]
+    d, _ = write_release(tmp_path / "rel", t, cfg)
+    with pytest.raises(ConfigError, match=r"layers\.1\.ffn\.experts\.\d\.w3\.weight: shape \[15, 32\], the config says \[16, 32\]"):
+        cortiq.convert.from_hf(d, tmp_path / "x.cmf", progress=False)

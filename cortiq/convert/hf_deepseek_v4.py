@@ -384,6 +384,7 @@ def plan(hf_dir, log: Callable[[str], None] | None = None):
     out: dict[str, tuple] = {}
     sources: dict[str, SW.ScaledWeight] = {}
     mtp = 0
+    origin: dict[str, str] = {}   # CMF name -> checkpoint name, for error messages
     for name, sh in shards.items():
         if name in scale_names:
             continue
@@ -391,6 +392,7 @@ def plan(hf_dir, log: Callable[[str], None] | None = None):
         if c is None:
             mtp += name.startswith("mtp.") or ".mtp." in name
             continue
+        origin[c] = name
         shape = sh.shape(name)
         if name in scales:
             if c.startswith("@"):
@@ -448,8 +450,58 @@ def plan(hf_dir, log: Callable[[str], None] | None = None):
     if missing:
         raise ConfigError(f"{missing[0]}: missing from the checkpoint"
                           + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
+    for c, w in expected_shapes(arch).items():
+        if c in out and tuple(out[c][1]) != w:
+            raise ConfigError(f"{origin.get(c, c)}: shape {list(out[c][1])}, the config says "
+                              f"{list(w)}")
     names = [k for k in need if k in out] + sorted(k for k in out if k not in set(need))
     return hf, arch, [(k, out[k][0], out[k][1]) for k in names], shards, sources
+
+
+def expected_shapes(arch: dict) -> dict[str, tuple]:
+    """The shape the config implies for every tensor it fixes (CMF names)."""
+    D, V, H, hd = (arch[k] for k in ("hidden_size", "vocab_size", "num_attention_heads",
+                                     "head_dim"))
+    moe, d4 = arch["moe"], arch["deepseek_v4"]
+    E, k, I = moe["num_experts"], moe["top_k"], moe["moe_intermediate_size"]
+    hc, ql, og, ol = d4["hc_mult"], d4["q_lora_rank"], d4["o_groups"], d4["o_lora_rank"]
+    ih, ihd = d4["index_n_heads"], d4["index_head_dim"]
+    mix = (2 + hc) * hc
+    out = {"model.embed_tokens.weight": (V, D), "lm_head.weight": (V, D),
+           "model.norm.weight": (D,), "model.hc_head_fn": (hc, hc * D),
+           "model.hc_head_base": (hc,), "model.hc_head_scale": (1,)}
+    for i, r in enumerate(d4["compress_ratios"]):
+        p, a = f"model.layers.{i}", f"model.layers.{i}.self_attn"
+        out.update({
+            f"{p}.input_layernorm.weight": (D,), f"{p}.post_attention_layernorm.weight": (D,),
+            f"{a}.wq_a.weight": (ql, D), f"{a}.q_norm.weight": (ql,),
+            f"{a}.wq_b.weight": (H * hd, ql), f"{a}.wkv.weight": (hd, D),
+            f"{a}.kv_norm.weight": (hd,), f"{a}.wo_a.weight": (og * ol, H * hd // og),
+            f"{a}.wo_b.weight": (D, og * ol), f"{a}.attn_sink": (H,),
+            f"{p}.mlp.gate.weight": (E, D), f"{p}.mlp.expert_bias": (E,),
+            f"{p}.mlp.tid2eid": (V, k),
+            f"{p}.mlp.shared_expert.gate_proj.weight": (I, D),
+            f"{p}.mlp.shared_expert.up_proj.weight": (I, D),
+            f"{p}.mlp.shared_expert.down_proj.weight": (D, I)})
+        for which in ("attn", "ffn"):
+            out.update({f"{p}.hc_{which}_fn": (mix, hc * D), f"{p}.hc_{which}_base": (mix,),
+                        f"{p}.hc_{which}_scale": (3,)})
+        for e in range(E):
+            out.update({f"{p}.mlp.experts.{e}.gate_proj.weight": (I, D),
+                        f"{p}.mlp.experts.{e}.up_proj.weight": (I, D),
+                        f"{p}.mlp.experts.{e}.down_proj.weight": (D, I)})
+        if r:
+            w = (2 if r == 4 else 1) * hd
+            out.update({f"{a}.compressor.wkv.weight": (w, D), f"{a}.compressor.wgate.weight": (w, D),
+                        f"{a}.compressor.norm.weight": (hd,), f"{a}.compressor.ape": (r, w)})
+        if r == 4:
+            x = f"{a}.indexer"
+            out.update({f"{x}.wq_b.weight": (ih * ihd, ql), f"{x}.weights_proj.weight": (ih, D),
+                        f"{x}.compressor.wkv.weight": (2 * ihd, D),
+                        f"{x}.compressor.wgate.weight": (2 * ihd, D),
+                        f"{x}.compressor.norm.weight": (ihd,),
+                        f"{x}.compressor.ape": (4, 2 * ihd)})
+    return out
 
 
 #: ``--experts-quant exact``: FP4 experts stored bit-exactly as 5-bit vbit
