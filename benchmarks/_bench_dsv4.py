@@ -49,81 +49,207 @@ def hf_config(g):
                          "beta_slow": 1.0})
 
 
-def write_model(path, g, quant, seed=0):
-    """Stream random weights into a CMF file (bounded memory)."""
-    from cortiq import cmf
+def tensor_specs(g, seed=0):
+    """[(cmf name, shape, loader, keep_f32)] of a random-weight model of geometry `g`;
+    the loaders draw from one seeded stream in list order (call them in order)."""
     rng = np.random.default_rng(seed)
     D, H, hd, hc = g["dim"], g["heads"], g["head_dim"], g["hc"]
     E, I, V = g["experts"], g["inter"], g["vocab"]
+    t = []
 
-    def mat(r, c):
-        return lambda: (rng.standard_normal((r, c), dtype=np.float32) * np.float32(c ** -0.5))
+    def add(name, shape, fn, keep=False):
+        t.append((name, tuple(shape), fn, keep))
 
-    def vec(n, base=0.0, s=0.1):
-        return lambda: (base + s * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+    def mat(name, r, c, keep=False):
+        add(name, (r, c), lambda: rng.standard_normal((r, c), dtype=np.float32) * np.float32(c ** -0.5), keep)
 
-    t, f32 = [], {}
+    def vec(name, n, base=0.0, sd=0.1):
+        add(name, (n,), lambda: (base + sd * rng.standard_normal(n, dtype=np.float32)).astype(np.float32), True)
 
-    def add(name, fn, keep=False):
-        t.append((name, fn))
-        if keep:
-            f32[name] = "f32"
-    add("model.embed_tokens.weight", mat(V, D))
-    add("lm_head.weight", mat(V, D))
-    add("model.norm.weight", vec(D, 1.0), True)
-    add("model.hc_head_fn", mat(hc, hc * D), True)
-    add("model.hc_head_base", vec(hc), True)
-    add("model.hc_head_scale", vec(1, 1.0), True)
+    def small(name, shape):
+        add(name, shape, lambda: 0.1 * rng.standard_normal(shape, dtype=np.float32), True)
+    mat("model.embed_tokens.weight", V, D)
+    mat("lm_head.weight", V, D)
+    vec("model.norm.weight", D, 1.0)
+    mat("model.hc_head_fn", hc, hc * D, True)
+    vec("model.hc_head_base", hc)
+    vec("model.hc_head_scale", 1, 1.0)
     for li in range(g["layers"]):
         p, a = f"model.layers.{li}", f"model.layers.{li}.self_attn"
-        add(f"{p}.input_layernorm.weight", vec(D, 1.0), True)
-        add(f"{p}.post_attention_layernorm.weight", vec(D, 1.0), True)
-        add(f"{a}.wq_a.weight", mat(g["q_lora"], D))
-        add(f"{a}.q_norm.weight", vec(g["q_lora"], 1.0), True)
-        add(f"{a}.wq_b.weight", mat(H * hd, g["q_lora"]))
-        add(f"{a}.wkv.weight", mat(hd, D))
-        add(f"{a}.kv_norm.weight", vec(hd, 1.0), True)
-        add(f"{a}.wo_a.weight", mat(g["o_groups"] * g["o_lora"], H * hd // g["o_groups"]))
-        add(f"{a}.wo_b.weight", mat(D, g["o_groups"] * g["o_lora"]))
-        add(f"{a}.attn_sink", vec(H), True)
+        vec(f"{p}.input_layernorm.weight", D, 1.0)
+        vec(f"{p}.post_attention_layernorm.weight", D, 1.0)
+        mat(f"{a}.wq_a.weight", g["q_lora"], D)
+        vec(f"{a}.q_norm.weight", g["q_lora"], 1.0)
+        mat(f"{a}.wq_b.weight", H * hd, g["q_lora"])
+        mat(f"{a}.wkv.weight", hd, D)
+        vec(f"{a}.kv_norm.weight", hd, 1.0)
+        mat(f"{a}.wo_a.weight", g["o_groups"] * g["o_lora"], H * hd // g["o_groups"])
+        mat(f"{a}.wo_b.weight", D, g["o_groups"] * g["o_lora"])
+        vec(f"{a}.attn_sink", H)
         r = g["ratios"][li]
         if r:
             w = 2 * hd if r == 4 else hd
-            add(f"{a}.compressor.wkv.weight", mat(w, D))
-            add(f"{a}.compressor.wgate.weight", mat(w, D))
-            add(f"{a}.compressor.norm.weight", vec(hd, 1.0), True)
-            add(f"{a}.compressor.ape", lambda r=r, w=w: 0.1 * rng.standard_normal((r, w), dtype=np.float32), True)
+            mat(f"{a}.compressor.wkv.weight", w, D)
+            mat(f"{a}.compressor.wgate.weight", w, D)
+            vec(f"{a}.compressor.norm.weight", hd, 1.0)
+            small(f"{a}.compressor.ape", (r, w))
         if r == 4:
-            add(f"{a}.indexer.wq_b.weight", mat(g["ih"] * g["ihd"], g["q_lora"]))
-            add(f"{a}.indexer.weights_proj.weight", mat(g["ih"], D))
-            add(f"{a}.indexer.compressor.wkv.weight", mat(2 * g["ihd"], D))
-            add(f"{a}.indexer.compressor.wgate.weight", mat(2 * g["ihd"], D))
-            add(f"{a}.indexer.compressor.norm.weight", vec(g["ihd"], 1.0), True)
-            add(f"{a}.indexer.compressor.ape", lambda: 0.1 * rng.standard_normal((4, 2 * g["ihd"]), dtype=np.float32), True)
+            mat(f"{a}.indexer.wq_b.weight", g["ih"] * g["ihd"], g["q_lora"])
+            mat(f"{a}.indexer.weights_proj.weight", g["ih"], D)
+            mat(f"{a}.indexer.compressor.wkv.weight", 2 * g["ihd"], D)
+            mat(f"{a}.indexer.compressor.wgate.weight", 2 * g["ihd"], D)
+            vec(f"{a}.indexer.compressor.norm.weight", g["ihd"], 1.0)
+            small(f"{a}.indexer.compressor.ape", (4, 2 * g["ihd"]))
         for which in ("attn", "ffn"):
-            add(f"{p}.hc_{which}_fn", mat((2 + hc) * hc, hc * D), True)
-            add(f"{p}.hc_{which}_base", vec((2 + hc) * hc), True)
-            add(f"{p}.hc_{which}_scale", vec(3, 1.0), True)
-        add(f"{p}.mlp.gate.weight", mat(E, D))
+            mat(f"{p}.hc_{which}_fn", (2 + hc) * hc, hc * D, True)
+            vec(f"{p}.hc_{which}_base", (2 + hc) * hc)
+            vec(f"{p}.hc_{which}_scale", 3, 1.0)
+        mat(f"{p}.mlp.gate.weight", E, D)
         if li in g["hash_layers"]:
-            add(f"{p}.mlp.tid2eid", lambda: np.stack([rng.permutation(E)[:g["top_k"]] for _ in range(V)]).astype(np.float32))
+            add(f"{p}.mlp.tid2eid", (V, g["top_k"]), lambda: np.stack(
+                [rng.permutation(E)[:g["top_k"]] for _ in range(V)]).astype(np.float32))
         else:
-            add(f"{p}.mlp.expert_bias", vec(E), True)
+            vec(f"{p}.mlp.expert_bias", E)
         for role, (rr, cc) in (("gate", (I, D)), ("up", (I, D)), ("down", (D, I))):
             for e in range(E):
-                add(f"{p}.mlp.experts.{e}.{role}_proj.weight", mat(rr, cc))
-        add(f"{p}.mlp.shared_expert.gate_proj.weight", mat(I, D))
-        add(f"{p}.mlp.shared_expert.up_proj.weight", mat(I, D))
-        add(f"{p}.mlp.shared_expert.down_proj.weight", mat(D, I))
-    arch = {"arch_name": "deepseek_v4", "hidden_size": D, "num_layers": g["layers"],
-            "num_attention_heads": H, "num_kv_heads": 1, "head_dim": hd, "vocab_size": V,
-            "rms_norm_eps": 1e-6, "partial_rotary_factor": g["rope"] / hd,
-            "sliding_window": g["window"], "intermediate_size": I,
+                mat(f"{p}.mlp.experts.{e}.{role}_proj.weight", rr, cc)
+        mat(f"{p}.mlp.shared_expert.gate_proj.weight", I, D)
+        mat(f"{p}.mlp.shared_expert.up_proj.weight", I, D)
+        mat(f"{p}.mlp.shared_expert.down_proj.weight", D, I)
+    return t
+
+
+def cmf_arch(g):
+    return {"arch_name": "deepseek_v4", "hidden_size": g["dim"], "num_layers": g["layers"],
+            "num_attention_heads": g["heads"], "num_kv_heads": 1, "head_dim": g["head_dim"],
+            "vocab_size": g["vocab"], "rms_norm_eps": 1e-6,
+            "partial_rotary_factor": g["rope"] / g["head_dim"],
+            "sliding_window": g["window"], "intermediate_size": g["inter"],
             "max_position_embeddings": 4096,
-            "moe": {"num_experts": E, "top_k": g["top_k"], "moe_intermediate_size": I,
-                    "shared_expert_intermediate_size": I, "routed_scaling_factor": 1.5},
+            "moe": {"num_experts": g["experts"], "top_k": g["top_k"],
+                    "moe_intermediate_size": g["inter"],
+                    "shared_expert_intermediate_size": g["inter"], "routed_scaling_factor": 1.5},
             "deepseek_v4": {"index_topk": g["topk"]}}
-    cmf.write(path, t, arch=arch, quant=quant, dtypes=f32, progress=False)
+
+
+def write_model(path, g, quant, seed=0):
+    """Stream random weights into a CMF file (bounded memory)."""
+    from cortiq import cmf
+    specs = tensor_specs(g, seed)
+    cmf.write(path, [(n, fn) for n, _, fn, _ in specs], arch=cmf_arch(g), quant=quant,
+              dtypes={n: "f32" for n, _, _, keep in specs if keep}, progress=False)
+
+
+def reference_config(g):
+    """config.json of the release-layout bench model, in DeepSeek's reference keys."""
+    return {"model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"],
+            "vocab_size": g["vocab"], "hidden_size": g["dim"], "moe_intermediate_size": g["inter"],
+            "num_hidden_layers": g["layers"], "num_attention_heads": g["heads"],
+            "num_key_value_heads": 1, "head_dim": g["head_dim"], "qk_rope_head_dim": g["rope"],
+            "q_lora_rank": g["q_lora"], "o_groups": g["o_groups"], "o_lora_rank": g["o_lora"],
+            "n_routed_experts": g["experts"], "num_experts_per_tok": g["top_k"],
+            "n_shared_experts": 1, "routed_scaling_factor": 1.5, "scoring_func": "sqrtsoftplus",
+            "norm_topk_prob": True, "compress_ratios": list(g["ratios"]) + [0],
+            "num_hash_layers": len(g["hash_layers"]), "sliding_window": g["window"],
+            "index_n_heads": g["ih"], "index_head_dim": g["ihd"], "index_topk": g["topk"],
+            "hc_mult": g["hc"], "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "swiglu_limit": 10.0,
+            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
+            "max_position_embeddings": 4096, "num_nextn_predict_layers": 0,
+            "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                             "beta_fast": 32, "beta_slow": 1},
+            "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                                    "weight_block_size": [128, 128]},
+            "expert_dtype": "fp4", "bos_token_id": 0, "eos_token_id": 1}
+
+
+_RELEASE_FP8 = ("wq_a", "wq_b", "wkv", "wo_a", "wo_b", "compressor.wkv", "compressor.wgate",
+                "indexer.wq_b", "shared_expert")
+
+
+def release_name(c):
+    """CMF name -> DeepSeek's reference name."""
+    glob = {"model.embed_tokens.weight": "embed.weight", "lm_head.weight": "head.weight",
+            "model.norm.weight": "norm.weight"}
+    if c in glob:
+        return glob[c]
+    if c.startswith("model.hc_head_"):
+        return c[len("model."):]
+    i, rest = c[len("model.layers."):].split(".", 1)
+    rest = rest.replace("self_attn.", "attn.", 1)
+    rest = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight":
+            "ffn_norm.weight", "mlp.gate.weight": "ffn.gate.weight", "mlp.expert_bias":
+            "ffn.gate.bias", "mlp.tid2eid": "ffn.gate.tid2eid"}.get(rest, rest)
+    roles = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+    if rest.startswith("mlp.experts."):
+        _, _, e, role, _ = rest.split(".")
+        rest = f"ffn.experts.{e}.{roles[role]}.weight"
+    elif rest.startswith("mlp.shared_expert."):
+        rest = f"ffn.shared_experts.{roles[rest.split('.')[2]]}.weight"
+    return f"layers.{i}.{rest}"
+
+
+def write_release(out_dir, g, seed=0):
+    """The same random model in DeepSeek's release layout: attention, compressor, indexer
+    and shared-expert projections FP8 (E4M3, E8M0 per 128x128), routed experts FP4
+    (E2M1 packed in I8, E8M0 per 32), embeddings / head / router / norms BF16, the rest
+    F32, tid2eid I32 -- one safetensors file written tensor by tensor."""
+    import json
+    import struct
+    from cortiq.convert import microfloat as M
+    os.makedirs(out_dir, exist_ok=True)
+    specs = tensor_specs(g, seed)
+    plan = []  # (release name, dtype, shape, nbytes, encode -> list of bytes per entry)
+    for c, shape, fn, keep in specs:
+        r = release_name(c)
+        n = int(np.prod(shape))
+        if ".mlp.experts." in c:
+            rows, cols = shape
+            plan.append((r, "I8", (rows, cols // 2), n // 2, c, "fp4w"))
+            plan.append((r[:-7] + ".scale", "F8_E8M0", (rows, -(-cols // 32)),
+                         rows * -(-cols // 32), c, "fp4s"))
+        elif any(f".{k}." in c for k in _RELEASE_FP8) and len(shape) == 2:
+            bs = M.fp8_block_shape(*shape)
+            plan.append((r, "F8_E4M3", shape, n, c, "fp8w"))
+            plan.append((r[:-7] + ".scale", "F8_E8M0", bs, bs[0] * bs[1], c, "fp8s"))
+        elif c.endswith("tid2eid"):
+            plan.append((r, "I32", shape, 4 * n, c, "i32"))
+        elif keep:
+            plan.append((r, "F32", shape, 4 * n, c, "f32"))
+        else:
+            plan.append((r, "BF16", shape, 2 * n, c, "bf16"))
+    header, at = {"__metadata__": {"format": "pt"}}, 0
+    for r, dt, shape, nb, _, _ in plan:
+        header[r] = {"dtype": dt, "shape": list(shape), "data_offsets": [at, at + nb]}
+        at += nb
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    fns = {c: fn for c, _, fn, _ in specs}
+    with open(os.path.join(out_dir, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        pending = None
+        for r, dt, shape, nb, c, how in plan:
+            if how in ("fp8s", "fp4s"):
+                f.write(pending)
+                continue
+            a = fns[c]()
+            if how == "fp8w":
+                codes, pending = M.quant_fp8_blocks(a)
+                f.write(codes.tobytes())
+                pending = pending.tobytes()
+            elif how == "fp4w":
+                packed, pending = M.quant_fp4_groups(a)
+                f.write(packed.tobytes())
+                pending = pending.tobytes()
+            elif how == "i32":
+                f.write(a.astype("<i4").tobytes())
+            elif how == "f32":
+                f.write(a.astype("<f4").tobytes())
+            else:
+                b = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+                f.write(((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype("<u2").tobytes())
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(reference_config(g), f)
+    return out_dir
 
 
 def touched_bytes(model) -> int:
@@ -218,6 +344,12 @@ def add_args(p, have=()):
     if "--threads" not in have:
         p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[2])
     p.add_argument("--no-hf", action="store_true", help="skip transformers")
+    p.add_argument("--release", action="store_true",
+                   help="write the model in DeepSeek's release layout (FP8 attention, FP4 "
+                        "experts) and convert it with cortiq convert; with llama-cpp-python "
+                        "installed, llama.cpp decodes the same file too")
+    p.add_argument("--experts-quant", default=None,
+                   help="with --release: cortiq's dtype for the routed experts (default q4tp)")
     if "--preload" not in have:
         p.add_argument("--preload", choices=("on", "off", "both"), default=None,
                        help="weights from the file mapping (off), copied to huge-page memory "
@@ -241,11 +373,87 @@ def main(a, rest):
     run(b)
 
 
+def requant_report(rel_dir, path, n_planes=6):
+    """Relative Frobenius error requantization adds to a few FP4 expert planes."""
+    from cortiq import cmf
+    from cortiq.convert import hf_deepseek_v4 as C
+    _, _, items, shards, sources = C.plan(rel_dir)
+    names = [n for n in sources if sources[n].kind == "fp4"][:: max(1, len(sources) // n_planes)]
+    errs = {}
+    with cmf.open(path) as f:
+        for n in names[:n_planes]:
+            v = sources[n].load()
+            got = np.asarray(f.tensor(n), np.float32).reshape(v.shape)
+            errs[n] = (f.tensors[n].dtype, float(np.linalg.norm(got - v) / np.linalg.norm(v)))
+    for s in set(shards.values()):
+        s.close()
+    return errs
+
+
+def prompt_logits(path, prompt):
+    from cortiq import cmf
+    from cortiq.models.deepseek_v4 import DeepseekV4Model
+    with cmf.open(path) as cf:
+        m = DeepseekV4Model(cf)
+        return np.asarray(m.forward(m.new_state(), prompt, "all"), np.float64)
+
+
+def logits_report(rel_dir, path, prompt):
+    """The requantized file's logits over the prompt against the exact (f32) conversion
+    of the same release file: max |diff| / logit range, and argmax agreement."""
+    from cortiq.convert import hf_deepseek_v4 as C
+    exact = path + ".f32.cmf"
+    try:
+        C.convert(rel_dir, exact, quant="f32", progress=False)
+        ref = prompt_logits(exact, prompt)
+    finally:
+        if os.path.exists(exact):
+            os.remove(exact)
+    got = prompt_logits(path, prompt)
+    rel = float(np.abs(got - ref).max() / (ref.max() - ref.min()))
+    return rel, float((got.argmax(-1) == ref.argmax(-1)).mean())
+
+
+def llama_cpp_peer():
+    """The llama.cpp peer, or why it is skipped."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return None, ("llama.cpp peer skipped: llama-cpp-python is not installed (its source "
+                      "distribution ships vendor/llama.cpp/convert_hf_to_gguf.py, which reads "
+                      "this release layout)")
+    return None, ("llama.cpp peer skipped: llama-cpp-python is importable, but this benchmark "
+                  "does not drive its converter yet")
+
+
+def prepare_release(a, g, path):
+    """Write the release-layout model, convert it with cortiq; returns its directory."""
+    from cortiq.convert import hf_deepseek_v4 as C
+    rel = os.path.join(os.path.dirname(path), "release")
+    t0 = time.perf_counter()
+    write_release(rel, g)
+    size = os.path.getsize(os.path.join(rel, "model.safetensors"))
+    print(f"wrote release layout {rel} ({size / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s")
+    t0 = time.perf_counter()
+    C.convert(rel, path, quant=a.quant, experts_quant=a.experts_quant or "q4tp", progress=False)
+    print(f"cortiq convert --quant {a.quant} --experts-quant {a.experts_quant or 'q4tp'}: "
+          f"{os.path.getsize(path) / 1e9:.2f} GB in {time.perf_counter() - t0:.1f} s")
+    return rel
+
+
 def run(a):
     g = geometry(a)
     prompt = [int(x) for x in np.random.default_rng(1).integers(2, a.vocab, a.prompt)]
     path = a.keep or os.path.join(tempfile.mkdtemp(prefix="cortiq-dsv4-"), "bench.cmf")
-    if not os.path.exists(path):
+    rel = None
+    if getattr(a, "release", False):
+        rel = prepare_release(a, g, path)
+        for n, (dt, e) in requant_report(rel, path).items():
+            print(f"requantization FP4 -> {dt}: {n}: relative error {e:.4f}")
+        r, agree = logits_report(rel, path, prompt)
+        print(f"requantization on the logits (prompt of {len(prompt)}, against the exact f32 "
+              f"conversion): max |diff| / range {r:.4f}, argmax agreement {agree:.0%}")
+    elif not os.path.exists(path):
         t0 = time.perf_counter()
         write_model(path, g, a.quant)
         print(f"wrote {path} ({os.path.getsize(path) / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s")
@@ -260,9 +468,13 @@ def run(a):
             sec, tb = bench_cortiq(path, prompt, a.tokens, th, preload)
             gbs = tb / sec / 1e9
             best = sec if best is None else min(best, sec)
-            how = f"{a.quant}{', preload' if preload else ''}"
+            how = a.quant if rel is None else f"{a.quant} + {a.experts_quant or 'q4tp'} experts, from FP8/FP4"
+            how += ", preload" if preload else ""
             print(f"| cortiq | {how} | {th} | {sec * 1e3:.1f} | {1 / sec:.2f} | {tb / 1e9:.3f} | "
                   f"{gbs:.2f} | {bw:.2f} | {100 * gbs / bw:.0f} % |", flush=True)
+    if rel is not None:
+        _, why = llama_cpp_peer()
+        print(why)
     if not a.no_hf:
         th = max(a.threads)
         for dt in ("float32", "bfloat16"):
@@ -271,3 +483,6 @@ def run(a):
                   f"cortiq is {s / best:.1f}x faster |", flush=True)
     if not a.keep:
         os.remove(path)
+    if rel is not None:
+        import shutil
+        shutil.rmtree(rel, ignore_errors=True)

@@ -203,16 +203,21 @@ def cmd_convert(args) -> int:
     from .cmf.writer import QUANT_LABEL
     if args.quant not in QUANT_LABEL:
         raise ConfigError(f"--quant {args.quant!r}: expected one of {', '.join(QUANT_LABEL)}")
+    eq = getattr(args, "experts_quant", None)
+    if eq is not None and args.arch == "dory":
+        raise ConfigError("--experts-quant: dory has no routed experts")
     try:
         if args.arch == "auto":
             from .convert import from_hf
-            from_hf(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet)
+            from_hf(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet,
+                    experts_quant=eq)
         elif args.arch == "dory":
             from .convert.hf_dory import convert
             convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet)
         elif args.arch == "deepseek_v4":
             from .convert.hf_deepseek_v4 import convert
-            convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet)
+            convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet,
+                    experts_quant=eq)
         else:
             raise ConfigError(f"--arch {args.arch!r}: no converter (supported: dory, "
                               "deepseek_v4, auto)")
@@ -308,6 +313,9 @@ def add_subcommands(sub) -> None:
     v.add_argument("--arch", default="auto",
                    help="dory, deepseek_v4, or auto (from config.json)")
     v.add_argument("--quant", default="q8_row")
+    v.add_argument("--experts-quant", default=None, metavar="DTYPE[,DOWN]",
+                   help="dtype of the routed MoE experts (default: --quant), e.g. q4tp, "
+                        "or q2tp,q4tp for 2-bit gate/up and 4-bit down")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=cmd_convert)
 

@@ -3,7 +3,7 @@ CMF_FORMAT.md §7, size rules, and encode/decode round trips within one quantiza
 step. Bit-exact agreement of the C paths with this module is tested by their owners."""
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cortiq.cmf import quant as Q
@@ -127,3 +127,18 @@ def test_unencodable_values_are_refused(dtype):
     w[1, 3] = 3e38
     with pytest.raises(ValueError, match="beyond what f16"):
         Q.quantize(w, dtype)
+
+
+@settings(max_examples=40)
+@given(rows=st.integers(1, 40), gpr=st.integers(1, 6), seed=st.integers(0, 2**31),
+       zero_frac=st.floats(0, 0.97), dtype=st.sampled_from(["q4tp", "q2tp"]))
+def test_tp_vectorized_matches_the_per_row_recipe(rows, gpr, seed, zero_frac, dtype):
+    from reference import tp_rowwise
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal((rows, 32 * gpr)) * np.exp(rng.uniform(-8, 4, (rows, 1)))
+         * np.exp(rng.uniform(-3, 3, (1, 32 * gpr)))).astype(np.float32)
+    a[rng.random(a.shape) < zero_frac] = 0
+    a[rng.integers(0, rows)] = 0 if seed % 3 == 0 else a[0]
+    want = tp_rowwise.encode(a, dtype)
+    np.testing.assert_array_equal(Q._tp(a, dtype), want)
+    np.testing.assert_array_equal(Q._tp(a, dtype, slab=3), want)

@@ -205,46 +205,81 @@ def _unpack_codes(b: np.ndarray, gpr: int) -> np.ndarray:
     return (bits.astype(np.uint8) << np.arange(5, dtype=np.uint8)).sum(axis=2).astype(np.int64)
 
 
-def _tp(a, dtype):
+def _exp2f_many(x: np.ndarray) -> np.ndarray:
+    """libm exp2f of every element (each distinct value computed once: lo / step are f16
+    values, so a tensor has few of them)."""
+    u, inv = np.unique(np.asarray(x, np.float32), return_inverse=True)
+    return np.array([_exp2f(v) for v in u], np.float32)[inv].reshape(np.shape(x))
+
+
+def _tp_params(lg: np.ndarray, live: np.ndarray, rungs: int):
+    """``_tp_row_params`` for every row at once: (lo, step) float32 [rows]."""
+    any_live = live.any(axis=1)
+    with np.errstate(invalid="ignore"):
+        mn = np.where(live, lg, np.float32(np.inf)).min(axis=1)
+        top = np.where(live, lg, np.float32(-np.inf)).max(axis=1).astype(np.float32)
+    mn = np.where(any_live, mn, np.float32(0)).astype(np.float32)
+    top = np.where(any_live, top, np.float32(0)).astype(np.float32)
+    lo = f16_round(mn).astype(np.float32)
+    step16 = ((top - lo) / np.float32(rungs)).astype(np.float16)
+    r32 = np.float32(rungs)
+    short = any_live & ((lo + r32 * step16.astype(np.float32)).astype(np.float32) < top)
+    while short.any():
+        step16 = np.where(short, np.nextafter(step16, np.float16(np.inf)), step16)
+        short = any_live & ((lo + r32 * step16.astype(np.float32)).astype(np.float32) < top)
+    lo = np.where(any_live, lo, np.float32(0)).astype(np.float32)
+    step = np.where(any_live, step16.astype(np.float32), np.float32(0)).astype(np.float32)
+    return lo, step
+
+
+def _tp(a, dtype, slab: int = 2048):
     a = _as2d(a, dtype)
     rows, cols = a.shape
     if cols % GROUP:
         raise ValueError(f"{dtype} needs cols % 32 == 0, got {cols}")
     gpr = cols // GROUP
-    tiles = a.reshape(rows, gpr, GROUP)
-    absmax = np.abs(tiles).max(axis=2)
     q4 = dtype == "q4tp"
     denom = np.float32(7) if q4 else np.float32(1.5)
-    with np.errstate(divide="ignore"):
-        lg = np.log2(f16_floor(absmax / denom)).astype(np.float32)
-    live = absmax > 0
     params = np.zeros((rows, 2), np.float32)
     codes = np.zeros((rows, gpr), np.int64)
     vals = np.zeros((rows, gpr, GROUP), np.uint8)
-    for r in range(rows):
-        lo, step = _tp_row_params(lg[r][live[r]], 31 if q4 else 30)
-        params[r] = lo, step
-        t = _ladder_f32(lo, step)
-        if step > 0:
-            raw = np.rint((lg[r] - lo) / step)
-        else:
-            raw = np.zeros(gpr, np.float32)
+    # rows are independent: a slab at a time, every step vectorized over its rows with the
+    # same float32 operations, in the same order, as the per-row recipe of §7.8
+    for r0 in range(0, rows, slab):
+        tiles = a[r0:r0 + slab].reshape(-1, gpr, GROUP)
+        n = tiles.shape[0]
+        absmax = np.abs(tiles).max(axis=2)
+        with np.errstate(divide="ignore"):
+            lg = np.log2(f16_floor(absmax / denom)).astype(np.float32)
+        live = absmax > 0
+        lo, step = _tp_params(lg, live, 31 if q4 else 30)
+        params[r0:r0 + n, 0], params[r0:r0 + n, 1] = lo, step
+        t = np.empty((n, 32), np.float32)
+        t[:, 0] = _exp2f_many(lo)
+        mult = _exp2f_many(step)
+        for c in range(1, 32):
+            t[:, c] = t[:, c - 1] * mult
+        with np.errstate(divide="ignore", invalid="ignore"):
+            raw = np.rint((lg - lo[:, None]) / step[:, None])
+        raw = np.where(step[:, None] > 0, raw, np.float32(0))
         if q4:
             c = np.clip(raw, 0, 31).astype(np.int64)
-            c[~live[r]] = 0
-            s = t[c]
+            c[~live] = 0
+            s = np.take_along_axis(t, c, axis=1)
             inv = np.float32(1) / s
-            vals[r] = (np.clip(np.rint(tiles[r] * inv[:, None]), -8, 7) + 8).astype(np.uint8)
+            v = (np.clip(np.rint(tiles * inv[:, :, None]), -8, 7) + 8).astype(np.uint8)
         else:
             c = np.clip(1 + raw, 1, 31).astype(np.int64)
-            c[~live[r]] = 0
-            s = np.where(c > 0, t[np.maximum(c - 1, 0)], np.float32(0))
+            c[~live] = 0
+            s = np.where(c > 0, np.take_along_axis(t, np.maximum(c - 1, 0), axis=1),
+                         np.float32(0))
             with np.errstate(divide="ignore", invalid="ignore"):
                 inv = np.float32(1) / s
-                v = np.clip(np.rint(tiles[r] * inv[:, None] + np.float32(1.5)), 0, 3)
-            v[~live[r]] = 0
-            vals[r] = v.astype(np.uint8)
-        codes[r] = c
+                v = np.clip(np.rint(tiles * inv[:, :, None] + np.float32(1.5)), 0, 3)
+            v[~live] = 0
+            v = v.astype(np.uint8)
+        vals[r0:r0 + n] = v
+        codes[r0:r0 + n] = c
     if q4:
         body = (vals[..., 0::2] | (vals[..., 1::2] << 4)).ravel()
     else:

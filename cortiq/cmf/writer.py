@@ -153,6 +153,20 @@ def _copy_into(dst, src_path: str) -> None:
     dst.seek(0, os.SEEK_END)
 
 
+class Payload:
+    """A tensor already encoded: ``data`` (uint8) is its ``dtype`` payload for ``shape``.
+    For converters that map a source format onto a CMF layout without requantizing
+    (the writer checks the size, or the structure of a vbit payload, and stores it)."""
+    __slots__ = ("data", "dtype", "shape")
+
+    def __init__(self, data, dtype: str, shape):
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            data = np.frombuffer(data, np.uint8)
+        self.data = np.ascontiguousarray(data, np.uint8).reshape(-1)
+        self.dtype = dtype
+        self.shape = tuple(int(d) for d in shape)
+
+
 class _Shard:
     def __init__(self, blob_path: str):
         self.blob_path = blob_path
@@ -255,6 +269,8 @@ class Writer:
             raise ValueError(f"duplicate tensor name {name!r}")
         if callable(array):
             array = array()
+        if isinstance(array, Payload):
+            return self._add_payload(name, array)
         a = np.asarray(array)
         shape = tuple(int(d) for d in a.shape)
         if len(shape) > MAX_NDIM:
@@ -272,6 +288,19 @@ class Writer:
         except ValueError as e:
             raise ValueError(f"tensor {name!r} {shape}: {e}") from None
         del a, array
+        self._append(name, dtype, shape, payload)
+
+    def _add_payload(self, name, p: Payload):
+        if p.dtype not in Q.DTYPES:
+            raise ValueError(f"tensor {name!r}: unknown dtype {p.dtype!r}")
+        if p.dtype in ("vbit", "vbit_ro"):
+            try:
+                Q.validate_vbit(p.data, p.shape, p.dtype)
+            except Exception as e:
+                raise ValueError(f"tensor {name!r}: {e}") from None
+        self._append(name, p.dtype, p.shape, p.data)
+
+    def _append(self, name, dtype, shape, payload):
         nbytes = int(payload.nbytes)
         want = Q.expected_nbytes(dtype, shape)
         if want is not None and want != nbytes:

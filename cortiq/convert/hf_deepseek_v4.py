@@ -1,6 +1,20 @@
-"""Hugging Face DeepSeek-V4 checkpoint -> CMF v2 file.
+"""DeepSeek-V4 checkpoint -> CMF v2 file.
 
-Accepts both spellings HF writes:
+Reads two layouts, told apart tensor by tensor:
+
+* transformers' (``save_pretrained``): float tensors (F32/BF16/F16) under the names below;
+* DeepSeek's release: the reference implementation's names without ``model.``
+  (``embed.weight``, ``head.weight``, ``norm.weight``, ``hc_head_{fn,base,scale}``,
+  ``layers.N.attn.*``, ``layers.N.ffn.*``), FP8 weights (E4M3 with an E8M0 ``.scale`` per
+  128x128 block) and FP4 routed experts (E2M1 with an E8M0 ``.scale`` per 32 of a row),
+  decoded by ``scaled_weights`` / ``microfloat``. MTP layers (``mtp.*``) are skipped with
+  one log line. ``config.json`` may carry the reference keys (``compress_ratios``,
+  ``num_hash_layers``, ``qk_rope_head_dim``, or the inference code's ``dim``,
+  ``n_layers``, ``rope_factor``...) beside or instead of transformers' ones.
+
+``--quant f32`` stores the release values exactly; ``experts_quant`` gives the routed
+experts their own dtype (``q4tp``, ``q2tp,q4tp``, or ``exact``: FP4 losslessly as 5-bit
+vbit). Names accepted, in both spellings HF writes:
 
 * ``save_pretrained`` (reference-style names under ``model.``): ``attn.{wq_a,q_norm,wq_b,
   wkv,wo_a,wo_b}``, the kv norm as ``attn.norm`` or ``attn.kv_norm``, ``attn.attn_sink``,
@@ -21,15 +35,15 @@ with a ConfigError naming the ``config.json`` key.
 """
 from __future__ import annotations
 
-import json
 import mmap
 import re
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
 from ..errors import ConfigError, FormatError
+from . import scaled_weights as SW
 from .hf_dory import (SafetensorsShard, find_tokenizer_json, open_checkpoint, read_hf_config,
                       tokenizer_bundle)
 
@@ -47,8 +61,59 @@ def _bad(key, msg):
 
 # ------------------------------------------------------------------ config
 
+#: DeepSeek's reference ``ModelArgs`` keys -> the transformers keys they stand for
+REFERENCE_KEYS = {
+    "dim": "hidden_size", "moe_inter_dim": "moe_intermediate_size",
+    "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+    "n_activated_experts": "num_experts_per_tok", "score_func": "scoring_func",
+    "route_scale": "routed_scaling_factor", "rope_head_dim": "qk_rope_head_dim",
+    "norm_eps": "rms_norm_eps", "window_size": "sliding_window",
+    "n_hash_layers": "num_hash_layers", "n_mtp_layers": "num_nextn_predict_layers",
+}
+
+
+def is_reference_config(hf: dict) -> bool:
+    """A config.json in DeepSeek's reference spelling (no ``model_type``)."""
+    return (not hf.get("model_type") and "compress_ratios" in hf
+            and ("hc_mult" in hf or "n_hash_layers" in hf))
+
+
+def with_transformers_keys(hf: dict) -> dict:
+    """``hf`` with the reference keys (``dim``, ``n_layers``, ``rope_factor`` +
+    ``original_seq_len``, ...) copied to the transformers keys they stand for, where those
+    are absent. A transformers key always wins."""
+    out = dict(hf)
+    for ref, key in REFERENCE_KEYS.items():
+        if out.get(key) is None and hf.get(ref) is not None:
+            out[key] = hf[ref]
+    if is_reference_config(hf):
+        out["model_type"] = ARCH_NAME
+    if (out.get("rope_parameters") is None and out.get("rope_scaling") is None
+            and hf.get("rope_factor") is not None and int(hf.get("original_seq_len") or 0) > 0):
+        out["rope_scaling"] = {"type": "yarn", "factor": hf["rope_factor"],
+                               "original_max_position_embeddings": hf["original_seq_len"],
+                               "beta_fast": hf.get("beta_fast", 32),
+                               "beta_slow": hf.get("beta_slow", 1)}
+    return out
+
+
+def fp8_block_size(hf: dict) -> int:
+    """The FP8 tile edge from ``quantization_config.weight_block_size`` (default 128)."""
+    q = hf.get("quantization_config") or {}
+    bs = q.get("weight_block_size") if isinstance(q, dict) else None
+    if bs is None:
+        return 128
+    if (not isinstance(bs, (list, tuple)) or len(bs) != 2 or bs[0] != bs[1]
+            or not isinstance(bs[0], int) or bs[0] < 1):
+        raise _bad("quantization_config.weight_block_size",
+                   f"{bs!r}: cortiq reads square FP8 blocks [b, b]")
+    return int(bs[0])
+
+
 def arch_from_hf_config(hf: dict) -> dict:
-    """HF ``config.json`` -> CMF ``arch`` (generic keys + ``arch.deepseek_v4``)."""
+    """HF ``config.json`` -> CMF ``arch`` (generic keys + ``arch.deepseek_v4``). Accepts
+    transformers' keys, DeepSeek's reference keys, or both."""
+    hf = with_transformers_keys(hf)
     if hf.get("model_type") != ARCH_NAME and "DeepseekV4ForCausalLM" not in (hf.get("architectures") or []):
         raise _bad("model_type", f"{hf.get('model_type')!r} is not a DeepSeek-V4 model")
 
@@ -82,22 +147,24 @@ def arch_from_hf_config(hf: dict) -> dict:
             rates[key] = hf[legacy]
     lt = hf.get("layer_types")
     if lt is None and hf.get("compress_ratios") is not None:
-        inv = {v: k for k, v in _RATIO_TYPES.items()}
-        try:
-            lt = [inv[int(r)] for r in hf["compress_ratios"][:n]]
-        except KeyError as e:
-            raise _bad("compress_ratios", f"ratio {e} is not one of 0, 4, 128") from None
-    if lt is None:
-        lt = ["heavily_compressed_attention"] * min(n, 2) + [
-            "compressed_sparse_attention" if i % 2 else "heavily_compressed_attention"
-            for i in range(max(n - 2, 0))]
-    lt = list(lt)[:n]
-    if len(lt) != n or any(t not in _RATIO_TYPES for t in lt):
-        raise _bad("layer_types", f"{lt!r}: want {n} of {sorted(_RATIO_TYPES)}")
-    ratios = [0 if t == "sliding_attention" else int(rates[t]) for t in lt]
-    for t in set(lt) - {"sliding_attention"}:
-        if int(rates[t]) < 1:
-            raise _bad("compress_rates", f"{t}: rate {rates[t]!r} must be >= 1")
+        # the reference's per-layer ratios (its list may go on for the MTP layers)
+        cr = hf["compress_ratios"]
+        if (not isinstance(cr, (list, tuple)) or len(cr) < n
+                or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in cr)):
+            raise _bad("compress_ratios", f"{cr!r}: want {n} integers >= 0 (0 = sliding only)")
+        ratios = [int(r) for r in cr[:n]]
+    else:
+        if lt is None:
+            lt = ["heavily_compressed_attention"] * min(n, 2) + [
+                "compressed_sparse_attention" if i % 2 else "heavily_compressed_attention"
+                for i in range(max(n - 2, 0))]
+        lt = list(lt)[:n]
+        if len(lt) != n or any(t not in _RATIO_TYPES for t in lt):
+            raise _bad("layer_types", f"{lt!r}: want {n} of {sorted(_RATIO_TYPES)}")
+        ratios = [0 if t == "sliding_attention" else int(rates[t]) for t in lt]
+        for t in set(lt) - {"sliding_attention"}:
+            if int(rates[t]) < 1:
+                raise _bad("compress_rates", f"{t}: rate {rates[t]!r} must be >= 1")
     mlt = hf.get("mlp_layer_types")
     if mlt is None:
         nh = hf.get("num_hash_layers", 3)
@@ -288,19 +355,56 @@ def _load_slice(shard: SafetensorsShard, name: str, e: int, lo: int | None = Non
     return out.reshape(hi - lo, C)
 
 
-def plan(hf_dir) -> tuple[dict, dict, list]:
-    """(hf_config, arch, [(cmf_name, loader, shape)]) after checking every tensor."""
+def _plain_loader(sh: SafetensorsShard, name: str, cmf: str):
+    """Loader of a tensor stored as plain values; code dtypes (FP8/FP4/E8M0) without a
+    scale and integers outside the expert-id tables are refused."""
+    dt = sh.dtype(name)
+    if dt in SW.CODE_DTYPES or (dt in _INT_DT and not cmf.endswith("tid2eid")):
+        raise FormatError(f"{sh.path.name}: {name}: dtype {dt} without a .scale tensor: "
+                          f"cortiq reads {dt} only as block-scaled weights"
+                          + ("" if dt in SW.CODE_DTYPES else " (or the tid2eid table)"))
+    if dt not in _INT_DT and dt not in ("F32", "F16", "BF16", "F64"):
+        raise FormatError(f"{sh.path.name}: {name}: dtype {dt} is not one cortiq converts")
+    return lambda: _load(sh, name)
+
+
+def plan(hf_dir, log: Callable[[str], None] | None = None):
+    """``(hf_config, arch, [(cmf_name, loader, shape)], shards, sources)`` after checking
+    every tensor; ``sources`` maps the CMF names of FP8/FP4 weights to their
+    ``ScaledWeight``. Both layouts: transformers' ``save_pretrained`` and DeepSeek's
+    release (reference names, ``.scale`` siblings)."""
     hf = read_hf_config(hf_dir)
     arch = arch_from_hf_config(hf)
+    block = fp8_block_size(hf)
     shards = open_checkpoint(hf_dir)
     n, E = arch["num_layers"], arch["moe"]["num_experts"]
     I = arch["moe"]["moe_intermediate_size"]
+    scales = SW.pair(shards)
+    scale_names = set(scales.values())
     out: dict[str, tuple] = {}
+    sources: dict[str, SW.ScaledWeight] = {}
+    mtp = 0
+    origin: dict[str, str] = {}   # CMF name -> checkpoint name, for error messages
     for name, sh in shards.items():
+        if name in scale_names:
+            continue
         c = cmf_name(name)
         if c is None:
+            mtp += name.startswith("mtp.") or ".mtp." in name
             continue
+        origin[c] = name
         shape = sh.shape(name)
+        if name in scales:
+            if c.startswith("@"):
+                raise FormatError(f"{scales[name]}: scales of stacked experts are not a "
+                                  f"layout cortiq reads")
+            sn = scales[name]
+            sw = SW.describe(sh, name, shards[sn], sn, fp8_block=block)
+            if c in out:
+                raise ConfigError(f"{name}: a second spelling of {c}")
+            out[c] = (sw.load, sw.shape)
+            sources[c] = sw
+            continue
         if c.startswith("@"):
             kind, li = c[1:].split(":")
             if len(shape) != 3 or shape[0] != E:
@@ -317,7 +421,10 @@ def plan(hf_dir) -> tuple[dict, dict, list]:
             continue
         if c in out:
             raise ConfigError(f"{name}: a second spelling of {c}")
-        out[c] = (lambda s=sh, nm=name: _load(s, nm), shape)
+        out[c] = (_plain_loader(sh, name, c), shape)
+    if mtp and log is not None:
+        log(f"skipping {mtp} multi-token-prediction tensors (mtp.*): cortiq decodes "
+            f"one token at a time")
     if "lm_head.weight" not in out and arch.get("tie_word_embeddings"):
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
     # presence checks
@@ -343,24 +450,151 @@ def plan(hf_dir) -> tuple[dict, dict, list]:
     if missing:
         raise ConfigError(f"{missing[0]}: missing from the checkpoint"
                           + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
+    for c, w in expected_shapes(arch).items():
+        if c in out and tuple(out[c][1]) != w:
+            raise ConfigError(f"{origin.get(c, c)}: shape {list(out[c][1])}, the config says "
+                              f"{list(w)}")
     names = [k for k in need if k in out] + sorted(k for k in out if k not in set(need))
-    return hf, arch, [(k, out[k][0], out[k][1]) for k in names], shards
+    return hf, arch, [(k, out[k][0], out[k][1]) for k in names], shards, sources
 
 
-def convert(hf_dir, out_path, quant: str = "q8_row", progress: bool = True) -> None:
-    """Convert a Hugging Face DeepSeek-V4 directory into one CMF v2 file."""
+def expected_shapes(arch: dict) -> dict[str, tuple]:
+    """The shape the config implies for every tensor it fixes (CMF names)."""
+    D, V, H, hd = (arch[k] for k in ("hidden_size", "vocab_size", "num_attention_heads",
+                                     "head_dim"))
+    moe, d4 = arch["moe"], arch["deepseek_v4"]
+    E, k, I = moe["num_experts"], moe["top_k"], moe["moe_intermediate_size"]
+    hc, ql, og, ol = d4["hc_mult"], d4["q_lora_rank"], d4["o_groups"], d4["o_lora_rank"]
+    ih, ihd = d4["index_n_heads"], d4["index_head_dim"]
+    mix = (2 + hc) * hc
+    out = {"model.embed_tokens.weight": (V, D), "lm_head.weight": (V, D),
+           "model.norm.weight": (D,), "model.hc_head_fn": (hc, hc * D),
+           "model.hc_head_base": (hc,), "model.hc_head_scale": (1,)}
+    for i, r in enumerate(d4["compress_ratios"]):
+        p, a = f"model.layers.{i}", f"model.layers.{i}.self_attn"
+        out.update({
+            f"{p}.input_layernorm.weight": (D,), f"{p}.post_attention_layernorm.weight": (D,),
+            f"{a}.wq_a.weight": (ql, D), f"{a}.q_norm.weight": (ql,),
+            f"{a}.wq_b.weight": (H * hd, ql), f"{a}.wkv.weight": (hd, D),
+            f"{a}.kv_norm.weight": (hd,), f"{a}.wo_a.weight": (og * ol, H * hd // og),
+            f"{a}.wo_b.weight": (D, og * ol), f"{a}.attn_sink": (H,),
+            f"{p}.mlp.gate.weight": (E, D), f"{p}.mlp.expert_bias": (E,),
+            f"{p}.mlp.tid2eid": (V, k),
+            f"{p}.mlp.shared_expert.gate_proj.weight": (I, D),
+            f"{p}.mlp.shared_expert.up_proj.weight": (I, D),
+            f"{p}.mlp.shared_expert.down_proj.weight": (D, I)})
+        for which in ("attn", "ffn"):
+            out.update({f"{p}.hc_{which}_fn": (mix, hc * D), f"{p}.hc_{which}_base": (mix,),
+                        f"{p}.hc_{which}_scale": (3,)})
+        for e in range(E):
+            out.update({f"{p}.mlp.experts.{e}.gate_proj.weight": (I, D),
+                        f"{p}.mlp.experts.{e}.up_proj.weight": (I, D),
+                        f"{p}.mlp.experts.{e}.down_proj.weight": (D, I)})
+        if r:
+            w = (2 if r == 4 else 1) * hd
+            out.update({f"{a}.compressor.wkv.weight": (w, D), f"{a}.compressor.wgate.weight": (w, D),
+                        f"{a}.compressor.norm.weight": (hd,), f"{a}.compressor.ape": (r, w)})
+        if r == 4:
+            x = f"{a}.indexer"
+            out.update({f"{x}.wq_b.weight": (ih * ihd, ql), f"{x}.weights_proj.weight": (ih, D),
+                        f"{x}.compressor.wkv.weight": (2 * ihd, D),
+                        f"{x}.compressor.wgate.weight": (2 * ihd, D),
+                        f"{x}.compressor.norm.weight": (ihd,),
+                        f"{x}.compressor.ape": (4, 2 * ihd)})
+    return out
+
+
+#: ``--experts-quant exact``: FP4 experts stored bit-exactly as 5-bit vbit
+EXACT = "exact"
+_EXPERT = re.compile(r"model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight")
+
+
+def experts_dtypes(spec: str | None) -> tuple[str, str] | None:
+    """``--experts-quant``: one dtype for every routed expert matrix (``q4tp``), or
+    ``GATE_UP,DOWN`` (``q2tp,q4tp``: 2-bit gate/up, 4-bit down). None: follow ``quant``."""
+    if spec is None:
+        return None
+    from ..cmf.writer import QUANT_LABEL
+    parts = [p.strip() for p in str(spec).split(",")]
+    if len(parts) not in (1, 2) or any(p not in QUANT_LABEL and p != EXACT for p in parts):
+        raise ConfigError(f"--experts-quant {spec!r}: want DTYPE or GATE_UP,DOWN with each "
+                          f"{EXACT!r} or one of {', '.join(QUANT_LABEL)}")
+    return parts[0], parts[-1]
+
+
+def tensor_dtypes(items, quant: str, experts_quant: str | None = None) -> dict[str, str]:
+    """The dtype of every tensor that does not follow ``quant`` alone: f32 for the small
+    control tensors, ``experts_quant`` (cols % 32 fallbacks as in CMF_FORMAT §8) for the
+    routed experts."""
+    from ..cmf.writer import choose_dtype
+    ex = experts_dtypes(experts_quant)
+    out = {}
+    for name, _, shape in items:
+        if _KEEP_F32.match(name):
+            out[name] = "f32"
+            continue
+        m = _EXPERT.fullmatch(name) if ex else None
+        if m:
+            want = ex[1] if m.group(1) == "down" else ex[0]
+            if want != EXACT:
+                out[name] = choose_dtype(name, shape, want)
+    return out
+
+
+def _exact_experts(items, sources, experts_quant):
+    """``items`` with the loaders of the experts ``exact`` applies to replaced by their
+    bit-exact vbit payloads; an expert that is not FP4 is refused."""
+    ex = experts_dtypes(experts_quant)
+    if not ex or EXACT not in ex:
+        return items
+    out = []
+    for name, load, shape in items:
+        m = _EXPERT.fullmatch(name)
+        if m and (ex[1] if m.group(1) == "down" else ex[0]) == EXACT:
+            sw = sources.get(name)
+            if sw is None or sw.kind != "fp4":
+                raise ConfigError(f"{name}: --experts-quant exact maps FP4 (E2M1) experts "
+                                  f"only; this one is stored as plain values")
+            if shape[1] % 32:
+                raise ConfigError(f"{name}: --experts-quant exact needs cols a multiple of "
+                                  f"32 (vbit), got shape {list(shape)}")
+            load = sw.as_vbit5
+        out.append((name, load, shape))
+    return out
+
+
+def convert(hf_dir, out_path, quant: str = "q8_row", progress: bool = True,
+            experts_quant: str | None = None) -> None:
+    """Convert a DeepSeek-V4 directory (transformers' ``save_pretrained`` or DeepSeek's
+    release layout with FP8/FP4 weights) into one CMF v2 file, one tensor at a time.
+
+    ``experts_quant`` stores the routed experts in another dtype than ``quant`` (e.g.
+    attention ``q8_row``, experts ``q4tp`` or ``q2tp,q4tp``)."""
+    import sys
     from .. import cmf
     hf_dir = Path(hf_dir)
-    hf, arch, items, shards = plan(hf_dir)
-    dtypes = {name: "f32" for name, _, _ in items if _KEEP_F32.match(name)}
+    log = (lambda msg: print(msg, file=sys.stderr)) if progress else None
+    hf, arch, items, shards, sources = plan(hf_dir, log=log)
+    dtypes = tensor_dtypes(items, quant, experts_quant)
+    items = _exact_experts(items, sources, experts_quant)
+    if sources and log is not None:
+        kinds = [sw.kind for sw in sources.values()]
+        log(f"release layout: {kinds.count('fp8')} FP8 (E4M3 x E8M0 blocks) and "
+            f"{kinds.count('fp4')} FP4 (E2M1 x E8M0 / 32) weights, dequantized block by block")
 
-    def stream() -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
-        for name, load, _ in items:
-            yield name, load
-
-    provenance = {"converter": CONVERTER, "source": hf_dir.name, "hf_config": hf}
+    # (name, loader) pairs: the writer calls each loader in turn, so one tensor at a time
+    # is in memory, and the list's length gives the progress bar its total
+    stream = [(name, load) for name, load, _ in items]
+    provenance = {"converter": CONVERTER, "source": hf_dir.name, "hf_config": hf,
+                  "layout": "release" if sources else "transformers"}
+    if sources:
+        kinds = [sw.kind for sw in sources.values()]
+        provenance["source_dtypes"] = {"fp8_e4m3_block": kinds.count("fp8"),
+                                       "fp4_e2m1_group32": kinds.count("fp4")}
+    if experts_quant:
+        provenance["experts_quant"] = experts_quant
     try:
-        cmf.write(out_path, stream(), arch=arch, quant=quant,
+        cmf.write(out_path, stream, arch=arch, quant=quant,
                   tokenizer_json=find_tokenizer_json(hf_dir),
                   tokenizer_config=tokenizer_bundle(hf_dir, hf), provenance=provenance,
                   dtypes=dtypes, progress=progress)

@@ -293,6 +293,13 @@ def vector_dtype(x: np.ndarray) -> str:
 
 _ST_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"),
               "BF16": np.dtype("<u2")}
+#: every safetensors dtype as the numpy dtype its bytes are viewed as (``raw``)
+_RAW_DTYPES = dict(_ST_DTYPES, **{
+    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"), "U64": np.dtype("<u8"), "U32": np.dtype("<u4"),
+    "U16": np.dtype("<u2"), "U8": np.dtype("u1"), "BOOL": np.dtype("u1"),
+    "F8_E4M3": np.dtype("u1"), "F8_E5M2": np.dtype("u1"), "F8_E8M0": np.dtype("u1"),
+    "F4": np.dtype("u1")})
 
 
 class SafetensorsShard:
@@ -323,21 +330,41 @@ class SafetensorsShard:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self.header[name]["shape"])
 
-    def load(self, name: str) -> np.ndarray:
+    def dtype(self, name: str) -> str:
+        return self.header[name]["dtype"]
+
+    def raw(self, name: str) -> np.ndarray:
+        """The stored values as a read-only view of the mapping, in their storage dtype
+        (BF16 as uint16; F8_E4M3 / F8_E8M0 as uint8 codes; F4 as uint8 bytes of two codes,
+        shape ``[..., last / 2]``), bounds-checked against the file."""
         info = self.header[name]
-        dt = _ST_DTYPES.get(info["dtype"])
+        code = info["dtype"]
+        dt = _RAW_DTYPES.get(code)
         if dt is None:
-            raise FormatError(f"{self.path}: {name}: dtype {info['dtype']} is not a float "
-                              f"type cortiq converts (F32, F16, BF16, F64)")
+            raise FormatError(f"{self.path}: {name}: unknown safetensors dtype {code!r}")
+        shape = [int(d) for d in info["shape"]]
+        if code == "F4":
+            if not shape or shape[-1] % 2:
+                raise FormatError(f"{self.path}: {name}: F4 shape {shape} has an odd last "
+                                  f"dimension (two codes a byte)")
+            shape[-1] //= 2
         a, b = info["data_offsets"]
-        count = int(np.prod(info["shape"], dtype=np.int64))
-        if b - a != count * dt.itemsize or self._data + b > self._size:
+        count = int(np.prod(shape, dtype=np.int64))
+        if not 0 <= a <= b or b - a != count * dt.itemsize or self._data + b > self._size:
             raise FormatError(f"{self.path}: {name}: data offsets {a}..{b} do not fit "
-                              f"shape {info['shape']} {info['dtype']}")
+                              f"shape {info['shape']} {code}")
         if self._mm is None:
             with open(self.path, "rb") as f:
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        raw = np.frombuffer(self._mm, dtype=dt, count=count, offset=self._data + a)
+        return np.frombuffer(self._mm, dtype=dt, count=count,
+                             offset=self._data + a).reshape(shape)
+
+    def load(self, name: str) -> np.ndarray:
+        info = self.header[name]
+        if info["dtype"] not in _ST_DTYPES:
+            raise FormatError(f"{self.path}: {name}: dtype {info['dtype']} is not a float "
+                              f"type cortiq converts (F32, F16, BF16, F64)")
+        raw = self.raw(name)
         if info["dtype"] == "BF16":
             out = (raw.astype(np.uint32) << 16).view(np.float32)
         else:
@@ -346,7 +373,10 @@ class SafetensorsShard:
 
     def close(self) -> None:
         if self._mm is not None:
-            self._mm.close()
+            try:
+                self._mm.close()
+            except BufferError:  # a view is still alive (e.g. in a traceback): the
+                pass             # mapping closes when the last view goes
             self._mm = None
 
 
