@@ -129,12 +129,13 @@ void cq_pool_flag(int *flag) {
 /* A caller that, after finishing its own part of a job, waits for the other threads
  * longer than STALL_NS and longer than its own part took has met a worker the OS
  * descheduled: with work claimed in small pieces, the others finish at most one piece
- * after the caller. The cores are then shared with other busy threads, where every
+ * after the caller. (On a crowded machine the scheduler's slices are below a
+ * millisecond, so a threshold of a whole slice would miss most stalls.) The cores are then shared with other busy threads, where every
  * parallel call risks such a stall, so the pool runs calls on the caller alone for a
  * while, twice as long after each new stall (SOLO_MIN_NS .. SOLO_MAX_NS), and forgets
  * the stalls after SOLO_FORGET_NS without one. On an idle machine the waits are
  * microseconds and this never triggers. */
-#define STALL_NS 1000000u
+#define STALL_NS 200000u
 #define SOLO_MIN_NS 20000000u
 #define SOLO_MAX_NS 1280000000u
 #define SOLO_FORGET_NS 2000000000u
