@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -208,3 +209,18 @@ def test_show_config_reports_the_pool(capsys, keep_threads):
     out = capsys.readouterr().out
     assert "threads:      2  (the caller + 1 pool workers" in out
     assert f"idle workers spin {K.pool_spin_us()} us, then sleep" in out
+
+
+def test_idle_pool_sleeps(data, keep_threads):
+    """Once calls stop, the workers spin for at most the spin budget and then sleep: an
+    idle process uses (next to) no CPU."""
+    cortiq.set_num_threads(3)
+    m = data["mats"]["q8_row"]
+    for _ in range(20):
+        m.matvec(data["x"])
+    assert K.pool_workers() == 2
+    time.sleep(0.05)  # past the spin budget (CORTIQ_SPIN_US, 200 us by default)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    time.sleep(0.5)
+    used = time.process_time() - cpu0
+    assert used < 0.05, f"{used:.3f} s of CPU in {time.perf_counter() - wall0:.2f} s idle"
