@@ -224,3 +224,24 @@ def test_idle_pool_sleeps(data, keep_threads):
     time.sleep(0.5)
     used = time.process_time() - cpu0
     assert used < 0.05, f"{used:.3f} s of CPU in {time.perf_counter() - wall0:.2f} s idle"
+
+
+def test_model_logits_any_thread(keep_threads):
+    """A whole decode (the demo Dory: fused row kernels, attention, head) gives the same
+    logits bit for bit at any thread count, from the main thread or a worker."""
+    llm = cortiq.LLM(seed=0)
+    ids = llm.tokenize("Return a sorted list of the items")
+
+    def run():
+        s = llm.session()
+        rows = [s.feed(ids[:-3], want="last")]
+        rows += [s.feed([i], want="last") for i in ids[-3:]]  # one-row decode steps
+        return np.stack(rows)
+
+    cortiq.set_num_threads(1)
+    ref = run()
+    for n in (2, 3):
+        cortiq.set_num_threads(n)
+        np.testing.assert_array_equal(run(), ref)
+        with ThreadPoolExecutor(1) as ex:
+            np.testing.assert_array_equal(ex.submit(run).result(), ref)
