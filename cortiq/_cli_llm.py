@@ -213,9 +213,12 @@ def cmd_convert(args) -> int:
         elif args.arch == "deepseek_v4":
             from .convert.hf_deepseek_v4 import convert
             convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet)
+        elif args.arch in ("llama", "mistral", "qwen2", "qwen3"):
+            from .convert.hf_llama import convert
+            convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet)
         else:
             raise ConfigError(f"--arch {args.arch!r}: no converter (supported: dory, "
-                              "deepseek_v4, auto)")
+                              "deepseek_v4, llama, mistral, qwen2, qwen3, auto)")
     except ImportError as e:
         raise ConfigError(f"cortiq convert needs the 'convert' extra (pip install "
                           f"'cortiq[convert]'): {e}") from None
@@ -306,7 +309,8 @@ def add_subcommands(sub) -> None:
     v.add_argument("hf_dir", metavar="HF_DIR")
     v.add_argument("out", metavar="OUT.cmf")
     v.add_argument("--arch", default="auto",
-                   help="dory, deepseek_v4, or auto (from config.json)")
+                   help="dory, deepseek_v4, llama, mistral, qwen2, qwen3, or auto "
+                        "(from config.json)")
     v.add_argument("--quant", default="q8_row")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=cmd_convert)

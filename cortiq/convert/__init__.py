@@ -8,17 +8,28 @@ from ..errors import ConfigError
 
 
 def from_hf(hf_dir, out_path, quant: str = "q8_row", progress: bool = True) -> None:
-    """Convert the Hugging Face model in ``hf_dir`` to ``out_path`` (by its model_type)."""
+    """Convert the Hugging Face model in ``hf_dir`` to ``out_path`` (by its config.json's
+    ``architectures`` / ``model_type``)."""
     p = Path(hf_dir) / "config.json"
     try:
-        model_type = json.loads(p.read_text()).get("model_type")
+        config = json.loads(p.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{p}: missing (not a Hugging Face model directory)") from None
+    except ValueError as e:
+        raise ConfigError(f"{p}: not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{p}: not a JSON object")
+    model_type = config.get("model_type")
+    from .hf_llama import arch_name_of
+    if arch_name_of(config) is not None:
+        from .hf_llama import convert
+        return convert(hf_dir, out_path, quant=quant, progress=progress)
     if model_type == "dory":
         from .hf_dory import convert
         return convert(hf_dir, out_path, quant=quant, progress=progress)
     if model_type == "deepseek_v4":
         from .hf_deepseek_v4 import convert
         return convert(hf_dir, out_path, quant=quant, progress=progress)
-    raise ConfigError(f"{p}: model_type {model_type!r}: no converter (supported: dory, "
-                      "deepseek_v4)")
+    raise ConfigError(f"{p}: model_type {model_type!r} (architectures "
+                      f"{config.get('architectures')!r}): no converter (supported: dory, "
+                      "deepseek_v4, llama, mistral, qwen2, qwen3)")
