@@ -28,7 +28,7 @@ CASES = {
     "llama3": ("LlamaConfig", dict(
         rope_parameters={"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0,
                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 16},
+                         "original_max_position_embeddings": 1024},
         tie_word_embeddings=False)),
     "llama_tied_bias": ("LlamaConfig", dict(
         rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
@@ -50,7 +50,7 @@ MODEL_CLASS = {"LlamaConfig": "LlamaForCausalLM", "MistralConfig": "MistralForCa
 def config(case: str, **over):
     import transformers
     cls, params = CASES[case]
-    kw = dict(BASE, **params, **over)
+    kw = {**BASE, **params, **over}
     return getattr(transformers, cls)(**kw)
 
 
