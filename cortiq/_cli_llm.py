@@ -1,4 +1,4 @@
-"""`cortiq run | chat | convert | bench | serve` (registered in cortiq/cli.py).
+"""`cortiq run | chat | convert | import-gguf | bench | serve` (registered in cortiq/cli.py).
 
 User errors (bad file, bad option value, a missing extra) raise CortiqError / OSError;
 cortiq.cli.main prints them as one line and exits 1.
@@ -227,6 +227,14 @@ def cmd_convert(args) -> int:
     return 0
 
 
+def cmd_import_gguf(args) -> int:
+    from .convert.gguf_import import import_gguf
+    import_gguf(args.gguf, args.out, quant=args.quant, progress=not args.quiet)
+    if not args.quiet:
+        print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     """Prefill and decode speed, and the saving of a chat turn that reuses its session."""
     import numpy as np
@@ -314,6 +322,16 @@ def add_subcommands(sub) -> None:
     v.add_argument("--quant", default="q8_row")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=cmd_convert)
+
+    g = sub.add_parser("import-gguf", help="convert a Llama/Mistral/Qwen2/Qwen3 GGUF file "
+                                           "to CMF (needs the 'gguf' extra)")
+    g.add_argument("gguf", metavar="FILE.gguf")
+    g.add_argument("out", metavar="OUT.cmf")
+    g.add_argument("--quant", default=None,
+                   help="re-quantize every matrix to this CMF quant (f32: exact values); "
+                        "default: the nearest layout per tensor (Q4_0 stays exact)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.set_defaults(func=cmd_import_gguf)
 
     b = sub.add_parser("bench", help="prefill/decode tokens per second, chat-turn reuse")
     _add_model_options(b, model_required=True)

@@ -272,6 +272,30 @@ class Writer:
         except ValueError as e:
             raise ValueError(f"tensor {name!r} {shape}: {e}") from None
         del a, array
+        self._append(name, dtype, shape, payload)
+
+    def add_encoded(self, name: str, payload, dtype: str, shape) -> None:
+        """Append a tensor whose payload is already encoded as `dtype` (bytes laid out as
+        §7 says, e.g. re-packed from another format without re-quantizing)."""
+        if self._closed:
+            raise ValueError(f"{self.path}: writer is closed")
+        try:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"tensor name must be a non-empty string, got {name!r}")
+            if name in self._names:
+                raise ValueError(f"duplicate tensor name {name!r}")
+            if dtype not in Q.DTYPES:
+                raise ValueError(f"tensor {name!r}: unknown dtype {dtype!r}")
+            shape = tuple(int(d) for d in shape)
+            if len(shape) > MAX_NDIM:
+                raise ValueError(f"tensor {name!r}: {len(shape)}-D shape {shape} (max 6 dims)")
+            payload = np.ascontiguousarray(np.asarray(payload, np.uint8)).reshape(-1)
+            self._append(name, dtype, shape, payload)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _append(self, name, dtype, shape, payload) -> None:
         nbytes = int(payload.nbytes)
         want = Q.expected_nbytes(dtype, shape)
         if want is not None and want != nbytes:
