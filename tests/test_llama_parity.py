@@ -227,3 +227,27 @@ def test_from_hf_refuses_unknown_and_bad_tensors(tmp_path, case):
     with pytest.raises(ConfigError, match="mystery"):
         plan_tensors(arch, bad)
     assert not (tmp_path / "x.cmf").exists()
+
+
+def test_served_like_any_model(case):
+    """The OpenAI server runs a Llama-family file through the same LLM paths."""
+    name, model, d, ids, f32 = case
+    if name != "qwen3":
+        pytest.skip("one family is enough for the server path")
+    pytest.importorskip("starlette")
+    pytest.importorskip("httpx")
+    from starlette.testclient import TestClient
+    from cortiq.server import create_app
+    with cortiq.LLM(f32, seed=1) as llm:
+        want = llm.create_chat_completion([{"role": "user", "content": "w5 w6"}],
+                                          max_tokens=5, temperature=0)
+        with TestClient(create_app(llm)) as c:
+            r = c.post("/v1/chat/completions", json={
+                "model": "f32", "messages": [{"role": "user", "content": "w5 w6"}],
+                "max_tokens": 5, "temperature": 0})
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["message"]["content"] == \
+                want["choices"][0]["message"]["content"]
+            bad = c.post("/v1/completions", json={"model": "f32", "prompt": [10 ** 6],
+                                                  "max_tokens": 2})
+            assert bad.status_code == 400 and "error" in bad.json()
