@@ -251,3 +251,27 @@ def test_served_like_any_model(case):
             bad = c.post("/v1/completions", json={"model": "f32", "prompt": [10 ** 6],
                                                   "max_tokens": 2})
             assert bad.status_code == 400 and "error" in bad.json()
+
+
+def test_model_refuses_bad_headers(case, tmp_path):
+    """A file whose header cannot describe this family is refused when opened."""
+    name, model, d, ids, f32 = case
+    if name != "llama3":
+        pytest.skip("one file is enough")
+    with cortiq.cmf.open(f32) as f:
+        arch, tensors = dict(f.arch), {n: np.asarray(f.tensor(n)) for n in f.tensors}
+    for over, key in ((dict(rope_freq_factors=[0.0] * 8), "rope_freq_factors"),
+                      (dict(rope_freq_factors=[1.0] * 3), "rope_freq_factors"),
+                      (dict(num_kv_heads=3), "num_kv_heads"),
+                      (dict(layer_types=["FullAttention", "LinearAttention"]), "layer_types"),
+                      (dict(layer_types=["SlidingAttention"] * 2), "sliding_window"),
+                      (dict(norm_style="gemma"), "norm_style")):
+        p = tmp_path / f"{key}.cmf"
+        cortiq.cmf.write(p, tensors, arch={**arch, **over}, quant="f32", progress=False)
+        with pytest.raises(ConfigError, match=key):
+            cortiq.LLM(p)
+    p = tmp_path / "short.cmf"
+    cortiq.cmf.write(p, {k: v for k, v in tensors.items() if "layers.1.mlp.up" not in k},
+                     arch=arch, quant="f32", progress=False)
+    with pytest.raises(cortiq.errors.FormatError, match="up_proj"):
+        cortiq.LLM(p)

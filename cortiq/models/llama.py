@@ -149,9 +149,13 @@ class LlamaConfig:
         if hd % 2:
             raise ConfigError(f"arch.head_dim: {hd} must be even for RoPE")
         ff = arch.get("rope_freq_factors")
-        if ff is not None and len(ff) != hd // 2:
-            raise ConfigError(f"arch.rope_freq_factors: {len(ff)} factors, head_dim {hd} "
-                              f"needs {hd // 2}")
+        if ff is not None:
+            if len(ff) != hd // 2:
+                raise ConfigError(f"arch.rope_freq_factors: {len(ff)} factors, head_dim {hd} "
+                                  f"needs {hd // 2}")
+            if not all(isinstance(f, (int, float)) and math.isfinite(f) and f > 0 for f in ff):
+                raise ConfigError("arch.rope_freq_factors: every factor must be a positive "
+                                  "finite number")
         yarn = arch.get("yarn")
         if yarn is not None and (not isinstance(yarn, dict) or "factor" not in yarn
                                  or "original_max_position_embeddings" not in yarn):
