@@ -230,3 +230,14 @@ def test_sentencepiece_vocabulary():
     assert [tokens[i] for i in ids] == ["<s>", "\u2581the", "\u2581cat", "<0x21>"]
     assert t.decode(ids, skip_special_tokens=True) == "the cat!"
     assert bundle["eos_token_ids"] == [2] and bundle["bos_token_id"] == 1
+
+
+def test_from_pretrained_takes_a_gguf_file(tmp_path):
+    model, arch, state, tok, path = _write(tmp_path, "llama3", lambda n, a: T.F32)
+    ids = H.sequence(model.config.vocab_size, 8, seed=2)
+    with cortiq.LLM.from_pretrained(path, cache_dir=tmp_path / "cache") as llm:
+        first = llm.path
+        assert _diff(llm.session().feed(ids, want="all"), H.full_logits(model, ids)) <= 1e-4
+    mtime = os.path.getmtime(first)
+    with cortiq.LLM.from_pretrained(path, cache_dir=tmp_path / "cache") as llm:
+        assert llm.path == first and os.path.getmtime(first) == mtime
