@@ -215,7 +215,8 @@ def cmd_convert(args) -> int:
             convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet)
         elif args.arch in ("llama", "mistral", "qwen2", "qwen3"):
             from .convert.hf_llama import convert
-            convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet)
+            convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet,
+                    expect=args.arch)
         else:
             raise ConfigError(f"--arch {args.arch!r}: no converter (supported: dory, "
                               "deepseek_v4, llama, mistral, qwen2, qwen3, auto)")

@@ -227,6 +227,13 @@ def test_from_hf_refuses_unknown_and_bad_tensors(tmp_path, case):
     with pytest.raises(ConfigError, match="mystery"):
         plan_tensors(arch, bad)
     assert not (tmp_path / "x.cmf").exists()
+    from cortiq.cli import main
+    other = "qwen2" if name != "qwen2" else "llama"
+    assert main(["convert", "--arch", other, str(d / "hf"), str(tmp_path / "z.cmf"),
+                 "--quiet"]) == 1
+    assert main(["convert", str(d / "hf"), str(tmp_path / "z.cmf"), "--quiet"]) == 0
+    with cortiq.cmf.open(tmp_path / "z.cmf") as f:
+        assert f.arch["arch_name"] == arch["arch_name"]
 
 
 def test_served_like_any_model(case):

@@ -261,12 +261,17 @@ def plan_tensors(arch: Mapping, shapes: Mapping[str, tuple]) -> list[str]:
     return sorted(names, key=lambda n: order[n])
 
 
-def convert(hf_dir, out_path, quant: str = "q8_row", progress: bool = True) -> None:
-    """Convert a Hugging Face Llama-family directory into one CMF v2 file."""
+def convert(hf_dir, out_path, quant: str = "q8_row", progress: bool = True,
+            expect: str | None = None) -> None:
+    """Convert a Hugging Face Llama-family directory into one CMF v2 file (`expect`: the
+    arch_name the caller asked for; another family in config.json is refused)."""
     from .. import cmf
     hf_dir = Path(hf_dir)
     hf = read_hf_config(hf_dir)
     arch = arch_from_hf_config(hf)
+    if expect is not None and arch["arch_name"] != expect:
+        raise _bad("architectures", f"{hf.get('architectures')!r} is a "
+                                    f"{arch['arch_name']} model, not {expect}")
     shards = open_checkpoint(hf_dir)
     try:
         names = plan_tensors(arch, {k: s.shape(k) for k, s in shards.items()})
