@@ -3,6 +3,8 @@
     python benchmarks/bench_decode.py --arch dory [--quick] [--threads 2] [--tokens 32] \
         [--preload on|off|both]
     python benchmarks/bench_decode.py --arch deepseek_v4 ...   (benchmarks/_bench_dsv4.py)
+    python benchmarks/bench_decode.py --arch llama [--quick] [--no-peer]
+                                           (benchmarks/_bench_llama.py: vs llama.cpp)
 
 Dory: a random-weight model at release proportions scaled down to about 0.85 GB of q8
 weights per pass over the stack (hidden 2048, 16/4 heads of 128, MLP 5632,
@@ -201,7 +203,7 @@ def bench_dory(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", choices=("dory", "deepseek_v4"), default="dory")
+    ap.add_argument("--arch", choices=("dory", "deepseek_v4", "llama"), default="dory")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--quant", default="q8_row")
     ap.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
@@ -218,6 +220,10 @@ def main():
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import _bench_dsv4  # noqa: PLC0415 -- its own module, owned with the DSV4 forward
         return _bench_dsv4.main(a, rest)
+    if a.arch == "llama":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import _bench_llama  # noqa: PLC0415 -- its own module: the llama.cpp comparison
+        return _bench_llama.main(a, rest)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     bench_dory(a)

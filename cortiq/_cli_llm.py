@@ -1,4 +1,4 @@
-"""`cortiq run | chat | convert | bench | serve` (registered in cortiq/cli.py).
+"""`cortiq run | chat | convert | import-gguf | bench | serve` (registered in cortiq/cli.py).
 
 User errors (bad file, bad option value, a missing extra) raise CortiqError / OSError;
 cortiq.cli.main prints them as one line and exits 1.
@@ -218,12 +218,24 @@ def cmd_convert(args) -> int:
             from .convert.hf_deepseek_v4 import convert
             convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet,
                     experts_quant=eq)
+        elif args.arch in ("llama", "mistral", "qwen2", "qwen3"):
+            from .convert.hf_llama import convert
+            convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet,
+                    expect=args.arch)
         else:
             raise ConfigError(f"--arch {args.arch!r}: no converter (supported: dory, "
-                              "deepseek_v4, auto)")
+                              "deepseek_v4, llama, mistral, qwen2, qwen3, auto)")
     except ImportError as e:
         raise ConfigError(f"cortiq convert needs the 'convert' extra (pip install "
                           f"'cortiq[convert]'): {e}") from None
+    if not args.quiet:
+        print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_import_gguf(args) -> int:
+    from .convert.gguf_import import import_gguf
+    import_gguf(args.gguf, args.out, quant=args.quant, progress=not args.quiet)
     if not args.quiet:
         print(f"wrote {args.out}")
     return 0
@@ -311,13 +323,24 @@ def add_subcommands(sub) -> None:
     v.add_argument("hf_dir", metavar="HF_DIR")
     v.add_argument("out", metavar="OUT.cmf")
     v.add_argument("--arch", default="auto",
-                   help="dory, deepseek_v4, or auto (from config.json)")
+                   help="dory, deepseek_v4, llama, mistral, qwen2, qwen3, or auto "
+                        "(from config.json)")
     v.add_argument("--quant", default="q8_row")
     v.add_argument("--experts-quant", default=None, metavar="DTYPE[,DOWN]",
                    help="dtype of the routed MoE experts (default: --quant), e.g. q4tp, "
                         "or q2tp,q4tp for 2-bit gate/up and 4-bit down")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=cmd_convert)
+
+    g = sub.add_parser("import-gguf", help="convert a Llama/Mistral/Qwen2/Qwen3 GGUF file "
+                                           "to CMF (needs the 'gguf' extra)")
+    g.add_argument("gguf", metavar="FILE.gguf")
+    g.add_argument("out", metavar="OUT.cmf")
+    g.add_argument("--quant", default=None,
+                   help="re-quantize every matrix to this CMF quant (f32: exact values); "
+                        "default: the nearest layout per tensor (Q4_0 stays exact)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.set_defaults(func=cmd_import_gguf)
 
     b = sub.add_parser("bench", help="prefill/decode tokens per second, chat-turn reuse")
     _add_model_options(b, model_required=True)

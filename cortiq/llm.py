@@ -99,7 +99,8 @@ class LLM:
     default sampling seed of every call (None: fresh entropy per call). `preload=True`
     copies the file into anonymous (huge-page) memory instead of mapping it, see
     `cortiq.cmf.open`; None takes CORTIQ_PRELOAD (default off).
-    `LLM.from_model(model, tokenizer=...)` wraps a model object that is already built.
+    `LLM.from_model(model, tokenizer=...)` wraps a model object that is already built;
+    `LLM.from_pretrained(dir_or_file)` converts a checkpoint or GGUF file on first use.
     """
 
     def __init__(self, path: str | os.PathLike | None = None, *, n_threads: int | None = None,
@@ -152,6 +153,17 @@ class LLM:
         except BaseException:
             self.file.close()
             raise
+
+    @classmethod
+    def from_pretrained(cls, repo_or_path, *, quant: str | None = None, cache_dir=None,
+                        revision: str | None = None, progress: bool = False,
+                        **kwargs) -> "LLM":
+        """An LLM over a .cmf file, a .gguf file or a Hugging Face checkpoint directory
+        (or a Hub repo id when huggingface_hub is installed), converted on first use
+        into a cache of CMF files (`cortiq.pretrained`); other keywords go to `LLM`."""
+        from .pretrained import resolve
+        return cls(resolve(repo_or_path, quant=quant, cache=cache_dir, revision=revision,
+                           progress=progress), **kwargs)
 
     @classmethod
     def from_model(cls, model, *, tokenizer, tokenizer_config: Mapping | None = None,

@@ -285,7 +285,7 @@ def test_chat_end_token_comes_from_the_template(tmp_path):
 
 
 def test_from_hf_refuses_other_model_types(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_neox"}))
     with pytest.raises(ConfigError, match="no converter"):
         from_hf(tmp_path, tmp_path / "x.cmf")
 

@@ -290,9 +290,17 @@ class Writer:
         del a, array
         self._append(name, dtype, shape, payload)
 
+    def add_encoded(self, name: str, payload, dtype: str, shape) -> None:
+        """Append a tensor whose payload is already encoded as `dtype` (bytes laid out as
+        docs/cmf-format.md §7 says, e.g. re-packed from another format without
+        re-quantizing): add(name, Payload(payload, dtype, shape))."""
+        self.add(name, Payload(payload, dtype, shape))
+
     def _add_payload(self, name, p: Payload):
         if p.dtype not in Q.DTYPES:
             raise ValueError(f"tensor {name!r}: unknown dtype {p.dtype!r}")
+        if len(p.shape) > MAX_NDIM:
+            raise ValueError(f"tensor {name!r}: {len(p.shape)}-D shape {p.shape} (max 6 dims)")
         if p.dtype in ("vbit", "vbit_ro"):
             try:
                 Q.validate_vbit(p.data, p.shape, p.dtype)
@@ -300,7 +308,7 @@ class Writer:
                 raise ValueError(f"tensor {name!r}: {e}") from None
         self._append(name, p.dtype, p.shape, p.data)
 
-    def _append(self, name, dtype, shape, payload):
+    def _append(self, name, dtype, shape, payload) -> None:
         nbytes = int(payload.nbytes)
         want = Q.expected_nbytes(dtype, shape)
         if want is not None and want != nbytes:

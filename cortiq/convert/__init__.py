@@ -9,23 +9,30 @@ from ..errors import ConfigError
 
 def from_hf(hf_dir, out_path, quant: str = "q8_row", progress: bool = True,
             experts_quant: str | None = None) -> None:
-    """Convert the Hugging Face model in ``hf_dir`` to ``out_path`` (by its model_type;
-    a DeepSeek reference ``config.json`` without one counts as deepseek_v4).
-    ``experts_quant`` (MoE models only) stores the routed experts in another dtype."""
+    """Convert the Hugging Face model in ``hf_dir`` to ``out_path`` (by its config.json's
+    ``architectures`` / ``model_type``; a DeepSeek reference ``config.json`` without one
+    counts as deepseek_v4). ``experts_quant`` (MoE models only) stores the routed experts
+    in another dtype."""
     p = Path(hf_dir) / "config.json"
     try:
-        cfg = json.loads(p.read_text())
+        config = json.loads(p.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{p}: missing (not a Hugging Face model directory)") from None
     except ValueError as e:
         raise ConfigError(f"{p}: not valid JSON: {e}") from None
-    model_type = cfg.get("model_type") if isinstance(cfg, dict) else None
-    if model_type is None and isinstance(cfg, dict):
+    if not isinstance(config, dict):
+        raise ConfigError(f"{p}: not a JSON object")
+    model_type = config.get("model_type")
+    if model_type is None:
         from .hf_deepseek_v4 import is_reference_config
-        if is_reference_config(cfg):
+        if is_reference_config(config):
             model_type = "deepseek_v4"
     if experts_quant is not None and model_type != "deepseek_v4":
         raise ConfigError(f"--experts-quant: {model_type!r} has no routed experts")
+    from .hf_llama import arch_name_of
+    if arch_name_of(config) is not None:
+        from .hf_llama import convert
+        return convert(hf_dir, out_path, quant=quant, progress=progress)
     if model_type == "dory":
         from .hf_dory import convert
         return convert(hf_dir, out_path, quant=quant, progress=progress)
@@ -33,5 +40,6 @@ def from_hf(hf_dir, out_path, quant: str = "q8_row", progress: bool = True,
         from .hf_deepseek_v4 import convert
         return convert(hf_dir, out_path, quant=quant, progress=progress,
                        experts_quant=experts_quant)
-    raise ConfigError(f"{p}: model_type {model_type!r}: no converter (supported: dory, "
-                      "deepseek_v4)")
+    raise ConfigError(f"{p}: model_type {model_type!r} (architectures "
+                      f"{config.get('architectures')!r}): no converter (supported: dory, "
+                      "deepseek_v4, llama, mistral, qwen2, qwen3)")

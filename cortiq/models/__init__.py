@@ -1,4 +1,4 @@
-"""Model forwards, one module per architecture (dory, deepseek_v4), plus their configs.
+"""Model forwards, one module per architecture (dory, deepseek_v4, llama), plus their configs.
 
 `cortiq.LLM` picks the model class by the file's `arch.arch_name` through a small
 registry: built-in architectures are imported lazily on first use; anything else can
@@ -13,7 +13,9 @@ from ..errors import ConfigError
 
 # arch_name -> "module:Class" (imported on first use) or the class itself.
 _REGISTRY: dict = {"dory": "cortiq.models.dory:DoryModel",
-                    "deepseek_v4": "cortiq.models.deepseek_v4:DeepseekV4Model"}
+                    "deepseek_v4": "cortiq.models.deepseek_v4:DeepseekV4Model",
+                    **{name: "cortiq.models.llama:LlamaModel"
+                       for name in ("llama", "mistral", "qwen2", "qwen3")}}
 
 
 def register(name: str, cls) -> None:

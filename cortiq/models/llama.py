@@ -1,0 +1,440 @@
+"""The Llama family: Llama 2/3, Mistral, Qwen2/2.5 and Qwen3 on the host.
+
+One decoder-only pre-norm transformer covers all of them; what differs is read from
+the file, not from the name:
+
+    h = embed[ids]
+    per layer:
+        a = rmsnorm(h) * w_in
+        q, k, v = a Wq (+ bq), a Wk (+ bk), a Wv (+ bv)     (biases: Qwen2)
+        q, k = rmsnorm_head(q) * w_q, rmsnorm_head(k) * w_k  (q/k norms: Qwen3)
+        q, k = rope(q), rope(k)                              (halves rotated, HF layout)
+        o = softmax(q.k / sqrt(hd)) v over the window        (GQA; window: Mistral)
+        h = h + o Wo (+ bo)
+        m = rmsnorm(h) * w_post
+        h = h + (silu(m Wg) * (m Wu)) Wd
+    logits = (rmsnorm(h) * w_final) W_head                   (W_head = embed when tied)
+
+The rotary frequencies are HF's default ``1 / theta^(2i/hd)``, divided per frequency
+by ``arch.rope_freq_factors`` when present (the converter writes Llama-3's and linear
+scaling's divisors there), or replaced by YaRN's (``arch.yarn``, whose
+``attention_factor`` scales cos and sin).
+
+Which tensors exist decides the operators (CMF_FORMAT §4.1): ``self_attn.{q,k,v,o}_proj.bias``,
+``mlp.{gate,up,down}_proj.bias``, ``self_attn.{q,k}_norm.weight``; a missing
+``lm_head.weight`` means the head is the embedding.
+
+Model protocol (``cortiq.session``): ``new_state()``, ``forward(state, ids, want)``,
+``rollback``/``can_rollback`` (a sliding layer that dropped the keys a position reads
+cannot roll back in place; the Session then re-reads), ``vocab``, ``arch``.
+Prompts run in chunks of ``CHUNK`` rows through the matrix-matrix kernels; decode runs
+one row through fused multi-matrix matvecs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _kernels as K
+from ..errors import ConfigError, CortiqError, FormatError
+from ..tensor import QGroup, QTensor
+
+#: arch_name values this module runs (the reference engine names files by HF model_type)
+ARCH_NAMES = ("llama", "mistral", "qwen2", "qwen3")
+#: rows of a prompt run through the stack together
+CHUNK = 64
+
+
+# ---- rotary tables ------------------------------------------------------------------
+def rope_inv_freq(hd: int, theta: float) -> np.ndarray:
+    """HF's default inverse frequencies, float32: 1 / theta^(arange(0, hd, 2) / hd)."""
+    e = np.arange(0, hd, 2, dtype=np.int64).astype(np.float32) / np.float32(hd)
+    return (np.float32(1.0) / (np.float32(theta) ** e)).astype(np.float32)
+
+
+def yarn_inv_freq(hd: int, theta: float, factor: float, original: int,
+                  beta_fast: float = 32.0, beta_slow: float = 1.0) -> np.ndarray:
+    """YaRN's blend of interpolated and extrapolated frequencies (HF, truncate=True)."""
+    def corr(rot):
+        return hd * math.log(original / (rot * 2 * math.pi)) / (2 * math.log(theta))
+    low = max(math.floor(corr(beta_fast)), 0)
+    high = min(math.ceil(corr(beta_slow)), hd - 1)
+    if low == high:
+        high += 0.001
+    pos = np.float32(theta) ** (np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd))
+    extrap = np.float32(1.0) / pos
+    interp = np.float32(1.0) / (np.float32(factor) * pos)
+    ramp = np.clip((np.arange(hd // 2, dtype=np.float32) - np.float32(low))
+                   / np.float32(high - low), 0, 1).astype(np.float32)
+    keep = np.float32(1.0) - ramp
+    return (interp * (np.float32(1.0) - keep) + extrap * keep).astype(np.float32)
+
+
+class Rope:
+    """cos and sin [t, hd/2] for positions pos0 .. pos0+t-1 (float32, HF's arithmetic:
+    the angle is a float32 product, scaled by the attention factor after cos/sin)."""
+
+    def __init__(self, inv: np.ndarray, scale: float = 1.0):
+        self.inv = np.ascontiguousarray(inv, np.float32)
+        self.scale = np.float32(scale)
+
+    def __call__(self, pos0: int, t: int):
+        ang = np.arange(pos0, pos0 + t, dtype=np.float32)[:, None] * self.inv[None, :]
+        c, s = np.cos(ang), np.sin(ang)
+        if self.scale != 1:
+            c *= self.scale
+            s *= self.scale
+        return np.ascontiguousarray(c, np.float32), np.ascontiguousarray(s, np.float32)
+
+
+# ---- config -------------------------------------------------------------------------
+@dataclass
+class LlamaConfig:
+    arch_name: str
+    hidden: int
+    ffn: int
+    n_layers: int
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    vocab: int
+    eps: float
+    rope_theta: float
+    max_pos: int
+    windows: list          # per layer: 0 (full) or the sliding window in tokens
+    rope_freq_factors: list | None = None
+    yarn: dict | None = None
+
+    @classmethod
+    def from_arch(cls, arch) -> "LlamaConfig":
+        def need(k):
+            v = arch.get(k)
+            if v is None:
+                raise ConfigError(f"arch.{k}: missing (required for {arch.get('arch_name')})")
+            return v
+        n = int(need("num_layers"))
+        types = arch.get("layer_types") or ["FullAttention"] * n
+        if len(types) != n:
+            raise ConfigError(f"arch.layer_types: {len(types)} entries for {n} layers")
+        window = arch.get("sliding_window")
+        windows = []
+        for i, t in enumerate(types):
+            if t == "FullAttention":
+                windows.append(0)
+            elif t == "SlidingAttention":
+                if not window or int(window) < 1:
+                    raise ConfigError(f"arch.sliding_window: layer {i} slides but the window "
+                                      f"is {window!r}")
+                windows.append(int(window))
+            else:
+                raise ConfigError(f"arch.layer_types[{i}]: {t!r}: the Llama family has only "
+                                  "FullAttention and SlidingAttention layers")
+        if arch.get("norm_style", "qwen") != "qwen":
+            raise ConfigError(f"arch.norm_style: {arch.get('norm_style')!r}; the Llama family "
+                              "scales by w (norm_style 'qwen')")
+        if arch.get("hidden_act", "silu") != "silu":
+            raise ConfigError(f"arch.hidden_act: {arch.get('hidden_act')!r}; cortiq runs the "
+                              "Llama family with SwiGLU (silu)")
+        prf = arch.get("partial_rotary_factor", 1.0)
+        if prf not in (None, 1, 1.0):
+            raise ConfigError(f"arch.partial_rotary_factor: {prf!r}; cortiq rotates whole "
+                              "heads in the Llama family (1.0)")
+        hidden, nh = int(need("hidden_size")), int(need("num_attention_heads"))
+        nk = int(arch.get("num_kv_heads") or nh)
+        hd = int(arch.get("head_dim") or hidden // nh)
+        if nk < 1 or nh % nk:
+            raise ConfigError(f"arch.num_kv_heads: {nh} heads do not group over {nk} kv heads")
+        if hd % 2:
+            raise ConfigError(f"arch.head_dim: {hd} must be even for RoPE")
+        ff = arch.get("rope_freq_factors")
+        if ff is not None:
+            if len(ff) != hd // 2:
+                raise ConfigError(f"arch.rope_freq_factors: {len(ff)} factors, head_dim {hd} "
+                                  f"needs {hd // 2}")
+            if not all(isinstance(f, (int, float)) and math.isfinite(f) and f > 0 for f in ff):
+                raise ConfigError("arch.rope_freq_factors: every factor must be a positive "
+                                  "finite number")
+        yarn = arch.get("yarn")
+        if yarn is not None and (not isinstance(yarn, dict) or "factor" not in yarn
+                                 or "original_max_position_embeddings" not in yarn):
+            raise ConfigError("arch.yarn: needs factor and original_max_position_embeddings")
+        return cls(arch_name=str(arch.get("arch_name")), hidden=hidden,
+                   ffn=int(need("intermediate_size")), n_layers=n, n_heads=nh, n_kv=nk,
+                   head_dim=hd, vocab=int(need("vocab_size")),
+                   eps=float(arch.get("rms_norm_eps") or 1e-6),
+                   rope_theta=float(arch.get("rope_theta") or 10000.0),
+                   max_pos=int(arch.get("max_position_embeddings") or 0), windows=windows,
+                   rope_freq_factors=None if ff is None else [float(x) for x in ff],
+                   yarn=yarn)
+
+    def inv_freq(self) -> tuple[np.ndarray, float]:
+        """(inverse frequencies, cos/sin scale) of this model's rotary profile."""
+        if self.yarn is not None:
+            y = self.yarn
+            inv = yarn_inv_freq(self.head_dim, self.rope_theta, float(y["factor"]),
+                                int(y["original_max_position_embeddings"]),
+                                float(y.get("beta_fast") or 32.0),
+                                float(y.get("beta_slow") or 1.0))
+            af = y.get("attention_factor")
+            if af is None:
+                f = float(y["factor"])
+                af = 0.1 * math.log(f) + 1.0 if f > 1 else 1.0
+            return inv, float(af)
+        inv = rope_inv_freq(self.head_dim, self.rope_theta)
+        if self.rope_freq_factors is not None:
+            inv = (inv / np.asarray(self.rope_freq_factors, np.float32)).astype(np.float32)
+        return inv, 1.0
+
+
+# ---- weights ------------------------------------------------------------------------
+@dataclass
+class Layer:
+    attn_norm: np.ndarray
+    q: QTensor
+    k: QTensor
+    v: QTensor
+    o: QTensor
+    bq: np.ndarray | None
+    bk: np.ndarray | None
+    bv: np.ndarray | None
+    bo: np.ndarray | None
+    q_norm: np.ndarray | None
+    k_norm: np.ndarray | None
+    mlp_norm: np.ndarray
+    gate: QTensor
+    up: QTensor
+    down: QTensor
+    bg: np.ndarray | None
+    bu: np.ndarray | None
+    bd: np.ndarray | None
+    window: int
+
+    def __post_init__(self):
+        self.qkv = QGroup([self.q, self.k, self.v])       # one pass over x per token
+        self.gate_up = QGroup([self.gate, self.up])
+
+
+# ---- per-sequence state -------------------------------------------------------------
+class KvCache:
+    """One layer's keys and values, [row, nk, hd]; row j holds position first + j.
+    Grown by doubling; a sliding layer keeps only the newest `keep` rows once it holds
+    more than twice as many."""
+
+    __slots__ = ("k", "v", "n", "first")
+
+    def __init__(self, nk: int, hd: int):
+        self.k = np.empty((16, nk, hd), np.float32)
+        self.v = np.empty((16, nk, hd), np.float32)
+        self.n = 0
+        self.first = 0
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> None:
+        t = k.shape[0]
+        if self.n + t > self.k.shape[0]:
+            cap = self.k.shape[0]
+            while cap < self.n + t:
+                cap *= 2
+            for name in ("k", "v"):
+                old = getattr(self, name)
+                new = np.empty((cap,) + old.shape[1:], np.float32)
+                new[:self.n] = old[:self.n]
+                setattr(self, name, new)
+        self.k[self.n:self.n + t] = k
+        self.v[self.n:self.n + t] = v
+        self.n += t
+
+    def trim(self, keep: int) -> None:
+        if self.n > 2 * keep:
+            drop = self.n - keep
+            self.k[:keep] = self.k[drop:self.n]
+            self.v[:keep] = self.v[drop:self.n]
+            self.first += drop
+            self.n = keep
+
+    def rollback(self, pos: int) -> None:
+        self.n = max(min(self.n, pos - self.first), 0)
+
+
+class LlamaState:
+    """One sequence: a KV cache per layer and the next position."""
+
+    def __init__(self, model: "LlamaModel"):
+        self.pos = 0
+        self.caches = [KvCache(model.cfg.n_kv, model.cfg.head_dim) for _ in model.layers]
+
+
+# ---- the model ----------------------------------------------------------------------
+class LlamaModel:
+    """Weights and forward of a Llama-family file; one instance serves many sequences."""
+
+    supports_rollback = True
+
+    def __init__(self, cmf_file):
+        cf = self.file = cmf_file
+        name = cf.arch.get("arch_name")
+        if name not in ARCH_NAMES:
+            raise ConfigError(f"{cf.path}: arch_name {name!r} is not one of "
+                              f"{', '.join(ARCH_NAMES)}")
+        cfg = self.cfg = LlamaConfig.from_arch(cf.arch)
+        self.arch = name
+        self.vocab = cfg.vocab
+        self.max_seq_len = cfg.max_pos or None
+        H, nh, nk, hd, F = cfg.hidden, cfg.n_heads, cfg.n_kv, cfg.head_dim, cfg.ffn
+
+        def vec(n, size, required=True):
+            if n not in cf.tensors:
+                if required:
+                    raise FormatError(f"{cf.path}: tensor {n!r} missing")
+                return None
+            v = np.ascontiguousarray(cf.tensor(n), np.float32).ravel()
+            if v.size != size:
+                raise FormatError(f"{cf.path}: {n}: {v.size} values, the config needs {size}")
+            return v
+
+        def mat(n, rows, cols):
+            if n not in cf.tensors:
+                raise FormatError(f"{cf.path}: tensor {n!r} missing")
+            t = QTensor.from_cmf(cf, n)
+            if (t.rows, t.cols) != (rows, cols):
+                raise FormatError(f"{cf.path}: {n}: shape [{t.rows}, {t.cols}], the config "
+                                  f"needs [{rows}, {cols}]")
+            return t
+
+        self.layers: list[Layer] = []
+        for i in range(cfg.n_layers):
+            p = f"model.layers.{i}"
+            a, m = f"{p}.self_attn", f"{p}.mlp"
+            self.layers.append(Layer(
+                attn_norm=vec(f"{p}.input_layernorm.weight", H),
+                q=mat(f"{a}.q_proj.weight", nh * hd, H), k=mat(f"{a}.k_proj.weight", nk * hd, H),
+                v=mat(f"{a}.v_proj.weight", nk * hd, H), o=mat(f"{a}.o_proj.weight", H, nh * hd),
+                bq=vec(f"{a}.q_proj.bias", nh * hd, False), bk=vec(f"{a}.k_proj.bias", nk * hd, False),
+                bv=vec(f"{a}.v_proj.bias", nk * hd, False), bo=vec(f"{a}.o_proj.bias", H, False),
+                q_norm=vec(f"{a}.q_norm.weight", hd, False), k_norm=vec(f"{a}.k_norm.weight", hd, False),
+                mlp_norm=vec(f"{p}.post_attention_layernorm.weight", H),
+                gate=mat(f"{m}.gate_proj.weight", F, H), up=mat(f"{m}.up_proj.weight", F, H),
+                down=mat(f"{m}.down_proj.weight", H, F),
+                bg=vec(f"{m}.gate_proj.bias", F, False), bu=vec(f"{m}.up_proj.bias", F, False),
+                bd=vec(f"{m}.down_proj.bias", H, False), window=cfg.windows[i]))
+        self.embed = mat("model.embed_tokens.weight", cfg.vocab, H)
+        self.norm = vec("model.norm.weight", H)
+        self.head = (mat("lm_head.weight", cfg.vocab, H) if "lm_head.weight" in cf.tensors
+                     else self.embed)
+        inv, scale = cfg.inv_freq()
+        self.rope = Rope(inv, scale)
+        self.attn_scale = float(hd ** -0.5)
+        self._ones = np.ones(F, np.float32)          # silu_mul's unit column scales
+
+    # -- sequences -------------------------------------------------------------------
+    def new_state(self) -> LlamaState:
+        return LlamaState(self)
+
+    def can_rollback(self, st: LlamaState, n: int) -> bool:
+        """True when every sliding layer still holds the keys a token at n reads."""
+        for L, c in zip(self.layers, st.caches):
+            if L.window and c.first > max(0, n + 1 - L.window):
+                return False
+        return True
+
+    def rollback(self, st: LlamaState, n: int) -> None:
+        if not self.can_rollback(st, n):
+            raise CortiqError(f"{self.arch}: cannot roll back to {n}: a sliding layer has "
+                              "already dropped keys that position reads")
+        for c in st.caches:
+            c.rollback(n)
+        st.pos = min(st.pos, n)
+
+    def kv_bytes(self, st: LlamaState) -> int:
+        return sum(2 * c.n * c.k.shape[1] * c.k.shape[2] * 4 for c in st.caches)
+
+    def forward(self, st: LlamaState, ids, want: str = "last"):
+        """Run `ids` from position st.pos. want: "none" -> None, "last" -> [vocab],
+        "all" -> [len(ids), vocab] (float32)."""
+        if want not in ("none", "last", "all"):
+            raise ConfigError(f"want must be 'none', 'last' or 'all', got {want!r}")
+        ids = np.asarray(ids, dtype=np.int64).ravel()
+        if ids.size == 0:
+            return None if want == "none" else np.zeros(
+                (0, self.vocab) if want == "all" else 0, np.float32)
+        bad = (ids < 0) | (ids >= self.vocab)
+        if bad.any():
+            raise ValueError(f"token id {int(ids[bad][0])} is outside the vocabulary "
+                             f"[0, {self.vocab})")
+        rows = []
+        for start in range(0, ids.size, CHUNK):
+            chunk = ids[start:start + CHUNK]
+            last = start + chunk.size == ids.size
+            h = np.stack([self.embed.row(int(i)) for i in chunk]).astype(np.float32)
+            self._stack(st, h)
+            if want == "all":
+                rows.append(self._logits(h))
+            elif want == "last" and last:
+                rows.append(self._logits(h[-1:])[0])
+        if want == "none":
+            return None
+        return rows[-1] if want == "last" else np.concatenate(rows, axis=0)
+
+    # -- the stack -------------------------------------------------------------------
+    def _stack(self, st: LlamaState, h: np.ndarray) -> None:
+        t = h.shape[0]
+        cfg = self.cfg
+        cos, sin = self.rope(st.pos, t)
+        for L, cache in zip(self.layers, st.caches):
+            a = K.rmsnorm(h, L.attn_norm, cfg.eps)
+            h += self._attention(L, cache, a, st.pos, cos, sin)
+            m = K.rmsnorm(h, L.mlp_norm, cfg.eps)
+            h += self._mlp(L, m)
+        st.pos += t
+        for L, cache in zip(self.layers, st.caches):
+            if L.window:
+                cache.trim(L.window)
+
+    def _attention(self, L: Layer, cache: KvCache, x, pos0, cos, sin) -> np.ndarray:
+        t = x.shape[0]
+        nh, nk, hd = self.cfg.n_heads, self.cfg.n_kv, self.cfg.head_dim
+        if t == 1:
+            q, k, v = L.qkv.matvec(x[0])
+        else:
+            q, k, v = L.q.matmat(x), L.k.matmat(x), L.v.matmat(x)
+        for y, b in ((q, L.bq), (k, L.bk), (v, L.bv)):
+            if b is not None:
+                y += b
+        q = q.reshape(t, nh, hd)
+        k = k.reshape(t, nk, hd)
+        if L.q_norm is not None:
+            K.rmsnorm(q, L.q_norm, self.cfg.eps, out=q)
+        if L.k_norm is not None:
+            K.rmsnorm(k, L.k_norm, self.cfg.eps, out=k)
+        K.rope_halfsplit(q, cos, sin)
+        K.rope_halfsplit(k, cos, sin)
+        cache.append(k, v.reshape(t, nk, hd))
+        y = K.attn_gqa_window(q, cache.k[:cache.n], cache.v[:cache.n], pos0, L.window,
+                              cache.first, self.attn_scale)
+        y = y.reshape(t, nh * hd)
+        out = L.o.matvec(y[0])[None] if t == 1 else L.o.matmat(y)
+        if L.bo is not None:
+            out += L.bo
+        return out
+
+    def _mlp(self, L: Layer, x) -> np.ndarray:
+        t = x.shape[0]
+        if t == 1:
+            g, u = L.gate_up.matvec(x[0])
+            g, u = g[None], u[None]
+        else:
+            g, u = L.gate.matmat(x), L.up.matmat(x)
+        if L.bg is not None:
+            g += L.bg
+        if L.bu is not None:
+            u += L.bu
+        K.silu_mul(g, u, self._ones, self._ones)
+        out = L.down.matvec(g[0])[None] if t == 1 else L.down.matmat(g)
+        if L.bd is not None:
+            out += L.bd
+        return out
+
+    def _logits(self, h: np.ndarray) -> np.ndarray:
+        x = K.rmsnorm(h, self.norm, self.cfg.eps)
+        return self.head.matvec(x[0])[None] if x.shape[0] == 1 else self.head.matmat(x)

@@ -1,0 +1,130 @@
+"""Write Llama-family weights as a GGUF file with the ``gguf`` package (tests, benchmarks).
+
+``write(path, tensors, arch, ...)`` takes HF-named float32 arrays and the CMF-style
+arch facts (arch_name, sizes, eps, rope) and lays them out the way llama.cpp's
+converter does: ggml names, q/k rows permuted for ``llama`` (interleaved rope),
+``rope_freqs.weight`` for Llama-3 scaling, one GGML type per matrix (``types``: a
+name -> type function), 1-D tensors F32, and a tokenizer (``gpt2`` byte-level BPE from
+a ``tokenizers`` BPE tokenizer, or raw ``llama`` SentencePiece pieces/scores/types).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+_LAYER = {"input_layernorm.weight": "attn_norm.weight",
+          "post_attention_layernorm.weight": "ffn_norm.weight",
+          "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
+          "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
+          "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+          "self_attn.o_proj.weight": "attn_output.weight",
+          "self_attn.o_proj.bias": "attn_output.bias", "mlp.gate_proj.bias": "ffn_gate.bias",
+          "mlp.up_proj.bias": "ffn_up.bias", "mlp.down_proj.bias": "ffn_down.bias",
+          "self_attn.q_norm.weight": "attn_q_norm.weight",
+          "self_attn.k_norm.weight": "attn_k_norm.weight",
+          "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+          "mlp.down_proj.weight": "ffn_down.weight"}
+_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight",
+           "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+
+
+def ggml_name(hf: str) -> str:
+    if hf in _GLOBAL:
+        return _GLOBAL[hf]
+    _, _, i, rest = hf.split(".", 3)
+    return f"blk.{i}.{_LAYER[rest]}"
+
+
+def permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """HF's q/k row order -> llama.cpp's (as its convert_hf_to_gguf does)."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2) \
+        .reshape(w.shape)
+
+
+def gpt2_vocab(tokenizer_json: str | bytes, vocab_size: int):
+    """(tokens, types, merges) of a byte-level BPE tokenizer.json, padded to vocab_size."""
+    doc = json.loads(tokenizer_json)
+    vocab = doc["model"]["vocab"]
+    tokens = [None] * max(vocab_size, len(vocab))
+    for t, i in vocab.items():
+        tokens[i] = t
+    types = [1] * len(tokens)
+    for a in doc.get("added_tokens") or []:
+        tokens[a["id"]] = a["content"]
+        types[a["id"]] = 3 if a.get("special") else 4
+    for i, t in enumerate(tokens):
+        if t is None:
+            tokens[i], types[i] = f"<|unused_{i}|>", 4
+    merges = [m if isinstance(m, str) else " ".join(m) for m in doc["model"]["merges"]]
+    return tokens, types, merges
+
+
+def write(path, tensors: dict, arch: dict, *, types=None, tokenizer: dict | None = None,
+          chat_template: str | None = None) -> None:
+    """Write a GGUF file. `tensors`: HF name -> float32 array; `arch`: arch_name,
+    hidden_size, intermediate_size, num_layers, num_attention_heads, num_kv_heads,
+    head_dim, max_position_embeddings, rms_norm_eps, rope_theta, and optionally
+    rope_freq_factors / yarn / sliding_window. `types(name, array)` -> GGMLQuantizationType.
+    `tokenizer`: {"model": "gpt2", "tokens", "types", "merges", "pre", "bos", "eos",
+    "add_bos"} or {"model": "llama", "tokens", "scores", "types", ...}."""
+    import gguf
+    T = gguf.GGMLQuantizationType
+    g = {"mistral": "llama"}.get(arch["arch_name"], arch["arch_name"])
+    w = gguf.GGUFWriter(str(path), g)
+    w.add_name("cortiq test model")
+    w.add_context_length(arch["max_position_embeddings"])
+    w.add_embedding_length(arch["hidden_size"])
+    w.add_block_count(arch["num_layers"])
+    w.add_feed_forward_length(arch["intermediate_size"])
+    w.add_head_count(arch["num_attention_heads"])
+    w.add_head_count_kv(arch["num_kv_heads"])
+    w.add_key_length(arch["head_dim"])
+    w.add_value_length(arch["head_dim"])
+    w.add_rope_dimension_count(arch["head_dim"])
+    w.add_layer_norm_rms_eps(arch["rms_norm_eps"])
+    w.add_rope_freq_base(arch["rope_theta"])
+    w.add_vocab_size(tensors["model.embed_tokens.weight"].shape[0])
+    if arch.get("sliding_window"):
+        w.add_sliding_window(arch["sliding_window"])
+    y = arch.get("yarn")
+    if y:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(y["factor"])
+        w.add_rope_scaling_orig_ctx_len(y["original_max_position_embeddings"])
+        w.add_rope_scaling_attn_factors(y["attention_factor"])
+    if tokenizer is not None:
+        w.add_tokenizer_model(tokenizer["model"])
+        if tokenizer.get("pre"):
+            w.add_tokenizer_pre(tokenizer["pre"])
+        w.add_token_list(tokenizer["tokens"])
+        w.add_token_types(tokenizer["types"])
+        if tokenizer.get("scores") is not None:
+            w.add_token_scores(tokenizer["scores"])
+        if tokenizer.get("merges"):
+            w.add_token_merges(tokenizer["merges"])
+        if tokenizer.get("bos") is not None:
+            w.add_bos_token_id(tokenizer["bos"])
+        if tokenizer.get("eos") is not None:
+            w.add_eos_token_id(tokenizer["eos"])
+        if tokenizer.get("add_bos") is not None:
+            w.add_add_bos_token(tokenizer["add_bos"])
+    if chat_template:
+        w.add_chat_template(chat_template)
+    if arch.get("rope_freq_factors"):
+        w.add_tensor("rope_freqs.weight", np.asarray(arch["rope_freq_factors"], np.float32))
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a, np.float32)
+        if g == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = arch["num_attention_heads"] if "q_proj" in name else arch["num_kv_heads"]
+            a = permute(a, heads)
+        t = T.F32 if a.ndim == 1 or types is None else types(name, a)
+        if t in (T.F32, T.F16):
+            w.add_tensor(ggml_name(name), a.astype(np.float32 if t == T.F32 else np.float16))
+        else:
+            q = gguf.quants.quantize(a, t)
+            w.add_tensor(ggml_name(name), q, raw_dtype=t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
