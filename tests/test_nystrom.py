@@ -1,7 +1,7 @@
 """NystromState (cortiq/models/nystrom.py) and its kernels (csrc/nystrom, csrc/linalg).
 
 Tolerances:
-* GOLDEN_MAX / GOLDEN_MEAN: the issue's contract against the upstream fixture (f64
+* GOLDEN_MAX / GOLDEN_MEAN: the contract against the reference engine's fixture (f64
   reference); the f32 streaming arithmetic reaches ~1.5e-6 max, so 1e-4 leaves room for
   the AVX2 rounding but fails on any algorithmic slip (a wrong shift, a missing row).
 * EXACT_TOL: exact-only mode is plain softmax in f32 against an f64 softmax.

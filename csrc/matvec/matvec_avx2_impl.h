@@ -30,7 +30,7 @@ static inline float h2f_hw(const uint8_t *p) { return _cvtsh_ss(cq_ld16(p)); }
  * prefetches the line of its last byte, and the line after it too when the next step's
  * last byte will skip that line (one step in eight for 72-byte steps). Prefetching the
  * first and the last byte's lines of every step (two pairs a step, most of them
- * repeats) left q4_tiled + int8 at 80-82 % of the read probe from DRAM; this, 84-86 %. */
+ * repeats) read a few points slower from DRAM. */
 #define CQ_STREAM_PF_SPAN(a, n)                                               \
     do {                                                                      \
         const char *e_ = (const char *)(a) + (n) - 1;                         \

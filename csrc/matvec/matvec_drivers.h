@@ -203,9 +203,8 @@ static void drv_rows(const cq_qmat *m, drv_x x, float *y, drv_share *s, size_t p
 
 /* x as the row kernels read it: prepared by prep_x (q8_2f's column scale, the grouped
  * dtypes' permutation), quantized (int8 activations), or, when it is off a 64-byte
- * boundary, copied to one. Measured (q8_row, 128 x 11008 in L2, one thread): 14.6
- * Gweights/s with x 16 bytes off a line, 23.2 with x aligned; once x outgrows L1
- * every split load costs two L2 lines. */
+ * boundary, copied to one: once x outgrows L1 every split load costs two L2 lines
+ * (docs/PERFORMANCE.md §9, "x alignment"). */
 #define CQ_ALIGN 64
 static size_t up_align(size_t n) { return (n + CQ_ALIGN - 1) & ~(size_t)(CQ_ALIGN - 1); }
 static int x_misaligned(const float *x) { return ((uintptr_t)x & (CQ_ALIGN - 1)) != 0; }
@@ -401,9 +400,7 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
 #ifdef CQ_HAVE_MM_PACK
     /* Inputs in pieces of 16-64, so that a packed piece (about 1 MiB) stays in L2 beside
      * the rows being decoded, and any t costs a bounded copy of X. The rows are decoded
-     * again per piece. One thread, 512 x 4096, t = 256 (GMAC/s): pieces of 512 (4 MiB,
-     * from L3) 58-60, of 64 67-68; 256 x 11008, t = 64: pieces of 64 (2.8 MiB) 56-58,
-     * of 32 58-62. */
+     * again per piece; pieces that spill to L3 ran slower than the re-decoding costs. */
     const size_t fit = ((size_t)1 << 20) / (sizeof(float) * cols), piece = (fit + 15) / 16 * 16;
     const size_t tc = t < piece ? t : piece < 16 ? 16 : piece > 64 ? 64 : piece;
     void *xraw = NULL;
