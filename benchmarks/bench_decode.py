@@ -17,7 +17,7 @@ anonymous huge-page memory, cmf.open(preload=True); both, the default: a row eac
     their mean, so a shared machine's drifting bandwidth moves both sides,
   * decode tokens/s (one token at a time after a short prompt) and prefill tokens/s,
   * effective GB/s = weight bytes touched per decoded token x tokens/s, and its
-    percentage of the read bandwidth (the issue's target: >= 85 % at 2 threads),
+    percentage of the read bandwidth (the target: >= 85 % at 2 threads),
   * Python overhead per sub-layer visit, on a tiny model whose matrices are negligible
     (target <= 15 us): decode wall time per token / sub-layer visits per token, best
     of 5 runs of 300 tokens, 1 thread, through the same LLM session path. The tiny

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_hash.py [--big-mib 256] [--repeat 5]
 
-Target (issue 3): >= 5 GB/s on one core. hash64 is single-threaded by design (the
+Target: >= 5 GB/s on one core. hash64 is single-threaded by design (the
 writer hashes each tensor as it is written; verify() hashes tensor by tensor).
 """
 import argparse

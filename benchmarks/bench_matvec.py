@@ -26,7 +26,7 @@ In one run it measures
       threads; a target above it is bound by the core's arithmetic, not by the reads.
 Each matvec GB/s figure is printed with its percentage of the read bandwidth measured
 alternately with it (same thread count; best of each), since on a shared machine the
-available bandwidth drifts, and with the issue's target. --quick: 256 MiB buffers, one shape, fewer dtypes.
+available bandwidth drifts, and with the target. --quick: 256 MiB buffers, one shape, fewer dtypes.
 The machine's other load shows up as noise: run it on a quiet machine.
 """
 import argparse
@@ -45,7 +45,7 @@ DTYPES = ("f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp
           "q4_block+i8", "q4_tiled+i8", "q4tp+i8")
 # "<dtype>+i8": the same weights with the opt-in int8 activations (cortiq.set_int8_activations)
 SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008))
-# Issue 4's targets, % of read bandwidth: {threads: {dtype: pct}}
+# The matvec targets, % of read bandwidth: {threads: {dtype: pct}}
 TARGETS = {2: {"q8_row": 90, "q8_2f": 90, "q4_block": 85, "q4_tiled": 85, "q4tp": 85,
                "f16": 85, "bf16": 85},
            1: {"q8_row": 85}}

@@ -1,4 +1,4 @@
-"""Dory's O(1) far field against exact attention, on a small random Dory (issue 6).
+"""Dory's O(1) far field against exact attention, on a small random Dory.
 
     python benchmarks/bench_o1.py                       # 4k, 16k, 64k x o1 on/off
     python benchmarks/bench_o1.py --lengths 4096,16384 --decode 32 --off-max 16384

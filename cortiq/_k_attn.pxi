@@ -1,4 +1,4 @@
-# [KERN] attn: norms, rotary, top-k and attention (csrc/attn). Signatures are
+# attn: norms, rotary, top-k and attention (csrc/attn). Signatures are
 # documented in docs/ARCHITECTURE.md ("attn").
 
 cdef inline (size_t, size_t) _last_axis(cnp.ndarray a, str op, str arg) except *:

@@ -1,4 +1,4 @@
-# hash: hash64 of CMF_FORMAT §6.1 (csrc/hash).
+# hash: hash64 of docs/cmf-format.md §6.1 (csrc/hash).
 
 def hash64(data):
     """hash64 of a bytes-like object (bytes, bytearray, memoryview, contiguous numpy array).

@@ -1,8 +1,8 @@
-# linalg: small dense f64 solves of the far field's seal (csrc/linalg; issue 6).
+# linalg: small dense f64 solves of the far field's seal (csrc/linalg).
 
 def ridge_pinv(A):
     """(M, attempts): M = (A^T A + lam I)^-1 A^T by Cholesky with ridge retries
-    (specs/nystrom.md §1.4); attempts 0 means the I/mean(diag) fallback."""
+    (docs/nystrom.md §1.4); attempts 0 means the I/mean(diag) fallback."""
     if not isinstance(A, cnp.ndarray) or (<cnp.ndarray>A).dtype != np.float64:
         raise TypeError("ridge_pinv: A must be a float64 numpy array")
     cdef cnp.ndarray aa = np.ascontiguousarray(A)
@@ -22,7 +22,8 @@ def ridge_pinv(A):
 
 def key_residuals(k, size_t m, size_t col0=0, hd=None):
     """Per row of float32 k[rows, ld] (columns col0..col0+hd): the part of the key outside
-    the span of m segment-mean landmarks (seed key_residuals, f64, ridge 1e-4)."""
+    the span of m segment-mean landmarks (the reference engine's key_residuals,
+    f64, ridge 1e-4)."""
     cdef cnp.ndarray ka = _f32(k, "key_residuals", "k")
     if ka.ndim != 2:
         raise ValueError(f"key_residuals: k must be 2-D, got {ka.ndim}-D")

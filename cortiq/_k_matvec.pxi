@@ -1,4 +1,4 @@
-# [KERN] matvec: stored CMF matrices times float32 activations (csrc/matvec).
+# matvec: stored CMF matrices times float32 activations (csrc/matvec).
 # QMat is the low-level handle cortiq.tensor.QTensor wraps; see docs/ARCHITECTURE.md.
 from libc.stdlib cimport malloc, free
 

@@ -1,4 +1,4 @@
-# nystrom: the O(1) far field's kernels (csrc/nystrom, specs/nystrom.md; issue 6).
+# nystrom: the O(1) far field's kernels (csrc/nystrom, docs/nystrom.md).
 # NysGroup binds a group's buffers (owned by cortiq.models.nystrom.NystromState) to a
 # C view once, so a decode step checks only its own row arguments.
 

@@ -46,7 +46,7 @@ cdef extern from "cortiq.h" nogil:
         cq_status (*grouped_rows)(const cq_qmat *m, const float *x, size_t groups, float *out) noexcept nogil
         cq_status (*rows_sum)(const cq_qmat *ms, size_t n, const float *const *xs, float *out) noexcept nogil
 
-    # ---- [KERN] matvec family (csrc/matvec) ----
+    # ---- matvec family (csrc/matvec) ----
     ctypedef struct cq_qmat:
         const uint8_t *data
         size_t nbytes
@@ -69,7 +69,7 @@ cdef extern from "cortiq.h" nogil:
         cq_status (*row_dot)(const cq_qmat *m, size_t r, const float *x, float *res) noexcept nogil
         cq_status (*rows_dot)(const cq_qmat *m, size_t r0, size_t nr, const float *x, float *out) noexcept nogil
 
-    # ---- [KERN] attn family (csrc/attn) ----
+    # ---- attn family (csrc/attn) ----
     ctypedef struct cq_attn_ops:
         void (*rmsnorm)(const float *x, const float *w, float eps, float *y, size_t rows, size_t n) noexcept nogil
         void (*justnorm)(float *x, float eps, size_t rows, size_t n) noexcept nogil
@@ -82,7 +82,7 @@ cdef extern from "cortiq.h" nogil:
         void (*slerp)(float *x, float *out, const float *alpha, size_t rows, size_t n, float eps) noexcept nogil
         void (*gate_norm)(float *y, const float *g, const float *s, size_t rows, size_t n, float eps) noexcept nogil
 
-    # nystrom + linalg (issue 6)
+    # nystrom + linalg
     ctypedef struct cq_nys_view:
         size_t d, dv, m, rep
         size_t sink_len, w, win_len, win_head, far_len
@@ -115,8 +115,8 @@ cdef extern from "cortiq.h" nogil:
         const cq_mathfn_ops *mathfn
         const cq_hash_ops *hash
         const cq_quant_ops *quant
-        const cq_matvec_ops *matvec  # [KERN]
-        const cq_attn_ops *attn  # [KERN]
+        const cq_matvec_ops *matvec
+        const cq_attn_ops *attn
         const cq_mix_ops *mix
         const cq_nystrom_ops *nystrom
         const cq_linalg_ops *linalg

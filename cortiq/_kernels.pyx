@@ -16,8 +16,8 @@ include "_k_dispatch.pxi"
 include "_k_mathfn.pxi"
 include "_k_hash.pxi"
 include "_k_quant.pxi"
-include "_k_matvec.pxi"  # [KERN]
-include "_k_attn.pxi"  # [KERN]
+include "_k_matvec.pxi"
+include "_k_attn.pxi"
 include "_k_dory.pxi"
 include "_k_mix.pxi"
 include "_k_nystrom.pxi"

@@ -1,6 +1,6 @@
 """Chat templates rendered with Hugging Face semantics.
 
-A CMF chat bundle (`header.tokenizer_config`, CMF_FORMAT §4.4) carries the model's
+A CMF chat bundle (`header.tokenizer_config`, docs/cmf-format.md §4.4) carries the model's
 Jinja chat template. It is rendered the way `transformers`' `apply_chat_template`
 does, so prompts match what the model was trained on:
 

@@ -6,7 +6,7 @@
 
 One model object (its weights mmapped once, or with preload=True copied once into
 anonymous huge-page memory) serves every session; a session is one sequence's KV
-state. Generation (specs/dory_and_runtime.md §6.2):
+state. Generation (docs/runtime.md §3):
 
 * prefill: a session already holding a prefix of the new prompt keeps it (rolls back
   to the longest common prefix) and runs only the rest -- the cross-turn KV reuse that
@@ -23,7 +23,7 @@ state. Generation (specs/dory_and_runtime.md §6.2):
 * Thread safety: calls from many Python threads run concurrently (each on its own
   session; the kernels release the GIL) and give exactly what serial calls give.
 
-Skills (CMF_FORMAT §11): `skill="sql"` loads `skill.sql.*` replacements, a mapping
+Skills (docs/cmf-format.md §11): `skill="sql"` loads `skill.sql.*` replacements, a mapping
 `{"a": 0.7, "b": 0.3}` blends them, `skill="auto"` picks per prompt by the registry's
 selection subspaces (see `cortiq.models.overlay`). φ, the routing feature, is the
 model's hidden state at `phi_layer` averaged over the prompt when the model offers

@@ -3,7 +3,7 @@
 `SamplingParams` holds the knobs (validated: a bad value raises ConfigError naming
 the field and its allowed range); `Sampler(params)` turns logits + the ids seen so
 far into one token id. The chain follows upstream cortiq's `sampler.rs`
-(specs/dory_and_runtime.md §6.1), with the OpenAI-style extras slotted in where
+(docs/runtime.md §2), with the OpenAI-style extras slotted in where
 OpenAI and llama.cpp put them::
 
     logit_bias (+) and suppress_tokens (-inf)

@@ -1,13 +1,13 @@
 """Text <-> token ids over Hugging Face `tokenizers`, plus a streaming detokeniser.
 
 A CMF file stores the model's `tokenizer.json` verbatim in its vocab section
-(CMF_FORMAT §13) and the chat bundle in `header.tokenizer_config` (§4.4)::
+(docs/cmf-format.md §13) and the chat bundle in `header.tokenizer_config` (§4.4)::
 
     {"chat_template": str?, "eos_token_ids": [u32], "bos_token_id": u32?, "pad_token_id": u32?}
 
 `Tokenizer` wraps the HF tokenizer built from those bytes (or from a path) and
 resolves the special ids the runtime needs, following upstream cortiq
-(specs/dory_and_runtime.md §6.3):
+(docs/runtime.md §4):
 
 * stop set (`eos_token_ids`, `is_eos`): the tokenizer's own end-of-text token, the
   `<|im_end|>` token when the vocabulary has one, plus the bundle's `eos_token_ids`;

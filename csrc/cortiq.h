@@ -60,20 +60,20 @@ size_t cq_l1d_bytes(void);
 
 /* ---- kernel families ---------------------------------------------------- */
 /* mathfn: elementwise transcendental helpers (csrc/mathfn).
- * exp8 is the Cephes-style single-precision exp of the seed: inputs are clamped to
- * [-87, 88] (so exp(+inf) = exp(88), exp(-inf) = exp(-87)), NaN propagates; relative
- * error <= 2e-7 against exp on [-87, 88]. */
+ * exp8 is the Cephes-style single-precision exp of the reference engine
+ * (cortiq-engine 0.8.64): inputs are clamped to [-87, 88] (so exp(+inf) = exp(88),
+ * exp(-inf) = exp(-87)), NaN propagates; relative error <= 2e-7 against exp on [-87, 88]. */
 typedef struct cq_mathfn_ops {
     /* out[i] = exp8(x[i]); out may alias x. */
     void (*exp_f32)(const float *x, float *out, size_t n);
     /* In place, each of `rows` rows of `cols` (row stride `cols`): subtract the row
      * max, exp8, divide by the sum. A row whose max is -inf is left as is. */
     void (*softmax_rows)(float *x, size_t rows, size_t cols);
-    /* The seed's silu_rows, per row of `cols`: g = silu(g*a) * (u*b) with a, b of
+    /* The reference engine's silu_rows, per row of `cols`: g = silu(g*a) * (u*b) with a, b of
      * length cols shared by all rows. g must not alias u/a/b. */
     void (*silu_mul)(float *g, const float *u, const float *a, const float *b,
                      size_t rows, size_t cols);
-    /* The seed's gate_rows, per row: y = y * sigmoid(g*s), s of length cols. */
+    /* The reference engine's gate_rows, per row: y = y * sigmoid(g*s), s of length cols. */
     void (*gate_mul)(float *y, const float *g, const float *s, size_t rows, size_t cols);
     /* sum a[i]*b[i]: AVX2 keeps two 8-lane FMA accumulators, so it differs from a
      * sequential sum at rounding level (bounded by n * eps * sum|a*b|). */
@@ -85,7 +85,7 @@ typedef struct cq_mathfn_ops {
 extern const cq_mathfn_ops cq_mathfn_ref;
 extern const cq_mathfn_ops cq_mathfn_avx2;
 
-/* hash: hash64 of CMF_FORMAT §6.1 (csrc/hash). XOR-folded over little-endian u64 words
+/* hash: hash64 of docs/cmf-format.md §6.1 (csrc/hash). XOR-folded over little-endian u64 words
  * (last partial word zero-padded), so any evaluation order gives the same value.
  * hash64(empty) = 0. Bit-identical across ISAs. */
 typedef struct cq_hash_ops {
@@ -120,9 +120,9 @@ typedef struct cq_quant_ops {
 extern const cq_quant_ops cq_quant_ref;
 extern const cq_quant_ops cq_quant_avx2;
 
-/* ---- matvec: stored matrices times float32 activations (csrc/matvec) [KERN] ----
+/* ---- matvec: stored matrices times float32 activations (csrc/matvec) ----------
  * A cq_qmat is one 2-D CMF payload read in place (any alignment). dtype = CMF id.
- * Activations are float32; weights are decoded exactly as CMF_FORMAT §7 says and
+ * Activations are float32; weights are decoded exactly as docs/cmf-format.md §7 says and
  * multiplied in float32 (no activation quantization). Row r of the output is
  * always computed by one thread in a fixed order: bit-identical for any thread
  * count. The SIMD twins sum in a different order than the reference (and factor a
@@ -186,7 +186,7 @@ extern const cq_matvec_ops cq_matvec_ref;
 extern const cq_matvec_ops cq_matvec_avx2;
 extern const cq_matvec_ops cq_matvec_avx512;
 
-/* ---- attn: norms, rotary, top-k, attention (csrc/attn) [KERN] ------------------
+/* ---- attn: norms, rotary, top-k, attention (csrc/attn) -------------------------
  * All buffers float32 row-major; "rows" kernels treat x as [rows, n]. */
 typedef struct cq_attn_ops {
     /* Per row: y = x / sqrt(mean(x^2) + eps) (* w when w != NULL). y may alias x. */
@@ -267,7 +267,7 @@ typedef struct cq_mix_ops {
     /* In place: v = v * rsqrt(mean(v^2) + eps) * w (w NULL = no weight). */
     void (*rms_weighted)(float *v, const float *w, size_t n, float eps);
     /* In place on g: g = silu(min(g, L)) * clamp(u, -L, L) * weight (limit <= 0: no
-     * clamp) -- the seed's asymmetric swiglu_limit. */
+     * clamp) -- the reference engine's asymmetric swiglu_limit. */
     void (*swiglu)(float *g, const float *u, size_t n, float limit, float weight);
     /* Per column d < width: softmax over `slots` of score[t*width+d], weighted sum of
      * kv[t*width+d]; an all -inf column gives 0 (the compressor's pooling). */
@@ -288,8 +288,8 @@ typedef struct cq_mix_ops {
 
 extern const cq_mix_ops cq_mix_ref;
 extern const cq_mix_ops cq_mix_avx2;
-/* ---- nystrom (issue 6, csrc/nystrom) ------------------------------------ */
-/* The O(1) far field of specs/nystrom.md: one group = one KV head with `rep` query
+/* ---- nystrom (csrc/nystrom) -------------------------------------------- */
+/* The O(1) far field of docs/nystrom.md: one group = one KV head with `rep` query
  * heads. The state's buffers belong to the caller (cortiq/models/nystrom.py); the
  * kernels read and update them through this view. Layouts (row-major f32):
  *   sink_k [sink_len][d], sink_v [sink_len][dv]   permanent exact rows
@@ -313,10 +313,10 @@ typedef struct cq_nys_view {
 
 typedef struct cq_nystrom_ops {
     /* Absorb rows k[n][d], v[n][dv] (in order) into every head's far accumulators
-     * with the running-max shifts of spec §2; far_len += n. */
+     * with the running-max shifts of docs/nystrom.md §2; far_len += n. */
     void (*absorb)(cq_nys_view *g, const float *k, const float *v, size_t n);
     /* One decode row: the group push (or, with restep, the overwrite of the newest
-     * row, spec §6.4), then each head's readout of q[rep][d] into y[rep][dv].
+     * row, docs/nystrom.md §6.4), then each head's readout of q[rep][d] into y[rep][dv].
      * CQ_ERR_SHAPE when an exact-only buffer is full (caller grows it first) or a
      * restep finds no row. */
     cq_status (*step)(cq_nys_view *g, const float *q, const float *k, const float *v,
@@ -333,13 +333,14 @@ typedef struct cq_nystrom_ops {
 extern const cq_nystrom_ops cq_nystrom_ref;
 extern const cq_nystrom_ops cq_nystrom_avx2;
 
-/* ---- linalg (issue 6, csrc/linalg): small dense f64 solves ---------------- */
+/* ---- linalg (csrc/linalg): small dense f64 solves ------------------------- */
 typedef struct cq_linalg_ops {
-    /* M = (A^T A + lam I)^-1 A^T for A[m][m] (spec §1.4): lam = 1e-6 * mean(diag A^T A),
-     * Cholesky retried with lam*10 up to 12 times, else M = I / mean(diag). work:
-     * 2*m*m + m doubles. Returns the number of Cholesky attempts used (0 = fallback). */
+    /* M = (A^T A + lam I)^-1 A^T for A[m][m] (docs/nystrom.md §1.4):
+     * lam = 1e-6 * mean(diag A^T A), Cholesky retried with lam*10 up to 12 times, else
+     * M = I / mean(diag). work: 2*m*m + m doubles. Returns the number of Cholesky
+     * attempts used (0 = fallback). */
     int (*ridge_pinv)(const double *A, size_t m, double *M, double *work);
-    /* The seed's key_residuals in f64: landmarks = m segment means of the rows of k
+    /* The reference engine's key_residuals in f64: landmarks = m segment means of the rows of k
      * (row r at k + r*ld, width hd; segment a = [a*rows/m, max((a+1)*rows/m, lo+1))),
      * G = L L^T + 1e-4 I by Cholesky (pivots floored at 1e-12), per row
      * c = G^-1 (L k), out[r] = k.k - c.(L k) - 1e-4 c.c. work: m*hd + m*m + 2*m doubles.
@@ -356,11 +357,11 @@ typedef struct cq_table {
     const cq_mathfn_ops *mathfn;
     const cq_hash_ops *hash;
     const cq_quant_ops *quant;
-    const cq_matvec_ops *matvec; /* [KERN] */
-    const cq_attn_ops *attn;     /* [KERN] */
-    const cq_mix_ops *mix;      /* dsv4 */
-    const cq_nystrom_ops *nystrom;  /* issue 6 */
-    const cq_linalg_ops *linalg;    /* issue 6 */
+    const cq_matvec_ops *matvec;
+    const cq_attn_ops *attn;
+    const cq_mix_ops *mix;
+    const cq_nystrom_ops *nystrom;
+    const cq_linalg_ops *linalg;
 } cq_table;
 
 typedef enum cq_isa { CQ_ISA_REF = 0, CQ_ISA_AVX2 = 1, CQ_ISA_AVX512 = 2, CQ_ISA_COUNT = 3 } cq_isa;

@@ -11,8 +11,8 @@ static const cq_table TABLE_REF = {
     .quant = &cq_quant_ref,
     .matvec = &cq_matvec_ref,
     .attn = &cq_attn_ref,
-    .mix = &cq_mix_ref,     /* dsv4 */
-    .nystrom = &cq_nystrom_ref, /* issue 6 */
+    .mix = &cq_mix_ref,
+    .nystrom = &cq_nystrom_ref,
     .linalg = &cq_linalg_ref,
 };
 
@@ -24,8 +24,8 @@ static const cq_table TABLE_AVX2 = {
     .quant = &cq_quant_avx2,
     .matvec = &cq_matvec_avx2,
     .attn = &cq_attn_avx2,
-    .mix = &cq_mix_avx2,     /* dsv4 */
-    .nystrom = &cq_nystrom_avx2, /* issue 6 */
+    .mix = &cq_mix_avx2,
+    .nystrom = &cq_nystrom_avx2,
     .linalg = &cq_linalg_ref, /* no twin: once per seal */
 };
 #endif
@@ -39,8 +39,8 @@ static const cq_table TABLE_AVX512 = {
     .quant = &cq_quant_avx2,
     .matvec = &cq_matvec_avx512,
     .attn = &cq_attn_avx2,
-    .mix = &cq_mix_avx2,     /* dsv4 */
-    .nystrom = &cq_nystrom_avx2, /* issue 6 */
+    .mix = &cq_mix_avx2,
+    .nystrom = &cq_nystrom_avx2,
     .linalg = &cq_linalg_ref, /* no twin: once per seal */
 };
 #endif

@@ -1,8 +1,8 @@
 """benchmarks/bench_matvec.py runs end to end on a toy shape and prints every section.
 
-The benchmark is the proof of issue 4's speed claims, so it must not rot: this runs it
-on a shape small enough for a second or two and checks what it prints, not how fast
-anything is (speed lives in the benchmark itself, not in tests)."""
+The benchmark is the proof of the matvec speed claims (docs/PERFORMANCE.md), so it must
+not rot: this runs it on a shape small enough for a second or two and checks what it
+prints, not how fast anything is (speed lives in the benchmark itself, not in tests)."""
 import re
 import subprocess
 import sys

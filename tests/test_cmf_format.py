@@ -1,5 +1,5 @@
 """The CMF reader against files composed here, independently of cortiq's writer, straight
-from CMF_FORMAT §1-§13: files in the shape the upstream tools write open with identical
+from docs/cmf-format.md §1-§13: files in the shape the upstream tools write open with identical
 values; everything the Rust reader refuses (§3, §4 serde typing) is refused with the
 matching FormatError subclass; malformed input (truncation at every section boundary,
 flipped bytes, offsets past EOF, unknown feature bits, absurd counts) never crashes,

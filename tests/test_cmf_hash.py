@@ -1,4 +1,4 @@
-"""hash64 (CMF_FORMAT §6.1): the spec's test vectors, the C kernel of every usable ISA
+"""hash64 (docs/cmf-format.md §6.1): the spec's test vectors, the C kernel of every usable ISA
 against the numpy reference (exact: it is an integer function), every tail length and
 misaligned starts."""
 import numpy as np

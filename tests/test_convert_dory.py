@@ -209,7 +209,7 @@ def test_rotary_buffers_are_ignored(tiny):
 
 
 def test_transforms_are_left_to_the_loader():
-    """The seed's loader applies every load-time transform, so none is applied here: the
+    """The reference engine's loader applies every load-time transform, so none is applied here: the
     documented raw set covers each scale-vector suffix a checkpoint has."""
     suffixes = {"attn_alpha", "mlp_alpha", "mixer.sqk", "mixer.s_gate", "mixer.suv_gate",
                 "mixer.suv_up", "lm_head.logit_scale"}

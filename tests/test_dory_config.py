@@ -11,7 +11,7 @@ from cortiq.models.dory_config import (MAX_LOOPS, DoryConfig, DoryGate, DoryOpti
 
 
 def release_header():
-    """The release geometry (spec §1.4) as a CMF header."""
+    """The release geometry (docs/models/dory.md §1.4) as a CMF header."""
     return {"version": 2, "quant_type": "Q8_ROW", "arch": {
         "arch_name": "dory", "hidden_size": 2560, "intermediate_size": 7168, "num_layers": 72,
         "num_attention_heads": 16, "num_kv_heads": 4, "head_dim": 256, "vocab_size": 131072,

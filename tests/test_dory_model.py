@@ -3,7 +3,7 @@ independent float64 reference (tests/reference/dory_numpy.py) on tiny random
 Hugging Face checkpoints converted by cortiq's converter.
 
 Tolerances:
-* F32_ABS = 1e-4: the issue's bar for float32 weights. Measured ~4e-6: float32
+* F32_ABS = 1e-4: the bar for float32 weights. Measured ~4e-6: float32
   activations against float64, logits of size ~1-5.
 * Q_ABS = 1e-3: quantized weights against the reference run on the dequantized
   weights; only activation rounding differs, as for f32 (the weights are identical).

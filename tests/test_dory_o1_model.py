@@ -1,7 +1,8 @@
-"""Dory's far field end to end (the seed's far-field tests, cortiq/models/dory_o1.py hooked
-into cortiq/models/dory.py) on a tiny random model written as a CMF file.
+"""Dory's far field end to end (the reference engine's far-field tests,
+cortiq/models/dory_o1.py hooked into cortiq/models/dory.py) on a tiny random model written
+as a CMF file.
 
-Tolerances: none but finiteness and equality -- the seed's tests compare RAM and file
+Tolerances: none but finiteness and equality -- the reference engine's tests compare RAM and file
 stores bit for bit (the same arithmetic on the same rows), and the rest is bookkeeping.
 """
 import os

@@ -111,7 +111,7 @@ def test_per_loop_refuses_a_deeper_loop_mid_sequence(tiny):
 
 @pytest.mark.parametrize("kv_mode", ["per_loop", "last_loop"])
 def test_rollback_keeps_the_prefix_a_new_turn_extends(tiny, kv_mode):
-    """The seed's rollback test: 9 tokens, forget from 5, feed 5.. again (one chunk each
+    """The reference engine's rollback test: 9 tokens, forget from 5, feed 5.. again (one chunk each
     time, so last_loop sees the same boundaries as the [5, 7] chunking)."""
     ids = ids_for(12)
     cache = tiny.new_cache(kv_mode)

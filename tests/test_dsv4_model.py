@@ -1,6 +1,6 @@
-"""The seed's whole-stack test: a 2-layer toy (layer 0 hash-routed sliding, layer 1
+"""The reference engine's whole-stack test: a 2-layer toy (layer 0 hash-routed sliding, layer 1
 overlapping compressor + indexer, score-routed) written as a CMF file, decoding ten
-tokens with the cache bookkeeping the seed asserts. No torch needed."""
+tokens with the cache bookkeeping the reference engine asserts. No torch needed."""
 from __future__ import annotations
 
 import os

@@ -12,8 +12,9 @@ Tolerances:
 * Q8_TOL = 1e-3 on q8_row weights, against HF run on the dequantized weights (so the
   quantization error itself is not measured, only the arithmetic).
 The indexer uses 16 heads so that no two compressed entries tie at an exact 0 score
-(all heads relu'd away): cortiq breaks ties to the lower index as the seed specifies,
-torch.topk does not promise any order, and an exact tie would pick different entries.
+(all heads relu'd away): cortiq breaks ties to the lower index as the reference engine
+(cortiq-engine 0.8.64) specifies, torch.topk does not promise any order, and an exact tie
+would pick different entries.
 """
 from __future__ import annotations
 

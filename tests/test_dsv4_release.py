@@ -2,7 +2,7 @@
 routed experts, reference names and config keys) -> CMF.
 
 Part 1 needs no torch: the micro-float decoders on exact values, the converter on the
-seed's toy written in the release layout, malformed checkpoints refused by name.
+reference engine's toy written in the release layout, malformed checkpoints refused by name.
 Part 2 builds the release layout from tiny random transformers models (the weights
 quantized to FP8 blocks / FP4 rows here) and runs transformers on the dequantized
 values as the reference.

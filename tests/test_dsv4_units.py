@@ -1,7 +1,7 @@
-"""The seed's DeepSeek-V4 unit tests (dsv4.rs `mod tests`) as Python tests, plus the
+"""The reference engine's DeepSeek-V4 unit tests (dsv4.rs `mod tests`) as Python tests, plus the
 `mix` kernel family against a float64 numpy reference on every usable ISA.
 
-Tolerances: SINK_TOL 1e-4 is the seed's own bound on the Sinkhorn reference numbers
+Tolerances: SINK_TOL 1e-4 is the reference engine's own bound on the Sinkhorn reference numbers
 (comb; pre/post use 1e-5). MIX_RTOL 2e-6 * sum|terms| bounds float32 summation-order
 differences between the AVX2 (8-lane FMA) and scalar kernels and the float64 reference.
 """
@@ -39,7 +39,7 @@ def sinkhorn_ref(mixes, scale, base, hc, iters, eps):
     return pre, post, c
 
 
-# ---------------------------------------------------------------- seed tests
+# ---------------------------------------------- the reference engine's tests
 
 def seed_mixes():
     return f32(np.sin(np.arange(24) * 0.37) * 3.0), f32(np.cos(np.arange(24) * 0.11))
@@ -366,7 +366,7 @@ def test_mix_wrappers_check_arguments():
 
 
 def test_yarn_matches_the_seed_where_they_coincide():
-    # rope dim 64 (the release): the seed's dim/2-1 clamp and HF's dim-1 clamp agree
+    # rope dim 64 (the release): the reference engine's dim/2-1 clamp and HF's dim-1 clamp agree
     inv = D.yarn_inv_freq(64, 160000.0, 16.0, 65536, 32.0, 1.0)
     dim, base = 64, 160000.0
     cd = lambda r: dim * math.log(65536 / (2 * math.pi * r)) / (2 * math.log(base))  # noqa: E731

@@ -140,7 +140,7 @@ def test_rope_interleaved_tail(isa, hd, rd):
         np.testing.assert_array_equal(y[0], x[0] if not inverse else y[0])  # position 0 = identity
         np.testing.assert_array_equal(
             y, with_isa("ref", K.rope_interleaved_tail, x.copy(), c, s, rd, inverse))
-    # the seed's rope_tail_inverts_itself
+    # the reference engine's rope_tail_inverts_itself
     v = x[1, 0].copy()
     K.rope_interleaved_tail(v, c[1], s[1], rd)
     K.rope_interleaved_tail(v, c[1], s[1], rd, inverse=True)
@@ -289,7 +289,7 @@ def test_sparse_attend(isa, threads, nh, hd, m):
 
 
 def test_sparse_attend_seed_cases(isa):
-    # the seed's tests: no sink averages equal-score keys; a big sink swallows the mass
+    # the reference engine's tests: no sink averages equal-score keys; a big sink swallows the mass
     q = np.zeros(4, np.float32)
     kv = np.array([[1, 0, 0, 0], [0, 1, 0, 0]], np.float32)
     out = K.sparse_attend(q, kv, np.array([0, 1], np.int64), None, scale=1.0)

@@ -70,7 +70,7 @@ def test_exp_special_values(isa):
         y = K.exp_f32(x[:n])
         assert np.isnan(y[0])
         hi, lo = np.float32(np.exp(np.float64(88))), np.float32(np.exp(np.float64(-87)))
-        # The seed's exp saturates: inputs are clamped to [-87, 88].
+        # The reference engine's exp saturates: inputs are clamped to [-87, 88].
         assert abs(y[1] / hi - 1) < 1e-6 and abs(y[2] / lo - 1) < 1e-6
         assert y[3] == 1.0 and y[4] == 1.0
         if n > 10:

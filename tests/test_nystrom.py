@@ -1,12 +1,12 @@
 """NystromState (cortiq/models/nystrom.py) and its kernels (csrc/nystrom, csrc/linalg).
 
 Tolerances:
-* GOLDEN_MAX / GOLDEN_MEAN: the issue's contract against the upstream fixture (f64
+* GOLDEN_MAX / GOLDEN_MEAN: the contract against the reference engine's fixture (f64
   reference); the f32 streaming arithmetic reaches ~1.5e-6 max, so 1e-4 leaves room for
   the AVX2 rounding but fails on any algorithmic slip (a wrong shift, a missing row).
 * EXACT_TOL: exact-only mode is plain softmax in f32 against an f64 softmax.
 * ISA_TOL: ref vs AVX2 differ by FMA / accumulation order only, but the indefinite
-  mixing matrix M (spec §1.4) amplifies those roundings ~100x through u = F M.
+  mixing matrix M (docs/nystrom.md §1.4) amplifies those roundings ~100x through u = F M.
 * F64_TOL: the f64 helpers against numpy f64 formulas.
 """
 import json
@@ -22,7 +22,7 @@ from cortiq import _kernels
 from cortiq.models.nystrom import (AGGREGATE, FM, QT_STRIDE, NystromState, m_eff_for,
                                    ridge_pinv, seg_means)
 
-# shared/data/nystrom_golden.json, copied so the test needs nothing outside the repo
+# the reference engine's golden fixture (docs/nystrom.md §8), kept in tests/data
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "nystrom_golden.json")
 GOLDEN_MAX, GOLDEN_MEAN = 1e-4, 1e-5
 EXACT_TOL = 1e-5

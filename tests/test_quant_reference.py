@@ -1,5 +1,5 @@
 """The numpy reference of the CMF layouts (cortiq.cmf.quant): the byte examples of
-CMF_FORMAT.md §7, size rules, and encode/decode round trips within one quantization
+docs/cmf-format.md §7, size rules, and encode/decode round trips within one quantization
 step. Bit-exact agreement of the C paths with this module is tested by their owners."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""cortiq.sampling: SamplingParams validation and the Sampler chain (specs §6.1).
+"""cortiq.sampling: SamplingParams validation and the Sampler chain (docs/runtime.md §2).
 
 Tolerances:
 * PROB_RTOL = 1e-12 -- the sampler works in float64; the references below compute the

@@ -347,7 +347,7 @@ def test_argument_errors():
 
 
 def test_spec_example_q8_row():
-    # CMF_FORMAT §7.2: row [0.5, -1, 0.25, 0, 0.1, -0.3, 0.7, 0.05]
+    # docs/cmf-format.md §7.2: row [0.5, -1, 0.25, 0, 0.1, -0.3, 0.7, 0.05]
     raw = np.array([0x40, 0x81, 0x20, 0x00, 0x0d, 0xda, 0x59, 0x06, 0x08, 0x20], np.uint8)
     q = QTensor(raw, "q8_row", (1, 8))
     s = np.float32(0.00787353515625)

@@ -261,7 +261,7 @@ def slerp(x, out, lr):
 
 
 def rope_inv_freq(hd: int, theta: float):
-    """``1 / theta^(2i/hd)`` built in f32 like the seed (and dory_numpy's default)."""
+    """``1 / theta^(2i/hd)`` built in f32 like the reference engine (and dory_numpy's default)."""
     e = torch.arange(0, hd, 2, dtype=torch.float32) / hd
     return 1.0 / torch.pow(torch.tensor(theta, dtype=torch.float32), e)
 

@@ -1,4 +1,4 @@
-"""Typed errors of the CMF reader, mirroring the Rust reader's error kinds (CMF_FORMAT §3).
+"""Typed errors of the CMF reader, mirroring the Rust reader's error kinds (docs/cmf-format.md §3).
 
 All are subclasses of cortiq.errors.FormatError; every message names the file and the
 section or tensor, and the byte offset where that makes sense.

@@ -1,4 +1,4 @@
-"""hash64 (CMF_FORMAT §6.1): the numpy reference and the fast C path.
+"""hash64 (docs/cmf-format.md §6.1): the numpy reference and the fast C path.
 
     fmix(x)  = x ^= x>>33; x *= 0xFF51AFD7ED558CCD; x ^= x>>33; x *= 0xC4CEB9FE1A85EC53; x ^= x>>33
     acc      = XOR over i of fmix(w_i) ^ (i * 0x9E3779B97F4A7C15)   (w_i = little-endian u64

@@ -1,4 +1,4 @@
-"""The masks section (CMF_FORMAT §9) and the deprecated sparse index (§10).
+"""The masks section (docs/cmf-format.md §9) and the deprecated sparse index (§10).
 
 Section layout:
     u32 n_masks | u32 meta_len | meta JSON | mask blobs (each 8-aligned from the start)

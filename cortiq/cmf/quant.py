@@ -1,4 +1,4 @@
-"""NumPy reference of every CMF v2 payload layout (CMF_FORMAT.md §7-§8).
+"""NumPy reference of every CMF v2 payload layout (docs/cmf-format.md §7-§8).
 
 This module is the spec in executable form: the C quantizers and the matvec kernels
 are tested against it bit for bit. It favours clarity over speed.

@@ -1,5 +1,5 @@
 """Strict typing of the CMF header JSON, emulating the Rust reader's serde structs
-(CMF_FORMAT §4, §9, §11).
+(docs/cmf-format.md §4, §9, §11).
 
 serde semantics reproduced here:
   * integer fields must be JSON integers in range (u32 / u64): 64.0 and true are refused;

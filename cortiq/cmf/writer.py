@@ -1,4 +1,4 @@
-"""CMF v2 writer: streaming, bounded memory, deterministic, atomic (CMF_FORMAT §14).
+"""CMF v2 writer: streaming, bounded memory, deterministic, atomic (docs/cmf-format.md §14).
 
     with cortiq.cmf.Writer("out.cmf", arch=arch, quant="q8_row") as w:
         for name, array in checkpoint:       # one tensor at a time

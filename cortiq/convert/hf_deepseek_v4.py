@@ -27,7 +27,7 @@ vbit). Names accepted, in both spellings HF writes:
   ``mlp.gate.e_score_correction_bias``, stacked ``mlp.experts.gate_up_proj [E, 2I, D]``
   / ``down_proj [E, D, I]``, ``mlp.shared_experts.{gate,up,down}_proj``, ``lm_head``).
 
-``tid2eid`` may be int64 or int32 (stored f32, CMF_FORMAT §4.3). MTP weights and rotary
+``tid2eid`` may be int64 or int32 (stored f32, docs/cmf-format.md §4.3). MTP weights and rotary
 buffers are dropped. Tensors stream one at a time (stacked experts are sliced per expert
 straight from the mapped shard), so memory stays bounded. The tokenizer and chat
 template come along (``hf_dory.tokenizer_bundle``). A config cortiq cannot run is refused
@@ -524,7 +524,7 @@ def experts_dtypes(spec: str | None) -> tuple[str, str] | None:
 
 def tensor_dtypes(items, quant: str, experts_quant: str | None = None) -> dict[str, str]:
     """The dtype of every tensor that does not follow ``quant`` alone: f32 for the small
-    control tensors, ``experts_quant`` (cols % 32 fallbacks as in CMF_FORMAT §8) for the
+    control tensors, ``experts_quant`` (cols % 32 fallbacks as in docs/cmf-format.md §8) for the
     routed experts."""
     from ..cmf.writer import choose_dtype
     ex = experts_dtypes(experts_quant)

@@ -9,7 +9,7 @@ Pure parts (no cortiq.cmf needed; unit-tested on their own):
   rename (``backbone.`` -> ``model.``, ``backbone.embeddings`` -> ``model.embed_tokens``,
   scale vectors keep their suffix-less names) and the shape check.
 * ``find_tokenizer_json`` / ``find_chat_template`` / ``eos_token_ids`` /
-  ``tokenizer_bundle`` -- the chat bundle (CMF_FORMAT §4.4) from the HF directory.
+  ``tokenizer_bundle`` -- the chat bundle (docs/cmf-format.md §4.4) from the HF directory.
 * ``SafetensorsShard`` / ``open_checkpoint`` -- a small mmap reader of safetensors shards
   (F32/F16/BF16/F64; numpy has no bfloat16, so ``safetensors.numpy`` cannot read the bf16
   release checkpoints) that hands out one tensor at a time as float32.
@@ -17,12 +17,13 @@ Pure parts (no cortiq.cmf needed; unit-tested on their own):
 ``convert(hf_dir, out_path, quant="q8_row", progress=True)`` streams the tensors one at a
 time into ``cortiq.cmf.write``.
 
-Load-time transforms (spec §2.2): the seed's loader (``Dory::from_model``) applies every
-one of them when it loads the file -- ``|alpha*alpha0/sigma0|``, ``(sqk*sqrt(hd)/sigma0)^2``,
-``(s_gate*sqrt(g0)/sigma0)^2``, ``suv*sqrt(H)``, ``logit_scale/sigma0`` -- so the converter
-applies **none**: the file stores the raw HF values (``STORED_RAW``), and
-``cortiq.models.dory_config.DoryConfig`` carries sigma0, alpha0 and g0 for the loader.
-Scale vectors are 1-D, so CMF_FORMAT §8 stores them f16 -- lossless for bf16 checkpoints
+Load-time transforms (docs/models/dory.md §2.2): the reference engine's loader
+(``Dory::from_model``) applies every one of them when it loads the file --
+``|alpha*alpha0/sigma0|``, ``(sqk*sqrt(hd)/sigma0)^2``, ``(s_gate*sqrt(g0)/sigma0)^2``,
+``suv*sqrt(H)``, ``logit_scale/sigma0`` -- so the converter applies **none**: the file
+stores the raw HF values (``STORED_RAW``), and ``cortiq.models.dory_config.DoryConfig``
+carries sigma0, alpha0 and g0 for the loader.
+Scale vectors are 1-D, so docs/cmf-format.md §8 stores them f16 -- lossless for bf16 checkpoints
 in f16's normal range; a vector f16 cannot hold exactly (f32 checkpoints, |x| < 2^-14 or
 > 65504) is written f32 instead (``vector_dtype``), so the stored raw values are exact.
 """
@@ -154,8 +155,8 @@ def arch_from_hf_config(hf: Mapping) -> dict:
     theta1 = hf.get("rope_theta", 10000.0)
     theta2 = hf.get("rope_theta_2")
     theta2 = theta1 if theta2 is None else theta2
-    # cortiq (the seed) keys the RoPE base on the layer kind: every S layer must use one
-    # base and every * layer one base, whatever profile numbers carry them.
+    # cortiq, as the reference engine, keys the RoPE base on the layer kind: every S layer
+    # must use one base and every * layer one base, whatever profile numbers carry them.
     kinds: dict[str, set] = {"S": set(), "*": set()}
     for i, ch in enumerate(pattern):
         if ch != "-":
@@ -208,7 +209,7 @@ _LAYER = re.compile(r"backbone\.layers\.(\d+)\.(.+)")
 
 
 def cmf_name(hf_name: str) -> str:
-    """HF tensor name -> CMF tensor name (seed spelling)."""
+    """HF tensor name -> CMF tensor name (the reference engine's spelling)."""
     if hf_name == "backbone.embeddings.weight":
         return "model.embed_tokens.weight"
     if hf_name in ("lm_head.weight", "lm_head.logit_scale"):
@@ -277,7 +278,7 @@ def plan_tensors(cfg: DoryConfig,
 
 
 def vector_dtype(x: np.ndarray) -> str:
-    """CMF_FORMAT §8 stores 1-D tensors f16; a vector f16 cannot hold exactly (an f32
+    """docs/cmf-format.md §8 stores 1-D tensors f16; a vector f16 cannot hold exactly (an f32
     checkpoint, or values outside f16's normal range) stays f32, so no scale is lost.
     Every bf16 value in [2^-14, 65504] is an f16 value: bf16 checkpoints get f16."""
     x = np.asarray(x, np.float32)
@@ -492,7 +493,7 @@ def eos_token_ids(hf_dir: str | Path, config: Mapping | None = None,
 
 
 def tokenizer_bundle(hf_dir: str | Path, config: Mapping | None = None) -> dict | None:
-    """The header's ``tokenizer_config`` (CMF_FORMAT §4.4), or None when there is nothing."""
+    """The header's ``tokenizer_config`` (docs/cmf-format.md §4.4), or None if there is none."""
     d = Path(hf_dir)
     config, gen, tcfg, tok = _token_files(d, config)
     template = find_chat_template(d)

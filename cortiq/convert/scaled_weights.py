@@ -145,7 +145,7 @@ _E2M1_TWICE = (2 * M.E2M1).astype(np.int16)
 
 def exact_vbit5(packed: np.ndarray, scale: np.ndarray, name: str = "",
                 group: int = M.FP4_GROUP):
-    """E2M1 codes x per-32 scales -> a CMF ``vbit`` payload (CMF_FORMAT §7.6) that decodes
+    """E2M1 codes x per-32 scales -> a CMF ``vbit`` payload (docs/cmf-format.md §7.6) that decodes
     to exactly the same float32 values.
 
     vbit stores ``(u - 15) * s`` with 5-bit ``u`` and one f16 ``s`` per 32 of a row:

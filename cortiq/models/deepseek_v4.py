@@ -1,4 +1,4 @@
-"""DeepSeek-V4 on the CPU (port of the seed's ``dsv4.rs`` CPU path).
+"""DeepSeek-V4 on the CPU (port of the reference engine's ``dsv4.rs`` CPU path).
 
 The hidden state is ``hc_mult`` copies of a ``dim`` vector. Every layer runs two
 hyper-connection blocks (fold -> RMSNorm -> block -> expand; csrc/mix): attention
@@ -27,7 +27,7 @@ file's masks section by name (``True`` = the section's ``default_task``; ``None`
 ``[num_layers, num_experts]`` or a ``{layer: [bool]*E}`` dict. Masks restrict selection
 on non-hash layers only and the weights renormalise over the survivors.
 
-Header: the generic ``arch`` keys of CMF_FORMAT §4.3, plus an optional
+Header: the generic ``arch`` keys of docs/cmf-format.md §4.3, plus an optional
 ``arch.deepseek_v4`` object written by cortiq's converter with the constants upstream
 pins (``hc_sinkhorn_iters``, ``hc_eps``, ``swiglu_limit``, ``index_topk``,
 ``rope_theta``, ``compress_rope_theta``, ``yarn`` {factor, original_max_position_embeddings,
@@ -66,7 +66,7 @@ def yarn_inv_freq(dim: int, base: float, factor: float, original: int,
                   beta_fast: float = 32.0, beta_slow: float = 1.0) -> np.ndarray:
     """YaRN inverse frequencies as HF's ``_compute_yarn_parameters`` (truncate=True).
 
-    The seed clamps ``high`` to dim/2-1 where HF clamps to dim-1; the two agree whenever
+    The reference engine clamps ``high`` to dim/2-1 where HF clamps to dim-1; the two agree whenever
     ceil(cd(beta_slow)) <= dim/2-1, which holds for the release (rope dim 64). HF's
     bound is used so tiny test models match HF exactly."""
     def cd(rot):
@@ -99,7 +99,7 @@ def sqrt_softplus(x: np.ndarray) -> np.ndarray:
 
 
 def route(logits, bias=None, top_k=1, route_scale=1.0, forced=None, mask=None):
-    """The seed's ``route``: (indices int64, weights float32). Scores are
+    """The reference engine's ``route``: (indices int64, weights float32). Scores are
     sqrt(softplus(logits)); ``bias`` shifts selection only; ``forced`` (the hash
     layers' table row) fixes the experts; ``mask`` (bool per expert) removes experts
     from selection; weights are the unbiased scores of the chosen, renormalised and
@@ -341,7 +341,7 @@ class Dsv4State:
         self.pos = 0
         self.layers = [_LayerState(model.cfg, L) for L in model.layers]
 
-    # seed-style views (tests and debugging)
+    # reference-engine-style views (tests and debugging)
     def window_len(self, li):
         return self.layers[li].win_n
 

@@ -13,9 +13,9 @@ hidden state lives on the unit sphere (nGPT):
     loop       state = input; h = (state + input)^; h = R(h); state = h^
     logits     H h * logit_scale / sigma0
 
-`x^` is justnorm: x / sqrt(sum x^2 + 1e-6). The behavioural authority is the seed
-engine (shared/seeds/dory.rs.txt: `stack`, `attn_layer`, `mlp_layer`, `head`,
-`forward_host`); names below follow it.
+`x^` is justnorm: x / sqrt(sum x^2 + 1e-6). The behaviour is pinned to the reference
+engine (cortiq-engine 0.8.64: its `stack`, `attn_layer`, `mlp_layer`, `head`,
+`forward_host`; the spec is docs/models/dory.md); names below follow it.
 
 KV caches (`kv_mode`): `per_loop` keeps one cache per (recurrent attention layer,
 loop); `last_loop` keeps one per attention layer and each later pass over a chunk
@@ -33,7 +33,7 @@ from .. import _kernels as K
 from ..errors import ConfigError, CortiqError
 from ..tensor import QGroup, QTensor
 from .dory_config import DoryConfig, DoryOptions
-from .dory_o1 import EXACT_TAIL, O1Runtime, host_kv_bytes  # o1 (issue 6)
+from .dory_o1 import EXACT_TAIL, O1Runtime, host_kv_bytes  # o1
 
 EPS = 1e-6
 #: rows of a prompt run through the stack together
@@ -56,7 +56,7 @@ def rope_inv_freq(hd: int, theta: float) -> np.ndarray:
 
 
 def rope_table(inv: np.ndarray, pos0: int, t: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin [t, hd/2] of (pos * inv), evaluated in float64 as the seed does."""
+    """cos and sin [t, hd/2] of (pos * inv), evaluated in float64 as the reference engine does."""
     ang = np.arange(pos0, pos0 + t, dtype=np.float64)[:, None] * inv.astype(np.float64)[None, :]
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
@@ -351,7 +351,7 @@ class DoryModel:
         self._scratch = max(K.dory_attn_scratch(self.hidden, q_size),
                             K.dory_mlp_scratch(self.hidden, self.ffn))
         self.gate = self._make_gate(opts.gate)
-        # ---- o1 (issue 6): the far field of the full layers (cortiq/models/dory_o1.py)
+        # ---- o1: the far field of the full layers (cortiq/models/dory_o1.py)
         fixed_loops = loops is not None or bool(os.environ.get("CMF_DORY_LOOPS", "").strip())
         self.o1rt = O1Runtime.for_model(self, o1=o1, spill=spill, turbo_defaults=not fixed_loops)
         # ---- end o1

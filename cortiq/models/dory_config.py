@@ -1,8 +1,8 @@
 """Dory's configuration: the CMF header record and the runtime options.
 
-``DoryConfig.from_header(header)`` reads the generic ``arch`` keys (CMF_FORMAT §4.1) and
-the ``arch.dory`` record whose field names are the seed's (``DoryConfig`` in cortiq_core,
-as read by ``Dory::from_model``)::
+``DoryConfig.from_header(header)`` reads the generic ``arch`` keys (docs/cmf-format.md §4.1) and
+the ``arch.dory`` record whose field names are the reference engine's (``DoryConfig`` in
+cortiq_core, as read by ``Dory::from_model``)::
 
     "arch": {"arch_name": "dory", "hidden_size": 2560, "intermediate_size": 7168,
              "num_layers": 72, "num_attention_heads": 16, "num_kv_heads": 4,
@@ -17,14 +17,14 @@ as read by ``Dory::from_model``)::
 Everything is validated up front; a bad value raises ``cortiq.errors.ConfigError`` whose
 message starts with the field's path (``arch.dory.layer_pattern: ...``).
 
-Defaults where the seed's struct has a plain field but files might omit it (none are known
-to): ``recurrent_kv_cache_mode`` "per_loop" (the HF default), ``gate_logit_scale_init``
+Defaults where the reference engine's struct has a plain field but files might omit it (none
+are known to): ``recurrent_kv_cache_mode`` "per_loop" (the HF default), ``gate_logit_scale_init``
 sqrt(hidden_size) (vLLM's rule for null), ``turbo`` absent. Everything else is required.
 
 ``DoryOptions`` holds the runtime keyword options (``loops``, ``kv_mode``, ``gate``,
-``prompt_loops``, ``full_window``); ``DoryOptions.resolve(config, env)`` applies the seed's
-precedence: keyword > ``CMF_DORY_*`` environment variable > the turbo record's defaults >
-the file's record.
+``prompt_loops``, ``full_window``); ``DoryOptions.resolve(config, env)`` applies the
+reference engine's precedence: keyword > ``CMF_DORY_*`` environment variable > the turbo
+record's defaults > the file's record.
 """
 from __future__ import annotations
 
@@ -38,22 +38,22 @@ import numpy as np
 from ..errors import ConfigError
 
 ARCH_NAME = "dory"
-#: The most loops a request may ask for (seed ``MAX_LOOPS``).
+#: The most loops a request may ask for (the reference engine's ``MAX_LOOPS``).
 MAX_LOOPS = 16
-#: Keys a sealed token reads exactly (seed ``MAX_NEAR``): o1 window + sinks + exact rows.
+#: Keys a sealed token reads exactly (``MAX_NEAR``): o1 window + sinks + exact rows.
 MAX_NEAR = 8192
-#: ``justnorm``'s epsilon (seed ``EPS``).
+#: ``justnorm``'s epsilon (the reference engine's ``EPS``).
 EPS = 1e-6
 KV_MODES = ("per_loop", "last_loop")
 PATTERN_CHARS = {"S": "sliding attention", "*": "full attention", "-": "SwiGLU MLP"}
 
-# The seed's environment variables (read once, at load).
+# The reference engine's environment variables (read once, at load).
 ENV_LOOPS = "CMF_DORY_LOOPS"
 ENV_KV = "CMF_DORY_KV"
 ENV_GATE = "CMF_DORY_GATE"
 ENV_PROMPT_LOOPS = "CMF_DORY_PROMPT_LOOPS"
 ENV_FULL_WINDOW = "CMF_DORY_FULL_WINDOW"
-#: Also in the seed, not handled here (the far field / exact rows are a later issue):
+#: Read by cortiq.models.dory_o1 (the far field and its exact rows):
 #: CMF_DORY_O1 ("m,w,sink,seal" or "off"), CMF_DORY_EXACT ("FILE:rows"),
 #: CMF_DORY_EXACT_FEATURES, CMF_DORY_EXACT_LOG (dump paths), CMF_O1_SPILL (spill dir).
 OTHER_ENV = ("CMF_DORY_O1", "CMF_DORY_EXACT", "CMF_DORY_EXACT_FEATURES",
@@ -101,15 +101,15 @@ def _num(rec: Mapping, key: str, where: str, positive: bool = True, default: Any
 
 @dataclass(frozen=True)
 class DoryTurbo:
-    """cortiq's acceleration record (seed ``turbo``): early-exit bias, far-field shape,
-    exact-row budget. Semantics live in the seed; only the fields are checked here."""
+    """cortiq's acceleration record (``turbo``): early-exit bias, far-field shape,
+    exact-row budget. Semantics live in the reference engine; only the fields are checked here."""
     exit_bias: float
     o1: tuple[int, int, int, int]          # m (landmarks), w (exact window), sink, seal
     exact_rows: int = 0
 
     @property
     def seal(self) -> int:
-        """The seal position as the seed uses it: at least window + sinks + 16."""
+        """The seal position as the reference engine uses it: at least window + sinks + 16."""
         m, w, sink, seal = self.o1
         return max(seal, w + sink + 16)
 
@@ -339,8 +339,8 @@ class DoryConfig:
         return n
 
     # -------------------------------------------------------------- load-time transforms
-    # The seed folds these into f32 vectors at load: factor in f64, cast to f32, then f32
-    # arithmetic. The file stores the raw HF values.
+    # The reference engine folds these into f32 vectors at load: factor in f64, cast to f32,
+    # then f32 arithmetic. The file stores the raw HF values.
     @property
     def gate_init(self) -> float:
         return self.gate_logit_scale_init
@@ -367,7 +367,7 @@ class DoryConfig:
         return np.asarray(raw, np.float32) * np.float32(math.sqrt(self.hidden_size))
 
     def logit_scale(self, raw: np.ndarray) -> np.ndarray:
-        """``logit_scale / sigma0`` (the seed multiplies by the f32 of 1/sigma0)."""
+        """``logit_scale / sigma0`` (the reference engine multiplies by the f32 of 1/sigma0)."""
         return np.asarray(raw, np.float32) * (np.float32(1.0) / np.float32(self.initializer_range))
 
 
@@ -451,8 +451,8 @@ class DoryOptions:
     """Runtime keyword options. ``None`` = not given (the environment variable, then the
     file decide). Values are checked here, so a bad keyword fails before any loading.
 
-    * ``loops``: passes of the recurrent block, 0..16 (``CMF_DORY_LOOPS``; the seed accepts 0
-      there, which runs the output block on the input block's state).
+    * ``loops``: passes of the recurrent block, 0..16 (``CMF_DORY_LOOPS``; the reference engine
+      accepts 0 there, which runs the output block on the input block's state).
     * ``kv_mode``: "per_loop" | "last_loop" (``CMF_DORY_KV``).
     * ``gate``: early exit -- "auto" | "conf:T" | "recon:FILE:BIAS" (``CMF_DORY_GATE``).
     * ``prompt_loops``: passes over prompt chunks whose logits nobody reads, under
@@ -477,7 +477,7 @@ class DoryOptions:
             _opt_int(self.full_window, "full_window", 1)
 
     def resolve(self, config: DoryConfig, env: Mapping[str, str] | None = None) -> ResolvedOptions:
-        """Apply keyword > environment > turbo defaults > file record, as the seed does.
+        """Apply keyword > environment > turbo defaults > file record, as the reference engine does.
 
         A turbo file runs "turbo" (last_loop, the file's router as gate, prompt loops 1)
         unless a fixed loop count is asked for (keyword ``loops`` or ``CMF_DORY_LOOPS``);

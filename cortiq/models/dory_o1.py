@@ -1,4 +1,5 @@
-"""Dory's O(1) far field for the full-attention layers (the seed's turbo path; issue 6).
+"""Dory's O(1) far field for the full-attention layers (the reference engine's turbo path;
+spec: docs/models/dory.md §3.3, docs/nystrom.md).
 
 A full layer's KV slot runs exact until the prompt crosses ``seal`` rows; then each KV
 head's rows become a ``NystromState`` (sinks + an exact window of ``w`` rows + a skeleton
@@ -11,7 +12,7 @@ anew over all of them in the seal order ``[sinks, kept rows, the rest]``, so the
 far field would lose (passwords, codes: keys outside the landmarks' span, large values)
 stay exact for the rest of the conversation.
 
-Options (the seed's precedence): ``o1=`` keyword ("m,w,sink,seal", a 4-tuple, a DoryO1
+Options (the reference engine's precedence): ``o1=`` keyword ("m,w,sink,seal", a 4-tuple, a DoryO1
 or "off") > ``CMF_DORY_O1`` > the turbo record's ``o1`` (unless ``CMF_DORY_O1=off``) >
 off. ``spill=`` keyword > ``CMF_O1_SPILL``.
 """
@@ -64,7 +65,7 @@ class DoryO1:
 
     @classmethod
     def of(cls, m: int, w: int, sink: int, seal: int) -> "DoryO1":
-        """The seed's clamp: below the window plus a margin the state would be exact
+        """The reference engine's clamp: below the window plus a margin the state would be exact
         only, so the seal is at least w + sink + 16."""
         return cls(int(m), int(w), int(sink), max(int(seal), int(w) + int(sink) + 16))
 
@@ -133,7 +134,7 @@ def resolve_o1(keyword: Any = None, turbo=None, env: Mapping[str, str] | None = 
         try:
             return DoryO1.parse(v, ENV_O1)
         except ConfigError:
-            return None   # the seed ignores a malformed variable (falls through to turbo)
+            return None   # as the reference engine: a malformed variable falls through to turbo
     if turbo is not None:
         m, w, sink, seal = turbo.o1
         return DoryO1.of(m, w, sink, seal)

@@ -1,4 +1,5 @@
-"""The O(1) far field of a full-attention layer (specs/nystrom.md; the seed's ``nystrom``).
+"""The O(1) far field of a full-attention layer (docs/nystrom.md; the reference engine's
+``nystrom``).
 
 One ``NystromState`` is one *group*: a KV head and the ``rep`` query heads that read it.
 It keeps ``sink`` permanent exact rows, an exact ring of the ``w`` newest rows, and
@@ -14,13 +15,13 @@ the landmarks and ``M`` built in f64 at the seal. The arithmetic lives in C
 ridge pseudo-inverse); this class owns the buffers and the bookkeeping.
 
 Rows are taken in the caller's order: the first ``sink`` rows stay exact forever, the last
-``w`` fill the window, the ones between go to the far field (the seed's seal passes
+``w`` fill the window, the ones between go to the far field (the reference engine's seal passes
 ``[sinks, kept exact rows, the rest]`` with ``sink = sinks + kept``).
 
 A prompt of at most ``w + sink + 8`` rows gives an *exact-only* state: every row stays
 exact in a growing buffer and the readout is plain softmax attention.
 
-``restep_group`` (our design, spec §6.4) rewrites the newest row in place: it leaves the
+``restep_group`` (our design, docs/nystrom.md §6.4) rewrites the newest row in place: it leaves the
 state exactly as a ``step_group`` with the new row would have instead of the previous one,
 which is what Dory's ``last_loop`` cache needs when a later loop pass recomputes a row.
 """
@@ -43,7 +44,7 @@ log = logging.getLogger("cortiq.nystrom")
 
 
 class O1Rect(enum.Enum):
-    """The far field's rectifier (spec §1.5)."""
+    """The far field's rectifier (docs/nystrom.md §1.5)."""
     AGGREGATE = "agg"   # drop the far field for a row whose far denominator is negative
     FM = "fm"           # clamp the landmark weights u_b at 0 (then the aggregate guard)
 
@@ -84,7 +85,7 @@ def seg_means(x: np.ndarray, m: int, index: np.ndarray | None = None) -> np.ndar
 
 
 def ridge_pinv(a: np.ndarray) -> np.ndarray:
-    """(A^T A + lam I)^-1 A^T in f64 with the ridge retries of spec §1.4."""
+    """(A^T A + lam I)^-1 A^T in f64 with the ridge retries of docs/nystrom.md §1.4."""
     return _kernels.ridge_pinv(np.ascontiguousarray(a, np.float64))[0]
 
 
@@ -165,7 +166,7 @@ class NystromState:
         return 0 if self._g is None else self._g.far_len
 
     def memory_bytes(self) -> int:
-        """f32 elements held x 4 (spec §5)."""
+        """f32 elements held x 4 (docs/nystrom.md §5)."""
         if self._g is None:
             return 0
         d, dv = self.d, self.dv
@@ -194,8 +195,8 @@ class NystromState:
         and per query head a trace ``qs[h] [n_q, d]`` (a sequence of ``rep`` arrays or one
         ``[rep, n_q, d]`` array). Without ``q_index`` the trace has one row per row
         (``n_q == rows``) or one per ``QT_STRIDE`` rows (row r reads trace row
-        r // QT_STRIDE); ``q_index[r]`` names the trace row of row r explicitly (the seed's
-        rebuild: ``order[r] // QT_STRIDE``)."""
+        r // QT_STRIDE); ``q_index[r]`` names the trace row of row r explicitly
+        (the reference engine's rebuild: ``order[r] // QT_STRIDE``)."""
         ks = np.ascontiguousarray(ks, np.float32)
         vs = np.ascontiguousarray(vs, np.float32)
         if ks.ndim != 2 or vs.ndim != 2:
@@ -312,7 +313,7 @@ class NystromState:
         return y
 
     def restep_group(self, q_group, k, v, out=None) -> np.ndarray:
-        """Rewrite the newest row with (k, v) and read out (spec §6.4). Directly after
+        """Rewrite the newest row with (k, v) and read out (docs/nystrom.md §6.4). Directly after
         the seal it rewrites the last sealed row; the landmarks keep the old one."""
         self._need("restep_group")
         return self._g.step(q_group, k, v, out, True)

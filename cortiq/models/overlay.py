@@ -1,4 +1,4 @@
-"""Skill overlays (CMF_FORMAT §11, specs/dory_and_runtime.md §5.1) and skill routing.
+"""Skill overlays (docs/cmf-format.md §11, docs/runtime.md §1) and skill routing.
 
 A skill replaces whole tensors: `skill.{id}.{name}` is used instead of `name`. A
 *blend* `{"a": 0.7, "b": 0.3}` uses `Σ wᵢ·Tᵢ` for every tensor some listed skill

@@ -15,9 +15,8 @@ static void vaxpy(float *y, float a, const float *x, size_t n) {
 /* attn_gqa's value pass, one query head and 64 output floats at a time in 8
  * accumulators over all the keys: each output element is summed over the keys in
  * order with vaxpy's FMA (its scalar tail: mul, add), so the bits are vaxpy's; what
- * goes is the load and store of the output row per key and head. One thread, 16 heads
- * over 4 kv heads of 128, 1024 keys, with the prefetch of the rows ahead: 571 -> 511
- * us on one thread, 297 -> 180 on two (best of 7, noisy shared VM). */
+ * goes is the load and store of the output row per key and head (docs/PERFORMANCE.md
+ * §9, "Attention values"). */
 #define CQ_HAVE_GQA_VALUES
 static void gqa_values(float *og, const float *sc, size_t n, const float *val, size_t kv_row, size_t rep,
                        size_t hd) {

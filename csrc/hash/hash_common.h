@@ -1,4 +1,4 @@
-/* hash_common.h -- pieces of hash64 (CMF_FORMAT §6.1) shared by the ISA twins.
+/* hash_common.h -- pieces of hash64 (docs/cmf-format.md §6.1) shared by the ISA twins.
  *
  *   fmix(x): x ^= x>>33; x *= 0xFF51AFD7ED558CCD; x ^= x>>33; x *= 0xC4CEB9FE1A85EC53; x ^= x>>33
  *   acc = XOR over words i of fmix(w_i) ^ (i * 0x9E3779B97F4A7C15)   (w_i little-endian,

@@ -1,4 +1,4 @@
-/* hash_ref.c -- portable hash64 (CMF_FORMAT §6.1). Four independent accumulators so the
+/* hash_ref.c -- portable hash64 (docs/cmf-format.md §6.1). Four independent accumulators so the
  * two 64-bit multiplies of consecutive words overlap; the word index term i*G is kept as
  * a running sum (no multiply). The XOR fold makes the grouping irrelevant to the result. */
 #include "cortiq.h"

@@ -1,6 +1,6 @@
-/* linalg_ref.c -- small dense f64 solves for the far field's seal (issue 6):
- * the ridge pseudo-inverse of the landmark kernel (specs/nystrom.md §1.4) and the
- * seed's key residuals against segment-mean landmarks (exact-row choice). Scalar
+/* linalg_ref.c -- small dense f64 solves for the far field's seal:
+ * the ridge pseudo-inverse of the landmark kernel (docs/nystrom.md §1.4) and the
+ * reference engine's key residuals against segment-mean landmarks (exact-row choice). Scalar
  * only: both run once per seal, O(m^3) and O(rows * m * (hd + m)). */
 #include "../cortiq.h"
 #include <float.h>
@@ -92,7 +92,7 @@ static cq_status key_residuals(const float *k, size_t rows, size_t ld, size_t hd
             for (size_t j = 0; j < hd; j++) s += L[a * hd + j] * L[b * hd + j];
             G[a * m + b] = s + (a == b ? KR_RIDGE : 0.0);
         }
-    /* the seed's Cholesky: pivots floored at 1e-12, never fails */
+    /* the reference engine's Cholesky: pivots floored at 1e-12, never fails */
     for (size_t a = 0; a < m; a++)
         for (size_t b = 0; b <= a; b++) {
             double v = G[a * m + b];

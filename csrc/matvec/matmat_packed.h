@@ -30,12 +30,8 @@
  * broadcasts and MR*NV FMAs, so the FMA ports, not the loads, set the pace; its
  * partial sums wait in `part` between chunks. Each Y[i][j] is one lane summed over
  * the columns in order: no horizontal sums, no column tails, and the same bits for
- * any thread count. Measured, one thread, 512 x 4096, t = 64 (GMAC/s):
- *   AVX-512: the previous kernel (4 rows x 6 inputs, lanes over the columns, whole
- *   rows decoded into L2 first) 34; this one 62-70 (the tile alone ~90, the two FMA
- *   ports' peak; decoding takes most of the rest); OpenBLAS sgemm, same f32 shape, 47.
- *   AVX2: the previous kernel (4 rows x 3 inputs, 8 lanes over the columns) 29-35; this
- *   one 39-42 (t = 256: 24 -> 40), the 8-lane FMA peak being ~48. */
+ * any thread count. It runs about twice as fast as a kernel with lanes over the columns
+ * and whole rows decoded into L2 first (docs/PERFORMANCE.md §9, "matmat"). */
 #ifndef CQ_MATMAT_PACKED_H
 #define CQ_MATMAT_PACKED_H
 
@@ -121,11 +117,9 @@ MM_SHAPES(MM_TILE_FN)
 /* The weights of the chunk after [.., c1) of rows r0 .. r0+nr-1 into L2, before the
  * tiles over this one: the next chunk of the same rows, or after a block's last chunk
  * the first of the next block (the next this thread takes under schedule(static)).
- * Without it each chunk's decode waited on memory: one thread, 4096 x 4096, t = 64,
- * weights from DRAM (in-process A/B, mean of 6 rounds, GMAC/s): q8_row 22.5 -> 32.3,
- * q8_2f 22.0 -> 31.1, q4_tiled 22.1 -> 28.7, q4_block 29.0 -> 32.7, q4tp 27.0 -> 28.8,
- * bf16 28.7 -> 30.0; q8_row on two threads 42.0 -> 54.0. Prefetching the next chunk
- * a tile at a time (spread over the first panel's tiles) gained nothing over none. */
+ * Without it each chunk's decode waited on memory: 24 rows of 128 columns lie 24
+ * pieces apart and no hardware prefetcher sees a stream (docs/PERFORMANCE.md §9,
+ * "matmat"). Prefetching the next chunk a tile at a time (spread over the first panel's tiles) gained nothing over none. */
 static void mm_prefetch_next(const cq_qmat *m, size_t r0, size_t nr, size_t c1, size_t kc) {
     size_t c0 = c1, c2 = c1 + kc < m->cols ? c1 + kc : m->cols;
     if (c1 >= m->cols) {
@@ -157,10 +151,9 @@ static void matmat_packed(const cq_qmat *m, size_t r0, size_t nr, const float *x
     for (size_t c0 = 0; c0 < cols; c0 += kc) {
         const size_t c1 = c0 + kc < cols ? c0 + kc : cols, n = c1 - c0;
         const int first = c0 == 0;
-        /* float32 rows need no decoding: a full block's tiles read them in place (one
-         * thread, 4096 x 4096, t = 64, from DRAM, mean of 8 rounds: 22.1 -> 29.4 GMAC/s;
-         * two threads 38.7 -> 50.5); a partial block's tiles read rows past nr, which
-         * are the scratch's zeros */
+        /* float32 rows need no decoding: a full block's tiles read them in place (no
+         * copy; docs/PERFORMANCE.md §9, "matmat"); a partial block's tiles read rows
+         * past nr, which are the scratch's zeros */
         const float *wt = w;
         size_t ldw = kc;
         if (direct) {

@@ -83,8 +83,7 @@ CQ_LANES8(lanes_q8, ld_i8x8, 1, (float)(int8_t)p[cc])
 /* Streams a matrix's rows are read as: four for the 8-lane kernels, which memory
  * bounds; one (rows in order, as before) for the grouped q4/q2 dtypes, exact or with
  * int8 activations, whose decode bounds them: read as four lanes their rows ran
- * slower (q4_block from DRAM, one thread: 7.0 -> 4.4 GB/s exact; 10.2 -> 7.3-10.7
- * with int8). */
+ * slower (docs/PERFORMANCE.md §9, "Memory streams"). */
 static int row_streams(const cq_qmat *m) {
     switch (m->dtype) {
     case CQ_DT_F32: case CQ_DT_F16: case CQ_DT_BF16: case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: return CQ_ROW_STREAMS;
@@ -184,8 +183,8 @@ static inline mm_vec mm_gather(mm_idx at, const float *base, size_t live) {
     return _mm256_mask_i32gather_ps(_mm256_setzero_ps(), base, at, _mm256_castsi256_ps(live_lanes), 4);
 }
 /* 8 inputs x 8 columns of X by eight row loads and a register transpose: a gather
- * per column ran ~37 cycles on Zen 3 (its eight lanes on eight rows), and packing
- * took ~10 % of a t = 64 matmat in cache. */
+ * per column ran ~37 cycles on Zen 3 (its eight lanes on eight rows), which made
+ * packing a sizeable part of a t = 64 matmat in cache. */
 #define MM_HAVE_PACK_BLOCK
 static inline void mm_pack_block(const float *src, size_t cols, size_t live, float *dst, size_t wd) {
     __m256 r[8], u[8], v[8];

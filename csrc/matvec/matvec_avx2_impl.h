@@ -30,7 +30,7 @@ static inline float h2f_hw(const uint8_t *p) { return _cvtsh_ss(cq_ld16(p)); }
  * prefetches the line of its last byte, and the line after it too when the next step's
  * last byte will skip that line (one step in eight for 72-byte steps). Prefetching the
  * first and the last byte's lines of every step (two pairs a step, most of them
- * repeats) left q4_tiled + int8 at 80-82 % of the read probe from DRAM; this, 84-86 %. */
+ * repeats) read a few points slower from DRAM. */
 #define CQ_STREAM_PF_SPAN(a, n)                                               \
     do {                                                                      \
         const char *e_ = (const char *)(a) + (n) - 1;                         \
@@ -43,9 +43,8 @@ static inline float h2f_hw(const uint8_t *p) { return _cvtsh_ss(cq_ld16(p)); }
  * Stepping pointers (CQ_STEPPING): the hot loops walk the weights and x with pointers
  * of their own and count no columns, because GCC turns a live column counter into
  * indexed addressing (x + 4c), and an FMA with an indexed memory operand is
- * un-laminated into two uops on these Intel cores, which costs streaming bandwidth.
- * Measured from DRAM (alternating builds, 2026-11-30): bf16 4096 x 4096 on two threads
- * 92-93 -> 96-99 % of the read bandwidth, 4096 x 11008 84-86 -> 88-92 %. */
+ * un-laminated into two uops on these Intel cores, which costs streaming bandwidth
+ * (a few points of the read bandwidth from DRAM: docs/PERFORMANCE.md). */
 #define CQ_DOT_STREAM(LOAD, EB, SCALAR)                                              \
     do {                                                                            \
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                  \

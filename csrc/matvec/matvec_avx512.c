@@ -1,10 +1,9 @@
 /* matvec_avx512.c -- AVX-512 twin of the matvec family: the q8 (q8_row, q8_2f), q4
  * (q4_block, q4_tiled, q4tp) and q2tp row dots, the opt-in int8-activation q4 rows and
- * the matmat block run 16 lanes (one thread on the development VM: q8_row 22.4 vs 16.2
- * Gweights/s in cache, 13.5 vs 12.5 GB/s from DRAM; exact q4 20 vs 12 Gweights/s in
- * cache); f32/f16/bf16 (16 lanes measured 12.5 vs 15.2 GB/s from DRAM for f16), vbit
- * and the row decoders are the AVX2 code of matvec_avx2_impl.h. Same contracts as the
- * reference. */
+ * the matmat block run 16 lanes, faster than the AVX2 code for these; f32/f16/bf16
+ * (16 lanes read slower from DRAM), vbit and the row decoders are the AVX2 code of
+ * matvec_avx2_impl.h (docs/PERFORMANCE.md §9, "AVX-512 kernel choices"). Same
+ * contracts as the reference. */
 #include "matvec_avx2_impl.h"
 
 static inline __m512 z_i8(const uint8_t *p) {
@@ -13,10 +12,9 @@ static inline __m512 z_i8(const uint8_t *p) {
 
 /* The nibbles of four q4_tiled tiles, p at the first one's nibbles (tile + 2): tile k's
  * 16 bytes start 18k bytes on, so 128-bit lane k comes from a load at p + 2k (three
- * blends, which any vector port runs, instead of a vpermt2b (2 cycles on port 5 here):
- * one thread, 512 x 4096 in L2, 21.3 -> 23 Gweights/s in one run). The VBMI paths take it; the
- * plain ones keep q4_nibbles4's inserts (in q4_nibbles4 it slowed the int8 rows'
- * generated code for q4_block from 81 to 65 Gweights/s). */
+ * blends, which any vector port runs, instead of a vpermt2b: 2 cycles on port 5 here).
+ * The VBMI paths take it; the plain ones keep q4_nibbles4's inserts (in q4_nibbles4 it
+ * slowed the code generated for the int8 rows). */
 static inline __m512i q4_tiles4(const uint8_t *p) {
     const __m512i ab = _mm512_mask_blend_epi32(0x00F0, _mm512_loadu_si512((const void *)p),
                                                _mm512_loadu_si512((const void *)(p + 2)));
@@ -43,7 +41,7 @@ static inline __m512i q4_nibbles4(const uint8_t *p, size_t gs, size_t n) {
  * mask). The 16 bytes widen once; low nibbles (even elements) meet xg[0..15], high
  * nibbles (odd elements) xg[16..31]. Against convert-then-scale this dropped the mask,
  * two subtracts, two converts and the scale multiply-add per group (10 -> 7 vector
- * uops): one thread went from 14.6 to 20 Gweights/s (128 x 4096 in L2). */
+ * uops). */
 #define Q4_LUT(sc) _mm512_mul_ps(lut8, _mm512_set1_ps(sc))
 #define Q4_G(nib, xg, lut, A, B)                                                     \
     do {                                                                             \
@@ -59,8 +57,7 @@ static inline __m512i q4_nibbles4(const uint8_t *p, size_t gs, size_t n) {
  * 5j, low bit first); vpermb gives qword i bytes from 10i / 8 on, vpmultishiftqb moves
  * the bits of codes 2i and 2i + 1 to the low bytes of its two dwords, and vpermt2ps
  * looks them up in the row's 32-entry ladder (it reads 5 bits). Three port-5 uops for
- * 16 groups against about 14 uops in the 64-bit shift decoder below: one thread, 512 x
- * 4096 q4tp in L2, 22.5-23.4 -> 24.4-24.5 Gweights/s (alternating builds). Returns the
+ * 16 groups against about 14 uops in the 64-bit shift decoder below. Returns the
  * groups done (a multiple of 16). */
 __attribute__((target("avx512vbmi"))) static size_t tp_scales_vbmi(const uint8_t *cb, const float *ladder,
                                                                     size_t ng, float *sw) {
@@ -140,10 +137,8 @@ static void group_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, float
  * by the groups' scales spread 4 lanes each. Against a scaled table per group (a widen,
  * two lookups, a shift, two FMAs and the table's multiply per 32 weights: 7 uops on the
  * two 512-bit ports) this is 26 per 128 weights instead of 28, and no lane widening on
- * port 5: one thread, 128 x 4096 in L2, q4_block 25-26 vs 20-21 Gweights/s, q4tp 23 vs
- * 19.5; from DRAM q4_block went from 70-73 to 74-80 % of the read probe (two blocks an
- * iteration dropped it to 65 %). Groups past the last block of four take the per-group
- * table (Q4_G), x laid out per group (evens, odds). */
+ * port 5 (two blocks an iteration read slower from DRAM). Groups past the last block of
+ * four take the per-group table (Q4_G), x laid out per group (evens, odds). */
 static inline __m512 q4_sum4(__m512i v, const float *xb, __m512 lut8) {
     __m512 t0 = _mm512_mul_ps(_mm512_permutexvar_ps(v, lut8), _mm512_loadu_ps(xb));
     __m512 t1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut8), _mm512_loadu_ps(xb + 16));
@@ -191,8 +186,8 @@ static float q4_dot512(const cq_qmat *m, size_t r, const float *x) {
  * v - 1.5 (it reads 4 bits, so the table repeats every 4 entries), against x laid out to
  * match (grouped_prep: xp[256b + 16c + j] = x[256b + 16j + c]); the block's sum is scaled
  * once by its eight scales spread two lanes each. A shift, a lookup and an FMA per 16
- * weights, as in q4_sum4: one thread, 512 x 4096 in L2, 7.5 -> 24 Gweights/s, against
- * the AVX2 group kernel (a widen, four masks, four converts per 32 weights). Groups
+ * weights, as in q4_sum4, against the AVX2 group kernel's widen, four masks and four
+ * converts per 32 weights (about three times as fast in L2). Groups
  * past the last block of eight take that AVX2 kernel (q2_gdot, x laid out per group as
  * avx2_prep_x does). */
 static inline __m512 q2_sum8(__m512i v, const float *xb) {
@@ -408,9 +403,8 @@ __attribute__((target("avx512vnni,avx512vbmi"))) static float q4t_i8_row_vbmi(co
 #ifdef CQ_HAVE_VNNI_FN
 /* q4_tiled, float32 x, with VBMI: q4_dot512 with each block's scales spread by one
  * vpermb of its first 64 bytes (TILE_SCALE_SPREAD) instead of a gathered scale row and a
- * spread permute, and its nibbles from q4_tiles4. One thread, 512 x 4096 in L2
- * (alternating builds): 21.5 Gweights/s, against 18.8 with the earlier two vpermt2b (on
- * this core 2 cycles each on port 5) for nibbles and halves. */
+ * spread permute, and its nibbles from q4_tiles4, rather than two vpermt2b (2 cycles
+ * each on port 5 here) for nibbles and halves. */
 __attribute__((target("avx512vbmi"))) static float q4t_dot512_vbmi(const cq_qmat *m, size_t r, const float *x) {
     const size_t gpr = m->cols / CQ_GROUP;
     const uint8_t *tl = m->data + 18 * r * gpr;
@@ -433,8 +427,7 @@ __attribute__((target("avx512vbmi"))) static float q4t_dot512_vbmi(const cq_qmat
 #endif
 
 /* q8 rows (q8_rows.h) on 16 lanes: acc is four accumulators (64 floats), a 64-column
- * step an iteration. From DRAM it reads 90-95 % of the probe on one and two threads, level
- * with or above the two-step loop it replaced (2026-11-30). */
+ * step an iteration (as fast as a two-step loop from DRAM, and simpler). */
 static inline void q8_segment(const uint8_t *p, const float *x, const uint8_t *far, const uint8_t *near, size_t n,
                               float *acc) {
     __m512 a0 = _mm512_load_ps(acc), a1 = _mm512_load_ps(acc + 16), a2 = _mm512_load_ps(acc + 32),
@@ -531,8 +524,7 @@ static size_t mm_column(const cq_qmat *m, size_t c) {
 
 /* Grouped q4's scales, decoded once per row of a matmat row block (group_scales 16 at a
  * time) instead of once per 128-column chunk (4 groups, mostly in the AVX2 decoder's
- * tail loop): one thread, 4096 x 4096, t = 64 from DRAM, q4tp's matmat went from 65 to
- * 72 GMAC/s (its scale decoding had been 10 % of the matmat's time, q4_block's 5 %). */
+ * tail loop), where scale decoding had been a tenth of q4tp's matmat time. */
 #define MM_ROW_SCALES(m) (q4_grouped(m) || q2_grouped(m) ? (m)->cols / CQ_GROUP : 0)
 static void mm_row_scales(const cq_qmat *m, size_t r, float *sc) { group_scales(m, r, 0, m->cols / CQ_GROUP, sc); }
 

@@ -86,8 +86,8 @@ static void drv_dot_rows(const cq_qmat *m, size_t r0, size_t nr, drv_x x, float 
 }
 
 /* The rows of one matrix, split over `parts` threads: thread t owns share t, one
- * contiguous range (one weight stream per thread: four rows read side by side were
- * measured slower from DRAM, 78 vs 86 % of the read bandwidth for q8_row 4096 x 4096).
+ * contiguous range (one weight stream per thread: on the AVX-512 development machine four
+ * rows read side by side were slower from DRAM; docs/PERFORMANCE.md).
  * Rows go out in claims of about CQ_CLAIM_BYTES; a thread claims its own share front to
  * back, then what is left of the others', so a thread whose memory runs slower in this
  * call (or that the OS delayed) does not hold the rest back. One cache line a share.
@@ -96,14 +96,12 @@ static void drv_dot_rows(const cq_qmat *m, size_t r0, size_t nr, drv_x x, float 
  * lanes of L rows (L = CQ_LANE_BYTES / row bytes, at least 1, so lanes start 128 KiB
  * apart), and claim position i is the S rows at the same place of each lane, read side
  * by side by one kernel call (dot_lanes): S weight streams per core; the last panel's
- * lanes are shortened so that it too keeps S streams. On the AMD EPYC (Zen 3, KVM)
- * development VM one stream per core left most of the memory parallelism unused: the
- * read probe went 10.9-12.0 -> 15.0-15.8 GB/s on one thread and 18.3-18.6 -> 21.7-22.4
- * on two with four streams, q8_row 4096 x 4096 from DRAM 8-9 -> 13-16 GB/s on one
- * thread and ~17 -> 21-22 on two (2026-12-01); lanes of 128 KiB rather than 16 read
- * faster again (qmat.h: CQ_LANE_BYTES). Four adjacent 4 KiB rows gained nothing. Session 5
- * measured four rows side by side slower on its Xeon (78 vs 86 %), so the AVX-512
- * table keeps one stream (S = 1: a claim is plain rows). */
+ * lanes are shortened so that it too keeps S streams. On Zen 3 one stream per core
+ * leaves most of the memory parallelism unused, and four streams read markedly faster
+ * (docs/PERFORMANCE.md, "Memory streams"); lanes of 128 KiB rather than 16 read faster
+ * again (qmat.h: CQ_LANE_BYTES); four adjacent 4 KiB rows gain nothing. On the AVX-512
+ * Xeon four rows side by side were slower, so the AVX-512 table keeps one stream
+ * (S = 1: a claim is plain rows). */
 #ifndef CQ_CLAIM_BYTES
 #define CQ_CLAIM_BYTES 65536
 #endif
@@ -205,9 +203,8 @@ static void drv_rows(const cq_qmat *m, drv_x x, float *y, drv_share *s, size_t p
 
 /* x as the row kernels read it: prepared by prep_x (q8_2f's column scale, the grouped
  * dtypes' permutation), quantized (int8 activations), or, when it is off a 64-byte
- * boundary, copied to one. Measured (q8_row, 128 x 11008 in L2, one thread): 14.6
- * Gweights/s with x 16 bytes off a line, 23.2 with x aligned; once x outgrows L1
- * every split load costs two L2 lines. */
+ * boundary, copied to one: once x outgrows L1 every split load costs two L2 lines
+ * (docs/PERFORMANCE.md §9, "x alignment"). */
 #define CQ_ALIGN 64
 static size_t up_align(size_t n) { return (n + CQ_ALIGN - 1) & ~(size_t)(CQ_ALIGN - 1); }
 static int x_misaligned(const float *x) { return ((uintptr_t)x & (CQ_ALIGN - 1)) != 0; }
@@ -403,9 +400,7 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
 #ifdef CQ_HAVE_MM_PACK
     /* Inputs in pieces of 16-64, so that a packed piece (about 1 MiB) stays in L2 beside
      * the rows being decoded, and any t costs a bounded copy of X. The rows are decoded
-     * again per piece. One thread, 512 x 4096, t = 256 (GMAC/s): pieces of 512 (4 MiB,
-     * from L3) 58-60, of 64 67-68; 256 x 11008, t = 64: pieces of 64 (2.8 MiB) 56-58,
-     * of 32 58-62. */
+     * again per piece; pieces that spill to L3 ran slower than the re-decoding costs. */
     const size_t fit = ((size_t)1 << 20) / (sizeof(float) * cols), piece = (fit + 15) / 16 * 16;
     const size_t tc = t < piece ? t : piece < 16 ? 16 : piece > 64 ? 64 : piece;
     void *xraw = NULL;

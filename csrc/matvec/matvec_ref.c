@@ -1,5 +1,5 @@
 /* matvec_ref.c -- scalar reference of the matvec family: the spec. Each weight is
- * decoded exactly as CMF_FORMAT §7 writes it (float32, in the order written) and
+ * decoded exactly as docs/cmf-format.md §7 writes it (float32, in the order written) and
  * accumulated as acc += w * x[c] in column order. */
 #include "qmat.h"
 

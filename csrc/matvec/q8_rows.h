@@ -13,17 +13,13 @@
  * to q8_rows_chunked and the others to dot_row.
  *
  * Why: with x over about three quarters of L1 (4 bytes a column against the weights'
- * 1), each row refetched most of x from L2 while the weights streamed in: one thread,
- * AVX-512, q8_row from DRAM at 85-87 % of the read bandwidth up to 9216 columns (36
- * KiB of x) and ~70 % at 11008 (43 KiB; L1d is 48 KiB here). So a panel of rows goes
+ * 1), each row refetched most of x from L2 while the weights streamed in, and such
+ * matrices read markedly slower from DRAM than narrower ones. So a panel of rows goes
  * chunk by chunk over the columns, each x chunk (at most half of L1) staying in L1, the
  * rows' accumulators parked between chunks, and both prefetches follow the order of
  * access (the same columns of the next row of the panel, then the panel's next chunk,
- * then the next panel), not the row. Measured from DRAM at 4096 x 11008: 72 -> 82 %
- * with the prefetch into L2 in access order (without it the chunking lost: 68 %); with
- * the prefetch into L1 in access order too and stepping pointers, 86-89 % on one and
- * two threads (2026-11-30, alternating builds: 79-83 -> 87-89 % on two); AVX2 (8
- * lanes, CORTIQ_ISA=avx2 here, no chunked path before) 70-71 -> 82-84 %. Chunks are whole
+ * then the next panel), not the row: chunking without access-order prefetches reads
+ * slower than not chunking at all (docs/PERFORMANCE.md, "Wide q8 rows"). Chunks are whole
  * 64-column steps and depend on cols (and the machine's L1) only, and row_dot /
  * rows_dot come here too, so a row's result is the same through every entry point and
  * thread count. */

@@ -1,5 +1,6 @@
 /* qmat.h -- CMF payload layout helpers shared by the matvec reference and its SIMD
- * twins (static inline, so each ISA file compiles its own copy). Layouts: CMF_FORMAT §7. */
+ * twins (static inline, so each ISA file compiles its own copy).
+ * Layouts: docs/cmf-format.md §7. */
 #ifndef CQ_QMAT_H
 #define CQ_QMAT_H
 #include "../cortiq.h"
@@ -7,31 +8,27 @@
 
 #define CQ_GROUP 32
 
-/* Software prefetch distance (bytes) of the weight streams, into L2 (_MM_HINT_T1).
- * The hardware prefetchers alone left a q8_row matvec at ~70 % of the read bandwidth
- * on the development VM (2 vCPUs, KVM); 8 KiB ahead lifted it from 8.3 to 13.7 GB/s
- * (one thread, same run) and the read probe from ~7.4 to ~9.5 GB/s. */
+/* Software prefetch distance (bytes) of the weight streams, into L2 (_MM_HINT_T1):
+ * the hardware prefetchers alone leave a one-stream matvec well short of the read
+ * bandwidth on the virtual machines measured (docs/PERFORMANCE.md, "Prefetch"). */
 #ifndef CQ_PF_DIST /* (overridable for benchmarks/ab_variants.sh) */
 #define CQ_PF_DIST 8192
 #endif
 /* ... and 1 KiB ahead into L1 (_MM_HINT_T0), so the demand loads hit L1 rather than
- * wait on L2: one thread, q8_row 4096x4096 from DRAM went from 87-88 to 90 % of the
- * read bandwidth, two threads from 87 to 90-91 % (alternating builds, same run). */
+ * wait on L2 (a few points of the read bandwidth). */
 #ifndef CQ_PF_NEAR /* (overridable for benchmarks/ab_variants.sh) */
 #define CQ_PF_NEAR 1024
 #endif
 /* Several streams per core (matvec_drivers.h: CQ_ROW_STREAMS; readbw.c): each stream
- * reads this many bytes of a panel before the panel moves on. On the Zen 3 VM 128 KiB
- * lanes beat 16 KiB ones from DRAM (in-process A/B, 10 alternating rounds, q8_row
- * 4096 x 4096, best of each: 12.9 -> 15.8 GB/s on one thread, 22.0 -> 27.5 on two);
- * the read probe moved within its noise (16.4 -> 17.6 and 27.3 -> 28.8 GB/s). */
+ * reads this many bytes of a panel before the panel moves on. On Zen 3, 128 KiB lanes
+ * read faster from DRAM than 16 KiB ones; 64 KiB to 1 MiB are level, 4 and 8 KiB
+ * slower (docs/PERFORMANCE.md, "Memory streams"). */
 #ifndef CQ_LANE_BYTES /* (overridable for benchmarks/ab_variants.sh) */
 #define CQ_LANE_BYTES 131072
 #endif
 /* The four-stream kernels prefetch only this far ahead, into L1: with CQ_PF_DIST and
  * CQ_PF_NEAR (the one-stream kernels' pair, four streams x 8 KiB ahead) the same
- * matvecs ran 15-30 % slower (q8_row 4096 x 4096, mean of 10 rounds: 10.1 vs 12.0
- * GB/s on one thread, 15.5 vs 18.8 on two; f32 11.3 vs 15.8 and 18.1 vs 25.4). */
+ * matvecs ran 15-30 % slower. */
 #ifndef CQ_LANE_PF_NEAR /* (overridable for benchmarks/ab_variants.sh) */
 #define CQ_LANE_PF_NEAR 256
 #endif
@@ -79,7 +76,7 @@ static inline size_t cq_ceil32(size_t n) { return (n + CQ_GROUP - 1) / CQ_GROUP;
 
 /* Where the weights of columns [c0, c1) of row r start (*p) and how many bytes they
  * take, scales aside: what to prefetch ahead of decoding them. The grouped layouts
- * count groups over the flat element index (CMF_FORMAT §7: q4_block and q4_tiled
+ * count groups over the flat element index (docs/cmf-format.md §7: q4_block and q4_tiled
  * groups run across rows when cols % 32 != 0). 0 for the layouts whose rows have no
  * fixed place (vbit, vbit_ro). A hint only: never read through it. */
 static inline size_t cq_row_span(const cq_qmat *m, size_t r, size_t c0, size_t c1, const uint8_t **p) {

@@ -4,9 +4,8 @@
  * (1..8) streams side by side: panels of `streams` lanes of CQ_LANE_BYTES, as the
  * AVX2 matvec drivers read rows. One stream takes the kernels' software prefetch;
  * several go without it, which read faster.
- * One stream per core leaves memory parallelism unused on some machines: on the EPYC
- * (Zen 3) development VM 12.4 -> 17.0 GB/s on one thread and 21.4 -> 29.5 on two with
- * four streams (2026-12-01). Not in any kernel table. */
+ * One stream per core leaves memory parallelism unused on some machines (Zen 3:
+ * docs/PERFORMANCE.md, "Memory streams"). Not in any kernel table. */
 #include "../cortiq.h"
 #include "qmat.h" /* CQ_PF_DIST, CQ_PF_NEAR, CQ_LANE_BYTES */
 #include "../pool.h"

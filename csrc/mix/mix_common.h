@@ -64,7 +64,7 @@ static void mix_swiglu(float *g, const float *u, size_t n, float limit, float we
     }
 }
 
-/* softmax over `slots` per column of width `width`, weighted sum of kv (CMF seed
+/* softmax over `slots` per column of width `width`, weighted sum of kv (the reference engine's
  * pool_by_score): a column whose scores are all -inf yields 0. */
 static void mix_pool_by_score(const float *kv, const float *score, size_t slots, size_t width,
                               float *out) {

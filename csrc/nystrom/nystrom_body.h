@@ -1,4 +1,4 @@
-/* nystrom_body.h -- the far-field algorithm of specs/nystrom.md, written once and
+/* nystrom_body.h -- the far-field algorithm of docs/nystrom.md, written once and
  * included by each ISA file after it defines
  *     static inline float NYS_DOT(const float *a, const float *b, size_t n);
  *     static inline void  NYS_AXPY(float *y, float a, const float *x, size_t n);
@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-/* Every head absorbs one row (spec §2 "far insert"). */
+/* Every head absorbs one row (docs/nystrom.md §2 "far insert"). */
 static void nys_absorb_row(cq_nys_view *g, const float *k, const float *v) {
     const size_t m = g->m, d = g->d, dv = g->dv;
     for (size_t h = 0; h < g->rep; h++) {
@@ -35,7 +35,7 @@ static void nys_absorb(cq_nys_view *g, const float *k, const float *v, size_t n)
     g->far_len += n;
 }
 
-/* Head h's readout (spec §2) of q[d] into y[dv]. */
+/* Head h's readout (docs/nystrom.md §2) of q[d] into y[dv]. */
 static void nys_readout_head(const cq_nys_view *g, size_t h, const float *q, float *y) {
     const size_t d = g->d, dv = g->dv, m = g->m;
     const size_t ns = g->sink_len, nw = g->win_len, nn = ns + nw;

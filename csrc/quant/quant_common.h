@@ -1,6 +1,6 @@
 /* quant_common.h -- f16 conversion and the scale rule shared by the quantizers.
  * f32 -> f16 is round-to-nearest-even (as numpy's astype(float16)); the scale rule of
- * every CMF quantizer is f16_floor(x) = max(f16(x), 2^-14) (CMF_FORMAT §8). */
+ * every CMF quantizer is f16_floor(x) = max(f16(x), 2^-14) (docs/cmf-format.md §8). */
 #ifndef CQ_QUANT_COMMON_H
 #define CQ_QUANT_COMMON_H
 #include <math.h>

@@ -2,7 +2,7 @@
 
 Written from the published semantics (vLLM's ``models/dory.py`` + ``configs/dory.py``,
 llama.cpp's ``src/models/dory.cpp`` and its NumPy check in ``tests/test-dory.py``) and the
-seed engine (``dory.rs``, the behavioural authority). It works on a Hugging Face checkpoint
+reference engine (cortiq-engine 0.8.64, ``dory.rs``). It works on a Hugging Face checkpoint
 -- a dict of numpy arrays with HF tensor names (``backbone.*``, ``lm_head.*``) plus the HF
 ``config.json`` dict -- and imports nothing from cortiq, so it can judge cortiq's forward.
 ``DoryReference.from_cmf`` accepts CMF names and a CMF ``arch`` dict instead (the rename is
@@ -34,7 +34,7 @@ Two entry points:
 * ``forward(ids)`` -- the full-sequence causal forward, one masked attention matrix per
   layer and no cache at all (llama.cpp's and vLLM's prefill semantics).
 * ``new_cache(kv_mode)`` + ``step(cache, ids)`` / ``forward_chunked(ids, chunks)`` -- the
-  incremental decode of the seed's ``forward_host``: K/V rows are kept per position in
+  incremental decode of the reference engine's ``forward_host``: K/V rows are kept per position in
   slots, each chunk's rows join (or overwrite) a slot and each row attends only up to
   itself.
 
@@ -45,7 +45,7 @@ How the two KV modes differ (spec section 2.4, seed ``slot_loop`` and ``overwrit
   token attends to the loop-l K/V of every earlier token. Results do not depend on how the
   sequence is chunked, so incremental decode == ``forward`` at every position (up to
   rounding), for any loop count -- but the loop count must stay fixed per sequence: a
-  deeper loop than before has no rows for earlier tokens (a "hole"; the seed would index
+  deeper loop than before has no rows for earlier tokens (a "hole"; the reference engine would index
   past its slot), and this reference raises ``ValueError`` there.
 * ``last_loop``: one cache per recurrent attention layer. Loop l writes the current chunk's
   K/V at their positions, overwriting the previous loop's rows, so within a chunk loop l
@@ -55,30 +55,30 @@ How the two KV modes differ (spec section 2.4, seed ``slot_loop`` and ``overwrit
   chunks the logits depend on where the chunk boundaries fall (token-by-token decode
   differs observably from the full forward). The loop count may change from chunk to
   chunk without holes. Parity tests in this mode must use the same chunking as the
-  engine; note that the seed's host forward splits one call into chunks of
+  engine; note that the reference engine's host forward splits one call into chunks of
   ``HOST_CHUNK = 64`` rows (and of 1 row on x86 for q8_2f weights), which are chunk
   boundaries in this sense.
 
-Places where the seed and vLLM/llama.cpp differ, and what this reference does:
+Places where the reference engine and vLLM/llama.cpp differ, and what this reference does:
 
 1. RoPE theta: vLLM/llama.cpp pick theta per layer from ``rope_profile_layers``
-   (1 -> rope_theta, 2 -> rope_theta_2); the seed keys it on the layer char ('S' ->
+   (1 -> rope_theta, 2 -> rope_theta_2); the reference engine keys it on the layer char ('S' ->
    rope_theta_sliding, '*' -> rope_theta_full). ``from_hf`` follows the profile (the HF
    semantics, so it can catch a converter that collapses profiles wrongly); ``from_cmf``
-   uses the seed's char rule. They agree whenever profile 2 <=> theta of 'S' layers.
-2. RoPE precision: the seed builds ``inv_freq`` in f32 (``1/theta^(2i/hd)`` with theta as
-   f32) and the angle ``pos * inv`` in f64; vLLM does both in f32. Default here: the seed
-   (``rope_f32_inv=True``); ``rope_f32_inv=False`` gives an all-float64 table.
-3. Loop count: vLLM accepts any positive count, llama.cpp at most 4, the seed at most
+   uses the reference engine's char rule. They agree whenever profile 2 <=> theta of 'S' layers.
+2. RoPE precision: the reference engine builds ``inv_freq`` in f32 (``1/theta^(2i/hd)`` with
+   theta as f32) and the angle ``pos * inv`` in f64; vLLM does both in f32. Default here: the
+   reference engine (``rope_f32_inv=True``); ``rope_f32_inv=False`` gives an all-float64 table.
+3. Loop count: vLLM accepts any positive count, llama.cpp at most 4, the reference engine at most
    ``MAX_LOOPS = 16`` per request and 0 through ``CMF_DORY_LOOPS``. Here 0..16.
 4. KV modes: vLLM implements only ``per_loop`` (one Attention per virtual layer); llama.cpp
-   and the seed implement both. Both are modelled.
-5. Token ids >= vocab rows: the seed leaves the embedding row zero; vLLM would fail.
+   and the reference engine implement both. Both are modelled.
+5. Token ids >= vocab rows: the reference engine leaves the embedding row zero; vLLM would fail.
    Zero row here (negative ids raise).
-6. ``full_window`` (seed ``CMF_DORY_FULL_WINDOW``): a seed-only option that gives full
+6. ``full_window`` (``CMF_DORY_FULL_WINDOW``): a reference-engine option that gives full
    layers a window too; modelled as an optional argument, absent upstream.
-7. exp/softmax/silu: the seed uses a Cephes f32 exp; here exact float64.
-8. Not modelled (seed-only, cortiq extensions): the early-exit gate (``CMF_DORY_GATE``,
+7. exp/softmax/silu: the reference engine uses a Cephes f32 exp; here exact float64.
+8. Not modelled (cortiq extensions): the early-exit gate (``CMF_DORY_GATE``,
    turbo router), ``prompt_loops`` as a policy (``step(loops=...)`` per chunk lets a test
    reproduce it), the O(1) far field (``CMF_DORY_O1``) and exact rows.
 """
@@ -119,7 +119,7 @@ def slerp(x: np.ndarray, out: np.ndarray, lr: np.ndarray) -> np.ndarray:
 
 
 def rope_inv_freq(head_dim: int, theta: float, f32: bool = True) -> np.ndarray:
-    """``1 / theta^(2i/hd)`` for i < hd/2; in f32 like the seed's ``rope_inv_freq``."""
+    """``1 / theta^(2i/hd)`` for i < hd/2; in f32 like the reference engine's ``rope_inv_freq``."""
     i = np.arange(head_dim // 2)
     if f32:
         e = (2 * i).astype(np.float32) / np.float32(head_dim)
@@ -262,13 +262,13 @@ class DoryCache:
         self.slots: dict[tuple[int, int], _Slot] = {}
 
     def rollback(self, n: int) -> None:
-        """Forget positions >= n (the seed's ``DoryState::rollback``)."""
+        """Forget positions >= n (the reference engine's ``DoryState::rollback``)."""
         for slot in self.slots.values():
             slot.filled[n:] = False
         self.pos = min(self.pos, n)
 
     def slot(self, layer: int, loop: int) -> _Slot:
-        """The seed's ``slot_loop``: per_loop recurrent layers get one slot per loop."""
+        """The reference engine's ``slot_loop``: per_loop recurrent layers get one slot per loop."""
         c = self.cfg
         recurrent = c.n_in <= layer < c.n_in + c.n_rec
         key = (layer, loop if (self.kv_mode == "per_loop" and recurrent) else 0)

@@ -1,4 +1,4 @@
-"""The seed's 2-layer DeepSeek-V4 toy as CMF tensors (no torch): layer 0 hash-routed
+"""The reference engine's 2-layer DeepSeek-V4 toy as CMF tensors (no torch): layer 0 hash-routed
 sliding, layer 1 overlapping compressor + indexer, score-routed."""
 from __future__ import annotations
 

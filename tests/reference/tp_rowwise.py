@@ -1,4 +1,4 @@
-"""The q4tp / q2tp encoder of CMF_FORMAT §7.8 one row at a time, transcribed literally
+"""The q4tp / q2tp encoder of docs/cmf-format.md §7.8 one row at a time, transcribed literally
 (scalar exp2f ladder, the f16 ulp bump loop per row): the reference the vectorized
 ``cortiq.cmf.quant._tp`` must match byte for byte."""
 from __future__ import annotations
