@@ -1,6 +1,6 @@
 """Hugging Face Llama / Mistral / Qwen2 / Qwen3 checkpoint -> CMF v2 file.
 
-The header is the generic CMF ``arch`` record (CMF_FORMAT §4.1) with the keys the
+The header is the generic CMF ``arch`` record (docs/cmf-format.md §4.1) with the keys the
 reference engine writes for these families: ``arch_name`` = the HF ``model_type``
 (``llama``, ``mistral``, ``qwen2``, ``qwen3``), ``layer_types`` (``FullAttention``, or
 ``SlidingAttention`` on the layers HF slides), ``sliding_window``, ``rope_theta``,

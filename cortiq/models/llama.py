@@ -20,7 +20,7 @@ by ``arch.rope_freq_factors`` when present (the converter writes Llama-3's and l
 scaling's divisors there), or replaced by YaRN's (``arch.yarn``, whose
 ``attention_factor`` scales cos and sin).
 
-Which tensors exist decides the operators (CMF_FORMAT §4.1): ``self_attn.{q,k,v,o}_proj.bias``,
+Which tensors exist decides the operators (docs/cmf-format.md §4.1): ``self_attn.{q,k,v,o}_proj.bias``,
 ``mlp.{gate,up,down}_proj.bias``, ``self_attn.{q,k}_norm.weight``; a missing
 ``lm_head.weight`` means the head is the embedding.
 
