@@ -13,12 +13,9 @@ import time
 from .errors import ConfigError
 
 
-def _add_model_options(p, model_required=False):
-    if model_required:
-        p.add_argument("model", metavar="MODEL", help="the .cmf model file")
-    else:
-        p.add_argument("model", metavar="MODEL", nargs="?", default=None,
-                       help="the .cmf model file")
+def _add_model_options(p):
+    p.add_argument("model", metavar="MODEL", nargs="?", default=None,
+                   help="the .cmf model file (default: the bundled demo model)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads")
     p.add_argument("--skill", default=None,
                    help="skill id, 'auto', or a blend 'a=0.7,b=0.3'")
@@ -312,7 +309,7 @@ def add_subcommands(sub) -> None:
     v.set_defaults(func=cmd_convert)
 
     b = sub.add_parser("bench", help="prefill/decode tokens per second, chat-turn reuse")
-    _add_model_options(b, model_required=True)
+    _add_model_options(b)
     b.add_argument("--tokens", type=int, default=32, help="decode tokens")
     b.add_argument("--prompt-tokens", type=int, default=128)
     b.add_argument("--turn-tokens", type=int, default=16, help="new tokens of the chat turn")
@@ -320,7 +317,7 @@ def add_subcommands(sub) -> None:
     b.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    _add_model_options(s, model_required=True)
+    _add_model_options(s)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("--seed", type=int, default=None, help="default sampling seed")

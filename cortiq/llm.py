@@ -34,6 +34,7 @@ masks); other models raise ConfigError naming the option.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import threading
 import time
@@ -46,7 +47,7 @@ import numpy as np
 from . import cmf as _cmf
 from ._config import preload_default, set_num_threads
 from .chat import ChatTemplate
-from .errors import ConfigError, FormatError
+from .errors import ConfigError, FormatError, ModelError
 from .sampling import Sampler, SamplingParams
 from .session import Session
 from .stopping import StopChecker, normalize_stop
@@ -68,6 +69,15 @@ def _accepts(cls, name: str) -> bool:
     except (TypeError, ValueError):
         return False
     return name in params or bool(getattr(cls, f"accepts_{name}", False))
+
+
+def _check_finite(logits, position: int) -> None:
+    """ModelError unless every logit is finite. The sum is one cheap vectorised pass
+    (NaN or inf anywhere makes it non-finite); only then is the exact test run, so a
+    finite sum that merely overflowed does not count."""
+    if not math.isfinite(float(np.sum(logits))) and not np.isfinite(logits).all():
+        raise ModelError(f"model produced non-finite logits at position {position} — the "
+                         "file may be damaged: run cortiq verify")
 
 
 class _Result:
@@ -94,18 +104,24 @@ class LLM:
     """A loaded model plus its tokenizer and chat template.
 
     `LLM(path, *, n_threads=None, seed=None, chat_template=None, skill=None, task=None,
-    n_ctx=None, max_sessions=4, preload=None, **model_options)`; model options are the
+    n_ctx=None, max_sessions=4, preload=None, verify="lazy", **model_options)`; model
+    options are the
     architecture's keyword options (for Dory: loops, kv_mode, ...). `seed` is the
     default sampling seed of every call (None: fresh entropy per call). `preload=True`
     copies the file into anonymous (huge-page) memory instead of mapping it, see
-    `cortiq.cmf.open`; None takes CORTIQ_PRELOAD (default off).
+    `cortiq.cmf.open`; None takes CORTIQ_PRELOAD (default off). `verify` is
+    `cortiq.cmf.open`'s: "lazy" checks every tensor's hash as the model is built (so a
+    damaged file raises `cmf.HashMismatch` naming the tensor before anything runs),
+    "full" every hash on open, "off" none.
+    Logits that are not finite (NaN/inf: a damaged file or a broken model) raise
+    `ModelError` naming the position instead of sampling garbage.
     `LLM.from_model(model, tokenizer=...)` wraps a model object that is already built.
     """
 
     def __init__(self, path: str | os.PathLike | None = None, *, n_threads: int | None = None,
                  seed: int | None = None, chat_template: str | None = None, skill=None,
                  task: str | None = None, n_ctx: int | None = None, max_sessions: int = 4,
-                 preload: bool | None = None, **model_options):
+                 preload: bool | None = None, verify: str = "lazy", **model_options):
         if path is None:  # the bundled demo model (cortiq/demo.py)
             from .demo import demo_path
             path = demo_path()
@@ -116,7 +132,7 @@ class LLM:
         if n_threads is not None:
             set_num_threads(n_threads)
         self.path = os.fspath(path)
-        self.file = _cmf.open(self.path, preload=preload)
+        self.file = _cmf.open(self.path, preload=preload, verify=verify)
         try:
             from .models import model_class
             from .models.overlay import SkillRouter, normalize_skill
@@ -140,18 +156,31 @@ class LLM:
             self._router = SkillRouter(self.file) if self.skill == "auto" else None
             self._models: dict = {}
             model = self._build_model(None if self.skill == "auto" else self.skill)
-            try:
-                tok = Tokenizer.from_cmf(self.file)
-            except FormatError as e:  # sessions still take ids; text gets bytes (upstream's rule)
-                warnings.warn(f"{e}; text is tokenized as raw UTF-8 bytes", RuntimeWarning,
-                              stacklevel=2)
-                tok = Tokenizer.bytes_only(getattr(self.file, "tokenizer_config", None))
+            tok = self._open_tokenizer()
             name = os.path.splitext(os.path.basename(self.path))[0]
             max_pos = self.file.arch.get("max_position_embeddings")
             self._setup(model, tok, chat_template, seed, name, n_ctx, max_sessions, max_pos)
         except BaseException:
             self.file.close()
             raise
+
+    def _open_tokenizer(self) -> Tokenizer:
+        """The file's tokenizer. Only a file without any (no vocab section, no sidecar
+        tokenizer.json) falls back to raw UTF-8 bytes (upstream's rule: sessions still
+        take ids); a tokenizer that is there but unreadable is a damaged file."""
+        side = os.path.join(os.path.dirname(os.path.abspath(self.path)), "tokenizer.json")
+        has_one = self.file.sections()["vocab"][1] > 0 or os.path.exists(side)
+        try:
+            return Tokenizer.from_cmf(self.file)
+        except _cmf.HashMismatch:
+            raise
+        except FormatError as e:
+            if has_one:
+                raise FormatError(f"{self.path}: the tokenizer cannot be read ({e}) -- the "
+                                  "file may be damaged: run cortiq verify") from None
+            warnings.warn(f"{e}; text is tokenized as raw UTF-8 bytes", RuntimeWarning,
+                          stacklevel=3)
+            return Tokenizer.bytes_only(getattr(self.file, "tokenizer_config", None))
 
     @classmethod
     def from_model(cls, model, *, tokenizer, tokenizer_config: Mapping | None = None,
@@ -361,6 +390,7 @@ class LLM:
                 res.finish_reason = "cancelled"
                 return
             res.cached_tokens, logits = session.prefill(ids)
+            _check_finite(logits, len(ids) - 1)
             t1 = time.perf_counter()
             res.prefill_s = t1 - t0
             sampler = Sampler(params)
@@ -387,6 +417,7 @@ class LLM:
                     break
                 if len(res.token_ids) < limit:
                     logits = session.feed([t], want="last")
+                    _check_finite(logits, len(history) - 1)
             tail = chk.finish(decoder.flush())
             if tail:
                 yield tail

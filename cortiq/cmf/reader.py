@@ -519,9 +519,10 @@ class CmfFile:
         """`name` (or its skill replacement) decoded to float32 (u8 stays uint8)."""
         real = self.resolve(name, skill)
         t = self.info(real)
+        raw = self.raw(real)
         try:
             with np.errstate(all="ignore"):  # garbage payloads may decode to inf/nan
-                return Q.dequantize(self.raw(real), t.dtype, t.shape)
+                return Q.dequantize(raw, t.dtype, t.shape)
         except FormatError as e:
             raise type(e)(f"{t.file}: tensor {real!r} at offset {t.offset}: {e}") from None
 
