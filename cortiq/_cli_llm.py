@@ -271,12 +271,16 @@ def cmd_serve(args) -> int:
         args.preload = preload_default(long_running=True)
     llm = _open(args, seed=args.seed, max_sessions=args.max_sessions)
     try:
-        serve(llm, args.host, args.port, max_concurrency=args.max_concurrency,
-              max_queue=args.max_queue, graceful_timeout=args.graceful_timeout,
-              max_prompt_tokens=args.max_prompt_tokens,
-              log_level=args.log_level)
+        cut = serve(llm, args.host, args.port, max_concurrency=args.max_concurrency,
+                    max_queue=args.max_queue, graceful_timeout=args.graceful_timeout,
+                    max_prompt_tokens=args.max_prompt_tokens,
+                    log_level=args.log_level)
     finally:
         llm.close()
+    if cut:
+        print(f"cortiq: shutdown cut {cut} running request(s) after the "
+              f"{args.graceful_timeout:g} s grace period", file=sys.stderr)
+        return 1
     return 0
 
 

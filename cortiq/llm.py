@@ -298,6 +298,11 @@ class LLM:
         extra = {k: v for k, v in extra.items() if v is not None}
         return self.chat_template.render(messages, add_generation_prompt, tools, **extra)
 
+    def chat_prompt_ids(self, messages, tools=None, *, enable_thinking=None) -> list[int]:
+        """The token ids `create_chat_completion` generates from for `messages`."""
+        text = self.apply_chat_template(messages, True, tools, enable_thinking=enable_thinking)
+        return self.tokenize(text, add_special_tokens=True)
+
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             ids = self.tokenize(prompt)
@@ -483,14 +488,18 @@ class LLM:
                                session: Session | None = None,
                                sampling: SamplingParams | None = None, stream_options=None,
                                enable_thinking: bool | None = None,
-                               cancel: threading.Event | None = None, **sampling_kw):
+                               cancel: threading.Event | None = None,
+                               prompt_ids: list[int] | None = None, **sampling_kw):
         """An OpenAI `chat.completion` dict, or with `stream=True` an iterator of
         `chat.completion.chunk` dicts. The conversation is rendered with the model's
         chat template; a pooled (or the given) session that holds an earlier turn
-        re-reads only what changed."""
-        text = self.apply_chat_template(messages, True, tools, enable_thinking=enable_thinking)
-        ids = self.tokenize(text, add_special_tokens=True)
-        res, gen = self._run(ids, max_tokens, stop, session, sampling, sampling_kw, cancel)
+        re-reads only what changed. `prompt_ids`: the conversation already rendered
+        and tokenized by `chat_prompt_ids` (then `messages` and `tools` are not read
+        again: the server renders once, off its event loop)."""
+        if prompt_ids is None:
+            prompt_ids = self.chat_prompt_ids(messages, tools, enable_thinking=enable_thinking)
+        res, gen = self._run(prompt_ids, max_tokens, stop, session, sampling, sampling_kw,
+                             cancel)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         include_usage = bool((stream_options or {}).get("include_usage"))
 
