@@ -400,7 +400,7 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
                              f"'{name}')", "model", 404, "model_not_found")
         return body
 
-    def check_context(n, param, max_tokens):
+    def check_context(n, param, max_tokens, max_param="max_tokens"):
         """OpenAI's rule: the prompt must fit, and with an explicit max_tokens so must
         prompt + max_tokens."""
         cap = llm.n_ctx - 1 if max_prompt_tokens is None else min(max_prompt_tokens,
@@ -412,7 +412,7 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
             raise BadRequest(f"this model's context is {llm.n_ctx} tokens: the prompt's {n} "
                              f"tokens plus max_tokens {max_tokens} do not fit ({n} + "
                              f"{max_tokens} > {llm.n_ctx}); lower max_tokens to at most "
-                             f"{llm.n_ctx - n}", "max_tokens", 400,
+                             f"{llm.n_ctx - n}", max_param, 400,
                              "context_length_exceeded")
 
     def plan(body, chat: bool):
@@ -426,10 +426,12 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
         if chat:
             msgs = _messages(body)
             explicit = _max_tokens(body, "max_completion_tokens", "max_tokens")
+            max_param = "max_completion_tokens" if body.get("max_completion_tokens") \
+                is not None else "max_tokens"
 
             def prepare():
                 ids = llm.chat_prompt_ids(msgs)
-                check_context(len(ids), "messages", explicit)
+                check_context(len(ids), "messages", explicit, max_param)
                 return {"prompt_ids": ids}
             kw = dict(messages=msgs, max_tokens=explicit, stop=stop,
                       stream_options=stream_options, **samp)
@@ -493,7 +495,8 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
                     cancel.set()
                     shutdown.n_cut += 1
                     task.add_done_callback(lambda t: t.cancelled() or t.exception())
-                    return err(503, *shutdown.error())
+                    msg, type_, param, code = shutdown.error()
+                    return err(503, msg, param, code, type_)
                 if not done and await request.is_disconnected():
                     cancel.set()
             return JSONResponse(task.result())
