@@ -164,6 +164,26 @@ def _checked_concat(parts) -> str:
     return "".join(out)
 
 
+class _Buffer(list):
+    """The output buffer of a macro, set-block, call or filter block, capped as it
+    fills (it is only joined at the block's end)."""
+    __slots__ = ("n",)
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def append(self, x):
+        self.n += len(x)
+        if self.n > _cap():
+            raise _TooBig(f"a block's output exceeds the limit of {_cap()} characters")
+        super().append(x)
+
+    def extend(self, xs):
+        for x in xs:
+            self.append(x)
+
+
 def _checked_str_join(seq) -> str:             # the `~` operator
     return _checked_concat(map(str, seq))
 
@@ -306,7 +326,11 @@ def _environment():
 
     class LimitedCodeGenerator(CodeGenerator):
         """`a ~ b` joins through the size check (autoescape is off, so the plain
-        str join is the only variant in use)."""
+        str join is the only variant in use); block buffers are capped `_Buffer`s."""
+
+        def buffer(self, frame):
+            frame.buffer = self.temporary_identifier()
+            self.writeline(f"{frame.buffer} = environment.new_buffer()")
 
         def visit_Concat(self, node, frame):
             self.write("environment.checked_str_join((")
@@ -347,6 +371,7 @@ def _environment():
         undefined=jinja2.Undefined)
     env.concat = _checked_concat
     env.checked_str_join = _checked_str_join
+    env.new_buffer = _Buffer
     env.filters.update(_guarded_filters(env.filters))
     env.globals.pop("lipsum", None)          # unbounded filler text; no chat template needs it
     env.filters["tojson"] = _tojson
