@@ -46,10 +46,12 @@ one that always exceeds a limit is refused at load rather than on every request.
 from __future__ import annotations
 
 import ctypes
+import heapq
 import json
 import math
 import re
 import threading
+import time
 from collections.abc import Mapping, Sequence, Sized
 from datetime import datetime
 from typing import Any
@@ -275,36 +277,88 @@ def _guarded_filters(filters) -> dict:
 
 
 def _set_async_exc(tid: int, exc) -> None:
-    """Raise `exc` in thread `tid` at its next bytecode boundary (exc=None: cancel a
-    pending one). No argtypes: the prototype is shared, None passes NULL."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(tid), None if exc is None else ctypes.py_object(exc))
+    """Raise `exc` in thread `tid` at its next bytecode boundary. (Never called with
+    NULL to cancel one: CPython then leaves the eval breaker tripped, which slows the
+    thread and hangs it under a profiler.)"""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), ctypes.py_object(exc))
+
+
+class _Watchdog:
+    """One daemon thread that calls each armed callback at its deadline (a thread per
+    render would cost a thread start, milliseconds on a busy machine)."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._heap: list = []
+        self._seq = 0
+        self._thread = None
+
+    def arm(self, seconds: float, callback) -> list:
+        with self._cv:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="cortiq-template-watchdog",
+                                                daemon=True)
+                self._thread.start()
+            self._seq += 1
+            entry = [time.monotonic() + seconds, self._seq, callback]
+            heapq.heappush(self._heap, entry)
+            if self._heap[0] is entry:          # earlier than what the thread waits for
+                self._cv.notify()
+        return entry
+
+    @staticmethod
+    def disarm(entry: list) -> None:
+        entry[2] = None
+
+    def _run(self):
+        while True:
+            with self._cv:
+                while True:
+                    while self._heap and self._heap[0][2] is None:
+                        heapq.heappop(self._heap)
+                    if not self._heap:
+                        self._cv.wait()
+                        continue
+                    delay = self._heap[0][0] - time.monotonic()
+                    if delay > 0:
+                        self._cv.wait(delay)
+                        continue
+                    callback = heapq.heappop(self._heap)[2]
+                    break
+            if callback is not None:
+                callback()
+
+
+_WATCHDOG = _Watchdog()
 
 
 def _run_with_time_limit(fn, seconds: float):
-    """fn() in this thread, interrupted by _RenderTimeout after `seconds`. The timer
-    raises it in this thread only while fn runs: `done` is set under the lock before
-    any pending exception is cleared, so none escapes past this function."""
+    """fn() in this thread, interrupted by _RenderTimeout after `seconds`. The
+    watchdog raises it in this thread only while `done` is unset (both under the
+    lock); if it fired, the interrupt lands inside this function at the latest in the
+    short loop of the finally (the eval breaker is checked on every backward jump), so
+    none escapes into the caller."""
     tid = threading.get_ident()
     lock = threading.Lock()
-    done = []
+    done, fired = [], []
 
     def fire():
         with lock:
             if not done:
+                fired.append(True)
                 _set_async_exc(tid, _RenderTimeout)
 
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
+    entry = _WATCHDOG.arm(seconds, fire)
     try:
         try:
-            timer.start()
             return fn()
         finally:
             with lock:
                 done.append(True)
-            _set_async_exc(tid, None)
-            timer.cancel()
+            _WATCHDOG.disarm(entry)
+            if fired:
+                for _ in range(1000):
+                    pass
     except _RenderTimeout:
         raise TemplateRenderError(f"exceeded the render time limit of {seconds:g} s") \
             from None
