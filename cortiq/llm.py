@@ -286,6 +286,14 @@ class LLM:
         text become their ids)."""
         if isinstance(text, (bytes, bytearray)):
             text = bytes(text).decode("utf-8", errors="replace")
+        if not isinstance(text, str):
+            raise ConfigError(f"tokenize: expected a string, got {type(text).__name__}")
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ConfigError(f"text: a lone UTF-16 surrogate {text[e.start]!r} at "
+                                  f"character {e.start} is not valid Unicode") from None
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def detokenize(self, ids, skip_special_tokens: bool = False) -> str:

@@ -282,6 +282,16 @@ def _messages(body):
         if c is not None and not isinstance(c, (str, list)):
             raise BadRequest(f"'messages[{i}].content' must be a string or an array of parts",
                              f"messages[{i}].content")
+        for j, part in enumerate(c if isinstance(c, list) else ()):
+            where = f"messages[{i}].content[{j}]"
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise BadRequest(f"'{where}' must be an object with a string 'type'", where)
+            if part["type"] != "text":
+                raise BadRequest(f"'{where}': content parts of type {part['type']!r} are not "
+                                 "supported by this server (text only)", where,
+                                 code="unsupported_content")
+            if not isinstance(part.get("text"), str):
+                raise BadRequest(f"'{where}.text' must be a string", f"{where}.text")
     from .chat import parse_tool_call_arguments
     return parse_tool_call_arguments(msgs)
 

@@ -225,6 +225,14 @@ def _is_openai_error(r, status, param=None, code=None):
      "functions", "unsupported_parameter"),
     ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_object"}}, 400,
      "response_format", "unsupported_parameter"),
+    # content parts: text only, well-formed
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400,
+     "messages[0].content[0]", "unsupported_content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": ["hi"]}]}, 400,
+     "messages[0].content[0]", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": 5}]}]}, 400, "messages[0].content[0].text", None),
 ])
 def test_bad_requests(server, path, body, status, param, code):
     _is_openai_error(_post(server, path, body), status, param, code)
