@@ -348,14 +348,18 @@ def _run_with_time_limit(fn, seconds: float):
                 fired.append(True)
                 _set_async_exc(tid, _RenderTimeout)
 
-    entry = _WATCHDOG.arm(seconds, fire)
+    entry = None
     try:
         try:
+            # armed inside the try: with a tiny limit the interrupt may land in arm()
+            # itself (after its lock is released: the watchdog needs that lock to fire)
+            entry = _WATCHDOG.arm(seconds, fire)
             return fn()
         finally:
             with lock:
                 done.append(True)
-            _WATCHDOG.disarm(entry)
+            if entry is not None:
+                _WATCHDOG.disarm(entry)
             if fired:
                 for _ in range(1000):
                     pass

@@ -519,6 +519,36 @@ def test_the_time_limit_never_escapes_a_render_that_just_finished():
     assert outcomes <= {"ok", "timeout"}
 
 
+def test_tiny_time_limits_never_leak_the_interrupt():
+    t = ChatTemplate("{{ messages|length }}", render_timeout=10)
+    for limit in (1e-6, 1e-5, 1e-4) * 20:
+        t.render_timeout = limit
+        try:
+            t.render([])
+        except TemplateRenderError:
+            pass
+        x = 0
+        for i in range(20000):
+            x += i
+    t.render_timeout = 10
+    assert t.render([]) == "0"
+
+
+def test_rendering_works_under_a_profiler():
+    """A regression guard: cancelling a pending interrupt with NULL leaves CPython's
+    eval breaker tripped, which hangs a profiled render."""
+    import subprocess
+    import sys
+    code = ("import cProfile; from cortiq.chat import ChatTemplate; "
+            "t = ChatTemplate('{% for i in range(50) %}{{ i }}{% endfor %}'); t.render([]); "
+            "p = cProfile.Profile(); p.enable(); t.render([]); p.disable(); print('ok')")
+    import cortiq
+    root = os.path.dirname(os.path.dirname(os.path.abspath(cortiq.__file__)))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, cwd=root)
+    assert r.stdout.strip() == "ok", r.stderr
+
+
 def test_time_limit_works_in_many_threads_at_once():
     src = ("{% if messages|length > 1 %}{% for i in range(100000) %}{% for j in "
            "range(100000) %}{% endfor %}{% endfor %}{% endif %}ok")
