@@ -118,7 +118,7 @@ def _check_json_tree(body) -> None:
             continue
         if depth >= MAX_JSON_DEPTH:
             raise BadRequest(f"the JSON body is nested deeper than {MAX_JSON_DEPTH} levels",
-                             _path_name(path) or None, code="invalid_json")
+                             _path_name(path[:1]) or None, code="invalid_json")
         for k, x in items:
             if isinstance(k, str) and not _utf8_ok(k):
                 name = _path_name(path)
