@@ -320,8 +320,8 @@ class _Gate:
 
 
 class _Shutdown:
-    """The server's shutdown: `begin(grace)` refuses new requests (503) and, `grace`
-    seconds later, cuts the running ones; `cut_now()` cuts at once. Callable from any
+    """The server's shutdown: `begin(grace)` marks it closing and, `grace` seconds
+    later, cuts the requests still running; `cut_now()` cuts at once. Callable from any
     thread or a signal handler (everything goes through call_soon_threadsafe)."""
 
     def __init__(self):
@@ -460,9 +460,8 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
         return fn, kw, prepare
 
     def admit():
-        if shutdown.closing:
-            raise BadRequest("the server is shutting down", None, 503,
-                             "server_shutting_down", "server_error")
+        # (no refusal while closing: uvicorn accepts no new connections then, and a
+        # request that already reached us is served within the grace period)
         if not gate.admit():
             raise BadRequest(f"server busy: {gate.capacity} requests are running or queued; "
                              "retry later", None, 429, "queue_full", "rate_limit_error",

@@ -346,7 +346,11 @@ def test_cli_serve_and_sigterm(toy_path):
                                            "temperature": 0})
         t = threading.Thread(target=call)
         t.start()
-        time.sleep(0.15)
+        deadline = time.monotonic() + 10
+        while t.is_alive() and not httpx.get(url + "/healthz",
+                                             timeout=5).json()["running_or_queued"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         p.send_signal(signal.SIGTERM)
         t.join(20)
         assert result["r"].status_code == 200
