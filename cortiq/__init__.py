@@ -1,7 +1,8 @@
 """cortiq: run CMF v2 language models (Dory, DeepSeek-V4) fast on the CPU."""
 from ._config import (__version__, config, get_int8_activations, get_num_threads,
                       set_int8_activations, set_num_threads, show_config)
-from .errors import ConfigError, CortiqError, FormatError, KernelError, TemplateError
+from .errors import (ConfigError, CortiqError, FormatError, KernelError, ModelError,
+                     TemplateError)
 from .llm import LLM
 from .sampling import SamplingParams
 
@@ -11,6 +12,7 @@ __all__ = [
     "FormatError",
     "KernelError",
     "LLM",
+    "ModelError",
     "SamplingParams",
     "TemplateError",
     "__version__",

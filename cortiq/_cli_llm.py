@@ -13,12 +13,9 @@ import time
 from .errors import ConfigError
 
 
-def _add_model_options(p, model_required=False):
-    if model_required:
-        p.add_argument("model", metavar="MODEL", help="the .cmf model file")
-    else:
-        p.add_argument("model", metavar="MODEL", nargs="?", default=None,
-                       help="the .cmf model file")
+def _add_model_options(p):
+    p.add_argument("model", metavar="MODEL", nargs="?", default=None,
+                   help="the .cmf model file (default: the bundled demo model)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads")
     p.add_argument("--skill", default=None,
                    help="skill id, 'auto', or a blend 'a=0.7,b=0.3'")
@@ -291,12 +288,16 @@ def cmd_serve(args) -> int:
         args.preload = preload_default(long_running=True)
     llm = _open(args, seed=args.seed, max_sessions=args.max_sessions)
     try:
-        serve(llm, args.host, args.port, max_concurrency=args.max_concurrency,
-              max_queue=args.max_queue, graceful_timeout=args.graceful_timeout,
-              max_prompt_tokens=args.max_prompt_tokens,
-              log_level=args.log_level)
+        cut = serve(llm, args.host, args.port, max_concurrency=args.max_concurrency,
+                    max_queue=args.max_queue, graceful_timeout=args.graceful_timeout,
+                    max_prompt_tokens=args.max_prompt_tokens,
+                    log_level=args.log_level)
     finally:
         llm.close()
+    if cut:
+        print(f"cortiq: shutdown cut {cut} running request(s) after the "
+              f"{args.graceful_timeout:g} s grace period", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -343,7 +344,7 @@ def add_subcommands(sub) -> None:
     g.set_defaults(func=cmd_import_gguf)
 
     b = sub.add_parser("bench", help="prefill/decode tokens per second, chat-turn reuse")
-    _add_model_options(b, model_required=True)
+    _add_model_options(b)
     b.add_argument("--tokens", type=int, default=32, help="decode tokens")
     b.add_argument("--prompt-tokens", type=int, default=128)
     b.add_argument("--turn-tokens", type=int, default=16, help="new tokens of the chat turn")
@@ -351,7 +352,7 @@ def add_subcommands(sub) -> None:
     b.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    _add_model_options(s, model_required=True)
+    _add_model_options(s)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("--seed", type=int, default=None, help="default sampling seed")

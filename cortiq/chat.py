@@ -24,18 +24,50 @@ Upstream cortiq also inserts an empty ``<think>\\n\\n</think>\\n\\n`` after the 
 assistant header when thinking is disabled and the template did not produce a
 ``</think>`` itself; `render(..., enable_thinking=False)` does the same.
 Errors in the template (syntax, undefined operations, sandbox violations,
-`raise_exception`) raise `TemplateError` naming the template and the problem.
+`raise_exception`) raise `TemplateError` naming the template and the problem; a
+template that fails by itself (anything but `raise_exception` and a malformed
+`messages`/`tools` argument) raises its subclass `TemplateRenderError` -- a fault of
+the template, not of the conversation (the server answers it 500, not 400).
+
+Resource limits (the template is code from the model file, so it gets a budget):
+
+* time: a render that runs past `render_timeout` seconds (default 2) is stopped
+  (an exception is raised in the rendering thread; Python code is interruptible
+  between bytecodes) -- `TemplateRenderError("... exceeded the render time limit")`;
+* size: the output and every string or list the template builds (`*`, `+`, `~`,
+  `%`, `**`, `str.format`, `center`/`ljust`/`rjust`/`zfill`, `replace`, `join`,
+  `indent`, `format`, `batch`, set-blocks and macros) are capped at
+  `max_output_chars` (default 8 Mi), checked *before* the value is allocated, so
+  `'x' * 100000000` is refused without allocating it.
+
+A template is also rendered once on a one-message conversation when it is built, so
+one that always exceeds a limit is refused at load rather than on every request.
 """
 from __future__ import annotations
 
+import ctypes
+import heapq
 import json
-from collections.abc import Mapping, Sequence
+import math
+import re
+import threading
+import time
+from collections.abc import Mapping, Sequence, Sized
 from datetime import datetime
 from typing import Any
 
 from .errors import TemplateError
 
-__all__ = ["ChatTemplate", "CHATML_TEMPLATE", "render_chatml", "parse_tool_call_arguments"]
+__all__ = ["ChatTemplate", "CHATML_TEMPLATE", "TemplateRenderError", "render_chatml",
+           "parse_tool_call_arguments"]
+
+RENDER_TIMEOUT = 2.0                 # seconds a render may take
+MAX_OUTPUT_CHARS = 8 << 20           # characters of output (and of any value built)
+
+
+class TemplateRenderError(TemplateError):
+    """The template itself failed (a bug in it, a sandbox violation, a resource limit),
+    as opposed to rejecting the conversation with raise_exception()."""
 
 # The fallback as a template, so that it goes through the same renderer (and a
 # message's list-of-parts content is flattened the same way everywhere).
@@ -61,6 +93,10 @@ _EMPTY_THINK = "<think>\n\n</think>\n\n"
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
     """HF's override of jinja's tojson: no HTML escaping, keys in their order."""
+    if isinstance(indent, int) and indent > 64:
+        raise _TooBig(f"tojson: indent {indent} exceeds 64")
+    if isinstance(indent, str):
+        _need(len(indent), "tojson indent")
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                       sort_keys=sort_keys)
 
@@ -77,6 +113,261 @@ def _raise_exception(message):
     raise _RaisedByTemplate(str(message))
 
 
+class _TooBig(Exception):
+    """A value the template was about to build exceeds the size limit."""
+
+
+class _RenderTimeout(BaseException):
+    """Raised asynchronously in the rendering thread when its time is up (a
+    BaseException, so no `except Exception` on the way can swallow it)."""
+
+
+_LIMIT = threading.local()           # the size cap of the render running in this thread
+
+
+def _cap() -> int:
+    return getattr(_LIMIT, "chars", MAX_OUTPUT_CHARS)
+
+
+def _need(n, what) -> None:
+    cap = _cap()
+    if n > cap:
+        raise _TooBig(f"{what} would build {int(n)} characters/items; the limit is {cap}")
+
+
+def _size(x) -> int:
+    return len(x) if isinstance(x, (str, bytes, list, tuple)) else 0
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _check_widths(fmt: str, args, what: str) -> None:
+    """Format widths/precisions ("%0100000000d", "{:>100000000}", "{:{}}" with a huge
+    argument) allocate that many characters: refuse any above the cap."""
+    cap = _cap()
+    for m in _DIGITS.finditer(fmt):
+        if len(m.group()) > 9 or int(m.group()) > cap:
+            raise _TooBig(f"{what}: a width of {m.group()[:20]} exceeds the limit of {cap}")
+    for a in args:
+        if isinstance(a, int) and not isinstance(a, bool) and a > cap:
+            raise _TooBig(f"{what}: an argument of {a} exceeds the limit of {cap}")
+
+
+def _checked_concat(parts) -> str:
+    """environment.concat (output, set-blocks, macros, call blocks) with the cap
+    applied as the pieces arrive."""
+    out, n, cap = [], 0, _cap()
+    for p in parts:
+        n += len(p)
+        if n > cap:
+            raise _TooBig(f"the rendered text exceeds the limit of {cap} characters")
+        out.append(p)
+    return "".join(out)
+
+
+class _Buffer(list):
+    """The output buffer of a macro, set-block, call or filter block, capped as it
+    fills (it is only joined at the block's end)."""
+    __slots__ = ("n",)
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def append(self, x):
+        self.n += len(x)
+        if self.n > _cap():
+            raise _TooBig(f"a block's output exceeds the limit of {_cap()} characters")
+        super().append(x)
+
+    def extend(self, xs):
+        for x in xs:
+            self.append(x)
+
+
+def _checked_str_join(seq) -> str:             # the `~` operator
+    return _checked_concat(map(str, seq))
+
+
+def _guard_binop(op, left, right):
+    if op == "*":
+        for seq, n in ((left, right), (right, left)):
+            if _size(seq) and isinstance(n, int):
+                _need(len(seq) * max(n, 0), f"{type(seq).__name__} * {n}")
+    elif op == "+":
+        if _size(left) or _size(right):
+            _need(_size(left) + _size(right), "+")
+    elif op == "**":
+        if isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0:
+            _need(right * math.log2(abs(left)) / 8, f"{left} ** {right}")
+    elif op == "%" and isinstance(left, str):
+        _check_widths(left, right if isinstance(right, tuple) else (right,), "'%' formatting")
+
+
+def _guard_str_method(name, s: str, args, kwargs):
+    vals = list(args) + list(kwargs.values())
+    if name in ("center", "ljust", "rjust", "zfill"):
+        for a in vals:
+            if isinstance(a, int):
+                _need(a, f"str.{name}")
+    elif name == "expandtabs":
+        tab = vals[0] if vals and isinstance(vals[0], int) else 8
+        _need(len(s) + s.count("\t") * tab, "str.expandtabs")
+    elif name == "replace" and len(args) >= 2 and isinstance(args[0], str) \
+            and isinstance(args[1], str):
+        old, new = args[0], args[1]
+        hits = s.count(old) if old else len(s) + 1
+        if len(args) > 2 and isinstance(args[2], int) and args[2] >= 0:
+            hits = min(hits, args[2])
+        _need(len(s) + hits * max(len(new) - len(old), 0), "str.replace")
+    elif name == "join" and args and isinstance(args[0], Sized):
+        _need(len(s) * len(args[0]), "str.join")
+    elif name in ("format", "format_map"):
+        _check_widths(s, vals, f"str.{name}")
+
+
+def _guarded_filters(filters) -> dict:
+    """The filters that can build a large value from small arguments, each checked
+    before it runs."""
+    import functools
+
+    def guard(name, check):
+        f = filters[name]
+
+        @functools.wraps(f)
+        def wrapper(*a, **kw):
+            check(*a, **kw)
+            return f(*a, **kw)
+        return wrapper
+
+    def center(value, width=80, *_, **__):
+        _need(width if isinstance(width, int) else 0, "center")
+
+    def indent(s, width=4, *_, **__):
+        w = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
+        text = str(s)
+        _need(len(text) + w * (text.count("\n") + 1), "indent")
+
+    def fmt(value, *args, **kwargs):
+        _check_widths(str(value), list(args) + list(kwargs.values()), "format")
+
+    def join(*a, **kw):
+        # pass_eval_context: (eval_ctx, value, d="", attribute=None)
+        value = a[1] if len(a) > 1 else None
+        d = a[2] if len(a) > 2 else kw.get("d", "")
+        if isinstance(value, Sized) and isinstance(d, str):
+            _need(len(d) * len(value), "join")
+
+    def replace(*a, **kw):
+        # pass_eval_context: (eval_ctx, s, old, new, count=None)
+        if len(a) >= 4 and all(isinstance(x, str) for x in a[1:4]):
+            _guard_str_method("replace", a[1], a[2:], {})
+
+    def batch(value, linecount, fill_with=None, *_, **__):
+        if fill_with is not None and isinstance(linecount, int):
+            _need(linecount, "batch")
+
+    out = {}
+    for name, check in (("center", center), ("indent", indent), ("format", fmt),
+                        ("join", join), ("replace", replace), ("batch", batch)):
+        if name in filters:
+            out[name] = guard(name, check)
+    return out
+
+
+def _set_async_exc(tid: int, exc) -> None:
+    """Raise `exc` in thread `tid` at its next bytecode boundary. (Never called with
+    NULL to cancel one: CPython then leaves the eval breaker tripped, which slows the
+    thread and hangs it under a profiler.)"""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), ctypes.py_object(exc))
+
+
+class _Watchdog:
+    """One daemon thread that calls each armed callback at its deadline (a thread per
+    render would cost a thread start, milliseconds on a busy machine)."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._heap: list = []
+        self._seq = 0
+        self._thread = None
+
+    def arm(self, seconds: float, callback) -> list:
+        with self._cv:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="cortiq-template-watchdog",
+                                                daemon=True)
+                self._thread.start()
+            self._seq += 1
+            entry = [time.monotonic() + seconds, self._seq, callback]
+            heapq.heappush(self._heap, entry)
+            if self._heap[0] is entry:          # earlier than what the thread waits for
+                self._cv.notify()
+        return entry
+
+    @staticmethod
+    def disarm(entry: list) -> None:
+        entry[2] = None
+
+    def _run(self):
+        while True:
+            with self._cv:
+                while True:
+                    while self._heap and self._heap[0][2] is None:
+                        heapq.heappop(self._heap)
+                    if not self._heap:
+                        self._cv.wait()
+                        continue
+                    delay = self._heap[0][0] - time.monotonic()
+                    if delay > 0:
+                        self._cv.wait(delay)
+                        continue
+                    callback = heapq.heappop(self._heap)[2]
+                    break
+            if callback is not None:
+                callback()
+
+
+_WATCHDOG = _Watchdog()
+
+
+def _run_with_time_limit(fn, seconds: float):
+    """fn() in this thread, interrupted by _RenderTimeout after `seconds`. The
+    watchdog raises it in this thread only while `done` is unset (both under the
+    lock); if it fired, the interrupt lands inside this function at the latest in the
+    short loop of the finally (the eval breaker is checked on every backward jump), so
+    none escapes into the caller."""
+    tid = threading.get_ident()
+    lock = threading.Lock()
+    done, fired = [], []
+
+    def fire():
+        with lock:
+            if not done:
+                fired.append(True)
+                _set_async_exc(tid, _RenderTimeout)
+
+    entry = None
+    try:
+        try:
+            # armed inside the try: with a tiny limit the interrupt may land in arm()
+            # itself (after its lock is released: the watchdog needs that lock to fire)
+            entry = _WATCHDOG.arm(seconds, fire)
+            return fn()
+        finally:
+            with lock:
+                done.append(True)
+            if entry is not None:
+                _WATCHDOG.disarm(entry)
+            if fired:
+                for _ in range(1000):
+                    pass
+    except _RenderTimeout:
+        raise TemplateRenderError(f"exceeded the render time limit of {seconds:g} s") \
+            from None
+
+
 _ENV = None
 
 
@@ -87,8 +378,41 @@ def _environment():
         return _ENV
     import jinja2
     from jinja2 import nodes
+    from jinja2.compiler import CodeGenerator
     from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class LimitedCodeGenerator(CodeGenerator):
+        """`a ~ b` joins through the size check (autoescape is off, so the plain
+        str join is the only variant in use); block buffers are capped `_Buffer`s."""
+
+        def buffer(self, frame):
+            frame.buffer = self.temporary_identifier()
+            self.writeline(f"{frame.buffer} = environment.new_buffer()")
+
+        def visit_Concat(self, node, frame):
+            self.write("environment.checked_str_join((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
+    class LimitedSandbox(ImmutableSandboxedEnvironment):
+        """HF's sandbox with the size checks of this module on the operators and the
+        calls that can build large values."""
+        code_generator_class = LimitedCodeGenerator
+        intercepted_binops = frozenset(["*", "+", "**", "%"])
+
+        def call_binop(self, context, operator, left, right):
+            _guard_binop(operator, left, right)
+            return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 -- jinja's form
+            target = getattr(__obj, "__wrapped__", __obj)
+            owner = getattr(target, "__self__", None)
+            if isinstance(owner, str):
+                _guard_str_method(getattr(target, "__name__", ""), owner, args, kwargs)
+            return super().call(__context, __obj, *args, **kwargs)
 
     class GenerationTag(Extension):
         """`{% generation %}body{% endgeneration %}` renders body (HF marks assistant
@@ -100,9 +424,14 @@ def _environment():
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return nodes.Scope(body, lineno=lineno)
 
-    env = ImmutableSandboxedEnvironment(
+    env = LimitedSandbox(
         trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, loopcontrols],
         undefined=jinja2.Undefined)
+    env.concat = _checked_concat
+    env.checked_str_join = _checked_str_join
+    env.new_buffer = _Buffer
+    env.filters.update(_guarded_filters(env.filters))
+    env.globals.pop("lipsum", None)          # unbounded filler text; no chat template needs it
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -196,8 +525,19 @@ class ChatTemplate:
     """A compiled chat template plus the special-token strings it may use."""
 
     def __init__(self, source: str | None = None, *, bos_token: str | None = "",
-                 eos_token: str | None = "", name: str = "chat_template"):
+                 eos_token: str | None = "", name: str = "chat_template",
+                 render_timeout: float = RENDER_TIMEOUT,
+                 max_output_chars: int = MAX_OUTPUT_CHARS):
         self.name = name
+        if isinstance(render_timeout, bool) or not isinstance(render_timeout, (int, float)) \
+                or not 0 < render_timeout < math.inf:
+            raise TemplateError(f"render_timeout: expected seconds > 0, got {render_timeout!r}")
+        if isinstance(max_output_chars, bool) or not isinstance(max_output_chars, int) \
+                or max_output_chars < 1:
+            raise TemplateError(f"max_output_chars: expected an integer >= 1, got "
+                                f"{max_output_chars!r}")
+        self.render_timeout = float(render_timeout)
+        self.max_output_chars = max_output_chars
         self.is_fallback = source is None
         if source is None:
             source = CHATML_TEMPLATE
@@ -212,8 +552,22 @@ class ChatTemplate:
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateSyntaxError as e:
-            raise TemplateError(f"{self.name}: syntax error on line {e.lineno}: {e.message}") \
-                from None
+            raise TemplateRenderError(f"{self.name}: syntax error on line {e.lineno}: "
+                                      f"{e.message}") from None
+        if not self.is_fallback:
+            self._probe()
+
+    def _probe(self) -> None:
+        """Render a one-message conversation: a template that breaks a resource limit
+        even then would break it on every request, so it is refused now. Other errors
+        are left to request time (a template may insist on, say, a system message)."""
+        try:
+            self.render([{"role": "user", "content": "Hello"}], True)
+        except TemplateRenderError as e:
+            if "limit" in str(e):
+                raise
+        except TemplateError:
+            pass
 
     @classmethod
     def from_bundle(cls, tokenizer_config: Mapping | None, tokenizer=None) -> "ChatTemplate":
@@ -261,28 +615,43 @@ class ChatTemplate:
         ctx.update(extra)
         ctx.update(messages=messages, tools=tools,
                    add_generation_prompt=bool(add_generation_prompt))
-        import jinja2
         try:
-            text = self._template.render(**ctx)
+            text = self._render_limited(ctx)
         except _RaisedByTemplate as e:
             line = _template_lineno(e.__traceback__)
             where = f" (line {line})" if line else ""
             raise TemplateError(f"{self.name}{where}: raise_exception: {e}") from None
+        except TemplateRenderError as e:
+            raise TemplateRenderError(f"{self.name}: {e}") from None
         except TemplateError:
             raise
-        except jinja2.TemplateError as e:
+        except _TooBig as e:
             line = _template_lineno(e.__traceback__)
             where = f" (line {line})" if line else ""
-            raise TemplateError(f"{self.name}{where}: {type(e).__name__}: {e}") from None
+            raise TemplateRenderError(f"{self.name}{where}: exceeded the output size limit: "
+                                      f"{e}") from None
         except Exception as e:  # noqa: BLE001 -- template code can raise anything
             line = _template_lineno(e.__traceback__)
             where = f" (line {line})" if line else ""
-            raise TemplateError(f"{self.name}{where}: {type(e).__name__}: {e}") from None
+            raise TemplateRenderError(f"{self.name}{where}: {type(e).__name__}: {e}") \
+                from None
         if continue_final_message:
             text = self._cut_after_final(text, messages)
         if extra.get("enable_thinking") is False and add_generation_prompt:
             text = insert_empty_think(text)
         return text
+
+    def _render_limited(self, ctx) -> str:
+        prev = getattr(_LIMIT, "chars", None)
+        _LIMIT.chars = self.max_output_chars
+        try:
+            return _run_with_time_limit(lambda: self._template.render(**ctx),
+                                        self.render_timeout)
+        finally:
+            if prev is None:
+                del _LIMIT.chars
+            else:
+                _LIMIT.chars = prev
 
     def _cut_after_final(self, text: str, messages: list) -> str:
         if not messages:

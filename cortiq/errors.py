@@ -4,7 +4,8 @@
     ├── FormatError        a model file is malformed or unsupported (cortiq.cmf)
     ├── KernelError        a C kernel refused its arguments ("operation: reason")
     ├── ConfigError        a bad option, environment variable or model config
-    └── TemplateError      a chat template failed to render
+    ├── TemplateError      a chat template failed to render
+    └── ModelError         the model produced unusable output (e.g. non-finite logits)
 """
 
 
@@ -26,3 +27,8 @@ class ConfigError(CortiqError, ValueError):
 
 class TemplateError(CortiqError):
     """A chat template could not be rendered."""
+
+
+class ModelError(CortiqError):
+    """The model computed something unusable, e.g. NaN/inf logits (a damaged file or a
+    broken model); the message names the position."""

@@ -46,7 +46,7 @@ import numpy as np
 from . import cmf as _cmf
 from ._config import preload_default, set_num_threads
 from .chat import ChatTemplate
-from .errors import ConfigError, FormatError
+from .errors import ConfigError, FormatError, ModelError
 from .sampling import Sampler, SamplingParams
 from .session import Session
 from .stopping import StopChecker, normalize_stop
@@ -68,6 +68,14 @@ def _accepts(cls, name: str) -> bool:
     except (TypeError, ValueError):
         return False
     return name in params or bool(getattr(cls, f"accepts_{name}", False))
+
+
+def _check_finite(logits, position: int) -> None:
+    """ModelError unless every logit is finite (one vectorised pass, ~30 us for a
+    150k vocabulary: a fraction of what the sampler's own float64 copy costs)."""
+    if not np.isfinite(logits).all():
+        raise ModelError(f"model produced non-finite logits at position {position} — the "
+                         "file may be damaged: run cortiq verify")
 
 
 class _Result:
@@ -94,11 +102,17 @@ class LLM:
     """A loaded model plus its tokenizer and chat template.
 
     `LLM(path, *, n_threads=None, seed=None, chat_template=None, skill=None, task=None,
-    n_ctx=None, max_sessions=4, preload=None, **model_options)`; model options are the
+    n_ctx=None, max_sessions=4, preload=None, verify="lazy", **model_options)`; model
+    options are the
     architecture's keyword options (for Dory: loops, kv_mode, ...). `seed` is the
     default sampling seed of every call (None: fresh entropy per call). `preload=True`
     copies the file into anonymous (huge-page) memory instead of mapping it, see
-    `cortiq.cmf.open`; None takes CORTIQ_PRELOAD (default off).
+    `cortiq.cmf.open`; None takes CORTIQ_PRELOAD (default off). `verify` is
+    `cortiq.cmf.open`'s: "lazy" checks every tensor's hash as the model is built (so a
+    damaged file raises `cmf.HashMismatch` naming the tensor before anything runs),
+    "full" every hash on open, "off" none.
+    Logits that are not finite (NaN/inf: a damaged file or a broken model) raise
+    `ModelError` naming the position instead of sampling garbage.
     `LLM.from_model(model, tokenizer=...)` wraps a model object that is already built;
     `LLM.from_pretrained(dir_or_file)` converts a checkpoint or GGUF file on first use.
     """
@@ -106,7 +120,7 @@ class LLM:
     def __init__(self, path: str | os.PathLike | None = None, *, n_threads: int | None = None,
                  seed: int | None = None, chat_template: str | None = None, skill=None,
                  task: str | None = None, n_ctx: int | None = None, max_sessions: int = 4,
-                 preload: bool | None = None, **model_options):
+                 preload: bool | None = None, verify: str = "lazy", **model_options):
         if path is None:  # the bundled demo model (cortiq/demo.py)
             from .demo import demo_path
             path = demo_path()
@@ -117,7 +131,7 @@ class LLM:
         if n_threads is not None:
             set_num_threads(n_threads)
         self.path = os.fspath(path)
-        self.file = _cmf.open(self.path, preload=preload)
+        self.file = _cmf.open(self.path, preload=preload, verify=verify)
         try:
             from .models import model_class
             from .models.overlay import SkillRouter, normalize_skill
@@ -141,18 +155,31 @@ class LLM:
             self._router = SkillRouter(self.file) if self.skill == "auto" else None
             self._models: dict = {}
             model = self._build_model(None if self.skill == "auto" else self.skill)
-            try:
-                tok = Tokenizer.from_cmf(self.file)
-            except FormatError as e:  # sessions still take ids; text gets bytes (upstream's rule)
-                warnings.warn(f"{e}; text is tokenized as raw UTF-8 bytes", RuntimeWarning,
-                              stacklevel=2)
-                tok = Tokenizer.bytes_only(getattr(self.file, "tokenizer_config", None))
+            tok = self._open_tokenizer()
             name = os.path.splitext(os.path.basename(self.path))[0]
             max_pos = self.file.arch.get("max_position_embeddings")
             self._setup(model, tok, chat_template, seed, name, n_ctx, max_sessions, max_pos)
         except BaseException:
             self.file.close()
             raise
+
+    def _open_tokenizer(self) -> Tokenizer:
+        """The file's tokenizer. Only a file without any (no vocab section, no sidecar
+        tokenizer.json) falls back to raw UTF-8 bytes (upstream's rule: sessions still
+        take ids); a tokenizer that is there but unreadable is a damaged file."""
+        side = os.path.join(os.path.dirname(os.path.abspath(self.path)), "tokenizer.json")
+        has_one = self.file.sections()["vocab"][1] > 0 or os.path.exists(side)
+        try:
+            return Tokenizer.from_cmf(self.file)
+        except _cmf.HashMismatch:
+            raise
+        except FormatError as e:
+            if has_one:
+                raise FormatError(f"{self.path}: the tokenizer cannot be read ({e}) -- the "
+                                  "file may be damaged: run cortiq verify") from None
+            warnings.warn(f"{e}; text is tokenized as raw UTF-8 bytes", RuntimeWarning,
+                          stacklevel=3)
+            return Tokenizer.bytes_only(getattr(self.file, "tokenizer_config", None))
 
     @classmethod
     def from_pretrained(cls, repo_or_path, *, quant: str | None = None, cache_dir=None,
@@ -271,6 +298,14 @@ class LLM:
         text become their ids)."""
         if isinstance(text, (bytes, bytearray)):
             text = bytes(text).decode("utf-8", errors="replace")
+        if not isinstance(text, str):
+            raise ConfigError(f"tokenize: expected a string, got {type(text).__name__}")
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ConfigError(f"text: a lone UTF-16 surrogate {text[e.start]!r} at "
+                                  f"character {e.start} is not valid Unicode") from None
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def detokenize(self, ids, skip_special_tokens: bool = False) -> str:
@@ -280,6 +315,11 @@ class LLM:
                             **extra) -> str:
         extra = {k: v for k, v in extra.items() if v is not None}
         return self.chat_template.render(messages, add_generation_prompt, tools, **extra)
+
+    def chat_prompt_ids(self, messages, tools=None, *, enable_thinking=None) -> list[int]:
+        """The token ids `create_chat_completion` generates from for `messages`."""
+        text = self.apply_chat_template(messages, True, tools, enable_thinking=enable_thinking)
+        return self.tokenize(text, add_special_tokens=True)
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -373,6 +413,7 @@ class LLM:
                 res.finish_reason = "cancelled"
                 return
             res.cached_tokens, logits = session.prefill(ids)
+            _check_finite(logits, len(ids) - 1)
             t1 = time.perf_counter()
             res.prefill_s = t1 - t0
             sampler = Sampler(params)
@@ -399,6 +440,7 @@ class LLM:
                     break
                 if len(res.token_ids) < limit:
                     logits = session.feed([t], want="last")
+                    _check_finite(logits, len(history) - 1)
             tail = chk.finish(decoder.flush())
             if tail:
                 yield tail
@@ -464,14 +506,18 @@ class LLM:
                                session: Session | None = None,
                                sampling: SamplingParams | None = None, stream_options=None,
                                enable_thinking: bool | None = None,
-                               cancel: threading.Event | None = None, **sampling_kw):
+                               cancel: threading.Event | None = None,
+                               prompt_ids: list[int] | None = None, **sampling_kw):
         """An OpenAI `chat.completion` dict, or with `stream=True` an iterator of
         `chat.completion.chunk` dicts. The conversation is rendered with the model's
         chat template; a pooled (or the given) session that holds an earlier turn
-        re-reads only what changed."""
-        text = self.apply_chat_template(messages, True, tools, enable_thinking=enable_thinking)
-        ids = self.tokenize(text, add_special_tokens=True)
-        res, gen = self._run(ids, max_tokens, stop, session, sampling, sampling_kw, cancel)
+        re-reads only what changed. `prompt_ids`: the conversation already rendered
+        and tokenized by `chat_prompt_ids` (then `messages` and `tools` are not read
+        again: the server renders once, off its event loop)."""
+        if prompt_ids is None:
+            prompt_ids = self.chat_prompt_ids(messages, tools, enable_thinking=enable_thinking)
+        res, gen = self._run(prompt_ids, max_tokens, stop, session, sampling, sampling_kw,
+                             cancel)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         include_usage = bool((stream_options or {}).get("include_usage"))
 

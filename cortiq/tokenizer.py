@@ -43,6 +43,7 @@ _BOS_NAMES = (
 )
 _IM_END = "<|im_end|>"
 _REPLACEMENT = "\ufffd"
+_GIL_FREE_CHARS = 4096            # texts longer than this are tokenized without the GIL
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -279,8 +280,8 @@ class Tokenizer:
         if not isinstance(text, str):
             raise TypeError(f"Tokenizer.encode: text must be str, got {type(text).__name__}")
         if not add_special_tokens:
-            return list(self._tok.encode(text, add_special_tokens=False).ids)
-        ids = list(self._tok.encode(text, add_special_tokens=True).ids)
+            return self._ids(text, False)
+        ids = self._ids(text, True)
         bos = self.bos_token_id
         if self._pp_bos is not None and len(ids) >= 2 and ids[0] == ids[1] == self._pp_bos:
             ids = ids[1:]                       # the text already began with BOS
@@ -289,10 +290,19 @@ class Tokenizer:
         elif not self.add_bos and self._pp_bos is not None and ids and ids[0] == self._pp_bos:
             # add_bos=False overrides a post-processor that prepends BOS; keep a BOS
             # the text itself spelled out.
-            plain = self._tok.encode(text, add_special_tokens=False).ids
+            plain = self._ids(text, False)
             if not plain or plain[0] != self._pp_bos:
                 ids = ids[1:]
         return ids
+
+    def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        # `tokenizers` holds the GIL through `encode` but releases it in `encode_batch`:
+        # a long text goes through the batch path, so other threads (a server's event
+        # loop) keep running while it is tokenized. Same pipeline, same ids.
+        if len(text) > _GIL_FREE_CHARS:
+            return list(self._tok.encode_batch([text], add_special_tokens=add_special_tokens)
+                        [0].ids)
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def encode_batch(self, texts: Iterable[str],
                      add_special_tokens: bool = True) -> list[list[int]]:

@@ -8,6 +8,9 @@ hand-written expected prompts pin the format itself.
 """
 import json
 import os
+import threading
+import time
+import tracemalloc
 from datetime import datetime
 
 import jinja2
@@ -18,6 +21,7 @@ import pytest
 from cortiq.chat import (
     CHATML_TEMPLATE,
     ChatTemplate,
+    TemplateRenderError,
     insert_empty_think,
     parse_tool_call_arguments,
     render_chatml,
@@ -396,3 +400,185 @@ def test_messages_are_not_modified():
     for src in TEMPLATES.values():
         ChatTemplate(src).render(msgs, tools=[WEATHER_TOOL])
     assert json.dumps(msgs) == before
+
+
+# ---------------------------------------------------------------- hostile templates
+
+# Each builds (or would build) a value far over the 8 Mi-character cap from a few bytes
+# of template; every one must be refused before the value exists.
+OVERSIZE = {
+    "str_mul": "{{ 'x' * 100000000 }}",
+    "mul_reversed": "{{ 100000000 * 'x' }}",
+    "list_mul": "{{ ([1] * 100000000)|length }}",
+    "pow": "{{ 10 ** 100000000 }}",
+    "tilde_doubling": "{% set ns = namespace(s='x') %}{% for i in range(40) %}"
+                      "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+    "plus_doubling": "{% set ns = namespace(s='x') %}{% for i in range(40) %}"
+                     "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}",
+    "block_doubling": "{% set ns = namespace(s='x') %}{% for i in range(40) %}"
+                      "{% set t %}{{ ns.s }}{{ ns.s }}{% endset %}{% set ns.s = t %}"
+                      "{% endfor %}{{ ns.s|length }}",
+    "center_filter": "{{ 'x'|center(100000000) }}",
+    "ljust": "{{ 'x'.ljust(100000000) }}",
+    "zfill": "{{ '1'.zfill(100000000) }}",
+    "str_format_width": "{{ '{:>100000000}'.format(1) }}",
+    "str_format_arg_width": "{{ '{0:{1}}'.format('x', 100000000) }}",
+    "percent_width": "{{ '%0100000000d' % 1 }}",
+    "percent_star": "{{ '%*d' % (100000000, 1) }}",
+    "format_filter": "{{ '%0100000000d'|format(1) }}",
+    "indent": "{{ ('x\n' * 1000)|indent(1000000) }}",
+    "replace_method": "{% set s = 'x' * 10000 %}{{ s.replace('x', s) }}",
+    "replace_filter": "{% set s = 'x' * 10000 %}{{ s|replace('x', s) }}",
+    "join_method": "{% set s = 'x' * 100000 %}{{ s.join(range(100000)) }}",
+    "join_filter": "{% set s = 'x' * 100000 %}{{ range(100000)|join(s) }}",
+    "batch_fill": "{{ [1]|batch(100000000, 0)|list|length }}",
+    "expandtabs": "{{ ('\t' * 1000).expandtabs(100000) }}",
+    "tojson_indent": "{{ messages|tojson(indent=100000000) }}",
+    "output": "{% for i in range(10000) %}{{ 'x' * 10000 }}{% endfor %}",
+    "macro_output": "{% macro m() %}{% for i in range(10000) %}{{ 'y' * 10000 }}"
+                    "{% endfor %}{% endmacro %}{{ m()|length }}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVERSIZE))
+def test_oversized_values_are_refused_before_they_are_built(name):
+    tracemalloc.start()
+    try:
+        with pytest.raises(TemplateRenderError, match="size limit") as e:
+            ChatTemplate(OVERSIZE[name])               # refused at load (the probe)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "chat_template" in str(e.value)
+    assert peak < 40 << 20, f"{name}: {peak / 2**20:.0f} MiB allocated"
+
+
+def test_size_limit_is_the_templates_own():
+    t = ChatTemplate("{{ 'x' * (messages|length * 1000) }}", max_output_chars=5000)
+    assert len(t.render([{"role": "user", "content": "a"}] * 5)) == 5000
+    with pytest.raises(TemplateRenderError, match="5000"):
+        t.render([{"role": "user", "content": "a"}] * 6)
+    with pytest.raises(TemplateError, match="max_output_chars"):
+        ChatTemplate("x", max_output_chars=0)
+    with pytest.raises(TemplateError, match="render_timeout"):
+        ChatTemplate("x", render_timeout=-1)
+
+
+SLOW = {
+    "nested_loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                    "{% endfor %}",
+    "nested_output": "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}"
+                     "{% endfor %}{% endfor %}",
+    "recursive_macro": "{% macro f(n) %}{% for i in range(100000) %}{% endfor %}{{ f(n) }}"
+                       "{% endmacro %}{{ f(0) }}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SLOW))
+def test_a_slow_template_is_refused_at_load(name):
+    t0 = time.monotonic()
+    with pytest.raises(TemplateRenderError, match="time limit|RecursionError"):
+        ChatTemplate(SLOW[name], render_timeout=0.3)
+    assert time.monotonic() - t0 < 3
+
+
+def test_a_template_slow_only_for_long_conversations_is_stopped_at_render():
+    src = ("{% if messages|length > 2 %}{% for i in range(100000) %}{% for j in "
+           "range(100000) %}{% endfor %}{% endfor %}{% endif %}" + CHATML_TEMPLATE)
+    t = ChatTemplate(src, render_timeout=0.3)       # loads: the probe is short
+    short = [{"role": "user", "content": "a"}]
+    assert t.render(short) == render_chatml(short)
+    t0 = time.monotonic()
+    with pytest.raises(TemplateRenderError, match=r"exceeded the render time limit of 0\.3 s"):
+        t.render(short * 3)
+    assert time.monotonic() - t0 < 3
+    # the thread is left clean: no stray interrupt arrives later
+    time.sleep(0.5)
+    assert sum(i for i in range(200000)) > 0
+    assert t.render(short) == render_chatml(short)
+
+
+def test_the_time_limit_never_escapes_a_render_that_just_finished():
+    """Renders that finish right around their deadline: each either returns or raises
+    TemplateRenderError inside render(), never anything in the caller's code after."""
+    t = ChatTemplate("{% for i in range(3000) %}{{ i }}{% endfor %}", render_timeout=10)
+    start = time.perf_counter()
+    t.render([])
+    took = time.perf_counter() - start
+    t.render_timeout = max(took, 1e-4)
+    outcomes = set()
+    for _ in range(60):
+        try:
+            t.render([])
+            outcomes.add("ok")
+        except TemplateRenderError:
+            outcomes.add("timeout")
+        x = 0
+        for i in range(20000):                     # an interrupt would land here
+            x += i
+    assert outcomes <= {"ok", "timeout"}
+
+
+def test_tiny_time_limits_never_leak_the_interrupt():
+    t = ChatTemplate("{{ messages|length }}", render_timeout=10)
+    for limit in (1e-6, 1e-5, 1e-4) * 20:
+        t.render_timeout = limit
+        try:
+            t.render([])
+        except TemplateRenderError:
+            pass
+        x = 0
+        for i in range(20000):
+            x += i
+    t.render_timeout = 10
+    assert t.render([]) == "0"
+
+
+def test_rendering_works_under_a_profiler():
+    """A regression guard: cancelling a pending interrupt with NULL leaves CPython's
+    eval breaker tripped, which hangs a profiled render."""
+    import subprocess
+    import sys
+    code = ("import cProfile; from cortiq.chat import ChatTemplate; "
+            "t = ChatTemplate('{% for i in range(50) %}{{ i }}{% endfor %}'); t.render([]); "
+            "p = cProfile.Profile(); p.enable(); t.render([]); p.disable(); print('ok')")
+    import cortiq
+    root = os.path.dirname(os.path.dirname(os.path.abspath(cortiq.__file__)))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, cwd=root)
+    assert r.stdout.strip() == "ok", r.stderr
+
+
+def test_time_limit_works_in_many_threads_at_once():
+    src = ("{% if messages|length > 1 %}{% for i in range(100000) %}{% for j in "
+           "range(100000) %}{% endfor %}{% endfor %}{% endif %}ok")
+    t = ChatTemplate(src, render_timeout=0.3)
+    out = []
+
+    def go(n):
+        try:
+            out.append(t.render([{"role": "user", "content": "a"}] * n))
+        except TemplateRenderError as e:
+            out.append("limit" if "time limit" in str(e) else str(e))
+    ts = [threading.Thread(target=go, args=(1 + i % 2,)) for i in range(6)]
+    for x in ts:
+        x.start()
+    for x in ts:
+        x.join(20)
+    assert sorted(out) == ["limit"] * 3 + ["ok"] * 3
+
+
+def test_template_faults_and_rejections_are_told_apart():
+    with pytest.raises(TemplateRenderError, match="TypeError"):
+        ChatTemplate("{{ messages[0].content + 1 }}").render([{"role": "u", "content": "x"}])
+    with pytest.raises(TemplateRenderError, match="SecurityError"):
+        ChatTemplate("{{ ().__class__.__mro__ }}").render([])
+    with pytest.raises(TemplateRenderError, match="syntax error"):
+        ChatTemplate("{% if %}")
+    with pytest.raises(TemplateRenderError, match="lipsum"):        # no filler generator
+        ChatTemplate("{{ lipsum(100000000) }}").render([])
+    for fn in (lambda: ChatTemplate("{{ raise_exception('no') }}").render([]),
+               lambda: ChatTemplate(QWEN3).render("hello")):
+        with pytest.raises(TemplateError) as e:
+            fn()
+        assert not isinstance(e.value, TemplateRenderError)

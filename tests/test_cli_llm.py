@@ -99,3 +99,12 @@ def test_chat_drops_old_exchanges_to_fit(toy_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "dropped the oldest exchange" in err
     assert err.count("generated;") == 3
+
+
+def test_chat_and_bench_without_a_model_use_the_demo(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Once upon a time\n/exit\n"))
+    assert main(["chat", "--greedy", "-n", "3", "--stats"]) == 0
+    assert "generated" in capsys.readouterr().err
+    assert main(["bench", "--tokens", "2", "--prompt-tokens", "4", "--turn-tokens", "2",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["decode_tokens"] == 2

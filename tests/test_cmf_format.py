@@ -455,9 +455,12 @@ def test_verify_reports_each_kind(tmp_path):
     b[-2] ^= 1  # vocab byte
     probs = C.open(write(tmp_path, bytes(b))).verify()
     assert len(probs) == 1 and "vocab section" in probs[0]
-    probs = C.open(write(tmp_path, patch(d, 0x70, "<Q", 12345))).verify()
+    # a damaged header or directory is refused on open; verify="off" lists it
+    with pytest.raises(C.HashMismatch, match="header hash mismatch"):
+        C.open(write(tmp_path, patch(d, 0x70, "<Q", 12345)))
+    probs = C.open(write(tmp_path, patch(d, 0x70, "<Q", 12345)), verify="off").verify()
     assert len(probs) == 1 and "header hash mismatch" in probs[0]
-    probs = C.open(write(tmp_path, patch(d, 0x78, "<Q", 12345))).verify()
+    probs = C.open(write(tmp_path, patch(d, 0x78, "<Q", 12345)), verify="off").verify()
     assert len(probs) == 1 and "directory hash mismatch" in probs[0]
     # 0 = not recorded (Rust semantics): no problem
     assert C.open(write(tmp_path, compose(py_writer_header(), sample_tensors()[:2],

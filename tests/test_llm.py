@@ -144,6 +144,10 @@ def test_max_tokens_and_context_limits(llm, toy_path):
         llm.generate(PROMPT, bogus=1)
     with pytest.raises(ConfigError, match="top_p"):
         llm.generate(PROMPT, top_p=2.0)
+    with pytest.raises(ConfigError, match="lone UTF-16 surrogate '\\\\ud800' at character 2"):
+        llm.generate("ab\ud800")
+    with pytest.raises(ConfigError, match="surrogate"):
+        llm.create_chat_completion([{"role": "user", "content": "\udfff abc"}])
     with cortiq.LLM(toy_path, n_ctx=8) as small:
         ids = small.tokenize(PROMPT)[:5]
         res = small.create_completion(ids, max_tokens=100, temperature=0,

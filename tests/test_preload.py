@@ -67,7 +67,8 @@ def test_preload_is_a_copy_of_every_part(model_file, shards, tmp_path, which):
         files[0].write_bytes(model_file.read_bytes())
     else:
         files = shards
-    with C.open(files[0], preload=True) as pre, C.open(files[0]) as mapped:
+    with C.open(files[0], preload=True) as pre, \
+                C.open(files[0], verify="off") as mapped:   # damaged below, on purpose
         before = {n: pre.raw(n).copy() for n in pre.names()}
         for f in files:
             part = pre._part(str(f))
@@ -185,9 +186,9 @@ def test_cli_preload_flag(tmp_path, capsys, monkeypatch):
     seen = []
     real_open = cortiq.llm._cmf.open
 
-    def spy(path, preload=False):
+    def spy(path, preload=False, **kw):
         seen.append(preload)
-        return real_open(path, preload=preload)
+        return real_open(path, preload=preload, **kw)
 
     monkeypatch.setattr(cortiq.llm._cmf, "open", spy)
     argv = ["run", toy, "-p", "hello world", "--greedy", "-n", "5"]

@@ -13,8 +13,8 @@ from cortiq import _kernels
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(cortiq.__file__)))
 
 PUBLIC = {
-    "ConfigError", "CortiqError", "FormatError", "KernelError", "LLM", "SamplingParams",
-    "TemplateError",
+    "ConfigError", "CortiqError", "FormatError", "KernelError", "LLM", "ModelError",
+    "SamplingParams", "TemplateError",
     "__version__", "config", "get_int8_activations", "get_num_threads",
     "set_int8_activations", "set_num_threads", "show_config",
 }
@@ -27,7 +27,8 @@ def test_public_names_are_pinned():
 
 
 def test_error_hierarchy():
-    for e in (cortiq.FormatError, cortiq.KernelError, cortiq.ConfigError, cortiq.TemplateError):
+    for e in (cortiq.FormatError, cortiq.KernelError, cortiq.ConfigError, cortiq.TemplateError,
+              cortiq.ModelError):
         assert issubclass(e, cortiq.CortiqError)
     assert issubclass(cortiq.ConfigError, ValueError)
 

@@ -407,3 +407,30 @@ def test_stream_random_ids_property(bl, bf, data):
         assert "".join(pieces) + tail == tok.decode(ids, skip_special_tokens=skip)
         for p in pieces:                        # a held piece never ends mid-character
             assert not p.endswith("\ufffd")
+
+
+def test_long_texts_are_tokenized_off_the_gil_with_the_same_ids(bl, monkeypatch):
+    import threading
+    import time
+
+    import cortiq.tokenizer as tokmod
+    text = "hello world, the quick brown fox! <|im_end|> " * 2000
+    fast = [bl.encode(text, s) for s in (True, False)]
+    monkeypatch.setattr(tokmod, "_GIL_FREE_CHARS", 10 ** 9)      # the plain encode path
+    assert fast == [bl.encode(text, s) for s in (True, False)]
+    monkeypatch.undo()
+    # another thread keeps running while a long text is tokenized
+    big = text * 10
+    done, ticks = threading.Event(), []
+
+    def work():
+        bl.encode(big)
+        done.set()
+    t = threading.Thread(target=work)
+    t.start()
+    while not done.is_set():
+        ticks.append(time.perf_counter())
+        time.sleep(0.001)
+    t.join()
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert len(ticks) > 5 and max(gaps, default=0) < 0.25

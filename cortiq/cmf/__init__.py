@@ -2,6 +2,8 @@
 
     cortiq.cmf.open(path) -> CmfFile        validated, mmap-backed, zero-copy
     cortiq.cmf.open(path, preload=True)     the same over a copy in anonymous huge pages
+    cortiq.cmf.open(path, verify="lazy")    hashes checked on first use ("full": on open,
+                                            "off": never); a mismatch is HashMismatch
     cortiq.cmf.write(path, tensors, arch=..., quant="q8_row", ...)
     cortiq.cmf.Writer(path, arch=..., ...)  streaming: .add(name, array), .close()
     cortiq.cmf.hash64(data)                 the format's 64-bit digest (C kernel)

@@ -15,12 +15,12 @@ def _fmt_bytes(n: int) -> str:
     return f"{n}"
 
 
-def _open(path):
+def _open(path, verify="lazy"):
     from . import open as cmf_open
     if path is None:                       # no file: the bundled demo model
         from ..demo import demo_path
         path = demo_path()
-    return cmf_open(path)
+    return cmf_open(path, verify=verify)
 
 
 def _fail(e) -> int:
@@ -57,8 +57,8 @@ def cmd_info(args) -> int:
         out.append(f"tensors:     {len(cf.tensors)}  ({_fmt_bytes(total)})")
         for d, (c, b) in sorted(by.items(), key=lambda kv: -kv[1][1]):
             out.append(f"  {d:<10} {c:>6} tensors  {_fmt_bytes(b):>12}")
-        tj = cf.tokenizer_json()
-        out.append(f"tokenizer:   {'tokenizer.json, ' + _fmt_bytes(len(tj)) if tj else 'none'}")
+        n_tok = cf.sections()["vocab"][1]
+        out.append(f"tokenizer:   {'tokenizer.json, ' + _fmt_bytes(n_tok) if n_tok else 'none'}")
         tc = cf.tokenizer_config
         if tc:
             tpl = tc.get("chat_template")
@@ -84,7 +84,7 @@ def cmd_info(args) -> int:
 
 def cmd_verify(args) -> int:
     try:
-        cf = _open(args.file)
+        cf = _open(args.file, verify="off")      # verify() itself lists every problem
         with cf:
             problems = cf.verify()
             n = len(cf.tensors)

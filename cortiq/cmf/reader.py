@@ -7,6 +7,19 @@
     b = cf.raw("lm_head.weight")           # uint8 view into the map (read-only, no copy)
     cf.verify()                            # [] when every hash matches
 
+Hash checks (`verify=`): a damaged file is refused, never run.
+
+* "lazy" (the default): the header and directory hashes, and the masks/index section
+  hashes, are checked on open (those sections are read on open anyway); each tensor's
+  hash the first time its bytes are handed out (`raw`, `tensor`: once per tensor,
+  thread-safe), and the vocab section's when the tokenizer is read. A model is built
+  from every tensor, so building it checks them all -- one pass over the weights at
+  hash64's ~14 GB/s on one core (see docs/PERFORMANCE.md), off the per-token path.
+* "full": every hash on open (`verify(strict=True)`).
+* "off": no hash is compared (`cortiq verify` uses this to list every problem itself).
+
+A mismatch raises `HashMismatch` naming the file, the tensor or section and both hashes.
+
 Nothing but the envelope, header, directory (and the masks/index sections, which are
 validated on open) is read until a tensor is used -- unless preload=True: then every
 file is read whole into private anonymous memory on open (huge pages where the OS
@@ -19,6 +32,7 @@ import mmap
 import os
 import re
 import struct
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,11 +101,22 @@ class TensorInfo:
         return Q.numel(self.shape)
 
 
+VERIFY_MODES = ("lazy", "full", "off")
+
+
+def _check_verify_mode(verify) -> str:
+    if verify not in VERIFY_MODES:
+        from ..errors import ConfigError
+        raise ConfigError(f"verify: expected one of {', '.join(map(repr, VERIFY_MODES))}, "
+                          f"got {verify!r}")
+    return verify
+
+
 class _Part:
     """One physical file: its map (or preloaded copy), envelope, header and directory
     (validated)."""
 
-    def __init__(self, path: str, preload: bool = False):
+    def __init__(self, path: str, preload: bool = False, verify: str = "lazy"):
         self.path = path = os.fspath(path)
         try:
             fh = builtins.open(path, "rb")
@@ -112,9 +137,19 @@ class _Part:
                 self.buf = np.frombuffer(self._mm, dtype=np.uint8)
         try:
             self._parse()
+            if verify == "lazy":
+                self._check(self._envelope_problems() + self._section_problems(
+                    ("masks", "index")))
+            elif verify == "full":
+                self._check(self.verify())
         except BaseException:
             self.close()
             raise
+
+    @staticmethod
+    def _check(problems):
+        if problems:
+            raise HashMismatch("; ".join(problems) + " -- the file is damaged")
 
     # ---- validation, in the Rust reader's order ----------------------------------
     def _parse(self):
@@ -243,7 +278,7 @@ class _Part:
                                        cols["hash"][i], p)
         self.tensors = tensors
 
-    def verify(self) -> list:
+    def _envelope_problems(self) -> list:
         p, problems = self.path, []
         if self.header_hash and hash64(self.header_bytes) != self.header_hash:
             problems.append(f"{p}: header hash mismatch (envelope offset 0x70 stores "
@@ -253,8 +288,12 @@ class _Part:
             problems.append(f"{p}: directory hash mismatch (envelope offset 0x78 stores "
                             f"{self.dir_hash:016x}, bytes hash to "
                             f"{hash64(self.dir_bytes):016x})")
+        return problems
+
+    def _section_problems(self, sections=("masks", "vocab", "index")) -> list:
+        p, problems = self.path, []
         for s, stored in (self.header.get("section_hashes") or {}).items():
-            if s not in ("masks", "vocab", "index") or stored is None:
+            if s not in sections or stored is None:
                 continue
             off, ln = self.sections[s]
             if not ln:
@@ -270,11 +309,21 @@ class _Part:
             if got != want:
                 problems.append(f"{p}: {s} section at offset {off} hash mismatch (header "
                                 f"says {want:016x}, bytes hash to {got:016x})")
+        return problems
+
+    def tensor_problem(self, t: TensorInfo) -> str | None:
+        got = hash64(self.buf[t.offset:t.offset + t.nbytes])
+        if got != t.hash:
+            return (f"{self.path}: tensor {t.name!r} at offset {t.offset} hash mismatch "
+                    f"(directory says {t.hash:016x}, payload hashes to {got:016x})")
+        return None
+
+    def verify(self) -> list:
+        problems = self._envelope_problems() + self._section_problems()
         for t in self.tensors.values():
-            got = hash64(self.buf[t.offset:t.offset + t.nbytes])
-            if got != t.hash:
-                problems.append(f"{p}: tensor {t.name!r} at offset {t.offset} hash mismatch "
-                                f"(directory says {t.hash:016x}, payload hashes to {got:016x})")
+            bad = self.tensor_problem(t)
+            if bad:
+                problems.append(bad)
         return problems
 
     def close(self):
@@ -291,10 +340,14 @@ class _Part:
 class CmfFile:
     """An open CMF model: one file, or every shard of a set merged (see open())."""
 
-    def __init__(self, path, preload: bool = False):
+    def __init__(self, path, preload: bool = False, verify: str = "lazy"):
         path = os.fspath(path)
         self.preload = bool(preload)
-        first = _Part(path, self.preload)
+        self.verify_mode = _check_verify_mode(verify)
+        # names whose payload hash matched (lazy mode); a set's `in` needs no lock
+        self._verified: set = set()
+        self._verify_lock = threading.Lock()
+        first = _Part(path, self.preload, self.verify_mode)
         self._parts = [first]
         try:
             self._open_siblings(first)
@@ -344,7 +397,7 @@ class CmfFile:
                 else:
                     sib = os.path.join(folder, shard_file_name(m["base"], k, count))
                     try:
-                        part = _Part(sib, self.preload)
+                        part = _Part(sib, self.preload, self.verify_mode)
                     except CmfFileNotFound:
                         raise CmfFileNotFound(f"{sib}: shard {k} of {count} is missing "
                                               f"(opened from {first.path})") from None
@@ -446,15 +499,30 @@ class CmfFile:
         part = self._by_file[t.file]
         if part.buf is None:
             raise ValueError(f"{self.path}: file is closed")
+        if self.verify_mode == "lazy" and name not in self._verified:
+            self._verify_tensor(part, t)
         return part.buf[t.offset:t.offset + t.nbytes]
+
+    def _verify_tensor(self, part: _Part, t: TensorInfo) -> None:
+        """Compare `t`'s payload hash once (threads asking at the same time wait for
+        the one that hashes)."""
+        with self._verify_lock:
+            if t.name in self._verified:
+                return
+            bad = part.tensor_problem(t)
+            if bad:
+                raise HashMismatch(f"{bad} -- the file is damaged: refusing to use it "
+                                   f"(run cortiq verify for every problem)")
+            self._verified.add(t.name)
 
     def tensor(self, name: str, skill=None) -> np.ndarray:
         """`name` (or its skill replacement) decoded to float32 (u8 stays uint8)."""
         real = self.resolve(name, skill)
         t = self.info(real)
+        raw = self.raw(real)
         try:
             with np.errstate(all="ignore"):  # garbage payloads may decode to inf/nan
-                return Q.dequantize(self.raw(real), t.dtype, t.shape)
+                return Q.dequantize(raw, t.dtype, t.shape)
         except FormatError as e:
             raise type(e)(f"{t.file}: tensor {real!r} at offset {t.offset}: {e}") from None
 
@@ -463,6 +531,9 @@ class CmfFile:
         """The HF tokenizer.json bytes of the vocab section, or None."""
         part = self._parts[0]
         off, ln = part.sections["vocab"]
+        if ln and self.verify_mode == "lazy" and "\0vocab" not in self._verified:
+            part._check(part._section_problems(("vocab",)))
+            self._verified.add("\0vocab")            # no tensor name starts with NUL
         return part.buf[off:off + ln].tobytes() if ln else None
 
     def verify(self, strict: bool = False) -> list:
@@ -492,11 +563,15 @@ class CmfFile:
                 f"{', preload=True' if self.preload else ''})")
 
 
-def open(path, preload: bool = False) -> CmfFile:  # noqa: A001 - the module's API name
+def open(path, preload: bool = False, verify: str = "lazy") -> CmfFile:  # noqa: A001
     """Open a CMF v2 file (or any shard of a set) with full §3 validation.
+
+    verify="lazy" (default) checks each hash when its bytes are first used, "full"
+    every hash on open, "off" none (see the module docstring); a mismatch raises
+    HashMismatch.
 
     preload=True reads every file whole into private anonymous memory (2 MiB aligned,
     transparent huge pages where offered) instead of mapping it: a copy at open and
     memory not shared with the page cache, for faster decode (fewer TLB misses).
     Views stay read-only and zero-copy into that buffer; the file is never written."""
-    return CmfFile(path, preload)
+    return CmfFile(path, preload, verify)
