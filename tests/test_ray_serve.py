@@ -22,7 +22,7 @@ import pytest
 
 import cortiq
 
-if os.environ.get("CI"):            # CI installs ray[serve]: a missing package is a failure
+if os.environ.get("CORTIQ_REQUIRE_RAY"):   # .ci/run installed ray[serve]: never skip
     import ray
     from ray import serve
 else:
@@ -34,6 +34,7 @@ pytest.importorskip("uvicorn")
 
 import cortiq.ray as cray  # noqa: E402
 from cortiq.cli import main  # noqa: E402
+from cortiq.demo import demo_path  # noqa: E402
 from cortiq.server import create_app  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -251,7 +252,7 @@ def test_killed_replica_is_replaced_and_service_keeps_answering(service):
 
 def test_replica_that_cannot_load_reports_the_cmf_error(service, tmp_path):
     bad = tmp_path / "damaged.cmf"
-    shutil.copy(cortiq.demo.demo_path(), bad)
+    shutil.copy(demo_path(), bad)
     with open(bad, "r+b") as f:
         f.seek(0)
         f.write(b"XXXX")
@@ -303,6 +304,82 @@ def test_deployment_options():
     a = cfg.autoscaling_config
     assert (a.min_replicas, a.max_replicas, a.target_ongoing_requests) == (1, 3, 3)
     assert auto._bound_deployment.ray_actor_options["num_cpus"] == 2
+
+
+class _FakeReplica:
+    replica_id, host = "SERVE_REPLICA::cortiq#CortiqReplica#abc", "h1"
+
+    def __init__(self, view):
+        self.view = view
+
+    def deployment_view(self):
+        if isinstance(self.view, Exception):
+            raise self.view
+        return self.view
+
+
+@pytest.mark.parametrize("view,status", [
+    ({"deployment_status": "HEALTHY", "replicas": {"RUNNING": 2}, "message": "", "target": 2},
+     "ok"),
+    ({"deployment_status": "UPDATING", "replicas": {"RUNNING": 1, "STARTING": 1},
+      "message": "", "target": 2}, "degraded"),
+    ({"deployment_status": "UNHEALTHY", "replicas": {"RUNNING": 1},
+      "message": "cortiq replica on h2: cannot load /m.cmf: FormatError: bad magic"},
+     "degraded"),
+    (ConnectionError("controller gone"), "degraded"),
+])
+def test_healthz_merges_the_replica_and_the_deployment_view(view, status):
+    import asyncio
+    llm = cortiq.LLM()
+    try:
+        app = cray._ReplicaApp(create_app(llm), _FakeReplica(view))
+
+        async def go():
+            t = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=t, base_url="http://x") as c:
+                return await c.get("/healthz"), await c.get("/v1/models"), \
+                    await c.get("/v1/nothing")
+        h, models, missing = asyncio.run(go())
+    finally:
+        llm.close()
+    body = h.json()
+    assert h.status_code == 200 and body["status"] == status and body["model"] == "demo"
+    assert body["replica"] == _FakeReplica.replica_id and body["host"] == "h1"
+    assert body["running_or_queued"] == 0                   # the replica's own field, kept
+    if isinstance(view, Exception):
+        assert body["deployment_status"] == "UNKNOWN" and "controller gone" in body["message"]
+    else:
+        assert {k: body[k] for k in view} == view
+    for r in (h, models, missing):                          # every answer names its replica
+        assert r.headers[cray.REPLICA_HEADER] == _FakeReplica.replica_id
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_health_check_fails_when_the_model_file_changes(tmp_path):
+    path = tmp_path / "m.cmf"
+    shutil.copy(demo_path(), path)
+    check = cray.CortiqReplica.func_or_class.check_health
+    replica = type("R", (), {})()
+    replica.llm = type("L", (), {"path": str(path)})()
+    replica.identity = cray._file_identity(str(path))
+    check(replica)                                           # unchanged: healthy
+    new = tmp_path / "new.cmf"
+    shutil.copy(demo_path(), new)
+    os.replace(new, path)                                    # a new model, atomically
+    with pytest.raises(cray.ReplicaLoadError, match="changed on disk"):
+        check(replica)
+    os.remove(path)
+    with pytest.raises(cray.ReplicaLoadError, match="gone"):
+        check(replica)
+
+
+def test_load_error_finds_the_replicas_line():
+    msg = ("The deployment failed to start 3 times in a row. Error:\nTraceback ...\n"
+           "cortiq.ray.ReplicaLoadError: cortiq replica on h1: cannot load /m.cmf: "
+           "FormatError: bad magic\n")
+    assert cray.load_error(msg) == ("cortiq replica on h1: cannot load /m.cmf: "
+                                    "FormatError: bad magic")
+    assert cray.load_error("  something else \n") == "something else"
 
 
 def test_sigterm_tears_the_deployment_down(service):
