@@ -12,10 +12,11 @@ Configurations, each measured on this machine in the same run:
 Every client sends `--requests` greedy completions of `--tokens` tokens one after the
 other; tok/s = completion tokens of all clients / wall time, the best of `--repeat`
 rounds. The ingress overhead is
-the median latency of GET /v1/models (no model work) and of a 1-token completion,
-through Serve minus direct, over sequential requests. The plain servers run in a
-subprocess and Ray in a local instance of `--cpus` CPUs, so the clients (threads of
-this process) do not share a GIL with the server.
+the median paired difference, through Serve minus direct (requests alternating between
+the two), of GET /v1/models (no model work), of a 1-token completion and of the time
+per token of one client's stream (every token is one chunk through Serve's proxy).
+The plain servers run in a subprocess and Ray in a local instance of `--cpus` CPUs, so
+the clients (threads of this process) do not share a GIL with the server.
 """
 from __future__ import annotations
 
@@ -90,21 +91,43 @@ def _round(url, clients, requests, tokens):
     return sum(counts) / dt
 
 
-def latency_ms(url, n=60):
-    """Median ms of GET /v1/models and of a 1-token completion, sequential."""
+def _stream(c, url, tokens):
+    """One streamed completion; returns its token count (every token is one chunk)."""
+    got = 0
+    with c.stream("POST", url + "/v1/completions", json={
+            "prompt": PROMPTS[0], "max_tokens": tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                u = json.loads(line[6:]).get("usage")
+                got = u["completion_tokens"] if u else got
+    return got
+
+
+def paired_latency_ms(plain_url, ray_url, tokens, n=80):
+    """Median ms per request, direct and through Serve, measured in alternation (so a
+    busy spell of the machine hits both), and the median of the paired differences:
+    GET /v1/models (no model work), a 1-token completion, and per token of a stream."""
     out = {}
-    with httpx.Client(timeout=60) as c:
-        for key, call in (("models", lambda: c.get(url + "/v1/models")),
-                          ("completion_1tok", lambda: c.post(url + "/v1/completions", json={
-                              "prompt": "def f", "max_tokens": 1, "temperature": 0}))):
-            call()
-            ts = []
-            for _ in range(n):
-                t0 = time.perf_counter()
-                r = call()
-                ts.append((time.perf_counter() - t0) * 1e3)
-                assert r.status_code == 200, r.text
-            out[key] = statistics.median(ts)
+    with httpx.Client(timeout=120) as c:
+        probes = {
+            "models": (lambda u: (c.get(u + "/v1/models"), 1)[1], n),
+            "completion_1tok": (lambda u: (c.post(u + "/v1/completions", json={
+                "prompt": "def f", "max_tokens": 1, "temperature": 0}), 1)[1], n),
+            "stream_per_token": (lambda u: _stream(c, u, tokens), max(n // 8, 5)),
+        }
+        for key, (call, reps) in probes.items():
+            call(plain_url), call(ray_url)                     # warm-up
+            samples = {plain_url: [], ray_url: []}
+            for _ in range(reps):
+                for u in (plain_url, ray_url):
+                    t0 = time.perf_counter()
+                    k = call(u)
+                    samples[u].append((time.perf_counter() - t0) * 1e3 / max(k, 1))
+            d = [r - p for p, r in zip(samples[plain_url], samples[ray_url])]
+            out[key] = {"plain": statistics.median(samples[plain_url]),
+                        "ray": statistics.median(samples[ray_url]),
+                        "overhead": statistics.median(d)}
     return out
 
 
@@ -133,44 +156,44 @@ def main(argv=None):
     res = {"clients": a.clients, "requests_per_client": a.requests, "tokens": a.tokens,
            "cpus": a.cpus, "repeat": a.repeat, "tok_s": {}, "latency_ms": {}}
 
-    for threads in sorted({1, a.cpus}):
-        url, p = plain_server(model, threads, concurrency=a.cpus)
-        try:
-            res["tok_s"][f"plain T={threads}"] = load(url, a.clients, a.requests, a.tokens,
-                                                      a.repeat)
-            if threads == 1:
-                res["latency_ms"]["plain"] = latency_ms(url)
-        finally:
+    servers = {t: plain_server(model, t, concurrency=a.cpus) for t in sorted({1, a.cpus})}
+    try:
+        for t, (url, _) in servers.items():
+            res["tok_s"][f"plain T={t}"] = load(url, a.clients, a.requests, a.tokens, a.repeat)
+        if a.cpus != 1:                   # plain T=1 stays up: Serve's latency is paired with it
+            _, p = servers.pop(a.cpus)
             p.terminate()
             p.wait(30)
+        plain_url = servers[1][0]
 
-    import ray
-    from ray import serve
+        import ray
+        from ray import serve
 
-    import cortiq.ray as cray
-    ray.init(num_cpus=a.cpus, include_dashboard=False, log_to_driver=False,
-             logging_level="warning")
-    port = _free_port()
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port},
-                    logging_config={"log_level": "WARNING", "enable_access_log": False})
-        url = f"http://127.0.0.1:{port}"
-        for replicas in sorted({1, a.cpus}):
-            serve.run(cray.deployment(model, replicas=replicas, threads_per_replica=1,
-                                      max_concurrency=a.cpus, max_queue=64),
-                      name="cortiq", route_prefix="/",
-                      logging_config={"log_level": "WARNING", "enable_access_log": False})
-            _wait_up(url)
-            res["tok_s"][f"ray {replicas}x1"] = load(url, a.clients, a.requests, a.tokens,
-                                                     a.repeat)
-            if replicas == 1:
-                res["latency_ms"]["ray"] = latency_ms(url)
-            serve.delete("cortiq")
+        import cortiq.ray as cray
+        ray.init(num_cpus=a.cpus, include_dashboard=False, log_to_driver=False,
+                 logging_level="warning")
+        quiet = {"log_level": "WARNING", "enable_access_log": False}
+        try:
+            port = _free_port()
+            serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=quiet)
+            url = f"http://127.0.0.1:{port}"
+            for replicas in sorted({1, a.cpus}):
+                serve.run(cray.deployment(model, replicas=replicas, threads_per_replica=1,
+                                          max_concurrency=a.cpus, max_queue=64),
+                          name="cortiq", route_prefix="/", logging_config=quiet)
+                _wait_up(url)
+                res["tok_s"][f"ray {replicas}x1"] = load(url, a.clients, a.requests, a.tokens,
+                                                         a.repeat)
+                if replicas == 1:     # the plain T=1 server is still up: measure in pairs
+                    res["latency_ms"] = paired_latency_ms(plain_url, url, a.tokens)
+                serve.delete("cortiq")
+        finally:
+            serve.shutdown()
+            ray.shutdown()
     finally:
-        serve.shutdown()
-        ray.shutdown()
-    pl, rl = res["latency_ms"]["plain"], res["latency_ms"]["ray"]
-    res["ingress_overhead_ms"] = {k: rl[k] - pl[k] for k in pl}
+        for _, p in servers.values():
+            p.terminate()
+            p.wait(30)
     if a.json:
         print(json.dumps(res))
         return 0
@@ -182,9 +205,9 @@ def main(argv=None):
     for k, v in res["tok_s"].items():
         if k.startswith("ray"):
             print(f"  {k} / plain T=1: x{v / base:.2f}")
-    for k in pl:
-        print(f"  median {k}: plain {pl[k]:.2f} ms, via Serve {rl[k]:.2f} ms "
-              f"(+{res['ingress_overhead_ms'][k]:.2f} ms)")
+    for k, v in res["latency_ms"].items():
+        print(f"  median {k}: plain {v['plain']:.2f} ms, via Serve {v['ray']:.2f} ms, "
+              f"paired difference {v['overhead']:+.2f} ms")
     return 0
 
 

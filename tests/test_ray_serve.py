@@ -373,6 +373,12 @@ def test_health_check_fails_when_the_model_file_changes(tmp_path):
         check(replica)
 
 
+def test_cortiq_itself_never_imports_ray():
+    code = ("import sys, cortiq, cortiq.server, cortiq.cli; cortiq.cli.build_parser(); "
+            "sys.exit(int('ray' in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], cwd=PKG_PARENT).returncode == 0
+
+
 def test_load_error_finds_the_replicas_line():
     msg = ("The deployment failed to start 3 times in a row. Error:\nTraceback ...\n"
            "cortiq.ray.ReplicaLoadError: cortiq replica on h1: cannot load /m.cmf: "
