@@ -77,7 +77,10 @@ class _ReplicaApp:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if scope["path"] == "/healthz" and scope["method"] in ("GET", "HEAD"):
+        path, root = scope["path"], scope.get("root_path", "")
+        if root and path.startswith(root):    # Serve keeps the route prefix in the path
+            path = path[len(root):]
+        if path == "/healthz" and scope["method"] in ("GET", "HEAD"):
             return await self._healthz(scope, receive, send)
 
         async def tagged(message):
@@ -247,6 +250,9 @@ def deployment(model=None, *, replicas: int | None = None, autoscale=None,
         raise ConfigError("give either replicas or autoscale, not both")
     threads = _int("threads_per_replica", threads_per_replica, 1)
     running, queued = _int("max_concurrency", max_concurrency, 1), _int("max_queue", max_queue, 0)
+    if isinstance(graceful_timeout, bool) or not isinstance(graceful_timeout, (int, float)) \
+            or not graceful_timeout >= 0:
+        raise ConfigError(f"graceful_timeout: expected seconds >= 0, got {graceful_timeout!r}")
     config = {k: v for k, v in options.items() if v is not None}
     config.update(model=None if model is None else os.path.abspath(os.path.expanduser(
         os.fspath(model))), threads=threads, verify=bool(verify),

@@ -298,7 +298,15 @@ def test_deployment_options():
         cray.deployment(None, replicas=0)
     with pytest.raises(cortiq.ConfigError):
         cray.deployment(None, bogus=1)
+    with pytest.raises(cortiq.ConfigError):
+        cray.deployment(None, graceful_timeout=-1)
     assert cray.parse_autoscale("0:4") == (0, 4) and cray.parse_autoscale((2, 2)) == (2, 2)
+    # The Serve config-file builder: args are deployment's keyword arguments.
+    built = cray.build({"model": "m.cmf", "replicas": 3, "verify": True})
+    assert built._bound_deployment._deployment_config.num_replicas == 3
+    assert built._bound_deployment.init_args[0]["model"] == os.path.abspath("m.cmf")
+    with pytest.raises(cortiq.ConfigError):
+        cray.build({"model": "m.cmf", "replica": 3})
     cfg = auto._bound_deployment._deployment_config
     assert cfg.max_ongoing_requests == 4
     a = cfg.autoscaling_config
@@ -334,11 +342,11 @@ def test_healthz_merges_the_replica_and_the_deployment_view(view, status):
     try:
         app = cray._ReplicaApp(create_app(llm), _FakeReplica(view))
 
-        async def go():
-            t = httpx.ASGITransport(app=app)
+        async def go():                     # mounted under a route prefix, as Serve can
+            t = httpx.ASGITransport(app=app, root_path="/m")
             async with httpx.AsyncClient(transport=t, base_url="http://x") as c:
-                return await c.get("/healthz"), await c.get("/v1/models"), \
-                    await c.get("/v1/nothing")
+                return await c.get("/m/healthz"), await c.get("/m/v1/models"), \
+                    await c.get("/m/v1/nothing")
         h, models, missing = asyncio.run(go())
     finally:
         llm.close()
@@ -352,6 +360,7 @@ def test_healthz_merges_the_replica_and_the_deployment_view(view, status):
         assert {k: body[k] for k in view} == view
     for r in (h, models, missing):                          # every answer names its replica
         assert r.headers[cray.REPLICA_HEADER] == _FakeReplica.replica_id
+    assert models.json()["data"][0]["id"] == "demo"
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
 
 
