@@ -307,7 +307,8 @@ def _serve_ray(args) -> int:
         preload = preload_default()
     app = cray.deployment(
         args.model, replicas=args.replicas, autoscale=args.autoscale,
-        threads_per_replica=args.threads_per_replica or args.threads or 1,
+        threads_per_replica=next((t for t in (args.threads_per_replica, args.threads)
+                                  if t is not None), 1),
         verify=args.verify, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
         graceful_timeout=args.graceful_timeout, seed=args.seed, skill=_skill(args.skill),
         task=args.task, n_ctx=args.n_ctx, max_sessions=args.max_sessions, preload=preload,
@@ -365,19 +366,19 @@ def add_subcommands(sub) -> None:
                    help="longest prompt accepted (default: the context size - 1)")
     s.add_argument("--graceful-timeout", type=float, default=30.0)
     s.add_argument("--log-level", default="warning")
-    r = s.add_argument_group("Ray Serve (the ray extra; docs/scaling.md)")
-    r.add_argument("--ray", action="store_true",
+    g = s.add_argument_group("Ray Serve (the ray extra; docs/scaling.md)")
+    g.add_argument("--ray", action="store_true",
                    help="serve replicas on a Ray cluster behind one endpoint (default "
                         "--preload: off, so replicas on a host share the page cache)")
-    n = r.add_mutually_exclusive_group()
+    n = g.add_mutually_exclusive_group()
     n.add_argument("--replicas", type=int, default=None, help="replica count (default 1)")
     n.add_argument("--autoscale", metavar="MIN:MAX", default=None,
                    help="scale the replica count on ongoing requests")
-    r.add_argument("--threads-per-replica", type=int, default=None,
+    g.add_argument("--threads-per-replica", type=int, default=None,
                    help="kernel threads (and Ray CPUs) per replica (default: --threads, else 1)")
-    r.add_argument("--ray-address", default=None,
+    g.add_argument("--ray-address", default=None,
                    help="connect to this Ray cluster ('auto', HOST:PORT, ray://...) instead "
                         "of starting a local one")
-    r.add_argument("--verify", action="store_true",
+    g.add_argument("--verify", action="store_true",
                    help="check every hash of the model file at each replica's start")
     s.set_defaults(func=cmd_serve)

@@ -281,6 +281,8 @@ def test_cli_refuses_bad_ray_options(capsys, tmp_path):
     assert "--replicas needs --ray" in capsys.readouterr().err
     assert main(["serve", "--ray", "--threads", "1", "--threads-per-replica", "1"]) == 1
     capsys.readouterr()
+    assert main(["serve", "--ray", "--threads-per-replica", "0"]) == 1
+    assert "threads_per_replica" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["serve", "--ray", "--replicas", "2", "--autoscale", "1:2"])
     capsys.readouterr()
