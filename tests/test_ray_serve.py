@@ -30,15 +30,13 @@ else:
     serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
-pytest.importorskip("uvicorn")
+uvicorn = pytest.importorskip("uvicorn")
 
 import cortiq.ray as cray  # noqa: E402
 from cortiq.cli import main  # noqa: E402
 from cortiq.demo import demo_path  # noqa: E402
 from cortiq.server import create_app  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_server import ServerThread  # noqa: E402
 
 # Ray workers put the driver's working directory first on sys.path: run the drivers
 # from the directory that holds the cortiq under test (a source checkout would
@@ -105,13 +103,38 @@ def service(ray_address):
                 p.wait()
 
 
+class _PlainServer:
+    """`create_app` under uvicorn in a thread of this process, on a free port."""
+
+    def __init__(self, app):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the plain server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(20)
+        self.sock.close()
+
+
 @pytest.fixture(scope="module")
 def plain():
     """`cortiq serve`'s app over the demo model, one kernel thread like each replica."""
     before = cortiq.get_num_threads()
     llm = cortiq.LLM(n_threads=1)
     try:
-        with ServerThread(create_app(llm)) as s:
+        with _PlainServer(create_app(llm)) as s:
             yield s.url
     finally:
         llm.close()
