@@ -431,3 +431,21 @@ def test_sigterm_tears_the_deployment_down(service):
     with pytest.raises(httpx.HTTPError):
         r = httpx.get(url + "/healthz", timeout=5)
         r.raise_for_status()
+
+
+def test_cli_reports_a_model_no_replica_can_load(ray_address, tmp_path):
+    # After the service is gone its CPUs are free for this deployment's replica.
+    bad = tmp_path / "truncated.cmf"
+    with open(demo_path(), "rb") as f:
+        bad.write_bytes(f.read()[:4096])
+    with pytest.raises(cortiq.FormatError) as ref:
+        cortiq.cmf.open(str(bad))
+    cmd = [sys.executable, "-c", "import sys; from cortiq.cli import main; sys.exit(main())",
+           "serve", str(bad), "--ray", "--ray-address", ray_address, "--port",
+           str(_free_port())]
+    p = subprocess.run(cmd, cwd=PKG_PARENT, capture_output=True, text=True, timeout=150)
+    assert p.returncode == 1, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("cortiq: error: cortiq replica on ") and str(bad) in last
+    assert str(ref.value) in last
+    assert "cortiq" not in serve.status().applications
