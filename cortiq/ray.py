@@ -128,36 +128,43 @@ def _file_identity(path):
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
+def open_model(config: dict, host: str | None = None):
+    """A replica's `cortiq.LLM` from its config (model path or None for the demo,
+    threads, verify, LLM options); every failure is one ReplicaLoadError naming the
+    host, the path and the CMF error."""
+    from .llm import LLM
+    host = host or socket.gethostname()
+    path = config.get("model")
+    try:
+        if path is None:
+            from .demo import demo_path
+            path = demo_path()
+        if config.get("verify"):
+            from . import cmf
+            with cmf.open(path) as cf:
+                problems = cf.verify()
+            if problems:
+                raise FormatError(f"{len(problems)} hash problem(s): " + "; ".join(problems[:5]))
+        return LLM(path, n_threads=config.get("threads"),
+                   **{k: config[k] for k in _LLM_OPTIONS if k in config})
+    except (CortiqError, OSError) as e:
+        raise ReplicaLoadError(f"{_LOAD_ERROR_PREFIX}{host}: cannot load {path}: "
+                               f"{type(e).__name__}: {e}") from None
+
+
 @serve.deployment(name="CortiqReplica")
 @serve.ingress()
 class CortiqReplica:
     """One replica: one `cortiq.LLM` and the `cortiq serve` app over it."""
 
     def __init__(self, config: dict):
-        from .llm import LLM
         ctx = serve.get_replica_context()
         self.replica_id = ctx.replica_id.to_full_id_str()
         self.app_name, self.deployment_name = ctx.app_name, ctx.deployment
         self.host = socket.gethostname()
         self.config = config
-        path = config.get("model")
-        try:
-            if path is None:
-                from .demo import demo_path
-                path = demo_path()
-            if config.get("verify"):
-                from . import cmf
-                with cmf.open(path) as cf:
-                    problems = cf.verify()
-                if problems:
-                    raise FormatError(f"{len(problems)} hash problem(s): "
-                                      + "; ".join(problems[:5]))
-            self.llm = LLM(path, n_threads=config.get("threads"),
-                           **{k: config[k] for k in _LLM_OPTIONS if k in config})
-            self.identity = _file_identity(path)
-        except (CortiqError, OSError) as e:
-            raise ReplicaLoadError(f"{_LOAD_ERROR_PREFIX}{self.host}: cannot load "
-                                   f"{path}: {type(e).__name__}: {e}") from None
+        self.llm = open_model(config, self.host)
+        self.identity = _file_identity(self.llm.path)
         self.server_app = None             # (`app` is Serve's: the ingress ASGI app)
 
     def __serve_build_asgi_app__(self):

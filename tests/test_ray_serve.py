@@ -407,6 +407,30 @@ def test_health_check_fails_when_the_model_file_changes(tmp_path):
         check(replica)
 
 
+def test_open_model_verifies_and_names_host_path_and_error(tmp_path):
+    flipped = tmp_path / "flipped.cmf"
+    shutil.copy(demo_path(), flipped)
+    n = os.path.getsize(flipped)
+    with open(flipped, "r+b") as f:                          # one payload byte, header intact
+        f.seek(n // 2)
+        b = f.read(1)
+        f.seek(n // 2)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with cortiq.cmf.open(str(flipped)) as cf:
+        problems = cf.verify()
+    assert problems
+    cray.open_model({"model": str(flipped)}, "h1").close()   # opens: hashes not read
+    with pytest.raises(cray.ReplicaLoadError) as e:
+        cray.open_model({"model": str(flipped), "verify": True}, "h1")
+    msg = str(e.value)
+    assert msg.startswith(f"cortiq replica on h1: cannot load {flipped}: FormatError")
+    assert problems[0] in msg
+    with pytest.raises(cray.ReplicaLoadError, match="missing.cmf"):
+        cray.open_model({"model": str(tmp_path / "missing.cmf")}, "h1")
+    with cray.open_model({"verify": True, "n_ctx": 64}) as llm:      # the demo, verified
+        assert llm.model_name == "demo" and llm.n_ctx == 64
+
+
 def test_cortiq_itself_never_imports_ray():
     code = ("import sys, cortiq, cortiq.server, cortiq.cli; cortiq.cli.build_parser(); "
             "sys.exit(int('ray' in sys.modules))")
