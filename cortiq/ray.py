@@ -48,7 +48,8 @@ except ImportError as e:  # pragma: no cover - the ray extra
 
 from .errors import ConfigError, CortiqError, FormatError
 
-__all__ = ["REPLICA_HEADER", "ReplicaLoadError", "build", "deployment", "serve_until_stopped"]
+__all__ = ["REPLICA_HEADER", "CortiqReplica", "ReplicaLoadError", "build", "deployment",
+           "open_model", "serve_until_stopped"]
 
 REPLICA_HEADER = "x-cortiq-replica"
 DEFAULT_APP_NAME = "cortiq"

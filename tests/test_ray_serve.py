@@ -5,8 +5,10 @@ service under test is the real CLI: `cortiq serve --ray --replicas 2
 --threads-per-replica 1` in a subprocess connected to that instance, serving the
 bundled demo model (no path). The reference is the plain server (`create_app`, what
 `cortiq serve` runs) over the same model in this process, also on one thread, so
-greedy answers must match exactly. The tests run in file order: the last one stops
-the CLI with SIGTERM and checks the deployment is gone.
+greedy answers must match exactly. The tests run in file order: the service's SIGTERM
+test stops the CLI and checks the deployment is gone; the last one then deploys a
+damaged model through the CLI on the freed CPUs. Tests of single parts (the /healthz
+merge, the health check, the model load, the options) need no cluster.
 """
 import json
 import os
