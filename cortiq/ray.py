@@ -238,7 +238,7 @@ def deployment(model=None, *, replicas: int | None = None, autoscale=None,
                threads_per_replica: int = 1, verify: bool = False,
                max_concurrency: int = 2, max_queue: int = 8,
                graceful_timeout: float = 30.0, ray_actor_options: dict | None = None,
-               **options):
+               deployment_options: dict | None = None, **options):
     """The Serve application (bind it with `serve.run(app, name=..., route_prefix="/")`).
 
     `model`: a .cmf path, made absolute here -- every host must have the file at that
@@ -249,7 +249,9 @@ def deployment(model=None, *, replicas: int | None = None, autoscale=None,
     `verify=True` checks every hash of the file at replica start (reads it whole).
     Other options: cortiq.LLM's seed, skill, task, n_ctx, max_sessions, preload and
     cortiq.server.create_app's max_body_bytes, max_prompt_tokens, model_name.
-    `ray_actor_options` is merged over {"num_cpus": threads_per_replica}.
+    `ray_actor_options` is merged over {"num_cpus": threads_per_replica}, and
+    `deployment_options` (Serve's, e.g. health_check_period_s, max_queued_requests) over
+    what these arguments set.
     """
     unknown = set(options) - set(_LLM_OPTIONS) - set(_APP_OPTIONS)
     if unknown:
@@ -276,6 +278,7 @@ def deployment(model=None, *, replicas: int | None = None, autoscale=None,
     else:
         config["replicas"] = _int("replicas", 1 if replicas is None else replicas, 1)
         dep_options["num_replicas"] = config["replicas"]
+    dep_options.update(deployment_options or {})
     return CortiqReplica.options(**dep_options).bind(config)
 
 

@@ -297,6 +297,34 @@ def test_replica_that_cannot_load_reports_the_cmf_error(service, tmp_path):
     assert _complete(service[0], "x", 1).status_code == 200    # the others are unaffected
 
 
+def test_replaced_model_file_gets_a_fresh_replica(service, tmp_path):
+    path = tmp_path / "m.cmf"
+    shutil.copy(demo_path(), path)
+    app = cray.deployment(path, replicas=1, ray_actor_options={"num_cpus": 0},
+                          deployment_options={"health_check_period_s": 1})
+    serve.run(app, name="swap", route_prefix="/swap")
+    url = service[0] + "/swap"
+    try:
+        first = _complete(url, "x", 1).headers[cray.REPLICA_HEADER]
+        h = httpx.get(url + "/healthz", timeout=30).json()   # /healthz under a prefix
+        assert h["replica"] == first and h["replicas"] == {"RUNNING": 1}
+        new = tmp_path / "new.cmf"
+        shutil.copy(demo_path(), new)
+        os.replace(new, path)
+        deadline = time.monotonic() + 60
+        while True:
+            assert time.monotonic() < deadline, "the replica was not replaced"
+            try:
+                r = _complete(url, "x", 1, timeout=10)
+                if r.status_code == 200 and r.headers[cray.REPLICA_HEADER] != first:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+    finally:
+        serve.delete("swap")
+
+
 def test_cli_refuses_bad_ray_options(capsys, tmp_path):
     assert main(["serve", "--ray", "--autoscale", "3:1"]) == 1
     assert "autoscale" in capsys.readouterr().err
@@ -339,6 +367,8 @@ def test_deployment_options():
     a = cfg.autoscaling_config
     assert (a.min_replicas, a.max_replicas, a.target_ongoing_requests) == (1, 3, 3)
     assert auto._bound_deployment.ray_actor_options["num_cpus"] == 2
+    tuned = cray.deployment(None, deployment_options={"max_queued_requests": 5})
+    assert tuned._bound_deployment._deployment_config.max_queued_requests == 5
 
 
 class _FakeReplica:
