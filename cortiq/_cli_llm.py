@@ -282,6 +282,13 @@ def cmd_bench(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    if args.ray:
+        return _serve_ray(args)
+    for flag, given in (("--replicas", args.replicas), ("--autoscale", args.autoscale),
+                        ("--threads-per-replica", args.threads_per_replica),
+                        ("--ray-address", args.ray_address), ("--verify", args.verify or None)):
+        if given is not None:
+            raise ConfigError(f"{flag} needs --ray")
     from .server import serve
     if args.preload is None:  # a server loads once and decodes for long: copy by default
         from ._config import preload_default
@@ -298,6 +305,34 @@ def cmd_serve(args) -> int:
         print(f"cortiq: shutdown cut {cut} running request(s) after the "
               f"{args.graceful_timeout:g} s grace period", file=sys.stderr)
         return 1
+    return 0
+
+
+def _serve_ray(args) -> int:
+    """`cortiq serve MODEL --ray`: replicas on a Ray cluster (cortiq.ray)."""
+    try:
+        import cortiq.ray as cray
+    except ImportError as e:
+        raise ConfigError(str(e)) from None
+    if args.threads is not None and args.threads_per_replica is not None:
+        raise ConfigError("give --threads-per-replica (or --threads), not both")
+    if args.ray_address is None and args.model is not None:
+        from . import cmf                # a local instance: the file must be here, check now
+        cmf.open(args.model).close()
+    preload = args.preload
+    if preload is None:  # replicas on one host share the mapped file's page cache
+        from ._config import preload_default
+        preload = preload_default()
+    app = cray.deployment(
+        args.model, replicas=args.replicas, autoscale=args.autoscale,
+        threads_per_replica=next((t for t in (args.threads_per_replica, args.threads)
+                                  if t is not None), 1),
+        verify=args.verify, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
+        graceful_timeout=args.graceful_timeout, seed=args.seed, skill=_skill(args.skill),
+        task=args.task, n_ctx=args.n_ctx, max_sessions=args.max_sessions, preload=preload,
+        max_prompt_tokens=args.max_prompt_tokens)
+    cray.serve_until_stopped(app, address=args.ray_address, host=args.host, port=args.port,
+                             log_level=args.log_level)
     return 0
 
 
@@ -363,4 +398,19 @@ def add_subcommands(sub) -> None:
                    help="longest prompt accepted (default: the context size - 1)")
     s.add_argument("--graceful-timeout", type=float, default=30.0)
     s.add_argument("--log-level", default="warning")
+    g = s.add_argument_group("Ray Serve (the ray extra; docs/scaling.md)")
+    g.add_argument("--ray", action="store_true",
+                   help="serve replicas on a Ray cluster behind one endpoint (default "
+                        "--preload: off, so replicas on a host share the page cache)")
+    n = g.add_mutually_exclusive_group()
+    n.add_argument("--replicas", type=int, default=None, help="replica count (default 1)")
+    n.add_argument("--autoscale", metavar="MIN:MAX", default=None,
+                   help="scale the replica count on ongoing requests")
+    g.add_argument("--threads-per-replica", type=int, default=None,
+                   help="kernel threads (and Ray CPUs) per replica (default: --threads, else 1)")
+    g.add_argument("--ray-address", default=None,
+                   help="connect to this Ray cluster ('auto', HOST:PORT, ray://...) instead "
+                        "of starting a local one")
+    g.add_argument("--verify", action="store_true",
+                   help="check every hash of the model file at each replica's start")
     s.set_defaults(func=cmd_serve)
