@@ -9,7 +9,8 @@
  *   #define CQ_MM_ROWS  rows decoded per block in matmat
  * and optionally (else the scalar spec / the portable build of x serve):
  *   #define CQ_HAVE_I8_ROWS + static void i8_dot_rows(m, r0, nr, const cq_xq *xq, out);
- *   #define CQ_HAVE_XQ_BUILD + static void xq_build(x, cols, buf, cq_xq *xq);
+ *   #define CQ_HAVE_XQ_BUILD + static void xq_build(family, x, cols, buf, cq_xq *xq);
+ *   #define CQ_HAVE_I8_MM + the int8 matmat hooks of i8_x.h (i8_mm_takes, ...).
  *   #define CQ_HAVE_ROWS_GRAIN + static size_t rows_grain(m): dot_rows wants rows in
  *       multiples of this many (a panel); threads claim rows in such multiples.
  *   #define CQ_ROW_STREAMS S (2..4) + static int row_streams(m): how many streams (1
@@ -70,19 +71,18 @@ static void dot_rows(const cq_qmat *m, size_t r0, size_t nr, const float *xp, fl
     for (size_t j = 0; j < nr; j++) out[j] = dot_row(m, r0 + j, xp);
 }
 #endif
-#ifndef CQ_HAVE_XQ_BUILD
-#define xq_build cq_xq_build
-#endif
 #ifndef CQ_HAVE_I8_ROWS
 static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
     for (size_t j = 0; j < nr; j++) out[j] = ref_i8_row(m, r0 + j, xq);
 }
 #endif
 
-/* One x as a row kernel reads it: float32 (xp) or int8-quantized (xq, when i8). */
+/* One x as a row kernel reads it: float32 (xp) or int8-quantized (xq, when i8; q:
+ * its storage in matvec_many). */
 typedef struct {
     const float *xp;
     const cq_xq *xq;
+    cq_xq q;
 } drv_x;
 
 static void drv_dot_rows(const cq_qmat *m, size_t r0, size_t nr, drv_x x, float *out) {
@@ -253,6 +253,7 @@ static x_kind x_kind_of(const cq_qmat *m) {
     if (i8_takes(m)) return X_I8;
     return needs_prep(m) ? X_PREP : X_PLAIN;
 }
+#include "i8_x.h"
 
 static cq_status drv_matvec_many(const cq_qmat *ms, size_t n, const float *x, float *const *ys) {
     if (n == 0) return CQ_OK;
@@ -282,8 +283,8 @@ static cq_status drv_matvec_many(const cq_qmat *ms, size_t n, const float *x, fl
     }
     const size_t cols = ms[0].cols, fbytes = up_align(cols * sizeof(float));
     const int copy_x = any_plain && x_misaligned(x);
-    /* one block: [plain copy][prepared x per X_PREP matrix][quantized x] */
-    size_t bytes = fbytes * (nprep + (size_t)copy_x) + (any_i8 ? cq_xq_bytes(cols) : 0);
+    /* one block: [plain copy][prepared x per X_PREP matrix][quantized x per family] */
+    size_t bytes = fbytes * (nprep + (size_t)copy_x) + (any_i8 ? i8_many_bytes(ms, n) : 0);
     void *raw = NULL;
     uint8_t *buf = NULL;
     if (bytes) {
@@ -301,18 +302,16 @@ static cq_status drv_matvec_many(const cq_qmat *ms, size_t n, const float *x, fl
         xa = (const float *)next;
         next += fbytes;
     }
-    cq_xq xq;
-    if (any_i8) xq_build(x, cols, next + fbytes * nprep, &xq);
+    if (any_i8) i8_many_build(ms, n, x, next + fbytes * nprep, xv);
     for (size_t i = 0; i < n; i++) {
         xv[i].xp = xa;
-        xv[i].xq = NULL;
+        xv[i].xq = kinds[i] == X_I8 ? &xv[i].q : NULL;
         switch (kinds[i]) {
         case X_PREP:
             prep_x(&ms[i], x, (float *)next);
             xv[i].xp = (const float *)next;
             next += fbytes;
             break;
-        case X_I8: xv[i].xq = &xq; break;
         default: break;
         }
     }
@@ -355,18 +354,30 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
     }
     long nblocks = (long)((rows + CQ_MM_ROWS - 1) / CQ_MM_ROWS);
     int failed = 0;
+    /* int8 activations: X quantized once, here, for every block (i8_x.h) */
+    const int i8 = i8_mm_takes(m);
+    void *qraw = NULL;
+    uint8_t *qx = NULL;
+    if (i8) {
+        qx = (uint8_t *)aligned_floats(i8_mm_pack_bytes(m, t) / sizeof(float) + 1, &qraw);
+        if (!qx) return CQ_ERR_NOMEM;
+        i8_mm_pack(m, X, t, qx);
+    }
 #ifdef CQ_HAVE_MM_PACK
     /* Inputs in pieces of 16-64, so that a packed piece (about 1 MiB) stays in L2 beside
      * the rows being decoded, and any t costs a bounded copy of X. The rows are decoded
      * again per piece. One thread, 512 x 4096, t = 256 (GMAC/s): pieces of 512 (4 MiB,
      * from L3) 58-60, of 64 67-68; 256 x 11008, t = 64: pieces of 64 (2.8 MiB) 56-58,
-     * of 32 58-62. */
+     * of 32 58-62. (int8: one piece, packed above.) */
     const size_t fit = ((size_t)1 << 20) / (sizeof(float) * cols), piece = (fit + 15) / 16 * 16;
-    const size_t tc = t < piece ? t : piece < 16 ? 16 : piece > 64 ? 64 : piece;
+    const size_t tc = i8 ? t : t < piece ? t : piece < 16 ? 16 : piece > 64 ? 64 : piece;
     void *xraw = NULL;
-    float *xt = aligned_floats(mm_pack_floats(tc, cols), &xraw);
-    if (!xt) return CQ_ERR_NOMEM;
-    const long npack = (long)((cols + 63) / 64);
+    float *xt = i8 ? NULL : aligned_floats(mm_pack_floats(tc, cols), &xraw);
+    if (!i8 && !xt) return CQ_ERR_NOMEM;
+    const long npack = i8 ? 0 : (long)((cols + 63) / 64);
+    const size_t wbytes = i8 ? i8_mm_scratch_bytes(m, t) : mm_scratch_floats(m, tc) * sizeof(float);
+#else
+    const size_t wbytes = i8 ? i8_mm_scratch_bytes(m, t) : CQ_MM_ROWS * cols * sizeof(float) + 64;
 #endif
 
     int par = rows * cols >= CQ_PAR_MIN / 4 && nblocks > 1;
@@ -375,8 +386,8 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
 #pragma omp parallel num_threads(cq_get_num_threads()) if (par)
 #endif
     {
+        float *w = cq_thread_scratch(wbytes, &failed);
 #ifdef CQ_HAVE_MM_PACK
-        float *w = cq_thread_scratch(mm_scratch_floats(m, tc) * sizeof(float), &failed);
         for (size_t t0 = 0; t0 < t; t0 += tc) {
             const size_t tn = t - t0 < tc ? t - t0 : tc;
 #ifdef CORTIQ_HAVE_OPENMP
@@ -393,11 +404,11 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
                 if (!w) continue;
                 size_t r0 = (size_t)b * CQ_MM_ROWS;
                 size_t nr = rows - r0 < CQ_MM_ROWS ? rows - r0 : CQ_MM_ROWS;
-                matmat_packed(m, r0, nr, xt, tn, Y + t0 * rows + r0, rows, w);
+                if (i8) i8_mm_block(m, r0, nr, qx, t, Y + r0, rows, w);
+                else matmat_packed(m, r0, nr, xt, tn, Y + t0 * rows + r0, rows, w);
             }
         }
 #else
-        float *w = cq_thread_scratch(CQ_MM_ROWS * cols * sizeof(float) + 64, &failed);
 #ifdef CORTIQ_HAVE_OPENMP
 #pragma omp for schedule(static)
 #endif
@@ -405,6 +416,10 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
             if (!w) continue;
             size_t r0 = (size_t)b * CQ_MM_ROWS;
             size_t nr = rows - r0 < CQ_MM_ROWS ? rows - r0 : CQ_MM_ROWS;
+            if (i8) {
+                i8_mm_block(m, r0, nr, qx, t, Y + r0, rows, w);
+                continue;
+            }
             for (size_t j = 0; j < nr; j++) dequant_row(m, r0 + j, w + j * cols);
             matmat_block(w, nr, cols, X, t, Y + r0, rows);
         }
@@ -414,6 +429,7 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
 #ifdef CQ_HAVE_MM_PACK
     free(xraw);
 #endif
+    free(qraw);
     return failed ? CQ_ERR_NOMEM : CQ_OK;
 }
 
@@ -460,7 +476,7 @@ static cq_status drv_rows_dot(const cq_qmat *m, size_t r0, size_t nr, const floa
         drv_rows_serial(m, r0, nr, xv, out);
         return CQ_OK;
     }
-    size_t bytes = kind == X_I8 ? cq_xq_bytes(m->cols) : m->cols * sizeof(float);
+    size_t bytes = kind == X_I8 ? i8_x_bytes(m) : m->cols * sizeof(float);
     float stackbuf[CQ_XSTACK / sizeof(float) + CQ_ALIGN / sizeof(float)];
     void *raw = NULL;
     float *buf;
@@ -472,7 +488,7 @@ static cq_status drv_rows_dot(const cq_qmat *m, size_t r0, size_t nr, const floa
     }
     cq_xq xq;
     if (kind == X_I8) {
-        xq_build(x, m->cols, buf, &xq);
+        i8_x_build(m, x, buf, &xq);
         xv.xq = &xq;
     } else {
         x_for(m, x, buf);
