@@ -211,19 +211,27 @@ def test_non_finite_input_is_not_hidden(isa, dtype, bad):
     assert not np.isfinite(Y[0]).any() and np.isfinite(Y[1]).all()
 
 
+def integer_matmat(isa):
+    """Whether a SIMD table's matmat takes int8 activations on this CPU."""
+    f = K.cpu_features()
+    if isa == "avx512":
+        return "avx512vnni" in f
+    return "avxvnni" in f or {"avx512vnni", "avx512vl", "os-zmm"} <= set(f)
+
+
 @pytest.mark.parametrize("dtype", I8)
-@pytest.mark.parametrize("t", [1, 2, 15, 16, 17, 64, 65, 130])
+@pytest.mark.parametrize("t", [1, 2, 15, 16, 17, 24, 25, 64, 65, 130])
 def test_matmat_matches_model(isa, dtype, t):
     """matmat with int8 activations: each input within the model's bound (tables with an
-    integer matmat) or the exact float32 matmat (AVX2 and AVX-512 without VNNI keep
-    float32 there); the reference equals its int8 matvec bit for bit."""
+    integer matmat) or the exact float32 matmat (the SIMD tables on a CPU without a
+    vpdpbusd keep float32 there); the reference equals its int8 matvec bit for bit."""
     rng = np.random.default_rng(t * 31 + len(dtype))
     rows, cols = 53, 320
     q = make(rng, (rows, cols), dtype)
     X = rng.standard_normal((t, cols)).astype(np.float32)
     X[0, :32] *= 300.0
     Y = q.matmat(X)
-    integer = isa == "ref" or (isa == "avx512" and "avx512vnni" in K.cpu_features())
+    integer = isa == "ref" or integer_matmat(isa)
     if not integer:
         q.precision = "exact"
         np.testing.assert_array_equal(Y, q.matmat(X))
@@ -235,20 +243,46 @@ def test_matmat_matches_model(isa, dtype, t):
         np.testing.assert_array_equal(Y, np.stack([q.matvec(x) for x in X]))
 
 
-def test_matmat_with_vnni_hidden_takes_float32():
-    if "avx512" not in K.usable_isas() or "avx512vnni" not in K.cpu_features():
-        pytest.skip("needs AVX-512 VNNI")
+@pytest.mark.parametrize("simd", ["avx2", "avx512"])
+def test_matmat_without_vpdpbusd_takes_float32(simd):
+    if simd not in K.usable_isas() or not integer_matmat(simd):
+        pytest.skip(f"needs {simd} with a vpdpbusd")
     rng = np.random.default_rng(4)
     q = make(rng, (30, 256), "q8_row")
     e = QTensor(q.raw, "q8_row", q.shape, precision="exact")
     X = rng.standard_normal((9, 256)).astype(np.float32)
     before = K.active_isa()
     try:
-        K.set_isa("avx512")
-        K._hide_cpu_features(["avx512vnni"])
+        K.set_isa(simd)
+        assert not np.array_equal(q.matmat(X), e.matmat(X))
+        K._hide_cpu_features(["avx512vnni", "avxvnni"])
         np.testing.assert_array_equal(q.matmat(X), e.matmat(X))
     finally:
         K._hide_cpu_features([])
+        K.set_isa(before)
+
+
+def test_avx2_matmat_vex_and_evex_agree():
+    """The AVX2 table's int8 matmat as AVX-VNNI (VEX) and as AVX-512 VNNI on 256 bits
+    (EVEX): one source, the same bits. Runs where the CPU has both (Sapphire Rapids and
+    later); elsewhere the EVEX build is the one tested above."""
+    f = set(K.cpu_features())
+    if "avx2" not in K.usable_isas() or not {"avxvnni", "avx512vnni", "avx512vl"} <= f:
+        pytest.skip("needs both AVX-VNNI and AVX-512 VNNI")
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((40, 320)).astype(np.float32)
+    before = K.active_isa()
+    try:
+        K.set_isa("avx2")
+        for dtype in I8:
+            q = make(rng, (50, 320), dtype)
+            vex = q.matmat(X)
+            K._hide_cpu_features(["avxvnni"])
+            try:
+                np.testing.assert_array_equal(q.matmat(X), vex)
+            finally:
+                K._hide_cpu_features([])
+    finally:
         K.set_isa(before)
 
 

@@ -240,19 +240,6 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
     }
 }
 
-/* matmat keeps float32 activations on AVX2: without VNNI the u8 x s8 pairs of int8
- * weights overflow vpmaddubsw's int16 unless each product carries a sign fix-up, which
- * costs what the integer product saves (see docs/PERFORMANCE.md). */
-#define CQ_HAVE_I8_MM
-static int i8_mm_takes(const cq_qmat *m) { (void)m; return 0; }
-static size_t i8_mm_pack_bytes(const cq_qmat *m, size_t t) { (void)m; (void)t; return 64; }
-static void i8_mm_pack(const cq_qmat *m, const float *X, size_t t, uint8_t *buf) { (void)m; (void)X; (void)t; (void)buf; }
-static size_t i8_mm_scratch_bytes(const cq_qmat *m, size_t t) { (void)m; (void)t; return 64; }
-static void i8_mm_block(const cq_qmat *m, size_t r0, size_t nr, const uint8_t *buf, size_t t, float *Y, size_t ldy,
-                        float *scratch) {
-    (void)m; (void)r0; (void)nr; (void)buf; (void)t; (void)Y; (void)ldy; (void)scratch;
-}
-
 /* matmat: the packed GEMM of matmat_packed.h on 8 lanes. 16 ymm registers: 12
  * accumulators (4 rows x 3 vectors, 6 x 2, 12 x 1), the input vectors, a broadcast. */
 #define MM_VL 8
@@ -297,6 +284,9 @@ static inline void mm_pack_block(const float *src, size_t cols, size_t live, flo
 #define mm_decode avx2_dequant_span
 static size_t mm_column(const cq_qmat *m, size_t c) { (void)m; return c; } /* natural order */
 #include "matmat_packed.h"
+/* int8 matmat where the CPU has a 256-bit vpdpbusd (AVX-VNNI, or AVX-512 VNNI + VL) */
+#define group_scales avx2_group_scales
+#include "matmat_i8_avx2.h"
 
 #include "matvec_drivers.h"
 
