@@ -85,8 +85,8 @@ def set_precision(p: str) -> None:
     """The default precision of the activations, process-wide: what every model loaded
     without precision= uses from now on (already loaded ones included).
 
-    "exact": float32 activations, results independent of chunking and batching bit
-    for bit. "int8": x quantized per group of 32 to int8 and integer products for
+    "exact": float32 activations (the kernels' exactness contract, what parity with
+    float references needs). "int8": x quantized per group of 32 to int8 and integer products for
     q8_row, q8_2f, q4_block, q4_tiled, q4tp and q2tp (faster, ~0.5-1 % relative error
     per product). "auto" (the default): int8 for the 4-bit-and-below dtypes, whose own
     quantization error dominates, exact for q8 / f16 / bf16 / f32. Measured error and

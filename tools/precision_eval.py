@@ -3,6 +3,7 @@ held-out text, requantized to each weight dtype, with precision exact / int8 / a
 
     python tools/precision_eval.py [--tokens 20000] [--seq 256] [--dtypes q8_row,q4_block]
         [--json out.json]
+    python tools/precision_eval.py --matrix-error   # per-product error only, fast
 
 The held-out text is what tools/train_demo.py holds out (5 % of the files of this
 Python's standard library, by its seeded split; the shipped demo was trained on
@@ -65,13 +66,57 @@ def requantized(src_path: str, dtype: str, out_dir: str) -> str:
     return path
 
 
+def matrix_errors(dtypes) -> str:
+    """Markdown: relative error of y = W x per dtype, int8 vs exact activations and the
+    weights' own quantization error, for Gaussian W and x (1024 x 4096) and for the demo
+    model's matrices (real weight scales) against real-scale inputs (its token
+    embeddings, with their outliers, for every matrix of 256 columns)."""
+    from cortiq import cmf
+    from cortiq.demo import demo_path
+    from cortiq.tensor import QTensor
+    rng = np.random.default_rng(8)
+    cases = [("Gaussian 1024x4096", [(rng.standard_normal((1024, 4096)).astype(np.float32),
+                                      rng.standard_normal((16, 4096)).astype(np.float32))])]
+    with cmf.open(demo_path()) as cf:
+        emb = np.ascontiguousarray(cf.tensor("model.embed_tokens.weight"), np.float32)
+        xs = emb[rng.choice(len(emb), 16, replace=False)]
+        mats = [np.ascontiguousarray(cf.tensor(n), np.float32) for n in cf.names()
+                if len(cf.tensors[n].shape) == 2 and cf.tensors[n].shape[1] == xs.shape[1]
+                and n != "model.embed_tokens.weight"]
+    cases.append((f"demo model, {len(mats)} matrices x 16 embedding rows", [(w, xs) for w in mats]))
+    out = ["| weights | dtype | int8 vs exact activations | weights' own error | int8 total |",
+           "|---|---|---|---|---|"]
+    for label, pairs in cases:
+        for dtype in dtypes:
+            num = [0.0, 0.0, 0.0]
+            den = 0.0
+            for w, X in pairs:
+                qe = QTensor.from_f32(w, dtype)
+                qi = QTensor(qe.raw, dtype, qe.shape, precision="int8")
+                for x in X:
+                    ref = w.astype(np.float64) @ x.astype(np.float64)
+                    ye, yi = qe.matvec(x).astype(np.float64), qi.matvec(x).astype(np.float64)
+                    num[0] += float(np.sum((yi - ye) ** 2))
+                    num[1] += float(np.sum((ye - ref) ** 2))
+                    num[2] += float(np.sum((yi - ref) ** 2))
+                    den += float(np.sum(ref ** 2))
+            r = [100 * math.sqrt(v / den) for v in num]
+            out.append(f"| {label} | {dtype} | {r[0]:.2f} % | {r[1]:.2f} % | {r[2]:.2f} % |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=20000, help="held-out tokens to score")
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--dtypes", default="q8_row,q8_2f,q4_block,q4_tiled,q4tp,q2tp")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--matrix-error", action="store_true",
+                    help="only the per-product error table (no perplexity)")
     args = ap.parse_args(argv)
+    if args.matrix_error:
+        print(matrix_errors(args.dtypes.split(",")))
+        return 0
     import cortiq
     from cortiq.demo import demo_path
     src = demo_path()
