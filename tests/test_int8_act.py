@@ -469,3 +469,25 @@ def test_serve_passes_precision(monkeypatch):
         cli.main(["serve", "model.cmf", "--precision", "exact"])
     assert seen["precision"] == "exact"
     assert _cli_llm is not None
+
+
+@pytest.mark.parametrize("dtype", I8)
+def test_mix_kernels_read_the_matrix_precision(isa, threads, dtype):
+    """DeepSeek-V4's grouped projection and MoE row sums go through rows_dot with the
+    matrix's own precision: each row is its int8 row_dot, the sum the sum of matvecs."""
+    groups, lora, per = 3, 129, 64
+    rng = np.random.default_rng(17)
+    T = make(rng, (groups * lora, per), dtype)
+    x = rng.standard_normal(groups * per).astype(np.float32)
+    got = K.grouped_rows(T, x, groups)
+    want = np.array([T.row_dot(r, x[(r // lora) * per:(r // lora + 1) * per])
+                     for r in range(groups * lora)], np.float32)
+    np.testing.assert_array_equal(got, want)
+    Ts = [make(rng, (130, 64), dtype) for _ in range(3)]
+    xs = [rng.standard_normal(64).astype(np.float32) for _ in range(3)]
+    seq = Ts[0].matvec(xs[0])
+    for t, xx in zip(Ts[1:], xs[1:]):
+        seq = seq + t.matvec(xx)
+    np.testing.assert_array_equal(K.rows_sum(Ts, xs), seq)
+    exact = QTensor(T.raw, dtype, T.shape)
+    assert not np.array_equal(K.grouped_rows(exact, x, groups), got)
