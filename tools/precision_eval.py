@@ -142,8 +142,8 @@ def main(argv=None) -> int:
     for r in rows:
         d8 = 100 * (r["int8"] / r["exact"] - 1)
         da = 100 * (r["auto"] / r["exact"] - 1)
-        print(f"| {r['dtype']} | {r['exact']:.3f} | {r['int8']:.3f} | {d8:+.2f} % | "
-              f"{r['auto']:.3f} | {da:+.2f} % |")
+        print(f"| {r['dtype']} | {r['exact']:.3f} | {r['int8']:.3f} | {d8:+.3f} % | "
+              f"{r['auto']:.3f} | {da:+.3f} % |")
     print(f"\n({rows[0]['tokens']} held-out tokens, windows of {args.seq}; "
           f"{cortiq.config()['isa']}, {cortiq.get_num_threads()} threads)")
     if args.json:
