@@ -417,7 +417,7 @@ static void avx2_prep_x(const cq_qmat *m, const float *x, float *xp) {
         }
     }
 }
-/* ---- int8 activations (cq_set_int8_act; spec: ref_i8_row) on 8 lanes: the row
+/* ---- int8 activations (cq_qmat.act; spec: ref_i8_row) on 8 lanes: the row
  * kernel is i8_row in matvec_avx2.c; the pieces both ISA files share are here ---- */
 /* q4_block: where the f16 scale of group g of row r lives (after all the nibbles). */
 static inline const uint8_t *q4b_scale_at(const cq_qmat *m, size_t r, size_t g) {

@@ -1,6 +1,6 @@
 /* matvec_avx512.c -- AVX-512 twin of the matvec family: the q8 (q8_row, q8_2f), q4
- * (q4_block, q4_tiled, q4tp) and q2tp row dots, the opt-in int8-activation q4 rows and
- * the matmat block run 16 lanes (one thread on the development VM: q8_row 22.4 vs 16.2
+ * (q4_block, q4_tiled, q4tp) and q2tp row dots, the int8-activation rows of all six,
+ * the matmat block and the int8 matmat (matmat_i8_avx512.h) run 16 lanes (one thread on the development VM: q8_row 22.4 vs 16.2
  * Gweights/s in cache, 13.5 vs 12.5 GB/s from DRAM; exact q4 20 vs 12 Gweights/s in
  * cache); f32/f16/bf16 (16 lanes measured 12.5 vs 15.2 GB/s from DRAM for f16), vbit
  * and the row decoders are the AVX2 code of matvec_avx2_impl.h. Same contracts as the
@@ -267,8 +267,8 @@ static void prep_x(const cq_qmat *m, const float *x, float *xp) {
 
 
 
-/* ---- int8 activations (cq_set_int8_act; spec: ref_i8_row) ----
- * Four groups per 512-bit register: one 64-byte load of their nibbles, split into low
+/* ---- int8 activations (cq_qmat.act; spec: ref_i8_row) ----
+ * q4: four groups per 512-bit register: one 64-byte load of their nibbles, split into low
  * and high nibbles, meets xq's block of four lane by lane (qmat.h); u8 x s8 products
  * summed per 4-byte lane (maddubs + madd, or VNNI dpbusd) start from xq's bias (the
  * nibbles' -8); lanes 4j..4j+3 then hold group j, scaled by scale * d in float. */
