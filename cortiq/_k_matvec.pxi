@@ -98,6 +98,12 @@ cdef class QMat:
         self._sync()
         return self.m.act == CQ_ACT_INT8
 
+    cdef inline cq_qmat _snapshot(self):
+        """The matrix as the next call sees it: precision resolved, copied so that a
+        precision set from another thread cannot change a call that is running."""
+        self._sync()
+        return self.m
+
     cdef inline void _sync(self):
         cdef int p = self.prec if self.prec >= 0 else _PREC_DEFAULT
         self.m.act = self.i8_exact if p == 1 else self.i8_auto if p == 2 else CQ_ACT_EXACT
@@ -124,9 +130,9 @@ cdef class QMat:
         cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
         cdef float *po = <float *>cnp.PyArray_DATA(oa)
         cdef cq_status st
-        self._sync()
+        cdef cq_qmat mm = self._snapshot()
         with nogil:
-            st = cq_active().matvec.matvec(&self.m, px, po)
+            st = cq_active().matvec.matvec(&mm, px, po)
         check(st, "matvec")
         return oa
 
@@ -149,9 +155,9 @@ cdef class QMat:
         cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
         cdef float *po = <float *>cnp.PyArray_DATA(oa)
         cdef cq_status st
-        self._sync()
+        cdef cq_qmat mm = self._snapshot()
         with nogil:
-            st = cq_active().matvec.matmat(&self.m, px, t, po)
+            st = cq_active().matvec.matmat(&mm, px, t, po)
         check(st, "matmat")
         return oa
 
@@ -191,9 +197,9 @@ cdef class QMat:
         cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
         cdef float *po = <float *>cnp.PyArray_DATA(oa)
         cdef cq_status st
-        self._sync()
+        cdef cq_qmat mm = self._snapshot()
         with nogil:
-            st = cq_active().matvec.rows_dot(&self.m, r0, nr, px, po)
+            st = cq_active().matvec.rows_dot(&mm, r0, nr, px, po)
         check(st, "rows_dot")
         return oa
 
@@ -205,9 +211,9 @@ cdef class QMat:
         cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
         cdef float res = 0
         cdef cq_status st
-        self._sync()
+        cdef cq_qmat mm = self._snapshot()
         with nogil:
-            st = cq_active().matvec.row_dot(&self.m, r, px, &res)
+            st = cq_active().matvec.row_dot(&mm, r, px, &res)
         check(st, "row_dot")
         return res
 

@@ -236,7 +236,6 @@ def grouped_rows(qt, x, size_t groups, out=None):
     QTensor or QMat of groups*lora rows, per = cols): out[r] = W[r] . x[g*per:(g+1)*per]
     with g = r // lora. x has groups*per floats. No dequantized copy is made."""
     cdef QMat qm = qt._m if not isinstance(qt, QMat) else qt
-    qm._sync()
     cdef cnp.ndarray xa = _f32(x, "grouped_rows", "x")
     if groups == 0 or qm.rows % groups:
         raise ValueError(f"grouped_rows: {qm.rows} rows do not split into {groups} groups")
@@ -244,8 +243,9 @@ def grouped_rows(qt, x, size_t groups, out=None):
         raise ValueError(f"grouped_rows: x needs {groups * qm.cols} floats, got {xa.size}")
     cdef cnp.ndarray oa = _mix_out(out, (qm.rows,), "grouped_rows")
     cdef cq_status st
+    cdef cq_qmat mm = qm._snapshot()
     with nogil:
-        st = cq_active().mix.grouped_rows(&qm.m, <const float *>cnp.PyArray_DATA(xa), groups,
+        st = cq_active().mix.grouped_rows(&mm, <const float *>cnp.PyArray_DATA(xa), groups,
                                           <float *>cnp.PyArray_DATA(oa))
     check(st, "grouped_rows")
     return oa
@@ -278,8 +278,7 @@ def rows_sum(tensors, xs, out=None):
         free(px)
         raise MemoryError("rows_sum")
     for j in range(n):
-        (<QMat>mats[j])._sync()
-        ms[j] = (<QMat>mats[j]).m
+        ms[j] = (<QMat>mats[j])._snapshot()
         px[j] = <const float *>cnp.PyArray_DATA(<cnp.ndarray>arrs[j])
     cdef cq_status st
     with nogil:
