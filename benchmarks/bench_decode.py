@@ -1,7 +1,7 @@
 """Decode and prefill speed of a whole model against the machine's read bandwidth.
 
     python benchmarks/bench_decode.py --arch dory [--quick] [--threads 2] [--tokens 32] \
-        [--preload on|off|both]
+        [--preload on|off|both] [--precision exact,int8]
     python benchmarks/bench_decode.py --arch deepseek_v4 ...   (benchmarks/_bench_dsv4.py)
     python benchmarks/bench_decode.py --arch llama [--quick] [--no-peer]
                                            (benchmarks/_bench_llama.py: vs llama.cpp)
@@ -16,6 +16,8 @@ anonymous huge-page memory, cmf.open(preload=True); both, the default: a row eac
     right before and right after the decode measurement -- the percentage divides by
     their mean, so a shared machine's drifting bandwidth moves both sides,
   * decode tokens/s (one token at a time after a short prompt) and prefill tokens/s,
+    per activation precision (--precision, default exact and int8 side by side: the
+    same weights with float32 or int8-quantized activations, LLM(precision=...)),
   * effective GB/s = weight bytes touched per decoded token x tokens/s, and its
     percentage of the read bandwidth (the target: >= 85 % at 2 threads),
   * Python overhead per sub-layer visit, on a tiny model whose matrices are negligible
@@ -143,10 +145,10 @@ def decode_rate(llm, prompt_len, tokens, seed=0):
     return prefill, decode
 
 
-def measure(path, threads, preload, probe, a):
+def measure(path, threads, preload, probe, a, precision="exact"):
     """One table row: load (timed), read bandwidth, decode, read bandwidth again."""
     t0 = time.perf_counter()
-    llm = LLM(path, preload=preload)
+    llm = LLM(path, preload=preload, precision=precision)
     load = time.perf_counter() - t0
     nbytes = touched_bytes(llm.model)
     bw0 = read_bandwidth(threads, probe)
@@ -154,7 +156,7 @@ def measure(path, threads, preload, probe, a):
     bw1 = read_bandwidth(threads, probe)
     llm.close()
     eff = nbytes * decode / 1e9
-    return dict(threads=threads, mode="preload" if preload else "mmap", load=load, bw0=bw0,
+    return dict(threads=threads, mode="preload" if preload else "mmap", precision=precision, load=load, bw0=bw0,
                 bw1=bw1, decode=decode, prefill=prefill, eff=eff,
                 pct=100 * eff / ((bw0 + bw1) / 2), nbytes=nbytes)
 
@@ -170,8 +172,9 @@ def bench_dory(a):
     for threads in ([] if a.overhead_only else a.threads):
         cortiq.set_num_threads(threads)
         for preload in modes:
-            rows.append(measure(path, threads, preload, probe, a))
-            gc.collect()  # the previous model's weights go before the next load
+            for prec in a.precision.split(","):
+                rows.append(measure(path, threads, preload, probe, a, prec))
+                gc.collect()  # the previous model's weights go before the next load
     del probe
     # Python overhead: a tiny model whose kernels take next to nothing
     tiny = build_dory(os.path.join(cache, "dory-tiny-f32.cmf"), TINY, "f32")
@@ -189,12 +192,12 @@ def bench_dory(a):
         print("  weights: mmap = the file mapping (4 KiB pages), preload = a copy in anonymous "
               "huge-page memory\n  read GB/s: right before / after the decode run; % of read: "
               "of their mean")
-        print(f"{'threads':>7}{'weights':>9}{'load s':>8}{'read GB/s':>15}{'decode tok/s':>14}"
+        print(f"{'threads':>7}{'weights':>9}{'precision':>10}{'load s':>8}{'read GB/s':>15}{'decode tok/s':>14}"
               f"{'prefill tok/s':>15}{'eff GB/s':>10}{'% of read':>11}{'target':>8}")
         for r in rows:
             target = ">=85%" if r["threads"] == 2 else ""
             bw = f"{r['bw0']:.1f}/{r['bw1']:.1f}"
-            print(f"{r['threads']:>7}{r['mode']:>9}{r['load']:>8.2f}{bw:>15}{r['decode']:>14.2f}"
+            print(f"{r['threads']:>7}{r['mode']:>9}{r['precision']:>10}{r['load']:>8.2f}{bw:>15}{r['decode']:>14.2f}"
                   f"{r['prefill']:>15.1f}{r['eff']:>10.1f}{r['pct']:>10.0f}%{target:>8}")
     print(f"Python overhead per sub-layer visit (tiny model, 1 thread): {per_visit:.1f} us "
           f"(target <= 15 us; {visits} visits per token; decode wall time / visits, the "
@@ -212,6 +215,8 @@ def main():
     ap.add_argument("--cache", default=None)
     ap.add_argument("--overhead-only", action="store_true",
                     help="Dory: only the per-visit overhead on the tiny model")
+    ap.add_argument("--precision", default="exact,int8",
+                    help="activation precisions to measure, comma-separated (exact, int8, auto)")
     ap.add_argument("--preload", choices=("on", "off", "both"), default=None,
                     help="weights from the file mapping (off), preloaded into "
                          "anonymous huge-page memory (on), or a row of each (both, default)")

@@ -25,6 +25,10 @@ def _add_model_options(p):
                    help="copy the weights into anonymous huge-page memory at load (faster "
                         "decode, no page-cache sharing); default: CORTIQ_PRELOAD, else off "
                         "(serve: on)")
+    p.add_argument("--precision", choices=("exact", "int8", "auto"), default=None,
+                   help="activations of the matrix products: exact float32, int8 "
+                        "(integer products), auto (int8 for 4-bit-and-below weights); "
+                        "default: CORTIQ_PRECISION, else auto")
 
 
 def _add_sampling_options(p):
@@ -59,7 +63,7 @@ def _skill(spec):
 def _open(args, **kw):
     from .llm import LLM
     return LLM(args.model, n_threads=args.threads, skill=_skill(args.skill), task=args.task,
-               n_ctx=args.n_ctx, preload=args.preload, **kw)
+               n_ctx=args.n_ctx, preload=args.preload, precision=args.precision, **kw)
 
 
 def _sampling(args) -> dict:
@@ -245,7 +249,7 @@ def cmd_bench(args) -> int:
         rng = np.random.default_rng(0)
         n_prompt = min(args.prompt_tokens, llm.n_ctx - args.tokens - 1)
         ids = rng.integers(0, llm.vocab_size, n_prompt).tolist()
-        res = {}
+        res = {"precision": llm.precision_in_force}
         s = llm.session()
         t0 = time.perf_counter()
         s.feed(ids, want="last")
@@ -273,6 +277,7 @@ def cmd_bench(args) -> int:
     if args.json:
         print(json.dumps(res))
     else:
+        print(f"precision {res['precision']}")
         print(f"prefill  {res['prefill_tokens']:6d} tokens  {res['prefill_tok_s']:10.1f} tok/s")
         print(f"decode   {res['decode_tokens']:6d} tokens  {res['decode_tok_s']:10.1f} tok/s")
         print(f"chat turn of {res['turn_tokens']} tokens: reusing {reused} held tokens "

@@ -1,11 +1,12 @@
-"""Process-wide settings: which kernel table runs, how many threads it uses,
-whether the q4 matvecs may quantize their activations to int8, and whether LLM()
+"""Process-wide settings: which kernel table runs, how many threads it uses, the
+default precision of the activations (exact float32, int8, or auto), and whether LLM()
 preloads model files by default.
 
 Read once at import from CORTIQ_ISA, CORTIQ_NUM_THREADS, CORTIQ_SPIN_US,
-CORTIQ_INT8_ACT and CORTIQ_PRELOAD; changed later through cortiq.set_num_threads() /
-cortiq.set_int8_activations() (preload: LLM(path, preload=...)). A forced ISA that
-cannot run here is an error, never a silent fallback.
+CORTIQ_PRECISION (and its alias CORTIQ_INT8_ACT) and CORTIQ_PRELOAD; changed later
+through cortiq.set_num_threads() / cortiq.set_precision() (per model: LLM(path,
+precision=..., preload=...)). A forced ISA that cannot run here is an error, never a
+silent fallback.
 """
 import os
 
@@ -52,15 +53,58 @@ def _init() -> None:
         if not raw.isdigit():
             raise ConfigError(f"CORTIQ_SPIN_US must be a whole number of microseconds, got {raw!r}")
         _kernels.set_pool_spin_us(int(raw))
-    raw = os.environ.get("CORTIQ_INT8_ACT", "").strip()
-    if raw not in ("", "0", "1"):
-        raise ConfigError(f"CORTIQ_INT8_ACT must be 0 or 1, got {raw!r}")
-    _kernels.set_int8_act(raw == "1")
+    _kernels.set_default_precision(_env_precision())
     global _preload
     raw = os.environ.get("CORTIQ_PRELOAD", "").strip()
     if raw and raw.lower() not in _BOOL_WORDS:
         raise ConfigError(f"CORTIQ_PRELOAD must be one of {'/'.join(_BOOL_WORDS)}, got {raw!r}")
     _preload = _BOOL_WORDS.get(raw.lower()) if raw else None
+
+
+PRECISIONS = ("exact", "int8", "auto")
+
+
+def _env_precision() -> str:
+    """CORTIQ_PRECISION, or CORTIQ_INT8_ACT (1 = int8, 0 = exact), else "auto"."""
+    raw = os.environ.get("CORTIQ_PRECISION", "").strip().lower()
+    if raw and raw not in PRECISIONS:
+        raise ConfigError(f"CORTIQ_PRECISION must be one of {', '.join(PRECISIONS)}, got {raw!r}")
+    alias = os.environ.get("CORTIQ_INT8_ACT", "").strip()
+    if alias not in ("", "0", "1"):
+        raise ConfigError(f"CORTIQ_INT8_ACT must be 0 or 1, got {alias!r}")
+    if alias:
+        from_alias = "int8" if alias == "1" else "exact"
+        if raw and raw != from_alias:
+            raise ConfigError(f"CORTIQ_PRECISION={raw} and CORTIQ_INT8_ACT={alias} disagree")
+        return from_alias
+    return raw or "auto"
+
+
+def check_precision(p, what: str = "precision"):
+    """p itself when it is None or one of PRECISIONS, else ConfigError."""
+    if p is not None and p not in PRECISIONS:
+        raise ConfigError(f"{what}: expected one of {', '.join(PRECISIONS)}, got {p!r}")
+    return p
+
+
+def set_precision(p: str) -> None:
+    """The default precision of the activations, process-wide: what every model loaded
+    without precision= uses from now on (already loaded ones included).
+
+    "exact": float32 activations (the kernels' exactness contract, what parity with
+    float references needs). "int8": x quantized per group of 32 to int8 and integer products for
+    q8_row, q8_2f, q4_block, q4_tiled, q4tp and q2tp (faster, ~0.5-1 % relative error
+    per product). "auto" (the default): int8 for the 4-bit-and-below dtypes, whose own
+    quantization error dominates, exact for q8 / f16 / bf16 / f32. Measured error and
+    speed: docs/PERFORMANCE.md. A QTensor made by hand has its own precision (exact
+    unless given)."""
+    if p not in PRECISIONS:
+        raise ConfigError(f"set_precision: expected one of {', '.join(PRECISIONS)}, got {p!r}")
+    _kernels.set_default_precision(p)
+
+
+def get_precision() -> str:
+    return _kernels.get_default_precision()
 
 
 def preload_default(long_running: bool = False) -> bool:
@@ -83,22 +127,15 @@ def get_num_threads() -> int:
 
 
 def set_int8_activations(on: bool) -> None:
-    """Opt in (or back out) of int8 activations for q4 matrices, process-wide.
-
-    While on, matvec / matvec_many / row_dot / rows_dot of q4_block, q4_tiled and q4tp
-    matrices quantize x per group of 32 to int8 (scale max|x| / 127) and sum in
-    integers: about 1.5-2x the speed of the exact float32 path where that path is
-    compute-bound, at a relative error of a few 1e-3 per dot product (measured in
-    docs/ARCHITECTURE.md). Off by default: parity with float32 references holds only
-    with it off. Results stay deterministic and identical for any thread count.
-    """
+    """The older switch: True is set_precision("int8"), False set_precision("exact")."""
     if not isinstance(on, bool):
         raise ConfigError(f"set_int8_activations: expected True or False, got {on!r}")
-    _kernels.set_int8_act(on)
+    set_precision("int8" if on else "exact")
 
 
 def get_int8_activations() -> bool:
-    return _kernels.get_int8_act()
+    """Whether the default precision is "int8"."""
+    return get_precision() == "int8"
 
 
 def config() -> dict:
@@ -111,12 +148,20 @@ def config() -> dict:
         "cpu_features": _kernels.cpu_features(),
         "l1d_bytes": _kernels.l1d_bytes(),
         "threads": _kernels.get_num_threads(),
-        "int8_activations": _kernels.get_int8_act(),
+        "precision": get_precision(),
+        "int8_activations": get_int8_activations(),
         "preload": preload_default(),
         "pool": {"threads": _kernels.get_num_threads(), "workers": _kernels.pool_workers(),
                  "spin_us": _kernels.pool_spin_us(), "stalls": _kernels.pool_stalls()},
         "compiler": _kernels.compiler(),
     }
+
+
+_PRECISION_WORDS = {
+    "exact": "float32 activations everywhere",
+    "int8": "int8 activations for q8_row q8_2f q4_block q4_tiled q4tp q2tp",
+    "auto": "int8 activations for q4_block q4_tiled q4tp q2tp, exact for the rest",
+}
 
 
 def show_config(file=None) -> None:
@@ -133,7 +178,8 @@ def show_config(file=None) -> None:
         f"{pool['workers']} started)",
         f"  wait policy:  idle workers spin {pool['spin_us']} us, then sleep (CORTIQ_SPIN_US); "
         f"{pool['stalls']} calls met a descheduled worker",
-        f"  int8 act:     {'on (q4 matvecs quantize x)' if c['int8_activations'] else 'off'}",
+        f"  precision:    {c['precision']}  ({_PRECISION_WORDS[c['precision']]}; "
+        f"CORTIQ_PRECISION, set_precision, LLM(precision=...))",
         f"  preload:      {'on' if c['preload'] else 'off'}  (LLM default, CORTIQ_PRELOAD; "
         f"cortiq serve: {'on' if preload_default(long_running=True) else 'off'})",
         f"  compiler:     {c['compiler']}",

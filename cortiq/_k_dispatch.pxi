@@ -104,12 +104,23 @@ def get_num_threads():
     return cq_get_num_threads()
 
 
-def set_int8_act(bint on):
-    cq_set_int8_act(1 if on else 0)
+# Precision of the activations (docs/ARCHITECTURE.md, "int8 activations"): each QMat
+# has its own (cq_qmat.act, set before every call); one that follows the process
+# default (precision None: what LLM() gives its matrices unless told) reads this.
+PRECISIONS = ("exact", "int8", "auto")
+cdef int _PREC_DEFAULT = 2  # index into PRECISIONS
 
 
-def get_int8_act():
-    return bool(cq_get_int8_act())
+def set_default_precision(str p):
+    """The precision of every matrix whose own precision is None."""
+    global _PREC_DEFAULT
+    if p not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {p!r}")
+    _PREC_DEFAULT = PRECISIONS.index(p)
+
+
+def get_default_precision():
+    return PRECISIONS[_PREC_DEFAULT]
 
 
 def compiler():

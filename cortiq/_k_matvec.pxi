@@ -5,6 +5,9 @@ from libc.stdlib cimport malloc, free
 _MV_DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "q8_row": 3, "q4_block": 4, "vbit": 8,
               "q8_2f": 9, "vbit_ro": 10, "q4_tiled": 11, "q4tp": 15, "q2tp": 16}
 _MV_VARIABLE = ("vbit", "vbit_ro")  # payload size depends on the data
+# dtypes with integer kernels for int8 activations; "auto" takes the 4-bit-and-below ones
+I8_DTYPES = ("q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp")
+AUTO_I8_DTYPES = ("q4_block", "q4_tiled", "q4tp", "q2tp")
 
 
 def qmat_nbytes(str dtype, size_t rows, size_t cols):
@@ -23,8 +26,11 @@ cdef class QMat:
     cdef readonly object rowoff
     cdef readonly str dtype
     cdef readonly size_t rows, cols
+    cdef int prec        # -1: the process default; else an index into PRECISIONS
+    cdef int i8_exact    # act under "int8" and under "auto" for this dtype
+    cdef int i8_auto
 
-    def __init__(self, raw, str dtype, size_t rows, size_t cols):
+    def __init__(self, raw, str dtype, size_t rows, size_t cols, precision="exact"):
         if dtype not in _MV_DTYPES:
             raise ValueError(f"QMat: dtype {dtype!r} not supported; one of {', '.join(_MV_DTYPES)}")
         if not isinstance(raw, cnp.ndarray) or (<cnp.ndarray>raw).dtype != np.uint8:
@@ -50,6 +56,9 @@ cdef class QMat:
         self.m.dtype = dt
         self.m.aux = NULL
         self.m.rowoff = NULL
+        self.i8_exact = CQ_ACT_INT8 if dtype in I8_DTYPES else CQ_ACT_EXACT
+        self.i8_auto = CQ_ACT_INT8 if dtype in AUTO_I8_DTYPES else CQ_ACT_EXACT
+        self.precision = precision
         cdef size_t naux = cq_qmat_aux_len(dt, rows, cols)
         cdef cnp.ndarray a
         cdef cq_status st
@@ -70,6 +79,34 @@ cdef class QMat:
     @property
     def nbytes(self):
         return self.m.nbytes
+
+    @property
+    def precision(self):
+        """"exact", "int8", "auto", or None (follow the process default)."""
+        return None if self.prec < 0 else PRECISIONS[self.prec]
+
+    @precision.setter
+    def precision(self, p):
+        if p is not None and p not in PRECISIONS:
+            raise ValueError(f"precision must be None or one of {', '.join(PRECISIONS)}, got {p!r}")
+        self.prec = -1 if p is None else PRECISIONS.index(p)
+        self._sync()
+
+    @property
+    def int8(self):
+        """Whether products read x quantized to int8 now (precision resolved)."""
+        self._sync()
+        return self.m.act == CQ_ACT_INT8
+
+    cdef inline cq_qmat _snapshot(self):
+        """The matrix as the next call sees it: precision resolved, copied so that a
+        precision set from another thread cannot change a call that is running."""
+        self._sync()
+        return self.m
+
+    cdef inline void _sync(self):
+        cdef int p = self.prec if self.prec >= 0 else _PREC_DEFAULT
+        self.m.act = self.i8_exact if p == 1 else self.i8_auto if p == 2 else CQ_ACT_EXACT
 
     cdef cnp.ndarray _x(self, x, str op):
         cdef cnp.ndarray xa = _f32(x, op, "x")
@@ -93,8 +130,9 @@ cdef class QMat:
         cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
         cdef float *po = <float *>cnp.PyArray_DATA(oa)
         cdef cq_status st
+        cdef cq_qmat mm = self._snapshot()
         with nogil:
-            st = cq_active().matvec.matvec(&self.m, px, po)
+            st = cq_active().matvec.matvec(&mm, px, po)
         check(st, "matvec")
         return oa
 
@@ -117,8 +155,9 @@ cdef class QMat:
         cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
         cdef float *po = <float *>cnp.PyArray_DATA(oa)
         cdef cq_status st
+        cdef cq_qmat mm = self._snapshot()
         with nogil:
-            st = cq_active().matvec.matmat(&self.m, px, t, po)
+            st = cq_active().matvec.matmat(&mm, px, t, po)
         check(st, "matmat")
         return oa
 
@@ -158,8 +197,9 @@ cdef class QMat:
         cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
         cdef float *po = <float *>cnp.PyArray_DATA(oa)
         cdef cq_status st
+        cdef cq_qmat mm = self._snapshot()
         with nogil:
-            st = cq_active().matvec.rows_dot(&self.m, r0, nr, px, po)
+            st = cq_active().matvec.rows_dot(&mm, r0, nr, px, po)
         check(st, "rows_dot")
         return oa
 
@@ -171,8 +211,9 @@ cdef class QMat:
         cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
         cdef float res = 0
         cdef cq_status st
+        cdef cq_qmat mm = self._snapshot()
         with nogil:
-            st = cq_active().matvec.row_dot(&self.m, r, px, &res)
+            st = cq_active().matvec.row_dot(&mm, r, px, &res)
         check(st, "row_dot")
         return res
 
@@ -214,6 +255,7 @@ def matvec_many(list mats, x, outs=None):
         raise MemoryError("matvec_many")
     for i in range(n):
         q = mats[i]
+        q._sync()
         ms[i] = q.m
         ys[i] = <float *>cnp.PyArray_DATA(<cnp.ndarray>res[i])
     cdef const float *px = <const float *>cnp.PyArray_DATA(xa)

@@ -243,8 +243,9 @@ def grouped_rows(qt, x, size_t groups, out=None):
         raise ValueError(f"grouped_rows: x needs {groups * qm.cols} floats, got {xa.size}")
     cdef cnp.ndarray oa = _mix_out(out, (qm.rows,), "grouped_rows")
     cdef cq_status st
+    cdef cq_qmat mm = qm._snapshot()
     with nogil:
-        st = cq_active().mix.grouped_rows(&qm.m, <const float *>cnp.PyArray_DATA(xa), groups,
+        st = cq_active().mix.grouped_rows(&mm, <const float *>cnp.PyArray_DATA(xa), groups,
                                           <float *>cnp.PyArray_DATA(oa))
     check(st, "grouped_rows")
     return oa
@@ -277,7 +278,7 @@ def rows_sum(tensors, xs, out=None):
         free(px)
         raise MemoryError("rows_sum")
     for j in range(n):
-        ms[j] = (<QMat>mats[j]).m
+        ms[j] = (<QMat>mats[j])._snapshot()
         px[j] = <const float *>cnp.PyArray_DATA(<cnp.ndarray>arrs[j])
     cdef cq_status st
     with nogil:

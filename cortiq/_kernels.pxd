@@ -55,6 +55,10 @@ cdef extern from "cortiq.h" nogil:
         int dtype
         const float *aux
         const uint64_t *rowoff
+        int act
+    enum:
+        CQ_ACT_EXACT
+        CQ_ACT_INT8
     size_t cq_qmat_nbytes(int dtype, size_t rows, size_t cols)
     size_t cq_qmat_aux_len(int dtype, size_t rows, size_t cols)
     cq_status cq_qmat_prepare(const cq_qmat *m, float *aux)
@@ -135,8 +139,6 @@ cdef extern from "cortiq.h" nogil:
 
     void cq_set_num_threads(int n)
     int cq_get_num_threads()
-    void cq_set_int8_act(int on)
-    int cq_get_int8_act()
     const char *cq_compiler()
 
 cdef extern from "pool.h":

@@ -44,12 +44,13 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 from . import cmf as _cmf
-from ._config import preload_default, set_num_threads
+from ._config import check_precision, get_precision, preload_default, set_num_threads
 from .chat import ChatTemplate
 from .errors import ConfigError, FormatError, ModelError
 from .sampling import Sampler, SamplingParams
 from .session import Session
 from .stopping import StopChecker, normalize_stop
+from .tensor import set_model_precision
 from .tokenizer import Tokenizer
 
 __all__ = ["LLM"]
@@ -102,15 +103,18 @@ class LLM:
     """A loaded model plus its tokenizer and chat template.
 
     `LLM(path, *, n_threads=None, seed=None, chat_template=None, skill=None, task=None,
-    n_ctx=None, max_sessions=4, preload=None, verify="lazy", **model_options)`; model
-    options are the
+    n_ctx=None, max_sessions=4, preload=None, verify="lazy", precision=None,
+    **model_options)`; model options are the
     architecture's keyword options (for Dory: loops, kv_mode, ...). `seed` is the
     default sampling seed of every call (None: fresh entropy per call). `preload=True`
     copies the file into anonymous (huge-page) memory instead of mapping it, see
     `cortiq.cmf.open`; None takes CORTIQ_PRELOAD (default off). `verify` is
     `cortiq.cmf.open`'s: "lazy" checks every tensor's hash as the model is built (so a
     damaged file raises `cmf.HashMismatch` naming the tensor before anything runs),
-    "full" every hash on open, "off" none.
+    "full" every hash on open, "off" none. `precision` ("exact", "int8", "auto") is how
+    the model's matrix products treat activations (see `cortiq.set_precision`); None
+    follows the process default (CORTIQ_PRECISION, "auto" unless set), also when it
+    changes later. `llm.precision` can be set later.
     Logits that are not finite (NaN/inf: a damaged file or a broken model) raise
     `ModelError` naming the position instead of sampling garbage.
     `LLM.from_model(model, tokenizer=...)` wraps a model object that is already built;
@@ -120,7 +124,9 @@ class LLM:
     def __init__(self, path: str | os.PathLike | None = None, *, n_threads: int | None = None,
                  seed: int | None = None, chat_template: str | None = None, skill=None,
                  task: str | None = None, n_ctx: int | None = None, max_sessions: int = 4,
-                 preload: bool | None = None, verify: str = "lazy", **model_options):
+                 preload: bool | None = None, verify: str = "lazy",
+                 precision: str | None = None, **model_options):
+        self._precision = check_precision(precision)
         if path is None:  # the bundled demo model (cortiq/demo.py)
             from .demo import demo_path
             path = demo_path()
@@ -196,12 +202,14 @@ class LLM:
     def from_model(cls, model, *, tokenizer, tokenizer_config: Mapping | None = None,
                    chat_template: str | None = None, seed: int | None = None,
                    name: str = "model", n_ctx: int | None = None,
-                   max_sessions: int = 4) -> "LLM":
+                   max_sessions: int = 4, precision: str | None = None) -> "LLM":
         """An LLM over a model object that implements the protocol of `cortiq.session`
         (new_state, forward, rollback, can_rollback, vocab, arch, supports_rollback).
         `tokenizer`: a `cortiq.tokenizer.Tokenizer`, a `tokenizers.Tokenizer`, the bytes
         of a tokenizer.json or a path; `tokenizer_config`: a CMF chat bundle."""
         self = cls.__new__(cls)
+        self._precision = check_precision(precision)
+        set_model_precision(model, self._precision)
         self.path = None
         self.file = None
         self.skill = None
@@ -251,9 +259,28 @@ class LLM:
             if _accepts(self._cls, "skill"):
                 opts["skill"] = overlay
         model = self._cls(src, **opts)
+        set_model_precision(model, self._precision)
         if not isinstance(overlay, dict):
             self._models[overlay] = model
         return model
+
+    @property
+    def precision(self) -> str | None:
+        """The model's activation precision: "exact", "int8", "auto", or None (the
+        process default, `cortiq.get_precision()`, is in force)."""
+        return self._precision
+
+    @precision.setter
+    def precision(self, p) -> None:
+        self._precision = check_precision(p)
+        with self._lock:
+            for m in list(self._models.values()):
+                set_model_precision(m, p)
+
+    @property
+    def precision_in_force(self) -> str:
+        """The precision the products use now (the process default when precision is None)."""
+        return self._precision or get_precision()
 
     def _model_for(self, ids):
         """The model a prompt runs on (skill="auto": the routed skill's)."""

@@ -12,6 +12,14 @@ Exactness contract (see docs/ARCHITECTURE.md, "matvec"):
   summation order), not bitwise (under ``CORTIQ_ISA=ref`` they are bitwise equal).
 * Against a float64 dot of the dequantized weights every result is within float32
   rounding of ``sum |w * x|``.
+
+All of that holds for ``precision="exact"`` (the default of a QTensor made by hand).
+With ``precision="int8"`` (or ``"auto"`` for the 4-bit-and-below dtypes) the products of
+q8_row, q8_2f, q4_block, q4_tiled, q4tp and q2tp quantize x to int8 per group of 32 and
+sum in integers: deterministic and still bit-identical across matvec / row_dot /
+rows_dot / matvec_many and thread counts, within a documented error of the exact
+product (docs/ARCHITECTURE.md, "int8 activations"). ``precision=None`` follows the
+process default (``cortiq.set_precision``), which is what ``LLM`` gives its matrices.
 """
 from __future__ import annotations
 
@@ -23,6 +31,8 @@ from .errors import FormatError
 DTYPES = ("f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp",
           "vbit", "vbit_ro")
 VARIABLE = ("vbit", "vbit_ro")  # payload size depends on the data (validated on wrap)
+I8_DTYPES = _K.I8_DTYPES            # dtypes with integer kernels (precision "int8")
+AUTO_I8_DTYPES = _K.AUTO_I8_DTYPES  # ... of which "auto" takes the 4-bit-and-below ones
 
 
 class QTensor:
@@ -30,7 +40,7 @@ class QTensor:
 
     __slots__ = ("_m", "dtype", "rows", "cols", "name")
 
-    def __init__(self, raw, dtype: str, shape, name: str | None = None):
+    def __init__(self, raw, dtype: str, shape, name: str | None = None, precision="exact"):
         if dtype not in DTYPES:
             raise ValueError(f"QTensor: dtype {dtype!r} not supported; one of {', '.join(DTYPES)}")
         shape = tuple(int(s) for s in shape)
@@ -56,16 +66,17 @@ class QTensor:
                                   f"bytes, got {raw.size}")
             self._m = _K.QMat(raw, dtype, rows, cols)
         self.dtype, self.rows, self.cols, self.name = dtype, rows, cols, name
+        self.precision = precision
 
     # ---- construction -------------------------------------------------------------
     @classmethod
-    def from_f32(cls, array, dtype: str = "f32") -> "QTensor":
+    def from_f32(cls, array, dtype: str = "f32", precision="exact") -> "QTensor":
         """Quantize a 2-D float array with cortiq.cmf.quant.quantize and wrap it."""
         from .cmf import quant
         a = np.ascontiguousarray(array, dtype=np.float32)
         if a.ndim != 2:
             raise ValueError(f"QTensor.from_f32: array must be 2-D, got shape {a.shape}")
-        return cls(quant.quantize(a, dtype), dtype, a.shape)
+        return cls(quant.quantize(a, dtype), dtype, a.shape, precision=precision)
 
     @classmethod
     def from_cmf(cls, cmf_file, name: str, skill=None) -> "QTensor":
@@ -98,6 +109,21 @@ class QTensor:
     @property
     def raw(self) -> np.ndarray:
         return self._m.raw
+
+    @property
+    def precision(self):
+        """"exact", "int8", "auto" or None (the process default, cortiq.set_precision)."""
+        return self._m.precision
+
+    @precision.setter
+    def precision(self, p):
+        from ._config import check_precision
+        self._m.precision = check_precision(p, f"QTensor{_at(self.name)} precision")
+
+    @property
+    def int8(self) -> bool:
+        """Whether products quantize x to int8 now (the precision resolved for this dtype)."""
+        return self._m.int8
 
     def __repr__(self):
         return f"QTensor({self.name or ''!s}{' ' if self.name else ''}{self.dtype} {self.rows}x{self.cols})"
@@ -166,3 +192,39 @@ class QGroup:
 
     def matvec(self, x, outs=None) -> list:
         return _K.matvec_many(self._ms, x, outs)
+
+
+def model_qmats(model) -> list:
+    """The distinct low-level matrices (QMat) a model object holds, found by walking
+    its attributes, containers and QTensor / QGroup members (objects of cortiq's own
+    classes only, so a model's file, arrays and caches are not walked)."""
+    out, seen, stack = [], set(), [model]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, _K.QMat):
+            out.append(o)
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack.extend(o)
+        elif isinstance(o, dict):
+            stack.extend(o.values())
+        elif type(o).__module__.startswith("cortiq.") and not isinstance(o, type):
+            stack.extend(getattr(o, "__dict__", {}).values())
+            for cls in type(o).__mro__:
+                for slot in getattr(cls, "__slots__", ()):
+                    if hasattr(o, slot):
+                        stack.append(getattr(o, slot))
+    return out
+
+
+def set_model_precision(model, precision) -> int:
+    """Give every matrix of a model the activation precision ("exact", "int8", "auto",
+    or None: the process default). Returns how many matrices were set."""
+    from ._config import check_precision
+    check_precision(precision)
+    mats = model_qmats(model)
+    for m in mats:
+        m.precision = precision
+    return len(mats)

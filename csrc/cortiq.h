@@ -122,8 +122,9 @@ extern const cq_quant_ops cq_quant_avx2;
 
 /* ---- matvec: stored matrices times float32 activations (csrc/matvec) ----------
  * A cq_qmat is one 2-D CMF payload read in place (any alignment). dtype = CMF id.
- * Activations are float32; weights are decoded exactly as docs/cmf-format.md §7 says and
- * multiplied in float32 (no activation quantization). Row r of the output is
+ * Activations are float32 (m->act == CQ_ACT_EXACT, the default) or quantized to int8
+ * per group of 32 (CQ_ACT_INT8: qmat.h, cq_xq); weights are decoded exactly as
+ * docs/cmf-format.md §7 says. Row r of the output is
  * always computed by one thread in a fixed order: bit-identical for any thread
  * count. The SIMD twins sum in a different order than the reference (and factor a
  * row/group scale out of its partial sum), so they agree with it within float32
@@ -145,7 +146,14 @@ typedef struct cq_qmat {
     /* vbit/vbit_ro only: rows+1 byte offsets of each row's codes from `data`, from
      * cq_qmat_prepare_rows (NULL otherwise). */
     const uint64_t *rowoff;
+    /* How products with this matrix treat the activations: CQ_ACT_EXACT (float32) or
+     * CQ_ACT_INT8 (x quantized per group of 32 to int8, integer sums; taken by q8_row,
+     * q8_2f, q4_block, q4_tiled, q4tp, q2tp with cols % 32 == 0, the others stay
+     * float32). A field of the matrix rather than a process-wide switch, so models
+     * loaded with different precisions share one process. */
+    int act;
 } cq_qmat;
+enum { CQ_ACT_EXACT = 0, CQ_ACT_INT8 = 1 };
 /* Payload size of a dtype/shape, 0 when the dtype/shape is not supported here
  * (q4tp/q2tp need cols % 32 == 0) or data-dependent (vbit, vbit_ro: see
  * cq_qmat_prepare_rows). */
@@ -383,14 +391,6 @@ const cq_table *cq_active(void);
 void cq_set_num_threads(int n);
 int cq_get_num_threads(void);
 
-/* Opt-in int8 activations (default off): while on, matvec / matvec_many / row_dot /
- * rows_dot of the q4 dtypes (q4_block, q4_tiled, q4tp; cols % 32 == 0) quantize x per
- * group of 32 to int8 (scale max|x|/127, round to nearest) and sum q * xq in integers
- * (maddubs / VNNI). Not exact: error measured in docs/ARCHITECTURE.md. Still
- * deterministic and bit-identical for any thread count. Other dtypes and matmat stay
- * float32. */
-void cq_set_int8_act(int on);
-int cq_get_int8_act(void);
 /* Compiler identification string baked in at build time. */
 const char *cq_compiler(void);
 

@@ -115,10 +115,6 @@ void cq_set_num_threads(int n) {
 
 int cq_get_num_threads(void) { return NTHREADS; }
 
-static int INT8_ACT = 0;
-void cq_set_int8_act(int on) { INT8_ACT = on != 0; }
-int cq_get_int8_act(void) { return INT8_ACT; }
-
 const char *cq_compiler(void) {
 #if defined(__clang__)
     return "clang " __clang_version__;

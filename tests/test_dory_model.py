@@ -72,7 +72,7 @@ def test_parity_with_the_reference_f32(f32_model, kv_mode, loops):
 def test_parity_quantized_against_dequantized_reference(tmp_path_factory, quant):
     path, _, config = build_model(tmp_path_factory, f"q-{quant}", quant=quant, window=3,
                                   loops=2, seed=7)
-    llm = LLM(path)
+    llm = LLM(path, precision="exact")  # parity: float32 activations (auto: int8 for q4)
     ref = R.DoryReference.from_cmf_file(llm.file)
     ids = ids_for(config["vocab_size"], 20, seed=1)
     got = llm.session().feed(ids, want="all")

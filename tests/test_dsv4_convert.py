@@ -213,7 +213,7 @@ def test_every_storage_dtype_decodes_like_its_dequantized_values(tmp_path, quant
     cmf.write(fpath, deq, arch=arch, quant="f32", tokenizer_json=tokenizer_json(), progress=False)
     outs = []
     for p in (qpath, fpath):
-        llm = cortiq.LLM(p)
+        llm = cortiq.LLM(p, precision="exact")  # the decoding alone (auto: int8 for q4/q2)
         outs.append(llm.session().feed(IDS, want="all"))
         llm.close()
     np.testing.assert_allclose(outs[0], outs[1], atol=DTYPE_TOL)

@@ -15,8 +15,8 @@ PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(cortiq.__file__)))
 PUBLIC = {
     "ConfigError", "CortiqError", "FormatError", "KernelError", "LLM", "ModelError",
     "SamplingParams", "TemplateError",
-    "__version__", "config", "get_int8_activations", "get_num_threads",
-    "set_int8_activations", "set_num_threads", "show_config",
+    "__version__", "config", "get_int8_activations", "get_num_threads", "get_precision",
+    "set_int8_activations", "set_num_threads", "set_precision", "show_config",
 }
 
 

@@ -29,6 +29,20 @@ def _fail(e) -> int:
     return 1
 
 
+def _precision_line(by_dtype: dict) -> str:
+    """What the default precision in force (cortiq.get_precision()) does with these
+    dtypes: the bytes whose products take int8 activations."""
+    from .._config import get_precision
+    from ..tensor import AUTO_I8_DTYPES, I8_DTYPES
+    p = get_precision()
+    takes = {"exact": (), "int8": I8_DTYPES, "auto": AUTO_I8_DTYPES}[p]
+    total = sum(b for _, b in by_dtype.values()) or 1
+    i8 = sum(b for d, (_, b) in by_dtype.items() if d in takes)
+    dts = ", ".join(sorted(d for d in by_dtype if d in takes)) or "none"
+    return (f"precision:   {p} (LLM default; CORTIQ_PRECISION): int8 activations for "
+            f"{100 * i8 / total:.0f} % of the weight bytes ({dts}), float32 for the rest")
+
+
 def cmd_info(args) -> int:
     try:
         cf = _open(args.file)
@@ -57,6 +71,7 @@ def cmd_info(args) -> int:
         out.append(f"tensors:     {len(cf.tensors)}  ({_fmt_bytes(total)})")
         for d, (c, b) in sorted(by.items(), key=lambda kv: -kv[1][1]):
             out.append(f"  {d:<10} {c:>6} tensors  {_fmt_bytes(b):>12}")
+        out.append(_precision_line(by))
         n_tok = cf.sections()["vocab"][1]
         out.append(f"tokenizer:   {'tokenizer.json, ' + _fmt_bytes(n_tok) if n_tok else 'none'}")
         tc = cf.tokenizer_config

@@ -160,8 +160,83 @@ static float i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
     }
     return cq_hsum8(_mm256_add_ps(f0, f1));
 }
+/* q8_row / q8_2f, one group of 32 a step: |w| (u8) times xq carrying w's sign
+ * (vpsignb), so the u8 x s8 pairs stay within int16 (|w| <= 128, |xq| <= 127); per
+ * group the 8 lane sums are scaled by d in float, and the row by its scale. */
+static float i8_row_q8(const cq_qmat *m, size_t r, const cq_xq *xq) {
+    const size_t gpr = m->cols / CQ_GROUP;
+    const uint8_t *w = m->data + r * m->cols;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 f0 = _mm256_setzero_ps(), f1 = f0;
+    for (size_t g = 0; g < gpr; g++) {
+        const uint8_t *p = w + CQ_GROUP * g;
+        if (!(g & 1)) CQ_STREAM_PF(p);
+        const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+        const __m256i xs = _mm256_sign_epi8(_mm256_load_si256((const __m256i *)(xq->q + CQ_GROUP * g)), v);
+        const __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v), xs), ones);
+        if (g & 1) f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcast_ss(xq->d + g), f1);
+        else f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcast_ss(xq->d + g), f0);
+    }
+    return cq_hsum8(_mm256_add_ps(f0, f1)) * m->aux[r];
+}
+
+/* q2tp, four groups (32 code bytes, half a CQ_XQ_Q2 block) a step: each phase's u8
+ * weights 2v (Q2_PHASE) times its 32 xq bytes, the four phases' int16 pair sums added
+ * (at most 4 * 2 * 6 * 127) before one vpmaddwd; from the bias (-3 * the sum of xq),
+ * lane L holds half of group L/2, scaled by tile scale * 0.5 * d. */
+static float i8_row_q2(const cq_qmat *m, size_t r, const cq_xq *xq) {
+    const size_t gpr = m->cols / CQ_GROUP;
+    const uint8_t *body = m->data + 8 * r * gpr;
+    const __m256i ones = _mm256_set1_epi16(1), m6 = _mm256_set1_epi8(6);
+    const __m256i spread = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    float sw[64 + 4];
+    __m256 f0 = _mm256_setzero_ps(), f1 = f0;
+    for (size_t g0 = 0; g0 < gpr; g0 += 64) {
+        const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;
+        avx2_group_scales(m, r, g0, ng, sw);
+        for (size_t k = 0; k < ng; k++) sw[k] *= 0.5f;
+        for (int k = 0; k < 4; k++) sw[ng + k] = 0.0f;
+        for (size_t gi = 0; gi < ng; gi += 4) {
+            const size_t g = g0 + gi, n = ng - gi < 4 ? ng - gi : 4;
+            const uint8_t *p = body + 8 * g;
+            if (!(gi & 4)) CQ_STREAM_PF(p);
+            const __m256i v = n == 4 ? _mm256_loadu_si256((const __m256i *)p)
+                                     : _mm256_maskload_epi32((const int *)(const void *)p,
+                                                             _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(2 * n)),
+                                                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+            const int8_t *q = xq->q + 256 * (g / 8) + 32 * ((g / 4) & 1);
+            __m256i p16 = _mm256_maddubs_epi16(Q2_PHASE(_mm256_slli_epi16, _mm256_srli_epi16, _mm256_and_si256, v, 0, m6),
+                                               _mm256_load_si256((const __m256i *)q));
+#define Q2_ADD(j)                                                                                                   \
+    p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(Q2_PHASE(_mm256_slli_epi16, _mm256_srli_epi16, _mm256_and_si256, v, j, m6), \
+                                                     _mm256_load_si256((const __m256i *)(q + 64 * (j)))))
+            Q2_ADD(1);
+            Q2_ADD(2);
+            Q2_ADD(3);
+#undef Q2_ADD
+            const size_t lane = 16 * (g / 8) + 8 * ((g / 4) & 1);
+            const __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(p16, ones), _mm256_load_si256((const __m256i *)(xq->bias + lane)));
+            const __m256 sc = _mm256_mul_ps(_mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sw + gi)), spread),
+                                            _mm256_load_ps(xq->dl + lane));
+            if (gi & 4) f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f1);
+            else f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f0);
+        }
+    }
+    return cq_hsum8(_mm256_add_ps(f0, f1));
+}
+
 static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
-    for (size_t j = 0; j < nr; j++) out[j] = i8_row(m, r0 + j, xq);
+    switch (m->dtype) {
+    case CQ_DT_Q8_ROW:
+    case CQ_DT_Q8_2F:
+        for (size_t j = 0; j < nr; j++) out[j] = i8_row_q8(m, r0 + j, xq);
+        break;
+    case CQ_DT_Q2TP:
+        for (size_t j = 0; j < nr; j++) out[j] = i8_row_q2(m, r0 + j, xq);
+        break;
+    default:
+        for (size_t j = 0; j < nr; j++) out[j] = i8_row(m, r0 + j, xq);
+    }
 }
 
 /* matmat: the packed GEMM of matmat_packed.h on 8 lanes. 16 ymm registers: 12
@@ -208,6 +283,9 @@ static inline void mm_pack_block(const float *src, size_t cols, size_t live, flo
 #define mm_decode avx2_dequant_span
 static size_t mm_column(const cq_qmat *m, size_t c) { (void)m; return c; } /* natural order */
 #include "matmat_packed.h"
+/* int8 matmat where the CPU has a 256-bit vpdpbusd (AVX-VNNI, or AVX-512 VNNI + VL) */
+#define group_scales avx2_group_scales
+#include "matmat_i8_avx2.h"
 
 #include "matvec_drivers.h"
 

@@ -416,7 +416,7 @@ static void avx2_prep_x(const cq_qmat *m, const float *x, float *xp) {
         }
     }
 }
-/* ---- int8 activations (cq_set_int8_act; spec: ref_i8_row) on 8 lanes: the row
+/* ---- int8 activations (cq_qmat.act; spec: ref_i8_row) on 8 lanes: the row
  * kernel is i8_row in matvec_avx2.c; the pieces both ISA files share are here ---- */
 /* q4_block: where the f16 scale of group g of row r lives (after all the nibbles). */
 static inline const uint8_t *q4b_scale_at(const cq_qmat *m, size_t r, size_t g) {
@@ -449,35 +449,50 @@ static void avx2_group_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, 
     }
 }
 
-/* cq_xq_build with the scaling and rounding on 8 lanes (the same float32 operations;
- * _mm256_cvtps_epi32 rounds as lrintf does), the even/odd split and bias scalar. */
-static void avx2_xq_build(const float *x, size_t cols, void *buf, cq_xq *xq) {
-    const size_t ng = cols / CQ_GROUP;
+/* One group's quantization on 8 lanes, the same float32 operations as cq_xq_quant32
+ * (_mm256_cvtps_epi32 rounds as lrintf does): q[32] in column order, *d. 0 for a
+ * group with a NaN, an inf or only zeros (the caller takes the scalar group). */
+static inline int avx2_quant32(const float *xg, int32_t *qi, float *d) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    cq_xq_view(buf, cols, xq);
+    __m256 a[4];
+    for (int k = 0; k < 4; k++) a[k] = _mm256_loadu_ps(xg + 8 * k);
+    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(a[0], absmask), _mm256_and_ps(a[1], absmask)),
+                              _mm256_max_ps(_mm256_and_ps(a[2], absmask), _mm256_and_ps(a[3], absmask)));
+    float amax = cq_hmax8(mx);
+    __m256 nan = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(a[0], a[0], _CMP_UNORD_Q), _mm256_cmp_ps(a[1], a[1], _CMP_UNORD_Q)),
+                              _mm256_or_ps(_mm256_cmp_ps(a[2], a[2], _CMP_UNORD_Q), _mm256_cmp_ps(a[3], a[3], _CMP_UNORD_Q)));
+    /* NaN (max drops it, so asked apart), inf, or all zero */
+    if (_mm256_movemask_ps(nan) || !(amax <= 3.4028234663852886e38f) || amax == 0.0f) return 0;
+    __m256 id = _mm256_set1_ps(127.0f / amax);
+    for (int k = 0; k < 4; k++) _mm256_storeu_si256((__m256i *)(qi + 8 * k), _mm256_cvtps_epi32(_mm256_mul_ps(a[k], id)));
+    *d = amax / 127.0f;
+    return 1;
+}
+
+/* cq_xq_build with the scaling and rounding on 8 lanes; q4's even/odd split and bias
+ * written here, the other families' placement by cq_xq_put. */
+static void avx2_xq_build(int family, const float *x, size_t cols, void *buf, cq_xq *xq) {
+    const size_t ng = cols / CQ_GROUP;
+    cq_xq_view(family, buf, cols, xq);
     for (size_t g = 0; g < ng; g++) {
         const float *xg = x + CQ_GROUP * g;
-        __m256 a[4];
-        for (int k = 0; k < 4; k++) a[k] = _mm256_loadu_ps(xg + 8 * k);
-        __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(a[0], absmask), _mm256_and_ps(a[1], absmask)),
-                                  _mm256_max_ps(_mm256_and_ps(a[2], absmask), _mm256_and_ps(a[3], absmask)));
-        float amax = cq_hmax8(mx);
-        __m256 nan = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(a[0], a[0], _CMP_UNORD_Q), _mm256_cmp_ps(a[1], a[1], _CMP_UNORD_Q)),
-                                  _mm256_or_ps(_mm256_cmp_ps(a[2], a[2], _CMP_UNORD_Q), _mm256_cmp_ps(a[3], a[3], _CMP_UNORD_Q)));
-        /* NaN (max drops it, so asked apart), inf, or all zero: the scalar group */
-        if (_mm256_movemask_ps(nan) || !(amax <= 3.4028234663852886e38f) || amax == 0.0f) {
+        int32_t qi[32];
+        float dg;
+        if (!avx2_quant32(xg, qi, &dg)) {
             cq_xq_group(xq, g, xg);
             continue;
         }
-        __m256 id = _mm256_set1_ps(127.0f / amax);
-        int32_t qi[32];
-        for (int k = 0; k < 4; k++) _mm256_storeu_si256((__m256i *)(qi + 8 * k), _mm256_cvtps_epi32(_mm256_mul_ps(a[k], id)));
+        if (family != CQ_XQ_Q4) {
+            int8_t q[32];
+            for (int k = 0; k < 32; k++) q[k] = (int8_t)qi[k];
+            cq_xq_put(xq, g, q, dg);
+            continue;
+        }
         int8_t *qe = (int8_t *)xq->q + 128 * (g / 4) + 16 * (g % 4), *qo = qe + 64;
         for (int k = 0; k < 16; k++) {
             qe[k] = (int8_t)qi[2 * k];
             qo[k] = (int8_t)qi[2 * k + 1];
         }
-        const float dg = amax / 127.0f;
         for (int j = 0; j < 4; j++) {
             int32_t sum = 0;
             for (int i = 0; i < 8; i++) sum += qi[8 * j + i];
@@ -487,4 +502,9 @@ static void avx2_xq_build(const float *x, size_t cols, void *buf, cq_xq *xq) {
         ((float *)xq->d)[g] = dg;
     }
 }
+
+/* q2tp's phase j (0..3) of code bytes v as the u8 weights 2 * ((v >> 2j) & 3): one
+ * 16-bit shift and a mask keep every bit inside its byte. */
+#define Q2_PHASE(SHL, SRL, AND, v, j, m6) \
+    ((j) == 0 ? AND(SHL(v, 1), m6) : AND(SRL(v, 2 * (j) - 1), m6))
 #endif

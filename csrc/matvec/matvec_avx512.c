@@ -1,9 +1,9 @@
 /* matvec_avx512.c -- AVX-512 twin of the matvec family: the q8 (q8_row, q8_2f), q4
- * (q4_block, q4_tiled, q4tp) and q2tp row dots, the opt-in int8-activation q4 rows and
- * the matmat block run 16 lanes, faster than the AVX2 code for these; f32/f16/bf16
- * (16 lanes read slower from DRAM), vbit and the row decoders are the AVX2 code of
- * matvec_avx2_impl.h (docs/PERFORMANCE.md §9, "AVX-512 kernel choices"). Same
- * contracts as the reference. */
+ * (q4_block, q4_tiled, q4tp) and q2tp row dots, the int8-activation rows of all six,
+ * the matmat block and the int8 matmat (matmat_i8_avx512.h) run 16 lanes, faster than
+ * the AVX2 code for these; f32/f16/bf16 (16 lanes read slower from DRAM), vbit and the
+ * row decoders are the AVX2 code of matvec_avx2_impl.h (docs/PERFORMANCE.md §9,
+ * "AVX-512 kernel choices"). Same contracts as the reference. */
 #include "matvec_avx2_impl.h"
 
 static inline __m512 z_i8(const uint8_t *p) {
@@ -262,8 +262,8 @@ static void prep_x(const cq_qmat *m, const float *x, float *xp) {
 
 
 
-/* ---- int8 activations (cq_set_int8_act; spec: ref_i8_row) ----
- * Four groups per 512-bit register: one 64-byte load of their nibbles, split into low
+/* ---- int8 activations (cq_qmat.act; spec: ref_i8_row) ----
+ * q4: four groups per 512-bit register: one 64-byte load of their nibbles, split into low
  * and high nibbles, meets xq's block of four lane by lane (qmat.h); u8 x s8 products
  * summed per 4-byte lane (maddubs + madd, or VNNI dpbusd) start from xq's bias (the
  * nibbles' -8); lanes 4j..4j+3 then hold group j, scaled by scale * d in float. */
@@ -274,12 +274,21 @@ static void prep_x(const cq_qmat *m, const float *x, float *xp) {
  * columns, more than a 32 x 4096 q4 matvec itself. Non-finite groups go through
  * cq_xq_group. */
 #define CQ_HAVE_XQ_BUILD
-static void xq_build(const float *x, size_t cols, void *buf, cq_xq *xq) {
+static void xq_build_q8(const float *x, size_t cols, void *buf, cq_xq *xq);
+static void xq_build(int family, const float *x, size_t cols, void *buf, cq_xq *xq) {
+    if (family == CQ_XQ_Q8) {
+        xq_build_q8(x, cols, buf, xq);
+        return;
+    }
+    if (family != CQ_XQ_Q4) { /* q2: the 8-lane quantizer, then cq_xq_put's transposition */
+        avx2_xq_build(family, x, cols, buf, xq);
+        return;
+    }
     const size_t ng = cols / CQ_GROUP;
     const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
     const __m512i pick = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    cq_xq_view(buf, cols, xq);
+    cq_xq_view(CQ_XQ_Q4, buf, cols, xq);
     for (size_t g = 0; g < ng; g++) {
         const float *xg = x + CQ_GROUP * g;
         __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
@@ -303,6 +312,30 @@ static void xq_build(const float *x, size_t cols, void *buf, cq_xq *xq) {
         _mm_storeu_si128((__m128i *)(xq->bias + 4 * g), _mm512_castsi512_si128(s));
         const float dg = amax / 127.0f;
         _mm_storeu_ps((float *)xq->dl + 4 * g, _mm_set1_ps(dg));
+        ((float *)xq->d)[g] = dg;
+    }
+}
+
+/* CQ_XQ_Q8 on 16 lanes: natural order, so a group is two converts and two narrowing
+ * stores. */
+static void xq_build_q8(const float *x, size_t cols, void *buf, cq_xq *xq) {
+    const size_t ng = cols / CQ_GROUP;
+    cq_xq_view(CQ_XQ_Q8, buf, cols, xq);
+    for (size_t g = 0; g < ng; g++) {
+        const float *xg = x + CQ_GROUP * g;
+        __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+        if ((_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q)) ||
+            !(amax <= 3.4028234663852886e38f) || amax == 0.0f) {
+            cq_xq_group(xq, g, xg);
+            continue;
+        }
+        __m512 id = _mm512_set1_ps(127.0f / amax);
+        int8_t *q = (int8_t *)xq->q + CQ_GROUP * g;
+        _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, id))));
+        _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, id))));
+        const float dg = amax / 127.0f;
+        _mm256_storeu_ps((float *)xq->dl + 8 * g, _mm256_set1_ps(dg));
         ((float *)xq->d)[g] = dg;
     }
 }
@@ -350,6 +383,80 @@ static float q4_i8_row_bw(const cq_qmat *m, size_t r, const cq_xq *xq) { I8_BODY
 #define CQ_HAVE_VNNI_FN 1
 __attribute__((target("avx512vnni"))) static float q4_i8_row_vnni(const cq_qmat *m, size_t r, const cq_xq *xq) {
     I8_BODY(_mm512_dpbusd_epi32);
+}
+#endif
+
+/* q8_row / q8_2f with int8 x, two groups (64 bytes) a step: |w| (u8) against xq with
+ * w's sign (a masked subtract: AVX-512 has no vpsignb), lanes 0-7 group g, 8-15 group
+ * g+1, scaled by d per lane (CQ_XQ_Q8's dl); the row's scale at the end. A row whose
+ * group count is odd ends with a 32-byte masked load (xq is zero past the row). */
+#define I8_Q8_BODY(DOT)                                                                           \
+    const size_t cols = m->cols;                                                                  \
+    const uint8_t *w = m->data + r * cols;                                                        \
+    const __m512i zero = _mm512_setzero_si512();                                                  \
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0;                                                     \
+    for (size_t c = 0; c < cols; c += 64) {                                                       \
+        const uint8_t *p = w + c;                                                                 \
+        CQ_STREAM_PF(p);                                                                          \
+        const __m512i v = c + 64 <= cols ? _mm512_loadu_si512((const void *)p)                    \
+                                         : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, p);              \
+        const __m512i x = _mm512_load_si512((const void *)(xq->q + c));                           \
+        const __m512i xs = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(v), zero, x);              \
+        const __m512i isum = DOT(zero, _mm512_abs_epi8(v), xs);                                   \
+        const __m512 dl = _mm512_load_ps(xq->dl + c / 4);                                         \
+        if (c & 64) f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dl, f1);                       \
+        else f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dl, f0);                              \
+    }                                                                                             \
+    return _mm512_reduce_add_ps(_mm512_add_ps(f0, f1)) * m->aux[r]
+
+/* q2tp with int8 x, eight groups (64 code bytes, a CQ_XQ_Q2 block) a step: each of
+ * the four phases' u8 weights 2v (Q2_PHASE) against its 64 xq bytes, summed per
+ * 4-byte lane from the bias (-3 * the sum of xq); lane L holds half of group L/2,
+ * scaled by tile scale * 0.5 * d. */
+#define I8_Q2_BODY(DOT)                                                                           \
+    const size_t gpr = m->cols / CQ_GROUP;                                                        \
+    const uint8_t *body = m->data + 8 * r * gpr;                                                  \
+    const __m512i m6 = _mm512_set1_epi8(6);                                                       \
+    const __m512i spread = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);     \
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0;                                                     \
+    float sw[64 + 8];                                                                             \
+    for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                                     \
+        const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                                          \
+        group_scales(m, r, g0, ng, sw);                                                           \
+        for (size_t k = 0; k < ng; k++) sw[k] *= 0.5f;                                            \
+        for (int k = 0; k < 8; k++) sw[ng + k] = 0.0f;                                            \
+        for (size_t gi = 0; gi < ng; gi += 8) {                                                   \
+            const size_t g = g0 + gi, n = ng - gi < 8 ? ng - gi : 8, blk = g / 8;                 \
+            const uint8_t *p = body + 8 * g;                                                      \
+            CQ_STREAM_PF(p);                                                                      \
+            const __m512i v = n == 8 ? _mm512_loadu_si512((const void *)p)                        \
+                                     : _mm512_maskz_loadu_epi8((1ull << (8 * n)) - 1, p);         \
+            const int8_t *q = xq->q + 256 * blk;                                                  \
+            __m512i isum = _mm512_load_si512((const void *)(xq->bias + 16 * blk));                \
+            isum = DOT(isum, Q2_PHASE(_mm512_slli_epi16, _mm512_srli_epi16, _mm512_and_si512, v, 0, m6), \
+                       _mm512_load_si512((const void *)q));                                       \
+            isum = DOT(isum, Q2_PHASE(_mm512_slli_epi16, _mm512_srli_epi16, _mm512_and_si512, v, 1, m6), \
+                       _mm512_load_si512((const void *)(q + 64)));                                \
+            isum = DOT(isum, Q2_PHASE(_mm512_slli_epi16, _mm512_srli_epi16, _mm512_and_si512, v, 2, m6), \
+                       _mm512_load_si512((const void *)(q + 128)));                               \
+            isum = DOT(isum, Q2_PHASE(_mm512_slli_epi16, _mm512_srli_epi16, _mm512_and_si512, v, 3, m6), \
+                       _mm512_load_si512((const void *)(q + 192)));                               \
+            const __m512 sc = _mm512_mul_ps(_mm512_permutexvar_ps(spread, _mm512_castps256_ps512(_mm256_loadu_ps(sw + gi))), \
+                                            _mm512_load_ps(xq->dl + 16 * blk));                   \
+            if (gi & 8) f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, f1);                   \
+            else f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, f0);                          \
+        }                                                                                         \
+    }                                                                                             \
+    return _mm512_reduce_add_ps(_mm512_add_ps(f0, f1))
+
+static float q8_i8_row_bw(const cq_qmat *m, size_t r, const cq_xq *xq) { I8_Q8_BODY(dot_bw); }
+static float q2_i8_row_bw(const cq_qmat *m, size_t r, const cq_xq *xq) { I8_Q2_BODY(dot_bw); }
+#ifdef CQ_HAVE_VNNI_FN
+__attribute__((target("avx512vnni"))) static float q8_i8_row_vnni(const cq_qmat *m, size_t r, const cq_xq *xq) {
+    I8_Q8_BODY(_mm512_dpbusd_epi32);
+}
+__attribute__((target("avx512vnni"))) static float q2_i8_row_vnni(const cq_qmat *m, size_t r, const cq_xq *xq) {
+    I8_Q2_BODY(_mm512_dpbusd_epi32);
 }
 #endif
 
@@ -475,20 +582,43 @@ static float dot_row(const cq_qmat *m, size_t r, const float *x) {
 
 #define CQ_HAVE_I8_ROWS
 static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
-#ifdef CQ_HAVE_VNNI_FN
     const uint32_t f = cq_cpu_features();
-    if (m->dtype == CQ_DT_Q4_TILED && (f & CQ_CPU_AVX512VNNI) && (f & CQ_CPU_AVX512VBMI)) {
+    const int vnni = (f & CQ_CPU_AVX512VNNI) != 0;
+    (void)vnni;
+    switch (m->dtype) {
+    case CQ_DT_Q8_ROW:
+    case CQ_DT_Q8_2F:
+#ifdef CQ_HAVE_VNNI_FN
+        if (vnni) {
+            for (size_t j = 0; j < nr; j++) out[j] = q8_i8_row_vnni(m, r0 + j, xq);
+            return;
+        }
+#endif
+        for (size_t j = 0; j < nr; j++) out[j] = q8_i8_row_bw(m, r0 + j, xq);
+        return;
+    case CQ_DT_Q2TP:
+#ifdef CQ_HAVE_VNNI_FN
+        if (vnni) {
+            for (size_t j = 0; j < nr; j++) out[j] = q2_i8_row_vnni(m, r0 + j, xq);
+            return;
+        }
+#endif
+        for (size_t j = 0; j < nr; j++) out[j] = q2_i8_row_bw(m, r0 + j, xq);
+        return;
+    default: break;
+    }
+#ifdef CQ_HAVE_VNNI_FN
+    if (m->dtype == CQ_DT_Q4_TILED && vnni && (f & CQ_CPU_AVX512VBMI)) {
         for (size_t j = 0; j < nr; j++) out[j] = q4t_i8_row_vbmi(m, r0 + j, xq);
         return;
     }
-    if (f & CQ_CPU_AVX512VNNI) {
+    if (vnni) {
         for (size_t j = 0; j < nr; j++) out[j] = q4_i8_row_vnni(m, r0 + j, xq);
         return;
     }
 #endif
     for (size_t j = 0; j < nr; j++) out[j] = q4_i8_row_bw(m, r0 + j, xq);
 }
-
 
 #define dequant_row avx2_dequant_row
 #define needs_prep avx2_needs_prep
@@ -597,6 +727,7 @@ static void mm_decode_sc(const cq_qmat *m, size_t r, size_t c0, size_t c1, float
 }
 
 #include "matmat_packed.h"
+#include "matmat_i8_avx512.h"
 
 #include "matvec_drivers.h"
 

@@ -9,7 +9,8 @@
  *   #define CQ_MM_ROWS  rows decoded per block in matmat
  * and optionally (else the scalar spec / the portable build of x serve):
  *   #define CQ_HAVE_I8_ROWS + static void i8_dot_rows(m, r0, nr, const cq_xq *xq, out);
- *   #define CQ_HAVE_XQ_BUILD + static void xq_build(x, cols, buf, cq_xq *xq);
+ *   #define CQ_HAVE_XQ_BUILD + static void xq_build(family, x, cols, buf, cq_xq *xq);
+ *   #define CQ_HAVE_I8_MM + the int8 matmat hooks of i8_x.h (i8_mm_takes, ...).
  *   #define CQ_HAVE_ROWS_GRAIN + static size_t rows_grain(m): dot_rows wants rows in
  *       multiples of this many (a panel); threads claim rows in such multiples.
  *   #define CQ_ROW_STREAMS S (2..4) + static int row_streams(m): how many streams (1
@@ -65,19 +66,18 @@ static void dot_rows(const cq_qmat *m, size_t r0, size_t nr, const float *xp, fl
     for (size_t j = 0; j < nr; j++) out[j] = dot_row(m, r0 + j, xp);
 }
 #endif
-#ifndef CQ_HAVE_XQ_BUILD
-#define xq_build cq_xq_build
-#endif
 #ifndef CQ_HAVE_I8_ROWS
 static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
     for (size_t j = 0; j < nr; j++) out[j] = ref_i8_row(m, r0 + j, xq);
 }
 #endif
 
-/* One x as a row kernel reads it: float32 (xp) or int8-quantized (xq, when i8). */
+/* One x as a row kernel reads it: float32 (xp) or int8-quantized (xq, when i8; q:
+ * its storage in matvec_many). */
 typedef struct {
     const float *xp;
     const cq_xq *xq;
+    cq_xq q;
 } drv_x;
 
 static void drv_dot_rows(const cq_qmat *m, size_t r0, size_t nr, drv_x x, float *out) {
@@ -228,6 +228,7 @@ static x_kind x_kind_of(const cq_qmat *m) {
     if (i8_takes(m)) return X_I8;
     return needs_prep(m) ? X_PREP : X_PLAIN;
 }
+#include "i8_x.h"
 
 /* One matvec_many call as pool slots: slot t walks every matrix in order. */
 typedef struct {
@@ -273,8 +274,8 @@ static cq_status drv_matvec_many(const cq_qmat *ms, size_t n, const float *x, fl
     }
     const size_t cols = ms[0].cols, fbytes = up_align(cols * sizeof(float));
     const int copy_x = any_plain && x_misaligned(x);
-    /* one block: [plain copy][prepared x per X_PREP matrix][quantized x] */
-    size_t bytes = fbytes * (nprep + (size_t)copy_x) + (any_i8 ? cq_xq_bytes(cols) : 0);
+    /* one block: [plain copy][prepared x per X_PREP matrix][quantized x per family] */
+    size_t bytes = fbytes * (nprep + (size_t)copy_x) + (any_i8 ? i8_many_bytes(ms, n) : 0);
     void *raw = NULL;
     uint8_t *buf = NULL;
     if (bytes) {
@@ -292,18 +293,16 @@ static cq_status drv_matvec_many(const cq_qmat *ms, size_t n, const float *x, fl
         xa = (const float *)next;
         next += fbytes;
     }
-    cq_xq xq;
-    if (any_i8) xq_build(x, cols, next + fbytes * nprep, &xq);
+    if (any_i8) i8_many_build(ms, n, x, next + fbytes * nprep, xv);
     for (size_t i = 0; i < n; i++) {
         xv[i].xp = xa;
-        xv[i].xq = NULL;
+        xv[i].xq = kinds[i] == X_I8 ? &xv[i].q : NULL;
         switch (kinds[i]) {
         case X_PREP:
             prep_x(&ms[i], x, (float *)next);
             xv[i].xp = (const float *)next;
             next += fbytes;
             break;
-        case X_I8: xv[i].xq = &xq; break;
         default: break;
         }
     }
@@ -333,7 +332,7 @@ static cq_status drv_matvec(const cq_qmat *m, const float *x, float *y) {
 
 /* One matmat call as pool work: each slot decodes blocks of CQ_MM_ROWS rows, claimed
  * from `next`, into its own scratch (allocated on the slot's first block, kept for the
- * call). */
+ * call). With int8 activations (qx set) every block takes all t inputs at once. */
 typedef struct {
     const cq_qmat *m;
     const float *X;
@@ -341,6 +340,7 @@ typedef struct {
     size_t rows, cols, t, nblocks, next, scratch_bytes;
     float **w; /* per slot */
     int failed;
+    const uint8_t *qx; /* X quantized and packed once (i8_x.h), or NULL */
 #ifdef CQ_HAVE_MM_PACK
     float *xt;           /* the packed piece of X */
     size_t t0, tn;       /* the piece: inputs [t0, t0 + tn) */
@@ -361,6 +361,10 @@ static void mm_blocks(void *arg, size_t slot, size_t nslots) {
         float *w = mm_scratch(j, slot);
         if (!w) return;
         const size_t r0 = b * CQ_MM_ROWS, nr = j->rows - r0 < CQ_MM_ROWS ? j->rows - r0 : CQ_MM_ROWS;
+        if (j->qx) {
+            i8_mm_block(j->m, r0, nr, j->qx, j->t, j->Y + r0, j->rows, w);
+            continue;
+        }
 #ifdef CQ_HAVE_MM_PACK
         matmat_packed(j->m, r0, nr, j->xt, j->tn, j->Y + j->t0 * j->rows + r0, j->rows, w);
 #else
@@ -394,35 +398,50 @@ static cq_status drv_matmat(const cq_qmat *m, const float *X, size_t t, float *Y
     const int par = rows * cols >= CQ_PAR_MIN / 4 && nblocks > 1;
     const size_t threads = (size_t)cq_get_num_threads();
     const size_t slots = !par ? 1 : threads < nblocks ? threads : nblocks;
-    mm_job j = {m, X, Y, rows, cols, t, nblocks, 0, 0, NULL, 0};
+    mm_job j = {m, X, Y, rows, cols, t, nblocks, 0, 0, NULL, 0, NULL};
     j.w = (float **)calloc(slots, sizeof(float *));
     if (!j.w) return CQ_ERR_NOMEM;
-#ifdef CQ_HAVE_MM_PACK
-    /* Inputs in pieces of 16-64, so that a packed piece (about 1 MiB) stays in L2 beside
-     * the rows being decoded, and any t costs a bounded copy of X. The rows are decoded
-     * again per piece; pieces that spill to L3 ran slower than the re-decoding costs. */
-    const size_t fit = ((size_t)1 << 20) / (sizeof(float) * cols), piece = (fit + 15) / 16 * 16;
-    const size_t tc = t < piece ? t : piece < 16 ? 16 : piece > 64 ? 64 : piece;
-    void *xraw = NULL;
-    j.xt = aligned_floats(mm_pack_floats(tc, cols), &xraw);
-    j.scratch_bytes = mm_scratch_floats(m, tc) * sizeof(float);
-    if (!j.xt) {
-        free(j.w);
-        return CQ_ERR_NOMEM;
-    }
-    const size_t npack = (cols + 63) / 64;
-    for (size_t t0 = 0; t0 < t && !j.failed; t0 += tc) {
-        j.t0 = t0;
-        j.tn = t - t0 < tc ? t - t0 : tc;
-        cq_pool_for(npack, 1, par, mm_pack_cols, &j); /* every block reads all of xt */
-        j.next = 0;
+    if (i8_mm_takes(m)) { /* int8 activations: X quantized once, here, for every block */
+        void *qraw = NULL;
+        uint8_t *qx = (uint8_t *)aligned_floats(i8_mm_pack_bytes(m, t) / sizeof(float) + 1, &qraw);
+        if (!qx) {
+            free(j.w);
+            return CQ_ERR_NOMEM;
+        }
+        i8_mm_pack(m, X, t, qx);
+        j.qx = qx;
+        j.scratch_bytes = i8_mm_scratch_bytes(m, t);
         cq_pool_run(slots, mm_blocks, &j);
-    }
-    free(xraw);
+        free(qraw);
+    } else {
+#ifdef CQ_HAVE_MM_PACK
+        /* Inputs in pieces of 16-64, so that a packed piece (about 1 MiB) stays in L2
+         * beside the rows being decoded, and any t costs a bounded copy of X. The rows
+         * are decoded again per piece; pieces that spill to L3 ran slower than the
+         * re-decoding costs. */
+        const size_t fit = ((size_t)1 << 20) / (sizeof(float) * cols), piece = (fit + 15) / 16 * 16;
+        const size_t tc = t < piece ? t : piece < 16 ? 16 : piece > 64 ? 64 : piece;
+        void *xraw = NULL;
+        j.xt = aligned_floats(mm_pack_floats(tc, cols), &xraw);
+        j.scratch_bytes = mm_scratch_floats(m, tc) * sizeof(float);
+        if (!j.xt) {
+            free(j.w);
+            return CQ_ERR_NOMEM;
+        }
+        const size_t npack = (cols + 63) / 64;
+        for (size_t t0 = 0; t0 < t && !j.failed; t0 += tc) {
+            j.t0 = t0;
+            j.tn = t - t0 < tc ? t - t0 : tc;
+            cq_pool_for(npack, 1, par, mm_pack_cols, &j); /* every block reads all of xt */
+            j.next = 0;
+            cq_pool_run(slots, mm_blocks, &j);
+        }
+        free(xraw);
 #else
-    j.scratch_bytes = CQ_MM_ROWS * cols * sizeof(float) + 64;
-    cq_pool_run(slots, mm_blocks, &j);
+        j.scratch_bytes = CQ_MM_ROWS * cols * sizeof(float) + 64;
+        cq_pool_run(slots, mm_blocks, &j);
 #endif
+    }
     for (size_t s = 0; s < slots; s++) free(j.w[s]);
     free(j.w);
     return j.failed ? CQ_ERR_NOMEM : CQ_OK;
@@ -477,7 +496,7 @@ static cq_status drv_rows_dot(const cq_qmat *m, size_t r0, size_t nr, const floa
         drv_rows_serial(m, r0, nr, xv, out);
         return CQ_OK;
     }
-    size_t bytes = kind == X_I8 ? cq_xq_bytes(m->cols) : m->cols * sizeof(float);
+    size_t bytes = kind == X_I8 ? i8_x_bytes(m) : m->cols * sizeof(float);
     float stackbuf[CQ_XSTACK / sizeof(float) + CQ_ALIGN / sizeof(float)];
     void *raw = NULL;
     float *buf;
@@ -489,7 +508,7 @@ static cq_status drv_rows_dot(const cq_qmat *m, size_t r0, size_t nr, const floa
     }
     cq_xq xq;
     if (kind == X_I8) {
-        xq_build(x, m->cols, buf, &xq);
+        i8_x_build(m, x, buf, &xq);
         xv.xq = &xq;
     } else {
         x_for(m, x, buf);

@@ -136,31 +136,71 @@ static inline const uint8_t *q4_group(const cq_qmat *m, size_t r, size_t g, floa
     }
 }
 
-/* Does the int8-activation path take this matrix (switch on, q4 dtype, whole groups)? */
+/* Does the int8-activation path take this matrix (act = int8, a dtype with a
+ * family, whole groups)? */
 static inline int i8_takes(const cq_qmat *m) {
-    switch (m->dtype) {
-    case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP:
-        return cq_get_int8_act() && m->cols % CQ_GROUP == 0 && m->cols > 0;
-    default: return 0;
+    return m->act == CQ_ACT_INT8 && cq_xq_family(m->dtype) >= 0 && m->cols % CQ_GROUP == 0 && m->cols > 0;
+}
+
+/* Element k (0..31) of group g of xq, wherever its family put it. */
+static inline int32_t xq_at(const cq_xq *xq, size_t g, int k) {
+    switch (xq->family) {
+    case CQ_XQ_Q4: return xq->q[128 * (g / 4) + 64 * (k & 1) + 16 * (g % 4) + k / 2];
+    case CQ_XQ_Q8: return xq->q[32 * g + k];
+    default: return xq->q[256 * (g / 8) + 64 * (k & 3) + 8 * (g % 8) + k / 4];
     }
 }
 
-/* The int8-activation row, the spec of its SIMD twins: per group the exact integer
- * sum of nibble * xq plus the group's bias (the nibbles' -8), then
- * acc += (scale * d) * isum in group order. */
+/* The int8-activation row, the spec of its SIMD twins. Per group g the exact integer
+ * sum isum = sum_k q_k * xq_k of the weights' integers (q4: nibble - 8; q8: the stored
+ * int8; q2tp: 2v - 3), then in group order
+ *   q4, q2tp:      acc += (sw_g * d_g) * isum   (q2tp: sw_g = tile scale * 0.5, exact)
+ *   q8_row, q8_2f: acc += d_g * isum, and the row's result is acc * row scale
+ * (q8_2f quantizes col * x, computed in float32 as the exact path's prep_x does). The
+ * SIMD kernels compute the same integers (the q4/q2 ones from u8 weights plus the
+ * family's bias) and combine them in another order. */
 static float ref_i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
     const size_t gpr = m->cols / CQ_GROUP;
     float acc = 0.0f;
-    for (size_t g = 0; g < gpr; g++) {
-        float sw;
-        const uint8_t *nib = q4_group(m, r, g, &sw);
-        const int8_t *qe = xq->q + 128 * (g / 4) + 16 * (g % 4), *qo = qe + 64;
-        int32_t isum = 0;
-        for (int k = 0; k < 16; k++) isum += (int32_t)(nib[k] & 15u) * qe[k] + (int32_t)(nib[k] >> 4) * qo[k];
-        for (int j = 0; j < 4; j++) isum += xq->bias[4 * g + j];
-        acc += (sw * xq->d[g]) * (float)isum;
+    switch (m->dtype) {
+    case CQ_DT_Q8_ROW:
+    case CQ_DT_Q8_2F: {
+        const int8_t *w = (const int8_t *)(m->data + r * m->cols);
+        for (size_t g = 0; g < gpr; g++) {
+            int32_t isum = 0;
+            for (int k = 0; k < CQ_GROUP; k++) isum += (int32_t)w[CQ_GROUP * g + k] * xq_at(xq, g, k);
+            acc += xq->d[g] * (float)isum;
+        }
+        return acc * m->aux[r];
     }
-    return acc;
+    case CQ_DT_Q2TP: {
+        const size_t stride = cq_tp_stride(m->cols);
+        const uint8_t *body = m->data + 8 * r * gpr;
+        const uint8_t *cb = m->data + m->rows * gpr * 8 + 4 * m->rows + r * stride;
+        for (size_t g = 0; g < gpr; g++) {
+            const float sw = m->aux[32 * r + tp_code(cb, stride, g)] * 0.5f;
+            int32_t isum = 0;
+            for (int k = 0; k < CQ_GROUP; k++) {
+                const int v = (body[8 * g + k / 4] >> (2 * (k & 3))) & 3;
+                isum += (2 * v - 3) * xq_at(xq, g, k);
+            }
+            acc += (sw * xq->d[g]) * (float)isum;
+        }
+        return acc;
+    }
+    default: /* q4 */
+        for (size_t g = 0; g < gpr; g++) {
+            float sw;
+            const uint8_t *nib = q4_group(m, r, g, &sw);
+            int32_t isum = 0;
+            for (int k = 0; k < CQ_GROUP; k++) {
+                const int u = (k & 1) ? nib[k / 2] >> 4 : nib[k / 2] & 15;
+                isum += (u - 8) * xq_at(xq, g, k);
+            }
+            acc += (sw * xq->d[g]) * (float)isum;
+        }
+        return acc;
+    }
 }
 
 #endif

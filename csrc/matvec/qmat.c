@@ -97,22 +97,34 @@ cq_status cq_qmat_prepare_rows(const cq_qmat *m, uint64_t *rowoff) {
 }
 
 /* ---- int8 activations (see qmat.h) ---- */
-static size_t xq_blocks(size_t cols) { return (cols / CQ_GROUP + 3) / 4; }
-
-size_t cq_xq_bytes(size_t cols) { return 4 * 128 * (xq_blocks(cols) ? xq_blocks(cols) : 1); }
-
-void cq_xq_view(void *buf, size_t cols, cq_xq *xq) {
-    const size_t nb = xq_blocks(cols), sec = 128 * (nb ? nb : 1);
-    uint8_t *b = (uint8_t *)buf;
-    xq->q = (const int8_t *)b;
-    xq->bias = (const int32_t *)(b + sec);
-    xq->dl = (const float *)(b + 2 * sec);
-    xq->d = (const float *)(b + 3 * sec);
-    for (size_t g = cols / CQ_GROUP; g < 4 * nb; g++) cq_xq_group(xq, g, NULL); /* padding */
+/* Groups a family's block holds, and the bytes of each of its four sections (q, bias,
+ * dl, d; every section a multiple of 64 bytes). */
+static size_t xq_per_block(int family) { return family == CQ_XQ_Q2 ? 8 : family == CQ_XQ_Q8 ? 2 : 4; }
+static size_t xq_blocks(int family, size_t cols) {
+    const size_t nb = (cols / CQ_GROUP + xq_per_block(family) - 1) / xq_per_block(family);
+    return nb ? nb : 1;
 }
 
-void cq_xq_group(const cq_xq *xq, size_t g, const float *xg) {
-    int8_t *qe = (int8_t *)xq->q + 128 * (g / 4) + 16 * (g % 4), *qo = qe + 64;
+size_t cq_xq_bytes(int family, size_t cols) {
+    const size_t nb = xq_blocks(family, cols), qb = 32 * xq_per_block(family) * nb;
+    return qb + 3 * 64 * nb;
+}
+
+void cq_xq_view(int family, void *buf, size_t cols, cq_xq *xq) {
+    const size_t nb = xq_blocks(family, cols), per = xq_per_block(family);
+    uint8_t *b = (uint8_t *)buf;
+    xq->family = family;
+    xq->q = (const int8_t *)b;
+    b += 32 * per * nb;
+    xq->bias = family == CQ_XQ_Q8 ? NULL : (const int32_t *)b;
+    b += 64 * nb;
+    xq->dl = (const float *)b;
+    b += 64 * nb;
+    xq->d = (const float *)b; /* per groups of a block: at most 8 floats = 32 bytes */
+    for (size_t g = cols / CQ_GROUP; g < per * nb; g++) cq_xq_group(xq, g, NULL); /* padding */
+}
+
+float cq_xq_quant32(const float *xg, int8_t *q) {
     float amax = 0.0f, id = 0.0f;
     int finite = 1;
     if (xg) {
@@ -127,21 +139,55 @@ void cq_xq_group(const cq_xq *xq, size_t g, const float *xg) {
         }
         if (finite && amax > 0.0f) id = 127.0f / amax;
     }
-    for (int k = 0; k < 16; k++) {
-        qe[k] = (int8_t)(id != 0.0f ? lrintf(xg[2 * k] * id) : 0);
-        qo[k] = (int8_t)(id != 0.0f ? lrintf(xg[2 * k + 1] * id) : 0);
+    for (int k = 0; k < CQ_GROUP; k++) q[k] = (int8_t)(id != 0.0f ? lrintf(xg[k] * id) : 0);
+    return finite ? amax / 127.0f : amax;
+}
+
+void cq_xq_put(const cq_xq *xq, size_t g, const int8_t *q, float d) {
+    int8_t *xb = (int8_t *)xq->q;
+    int32_t *bias = (int32_t *)xq->bias;
+    float *dl = (float *)xq->dl;
+    ((float *)xq->d)[g] = d;
+    switch (xq->family) {
+    case CQ_XQ_Q4: {
+        int8_t *qe = xb + 128 * (g / 4) + 16 * (g % 4), *qo = qe + 64;
+        for (int k = 0; k < 16; k++) {
+            qe[k] = q[2 * k];
+            qo[k] = q[2 * k + 1];
+        }
+        for (int j = 0; j < 4; j++) {
+            int s = 0;
+            for (int i = 0; i < 8; i++) s += q[8 * j + i];
+            bias[4 * g + j] = -8 * s;
+            dl[4 * g + j] = d;
+        }
+        break;
     }
-    const float dg = finite ? amax / 127.0f : amax;
-    ((float *)xq->d)[g] = dg;
-    for (int j = 0; j < 4; j++) {
-        int s = 0;
-        for (int i = 0; i < 4; i++) s += qe[4 * j + i] + qo[4 * j + i];
-        ((int32_t *)xq->bias)[4 * g + j] = -8 * s;
-        ((float *)xq->dl)[4 * g + j] = dg;
+    case CQ_XQ_Q8:
+        memcpy(xb + 32 * g, q, 32);
+        for (int j = 0; j < 8; j++) dl[8 * g + j] = d;
+        break;
+    default: { /* CQ_XQ_Q2 */
+        int8_t *p = xb + 256 * (g / 8) + 8 * (g % 8);
+        for (int j = 0; j < 4; j++)
+            for (int k = 0; k < 8; k++) p[64 * j + k] = q[4 * k + j];
+        for (int h = 0; h < 2; h++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++) s += q[16 * h + i];
+            bias[2 * g + h] = -3 * s;
+            dl[2 * g + h] = d;
+        }
+    }
     }
 }
 
-void cq_xq_build(const float *x, size_t cols, void *buf, cq_xq *xq) {
-    cq_xq_view(buf, cols, xq);
+void cq_xq_group(const cq_xq *xq, size_t g, const float *xg) {
+    int8_t q[CQ_GROUP];
+    const float d = cq_xq_quant32(xg, q);
+    cq_xq_put(xq, g, q, d);
+}
+
+void cq_xq_build(int family, const float *x, size_t cols, void *buf, cq_xq *xq) {
+    cq_xq_view(family, buf, cols, xq);
     for (size_t g = 0; g < cols / CQ_GROUP; g++) cq_xq_group(xq, g, x + CQ_GROUP * g);
 }

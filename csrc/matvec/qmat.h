@@ -99,29 +99,59 @@ static inline size_t cq_row_span(const cq_qmat *m, size_t r, size_t c0, size_t c
     return per * (cq_ceil32(e1) - e0 / CQ_GROUP);
 }
 
-/* x quantized for the int8-activation path (cq_set_int8_act), one layout for every
- * ISA so all of them see the same integers. d[g] = max|x[group g]| / 127 and
- * xq = round(x / d[g]) (a non-finite input gives d = that value and xq = 0, so the
- * row's result is NaN as the float32 path's would be). Groups go in blocks of four
- * (padded with zero groups), 128 bytes a block b:
- *   q[128b + 16j + k]      = xq of element 2k of group 4b+j    (the low nibbles')
- *   q[128b + 64 + 16j + k] = xq of element 2k+1 of group 4b+j  (the high nibbles')
- * so one 64-byte load of four groups' nibbles, split into low and high nibbles, meets
- * the two halves lane by lane. Per 4-byte lane L (0..15) of a block:
- *   bias[16b + L] = -8 * (the 4 low-half plus the 4 high-half bytes of lane L)
- *                   (the nibbles' -8, summed where maddubs+madd / VNNI sum them)
- *   dl[16b + L]   = d[4b + L/4]  (the scale per lane) */
+/* x quantized for the int8-activation path (cq_qmat.act == CQ_ACT_INT8), one layout
+ * per weight family and the same bytes on every ISA. Per group g of 32 columns:
+ * d[g] = max|x| / 127 and xq = rint(x * (127 / max|x|)) in float32, ties to even (a
+ * non-finite input gives d = that value and xq = 0, so the row's result is NaN/inf as
+ * the float32 path's would be; an all-zero group gives d = 0, xq = 0). The families
+ * differ only in where each xq byte goes, chosen so that the weights' natural SIMD
+ * load meets x lane by lane, and in the per-lane bias that folds the weights' offset
+ * into the integer sum (u8 x s8 products: vpmaddubsw / vpdpbusd):
+ *
+ * CQ_XQ_Q4 (q4_block, q4_tiled, q4tp; weights are nibbles u = q + 8): groups in blocks
+ *   of four, 128 bytes a block b:
+ *     q[128b + 16j + k]      = xq of element 2k of group 4b+j    (the low nibbles')
+ *     q[128b + 64 + 16j + k] = xq of element 2k+1 of group 4b+j  (the high nibbles')
+ *   so one 64-byte load of four groups' nibbles, split into low and high nibbles,
+ *   meets the two halves lane by lane. Per 4-byte lane L (0..15) of a block:
+ *     bias[16b + L] = -8 * (the 4 low-half plus the 4 high-half bytes of lane L)
+ *     dl[16b + L]   = d[4b + L/4].
+ * CQ_XQ_Q8 (q8_row; q8_2f on col * x): natural order, q[c] = xq of column c, padded to
+ *   pairs of groups (64 bytes); dl[c/4] = d[c/32]; no bias (signed weights: the
+ *   kernels take |w| and xq with w's sign).
+ * CQ_XQ_Q2 (q2tp; weights as u = 2v = (2v - 3) + 3, v the 2-bit code): groups in
+ *   blocks of eight, 256 bytes a block b, one 64-byte phase per bit pair j (0..3):
+ *     q[256b + 64j + 8i + k] = xq of element 4k + j of group 8b + i  (k < 8)
+ *   so phase j meets (codes >> 2j) & 3 of the block's 64 code bytes lane by lane.
+ *   Per 4-byte lane L (0..15): bias[16b + L] = -3 * (the sum over the four phases of
+ *   lane L's bytes: xq of the half group 16 (L % 2) .. of group 8b + L/2),
+ *   dl[16b + L] = d[8b + L/2]. */
+enum { CQ_XQ_Q4 = 0, CQ_XQ_Q8 = 1, CQ_XQ_Q2 = 2 };
 typedef struct cq_xq {
     const int8_t *q;
-    const int32_t *bias;
+    const int32_t *bias; /* NULL for CQ_XQ_Q8 */
     const float *d, *dl;
+    int family;
 } cq_xq;
-size_t cq_xq_bytes(size_t cols);
-/* buf: cq_xq_bytes(cols) bytes at a 64-byte boundary; cols % 32 == 0. */
-void cq_xq_build(const float *x, size_t cols, void *buf, cq_xq *xq);
-/* The pieces of cq_xq_build, for SIMD twins that must produce its exact bytes:
- * the sections of buf (with the padding groups written), and group g from its 32
- * floats (xg NULL: a zero group). */
-void cq_xq_view(void *buf, size_t cols, cq_xq *xq);
+/* The family of a dtype that takes int8 activations, -1 for the others. */
+static inline int cq_xq_family(int dtype) {
+    switch (dtype) {
+    case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP: return CQ_XQ_Q4;
+    case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: return CQ_XQ_Q8;
+    case CQ_DT_Q2TP: return CQ_XQ_Q2;
+    default: return -1;
+    }
+}
+/* Bytes of a family's buffer for cols columns (a multiple of 64). */
+size_t cq_xq_bytes(int family, size_t cols);
+/* buf: cq_xq_bytes(family, cols) bytes at a 64-byte boundary; cols % 32 == 0. */
+void cq_xq_build(int family, const float *x, size_t cols, void *buf, cq_xq *xq);
+/* The pieces of cq_xq_build, for SIMD twins that must produce its exact bytes: the
+ * sections of buf (with the padding groups written); one group's 32 floats quantized
+ * (returns d; q[32] the xq in column order); group g placed from them; and group g
+ * from its 32 floats (xg NULL: a zero group). */
+void cq_xq_view(int family, void *buf, size_t cols, cq_xq *xq);
+float cq_xq_quant32(const float *xg, int8_t *q);
+void cq_xq_put(const cq_xq *xq, size_t g, const int8_t *q, float d);
 void cq_xq_group(const cq_xq *xq, size_t g, const float *xg);
 #endif
