@@ -451,8 +451,10 @@ def test_open_model_verifies_and_names_host_path_and_error(tmp_path):
     with cortiq.cmf.open(str(flipped)) as cf:
         problems = cf.verify()
     assert problems
-    cray.open_model({"model": str(flipped)}, "h1").close()   # opens: hashes not read
-    with pytest.raises(cray.ReplicaLoadError) as e:
+    with pytest.raises(cray.ReplicaLoadError) as e:          # the lazy check as it builds
+        cray.open_model({"model": str(flipped)}, "h1")
+    assert str(e.value).startswith(f"cortiq replica on h1: cannot load {flipped}: HashMismatch")
+    with pytest.raises(cray.ReplicaLoadError) as e:          # every hash, before building
         cray.open_model({"model": str(flipped), "verify": True}, "h1")
     msg = str(e.value)
     assert msg.startswith(f"cortiq replica on h1: cannot load {flipped}: FormatError")
