@@ -119,7 +119,7 @@ def write_release(d, t, hf_config, shards=1, mtp=True, edit=None):
 
 
 def _logits(path, ids=IDS):
-    llm = cortiq.LLM(path)
+    llm = cortiq.LLM(path, precision="exact")  # the arithmetic reference: float32 activations
     try:
         return llm.session().feed(ids, want="all").astype(np.float64)
     finally:

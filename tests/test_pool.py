@@ -39,6 +39,8 @@ def _inputs(seed=0):
     d["sum_mats"] = [QTensor.from_f32(f(300, 128), "q8_row") for _ in range(3)]
     d["sum_xs"] = [f(128) for _ in range(3)]
     d["w_quant"] = f(300, 256)
+    for dtype in ("q8_row", "q4_block", "q4tp", "q2tp"):  # int8 activations
+        d["mats"][f"{dtype} int8"] = QTensor.from_f32(f(389, 512), dtype, precision="int8")
     return d
 
 
