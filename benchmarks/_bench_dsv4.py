@@ -9,6 +9,13 @@ shared + chosen experts, head) against the read bandwidth measured in the same r
 mapped and preloaded (``--preload on|off|both``, default both). Then, unless
 ``--no-hf``, transformers' DeepseekV4ForCausalLM on the same config in float32 and
 bfloat16 (incremental decode with its cache), same thread count.
+
+With ``--release`` the model is written in DeepSeek's release layout (FP8 / FP4) and
+converted by cortiq; given llama-cpp-python and a llama.cpp source tree
+(``--llama-cpp-src`` or $LLAMA_CPP_SRC), llama.cpp's converter turns the same files into a
+GGUF that llama.cpp decodes at the same thread counts, and the per-byte ratio is printed.
+llama.cpp loads only compression ratios 0, 4 and 128 and aborts on toy head sizes: use
+``--hca-ratio 128 --head-dim 512 --rope 64`` for that comparison.
 """
 from __future__ import annotations
 
@@ -337,7 +344,7 @@ def add_args(p, have=()):
             ("--experts", 32), ("--top-k", 6), ("--inter", 2048), ("--vocab", 32000),
             ("--window", 64), ("--index-heads", 8), ("--index-head-dim", 64),
             ("--index-topk", 16), ("--prompt", 40), ("--tokens", 24), ("--hf-tokens", 8),
-            ("--hca-ratio", 16)]
+            ("--hca-ratio", 16)]  # the compression ratio of the non-indexer compressed layers
     for name, default in opts:
         if name not in have:
             p.add_argument(name, type=int, default=default)
@@ -509,7 +516,8 @@ def bench_llama_cpp(path, prompt, n_tok, threads):
     n_vocab = llm.n_vocab()
 
     def last_argmax():
-        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
+        logits = llama_cpp.llama_get_logits(llm.ctx)  # the last evaluated position
+        return int(np.argmax(np.ctypeslib.as_array(logits, shape=(n_vocab,))))
     llm.eval(prompt)
     llm.eval([1])
     tok = last_argmax()
