@@ -9,6 +9,13 @@ shared + chosen experts, head) against the read bandwidth measured in the same r
 mapped and preloaded (``--preload on|off|both``, default both). Then, unless
 ``--no-hf``, transformers' DeepseekV4ForCausalLM on the same config in float32 and
 bfloat16 (incremental decode with its cache), same thread count.
+
+With ``--release`` the model is written in DeepSeek's release layout (FP8 / FP4) and
+converted by cortiq; given llama-cpp-python and a llama.cpp source tree
+(``--llama-cpp-src`` or $LLAMA_CPP_SRC), llama.cpp's converter turns the same files into a
+GGUF that llama.cpp decodes at the same thread counts, and the per-byte ratio is printed.
+llama.cpp loads only compression ratios 0, 4 and 128 and aborts on toy head sizes: use
+``--hca-ratio 128 --head-dim 512 --rope 64`` for that comparison.
 """
 from __future__ import annotations
 
@@ -25,21 +32,22 @@ def geometry(a):
                 q_lora=a.q_lora, o_groups=a.o_groups, o_lora=a.o_lora, experts=a.experts,
                 top_k=a.top_k, inter=a.inter, vocab=a.vocab, window=a.window, hc=4,
                 ih=a.index_heads, ihd=a.index_head_dim, topk=a.index_topk,
-                ratios=[0 if i % 4 == 0 else (4 if i % 2 else 16) for i in range(a.layers)],
-                hash_layers=[0, 1])
+                ratios=[0 if i % 4 == 0 else (4 if i % 2 else a.hca_ratio) for i in range(a.layers)],
+                hash_layers=[0, 1], hca=a.hca_ratio)
 
 
 def hf_config(g):
     from transformers import DeepseekV4Config
+    hca = g["hca"]
     lt = {0: "sliding_attention", 4: "compressed_sparse_attention",
-          16: "heavily_compressed_attention"}
+          hca: "heavily_compressed_attention"}
     return DeepseekV4Config(
         vocab_size=g["vocab"], hidden_size=g["dim"], moe_intermediate_size=g["inter"],
         num_hidden_layers=g["layers"], num_attention_heads=g["heads"], num_key_value_heads=1,
         head_dim=g["head_dim"], q_lora_rank=g["q_lora"], qk_rope_head_dim=g["rope"],
         num_experts_per_tok=g["top_k"], n_routed_experts=g["experts"],
         layer_types=[lt[r] for r in g["ratios"]],
-        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": hca},
         mlp_layer_types=["hash_moe" if i in g["hash_layers"] else "moe" for i in range(g["layers"])],
         sliding_window=g["window"], o_groups=g["o_groups"], o_lora_rank=g["o_lora"],
         index_n_heads=g["ih"], index_head_dim=g["ihd"], index_topk=g["topk"],
@@ -335,7 +343,8 @@ def add_args(p, have=()):
             ("--rope", 32), ("--q-lora", 512), ("--o-groups", 4), ("--o-lora", 256),
             ("--experts", 32), ("--top-k", 6), ("--inter", 2048), ("--vocab", 32000),
             ("--window", 64), ("--index-heads", 8), ("--index-head-dim", 64),
-            ("--index-topk", 16), ("--prompt", 40), ("--tokens", 24), ("--hf-tokens", 8)]
+            ("--index-topk", 16), ("--prompt", 40), ("--tokens", 24), ("--hf-tokens", 8),
+            ("--hca-ratio", 16)]  # the compression ratio of the non-indexer compressed layers
     for name, default in opts:
         if name not in have:
             p.add_argument(name, type=int, default=default)
@@ -355,6 +364,11 @@ def add_args(p, have=()):
                        help="weights from the file mapping (off), copied to huge-page memory "
                             "(on), or a row each (both, the default)")
     p.add_argument("--keep", default=None, help="write/reuse the CMF file at this path")
+    p.add_argument("--llama-cpp-src", default=os.environ.get("LLAMA_CPP_SRC"),
+                   help="with --release: a llama.cpp source tree (convert_hf_to_gguf.py, "
+                        "conversion/, gguf-py/; e.g. llama-cpp-python's sdist vendor/llama.cpp) "
+                        "whose converter turns the release files into the GGUF that "
+                        "llama-cpp-python decodes (default: $LLAMA_CPP_SRC)")
 
 
 def main(a, rest):
@@ -414,16 +428,107 @@ def logits_report(rel_dir, path, prompt):
     return rel, float((got.argmax(-1) == ref.argmax(-1)).mean())
 
 
-def llama_cpp_peer():
-    """The llama.cpp peer, or why it is skipped."""
+def write_tokenizer(out_dir, vocab=320):
+    """A tiny GPT-2-style byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json)
+    beside the release files: llama.cpp's converter reads the vocabulary from the model
+    directory. Token ids 0 and 1 are the config's BOS / EOS."""
+    import json
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<bos>", "<eos>"],
+                                  show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog " * 8], trainer)
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>",
+                   "eos_token": "<eos>", "add_bos_token": False}, f)
+
+
+def llama_cpp_available(src):
+    """None when the llama.cpp peer can run, else the one-line reason it cannot."""
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
-        return None, ("llama.cpp peer skipped: llama-cpp-python is not installed (its source "
-                      "distribution ships vendor/llama.cpp/convert_hf_to_gguf.py, which reads "
-                      "this release layout)")
-    return None, ("llama.cpp peer skipped: llama-cpp-python is importable, but this benchmark "
-                  "does not drive its converter yet")
+        return ("llama.cpp peer skipped: llama-cpp-python is not installed (pip install "
+                "llama-cpp-python; its source distribution ships the converter under "
+                "vendor/llama.cpp)")
+    if not src:
+        return ("llama.cpp peer skipped: no llama.cpp source tree (--llama-cpp-src DIR or "
+                "$LLAMA_CPP_SRC, holding convert_hf_to_gguf.py and gguf-py/)")
+    for need in ("convert_hf_to_gguf.py", "gguf-py", "conversion"):
+        if not os.path.exists(os.path.join(src, need)):
+            return f"llama.cpp peer skipped: {src} has no {need}"
+    return None
+
+
+def llama_cpp_convert(src, rel_dir, out_path):
+    """Convert the release directory with llama.cpp's converter (FP8 weights -> Q8_0, FP4
+    experts repacked losslessly to MXFP4, BF16 / F32 tensors kept as they are)."""
+    import subprocess
+    import sys
+    write_tokenizer(rel_dir)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(src, "gguf-py"), src] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    wrapper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_llama_cpp_convert.py")
+    cmd = [sys.executable, wrapper, src, rel_dir, "--outfile", out_path, "--outtype", "q8_0"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0 or not os.path.exists(out_path):
+        tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+        raise RuntimeError("llama.cpp's converter failed: " + " | ".join(tail))
+
+
+_ROUTED = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+
+
+def gguf_touched_bytes(path, src, top_k, n_experts):
+    """Bytes one decode step reads from the GGUF, accounted as touched_bytes does for
+    cortiq: every non-expert tensor, top_k / n_experts of the routed experts, the head and
+    one embedding row (one row of the hash-routing table)."""
+    import sys
+    sys.path.insert(0, os.path.join(src, "gguf-py"))
+    try:
+        from gguf import GGUFReader
+    finally:
+        sys.path.pop(0)
+    n = 0
+    for t in GGUFReader(path).tensors:
+        nb = int(t.n_bytes)
+        rows = int(np.prod([int(x) for x in t.shape[1:]])) or 1  # ggml shapes: ne0 first
+        if t.name == "token_embd.weight" or t.name.endswith("tid2eid.weight"):
+            n += nb // rows
+        elif any(f".{k}." in t.name for k in _ROUTED):
+            n += nb * top_k // n_experts
+        else:
+            n += nb
+    return n
+
+
+def bench_llama_cpp(path, prompt, n_tok, threads):
+    """Median seconds per decoded token (argmax included, as for cortiq) of llama.cpp on
+    the GGUF, fed token ids directly."""
+    import llama_cpp
+    llm = llama_cpp.Llama(model_path=path, n_threads=threads, n_threads_batch=threads,
+                          n_ctx=len(prompt) + n_tok + 8, n_batch=len(prompt) + 1, verbose=False)
+    n_vocab = llm.n_vocab()
+
+    def last_argmax():
+        logits = llama_cpp.llama_get_logits(llm.ctx)  # the last evaluated position
+        return int(np.argmax(np.ctypeslib.as_array(logits, shape=(n_vocab,))))
+    llm.eval(prompt)
+    llm.eval([1])
+    tok = last_argmax()
+    times = []
+    for _ in range(n_tok):
+        t0 = time.perf_counter()
+        llm.eval([tok])
+        tok = last_argmax()
+        times.append(time.perf_counter() - t0)
+    llm.close()
+    return float(np.median(times))
 
 
 def prepare_release(a, g, path):
@@ -439,6 +544,37 @@ def prepare_release(a, g, path):
     print(f"cortiq convert --quant {a.quant} --experts-quant {a.experts_quant or 'q4tp'}: "
           f"{os.path.getsize(path) / 1e9:.2f} GB in {time.perf_counter() - t0:.1f} s")
     return rel
+
+
+def prepare_llama_cpp(a, g, rel, path):
+    """The GGUF llama.cpp converted from the release directory and its bytes per token,
+    or None after printing why the peer is skipped."""
+    why = llama_cpp_available(a.llama_cpp_src)
+    if why is None:
+        gg = path + ".gguf"
+        t0 = time.perf_counter()
+        try:
+            llama_cpp_convert(a.llama_cpp_src, rel, gg)
+        except RuntimeError as e:
+            why = f"llama.cpp peer skipped: {e}"
+    if why:
+        print(why)
+        return None
+    print(f"llama.cpp convert_hf_to_gguf --outtype q8_0 (FP8 -> Q8_0, FP4 -> MXFP4): "
+          f"{os.path.getsize(gg) / 1e9:.2f} GB in {time.perf_counter() - t0:.1f} s")
+    return gg, gguf_touched_bytes(gg, a.llama_cpp_src, g["top_k"], g["experts"])
+
+
+def llama_cpp_row(peer, prompt, n_tok, th, cortiq_row):
+    """Decode with llama.cpp at `th` threads; print its row and cortiq's ratios."""
+    gg, tb = peer
+    sec = bench_llama_cpp(gg, prompt, n_tok, th)
+    gbs = tb / sec / 1e9
+    c_sec, c_tb, bw = cortiq_row
+    print(f"| llama.cpp | Q8_0 + MXFP4 experts, from FP8/FP4 | {th} | {sec * 1e3:.1f} | "
+          f"{1 / sec:.2f} | {tb / 1e9:.3f} | {gbs:.2f} | {bw:.2f} | {100 * gbs / bw:.0f} % |")
+    print(f"cortiq / llama.cpp at {th} thread(s): {sec / c_sec:.2f}x tokens/s, "
+          f"{(c_tb / c_sec) / (tb / sec):.2f}x per byte (target >= 1.15 at 2 threads)", flush=True)
 
 
 def run(a):
@@ -457,10 +593,12 @@ def run(a):
         t0 = time.perf_counter()
         write_model(path, g, a.quant)
         print(f"wrote {path} ({os.path.getsize(path) / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s")
+    peer = prepare_llama_cpp(a, g, rel, path) if rel is not None else None
     print(f"geometry: {g}")
     print("| engine | weights | threads | ms/token | tokens/s | GB touched/token | eff. GB/s | read bw GB/s | % of read bw |")
     print("|---|---|---|---|---|---|---|---|---|")
     best = None
+    cortiq_rows = {}  # threads -> (s/token, bytes/token, read bw), the mapped-weights row
     modes = {"off": [False], "on": [True], "both": [False, True]}[a.preload or "both"]
     for th in a.threads:
         for preload in modes:
@@ -472,9 +610,10 @@ def run(a):
             how += ", preload" if preload else ""
             print(f"| cortiq | {how} | {th} | {sec * 1e3:.1f} | {1 / sec:.2f} | {tb / 1e9:.3f} | "
                   f"{gbs:.2f} | {bw:.2f} | {100 * gbs / bw:.0f} % |", flush=True)
-    if rel is not None:
-        _, why = llama_cpp_peer()
-        print(why)
+            if not preload or th not in cortiq_rows:
+                cortiq_rows[th] = (sec, tb, bw)
+        if peer is not None:  # right after cortiq's rows, under the same machine load
+            llama_cpp_row(peer, prompt, a.tokens, th, cortiq_rows[th])
     if not a.no_hf:
         th = max(a.threads)
         for dt in ("float32", "bfloat16"):
@@ -483,6 +622,8 @@ def run(a):
                   f"cortiq is {s / best:.1f}x faster |", flush=True)
     if not a.keep:
         os.remove(path)
+    if peer is not None:
+        os.remove(peer[0])
     if rel is not None:
         import shutil
         shutil.rmtree(rel, ignore_errors=True)

@@ -3,10 +3,13 @@ written in DeepSeek's layout converts, its requantization is measured, and the e
 conversion decodes like the model written straight to CMF (the same weights after the
 FP8/FP4 round trip are close to, not equal to, the float ones)."""
 import argparse
+import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import _bench_dsv4 as B  # noqa: E402
@@ -44,4 +47,58 @@ def test_release_bench_machinery(tmp_path):
     B.write_model(direct, g, "f32")
     a_, b_ = B.prompt_logits(exact, prompt), B.prompt_logits(direct, prompt)
     assert np.abs(a_ - b_).max() < 0.5 * (b_.max() - b_.min())
-    assert "llama.cpp peer" in B.llama_cpp_peer()[1]
+    assert B.llama_cpp_available(str(tmp_path / "nowhere")).startswith("llama.cpp peer skipped")
+
+
+def _llama_cpp_src():
+    src = os.environ.get("LLAMA_CPP_SRC")
+    if importlib.util.find_spec("llama_cpp") is None or not src:
+        pytest.skip("the llama.cpp peer needs llama-cpp-python and $LLAMA_CPP_SRC")
+    if B.llama_cpp_available(src):
+        pytest.skip(B.llama_cpp_available(src))
+    return src
+
+
+def _expected_touched(rel, g):
+    """Bytes per token of llama.cpp's conversion, from the release header alone: FP8 weights
+    become Q8_0 (34 bytes per 32), FP4 experts MXFP4 (the same 17 bytes per 32 as packed
+    codes + E8M0 scales), BF16 / F32 / I32 stay; one row of the embedding and of tid2eid,
+    top_k / n_experts of each layer's routed experts, no hash-layer gate bias."""
+    import json
+    import struct
+    with open(Path(rel) / "model.safetensors", "rb") as f:
+        h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    h.pop("__metadata__")
+    size = {"BF16": 2, "F32": 4, "I32": 4}
+    total, experts = 0, {}
+    for name, t in h.items():
+        shape, dt = t["shape"], t["dtype"]
+        n = int(np.prod(shape))
+        if ".ffn.experts." in name:
+            layer, proj = name.split(".")[1], name.split(".")[4]
+            experts[layer, proj] = experts.get((layer, proj), 0) + n  # codes + scales, 1 B each
+        elif dt == "F8_E8M0" or (name.endswith("gate.bias") and int(name.split(".")[1]) < 2):
+            continue
+        elif dt == "F8_E4M3":
+            total += n // 32 * 34
+        elif name == "embed.weight" or name.endswith("tid2eid"):
+            total += shape[1] * size[dt]
+        else:
+            total += n * size[dt]
+    return total + sum(b * g["top_k"] // g["experts"] for b in experts.values())
+
+
+def test_llama_cpp_conversion_and_accounting(tmp_path):
+    src = _llama_cpp_src()
+    p = argparse.ArgumentParser()
+    B.add_args(p)
+    tiny = TINY[:]
+    tiny[tiny.index("--vocab") + 1] = "512"  # room for the tokenizer llama.cpp's converter reads
+    a = p.parse_args(tiny + ["--hca-ratio", "128"])
+    g = B.geometry(a)
+    assert g["ratios"] == [0, 4, 128, 4]
+    rel = B.write_release(tmp_path / "rel", g)
+    gg = str(tmp_path / "m.gguf")
+    B.llama_cpp_convert(src, rel, gg)
+    assert B.gguf_touched_bytes(gg, src, g["top_k"], g["experts"]) == _expected_touched(rel, g)
+
