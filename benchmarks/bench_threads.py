@@ -12,8 +12,8 @@ prompt; the best of --reps runs):
   (4) with a busy-loop process pinned on one core (started here, stopped after), at 1
       and at 2 kernel threads (Linux: the pin needs os.sched_setaffinity);
 and on the demo model the server: one chat completion streamed vs not streamed
-(tok/s = completion tokens / wall time of the request, through a real uvicorn on
-127.0.0.1). Printed ratios and their targets: worker / main >= 0.95 on both models,
+(tok/s = completion tokens / wall time of the request, through `cortiq serve` in its
+own process on 127.0.0.1). Printed ratios and their targets: worker / main >= 0.95 on both models,
 streamed / non-streamed >= 0.95, busy 2-thread / busy 1-thread >= 0.9.
 """
 import argparse
@@ -117,45 +117,53 @@ def _free_port():
 
 
 def bench_server(llm, a):
-    """(streamed tok/s, non-streamed tok/s) of one chat completion on a live server."""
+    """(streamed tok/s, non-streamed tok/s) of one chat completion on a live `cortiq
+    serve` of the demo model in its own process (a client in the same process would
+    compete with the server for the GIL)."""
     import httpx
-    import uvicorn
-    from cortiq.server import create_app
 
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(llm), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    th = threading.Thread(target=server.run, daemon=True)
-    th.start()
-    while not server.started:
-        time.sleep(0.05)
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    body = {"messages": [{"role": "user", "content": "What does `sorted` do?"}],
-            "max_tokens": a.server_tokens, "temperature": 0,
-            "logit_bias": {str(i): -100 for i in llm.tokenizer.eos_token_ids}}
-
-    def plain():
-        t0 = time.perf_counter()
-        r = httpx.post(url, json=body, timeout=600).json()
-        return r["usage"]["completion_tokens"] / (time.perf_counter() - t0)
-
-    def streamed():
-        n = 0
-        t0 = time.perf_counter()
-        with httpx.stream("POST", url, json=dict(body, stream=True,
-                          stream_options={"include_usage": True}), timeout=600) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    usage = json.loads(line[6:]).get("usage")
-                    n = usage["completion_tokens"] if usage else n
-        return n / (time.perf_counter() - t0)
-
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, cortiq.cli; sys.exit(cortiq.cli.main())",
+                             "serve", "--host", "127.0.0.1", "--port", str(port),
+                             "--threads", str(a.threads), "--log-level", "warning"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
     try:
+        for _ in range(600):
+            try:
+                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("cortiq serve did not come up")
+        url = base + "/v1/chat/completions"
+        body = {"messages": [{"role": "user", "content": "What does `sorted` do?"}],
+                "max_tokens": a.server_tokens, "temperature": 0,
+                "logit_bias": {str(i): -100 for i in llm.tokenizer.eos_token_ids}}
+
+        def plain():
+            t0 = time.perf_counter()
+            r = httpx.post(url, json=body, timeout=600).json()
+            return r["usage"]["completion_tokens"] / (time.perf_counter() - t0)
+
+        def streamed():
+            n = 0
+            t0 = time.perf_counter()
+            with httpx.stream("POST", url, json=dict(body, stream=True,
+                              stream_options={"include_usage": True}), timeout=600) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {") and '"usage"' in line:
+                        usage = json.loads(line[6:]).get("usage")
+                        n = usage["completion_tokens"] if usage else n
+            return n / (time.perf_counter() - t0)
+
         plain(), streamed()  # warm-up
         runs = [(streamed(), plain()) for _ in range(a.reps)]
     finally:
-        server.should_exit = True
-        th.join(timeout=30)
+        proc.terminate()
+        proc.wait(timeout=60)
     return max(s for s, _ in runs), max(p for _, p in runs)
 
 

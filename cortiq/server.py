@@ -51,6 +51,7 @@ silently ignored.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import math
@@ -515,14 +516,25 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
                 cancel.set()
 
     def start_stream(chunks, cancel):
+        """Generation in a producer thread, events to the client as they come. The
+        producer encodes each chunk itself and wakes the event loop only when it finds
+        the queue empty; the response drains whatever has piled up into one write. One
+        wake-up and one write per token would cost the loop more than a small model
+        takes to make the token (and its Python competes with generation for the GIL)."""
         loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
+        pending: collections.deque = collections.deque()
+        lock = threading.Lock()
+        ready = asyncio.Event()
 
-        def put(item):
-            try:
-                loop.call_soon_threadsafe(q.put_nowait, item)
-            except RuntimeError:                 # the loop is gone (shutdown)
-                cancel.set()
+        def put(kind, item):
+            with lock:
+                pending.append((kind, item))
+                first = len(pending) == 1
+            if first:
+                try:
+                    loop.call_soon_threadsafe(ready.set)
+                except RuntimeError:             # the loop is gone (shutdown)
+                    cancel.set()
 
         def producer():
             try:
@@ -530,17 +542,17 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
                     active.add(cancel)
                     try:
                         for c in chunks:
-                            put(("data", c))
+                            put("data", f"data: {json.dumps(c, ensure_ascii=False)}\n\n")
                             if cancel.is_set():
                                 break
                     finally:
                         active.discard(cancel)
                         chunks.close()
             except Exception as e:  # noqa: BLE001 -- reported in-band
-                put(("error", e))
+                put("error", e)
             finally:
                 gate.leave()
-                put(("end", None))
+                put("end", None)
 
         threading.Thread(target=producer, name="cortiq-gen", daemon=True).start()
 
@@ -549,27 +561,37 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
 
         async def body():
             cut = asyncio.ensure_future(shutdown.cut.wait())
+            cut.add_done_callback(lambda _: ready.set())
             try:
                 while True:
-                    get = asyncio.ensure_future(q.get())
-                    done, _ = await asyncio.wait({get, cut},
-                                                 return_when=asyncio.FIRST_COMPLETED)
-                    if get not in done:
-                        get.cancel()
+                    await ready.wait()
+                    ready.clear()
+                    with lock:
+                        batch = list(pending)
+                        pending.clear()
+                    out, last = [], None
+                    for kind, item in batch:
+                        if kind == "data":
+                            out.append(item)
+                        else:
+                            last = (kind, item)
+                            break
+                    if out:
+                        yield "".join(out)
+                    if last is None and cut.done():
                         cancel.set()
                         shutdown.n_cut += 1
                         yield event(*shutdown.error())
                         break
-                    kind, item = get.result()
-                    if kind == "end":
-                        break
+                    if last is None:
+                        continue
+                    kind, item = last
                     if kind == "error":
                         status, msg, code = classify(item)
                         log_failure(status, msg, item)
                         yield event(msg, "server_error" if status >= 500 else
                                     "invalid_request_error", None, code)
-                        break
-                    yield f"data: {json.dumps(item, ensure_ascii=False)}\n\n"
+                    break
                 yield "data: [DONE]\n\n"
             finally:
                 cut.cancel()

@@ -129,16 +129,19 @@ void cq_pool_flag(int *flag) {
 /* A caller that, after finishing its own part of a job, waits for the other threads
  * longer than STALL_NS and longer than its own part took has met a worker the OS
  * descheduled: with work claimed in small pieces, the others finish at most one piece
- * after the caller. (On a crowded machine the scheduler's slices are below a
- * millisecond, so a threshold of a whole slice would miss most stalls.) The cores are then shared with other busy threads, where every
- * parallel call risks such a stall, so the pool runs calls on the caller alone for a
- * while, twice as long after each new stall (SOLO_MIN_NS .. SOLO_MAX_NS), and forgets
- * the stalls after SOLO_FORGET_NS without one. On an idle machine the waits are
- * microseconds and this never triggers. */
+ * after the caller. A virtual machine's vCPUs are descheduled now and then even on an
+ * idle host; cores shared with other busy threads stall most calls. So only a burst
+ * (STALL_BURST stalls within STALL_WINDOW_NS) sends the pool solo: calls then run on
+ * their caller alone for a while, twice as long after each new burst (SOLO_MIN_NS ..
+ * SOLO_MAX_NS), and the back-off is forgotten after SOLO_FORGET_NS without a burst.
+ * (On a crowded machine the scheduler's slices are below a millisecond, so the
+ * threshold is well below a slice.) */
 #define STALL_NS 200000u
 #define SOLO_MIN_NS 20000000u
 #define SOLO_MAX_NS 1280000000u
 #define SOLO_FORGET_NS 2000000000u
+#define STALL_BURST 4
+#define STALL_WINDOW_NS 50000000u
 
 typedef struct {
     cq_thread th;
@@ -159,10 +162,11 @@ static struct {
     cq_cond wake, idle;
     /* touched only by the caller holding `busy`: */
     int nworkers;
-    uint64_t solo_until, solo_ns, last_stall; /* the stall back-off (STALL_NS) */
-    unsigned long stalls;
+    uint64_t solo_until, solo_ns, last_burst; /* the stall back-off (STALL_NS) */
+    uint64_t window;                          /* start of the current burst window */
+    unsigned long stalls, in_window;
     worker *w[CQ_POOL_MAX_SLOTS];
-} P = {0, NULL, NULL, 0, 0, 0, 0, CQ_SPIN_US_DEFAULT, CQ_MUTEX_INIT, CQ_COND_INIT, CQ_COND_INIT, 0, 0, 0, 0, 0, {0}};
+} P = {0, NULL, NULL, 0, 0, 0, 0, CQ_SPIN_US_DEFAULT, CQ_MUTEX_INIT, CQ_COND_INIT, CQ_COND_INIT, 0, 0, 0, 0, 0, 0, 0, {0}};
 
 /* This thread runs inside a job (a worker, or a caller while its job runs): a kernel
  * call from here runs serially. */
@@ -336,10 +340,17 @@ static void run_inline(size_t nslots, cq_slot_fn fn, void *ctx) {
 static void note_wait(uint64_t end, uint64_t own, uint64_t wait) {
     if (wait > STALL_NS && wait > own) {
         P.stalls++;
-        P.solo_ns = P.solo_ns ? (P.solo_ns * 2 < SOLO_MAX_NS ? P.solo_ns * 2 : SOLO_MAX_NS) : SOLO_MIN_NS;
-        P.solo_until = end + P.solo_ns;
-        P.last_stall = end;
-    } else if (P.solo_ns && end - P.last_stall > SOLO_FORGET_NS + P.solo_ns) {
+        if (end - P.window > STALL_WINDOW_NS) {
+            P.window = end;
+            P.in_window = 0;
+        }
+        if (++P.in_window >= STALL_BURST) { /* a burst: the cores are shared */
+            P.in_window = 0;
+            P.solo_ns = P.solo_ns ? (P.solo_ns * 2 < SOLO_MAX_NS ? P.solo_ns * 2 : SOLO_MAX_NS) : SOLO_MIN_NS;
+            P.solo_until = end + P.solo_ns;
+            P.last_burst = end;
+        }
+    } else if (P.solo_ns && end - P.last_burst > SOLO_FORGET_NS + P.solo_ns) {
         P.solo_ns = 0;
     }
 }
