@@ -40,6 +40,7 @@ import numpy as np
 from .. import _kernels as K
 from ..errors import ConfigError, CortiqError, FormatError
 from ..tensor import QGroup, QTensor
+from .kv_cache import KvSlot
 
 #: arch_name values this module runs (the reference engine names files by HF model_type)
 ARCH_NAMES = ("llama", "mistral", "qwen2", "qwen3")
@@ -217,52 +218,12 @@ class Layer:
 
 
 # ---- per-sequence state -------------------------------------------------------------
-class KvCache:
-    """One layer's keys and values, [row, nk, hd]; row j holds position first + j.
-    Grown by doubling; a sliding layer keeps only the newest `keep` rows once it holds
-    more than twice as many."""
-
-    __slots__ = ("k", "v", "n", "first")
-
-    def __init__(self, nk: int, hd: int):
-        self.k = np.empty((16, nk, hd), np.float32)
-        self.v = np.empty((16, nk, hd), np.float32)
-        self.n = 0
-        self.first = 0
-
-    def append(self, k: np.ndarray, v: np.ndarray) -> None:
-        t = k.shape[0]
-        if self.n + t > self.k.shape[0]:
-            cap = self.k.shape[0]
-            while cap < self.n + t:
-                cap *= 2
-            for name in ("k", "v"):
-                old = getattr(self, name)
-                new = np.empty((cap,) + old.shape[1:], np.float32)
-                new[:self.n] = old[:self.n]
-                setattr(self, name, new)
-        self.k[self.n:self.n + t] = k
-        self.v[self.n:self.n + t] = v
-        self.n += t
-
-    def trim(self, keep: int) -> None:
-        if self.n > 2 * keep:
-            drop = self.n - keep
-            self.k[:keep] = self.k[drop:self.n]
-            self.v[:keep] = self.v[drop:self.n]
-            self.first += drop
-            self.n = keep
-
-    def rollback(self, pos: int) -> None:
-        self.n = max(min(self.n, pos - self.first), 0)
-
-
 class LlamaState:
     """One sequence: a KV cache per layer and the next position."""
 
     def __init__(self, model: "LlamaModel"):
         self.pos = 0
-        self.caches = [KvCache(model.cfg.n_kv, model.cfg.head_dim) for _ in model.layers]
+        self.caches = [KvSlot(model.cfg.n_kv, model.cfg.head_dim) for _ in model.layers]
 
 
 # ---- the model ----------------------------------------------------------------------
@@ -391,7 +352,7 @@ class LlamaModel:
             if L.window:
                 cache.trim(L.window)
 
-    def _attention(self, L: Layer, cache: KvCache, x, pos0, cos, sin) -> np.ndarray:
+    def _attention(self, L: Layer, cache: KvSlot, x, pos0, cos, sin) -> np.ndarray:
         t = x.shape[0]
         nh, nk, hd = self.cfg.n_heads, self.cfg.n_kv, self.cfg.head_dim
         if t == 1:
@@ -409,7 +370,7 @@ class LlamaModel:
             K.rmsnorm(k, L.k_norm, self.cfg.eps, out=k)
         K.rope_halfsplit(q, cos, sin)
         K.rope_halfsplit(k, cos, sin)
-        cache.append(k, v.reshape(t, nk, hd))
+        cache.put(k, v.reshape(t, nk, hd), overwrite=False)
         y = K.attn_gqa_window(q, cache.k[:cache.n], cache.v[:cache.n], pos0, L.window,
                               cache.first, self.attn_scale)
         y = y.reshape(t, nh * hd)

@@ -274,6 +274,16 @@ static void prep_x(const cq_qmat *m, const float *x, float *xp) {
  * columns, more than a 32 x 4096 q4 matvec itself. Non-finite groups go through
  * cq_xq_group. */
 #define CQ_HAVE_XQ_BUILD
+/* One group of 32 of x in two registers and its max |x|; 0 when the group is one the
+ * scalar builder must take: a NaN (max drops it, so asked apart), an inf, or all zero. */
+static inline int xq_group_load(const float *xg, __m512 *a, __m512 *b, float *amax) {
+    *a = _mm512_loadu_ps(xg);
+    *b = _mm512_loadu_ps(xg + 16);
+    *amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(*a), _mm512_abs_ps(*b)));
+    return !(_mm512_cmp_ps_mask(*a, *a, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(*b, *b, _CMP_UNORD_Q)) &&
+           *amax <= 3.4028234663852886e38f && *amax != 0.0f;
+}
+
 static void xq_build_q8(const float *x, size_t cols, void *buf, cq_xq *xq);
 static void xq_build(int family, const float *x, size_t cols, void *buf, cq_xq *xq) {
     if (family == CQ_XQ_Q8) {
@@ -291,11 +301,9 @@ static void xq_build(int family, const float *x, size_t cols, void *buf, cq_xq *
     cq_xq_view(CQ_XQ_Q4, buf, cols, xq);
     for (size_t g = 0; g < ng; g++) {
         const float *xg = x + CQ_GROUP * g;
-        __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
-        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-        /* NaN (max drops it, so asked apart), inf, or all zero: the scalar group */
-        if ((_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q)) ||
-            !(amax <= 3.4028234663852886e38f) || amax == 0.0f) {
+        __m512 a, b;
+        float amax;
+        if (!xq_group_load(xg, &a, &b, &amax)) {
             cq_xq_group(xq, g, xg);
             continue;
         }
@@ -323,10 +331,9 @@ static void xq_build_q8(const float *x, size_t cols, void *buf, cq_xq *xq) {
     cq_xq_view(CQ_XQ_Q8, buf, cols, xq);
     for (size_t g = 0; g < ng; g++) {
         const float *xg = x + CQ_GROUP * g;
-        __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
-        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-        if ((_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q)) ||
-            !(amax <= 3.4028234663852886e38f) || amax == 0.0f) {
+        __m512 a, b;
+        float amax;
+        if (!xq_group_load(xg, &a, &b, &amax)) {
             cq_xq_group(xq, g, xg);
             continue;
         }
