@@ -99,7 +99,7 @@ extern const cq_hash_ops cq_hash_avx2;
  * Inputs are row-major float32; `out` receives the payload bytes exactly as stored in
  * the file (little-endian f16 scales, no alignment requirement). CQ_ERR_ARG when an
  * input is NaN/inf or too large for an f16 scale (|w| > 65504*127 for q8, *7 for q4).
- * Rows/groups are split over OpenMP threads; output is identical for any count.
+ * Rows/groups are split over the kernel pool; output is identical for any count.
  * The AVX2 twin is bit-identical to the reference (same IEEE divisions and roundings). */
 typedef struct cq_quant_ops {
     /* out: [int8 q : rows*cols][f16 scale : rows] */
@@ -250,8 +250,8 @@ extern const cq_attn_ops cq_attn_avx2;
  * The state is hc copies of a dim vector, x[j*dim + d]. */
 typedef struct cq_mix_ops {
     /* out[m] = rsqrt(mean(x^2) + eps) * sum_c fn[m*n + c] * x[c] for m < mix, n = hc*dim.
-     * OpenMP over m when mix*n >= 2^18 (one row per thread: bit-identical for any
-     * thread count). */
+     * Rows over the kernel pool when mix*n >= 2^18 (each row on one thread:
+     * bit-identical for any thread count). */
     void (*hc_mixes)(const float *x, size_t n, const float *fn, size_t mix, float eps,
                      float *out);
     /* pre = sigmoid(m*s0 + b) + eps; post = 2 sigmoid(m*s1 + b); comb = row softmax of
@@ -285,11 +285,11 @@ typedef struct cq_mix_ops {
      * groups*lora rows of per = m->cols; out[r] = row r . x[(r / lora) * per ..], i.e.
      * each group's block of rows against its slice of x (x has groups*per entries).
      * Blocks of rows through the active matvec.rows_dot (bit-identical to matvec);
-     * OpenMP over blocks, identical for any thread count. */
+     * blocks over the kernel pool, identical for any thread count. */
     cq_status (*grouped_rows)(const cq_qmat *m, const float *x, size_t groups, float *out);
     /* The MoE's down projections in one pass: out[r] = sum_j row r of ms[j] . xs[j]
-     * (j ascending), for r < ms[0].rows; every ms[j] has that many rows. One OpenMP
-     * region over blocks of rows (identical for any thread count) instead of one per
+     * (j ascending), for r < ms[0].rows; every ms[j] has that many rows. One pool
+     * call over blocks of rows (identical for any thread count) instead of one per
      * expert; each block is one matvec.rows_dot call per matrix. */
     cq_status (*rows_sum)(const cq_qmat *ms, size_t n, const float *const *xs, float *out);
 } cq_mix_ops;

@@ -3,7 +3,7 @@
  * All arithmetic is float32 in the order quant.py writes it (q8_2f's column RMS sums in
  * float64, row by row, as numpy's axis-0 mean does). Codes use rintf (ties to even under
  * the default rounding mode). Non-finite inputs, or values whose f16 scale would exceed
- * 65504, return CQ_ERR_ARG (quant.py refuses the same inputs). The loops, the OpenMP
+ * 65504, return CQ_ERR_ARG (quant.py refuses the same inputs). The loops, the thread
  * split and the layouts are quant_drivers.h's; here are the kernels on the values. */
 #include "cortiq.h"
 #include "quant_common.h"
