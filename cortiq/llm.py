@@ -47,9 +47,10 @@ from . import cmf as _cmf
 from ._config import check_precision, get_precision, preload_default, set_num_threads
 from .chat import ChatTemplate
 from .errors import ConfigError, FormatError, ModelError
-from .sampling import Sampler, SamplingParams
+from .generation import Generation, Result, check_finite
+from .sampling import SamplingParams
 from .session import Session
-from .stopping import StopChecker, normalize_stop
+from .stopping import normalize_stop
 from .tensor import set_model_precision
 from .tokenizer import Tokenizer
 
@@ -60,7 +61,6 @@ DEFAULT_MAX_CTX = 32768           # upstream's max_seq_len cap (CMF_MAX_SEQ defa
 _SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
                   "presence_penalty", "frequency_penalty", "logit_bias", "suppress_tokens",
                   "seed")
-_DETOK_CONTEXT = 4                # prompt ids given to the stream decoder as context
 
 
 def _accepts(cls, name: str) -> bool:
@@ -69,34 +69,6 @@ def _accepts(cls, name: str) -> bool:
     except (TypeError, ValueError):
         return False
     return name in params or bool(getattr(cls, f"accepts_{name}", False))
-
-
-def _check_finite(logits, position: int) -> None:
-    """ModelError unless every logit is finite (one vectorised pass, ~30 us for a
-    150k vocabulary: a fraction of what the sampler's own float64 copy costs)."""
-    if not np.isfinite(logits).all():
-        raise ModelError(f"model produced non-finite logits at position {position} — the "
-                         "file may be damaged: run cortiq verify")
-
-
-class _Result:
-    """What one generation produced (filled while its generator runs)."""
-    __slots__ = ("prompt_tokens", "cached_tokens", "token_ids", "text", "finish_reason",
-                 "skill", "prefill_s", "decode_s")
-
-    def __init__(self):
-        self.prompt_tokens = self.cached_tokens = 0
-        self.token_ids: list[int] = []
-        self.text = ""
-        self.finish_reason: str | None = None
-        self.skill = None
-        self.prefill_s = self.decode_s = 0.0
-
-    def usage(self) -> dict:
-        n = len(self.token_ids)
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
-                "total_tokens": self.prompt_tokens + n,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
 
 class LLM:
@@ -422,7 +394,7 @@ class LLM:
         return int(max_tokens)
 
     # -- the generation loop ----------------------------------------------------------
-    def _generate(self, ids, params: SamplingParams, max_tokens, stop, session, res: _Result,
+    def _generate(self, ids, params: SamplingParams, max_tokens, stop, session, res: Result,
                   cancel: threading.Event | None = None) -> Iterator[str]:
         """Yield text pieces as they become safe to show; fill `res`."""
         stop = normalize_stop(stop)
@@ -440,38 +412,21 @@ class LLM:
                 res.finish_reason = "cancelled"
                 return
             res.cached_tokens, logits = session.prefill(ids)
-            _check_finite(logits, len(ids) - 1)
             t1 = time.perf_counter()
             res.prefill_s = t1 - t0
-            sampler = Sampler(params)
-            history = list(ids)
-            decoder = self.tokenizer.stream_decoder(prefix_ids=ids[-_DETOK_CONTEXT:])
-            chk = StopChecker(stop, self.tokenizer.eos_token_ids)
-            res.finish_reason = "length"
-            n_tok = self.tokenizer.vocab_size     # a padded vocabulary's tail never samples
-            while len(res.token_ids) < limit:
+            gen = Generation(self.tokenizer, ids, params, limit, stop, res)
+            while not gen.done:
                 if cancel is not None and cancel.is_set():
-                    res.finish_reason = "cancelled"
+                    gen.cancel()
                     break
-                t = sampler.sample(logits[:n_tok], history)
-                if chk.check_token(t):
-                    res.finish_reason = "stop"
-                    break
-                history.append(t)
-                res.token_ids.append(t)
-                piece = chk.feed(decoder.feed(t))
+                piece = gen.step(logits)
                 if piece:
                     yield piece
-                if chk.stopped:
-                    res.finish_reason = "stop"
-                    break
-                if len(res.token_ids) < limit:
-                    logits = session.feed([t], want="last")
-                    _check_finite(logits, len(history) - 1)
-            tail = chk.finish(decoder.flush())
+                if not gen.done:
+                    logits = session.feed([gen.token], want="last")
+            tail = gen.finish()
             if tail:
                 yield tail
-            res.text = chk.text
             res.decode_s = time.perf_counter() - t1
         finally:
             if own:
@@ -484,7 +439,7 @@ class LLM:
         normalize_stop(stop)
         if session is not None and not isinstance(session, Session):
             raise TypeError(f"session: expected a cortiq Session, got {type(session).__name__}")
-        res = _Result()
+        res = Result()
         return res, self._generate(ids, params, max_tokens, stop, session, res, cancel)
 
     def generate(self, prompt, *, max_tokens: int | None = DEFAULT_MAX_TOKENS, stop=None,

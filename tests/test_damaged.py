@@ -253,7 +253,7 @@ def test_nan_logits_are_a_500_from_the_server(nan_model):
 
 
 def test_finite_check():
-    from cortiq.llm import _check_finite
+    from cortiq.generation import check_finite as _check_finite
     _check_finite(np.full(8, 3e38, np.float32), 0)        # large but finite
     for bad in (np.nan, np.inf, -np.inf):
         x = np.zeros(8, np.float32)
