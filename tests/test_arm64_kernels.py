@@ -43,3 +43,23 @@ def test_arm64_kernels_match_reference(tmp_path):
     assert r.returncode == 0, out[-6000:]
     # every table the CPU offers was covered and passed
     assert out.count("OK:") == (1 if NATIVE else 2), out[-6000:]
+
+
+def test_tables_compiled_for_this_machine():
+    """The build compiles the ISA files of its target only, and import picks the best."""
+    from cortiq import _kernels as K
+
+    compiled = K.compiled_isas()
+    assert compiled[0] == "ref"
+    if NATIVE:
+        assert "neon" in compiled and "neon_dotprod" in compiled
+        assert not {"avx2", "avx512"} & set(compiled)
+        assert "asimd" in K.cpu_features()
+        best = "neon_dotprod" if "asimddp" in K.cpu_features() else "neon"
+        assert K.best_isa() == best
+        assert set(K.usable_isas()) >= {"ref", best}
+    else:
+        assert not {"neon", "neon_dotprod"} & set(compiled)
+        assert not {"asimd", "asimddp"} & set(K.cpu_features())
+        with pytest.raises(ValueError, match="not available here"):
+            K.set_isa("neon")
