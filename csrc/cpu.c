@@ -18,10 +18,12 @@
 #endif
 #elif defined(__APPLE__)
 #include <sys/sysctl.h>
+/* 1 or 0 as the sysctl says, -1 when this macOS does not have it */
 static int sysctl_flag(const char *name) {
     int v = 0;
     size_t len = sizeof(v);
-    return sysctlbyname(name, &v, &len, NULL, 0) == 0 && v != 0;
+    if (sysctlbyname(name, &v, &len, NULL, 0) != 0) return -1;
+    return v != 0;
 }
 #endif
 #endif
@@ -89,7 +91,8 @@ static uint32_t detect(void) {
     if (!(hw & HWCAP_ASIMD)) f &= ~(uint32_t)CQ_CPU_ASIMD; /* (a kernel that disabled it) */
     if (hw & HWCAP_ASIMDDP) f |= CQ_CPU_ASIMDDP;
 #elif defined(__APPLE__)
-    if (sysctl_flag("hw.optional.arm.FEAT_DotProd")) f |= CQ_CPU_ASIMDDP;
+    /* (macOS 11 has no FEAT_* keys; every arm64 Mac, M1 onwards, has the extension) */
+    if (sysctl_flag("hw.optional.arm.FEAT_DotProd") != 0) f |= CQ_CPU_ASIMDDP;
 #endif
 #endif
     return f;

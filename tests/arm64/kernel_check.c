@@ -915,6 +915,17 @@ int main(int argc, char **argv) {
         printf("FAIL: expected the dot product extension to be %s\n", strcmp(argv[2], "dotprod") == 0 ? "present" : "absent");
         return 1;
     }
+    /* dispatch: no x86 table in an AArch64 build; a table the CPU lacks is refused */
+    snprintf(ctx, sizeof ctx, "dispatch");
+    n_checks++;
+    if (cq_table_for(CQ_ISA_AVX2) || cq_table_for(CQ_ISA_AVX512) || cq_isa_usable(CQ_ISA_AVX2))
+        fail("x86 tables", "compiled into an AArch64 build (%g %g %g %zu)", 0, 0, 0, 0);
+    const cq_status dp = cq_set_isa(CQ_ISA_NEON_DOTPROD);
+    if ((dp == CQ_OK) != !!(f & CQ_CPU_ASIMDDP))
+        fail("set_isa(neon_dotprod)", "status %g with asimddp %g (%g %zu)", dp, !!(f & CQ_CPU_ASIMDDP), 0, 0);
+    if (cq_isa_best() != (f & CQ_CPU_ASIMDDP ? CQ_ISA_NEON_DOTPROD : CQ_ISA_NEON))
+        fail("isa_best", "best %g (%g %g %zu)", cq_isa_best(), 0, 0, 0);
+    cq_set_isa(CQ_ISA_REF);
     cq_set_num_threads(1);
     test_mathfn();
     printf("mathfn  done (%ld checks, %ld failures)\n", n_checks, n_fails);
