@@ -31,6 +31,7 @@ for src in "$ROOT"/csrc/*.c "$ROOT"/csrc/*/*.c; do
         *) isa=(-march=armv8-a) ;;
     esac
     obj="$BUILD/$(basename "${src%.c}").o"
+    rm -f "$obj" # (a failed compile must not leave an old object to link)
     "$CC" "${COMMON[@]}" "${isa[@]}" -c "$src" -o "$obj" &
     objs+=("$obj")
     # two compilers at a time (shared machines)
@@ -40,7 +41,7 @@ wait
 "$CC" "${COMMON[@]}" -march=armv8-a -O2 -c "$ROOT/tests/arm64/kernel_check.c" -o "$BUILD/kernel_check.o"
 static=(-static)
 [ $native = 1 ] && static=()
-"$CC" "${static[@]}" -o "$BUILD/kernel_check" "$BUILD/kernel_check.o" "${objs[@]}" -lm -pthread
+"$CC" ${static[@]+"${static[@]}"} -o "$BUILD/kernel_check" "$BUILD/kernel_check.o" "${objs[@]}" -lm -pthread
 echo "built $BUILD/kernel_check"
 if [ $native = 1 ]; then
     "$BUILD/kernel_check" "$SEED"
