@@ -26,15 +26,16 @@ COMMON = ["-O3", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno", "-fvisibi
           "-Wno-unused-function", "-I", CSRC]
 
 # (ISA, compiler, objdump, flags, the file the probes include)
+A64 = ("aarch64-linux-gnu-gcc", "aarch64-linux-gnu-objdump")
+NEON_IMPL = '#include "matvec/matvec_neon_impl.h"\n'
+AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"]
 ISAS = {
-    "neon": ("aarch64-linux-gnu-gcc", "aarch64-linux-gnu-objdump", ["-march=armv8-a"],
-             "#define CQ_NEON_TABLE cq_matvec_neon\n#include \"matvec/matvec_neon_impl.h\"\n"),
-    "neon_dotprod": ("aarch64-linux-gnu-gcc", "aarch64-linux-gnu-objdump", ["-march=armv8.2-a+dotprod"],
+    "neon": (*A64, ["-march=armv8-a"], "#define CQ_NEON_TABLE cq_matvec_neon\n" + NEON_IMPL),
+    "neon_dotprod": (*A64, ["-march=armv8.2-a+dotprod"],
                      "#define CQ_NEON_SDOT 1\n#define CQ_NEON_TABLE cq_matvec_neon_dotprod\n"
-                     "#include \"matvec/matvec_neon_impl.h\"\n"),
-    "avx2": ("gcc", "objdump", ["-mavx2", "-mfma", "-mf16c"], "#include \"matvec/matvec_avx2.c\"\n"),
-    "avx512": ("gcc", "objdump", ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma",
-                                  "-mf16c"], "#include \"matvec/matvec_avx512.c\"\n"),
+                     + NEON_IMPL),
+    "avx2": ("gcc", "objdump", ["-mavx2", "-mfma", "-mf16c"], '#include "matvec/matvec_avx2.c"\n'),
+    "avx512": ("gcc", "objdump", AVX512_FLAGS, '#include "matvec/matvec_avx512.c"\n'),
 }
 
 # The row kernels as the matvec drivers call them: float32 x through dot_row (the AVX2
@@ -47,7 +48,8 @@ KERNELS = [  # label, dtype, act
     ("f32", "CQ_DT_F32", "exact"), ("f16", "CQ_DT_F16", "exact"), ("bf16", "CQ_DT_BF16", "exact"),
     ("q8_row", "CQ_DT_Q8_ROW", "exact"), ("q4_block", "CQ_DT_Q4_BLOCK", "exact"),
     ("q2tp", "CQ_DT_Q2TP", "exact"),
-    ("q8_row", "CQ_DT_Q8_ROW", "int8"), ("q4_block", "CQ_DT_Q4_BLOCK", "int8"), ("q2tp", "CQ_DT_Q2TP", "int8"),
+    ("q8_row", "CQ_DT_Q8_ROW", "int8"), ("q4_block", "CQ_DT_Q4_BLOCK", "int8"),
+    ("q2tp", "CQ_DT_Q2TP", "int8"),
 ]
 # weights per iteration of the probe's hot loop, from the source:
 #   neon: CQ_NEON_DOT_STREAM and q8_dot take 16 columns a step; grouped_dot and the int8
@@ -68,8 +70,9 @@ WEIGHTS["neon_dotprod"] = WEIGHTS["neon"]
 
 
 def probe_source(isa):
-    src = [ISAS[isa][3], "#define P(name) __attribute__((flatten, noinline, used)) float probe_##name"
-           "(const cq_qmat *m0, const float *x, const cq_xq *xq)\n"]
+    src = [ISAS[isa][3],
+           "#define P(name) __attribute__((flatten, noinline, used)) float probe_##name"
+           + "(const cq_qmat *m0, const float *x, const cq_xq *xq)\n"]
     for label, dt, act in KERNELS:
         if act == "int8":
             call = CALL_I8
@@ -77,7 +80,8 @@ def probe_source(isa):
             call = CALL_LANES
         else:
             call = CALL_ROW
-        src.append(f"P({label}_{act}) {{ cq_qmat m = *m0; m.dtype = {dt}; (void)xq; (void)x; {call} }}\n")
+        src.append(f"P({label}_{act}) {{ cq_qmat m = *m0; m.dtype = {dt}; (void)xq; (void)x;"
+                   f" {call} }}\n")
     return "".join(src)
 
 
@@ -120,7 +124,8 @@ def hot_loop(insns):
         target = int(t.group(1), 16)
         if addrs[0] <= target <= a:
             loops.append((target, a))
-    inner = [lp for lp in loops if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
+    inner = [lp for lp in loops
+             if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
     if not inner:
         return 0
 
@@ -140,7 +145,8 @@ def count(isa, tmp):
     with open(c, "w") as f:
         f.write(probe_source(isa))
     subprocess.run([cc, *COMMON, *flags, "-c", c, "-o", o], check=True)
-    dis = subprocess.run([objdump, "-d", "--no-show-raw-insn", o], check=True, capture_output=True, text=True).stdout
+    dis = subprocess.run([objdump, "-d", "--no-show-raw-insn", o], check=True,
+                         capture_output=True, text=True).stdout
     res = {}
     for name, insns in functions(dis).items():
         label, act = name[len("probe_"):].rsplit("_", 1)
