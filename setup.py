@@ -1,9 +1,13 @@
 """Build of the one extension, cortiq._kernels.
 
 C sources under csrc/ are compiled here, each with the flags its file name asks for:
-  *_avx2.c   -> AVX2 + FMA + F16C   (x86-64 only)
-  *_avx512.c -> AVX-512 F/BW/VL/DQ  (x86-64 only)
+  *_avx2.c         -> AVX2 + FMA + F16C        (x86-64 only)
+  *_avx512.c       -> AVX-512 F/BW/VL/DQ       (x86-64 only)
+  *_neon.c         -> -march=armv8-a           (AArch64 only: the baseline, NEON)
+  *_neon_dotprod.c -> -march=armv8.2-a+dotprod (AArch64 only: sdot)
   anything else -> portable baseline flags
+The target machine (cross builds: _PYTHON_HOST_PLATFORM) decides which ISA files are
+compiled at all; the CPU decides at run time which table runs (csrc/dispatch.c).
 and linked with the Cython module. No -march=native unless CORTIQ_NATIVE=1 asks for a
 local build. Threads come from cortiq's own pool (csrc/pool.c: pthreads, or Win32
 threads on Windows): no OpenMP runtime is needed on any platform.
@@ -23,20 +27,33 @@ CSRC = "csrc"
 NATIVE_FLAG = "-march=native"  # only with CORTIQ_NATIVE=1 (a local build)
 
 
-def _target_is_x86() -> bool:
+def _target_arch() -> str:
+    """'x86', 'arm64' or 'other': the machine the extension is built for."""
     plat = sysconfig.get_platform().lower()  # honours cross builds (_PYTHON_HOST_PLATFORM)
-    if "universal2" in plat:
-        return False
-    return any(t in plat for t in ("x86_64", "amd64", "i686", "win32")) or (
-        plat.startswith("linux") and os.uname().machine in ("x86_64", "i686"))
+    if "universal2" in plat:  # one compiler call for two targets: portable files only
+        return "other"
+    if any(t in plat for t in ("aarch64", "arm64")):
+        return "arm64"
+    if any(t in plat for t in ("x86_64", "amd64", "i686", "win32")):
+        return "x86"
+    machine = os.uname().machine if hasattr(os, "uname") else ""
+    if plat.startswith("linux") and machine in ("x86_64", "i686"):
+        return "x86"
+    if plat.startswith("linux") and machine in ("aarch64", "arm64"):
+        return "arm64"
+    return "other"
 
 
 def _c_sources():
     files = sorted(glob.glob(os.path.join(CSRC, "*.c")) + glob.glob(os.path.join(CSRC, "*", "*.c")))
-    groups = {"base": [], "avx2": [], "avx512": []}
+    groups = {"base": [], "avx2": [], "avx512": [], "neon": [], "neon_dotprod": []}
     for f in files:
         stem = os.path.splitext(os.path.basename(f))[0]
-        if stem.endswith("_avx512"):
+        if stem.endswith("_neon_dotprod"):
+            groups["neon_dotprod"].append(f)
+        elif stem.endswith("_neon"):
+            groups["neon"].append(f)
+        elif stem.endswith("_avx512"):
             groups["avx512"].append(f)
         elif stem.endswith("_avx2"):
             groups["avx2"].append(f)
@@ -53,7 +70,8 @@ class BuildKernels(build_ext):
         native = os.environ.get("CORTIQ_NATIVE") == "1"
         if msvc:
             common = ["/O2", "/fp:precise"]
-            isa_flags = {"base": [], "avx2": ["/arch:AVX2"], "avx512": ["/arch:AVX512"]}
+            isa_flags = {"base": [], "avx2": ["/arch:AVX2"], "avx512": ["/arch:AVX512"],
+                         "neon": [], "neon_dotprod": []}
             thread_l = []
         else:
             # No contraction of a*b+c into FMA behind our back: the reference kernels
@@ -62,20 +80,23 @@ class BuildKernels(build_ext):
                       "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]
             isa_flags = {"base": [], "avx2": ["-mavx2", "-mfma", "-mf16c"],
                          "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-                                    "-mavx2", "-mfma", "-mf16c"]}
+                                    "-mavx2", "-mfma", "-mf16c"],
+                         "neon": ["-march=armv8-a"],
+                         "neon_dotprod": ["-march=armv8.2-a+dotprod"]}
             thread_l = ["-pthread"]
             if native:  # a local, non-portable build: never in a wheel
                 common.append(NATIVE_FLAG)
 
         groups = _c_sources()
         macros = list(ext.define_macros)
-        x86 = _target_is_x86()
-        if not x86:
+        arch = _target_arch()
+        if arch != "x86":
             groups["avx2"], groups["avx512"] = [], []
-        if groups["avx2"]:
-            macros.append(("CORTIQ_HAVE_AVX2", "1"))
-        if groups["avx512"]:
-            macros.append(("CORTIQ_HAVE_AVX512", "1"))
+        if arch != "arm64" or msvc:  # (MSVC on arm64: the portable tables only)
+            groups["neon"], groups["neon_dotprod"] = [], []
+        for group in ("avx2", "avx512", "neon", "neon_dotprod"):
+            if groups[group]:
+                macros.append(("CORTIQ_HAVE_" + group.upper(), "1"))
 
         objects = []
         for group, sources in groups.items():

@@ -129,6 +129,8 @@ cdef extern from "cortiq.h" nogil:
         CQ_ISA_REF
         CQ_ISA_AVX2
         CQ_ISA_AVX512
+        CQ_ISA_NEON
+        CQ_ISA_NEON_DOTPROD
         CQ_ISA_COUNT
 
     const cq_table *cq_table_for(cq_isa isa)

@@ -5,7 +5,8 @@
  *    no I/O, no printing, no exit. Functions that can fail return cq_status.
  *  - Lengths are element counts (size_t); float means IEEE binary32.
  *  - Every kernel exists as a scalar reference (the spec, *_ref.c) and, where it
- *    pays, an AVX2/FMA twin (*_avx2.c) with the same contract. Callers reach them
+ *    pays, SIMD twins with the same contract: AVX2/FMA (*_avx2.c) and AVX-512
+ *    (*_avx512.c) on x86-64, NEON (*_neon.c, *_neon_dotprod.c) on AArch64. Callers reach them
  *    through the active table (cq_active()), chosen once by dispatch.c.
  *  - Parallel kernels run on the process-wide thread pool (pool.h) and split work
  *    into pieces decided by the problem shape only, each computed by one thread, so
@@ -48,8 +49,11 @@ enum {
     CQ_CPU_OS_YMM = 1u << 11, /* XCR0 says the OS saves YMM state */
     CQ_CPU_OS_ZMM = 1u << 12, /* XCR0 says the OS saves opmask/ZMM state */
     CQ_CPU_AVX512VBMI = 1u << 13,
+    CQ_CPU_ASIMD = 1u << 14,   /* AArch64 Advanced SIMD (NEON): every AArch64 CPU */
+    CQ_CPU_ASIMDDP = 1u << 15, /* AArch64 dot product (sdot/udot, FEAT_DotProd) */
 };
-/* Feature bits of this CPU (CQ_CPU_*), read once with CPUID + XGETBV. */
+/* Feature bits of this CPU (CQ_CPU_*), read once: CPUID + XGETBV on x86, the kernel's
+ * HWCAP on Linux/AArch64, sysctl on macOS/arm64. */
 uint32_t cq_cpu_features(void);
 /* For tests: report the CQ_CPU_* bits in mask as absent (0 restores), so a kernel's
  * fallback for CPUs without a feature (e.g. AVX-512 without VNNI) runs here too. */
@@ -84,6 +88,7 @@ typedef struct cq_mathfn_ops {
 
 extern const cq_mathfn_ops cq_mathfn_ref;
 extern const cq_mathfn_ops cq_mathfn_avx2;
+extern const cq_mathfn_ops cq_mathfn_neon;
 
 /* hash: hash64 of docs/cmf-format.md §6.1 (csrc/hash). XOR-folded over little-endian u64 words
  * (last partial word zero-padded), so any evaluation order gives the same value.
@@ -94,6 +99,7 @@ typedef struct cq_hash_ops {
 
 extern const cq_hash_ops cq_hash_ref;
 extern const cq_hash_ops cq_hash_avx2;
+extern const cq_hash_ops cq_hash_neon;
 
 /* quant: the CMF writers' quantizers (csrc/quant), bit-exact with cortiq/cmf/quant.py.
  * Inputs are row-major float32; `out` receives the payload bytes exactly as stored in
@@ -119,6 +125,7 @@ typedef struct cq_quant_ops {
 
 extern const cq_quant_ops cq_quant_ref;
 extern const cq_quant_ops cq_quant_avx2;
+extern const cq_quant_ops cq_quant_neon;
 
 /* ---- matvec: stored matrices times float32 activations (csrc/matvec) ----------
  * A cq_qmat is one 2-D CMF payload read in place (any alignment). dtype = CMF id.
@@ -193,6 +200,8 @@ uint64_t cq_read_sum(const uint8_t *p, size_t n, int threads, int streams);
 extern const cq_matvec_ops cq_matvec_ref;
 extern const cq_matvec_ops cq_matvec_avx2;
 extern const cq_matvec_ops cq_matvec_avx512;
+extern const cq_matvec_ops cq_matvec_neon;
+extern const cq_matvec_ops cq_matvec_neon_dotprod;
 
 /* ---- attn: norms, rotary, top-k, attention (csrc/attn) -------------------------
  * All buffers float32 row-major; "rows" kernels treat x as [rows, n]. */
@@ -245,6 +254,7 @@ typedef struct cq_attn_ops {
 
 extern const cq_attn_ops cq_attn_ref;
 extern const cq_attn_ops cq_attn_avx2;
+extern const cq_attn_ops cq_attn_neon;
 
 /* mix: DeepSeek-V4 hyper-connections and small per-token helpers (csrc/mix).
  * The state is hc copies of a dim vector, x[j*dim + d]. */
@@ -296,6 +306,7 @@ typedef struct cq_mix_ops {
 
 extern const cq_mix_ops cq_mix_ref;
 extern const cq_mix_ops cq_mix_avx2;
+extern const cq_mix_ops cq_mix_neon;
 /* ---- nystrom (csrc/nystrom) -------------------------------------------- */
 /* The O(1) far field of docs/nystrom.md: one group = one KV head with `rep` query
  * heads. The state's buffers belong to the caller (cortiq/models/nystrom.py); the
@@ -340,6 +351,7 @@ typedef struct cq_nystrom_ops {
 
 extern const cq_nystrom_ops cq_nystrom_ref;
 extern const cq_nystrom_ops cq_nystrom_avx2;
+extern const cq_nystrom_ops cq_nystrom_neon;
 
 /* ---- linalg (csrc/linalg): small dense f64 solves ------------------------- */
 typedef struct cq_linalg_ops {
@@ -361,7 +373,7 @@ extern const cq_linalg_ops cq_linalg_ref;
 
 /* ---- the dispatch table ------------------------------------------------- */
 typedef struct cq_table {
-    const char *name;           /* "ref", "avx2", "avx512" */
+    const char *name;           /* "ref", "avx2", "avx512", "neon", "neon_dotprod" */
     const cq_mathfn_ops *mathfn;
     const cq_hash_ops *hash;
     const cq_quant_ops *quant;
@@ -372,7 +384,14 @@ typedef struct cq_table {
     const cq_linalg_ops *linalg;
 } cq_table;
 
-typedef enum cq_isa { CQ_ISA_REF = 0, CQ_ISA_AVX2 = 1, CQ_ISA_AVX512 = 2, CQ_ISA_COUNT = 3 } cq_isa;
+typedef enum cq_isa {
+    CQ_ISA_REF = 0,
+    CQ_ISA_AVX2 = 1,
+    CQ_ISA_AVX512 = 2,
+    CQ_ISA_NEON = 3,         /* AArch64 baseline (armv8-a) */
+    CQ_ISA_NEON_DOTPROD = 4, /* + the dot product extension for the int8-activation rows */
+    CQ_ISA_COUNT = 5
+} cq_isa;
 
 /* Table for an ISA, or NULL when it was not compiled into this build. */
 const cq_table *cq_table_for(cq_isa isa);

@@ -1,7 +1,32 @@
 /* cpu.c -- which SIMD features this CPU has AND the OS has enabled.
- * A CPUID bit alone is not enough: AVX registers are only usable when the OS saves
- * their state across context switches, which XCR0 (read with XGETBV) reports. */
+ * x86: a CPUID bit alone is not enough: AVX registers are only usable when the OS saves
+ * their state across context switches, which XCR0 (read with XGETBV) reports.
+ * AArch64: Advanced SIMD is architectural; the dot product extension is what the OS
+ * reports: HWCAP_ASIMDDP in the auxiliary vector on Linux, the FEAT_DotProd sysctl on
+ * macOS (every Apple M-series core has it). */
 #include "cortiq.h"
+
+#if defined(__aarch64__) || defined(_M_ARM64)
+#define CQ_ARM64 1
+#if defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMD
+#define HWCAP_ASIMD (1UL << 1)
+#endif
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1UL << 20)
+#endif
+#elif defined(__APPLE__)
+#include <sys/sysctl.h>
+/* 1 or 0 as the sysctl says, -1 when this macOS does not have it */
+static int sysctl_flag(const char *name) {
+    int v = 0;
+    size_t len = sizeof(v);
+    if (sysctlbyname(name, &v, &len, NULL, 0) != 0) return -1;
+    return v != 0;
+}
+#endif
+#endif
 
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
 #define CQ_X86 1
@@ -58,6 +83,17 @@ static uint32_t detect(void) {
         cpuid(7, 1, r);
         if (r[0] & (1u << 4)) f |= CQ_CPU_AVXVNNI;
     }
+#endif
+#ifdef CQ_ARM64
+    f |= CQ_CPU_ASIMD;
+#if defined(__linux__)
+    const unsigned long hw = getauxval(AT_HWCAP);
+    if (!(hw & HWCAP_ASIMD)) f &= ~(uint32_t)CQ_CPU_ASIMD; /* (a kernel that disabled it) */
+    if (hw & HWCAP_ASIMDDP) f |= CQ_CPU_ASIMDDP;
+#elif defined(__APPLE__)
+    /* (macOS 11 has no FEAT_* keys; every arm64 Mac, M1 onwards, has the extension) */
+    if (sysctl_flag("hw.optional.arm.FEAT_DotProd") != 0) f |= CQ_CPU_ASIMDDP;
+#endif
 #endif
     return f;
 }

@@ -45,6 +45,35 @@ static const cq_table TABLE_AVX512 = {
 };
 #endif
 
+#ifdef CORTIQ_HAVE_NEON
+static const cq_table TABLE_NEON = {
+    .name = "neon",
+    .mathfn = &cq_mathfn_neon,
+    .hash = &cq_hash_neon,
+    .quant = &cq_quant_neon,
+    .matvec = &cq_matvec_neon,
+    .attn = &cq_attn_neon,
+    .mix = &cq_mix_neon,
+    .nystrom = &cq_nystrom_neon,
+    .linalg = &cq_linalg_ref, /* no twin: once per seal */
+};
+#endif
+
+#ifdef CORTIQ_HAVE_NEON_DOTPROD
+/* The dot product extension changes only the int8-activation matvec rows. */
+static const cq_table TABLE_NEON_DOTPROD = {
+    .name = "neon_dotprod",
+    .mathfn = &cq_mathfn_neon,
+    .hash = &cq_hash_neon,
+    .quant = &cq_quant_neon,
+    .matvec = &cq_matvec_neon_dotprod,
+    .attn = &cq_attn_neon,
+    .mix = &cq_mix_neon,
+    .nystrom = &cq_nystrom_neon,
+    .linalg = &cq_linalg_ref,
+};
+#endif
+
 const cq_table *cq_table_for(cq_isa isa) {
     switch (isa) {
     case CQ_ISA_REF: return &TABLE_REF;
@@ -53,6 +82,12 @@ const cq_table *cq_table_for(cq_isa isa) {
 #endif
 #ifdef CORTIQ_HAVE_AVX512
     case CQ_ISA_AVX512: return &TABLE_AVX512;
+#endif
+#ifdef CORTIQ_HAVE_NEON
+    case CQ_ISA_NEON: return &TABLE_NEON;
+#endif
+#ifdef CORTIQ_HAVE_NEON_DOTPROD
+    case CQ_ISA_NEON_DOTPROD: return &TABLE_NEON_DOTPROD;
 #endif
     default: return 0;
     }
@@ -73,11 +108,15 @@ int cq_isa_usable(cq_isa isa) {
                         CQ_CPU_OS_ZMM;
         return (f & need) == need;
     }
+    case CQ_ISA_NEON: return (f & CQ_CPU_ASIMD) != 0;
+    case CQ_ISA_NEON_DOTPROD: return (f & (CQ_CPU_ASIMD | CQ_CPU_ASIMDDP)) == (CQ_CPU_ASIMD | CQ_CPU_ASIMDDP);
     default: return 0;
     }
 }
 
 cq_isa cq_isa_best(void) {
+    if (cq_isa_usable(CQ_ISA_NEON_DOTPROD)) return CQ_ISA_NEON_DOTPROD;
+    if (cq_isa_usable(CQ_ISA_NEON)) return CQ_ISA_NEON;
     if (cq_isa_usable(CQ_ISA_AVX512)) return CQ_ISA_AVX512;
     if (cq_isa_usable(CQ_ISA_AVX2)) return CQ_ISA_AVX2;
     return CQ_ISA_REF;

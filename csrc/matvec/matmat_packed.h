@@ -39,6 +39,10 @@
 #define MM_KC 128
 #define MM_NI (MM_NV * MM_VL)
 #define CQ_HAVE_MM_PACK
+/* A line into L2 (a table may define its own; this is the x86 one). */
+#ifndef MM_PREFETCH_L2
+#define MM_PREFETCH_L2(a) _mm_prefetch((const char *)(a), _MM_HINT_T1)
+#endif
 #ifndef MM_ROW_SCALES
 #define MM_ROW_SCALES(m) ((void)(m), (size_t)0)
 #define mm_row_scales(m, r, sc) ((void)0)
@@ -132,8 +136,8 @@ static void mm_prefetch_next(const cq_qmat *m, size_t r0, size_t nr, size_t c1, 
     for (size_t j = 0; j < nr; j++) {
         const uint8_t *p;
         const size_t n = cq_row_span(m, r0 + j, c0, c2, &p);
-        for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T1);
-        if (n) _mm_prefetch((const char *)p + n - 1, _MM_HINT_T1); /* a line the steps skipped */
+        for (size_t o = 0; o < n; o += 64) MM_PREFETCH_L2(p + o);
+        if (n) MM_PREFETCH_L2(p + n - 1); /* a line the steps skipped */
     }
 }
 
