@@ -124,6 +124,26 @@ class Session:
             self._feeds = feeds
             self._last = None
 
+    def save_state(self) -> bytes:
+        """The session's state as bytes (`cortiq.state`); `LLM.load_state` or
+        `Session.load_state` restores it on the same model."""
+        from .state import pack
+        with self._lock:
+            return pack(self._model, self._ids, self._feeds)
+
+    @classmethod
+    def load_state(cls, model, data) -> "Session":
+        """A session on `model` holding what the saved `data` held (StateError when
+        the bytes are damaged or were saved on another model)."""
+        from .state import unpack
+        ids, feeds = unpack(model, data)
+        s = cls(model)
+        at = 0
+        for size, want in feeds:
+            s.feed(ids[at:at + size], want=want)
+            at += size
+        return s
+
     def reset(self) -> None:
         with self._lock:
             self._state = self._model.new_state()
