@@ -176,12 +176,12 @@ class Generation:
         row = logits[:self.n_vocab]
         scores = self._shape_scores(row)
         t = self.sampler.sample(scores, self.history)
-        if self.n_top is not None:
-            self.result.logprobs.append(self._logprob(row, t))
         if self.matcher is not None:
             self.matcher.accept(t)
-        if self.stops.check_token(t):
+        if self.stops.check_token(t):          # an end token is not part of the output
             return self._end("stop")
+        if self.n_top is not None:
+            self.result.logprobs.append(self._logprob(row, t))
         self.history.append(t)
         self.result.token_ids.append(t)
         self.token = t

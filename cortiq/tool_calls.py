@@ -307,7 +307,10 @@ def required_grammar(tools, choice: str, fmt: str = "hermes", parallel: bool = T
             for j, k in enumerate(req):
                 schema = props[k] or {}
                 if schema.get("type") == "string" and "enum" not in schema:
-                    value = "XSTR"
+                    lo = max(int(schema.get("minLength", 1)), 1)
+                    hi = schema.get("maxLength")
+                    rules.append(f"V{i}_{j}: /[^<\\n]{{{lo},{'' if hi is None else int(hi)}}}/")
+                    value = f"V{i}_{j}"
                 elif "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
                     value = "(" + " | ".join(_lit(v) for v in schema["enum"]) + ")"
                 else:
@@ -319,7 +322,6 @@ def required_grammar(tools, choice: str, fmt: str = "hermes", parallel: bool = T
             alts.append(f"f{i}")
         rules.append("call: " + _lit("<tool_call>\n") + " (" + " | ".join(alts) + ") "
                      + _lit("\n</tool_call>"))
-        rules.append("XSTR: /[^<\\n]+/")
     else:
         one = [{"type": "object",
                 "properties": {"name": {"const": f["name"]},
