@@ -216,13 +216,13 @@ def cmd_convert(args) -> int:
             from .convert.hf_dory import convert
             convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet)
         elif args.arch == "deepseek_v4":
-            from .convert.hf_deepseek_v4 import convert
-            convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet,
-                    experts_quant=eq)
+            from .convert import hf_deepseek_v4
+            hf_deepseek_v4.convert(args.hf_dir, args.out, quant=args.quant,
+                                   progress=not args.quiet, experts_quant=eq)
         elif args.arch in ("llama", "mistral", "qwen2", "qwen3"):
-            from .convert.hf_llama import convert
-            convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet,
-                    expect=args.arch)
+            from .convert import hf_llama
+            hf_llama.convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet,
+                             expect=args.arch)
         else:
             raise ConfigError(f"--arch {args.arch!r}: no converter (supported: dory, "
                               "deepseek_v4, llama, mistral, qwen2, qwen3, auto)")

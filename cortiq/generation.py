@@ -163,8 +163,8 @@ class Generation:
         self.n_top = o.logprobs
         if o.logprobs is not None:
             result.logprobs = []
-        self.processors = o.logits_processor
-        self.criteria = o.stopping_criteria
+        self.processors: tuple = tuple(o.logits_processor or ())  # type: ignore[arg-type]
+        self.criteria: tuple = tuple(o.stopping_criteria or ())    # type: ignore[arg-type]
         self.matcher = o.grammar.matcher() if o.grammar is not None else None
 
     def step(self, logits) -> str | None:
@@ -179,8 +179,9 @@ class Generation:
         if self.matcher is not None:
             self.matcher.accept(t)
         if self.stops.check_token(t):          # an end token is not part of the output
-            return self._end("stop")
-        if self.n_top is not None:
+            self._end("stop")
+            return None
+        if self.result.logprobs is not None:
             self.result.logprobs.append(self._logprob(row, t))
         self.history.append(t)
         self.result.token_ids.append(t)

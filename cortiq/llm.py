@@ -40,6 +40,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping
+from typing import cast
 
 import numpy as np
 
@@ -53,6 +54,7 @@ from .session import Session
 from .stopping import normalize_stop
 from .tensor import set_model_precision
 from .tokenizer import Tokenizer
+from .types import ChatCompletion, ChatCompletionChunk, Completion
 
 __all__ = ["LLM"]
 
@@ -183,7 +185,7 @@ class LLM:
         self._precision = check_precision(precision)
         set_model_precision(model, self._precision)
         self.path = None
-        self.file = None
+        self.file = None  # type: ignore[assignment]  # no file behind a built model
         self.skill = None
         self._router = None
         self._models = {None: model}
@@ -482,7 +484,7 @@ class LLM:
         one: its bare id, as nothing predicts it), from one fresh forward over `ids`."""
         ids = self._prompt_ids(ids)
         model, _ = self._model_for(ids)
-        rows = Session(model).feed(ids, want="all")
+        rows = cast(np.ndarray, Session(model).feed(ids, want="all"))
         n = self.tokenizer.vocab_size
         out: list[TokenLogprob | int] = [ids[0]]
         for i in range(1, len(ids)):
@@ -526,7 +528,8 @@ class LLM:
                           cancel: threading.Event | None = None, logprobs: int | None = None,
                           echo: bool = False, grammar: str | None = None,
                           response_format=None, logits_processor=None,
-                          stopping_criteria=None, **sampling_kw):
+                          stopping_criteria=None, **sampling_kw
+                          ) -> Completion | Iterator[Completion]:
         """An OpenAI `text_completion` dict, or with `stream=True` an iterator of chunk
         dicts (the last one carries finish_reason and usage). `logprobs=N` (0-20)
         adds each token's log-probability and its N most likely alternatives; `echo`
@@ -580,7 +583,7 @@ class LLM:
         return chunks()
 
     def create_chat_completion(self, messages: list[dict], *, tools: list[dict] | None = None,
-                               tool_choice=None, parallel_tool_calls: bool | None = None,
+                               tool_choice: str | dict | None = None, parallel_tool_calls: bool | None = None,
                                max_tokens: int | None = DEFAULT_MAX_TOKENS,
                                stop: str | list[str] | None = None, stream: bool = False,
                                session: Session | None = None,
@@ -588,9 +591,11 @@ class LLM:
                                enable_thinking: bool | None = None,
                                cancel: threading.Event | None = None,
                                prompt_ids: list[int] | None = None, logprobs: bool = False,
-                               top_logprobs: int | None = None, response_format=None,
+                               top_logprobs: int | None = None,
+                               response_format: dict | None = None,
                                grammar: str | None = None, logits_processor=None,
-                               stopping_criteria=None, **sampling_kw):
+                               stopping_criteria=None, **sampling_kw
+                               ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
         """An OpenAI `chat.completion` dict, or with `stream=True` an iterator of
         `chat.completion.chunk` dicts. The conversation is rendered with the model's
         chat template; a pooled (or the given) session that holds an earlier turn
@@ -647,11 +652,12 @@ class LLM:
                     message = {"role": "assistant", "content": content or None,
                                "tool_calls": calls}
                     finish = "tool_calls" if finish == "stop" else finish
-            return {"id": cid, "object": "chat.completion", "created": created,
-                    "model": self.model_name,
-                    "choices": [{"index": 0, "message": message,
-                                 "logprobs": lp(res.logprobs or []), "finish_reason": finish}],
-                    "usage": res.usage()}
+            return cast(ChatCompletion, {
+                "id": cid, "object": "chat.completion", "created": created,
+                "model": self.model_name,
+                "choices": [{"index": 0, "message": message,
+                             "logprobs": lp(res.logprobs or []), "finish_reason": finish}],
+                "usage": res.usage()})
 
         def chunk(delta, finish, usage=None, choices=True, entries=None):
             out = {"id": cid, "object": "chat.completion.chunk", "created": created,

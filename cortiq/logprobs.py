@@ -114,11 +114,9 @@ def completion_logprobs(tokenizer, entries: Sequence[TokenLogprob], *,
     tops: list[dict[str, float] | None] = []
     offsets: list[int] = []
     at = text_offset
-    for e in (*prompt, *entries):
-        if isinstance(e, TokenLogprob):
-            tid = e.token
-        else:
-            tid, e = int(e), None
+    for item in (*prompt, *entries):
+        e = item if isinstance(item, TokenLogprob) else None
+        tid = e.token if e is not None else int(item)  # type: ignore[arg-type]
         s = tb.text(tid)
         tokens.append(s)
         offsets.append(at)

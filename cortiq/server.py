@@ -61,6 +61,8 @@ import math
 import sys
 import threading
 import time
+from collections.abc import Iterable
+from typing import Any
 
 from .errors import ConfigError, CortiqError
 
@@ -107,7 +109,7 @@ def _check_json_tree(body) -> None:
     """Refuse strings that cannot be UTF-8 (lone surrogates, which JSON's \\uXXXX
     escapes can spell) anywhere in the body, naming the field, and nesting deeper
     than MAX_JSON_DEPTH. Iterative, so no depth can overflow the stack."""
-    stack = [(body, (), 0)]
+    stack: list[tuple[Any, tuple, int]] = [(body, (), 0)]
     while stack:
         v, path, depth = stack.pop()
         if isinstance(v, str):
@@ -116,6 +118,7 @@ def _check_json_tree(body) -> None:
                 raise BadRequest(f"'{name}' contains a lone UTF-16 surrogate: not valid "
                                  "Unicode text", name, code="invalid_unicode")
             continue
+        items: Iterable[tuple[Any, Any]]
         if isinstance(v, dict):
             items = v.items()
         elif isinstance(v, list):
@@ -836,7 +839,7 @@ def serve(llm, host: str = "127.0.0.1", port: int = 8080, *, graceful_timeout: f
         print(f"cortiq: serving {getattr(llm, 'model_name', 'model')} on "
               f"http://{host}:{sock.getsockname()[1]}/v1", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level=log_level, http=json_error_protocol(),
-                            timeout_graceful_shutdown=graceful_timeout + SHUTDOWN_MARGIN_S)
+                            timeout_graceful_shutdown=graceful_timeout + SHUTDOWN_MARGIN_S)  # type: ignore[arg-type]  # uvicorn takes seconds as float
     server = _Server(config)
     try:
         server.run(sockets=[sock])

@@ -69,7 +69,7 @@ class RopeRows:
 
     def __init__(self, inv: np.ndarray):
         self.inv = inv
-        self._block = (-1, None, None)  # (first position, cos, sin): swapped whole
+        self._block: tuple = (-1, None, None)  # (first position, cos, sin): swapped whole
 
     def __call__(self, pos0: int, t: int) -> tuple[np.ndarray, np.ndarray]:
         b0 = pos0 - pos0 % ROPE_BLOCK
