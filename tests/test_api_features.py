@@ -485,3 +485,26 @@ def test_save_and_load_state(llm, tmp_path):
             other.load_state(data)
     finally:
         other.close()
+
+
+# ---------------------------------------------------------------- CLI
+
+def test_cli_json_schema_logprobs_and_embed(tmp_path, capsys, monkeypatch):
+    from cortiq.cli import main
+    schema_file = tmp_path / "s.json"
+    schema_file.write_text(json.dumps(SCHEMA))
+    assert main(["run", "-p", "Describe a module.", "--json-schema", str(schema_file),
+                 "--seed", "5", "-n", "300"]) == 0
+    jsonschema.validate(json.loads(capsys.readouterr().out), SCHEMA)
+    assert main(["run", "-p", "def f", "--raw", "--greedy", "-n", "3", "--logprobs", "2"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(float(line.split("\t")[1]) <= 0 for line in err)
+    g = tmp_path / "g.gbnf"
+    g.write_text('root ::= "yes" | "no"')
+    assert main(["run", "-p", "ok?", "--raw", "--grammar", str(g), "--seed", "1"]) == 0
+    assert capsys.readouterr().out.strip() in ("yes", "no")
+    assert main(["embed", "-t", "import os", "-t", "x = 1"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 2 and abs(np.linalg.norm(rows[0]) - 1) < 1e-4
+    assert main(["run", "-p", "x", "--json-schema", str(tmp_path / "missing.json")]) == 1
+    assert "missing.json" in capsys.readouterr().err
