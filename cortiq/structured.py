@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -120,7 +121,17 @@ class GrammarMatcher:
 
 class Grammar:
     """A grammar compiled for one model's tokenizer (llguidance's serialized form,
-    validated). Thread-safe: each generation takes its own `matcher()`."""
+    validated). Thread-safe: each generation takes its own `matcher()`.
+
+    Compiling costs milliseconds and the lexer builds its automaton lazily, so the
+    grammar keeps one pristine matcher and hands out copies of it: a copy starts in
+    microseconds and shares the automaton states every earlier copy built (measured
+    on the demo model: the mask of a warm copy costs ~10 us, a fresh matcher's ~35 us
+    after a 1-9 ms compile). `Grammar.get` caches compiled grammars per tokenizer."""
+
+    _cache: OrderedDict = OrderedDict()
+    _cache_lock = threading.Lock()
+    CACHE_SIZE = 64
 
     def __init__(self, spec: str, tokenizer, n_vocab: int, what: str = "grammar"):
         llg = _llg()
@@ -134,12 +145,30 @@ class Grammar:
             failed, messages = True, [str(e)]
         if failed:
             raise ConfigError(f"{what}: invalid: {'; '.join(messages) or 'rejected'}")
+        self._proto = llg.LLMatcher(self._tk, spec, log_level=0)
+        if self._proto.is_error():
+            raise ConfigError(f"{what}: {self._proto.get_error()}")
+        self._lock = threading.Lock()
+
+    @classmethod
+    def get(cls, spec: str, tokenizer, n_vocab: int, what: str = "grammar") -> "Grammar":
+        """The compiled grammar for `spec` on this tokenizer (from a small LRU cache)."""
+        key = (spec, id(tokenizer), n_vocab, what)
+        with cls._cache_lock:
+            hit = cls._cache.get(key)
+            if hit is not None and hit[0] is tokenizer:
+                cls._cache.move_to_end(key)
+                return hit[1]
+        g = cls(spec, tokenizer, n_vocab, what)
+        with cls._cache_lock:
+            cls._cache[key] = (tokenizer, g)
+            while len(cls._cache) > cls.CACHE_SIZE:
+                cls._cache.popitem(last=False)
+        return g
 
     def matcher(self) -> GrammarMatcher:
-        llg = _llg()
-        m = llg.LLMatcher(self._tk, self.spec, log_level=0)
-        if m.is_error():
-            raise ConfigError(f"{self.what}: {m.get_error()}")
+        with self._lock:
+            m = self._proto.deep_copy()
         return GrammarMatcher(m, self._n)
 
     def __repr__(self) -> str:
@@ -194,7 +223,7 @@ def compile_grammar(grammar: Any, tokenizer, n_vocab: int) -> Grammar:
         spec = llg.grammar_from("grammar", grammar)
     except Exception as e:  # noqa: BLE001
         raise ConfigError(f"grammar: {e}") from None
-    return Grammar(spec, tokenizer, n_vocab, "grammar")
+    return Grammar.get(spec, tokenizer, n_vocab, "grammar")
 
 
 def compile_response_format(response_format: Any, tokenizer, n_vocab: int) -> Grammar | None:
@@ -210,15 +239,15 @@ def compile_response_format(response_format: Any, tokenizer, n_vocab: int) -> Gr
     if kind == "text":
         return None
     if kind == "json_object":
-        return Grammar(json_schema_grammar({"type": "object"}), tokenizer, n_vocab,
-                       "response_format")
+        return Grammar.get(json_schema_grammar({"type": "object"}), tokenizer, n_vocab,
+                           "response_format")
     if kind == "json_schema":
         js = response_format.get("json_schema")
         if not isinstance(js, Mapping):
             raise ConfigError("response_format.json_schema: expected an object with "
                               "'name' and 'schema'")
         schema = js.get("schema", {})
-        return Grammar(json_schema_grammar(schema, what="response_format.json_schema.schema"),
-                       tokenizer, n_vocab, "response_format.json_schema")
+        return Grammar.get(json_schema_grammar(schema, what="response_format.json_schema.schema"),
+                           tokenizer, n_vocab, "response_format.json_schema")
     raise ConfigError(f"response_format.type: {kind!r} is not supported (text, json_object, "
                       "json_schema)")
