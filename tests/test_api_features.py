@@ -508,3 +508,15 @@ def test_cli_json_schema_logprobs_and_embed(tmp_path, capsys, monkeypatch):
     assert len(rows) == 2 and abs(np.linalg.norm(rows[0]) - 1) < 1e-4
     assert main(["run", "-p", "x", "--json-schema", str(tmp_path / "missing.json")]) == 1
     assert "missing.json" in capsys.readouterr().err
+
+
+def test_without_llguidance_only_constraints_fail(llm, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llguidance", None)       # as if not installed
+    monkeypatch.setitem(sys.modules, "llguidance.numpy", None)
+    assert llm.generate("x", max_tokens=2, seed=1)             # everything else still runs
+    assert llm.create_chat_completion(CHAT, max_tokens=2, logprobs=True)["choices"]
+    for kw in ({"response_format": {"type": "json_schema", "json_schema": {
+                "schema": {"type": "object", "properties": {"q": {"type": "null"}}}}}},
+               {"tools": TOOLS, "tool_choice": "required"}):
+        with pytest.raises(ConfigError, match=r"cortiq\[structured\]"):
+            llm.create_chat_completion(CHAT, max_tokens=2, **kw)
