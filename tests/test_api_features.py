@@ -520,3 +520,31 @@ def test_without_llguidance_only_constraints_fail(llm, monkeypatch):
                {"tools": TOOLS, "tool_choice": "required"}):
         with pytest.raises(ConfigError, match=r"cortiq\[structured\]"):
             llm.create_chat_completion(CHAT, max_tokens=2, **kw)
+
+
+def test_tool_choice_auto_parses_and_none_does_not(llm):
+    """Real model output in call syntax (forced by the grammar): "auto" turns it into
+    tool_calls, "none" leaves it as content."""
+    forced = tc.required_grammar(TOOLS, "function:add", "hermes", parallel=False)
+    r = llm.create_chat_completion(CHAT, tools=TOOLS, tool_choice="auto", grammar=forced,
+                                   seed=4, max_tokens=80)
+    ch = r["choices"][0]
+    assert ch["finish_reason"] == "tool_calls" and ch["message"]["content"] is None
+    _check_calls(ch["message"]["tool_calls"], ["add"])
+    r = llm.create_chat_completion(CHAT, tools=TOOLS, tool_choice="none", grammar=forced,
+                                   seed=4, max_tokens=80)
+    ch = r["choices"][0]
+    assert "tool_calls" not in ch["message"] and ch["finish_reason"] == "stop"
+    assert ch["message"]["content"].startswith("<tool_call>\n")
+
+
+def test_streamed_completion_logprobs(llm, client):
+    kw = dict(prompt="import os\n", max_tokens=8, logprobs=2, temperature=0.8, seed=9)
+    whole = client.completions.create(model=llm.model_name, **kw).choices[0].logprobs
+    toks, lps = [], []
+    for ch in client.completions.create(model=llm.model_name, stream=True, **kw):
+        if ch.choices and ch.choices[0].logprobs is not None:
+            toks += ch.choices[0].logprobs.tokens
+            lps += ch.choices[0].logprobs.token_logprobs
+    assert toks == whole.tokens
+    assert np.allclose(lps, whole.token_logprobs, atol=1e-4)
