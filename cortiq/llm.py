@@ -583,7 +583,8 @@ class LLM:
         return chunks()
 
     def create_chat_completion(self, messages: list[dict], *, tools: list[dict] | None = None,
-                               tool_choice: str | dict | None = None, parallel_tool_calls: bool | None = None,
+                               tool_choice: str | dict | None = None,
+                               parallel_tool_calls: bool | None = None,
                                max_tokens: int | None = DEFAULT_MAX_TOKENS,
                                stop: str | list[str] | None = None, stream: bool = False,
                                session: Session | None = None,

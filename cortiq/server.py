@@ -9,7 +9,8 @@ counts; `stream_options.include_usage` adds the usage chunk to chat streams), PO
 cortiq's `pooling`: "mean" or "last"), GET /healthz. Chat takes `logprobs` /
 `top_logprobs`, `response_format` (json_object, json_schema: enforced while sampling),
 `tools` / `tool_choice` / `parallel_tool_calls` (calls parsed into
-`message.tool_calls`); completions take `logprobs` (0-20) and `echo`. Requests are checked up front and refused with OpenAI's error shape
+`message.tool_calls`); completions take `logprobs` (0-20) and `echo`. Requests are
+checked up front and refused with OpenAI's error shape
 `{"error": {"message", "type", "param", "code"}}`:
 
 * 400 invalid JSON or HTTP, JSON nested deeper than 64 levels, a string with a

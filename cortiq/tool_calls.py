@@ -22,9 +22,10 @@ the template source (`detect_format`):
       </function>
       </tool_call>
 
-* "deepseek" (DeepSeek-V3/R1 and V3.1 special-token markers)::
+* "deepseek" (DeepSeek-V3/R1 and V3.1 special-token markers; one line in the output)::
 
-      <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+      <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>
+      {"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 
 `parse(text, fmt, tools)` -> (content, calls); text that does not parse as a call
 stays content. `ToolCallStream` does the same incrementally: it passes content

@@ -290,6 +290,46 @@ def test_tool_choice_required_and_named_hermes(llm, client):
     _check_calls(list(calls.values()))
 
 
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+
+
+def _template(name):
+    with open(os.path.join(DATA, name), encoding="utf-8") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("template,family", [
+    ("qwen3_chat_template.jinja", "hermes"), ("nanbeige42_chat_template.jinja", "xml")])
+def test_shipped_template_families_through_the_server(template, family):
+    """The real Qwen3 (Hermes-style) and Nanbeige (XML-style) templates: calls forced
+    in the family's syntax come back as tool_calls, and the call plus a tool result
+    render into the next prompt."""
+    m = cortiq.LLM(chat_template=_template(template), seed=2)
+    try:
+        assert tc.detect_format(m.chat_template.source) == family
+        with ServerThread(create_app(m)) as s:
+            c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+            r = c.chat.completions.create(model=m.model_name, messages=CHAT, tools=TOOLS,
+                                          tool_choice="required", parallel_tool_calls=False,
+                                          seed=6, max_tokens=120)
+            ch = r.choices[0]
+            assert ch.finish_reason == "tool_calls", ch.message
+            _check_calls(ch.message.tool_calls)
+            call = ch.message.tool_calls[0]
+            msgs = CHAT + [ch.message.model_dump(exclude_none=True),
+                           {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+            r2 = c.chat.completions.create(model=m.model_name, messages=msgs, tools=TOOLS,
+                                           max_tokens=4, seed=1)
+            assert r2.usage.prompt_tokens > r.usage.prompt_tokens
+            c.close()
+        from cortiq.chat import parse_tool_call_arguments
+        prompt = m.apply_chat_template(parse_tool_call_arguments(msgs), tools=TOOLS)
+        assert "<tool_response>\nsunny\n</tool_response>" in prompt
+        assert call.function.name in prompt.split("<|im_start|>assistant")[-2]
+    finally:
+        m.close()
+
+
 def test_tool_calls_xml_family(llm):
     m = cortiq.LLM(chat_template=XML_TEMPLATE, seed=1)
     try:
