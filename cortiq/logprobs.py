@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import weakref
 from collections.abc import Sequence
 
 from .generation import TokenLogprob
@@ -37,11 +38,11 @@ def _byte_level_inverse() -> dict[str, int]:
 class TokenBytes:
     """Token id -> its bytes, for one tokenizer (cached; thread-safe)."""
 
-    _by_tokenizer: dict = {}
+    _by_tokenizer: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     _lock = threading.Lock()
 
     def __init__(self, tokenizer):
-        self._tok = tokenizer
+        self._tok = weakref.proxy(tokenizer)       # the cache entry must not keep it alive
         self._cache: dict[int, bytes] = {}
         self._special = frozenset(tokenizer.special_token_ids)
         backend = tokenizer.backend
@@ -58,9 +59,9 @@ class TokenBytes:
     @classmethod
     def of(cls, tokenizer) -> "TokenBytes":
         with cls._lock:
-            hit = cls._by_tokenizer.get(id(tokenizer))
-            if hit is None or hit._tok is not tokenizer:
-                hit = cls._by_tokenizer[id(tokenizer)] = cls(tokenizer)
+            hit = cls._by_tokenizer.get(tokenizer)
+            if hit is None:
+                hit = cls._by_tokenizer[tokenizer] = cls(tokenizer)
             return hit
 
     def __call__(self, tid: int) -> bytes:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -38,7 +39,8 @@ __all__ = ["Grammar", "GrammarMatcher", "compile_response_format", "compile_gram
            "json_schema_grammar", "have_llguidance"]
 
 _EXTRA_HINT = "pip install 'cortiq[structured]' (llguidance)"
-_tokenizers: dict = {}              # id(cortiq Tokenizer), vocab -> llguidance tokenizer
+# cortiq Tokenizer -> {vocab size: llguidance tokenizer}; goes with its tokenizer
+_tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _tok_lock = threading.Lock()
 
 
@@ -65,11 +67,10 @@ def _ll_tokenizer(tokenizer, n_vocab: int):
     """The llguidance view of a cortiq Tokenizer (built once per tokenizer: ~20 ms
     for a 4k vocabulary, ~1 s for 150k)."""
     llg = _llg()
-    key = (id(tokenizer), n_vocab)
     with _tok_lock:
-        hit = _tokenizers.get(key)
-        if hit is not None and hit[0] is tokenizer:
-            return hit[1]
+        hit = _tokenizers.get(tokenizer, {}).get(n_vocab)
+        if hit is not None:
+            return hit
     eos = sorted(tokenizer.eos_token_ids) or None
     try:
         tk = llg.LLTokenizer(tokenizer.backend.to_str(), n_vocab=n_vocab, eos_token=eos)
@@ -77,7 +78,7 @@ def _ll_tokenizer(tokenizer, n_vocab: int):
         raise ConfigError(f"structured output: this model's tokenizer cannot be used for "
                           f"constrained decoding: {e}") from None
     with _tok_lock:
-        _tokenizers[key] = (tokenizer, tk)
+        _tokenizers.setdefault(tokenizer, {})[n_vocab] = tk
     return tk
 
 
@@ -156,12 +157,12 @@ class Grammar:
         key = (spec, id(tokenizer), n_vocab, what)
         with cls._cache_lock:
             hit = cls._cache.get(key)
-            if hit is not None and hit[0] is tokenizer:
+            if hit is not None and hit[0]() is tokenizer:
                 cls._cache.move_to_end(key)
                 return hit[1]
         g = cls(spec, tokenizer, n_vocab, what)
         with cls._cache_lock:
-            cls._cache[key] = (tokenizer, g)
+            cls._cache[key] = (weakref.ref(tokenizer), g)
             while len(cls._cache) > cls.CACHE_SIZE:
                 cls._cache.popitem(last=False)
         return g
