@@ -475,9 +475,21 @@ class LLM:
         return embed(self, texts, pooling)
 
     def load_state(self, data: bytes) -> Session:
-        """A session restored from `Session.save_state()` bytes (`cortiq.state`);
-        StateError when they are damaged, truncated or saved on another model."""
-        return Session.load_state(self.model, data)
+        """A session restored from `Session.save_state()` bytes (`cortiq.state`), on
+        whichever of this LLM's models (skills) saved it; StateError when they are
+        damaged, truncated or saved on another model."""
+        from .state import StateError
+        with self._lock:
+            models = [self.model, *(m for m in self._models.values() if m is not self.model)]
+        err = None
+        for m in models:
+            try:
+                return Session.load_state(m, data)
+            except StateError as e:
+                if "different model" not in str(e):
+                    raise
+                err = e
+        raise err  # type: ignore[misc]
 
     def prompt_logprobs(self, ids, top: int = 0) -> list[TokenLogprob | int]:
         """Each prompt token's log-probability given the tokens before it (the first
