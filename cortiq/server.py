@@ -733,6 +733,8 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
             n, vecs = await run_in_threadpool(work)
         except BadRequest as e:
             return err(e.status, e.message, e.param, e.code, e.type, e.headers)
+        except ClientDisconnect:
+            return err(400, "client disconnected")
         except Exception as e:  # noqa: BLE001 -- answered in OpenAI's shape
             status, msg, code = classify(e)
             log_failure(status, msg, e)
