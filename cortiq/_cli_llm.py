@@ -1,4 +1,4 @@
-"""`cortiq run | chat | convert | import-gguf | bench | serve` (registered in cortiq/cli.py).
+"""`cortiq run | chat | embed | convert | import-gguf | bench | serve` (in cortiq/cli.py).
 
 User errors (bad file, bad option value, a missing extra) raise CortiqError / OSError;
 cortiq.cli.main prints them as one line and exits 1.
@@ -90,14 +90,69 @@ def _print_stream(chunks, key):
     return "".join(out)
 
 
+def _read_text(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: {e.strerror or e}") from None
+
+
+def _structured_options(args, chat: bool) -> dict:
+    """--json / --json-schema / --grammar / --logprobs as create_* keywords."""
+    kw: dict = {}
+    if args.json_schema is not None:
+        text = _read_text(args.json_schema, "--json-schema")
+        try:
+            schema = json.loads(text)
+        except ValueError as e:
+            raise ConfigError(f"--json-schema {args.json_schema}: not valid JSON: {e}") from None
+        kw["response_format"] = {"type": "json_schema",
+                                 "json_schema": {"name": "output", "schema": schema}}
+    elif args.json:
+        kw["response_format"] = {"type": "json_object"}
+    if args.grammar is not None:
+        if kw:
+            raise ConfigError("--grammar: give one of --grammar, --json, --json-schema")
+        kw["grammar"] = _read_text(args.grammar, "--grammar")
+    if args.logprobs is not None:
+        if chat:
+            kw.update(logprobs=True, top_logprobs=args.logprobs)
+        else:
+            kw["logprobs"] = args.logprobs
+    return kw
+
+
+def _print_logprobs(r, chat: bool) -> None:
+    """Each generated token with its log-probability and the top alternatives (stderr)."""
+    lp = r["choices"][0]["logprobs"]
+    if lp is None:
+        return
+    if chat:
+        rows = [(e["token"], e["logprob"], [(t["token"], t["logprob"])
+                                            for t in e["top_logprobs"]])
+                for e in lp["content"]]
+    else:
+        rows = [(t, p, list((top or {}).items()))
+                for t, p, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])]
+    for tok, p, top in rows:
+        alts = "  ".join(f"{a!r} {q:.3f}" for a, q in top)
+        print(f"{tok!r}\t{p:.4f}\t{alts}" if p is not None else f"{tok!r}\t-", file=sys.stderr)
+
+
 def cmd_run(args) -> int:
     if args.prompt is None:
+        if args.json or args.json_schema or args.grammar or args.logprobs is not None:
+            raise ConfigError("--json, --json-schema, --grammar and --logprobs need --prompt")
         return cmd_chat(args)
     with _open(args) as llm:
-        samp = _sampling(args)
+        chat = _chat_mode(llm, args)
+        samp = {**_sampling(args), **_structured_options(args, chat)}
+        if args.stream and args.logprobs is not None:
+            raise ConfigError("--logprobs: not with --stream")
         think = False if args.no_think else None
         t0 = time.perf_counter()
-        if _chat_mode(llm, args):
+        if chat:
             msgs = [{"role": "user", "content": args.prompt}]
             if args.stream:
                 chunks = llm.create_chat_completion(
@@ -115,6 +170,7 @@ def cmd_run(args) -> int:
                 r = llm.create_chat_completion(msgs, max_tokens=args.max_tokens, stop=args.stop,
                                                enable_thinking=think, **samp)
                 print(r["choices"][0]["message"]["content"])
+                _print_logprobs(r, True)
                 usage = r["usage"]
         else:
             if args.stream:
@@ -131,11 +187,22 @@ def cmd_run(args) -> int:
                 r = llm.create_completion(args.prompt, max_tokens=args.max_tokens,
                                           stop=args.stop, **samp)
                 print(r["choices"][0]["text"])
+                _print_logprobs(r, False)
                 usage = r["usage"]
         if args.stats:
             dt = time.perf_counter() - t0
             print(f"[{usage.get('prompt_tokens')} prompt + {usage.get('completion_tokens')} "
                   f"generated tokens in {dt:.2f} s]", file=sys.stderr)
+    return 0
+
+
+def cmd_embed(args) -> int:
+    texts = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not texts:
+        raise ConfigError("embed: no texts (give them as arguments or on stdin)")
+    with _open(args) as llm:
+        for v in llm.embed(texts, pooling=args.pooling):
+            print(json.dumps([round(float(x), 7) for x in v]))
     return 0
 
 
@@ -216,13 +283,13 @@ def cmd_convert(args) -> int:
             from .convert.hf_dory import convert
             convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet)
         elif args.arch == "deepseek_v4":
-            from .convert.hf_deepseek_v4 import convert
-            convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet,
-                    experts_quant=eq)
+            from .convert import hf_deepseek_v4
+            hf_deepseek_v4.convert(args.hf_dir, args.out, quant=args.quant,
+                                   progress=not args.quiet, experts_quant=eq)
         elif args.arch in ("llama", "mistral", "qwen2", "qwen3"):
-            from .convert.hf_llama import convert
-            convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet,
-                    expect=args.arch)
+            from .convert import hf_llama
+            hf_llama.convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet,
+                             expect=args.arch)
         else:
             raise ConfigError(f"--arch {args.arch!r}: no converter (supported: dory, "
                               "deepseek_v4, llama, mistral, qwen2, qwen3, auto)")
@@ -350,7 +417,22 @@ def add_subcommands(sub) -> None:
     r.add_argument("--raw", action="store_true", help="no chat template: plain continuation")
     r.add_argument("--stats", action="store_true", help="token counts and time on stderr")
     r.add_argument("--system", default=None, help="system message (chat)")
+    r.add_argument("--json", action="store_true", help="output one JSON object (constrained)")
+    r.add_argument("--json-schema", default=None, metavar="FILE",
+                   help="output JSON valid against the JSON schema in FILE (constrained)")
+    r.add_argument("--grammar", default=None, metavar="FILE",
+                   help="output matching the GBNF or Lark grammar in FILE (constrained)")
+    r.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="print each token's log-probability and its N best alternatives "
+                        "(stderr)")
     r.set_defaults(func=cmd_run)
+
+    e = sub.add_parser("embed", help="embeddings of texts (one JSON array per line)")
+    _add_model_options(e)
+    e.add_argument("-t", "--text", action="append", dest="texts", default=None,
+                   metavar="TEXT", help="a text to embed (repeatable; none: one per stdin line)")
+    e.add_argument("--pooling", choices=("mean", "last"), default="mean")
+    e.set_defaults(func=cmd_embed)
 
     c = sub.add_parser("chat", help="interactive multi-turn chat (reuses the KV state)")
     _add_model_options(c)

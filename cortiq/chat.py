@@ -340,7 +340,8 @@ def _run_with_time_limit(fn, seconds: float):
     none escapes into the caller."""
     tid = threading.get_ident()
     lock = threading.Lock()
-    done, fired = [], []
+    done: list = []
+    fired: list = []
 
     def fire():
         with lock:
@@ -587,7 +588,7 @@ class ChatTemplate:
                 src = named.get("default")
                 if src is None:
                     raise TemplateError("tokenizer_config.chat_template: a list of named "
-                                        f"templates without 'default' (has {sorted(named)})")
+                                        f"templates without 'default' (has {sorted(map(str, named))})")
             else:
                 raise TemplateError("tokenizer_config.chat_template: expected a string, got "
                                     f"{type(src).__name__}")
@@ -611,7 +612,7 @@ class ChatTemplate:
         if continue_final_message:
             add_generation_prompt = False
         tools = _check_tools(tools)
-        ctx = {"bos_token": self.bos_token, "eos_token": self.eos_token}
+        ctx: dict = {"bos_token": self.bos_token, "eos_token": self.eos_token}
         ctx.update(extra)
         ctx.update(messages=messages, tools=tools,
                    add_generation_prompt=bool(add_generation_prompt))

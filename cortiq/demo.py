@@ -17,7 +17,7 @@ DEMO_FILE = "demo.cmf"
 
 def demo_path() -> str:
     """Path of the bundled demo model (ConfigError when this install lacks it)."""
-    p = resources.files(__package__).joinpath("data", DEMO_FILE)
+    p = resources.files(__package__).joinpath("data").joinpath(DEMO_FILE)
     if not p.is_file():
         raise ConfigError(f"no model path given and the bundled demo model ({DEMO_FILE}) is "
                           "missing from this install of cortiq")

@@ -18,16 +18,32 @@ a time:
 so one session's loop (`LLM.generate`) and a batch of many (a scheduler feeding
 several sessions in one forward) share the same per-request rules, and a request
 behaves the same whichever of them runs it.
+
+`Options` adds the optional per-token rules, in the order `step` applies them:
+
+1. logprobs: the log-softmax of the row exactly as the model gave it (before
+   logit_bias, penalties, hooks, the grammar mask and temperature, as OpenAI reports
+   them): the chosen token's and the `top` most likely ones, into `result.logprobs`;
+2. `logits_processor` hooks (llama-cpp-python's contract: `fn(input_ids, scores) ->
+   scores`, a list runs in order), on a float32 copy;
+3. the grammar mask (`cortiq.structured`): forbidden tokens -> -inf;
+4. the sampler chain (`cortiq.sampling`) draws the token;
+5. `stopping_criteria(input_ids, scores) -> bool` (ids including the new token, the
+   scores it was drawn from): True ends the generation after that token ("stop").
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
-from .errors import ModelError
+from .errors import ConfigError, ModelError
 from .sampling import Sampler, SamplingParams
 from .stopping import StopChecker
 
-__all__ = ["Generation", "Result", "check_finite"]
+__all__ = ["Generation", "Options", "Result", "TokenLogprob", "check_finite", "log_softmax"]
 
 DETOK_CONTEXT = 4                 # prompt ids given to the stream decoder as context
 
@@ -40,10 +56,72 @@ def check_finite(logits, position: int) -> None:
                          "file may be damaged: run cortiq verify")
 
 
+MAX_TOP_LOGPROBS = 20             # OpenAI's limit on top_logprobs
+
+LogitsProcessor = Callable[[np.ndarray, np.ndarray], np.ndarray]
+StoppingCriterion = Callable[[np.ndarray, np.ndarray], bool]
+
+
+def log_softmax(row) -> np.ndarray:
+    """float64 log-probabilities of a row of logits (max subtracted; -inf stays -inf)."""
+    z = np.asarray(row, dtype=np.float64)
+    m = z.max()
+    if not np.isfinite(m):
+        m = 0.0
+    z = z - m
+    return z - np.log(np.exp(z).sum())
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability and the `top` most likely alternatives
+    [(id, logprob), ...] (most likely first)."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def _callables(name: str, value) -> tuple:
+    if value is None:
+        return ()
+    fns = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    for f in fns:
+        if not callable(f):
+            raise ConfigError(f"{name}: expected a callable or a list of them, got {f!r}")
+    return fns
+
+
+@dataclass(frozen=True)
+class Options:
+    """A request's optional per-token rules (see the module docstring).
+
+    `logprobs`: None (off) or how many top alternatives to report per token (0-20);
+    `grammar`: a `cortiq.structured.Grammar`; `logits_processor` /
+    `stopping_criteria`: a callable or a list of them."""
+    logprobs: int | None = None
+    grammar: Any = None
+    logits_processor: Sequence[LogitsProcessor] | LogitsProcessor | None = None
+    stopping_criteria: Sequence[StoppingCriterion] | StoppingCriterion | None = None
+
+    def __post_init__(self):
+        lp = self.logprobs
+        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, (int, np.integer))
+                               or not 0 <= lp <= MAX_TOP_LOGPROBS):
+            raise ConfigError(f"logprobs: expected an integer in [0, {MAX_TOP_LOGPROBS}] "
+                              f"(how many top alternatives per token), got {lp!r}")
+        object.__setattr__(self, "logits_processor",
+                           _callables("logits_processor", self.logits_processor))
+        object.__setattr__(self, "stopping_criteria",
+                           _callables("stopping_criteria", self.stopping_criteria))
+
+
+NO_OPTIONS = Options()
+
+
 class Result:
     """What one generation produced (filled while it runs)."""
     __slots__ = ("prompt_tokens", "cached_tokens", "token_ids", "text", "finish_reason",
-                 "skill", "prefill_s", "decode_s")
+                 "skill", "prefill_s", "decode_s", "logprobs")
 
     def __init__(self):
         self.prompt_tokens = self.cached_tokens = 0
@@ -52,6 +130,7 @@ class Result:
         self.finish_reason: str | None = None
         self.skill = None
         self.prefill_s = self.decode_s = 0.0
+        self.logprobs: list[TokenLogprob] | None = None    # with Options.logprobs
 
     def usage(self) -> dict:
         n = len(self.token_ids)
@@ -66,10 +145,10 @@ class Generation:
     `limit`: the most tokens to generate (already capped by the context size); `stop`:
     stop strings (normalised). After `step`, `token` is the id to feed next unless
     `done`; `result.finish_reason` is "stop" (EOS id or stop string), "length" or
-    "cancelled" (`cancel()`)."""
+    "cancelled" (`cancel()`). `options`: the optional rules (`Options`)."""
 
     def __init__(self, tokenizer, prompt_ids, params: SamplingParams, limit: int, stop,
-                 result: Result):
+                 result: Result, options: Options | None = None):
         self.result = result
         self.limit = limit
         self.sampler = Sampler(params)
@@ -80,6 +159,13 @@ class Generation:
         self.token: int | None = None
         self.done = limit <= 0
         result.finish_reason = "length"
+        o = options or NO_OPTIONS
+        self.n_top = o.logprobs
+        if o.logprobs is not None:
+            result.logprobs = []
+        self.processors: tuple = tuple(o.logits_processor or ())  # type: ignore[arg-type]
+        self.criteria: tuple = tuple(o.stopping_criteria or ())    # type: ignore[arg-type]
+        self.matcher = o.grammar.matcher() if o.grammar is not None else None
 
     def step(self, logits) -> str | None:
         """Sample the next token from `logits` (the row after the last token) and
@@ -87,18 +173,65 @@ class Generation:
         if self.done:
             return None
         check_finite(logits, len(self.history) - 1)
-        t = self.sampler.sample(logits[:self.n_vocab], self.history)
-        if self.stops.check_token(t):
-            return self._end("stop")
+        row = logits[:self.n_vocab]
+        scores = self._shape_scores(row)
+        t = self.sampler.sample(scores, self.history)
+        if self.matcher is not None:
+            self.matcher.accept(t)
+        if self.stops.check_token(t):          # an end token is not part of the output
+            self._end("stop")
+            return None
+        if self.result.logprobs is not None:
+            self.result.logprobs.append(self._logprob(row, t))
         self.history.append(t)
         self.result.token_ids.append(t)
         self.token = t
         piece = self.stops.feed(self.decoder.feed(t))
         if self.stops.stopped:
             self._end("stop")
+        elif (self.matcher is not None and self.matcher.stopped) or self._criteria_met(scores):
+            self._end("stop")
         elif len(self.result.token_ids) >= self.limit:
             self._end("length")
         return piece
+
+    def _shape_scores(self, row):
+        """The row the sampler sees: after the hooks and the grammar mask."""
+        if not self.processors and self.matcher is None:
+            return row
+        scores = np.array(row, dtype=np.float32)
+        if self.processors:
+            ids = np.asarray(self.history, dtype=np.intc)
+            for fn in self.processors:
+                out = fn(ids, scores)
+                if out is not None:
+                    out = np.asarray(out)
+                    if out.shape != scores.shape or not np.issubdtype(out.dtype, np.floating):
+                        raise ConfigError(f"logits_processor {fn!r} returned "
+                                          f"{out.dtype} {out.shape}; expected floats of "
+                                          f"shape {scores.shape}")
+                    scores = np.asarray(out, dtype=np.float32)
+            scores[np.isnan(scores)] = -np.inf
+        if self.matcher is not None:
+            self.matcher.apply(scores)
+        return scores
+
+    def _logprob(self, row, t: int) -> TokenLogprob:
+        lp = log_softmax(row)
+        top: tuple = ()
+        k = self.n_top
+        if k:
+            k = min(k, lp.size)
+            idx = np.argpartition(-lp, k - 1)[:k]
+            idx = idx[np.lexsort((idx, -lp[idx]))]       # most likely first, ties by id
+            top = tuple((int(i), float(lp[i])) for i in idx)
+        return TokenLogprob(int(t), float(lp[t]), top)
+
+    def _criteria_met(self, scores) -> bool:
+        if not self.criteria:
+            return False
+        ids = np.asarray(self.history, dtype=np.intc)
+        return any(bool(fn(ids, scores)) for fn in self.criteria)
 
     def cancel(self) -> None:
         if not self.done:

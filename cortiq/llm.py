@@ -40,6 +40,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping
+from typing import cast
 
 import numpy as np
 
@@ -47,12 +48,13 @@ from . import cmf as _cmf
 from ._config import check_precision, get_precision, preload_default, set_num_threads
 from .chat import ChatTemplate
 from .errors import ConfigError, FormatError, ModelError
-from .generation import Generation, Result, check_finite
+from .generation import Generation, Options, Result, TokenLogprob, check_finite, log_softmax
 from .sampling import SamplingParams
 from .session import Session
 from .stopping import normalize_stop
 from .tensor import set_model_precision
 from .tokenizer import Tokenizer
+from .types import ChatCompletion, ChatCompletionChunk, Completion
 
 __all__ = ["LLM"]
 
@@ -183,7 +185,7 @@ class LLM:
         self._precision = check_precision(precision)
         set_model_precision(model, self._precision)
         self.path = None
-        self.file = None
+        self.file = None  # type: ignore[assignment]  # no file behind a built model
         self.skill = None
         self._router = None
         self._models = {None: model}
@@ -395,7 +397,8 @@ class LLM:
 
     # -- the generation loop ----------------------------------------------------------
     def _generate(self, ids, params: SamplingParams, max_tokens, stop, session, res: Result,
-                  cancel: threading.Event | None = None) -> Iterator[str]:
+                  cancel: threading.Event | None = None,
+                  options: Options | None = None) -> Iterator[str]:
         """Yield text pieces as they become safe to show; fill `res`."""
         stop = normalize_stop(stop)
         limit = self.n_ctx - len(ids)
@@ -414,7 +417,7 @@ class LLM:
             res.cached_tokens, logits = session.prefill(ids)
             t1 = time.perf_counter()
             res.prefill_s = t1 - t0
-            gen = Generation(self.tokenizer, ids, params, limit, stop, res)
+            gen = Generation(self.tokenizer, ids, params, limit, stop, res, options)
             while not gen.done:
                 if cancel is not None and cancel.is_set():
                     gen.cancel()
@@ -432,7 +435,8 @@ class LLM:
             if own:
                 self._checkin(session)
 
-    def _run(self, prompt, max_tokens, stop, session, sampling, kw, cancel=None):
+    def _run(self, prompt, max_tokens, stop, session, sampling, kw, cancel=None,
+             options: Options | None = None):
         ids = self._prompt_ids(prompt)
         params = self._params(sampling, kw)
         max_tokens = self._max_tokens(max_tokens)
@@ -440,16 +444,87 @@ class LLM:
         if session is not None and not isinstance(session, Session):
             raise TypeError(f"session: expected a cortiq Session, got {type(session).__name__}")
         res = Result()
-        return res, self._generate(ids, params, max_tokens, stop, session, res, cancel)
+        return res, self._generate(ids, params, max_tokens, stop, session, res, cancel, options)
 
-    def generate(self, prompt, *, max_tokens: int | None = DEFAULT_MAX_TOKENS, stop=None,
-                 stream: bool = False, session: Session | None = None,
-                 sampling: SamplingParams | None = None, **sampling_kw):
+    # -- per-request options ----------------------------------------------------------
+    def _options(self, *, logprobs=None, grammar=None, response_format=None,
+                 logits_processor=None, stopping_criteria=None) -> Options | None:
+        """The `Options` of a request (None when it asks for none of them)."""
+        if all(v is None for v in (logprobs, grammar, response_format, logits_processor,
+                                   stopping_criteria)):
+            return None
+        from . import structured
+        g = None
+        if grammar is not None and response_format is not None and \
+                response_format != {"type": "text"}:
+            raise ConfigError("grammar and response_format: give one of them")
+        if grammar is not None:
+            g = structured.compile_grammar(grammar, self.tokenizer, self.vocab_size)
+        elif response_format is not None:
+            g = structured.compile_response_format(response_format, self.tokenizer,
+                                                   self.vocab_size)
+        return Options(logprobs=logprobs, grammar=g, logits_processor=logits_processor,
+                       stopping_criteria=stopping_criteria)
+
+    def embed(self, texts: str | list[str] | list[list[int]], pooling: str = "mean"
+              ) -> np.ndarray:
+        """Unit-norm embeddings from the final hidden state (`cortiq.embeddings`):
+        [len(texts), hidden] float32, or [hidden] for one string. `pooling`: "mean"
+        over the tokens or the "last" token's."""
+        from .embeddings import embed
+        return embed(self, texts, pooling)
+
+    def load_state(self, data: bytes) -> Session:
+        """A session restored from `Session.save_state()` bytes (`cortiq.state`), on
+        whichever of this LLM's models (skills) saved it; StateError when they are
+        damaged, truncated or saved on another model."""
+        from .state import StateError
+        with self._lock:
+            models = [self.model, *(m for m in self._models.values() if m is not self.model)]
+        err = None
+        for m in models:
+            try:
+                return Session.load_state(m, data)
+            except StateError as e:
+                if "different model" not in str(e):
+                    raise
+                err = e
+        raise err  # type: ignore[misc]
+
+    def prompt_logprobs(self, ids, top: int = 0) -> list[TokenLogprob | int]:
+        """Each prompt token's log-probability given the tokens before it (the first
+        one: its bare id, as nothing predicts it), from one fresh forward over `ids`."""
+        ids = self._prompt_ids(ids)
+        model, _ = self._model_for(ids)
+        rows = cast(np.ndarray, Session(model).feed(ids, want="all"))
+        n = self.tokenizer.vocab_size
+        out: list[TokenLogprob | int] = [ids[0]]
+        for i in range(1, len(ids)):
+            check_finite(rows[i - 1], i - 1)
+            lp = log_softmax(rows[i - 1][:n])
+            tops: tuple = ()
+            if top:
+                idx = np.argsort(-lp, kind="stable")[:top]
+                tops = tuple((int(j), float(lp[j])) for j in idx)
+            out.append(TokenLogprob(ids[i], float(lp[ids[i]]), tops))
+        return out
+
+    def generate(self, prompt: str | list[int], *, max_tokens: int | None = DEFAULT_MAX_TOKENS,
+                 stop: str | list[str] | None = None, stream: bool = False,
+                 session: Session | None = None, sampling: SamplingParams | None = None,
+                 grammar: str | None = None, logits_processor=None, stopping_criteria=None,
+                 **sampling_kw) -> str | Iterator[str]:
         """The continuation of `prompt` (a string or token ids): a string, or with
         `stream=True` an iterator of text pieces. Sampling keywords: temperature,
         top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty,
-        logit_bias, suppress_tokens, seed (defaults: `SamplingParams`'s)."""
-        res, gen = self._run(prompt, max_tokens, stop, session, sampling, sampling_kw)
+        logit_bias, suppress_tokens, seed (defaults: `SamplingParams`'s). `grammar`:
+        GBNF or Lark text the output must match (`cortiq.structured`);
+        `logits_processor` / `stopping_criteria`: llama-cpp-python's hooks
+        (`cortiq.generation`)."""
+        opts = self._options(grammar=grammar, logits_processor=logits_processor,
+                             stopping_criteria=stopping_criteria)
+        res, gen = self._run(prompt, max_tokens, stop, session, sampling, sampling_kw,
+                             options=opts)
         if stream:
             return gen
         for _ in gen:
@@ -457,76 +532,179 @@ class LLM:
         return res.text
 
     # -- OpenAI shapes ----------------------------------------------------------------
-    def create_completion(self, prompt, *, max_tokens: int | None = DEFAULT_MAX_TOKENS,
-                          stop=None, stream: bool = False, session: Session | None = None,
+    def create_completion(self, prompt: str | list[int], *,
+                          max_tokens: int | None = DEFAULT_MAX_TOKENS,
+                          stop: str | list[str] | None = None, stream: bool = False,
+                          session: Session | None = None,
                           sampling: SamplingParams | None = None, stream_options=None,
-                          cancel: threading.Event | None = None, **sampling_kw):
+                          cancel: threading.Event | None = None, logprobs: int | None = None,
+                          echo: bool = False, grammar: str | None = None,
+                          response_format=None, logits_processor=None,
+                          stopping_criteria=None, **sampling_kw
+                          ) -> Completion | Iterator[Completion]:
         """An OpenAI `text_completion` dict, or with `stream=True` an iterator of chunk
-        dicts (the last one carries finish_reason and usage)."""
-        res, gen = self._run(prompt, max_tokens, stop, session, sampling, sampling_kw, cancel)
+        dicts (the last one carries finish_reason and usage). `logprobs=N` (0-20)
+        adds each token's log-probability and its N most likely alternatives; `echo`
+        puts the prompt in front of the text (and, with logprobs, the prompt tokens'
+        log-probabilities)."""
+        from .logprobs import completion_logprobs
+        if not isinstance(echo, bool):
+            raise ConfigError(f"echo: expected a boolean, got {echo!r}")
+        opts = self._options(logprobs=logprobs, grammar=grammar,
+                             response_format=response_format,
+                             logits_processor=logits_processor,
+                             stopping_criteria=stopping_criteria)
+        res, gen = self._run(prompt, max_tokens, stop, session, sampling, sampling_kw, cancel,
+                             opts)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        head = ""
+        prompt_lp: list = []
+        if echo:
+            ids = self._prompt_ids(prompt)
+            head = prompt if isinstance(prompt, str) else self.detokenize(ids)
+            if logprobs is not None:
+                prompt_lp = self.prompt_logprobs(ids, logprobs)
 
-        def shape(text, finish, usage):
+        def shape(text, finish, usage, entries=None, offset=0, prompt_entries=()):
+            lp = None
+            if logprobs is not None and entries is not None:
+                lp = completion_logprobs(self.tokenizer, entries, text_offset=offset,
+                                         prompt=prompt_entries)
             return {"id": cid, "object": "text_completion", "created": created,
                     "model": self.model_name,
-                    "choices": [{"text": text, "index": 0, "logprobs": None,
+                    "choices": [{"text": text, "index": 0, "logprobs": lp,
                                  "finish_reason": finish}],
                     "usage": usage}
         if not stream:
             for _ in gen:
                 pass
-            return shape(res.text, res.finish_reason, res.usage())
+            return shape(head + res.text, res.finish_reason, res.usage(), res.logprobs or [],
+                         0, prompt_lp)
 
         def chunks():
+            sent, offset = 0, 0
+            if head:
+                yield shape(head, None, None, [], 0, prompt_lp)
+                offset = len(head)
             for piece in gen:
-                yield shape(piece, None, None)
-            yield shape("", res.finish_reason, res.usage())
+                new = (res.logprobs or [])[sent:]
+                sent += len(new)
+                yield shape(piece, None, None, new, offset)
+                offset += len(piece)
+            yield shape("", res.finish_reason, res.usage(), (res.logprobs or [])[sent:], offset)
         return chunks()
 
-    def create_chat_completion(self, messages, *, tools=None, max_tokens: int | None =
-                               DEFAULT_MAX_TOKENS, stop=None, stream: bool = False,
+    def create_chat_completion(self, messages: list[dict], *, tools: list[dict] | None = None,
+                               tool_choice: str | dict | None = None,
+                               parallel_tool_calls: bool | None = None,
+                               max_tokens: int | None = DEFAULT_MAX_TOKENS,
+                               stop: str | list[str] | None = None, stream: bool = False,
                                session: Session | None = None,
                                sampling: SamplingParams | None = None, stream_options=None,
                                enable_thinking: bool | None = None,
                                cancel: threading.Event | None = None,
-                               prompt_ids: list[int] | None = None, **sampling_kw):
+                               prompt_ids: list[int] | None = None, logprobs: bool = False,
+                               top_logprobs: int | None = None,
+                               response_format: dict | None = None,
+                               grammar: str | None = None, logits_processor=None,
+                               stopping_criteria=None, **sampling_kw
+                               ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
         """An OpenAI `chat.completion` dict, or with `stream=True` an iterator of
         `chat.completion.chunk` dicts. The conversation is rendered with the model's
         chat template; a pooled (or the given) session that holds an earlier turn
         re-reads only what changed. `prompt_ids`: the conversation already rendered
         and tokenized by `chat_prompt_ids` (then `messages` and `tools` are not read
-        again: the server renders once, off its event loop)."""
+        again: the server renders once, off its event loop).
+
+        `tools` / `tool_choice` ("auto", "none", "required" or {"type": "function",
+        "function": {"name": ...}}): calls the model writes in its template's syntax
+        come back as `message.tool_calls` (`cortiq.tool_calls`); "required" and a
+        named function constrain the output to such calls. `logprobs` /
+        `top_logprobs` (0-20): per-token log-probabilities; `response_format`
+        ({"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}) or
+        `grammar`: structured output (`cortiq.structured`)."""
+        from . import tool_calls as tc
+        from .logprobs import chat_logprobs
+        tools = tc.check_tools(tools)
+        choice = tc.check_tool_choice(tool_choice, tools)
+        if not isinstance(logprobs, bool):
+            raise ConfigError(f"logprobs: expected a boolean, got {logprobs!r}")
+        if top_logprobs is not None and not logprobs:
+            raise ConfigError("top_logprobs: needs logprobs=true")
+        fmt = tc.detect_format(getattr(self.chat_template, "source", None))
+        parse_calls = choice not in (None, "none")
+        if choice is not None and choice not in ("none", "auto"):
+            if grammar is not None or response_format not in (None, {"type": "text"}):
+                raise ConfigError("tool_choice required/named cannot be combined with "
+                                  "response_format or grammar")
+            grammar = tc.required_grammar(tools, choice, fmt, parallel_tool_calls is not False)
+        opts = self._options(logprobs=(top_logprobs or 0) if logprobs else None,
+                             grammar=grammar, response_format=response_format,
+                             logits_processor=logits_processor,
+                             stopping_criteria=stopping_criteria)
         if prompt_ids is None:
             prompt_ids = self.chat_prompt_ids(messages, tools, enable_thinking=enable_thinking)
         res, gen = self._run(prompt_ids, max_tokens, stop, session, sampling, sampling_kw,
-                             cancel)
+                             cancel, opts)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         include_usage = bool((stream_options or {}).get("include_usage"))
+
+        def lp(entries):
+            return chat_logprobs(self.tokenizer, entries) if logprobs else None
 
         if not stream:
             for _ in gen:
                 pass
-            return {"id": cid, "object": "chat.completion", "created": created,
-                    "model": self.model_name,
-                    "choices": [{"index": 0, "message": {"role": "assistant",
-                                                         "content": res.text},
-                                 "logprobs": None, "finish_reason": res.finish_reason}],
-                    "usage": res.usage()}
+            message: dict = {"role": "assistant", "content": res.text}
+            finish = res.finish_reason
+            if parse_calls:
+                content, calls = tc.parse(res.text, fmt, tools)
+                if calls:
+                    if parallel_tool_calls is False:
+                        calls = calls[:1]
+                    message = {"role": "assistant", "content": content or None,
+                               "tool_calls": calls}
+                    finish = "tool_calls" if finish == "stop" else finish
+            return cast(ChatCompletion, {
+                "id": cid, "object": "chat.completion", "created": created,
+                "model": self.model_name,
+                "choices": [{"index": 0, "message": message,
+                             "logprobs": lp(res.logprobs or []), "finish_reason": finish}],
+                "usage": res.usage()})
 
-        def chunk(delta, finish, usage=None, choices=True):
+        def chunk(delta, finish, usage=None, choices=True, entries=None):
             out = {"id": cid, "object": "chat.completion.chunk", "created": created,
                    "model": self.model_name,
-                   "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                   "choices": [{"index": 0, "delta": delta,
+                                "logprobs": lp(entries) if entries else None,
                                 "finish_reason": finish}] if choices else []}
             if include_usage:
                 out["usage"] = usage
             return out
 
         def chunks():
+            calls_stream = tc.ToolCallStream(fmt, tools) if parse_calls else None
+            sent = 0
             yield chunk({"role": "assistant", "content": ""}, None)
             for piece in gen:
-                yield chunk({"content": piece}, None)
-            yield chunk({}, res.finish_reason)
+                new = (res.logprobs or [])[sent:]
+                sent += len(new)
+                if calls_stream is not None:
+                    piece = calls_stream.feed(piece)
+                if piece or new:
+                    yield chunk({"content": piece}, None, entries=new)
+            finish = res.finish_reason
+            if calls_stream is not None:
+                rest, calls = calls_stream.finish()
+                if parallel_tool_calls is False:
+                    calls = calls[:1]
+                if rest:
+                    yield chunk({"content": rest}, None)
+                for i, c in enumerate(calls):
+                    yield chunk({"tool_calls": [{"index": i, **c}]}, None)
+                if calls and finish == "stop":
+                    finish = "tool_calls"
+            yield chunk({}, finish, entries=(res.logprobs or [])[sent:])
             if include_usage:
                 yield chunk(None, None, res.usage(), choices=False)
         return chunks()

@@ -225,10 +225,10 @@ def parse_autoscale(spec) -> tuple[int, int]:
         try:
             pair = tuple(spec)
         except TypeError:
-            pair = ()
-        if len(pair) != 2:
+            pair = ()  # type: ignore[assignment]
+        if len(pair) != 2:  # type: ignore[arg-type]
             raise ConfigError(f"autoscale: expected (min, max), got {spec!r}")
-    lo, hi = _int("autoscale min", pair[0], 0), _int("autoscale max", pair[1], 1)
+    lo, hi = _int("autoscale min", pair[0], 0), _int("autoscale max", pair[1], 1)  # type: ignore[index]
     if lo > hi:
         raise ConfigError(f"autoscale: min {lo} is above max {hi}")
     return lo, hi
@@ -279,7 +279,7 @@ def deployment(model=None, *, replicas: int | None = None, autoscale=None,
         config["replicas"] = _int("replicas", 1 if replicas is None else replicas, 1)
         dep_options["num_replicas"] = config["replicas"]
     dep_options.update(deployment_options or {})
-    return CortiqReplica.options(**dep_options).bind(config)
+    return CortiqReplica.options(**dep_options).bind(config)  # type: ignore[attr-defined]  # a Ray deployment
 
 
 def build(args: dict):

@@ -144,7 +144,7 @@ class SamplingParams:
     @classmethod
     def greedy(cls, **overrides) -> "SamplingParams":
         """Argmax decoding without penalties (the CLI's --greedy)."""
-        kw = dict(temperature=0.0, repetition_penalty=1.0)
+        kw: dict[str, Any] = dict(temperature=0.0, repetition_penalty=1.0)
         kw.update(overrides)
         return cls(**kw)
 

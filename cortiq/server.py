@@ -4,16 +4,20 @@
 
 Endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (both
 with `"stream": true` as server-sent events ending in `data: [DONE]`, and `usage`
-counts; `stream_options.include_usage` adds the usage chunk to chat streams), GET
-/healthz. Requests are checked up front and refused with OpenAI's error shape
+counts; `stream_options.include_usage` adds the usage chunk to chat streams), POST
+/v1/embeddings (`input`: strings or token ids; `encoding_format` float or base64;
+cortiq's `pooling`: "mean" or "last"), GET /healthz. Chat takes `logprobs` /
+`top_logprobs`, `response_format` (json_object, json_schema: enforced while sampling),
+`tools` / `tool_choice` / `parallel_tool_calls` (calls parsed into
+`message.tool_calls`); completions take `logprobs` (0-20) and `echo`. Requests are
+checked up front and refused with OpenAI's error shape
 `{"error": {"message", "type", "param", "code"}}`:
 
 * 400 invalid JSON or HTTP, JSON nested deeper than 64 levels, a string with a
   lone UTF-16 surrogate (naming the field), a missing/ill-typed field, a parameter
   out of range, a prompt longer than the context or a prompt plus an explicit
   `max_tokens` over it (`code: "context_length_exceeded"`), a parameter this server
-  does not implement and that would change the output (`response_format` other than
-  text, `tools`, `tool_choice` other than none/auto, `functions`, `function_call`,
+  does not implement and that would change the output (`functions`, `function_call`,
   `reasoning_effort`, `modalities` other than ["text"], `audio`, `prediction`,
   `web_search_options`), a conversation the chat template rejects
   (`raise_exception`);
@@ -45,8 +49,8 @@ frequency_penalty [-2, 2], logit_bias, seed, stop (up to 4 strings), max_tokens
 repetition_penalty. A sampling field left out takes `cortiq.SamplingParams`' default
 (upstream cortiq's, e.g. temperature 0.7), not OpenAI's; max_tokens left out is 16 on
 /v1/completions (OpenAI's default) and "until EOS or the context is full" on chat.
-`n`, `best_of` other than 1, `echo` and `logprobs` are refused (400) rather than
-silently ignored.
+`n`, `best_of` other than 1, `suffix` and embeddings' `dimensions` are refused (400)
+rather than silently ignored.
 """
 from __future__ import annotations
 
@@ -58,6 +62,8 @@ import math
 import sys
 import threading
 import time
+from collections.abc import Iterable
+from typing import Any
 
 from .errors import ConfigError, CortiqError
 
@@ -66,6 +72,8 @@ log = logging.getLogger("cortiq.server")
 __all__ = ["create_app", "serve"]
 
 MAX_STOP = 4
+MAX_TOP_LOGPROBS = 20
+MAX_EMBED_INPUTS = 2048         # OpenAI's limit on inputs per embeddings request
 COMPLETION_MAX_TOKENS = 16      # OpenAI's default for /v1/completions (chat: no limit)
 MAX_JSON_DEPTH = 64             # deeper request bodies are refused (no request needs 10)
 RETRY_AFTER_S = 1               # what a 429 tells the client to wait
@@ -102,7 +110,7 @@ def _check_json_tree(body) -> None:
     """Refuse strings that cannot be UTF-8 (lone surrogates, which JSON's \\uXXXX
     escapes can spell) anywhere in the body, naming the field, and nesting deeper
     than MAX_JSON_DEPTH. Iterative, so no depth can overflow the stack."""
-    stack = [(body, (), 0)]
+    stack: list[tuple[Any, tuple, int]] = [(body, (), 0)]
     while stack:
         v, path, depth = stack.pop()
         if isinstance(v, str):
@@ -111,6 +119,7 @@ def _check_json_tree(body) -> None:
                 raise BadRequest(f"'{name}' contains a lone UTF-16 surrogate: not valid "
                                  "Unicode text", name, code="invalid_unicode")
             continue
+        items: Iterable[tuple[Any, Any]]
         if isinstance(v, dict):
             items = v.items()
         elif isinstance(v, list):
@@ -140,9 +149,6 @@ def _path_name(path) -> str:
 # Parameters OpenAI defines that this server does not implement, with the values that
 # leave the output unchanged (anything else is refused rather than silently ignored).
 _UNIMPLEMENTED = (
-    ("response_format", lambda v: v == {"type": "text"}),
-    ("tools", lambda v: v == []),
-    ("tool_choice", lambda v: v in ("none", "auto")),   # no tools: "auto" is "none"
     ("functions", lambda v: v == []),
     ("function_call", lambda v: v in ("none", "auto")),
     ("reasoning_effort", lambda v: False),
@@ -160,10 +166,54 @@ def _refuse_unimplemented(body) -> None:
             raise BadRequest(f"'{name}' is not supported by this server yet (it would change "
                              "the output, so it is refused rather than ignored)", name,
                              code="unsupported_parameter")
-    v = body.get("parallel_tool_calls")     # moot without tools: accepted when well-typed
+    v = body.get("parallel_tool_calls")
     if v is not None and not isinstance(v, bool):
         raise BadRequest(f"'parallel_tool_calls' must be a boolean, got {json.dumps(v)}",
                          "parallel_tool_calls")
+
+
+def _structured(body, chat: bool) -> dict:
+    """logprobs / echo / response_format / tools fields, type-checked (their contents
+    are checked where they are compiled: a ConfigError there is a 400 too)."""
+    out: dict = {}
+    if chat:
+        if _bool(body, "logprobs"):
+            out["logprobs"] = True
+            top = _num(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
+            if top is not None:
+                out["top_logprobs"] = top
+        elif body.get("top_logprobs") not in (None, 0):
+            raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        rf = body.get("response_format")
+        if rf is not None:
+            if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object",
+                                                                  "json_schema"):
+                raise BadRequest("'response_format' must be {\"type\": \"text\" | "
+                                 "\"json_object\" | \"json_schema\", ...}", "response_format")
+            if rf["type"] == "json_schema" and not isinstance(rf.get("json_schema"), dict):
+                raise BadRequest("'response_format.json_schema' must be an object with "
+                                 "'name' and 'schema'", "response_format.json_schema")
+            out["response_format"] = rf
+        tools = body.get("tools")
+        if tools is not None:
+            if not isinstance(tools, list):
+                raise BadRequest("'tools' must be an array of tool objects", "tools")
+            out["tools"] = tools or None
+        if body.get("tool_choice") is not None:
+            out["tool_choice"] = body["tool_choice"]
+        if body.get("parallel_tool_calls") is not None:
+            out["parallel_tool_calls"] = body["parallel_tool_calls"]
+    else:
+        for name in ("response_format", "tools", "tool_choice"):   # chat-only fields
+            if body.get(name) is not None and body[name] != {"type": "text"}:
+                raise BadRequest(f"'{name}' is not supported on /v1/completions (use "
+                                 "/v1/chat/completions)", name, code="unsupported_parameter")
+        lp = _num(body, "logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
+        if lp is not None:
+            out["logprobs"] = lp
+        if _bool(body, "echo"):
+            out["echo"] = True
+    return out
 
 
 # ---------------------------------------------------------------- request checks
@@ -242,8 +292,7 @@ def _sampling(body, vocab) -> dict:
         if not isinstance(so, dict):
             raise BadRequest("'stream_options' must be an object", "stream_options")
         out["stream_options"] = so
-    for name, allowed in (("n", (1,)), ("best_of", (1,)), ("echo", (False,)),
-                          ("logprobs", (False,)), ("top_logprobs", (0,)), ("suffix", ("",))):
+    for name, allowed in (("n", (1,)), ("best_of", (1,)), ("suffix", ("",))):
         _unsupported(body, name, allowed)
     return out
 
@@ -432,6 +481,7 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
         the prompt to generate from, checked against the context."""
         samp = _sampling(body, llm.vocab_size)
         _refuse_unimplemented(body)
+        samp.update(_structured(body, chat))
         stop = samp.pop("stop", None)
         stream_options = samp.pop("stream_options", None)
         if chat:
@@ -440,8 +490,10 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
             max_param = "max_completion_tokens" if body.get("max_completion_tokens") \
                 is not None else "max_tokens"
 
+            tools = samp.get("tools")
+
             def prepare():
-                ids = llm.chat_prompt_ids(msgs)
+                ids = llm.chat_prompt_ids(msgs, tools)
                 check_context(len(ids), "messages", explicit, max_param)
                 return {"prompt_ids": ids}
             kw = dict(messages=msgs, max_tokens=explicit, stop=stop,
@@ -635,6 +687,66 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
                 return err(status, msg, None, code, type_)
         return endpoint
 
+    def embed_inputs(body):
+        inp = body.get("input")
+        if isinstance(inp, str):
+            inp = [inp]
+        elif isinstance(inp, list) and inp and all(isinstance(i, int) and not isinstance(
+                i, bool) for i in inp):
+            inp = [inp]
+        if not isinstance(inp, list) or not inp or not all(
+                (isinstance(x, str) and x) or (isinstance(x, list) and x and all(
+                    isinstance(i, int) and not isinstance(i, bool) for i in x)) for x in inp):
+            raise BadRequest("'input' must be a non-empty string, an array of them, or "
+                             "token ids (an array of integers or of such arrays)", "input")
+        if len(inp) > MAX_EMBED_INPUTS:
+            raise BadRequest(f"'input' takes at most {MAX_EMBED_INPUTS} items", "input")
+        fmt = body.get("encoding_format", "float")
+        if fmt not in ("float", "base64"):
+            raise BadRequest("'encoding_format' must be \"float\" or \"base64\"",
+                             "encoding_format")
+        if body.get("dimensions") is not None:
+            raise BadRequest("'dimensions' is not supported by this server (embeddings have "
+                             "the model's hidden size)", "dimensions",
+                             code="unsupported_parameter")
+        pooling = body.get("pooling", "mean")
+        if pooling not in ("mean", "last"):
+            raise BadRequest("'pooling' must be \"mean\" or \"last\"", "pooling")
+        return inp, fmt, pooling
+
+    async def embeddings(request):
+        try:
+            shutdown.loop = asyncio.get_running_loop()
+            body = await read_json(request)
+            inp, fmt, pooling = embed_inputs(body)
+            admit()
+
+            def work():
+                try:
+                    ids = [x if isinstance(x, list) else llm.tokenize(x) for x in inp]
+                    for i, x in enumerate(ids):
+                        check_context(len(x), f"input[{i}]", None)
+                    with gate.sem:
+                        return sum(map(len, ids)), llm.embed(ids, pooling=pooling)
+                finally:
+                    gate.leave()
+            n, vecs = await run_in_threadpool(work)
+        except BadRequest as e:
+            return err(e.status, e.message, e.param, e.code, e.type, e.headers)
+        except ClientDisconnect:
+            return err(400, "client disconnected")
+        except Exception as e:  # noqa: BLE001 -- answered in OpenAI's shape
+            status, msg, code = classify(e)
+            log_failure(status, msg, e)
+            return err(status, msg, None, code,
+                       "server_error" if status >= 500 else "invalid_request_error")
+        import base64
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
+                 if fmt == "base64" else [float(x) for x in v]} for i, v in enumerate(vecs)]
+        return JSONResponse({"object": "list", "data": data, "model": name,
+                             "usage": {"prompt_tokens": n, "total_tokens": n}})
+
     async def models(request):
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "cortiq"}]})
@@ -652,6 +764,7 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/completions", wrap(False), methods=["POST"]),
         Route("/v1/chat/completions", wrap(True), methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
     ], exception_handlers={HTTPException: http_error})
     app.state.llm = llm
@@ -729,7 +842,7 @@ def serve(llm, host: str = "127.0.0.1", port: int = 8080, *, graceful_timeout: f
         print(f"cortiq: serving {getattr(llm, 'model_name', 'model')} on "
               f"http://{host}:{sock.getsockname()[1]}/v1", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level=log_level, http=json_error_protocol(),
-                            timeout_graceful_shutdown=graceful_timeout + SHUTDOWN_MARGIN_S)
+                            timeout_graceful_shutdown=graceful_timeout + SHUTDOWN_MARGIN_S)  # type: ignore[arg-type]  # uvicorn takes seconds as float
     server = _Server(config)
     try:
         server.run(sockets=[sock])

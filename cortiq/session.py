@@ -9,6 +9,8 @@ run would have (Dory's last_loop cache depends on where chunks begin and end).
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -18,7 +20,7 @@ WANTS = ("none", "last", "all")
 
 
 class Session:
-    def __init__(self, model):
+    def __init__(self, model) -> None:
         self._model = model
         self._state = model.new_state()
         self._ids: list[int] = []
@@ -39,7 +41,7 @@ class Session:
     def model(self):
         return self._model
 
-    def common_prefix(self, ids) -> int:
+    def common_prefix(self, ids: Sequence[int]) -> int:
         """Length of the longest common prefix of what the session holds and `ids`."""
         held = self._ids
         n = min(len(held), len(ids))
@@ -48,7 +50,8 @@ class Session:
             i += 1
         return i
 
-    def prefill(self, ids, reuse: bool = True):
+    def prefill(self, ids: Sequence[int] | np.ndarray, reuse: bool = True
+                ) -> tuple[int, np.ndarray]:
         """Make the session hold exactly `ids` and return `(reused, logits)`: the
         logits [vocab] after the last id, and how many leading ids were kept from
         what the session already held (the longest common prefix, capped so that at
@@ -64,9 +67,9 @@ class Session:
             else:
                 self.rollback(keep)
         logits = self.feed(ids[keep:], want="last")
-        return keep, logits
+        return keep, cast(np.ndarray, logits)
 
-    def feed(self, ids, want: str = "last"):
+    def feed(self, ids: Sequence[int] | np.ndarray, want: str = "last") -> np.ndarray | None:
         """Run `ids` after what the session holds. Returns None, the last row of logits
         [vocab] or every row [len(ids), vocab] for want = "none" / "last" / "all"."""
         if want not in WANTS:
@@ -123,6 +126,26 @@ class Session:
             self._ids = keep
             self._feeds = feeds
             self._last = None
+
+    def save_state(self) -> bytes:
+        """The session's state as bytes (`cortiq.state`); `LLM.load_state` or
+        `Session.load_state` restores it on the same model."""
+        from .state import pack
+        with self._lock:
+            return pack(self._model, self._ids, self._feeds)
+
+    @classmethod
+    def load_state(cls, model, data) -> "Session":
+        """A session on `model` holding what the saved `data` held (StateError when
+        the bytes are damaged or were saved on another model)."""
+        from .state import unpack
+        ids, feeds = unpack(model, data)
+        s = cls(model)
+        at = 0
+        for size, want in feeds:
+            s.feed(ids[at:at + size], want=want)
+            at += size
+        return s
 
     def reset(self) -> None:
         with self._lock:

@@ -285,7 +285,7 @@ class Tokenizer:
         bos = self.bos_token_id
         if self._pp_bos is not None and len(ids) >= 2 and ids[0] == ids[1] == self._pp_bos:
             ids = ids[1:]                       # the text already began with BOS
-        if self.add_bos and (not ids or ids[0] != bos):
+        if self.add_bos and bos is not None and (not ids or ids[0] != bos):
             ids.insert(0, bos)
         elif not self.add_bos and self._pp_bos is not None and ids and ids[0] == self._pp_bos:
             # add_bos=False overrides a post-processor that prepends BOS; keep a BOS

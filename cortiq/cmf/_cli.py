@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 
-def _fmt_bytes(n: int) -> str:
+def _fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
@@ -63,7 +63,7 @@ def cmd_info(args) -> int:
             out.append(f"moe:         {m['num_experts']} experts, top {m['top_k']}, ffn "
                        f"{m['moe_intermediate_size']}")
         out.append(f"quant_type:  {cf.quant_type}   features 0x{cf.features:x}")
-        by = {}
+        by: dict = {}
         for t in cf.tensors.values():
             c, b = by.get(t.dtype, (0, 0))
             by[t.dtype] = (c + 1, b + t.nbytes)

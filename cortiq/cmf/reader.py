@@ -359,7 +359,7 @@ class CmfFile:
         self.header = main.header
         self.masks = main.masks
         self.sparse_index = main.sparse_index
-        self.tensors = {}
+        self.tensors: dict = {}
         for part in self._parts:
             for name, info in part.tensors.items():
                 if name in self.tensors:

@@ -172,7 +172,7 @@ class _Shard:
         self.blob_path = blob_path
         self.fh = open(blob_path, "wb")
         self.size = 0
-        self.records = []  # (name, dtype_id, shape, off, nbytes, hash)
+        self.records: list = []  # (name, dtype_id, shape, off, nbytes, hash)
 
 
 class Writer:

@@ -522,8 +522,14 @@ class DeepseekV4Model:
             return rows[-1] if rows else None
         return None
 
+    def final_hidden(self, state: Dsv4State, ids) -> np.ndarray:
+        """The folded final-norm hidden states [len(ids), dim] the head reads
+        (`cortiq.embeddings` pools them)."""
+        return np.stack([self.forward_token(state, int(t), logits="hidden")
+                         for t in np.asarray(ids, np.int64).ravel()])
+
     # ---- one token --------------------------------------------------------------------
-    def forward_token(self, st: Dsv4State, tid: int, logits: bool = True):
+    def forward_token(self, st: Dsv4State, tid: int, logits: bool | str = True):
         cfg = self.cfg
         emb = self.embed.row(tid)
         x = np.ascontiguousarray(np.broadcast_to(emb, (cfg.hc_mult, cfg.dim)), np.float32)
@@ -547,7 +553,7 @@ class DeepseekV4Model:
         mixes = K.hc_mixes(x, self.hc_head_fn, cfg.norm_eps)
         pre = K.hc_head_pre(mixes, self.hc_head_scale, self.hc_head_base, cfg.hc_eps)
         h = K.hc_fold(x, pre, self.norm, cfg.norm_eps)
-        return self.head.matvec(h)
+        return h if logits == "hidden" else self.head.matvec(h)
 
     def _compress(self, cp: _Compressor, cs: _CompState, ckv, cg, pos, inv):
         if cp.overlap:

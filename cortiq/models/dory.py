@@ -69,7 +69,7 @@ class RopeRows:
 
     def __init__(self, inv: np.ndarray):
         self.inv = inv
-        self._block = (-1, None, None)  # (first position, cos, sin): swapped whole
+        self._block: tuple = (-1, None, None)  # (first position, cos, sin): swapped whole
 
     def __call__(self, pos0: int, t: int) -> tuple[np.ndarray, np.ndarray]:
         b0 = pos0 - pos0 % ROPE_BLOCK
@@ -383,6 +383,24 @@ class DoryModel:
         if want == "last":
             return out[-1][0]
         return np.concatenate(out, axis=0)
+
+    def final_hidden(self, st: DoryState, ids) -> np.ndarray:
+        """The hidden states [len(ids), hidden] the head reads, for `ids` run from
+        st.pos through every loop (`cortiq.embeddings` pools them)."""
+        ids = np.asarray(ids, dtype=np.int64).ravel()
+        if not st.slots:
+            st.slots = [[] for _ in range(self.attn_layers)]
+        rows = []
+        for start in range(0, ids.size, HOST_CHUNK):
+            chunk = ids[start:start + HOST_CHUNK]
+            h = np.stack([self.embed.row(int(i)) for i in chunk]).astype(np.float32)
+            self._stack(st, h, st.pos, self.loops)
+            st.pos += chunk.size
+            st.exit_logits = None             # a one-token chunk may exit early: h still holds its state
+            rows.append(h)
+        if self.o1rt is not None:  # o1
+            self.o1rt.finish_exact(st)
+        return np.concatenate(rows, axis=0)
 
     def rollback(self, st: DoryState, n: int) -> None:
         """Forget positions >= n (Session falls back to re-reading when this cannot)."""

@@ -122,7 +122,7 @@ class DoryTurbo:
                 or not all(_is_int(x) and x >= 0 for x in o1)):
             raise ConfigError(f"{where}.o1: {o1!r} is not [m, w, sink, seal] (4 integers >= 0)")
         return cls(exit_bias=_num(rec, "exit_bias", where, positive=False),
-                   o1=tuple(int(x) for x in o1),
+                   o1=tuple(int(x) for x in o1),  # type: ignore[arg-type]  # 4, checked above
                    exact_rows=_int(rec, "exact_rows", where, 0, default=0))
 
     def to_record(self) -> dict:
@@ -499,7 +499,7 @@ class DoryOptions:
         auto = gate is not None and gate.kind == "auto"
         if gate is None and from_env(ENV_GATE) is not None:
             gate = parse_gate(from_env(ENV_GATE), ENV_GATE)
-            auto = gate.kind == "auto"
+            auto = gate is not None and gate.kind == "auto"
         prompt_loops = self.prompt_loops
         if prompt_loops is None and from_env(ENV_PROMPT_LOOPS) is not None:
             prompt_loops = _opt_int(from_env(ENV_PROMPT_LOOPS), ENV_PROMPT_LOOPS, 0, MAX_LOOPS)

@@ -337,6 +337,18 @@ class LlamaModel:
             return None
         return rows[-1] if want == "last" else np.concatenate(rows, axis=0)
 
+    def final_hidden(self, st: LlamaState, ids) -> np.ndarray:
+        """The final-norm hidden states [len(ids), hidden] of `ids` run from st.pos
+        (what the head reads; `cortiq.embeddings` pools them)."""
+        ids = np.asarray(ids, dtype=np.int64).ravel()
+        rows = []
+        for start in range(0, ids.size, CHUNK):
+            h = np.stack([self.embed.row(int(i)) for i in ids[start:start + CHUNK]]
+                         ).astype(np.float32)
+            self._stack(st, h)
+            rows.append(K.rmsnorm(h, self.norm, self.cfg.eps))
+        return np.concatenate(rows, axis=0)
+
     # -- the stack -------------------------------------------------------------------
     def _stack(self, st: LlamaState, h: np.ndarray) -> None:
         t = h.shape[0]
