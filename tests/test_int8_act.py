@@ -101,7 +101,7 @@ def make(rng, shape, dtype, precision="int8"):
 
 @pytest.mark.parametrize("dtype", I8)
 @pytest.mark.parametrize("shape", [(1, 32), (3, 64), (5, 96), (9, 128), (17, 160), (33, 4128),
-                                   (64, 320), (7, 288)])
+                                   (64, 320), (7, 288), (13, 1024)])
 def test_matches_model_and_bound(isa, dtype, shape):
     rows, cols = shape
     rng = np.random.default_rng(rows * 7919 + cols)
