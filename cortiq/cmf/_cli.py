@@ -43,7 +43,7 @@ def _precision_line(by_dtype: dict) -> str:
             f"{100 * i8 / total:.0f} % of the weight bytes ({dts}), float32 for the rest")
     prompt = sorted(d for d in by_dtype if d in I8_DTYPES and d not in takes)
     if p == "auto" and prompt:
-        line += f"; prompts: int8 for {', '.join(prompt)} too"
+        line += f"; in prompts int8 for {', '.join(prompt)} too (their decode stays exact)"
     return line
 
 
