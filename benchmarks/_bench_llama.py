@@ -176,7 +176,9 @@ def main(a, rest):
     prompt = [int(x) for x in rng.integers(259, g["vocab"], a.prompt)]
     long_prompt = [int(x) for x in rng.integers(259, g["vocab"], b.prefill)]
     gb_gguf = weight_bytes_gguf(gguf_path)
-    print(f"geometry: {g}; {a.tokens} decode tokens after {a.prompt}; prefill {b.prefill}")
+    import cortiq
+    print(f"geometry: {g}; {a.tokens} decode tokens after {a.prompt}; prefill {b.prefill}; "
+          f"cortiq precision {cortiq.get_precision()} (auto: int8 prompt, exact decode for q8)")
     print("| threads | engine | decode tok/s | GB/token | eff. GB/s | prefill tok/s |")
     print("|---|---|---|---|---|---|")
     summary = []

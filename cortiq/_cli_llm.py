@@ -27,7 +27,8 @@ def _add_model_options(p):
                         "(serve: on)")
     p.add_argument("--precision", choices=("exact", "int8", "auto"), default=None,
                    help="activations of the matrix products: exact float32, int8 "
-                        "(integer products), auto (int8 for 4-bit-and-below weights); "
+                        "(integer products), auto (int8 for 4-bit-and-below weights, and "
+                        "for q8 weights in prompts; decode exact for q8); "
                         "default: CORTIQ_PRECISION, else auto")
 
 

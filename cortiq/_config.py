@@ -95,9 +95,11 @@ def set_precision(p: str) -> None:
     float references needs). "int8": x quantized per group of 32 to int8 and integer products for
     q8_row, q8_2f, q4_block, q4_tiled, q4tp and q2tp (faster, ~0.5-1 % relative error
     per product). "auto" (the default): int8 for the 4-bit-and-below dtypes, whose own
-    quantization error dominates, exact for q8 / f16 / bf16 / f32. Measured error and
-    speed: docs/PERFORMANCE.md. A QTensor made by hand has its own precision (exact
-    unless given)."""
+    quantization error dominates; for q8_row / q8_2f int8 in the products of a prompt
+    chunk (prefill, bound by arithmetic, 2-3x faster in integers) and exact in decode
+    (bound by memory; one row or several sequences' rows batched); f16 / bf16 / f32
+    exact. Measured error and speed: docs/PERFORMANCE.md. A QTensor made by hand has its
+    own precision (exact unless given)."""
     if p not in PRECISIONS:
         raise ConfigError(f"set_precision: expected one of {', '.join(PRECISIONS)}, got {p!r}")
     _kernels.set_default_precision(p)
@@ -160,7 +162,8 @@ def config() -> dict:
 _PRECISION_WORDS = {
     "exact": "float32 activations everywhere",
     "int8": "int8 activations for q8_row q8_2f q4_block q4_tiled q4tp q2tp",
-    "auto": "int8 activations for q4_block q4_tiled q4tp q2tp, exact for the rest",
+    "auto": "int8 activations for q4_block q4_tiled q4tp q2tp, and for q8_row q8_2f in "
+            "prompt chunks; exact for the rest",
 }
 
 

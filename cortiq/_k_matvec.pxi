@@ -6,6 +6,7 @@ _MV_DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "q8_row": 3, "q4_block": 4, "vbit":
               "q8_2f": 9, "vbit_ro": 10, "q4_tiled": 11, "q4tp": 15, "q2tp": 16}
 _MV_VARIABLE = ("vbit", "vbit_ro")  # payload size depends on the data
 # dtypes with integer kernels for int8 activations; "auto" takes the 4-bit-and-below ones
+# in every product, and all of them in the matmat of a prompt chunk (matmat(prompt=True))
 I8_DTYPES = ("q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp")
 AUTO_I8_DTYPES = ("q4_block", "q4_tiled", "q4tp", "q2tp")
 
@@ -27,8 +28,9 @@ cdef class QMat:
     cdef readonly str dtype
     cdef readonly size_t rows, cols
     cdef int prec        # -1: the process default; else an index into PRECISIONS
-    cdef int i8_exact    # act under "int8" and under "auto" for this dtype
-    cdef int i8_auto
+    cdef int i8_exact    # act under "int8", under "auto", and under "auto" in a prompt
+    cdef int i8_auto     # chunk's matmat, for this dtype
+    cdef int i8_prompt
 
     def __init__(self, raw, str dtype, size_t rows, size_t cols, precision="exact"):
         if dtype not in _MV_DTYPES:
@@ -58,6 +60,7 @@ cdef class QMat:
         self.m.rowoff = NULL
         self.i8_exact = CQ_ACT_INT8 if dtype in I8_DTYPES else CQ_ACT_EXACT
         self.i8_auto = CQ_ACT_INT8 if dtype in AUTO_I8_DTYPES else CQ_ACT_EXACT
+        self.i8_prompt = self.i8_exact
         self.precision = precision
         cdef size_t naux = cq_qmat_aux_len(dt, rows, cols)
         cdef cnp.ndarray a
@@ -98,15 +101,29 @@ cdef class QMat:
         self._sync()
         return self.m.act == CQ_ACT_INT8
 
-    cdef inline cq_qmat _snapshot(self):
-        """The matrix as the next call sees it: precision resolved, copied so that a
-        precision set from another thread cannot change a call that is running."""
-        self._sync()
-        return self.m
+    @property
+    def int8_prompt(self):
+        """Whether a prompt chunk's matmat (matmat(prompt=True)) reads x as int8 now."""
+        return self._act(True) == CQ_ACT_INT8
+
+    cdef inline cq_qmat _snapshot(self, bint prompt=False):
+        """The matrix as the next call sees it: precision resolved (for a prompt chunk
+        when `prompt`), copied so that a precision set from another thread cannot change
+        a call that is running."""
+        cdef cq_qmat mm = self.m
+        mm.act = self._act(prompt)
+        return mm
+
+    cdef inline int _act(self, bint prompt):
+        cdef int p = self.prec if self.prec >= 0 else _PREC_DEFAULT
+        if p == 1:
+            return self.i8_exact
+        if p == 2:
+            return self.i8_prompt if prompt else self.i8_auto
+        return CQ_ACT_EXACT
 
     cdef inline void _sync(self):
-        cdef int p = self.prec if self.prec >= 0 else _PREC_DEFAULT
-        self.m.act = self.i8_exact if p == 1 else self.i8_auto if p == 2 else CQ_ACT_EXACT
+        self.m.act = self._act(False)
 
     cdef cnp.ndarray _x(self, x, str op):
         cdef cnp.ndarray xa = _f32(x, op, "x")
@@ -136,8 +153,11 @@ cdef class QMat:
         check(st, "matvec")
         return oa
 
-    def matmat(self, X, out=None):
-        """Y[t, rows] = X[t, cols] W^T (decodes each block of rows once for all t)."""
+    def matmat(self, X, out=None, bint prompt=False):
+        """Y[t, rows] = X[t, cols] W^T (decodes each block of rows once for all t).
+        prompt: the rows are a chunk of one sequence's prompt (prefill), which "auto"
+        multiplies with int8 activations for the q8 dtypes too; decode rows, batched or
+        not, leave it False and keep the arithmetic of matvec."""
         cdef cnp.ndarray xa = _f32(X, "matmat", "X")
         if xa.ndim != 2 or <size_t>xa.shape[1] != self.cols:
             raise ValueError(f"matmat: X must have shape (t, {self.cols}), got {(<object>xa).shape}")
@@ -155,7 +175,7 @@ cdef class QMat:
         cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
         cdef float *po = <float *>cnp.PyArray_DATA(oa)
         cdef cq_status st
-        cdef cq_qmat mm = self._snapshot()
+        cdef cq_qmat mm = self._snapshot(prompt)
         with nogil:
             st = cq_active().matvec.matmat(&mm, px, t, po)
         check(st, "matmat")

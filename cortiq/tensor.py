@@ -18,8 +18,12 @@ With ``precision="int8"`` (or ``"auto"`` for the 4-bit-and-below dtypes) the pro
 q8_row, q8_2f, q4_block, q4_tiled, q4tp and q2tp quantize x to int8 per group of 32 and
 sum in integers: deterministic and still bit-identical across matvec / row_dot /
 rows_dot / matvec_many and thread counts, within a documented error of the exact
-product (docs/ARCHITECTURE.md, "int8 activations"). ``precision=None`` follows the
-process default (``cortiq.set_precision``), which is what ``LLM`` gives its matrices.
+product (docs/ARCHITECTURE.md, "int8 activations"). ``"auto"`` also takes q8_row and
+q8_2f to int8 in ``matmat(X, prompt=True)``, the call a model makes for a chunk of a
+prompt: prefill is bound by arithmetic, where integer products are 2-3x faster, while
+decode (``matvec``, and ``matmat`` of batched decode rows, ``prompt=False``) stays
+exact for q8. ``precision=None`` follows the process default (``cortiq.set_precision``),
+which is what ``LLM`` gives its matrices.
 """
 from __future__ import annotations
 
@@ -125,6 +129,11 @@ class QTensor:
         """Whether products quantize x to int8 now (the precision resolved for this dtype)."""
         return self._m.int8
 
+    @property
+    def int8_prompt(self) -> bool:
+        """Whether a prompt chunk's product (``matmat(X, prompt=True)``) quantizes x now."""
+        return self._m.int8_prompt
+
     def __repr__(self):
         return f"QTensor({self.name or ''!s}{' ' if self.name else ''}{self.dtype} {self.rows}x{self.cols})"
 
@@ -133,9 +142,12 @@ class QTensor:
         """W @ x for x [cols] float32 -> [rows] float32 (into `out` when given)."""
         return self._m.matvec(x, out)
 
-    def matmat(self, X, out=None) -> np.ndarray:
-        """X [t, cols] -> X @ W.T [t, rows]; decodes each block of rows once for all t."""
-        return self._m.matmat(X, out)
+    def matmat(self, X, out=None, prompt: bool = False) -> np.ndarray:
+        """X [t, cols] -> X @ W.T [t, rows]; decodes each block of rows once for all t.
+        `prompt`: X is a chunk of one sequence's prompt (prefill), which precision "auto"
+        multiplies with int8 activations for the q8 dtypes too; leave it False for
+        decode rows, batched or not, so that they keep matvec's arithmetic."""
+        return self._m.matmat(X, out, prompt)
 
     @staticmethod
     def matvec_many(tensors, x, outs=None) -> list:

@@ -225,9 +225,10 @@ def test_runtime_matches_training_framework_on_f32_weights(demo_file, reference,
 
 @needs_runtime
 def test_runtime_on_the_q8_file_stays_close(demo_file, reference):
-    """The shipped q8 file itself: logits within Q8_TOL of torch on its dequantized weights."""
+    """The shipped q8 file itself: logits within Q8_TOL of torch on its dequantized weights
+    (float32 activations: the default, "auto", takes prompt chunks to int8)."""
     from cortiq.llm import LLM
-    with LLM() as llm:
+    with LLM(precision="exact") as llm:
         for ids, rows, want in _torch_logits(demo_file, reference):
             got = np.asarray(llm.session().feed(ids, want="all"))[rows]
             np.testing.assert_allclose(got, want, rtol=0, atol=Q8_TOL)

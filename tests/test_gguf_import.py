@@ -175,7 +175,7 @@ def test_f32_option_and_k_quant_warning(tmp_path):
         step = np.abs(q5).max(axis=1, keepdims=True) / 127
         assert (np.abs(got - q5) <= 0.5 * step * (1 + 1e-3) + 1e-7).all()
         ref = H.full_logits(_hf_on("qwen3", f), ids)
-    with cortiq.LLM(tmp_path / "k.cmf") as llm:
+    with cortiq.LLM(tmp_path / "k.cmf", precision="exact") as llm:
         assert _diff(llm.session().feed(ids, want="all"), ref) <= 1e-3
 
 

@@ -101,7 +101,7 @@ def make(rng, shape, dtype, precision="int8"):
 
 @pytest.mark.parametrize("dtype", I8)
 @pytest.mark.parametrize("shape", [(1, 32), (3, 64), (5, 96), (9, 128), (17, 160), (33, 4128),
-                                   (64, 320), (7, 288)])
+                                   (64, 320), (7, 288), (13, 1024)])
 def test_matches_model_and_bound(isa, dtype, shape):
     rows, cols = shape
     rng = np.random.default_rng(rows * 7919 + cols)
@@ -312,15 +312,18 @@ def test_qtensor_precision_resolves_per_dtype():
     try:
         for dtype in ("f32", "f16", "bf16") + I8:
             q = QTensor.from_f32(w, dtype)
-            assert q.precision == "exact" and not q.int8      # a QTensor by hand: exact
+            assert q.precision == "exact" and not q.int8 and not q.int8_prompt  # by hand: exact
             q.precision = "int8"
             assert q.int8 == (dtype in I8)
+            assert q.int8_prompt == q.int8
             q.precision = "auto"
             assert q.int8 == (dtype in LOW)
+            assert q.int8_prompt == (dtype in I8)             # prompt chunks: q8 too
             q.precision = None                                # the process default
             for p in ("exact", "int8", "auto"):
                 cortiq.set_precision(p)
                 assert q.int8 == (dtype in {"exact": (), "int8": I8, "auto": LOW}[p])
+                assert q.int8_prompt == (dtype in {"exact": (), "int8": I8, "auto": I8}[p])
         for bad in ("fast", 8, True):
             with pytest.raises(ConfigError):
                 q.precision = bad
@@ -349,6 +352,43 @@ def test_exact_is_untouched_by_the_setting(isa):
             assert not np.array_equal(q.matvec(x), ys[0][0])   # the setting reaches the kernel
     finally:
         cortiq.set_precision(before)
+
+
+@pytest.mark.parametrize("dtype", I8)
+def test_auto_takes_prompt_chunks_to_int8(isa, dtype):
+    """Under "auto" a prompt chunk's matmat (prompt=True) is the int8 product for every
+    integer dtype, while matvec and a plain matmat (decode rows, batched or not) are
+    what "auto" gives without it: exact for q8, int8 for 4-bit and below."""
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((5, 160)).astype(np.float32)
+    q = make(rng, (40, 160), dtype, precision="exact")
+    ex_mv, ex_mm = q.matvec(X[0]), q.matmat(X)
+    np.testing.assert_array_equal(q.matmat(X, prompt=True), ex_mm)   # exact stays exact
+    q.precision = "int8"
+    i8_mv, i8_mm = q.matvec(X[0]), q.matmat(X)
+    np.testing.assert_array_equal(q.matmat(X, prompt=True), i8_mm)
+    assert not np.array_equal(i8_mm, ex_mm)
+    q.precision = "auto"
+    np.testing.assert_array_equal(q.matmat(X, prompt=True), i8_mm)
+    low = dtype in LOW
+    np.testing.assert_array_equal(q.matmat(X), i8_mm if low else ex_mm)
+    np.testing.assert_array_equal(q.matvec(X[0]), i8_mv if low else ex_mv)
+
+
+def test_auto_prefill_is_int8_and_decode_exact_on_q8():
+    """The shipped demo (q8_row) under "auto": a prompt fed whole is the int8 model's,
+    a one-token step the exact model's, bit for bit."""
+    from cortiq.demo import demo_path
+    ids = list(range(5, 45))
+    with cortiq.LLM(demo_path(), precision="exact") as ex, \
+            cortiq.LLM(demo_path(), precision="int8") as i8, \
+            cortiq.LLM(demo_path(), precision="auto") as au:
+        pe, pi, pa = (m.session().feed(ids, want="all") for m in (ex, i8, au))
+        np.testing.assert_array_equal(pa, pi)
+        assert not np.array_equal(pa, pe)
+        assert np.linalg.norm(pa - pe) / np.linalg.norm(pe) < 0.02
+        se, sa = (m.session().feed(ids[:1], want="last") for m in (ex, au))
+        np.testing.assert_array_equal(sa, se)
 
 
 def test_deprecated_switch_is_an_alias():

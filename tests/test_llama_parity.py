@@ -121,12 +121,22 @@ def test_parity_q8_row(case, tmp_path):
     assert not unexpected and all(m.endswith("lm_head.weight") for m in missing)
     hq.tie_weights()
     ref = H.full_logits(hq, ids)
-    with cortiq.LLM(out) as llm:
+    with cortiq.LLM(out, precision="exact") as llm:   # float32 arithmetic, as HF's
         got = llm.session().feed(ids, want="all")
         s = llm.session()
         steps = np.stack([s.feed([t], want="last") for t in ids[:12]])
     assert _diff(got, ref) <= Q8_TOL, f"q8 prefill: {_diff(got, ref):.3g}"
     assert _diff(steps, ref[:12]) <= Q8_TOL
+    # the default ("auto"): the prompt's products take int8 activations, decode steps
+    # keep the exact ones
+    with cortiq.LLM(out, precision="auto") as au, cortiq.LLM(out, precision="int8") as i8:
+        pa = au.session().feed(ids, want="all")
+        np.testing.assert_array_equal(pa, i8.session().feed(ids, want="all"))
+        rel = np.linalg.norm(pa - ref) / np.linalg.norm(ref)
+        assert rel < 0.02, f"q8 int8 prefill: relative error {rel:.3g}"
+        s = au.session()
+        np.testing.assert_array_equal(np.stack([s.feed([t], want="last") for t in ids[:12]]),
+                                      steps)
     # and the quantization is really there: HF on the original weights differs more
     assert _diff(H.full_logits(model, ids), ref) > 10 * _diff(got, ref)
 

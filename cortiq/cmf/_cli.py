@@ -39,8 +39,12 @@ def _precision_line(by_dtype: dict) -> str:
     total = sum(b for _, b in by_dtype.values()) or 1
     i8 = sum(b for d, (_, b) in by_dtype.items() if d in takes)
     dts = ", ".join(sorted(d for d in by_dtype if d in takes)) or "none"
-    return (f"precision:   {p} (LLM default; CORTIQ_PRECISION): int8 activations for "
+    line = (f"precision:   {p} (LLM default; CORTIQ_PRECISION): int8 activations for "
             f"{100 * i8 / total:.0f} % of the weight bytes ({dts}), float32 for the rest")
+    prompt = sorted(d for d in by_dtype if d in I8_DTYPES and d not in takes)
+    if p == "auto" and prompt:
+        line += f"; in prompts int8 for {', '.join(prompt)} too (their decode stays exact)"
+    return line
 
 
 def cmd_info(args) -> int:

@@ -444,6 +444,7 @@ class DoryModel:
         # One row (decode): each sub-layer is one fused kernel call (_attn_row, _mlp_row);
         # the far field's full layers keep the general path.
         one = t == 1 and self.fused_rows
+        prompt = t > 1      # a chunk of this sequence's prompt (matmat(prompt=True))
         o1 = self.o1rt is not None
         if one and st.scratch is None:
             st.scratch = np.empty(self._scratch, np.float32)
@@ -458,13 +459,13 @@ class DoryModel:
                 if one and not (o1 and not w.sliding):
                     self._attn_row(st, w, li, loop_i, h, pos0, overwrite, rope)
                     return
-                out = self._attn(st, w, li, loop_i, h, pos0, overwrite, rope)
+                out = self._attn(st, w, li, loop_i, h, pos0, overwrite, rope, prompt)
             elif one:
                 K.dory_mlp_row(w.gate._m, w.up._m, w.down._m, h, w.sg, w.su, w.alpha,
                                st.scratch, EPS)
                 return
             else:
-                out = self._mlp(w, h)
+                out = self._mlp(w, h, prompt)
             slerp(h, out, w.alpha)
 
         for li in range(n_in):
@@ -538,14 +539,16 @@ class DoryModel:
                         self._window[li], self.attn_scale, st.scratch, EPS)
         slot.n += 1
 
-    def _attn(self, st, w: AttnWeights, li, loop_i, h, pos0, overwrite, rope) -> np.ndarray:
+    def _attn(self, st, w: AttnWeights, li, loop_i, h, pos0, overwrite, rope,
+              prompt: bool = False) -> np.ndarray:
         t = h.shape[0]
         nh, nk, hd = self.nh, self.nk, self.hd
         if t == 1:
             q, k, v, g = w.qkvg.matvec(h[0])
             q, k, v, g = q[None], k[None], v[None], g[None]
         else:
-            q, k, v, g = (w.q.matmat(h), w.k.matmat(h), w.v.matmat(h), w.g.matmat(h))
+            q, k, v, g = (w.q.matmat(h, prompt=prompt), w.k.matmat(h, prompt=prompt),
+                          w.v.matmat(h, prompt=prompt), w.g.matmat(h, prompt=prompt))
         q = q.reshape(t, nh, hd)
         k = k.reshape(t, nk, hd)
         cos, sin = rope
@@ -565,19 +568,21 @@ class DoryModel:
             y = exact()
         y = y.reshape(t, nh * hd)
         K.gate_norm(y, g, w.sg, EPS)          # y = (y * sigmoid(g * s_g))^
-        return w.o.matvec(y[0])[None] if t == 1 else w.o.matmat(y)
+        return w.o.matvec(y[0])[None] if t == 1 else w.o.matmat(y, prompt=prompt)
 
-    def _mlp(self, w: MlpWeights, h: np.ndarray) -> np.ndarray:
+    def _mlp(self, w: MlpWeights, h: np.ndarray, prompt: bool = False) -> np.ndarray:
         if h.shape[0] == 1:
             g, u = w.gate_up.matvec(h[0])
             g, u = g[None], u[None]
         else:
-            g, u = w.gate.matmat(h), w.up.matmat(h)
+            g, u = w.gate.matmat(h, prompt=prompt), w.up.matmat(h, prompt=prompt)
         K.silu_mul(g, u, w.sg, w.su)
         justnorm(g)
-        return w.down.matvec(g[0])[None] if h.shape[0] == 1 else w.down.matmat(g)
+        return w.down.matvec(g[0])[None] if h.shape[0] == 1 else w.down.matmat(g, prompt=prompt)
 
     def _head(self, h: np.ndarray) -> np.ndarray:
-        lg = self.head_w.matvec(h[0])[None] if h.shape[0] == 1 else self.head_w.matmat(h)
+        """Logits of the rows of h, one sequence's (several rows: a prompt chunk)."""
+        lg = (self.head_w.matvec(h[0])[None] if h.shape[0] == 1
+              else self.head_w.matmat(h, prompt=True))
         lg *= self.logit_scale
         return lg

@@ -27,8 +27,11 @@ Which tensors exist decides the operators (docs/cmf-format.md §4.1): ``self_att
 Model protocol (``cortiq.session``): ``new_state()``, ``forward(state, ids, want)``,
 ``rollback``/``can_rollback`` (a sliding layer that dropped the keys a position reads
 cannot roll back in place; the Session then re-reads), ``vocab``, ``arch``.
-Prompts run in chunks of ``CHUNK`` rows through the matrix-matrix kernels; decode runs
-one row through fused multi-matrix matvecs.
+Prompts run in chunks of ``CHUNK`` rows through the matrix-matrix kernels, marked as
+prompt rows (``matmat(prompt=True)``: precision "auto" multiplies them with int8
+activations for q8 weights too); decode runs one row through fused multi-matrix
+matvecs. The layer functions take ``prompt`` explicitly, False unless told, so rows
+of several sequences' decode steps stacked through them keep decode's arithmetic.
 """
 from __future__ import annotations
 
@@ -328,9 +331,9 @@ class LlamaModel:
             chunk = ids[start:start + CHUNK]
             last = start + chunk.size == ids.size
             h = np.stack([self.embed.row(int(i)) for i in chunk]).astype(np.float32)
-            self._stack(st, h)
+            self._stack(st, h, prompt=True)
             if want == "all":
-                rows.append(self._logits(h))
+                rows.append(self._logits(h, prompt=True))
             elif want == "last" and last:
                 rows.append(self._logits(h[-1:])[0])
         if want == "none":
@@ -350,27 +353,29 @@ class LlamaModel:
         return np.concatenate(rows, axis=0)
 
     # -- the stack -------------------------------------------------------------------
-    def _stack(self, st: LlamaState, h: np.ndarray) -> None:
+    def _stack(self, st: LlamaState, h: np.ndarray, prompt: bool = False) -> None:
         t = h.shape[0]
         cfg = self.cfg
         cos, sin = self.rope(st.pos, t)
         for L, cache in zip(self.layers, st.caches):
             a = K.rmsnorm(h, L.attn_norm, cfg.eps)
-            h += self._attention(L, cache, a, st.pos, cos, sin)
+            h += self._attention(L, cache, a, st.pos, cos, sin, prompt)
             m = K.rmsnorm(h, L.mlp_norm, cfg.eps)
-            h += self._mlp(L, m)
+            h += self._mlp(L, m, prompt)
         st.pos += t
         for L, cache in zip(self.layers, st.caches):
             if L.window:
                 cache.trim(L.window)
 
-    def _attention(self, L: Layer, cache: KvSlot, x, pos0, cos, sin) -> np.ndarray:
+    def _attention(self, L: Layer, cache: KvSlot, x, pos0, cos, sin,
+                   prompt: bool = False) -> np.ndarray:
         t = x.shape[0]
         nh, nk, hd = self.cfg.n_heads, self.cfg.n_kv, self.cfg.head_dim
         if t == 1:
             q, k, v = L.qkv.matvec(x[0])
         else:
-            q, k, v = L.q.matmat(x), L.k.matmat(x), L.v.matmat(x)
+            q, k, v = (L.q.matmat(x, prompt=prompt), L.k.matmat(x, prompt=prompt),
+                       L.v.matmat(x, prompt=prompt))
         for y, b in ((q, L.bq), (k, L.bk), (v, L.bv)):
             if b is not None:
                 y += b
@@ -386,28 +391,29 @@ class LlamaModel:
         y = K.attn_gqa_window(q, cache.k[:cache.n], cache.v[:cache.n], pos0, L.window,
                               cache.first, self.attn_scale)
         y = y.reshape(t, nh * hd)
-        out = L.o.matvec(y[0])[None] if t == 1 else L.o.matmat(y)
+        out = L.o.matvec(y[0])[None] if t == 1 else L.o.matmat(y, prompt=prompt)
         if L.bo is not None:
             out += L.bo
         return out
 
-    def _mlp(self, L: Layer, x) -> np.ndarray:
+    def _mlp(self, L: Layer, x, prompt: bool = False) -> np.ndarray:
         t = x.shape[0]
         if t == 1:
             g, u = L.gate_up.matvec(x[0])
             g, u = g[None], u[None]
         else:
-            g, u = L.gate.matmat(x), L.up.matmat(x)
+            g, u = L.gate.matmat(x, prompt=prompt), L.up.matmat(x, prompt=prompt)
         if L.bg is not None:
             g += L.bg
         if L.bu is not None:
             u += L.bu
         K.silu_mul(g, u, self._ones, self._ones)
-        out = L.down.matvec(g[0])[None] if t == 1 else L.down.matmat(g)
+        out = L.down.matvec(g[0])[None] if t == 1 else L.down.matmat(g, prompt=prompt)
         if L.bd is not None:
             out += L.bd
         return out
 
-    def _logits(self, h: np.ndarray) -> np.ndarray:
+    def _logits(self, h: np.ndarray, prompt: bool = False) -> np.ndarray:
         x = K.rmsnorm(h, self.norm, self.cfg.eps)
-        return self.head.matvec(x[0])[None] if x.shape[0] == 1 else self.head.matmat(x)
+        return (self.head.matvec(x[0])[None] if x.shape[0] == 1
+                else self.head.matmat(x, prompt=prompt))

@@ -3,8 +3,9 @@
  * 512-bit path) or as AVX-512 VNNI + VL (EVEX: an AVX-512 CPU running the AVX2 table).
  * The two are one source (I8MM2_VARIANT) with the same integers and float operations,
  * so they give the same bits; a CPU with neither keeps the float32 matmat (the u8 x s8
- * pairs of vpmaddubsw would overflow int16 for int8 weights). 6 integer and 6 float
- * accumulators, the NV inputs and a broadcast: the 16 ymm registers. Included by
+ * pairs of vpmaddubsw would overflow int16 for int8 weights). Integer and float
+ * accumulators, the NV inputs and a broadcast fill the registers (16 ymm for VEX, 32
+ * for EVEX: see the tile shapes below). Included by
  * matvec_avx2.c after matmat_packed.h. */
 #ifndef CQ_MATMAT_I8_AVX2_H
 #define CQ_MATMAT_I8_AVX2_H
@@ -22,23 +23,23 @@
 /* One MR x NV tile over n groups (the layout of matmat_i8.h's i8mm_tile comment in
  * matmat_i8_avx512.h: w[r * I8MM_KC + 32 g + k], sc[r * I8MM_KG + g], part[r * ldp +
  * 8 v + lane]). */
-#define I8MM2_VARIANT(SUF, TARGET, DOT)                                                                          \
+#define I8MM2_VARIANT(SUF, TARGET, DOT, MR3, MR2, MR1)                                                           \
     static inline __attribute__((always_inline, target(TARGET))) void i8mm2_tile_##SUF(                          \
         const uint8_t *w, const float *sc, const uint8_t *xp, size_t wd, size_t n, float *part, size_t ldp,      \
         int first, int rowscale, const int MR, const int NV) {                                                   \
-        __m256 f[6];                                                                                             \
-        __m256i acc[6];                                                                                          \
-        _Pragma("GCC unroll 6") for (int k = 0; k < MR * NV; k++) f[k] =                                         \
+        __m256 f[2 * MR3 < MR1 ? MR1 : 3 * MR3];                                                                 \
+        __m256i acc[2 * MR3 < MR1 ? MR1 : 3 * MR3];                                                              \
+        _Pragma("GCC unroll 12") for (int k = 0; k < MR * NV; k++) f[k] =                                         \
             first ? _mm256_setzero_ps() : _mm256_loadu_ps(part + (k / NV) * ldp + 8 * (k % NV));                 \
         for (size_t g = 0; g < n; g++) {                                                                         \
             const uint8_t *xg = xp + 40 * wd * g;                                                                \
-            _Pragma("GCC unroll 6") for (int k = 0; k < MR * NV; k++) acc[k] =                                   \
+            _Pragma("GCC unroll 12") for (int k = 0; k < MR * NV; k++) acc[k] =                                   \
                 _mm256_load_si256((const __m256i *)(xg + 32 * wd + 32 * (k % NV)));                              \
             _Pragma("GCC unroll 8") for (int k4 = 0; k4 < 8; k4++) {                                             \
                 __m256i xv[3];                                                                                   \
                 _Pragma("GCC unroll 3") for (int v = 0; v < NV; v++) xv[v] =                                     \
                     _mm256_load_si256((const __m256i *)(xg + 4 * wd * k4 + 32 * v));                             \
-                _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++) {                                           \
+                _Pragma("GCC unroll 12") for (int r = 0; r < MR; r++) {                                           \
                     int32_t wb;                                                                                  \
                     memcpy(&wb, w + r * I8MM_KC + 32 * g + 4 * k4, 4);                                           \
                     const __m256i b = _mm256_set1_epi32(wb);                                                     \
@@ -48,7 +49,7 @@
             }                                                                                                    \
             _Pragma("GCC unroll 3") for (int v = 0; v < NV; v++) {                                               \
                 const __m256 dv = _mm256_load_ps((const float *)(const void *)(xg + 36 * wd + 32 * v));          \
-                _Pragma("GCC unroll 6") for (int r = 0; r < MR; r++) {                                           \
+                _Pragma("GCC unroll 12") for (int r = 0; r < MR; r++) {                                           \
                     const __m256 is = _mm256_cvtepi32_ps(acc[r * NV + v]);                                       \
                     if (rowscale) f[r * NV + v] = _mm256_fmadd_ps(is, dv, f[r * NV + v]);                        \
                     else f[r * NV + v] = _mm256_fmadd_ps(_mm256_mul_ps(is, dv), _mm256_set1_ps(sc[r * I8MM_KG + g]), \
@@ -56,7 +57,7 @@
                 }                                                                                                \
             }                                                                                                    \
         }                                                                                                        \
-        _Pragma("GCC unroll 6") for (int k = 0; k < MR * NV; k++)                                                \
+        _Pragma("GCC unroll 12") for (int k = 0; k < MR * NV; k++)                                                \
             _mm256_storeu_ps(part + (k / NV) * ldp + 8 * (k % NV), f[k]);                                        \
     }                                                                                                            \
     __attribute__((target(TARGET))) static void i8mm2_tiles_##SUF(size_t nv, size_t nr, const uint8_t *w,        \
@@ -65,27 +66,31 @@
                                                                   int rowscale) {                                \
         switch (nv) {                                                                                            \
         case 3:                                                                                                  \
-            for (size_t r = 0; r < nr; r += 2)                                                                   \
+            for (size_t r = 0; r < nr; r += MR3)                                                                 \
                 i8mm2_tile_##SUF(w + r * I8MM_KC, sc + r * I8MM_KG, xp, wd, n, part + r * ldp, ldp, first,       \
-                                 rowscale, 2, 3);                                                                \
+                                 rowscale, MR3, 3);                                                              \
             break;                                                                                               \
         case 2:                                                                                                  \
-            for (size_t r = 0; r < nr; r += 3)                                                                   \
+            for (size_t r = 0; r < nr; r += MR2)                                                                 \
                 i8mm2_tile_##SUF(w + r * I8MM_KC, sc + r * I8MM_KG, xp, wd, n, part + r * ldp, ldp, first,       \
-                                 rowscale, 3, 2);                                                                \
+                                 rowscale, MR2, 2);                                                              \
             break;                                                                                               \
         default:                                                                                                 \
-            for (size_t r = 0; r < nr; r += 6)                                                                   \
+            for (size_t r = 0; r < nr; r += MR1)                                                                 \
                 i8mm2_tile_##SUF(w + r * I8MM_KC, sc + r * I8MM_KG, xp, wd, n, part + r * ldp, ldp, first,       \
-                                 rowscale, 6, 1);                                                                \
+                                 rowscale, MR1, 1);                                                              \
         }                                                                                                        \
     }
 
+/* Tiles of MR rows (MR3, MR2, MR1 for 3, 2, 1 vectors; divisors of CQ_MM_ROWS): VEX has
+ * 16 ymm registers, so 6 accumulators (2 x 3, 3 x 2, 6 x 1); EVEX code reaches 32, so
+ * 12 (4 x 3, 6 x 2, 12 x 1): per 4 columns 3 panel loads and 4 broadcasts feed 12
+ * vpdpbusd instead of 2 broadcasts 6. The tile shape changes no output's operations. */
 #ifdef CQ_HAVE_AVXVNNI_FN
-I8MM2_VARIANT(vex, "avxvnni", _mm256_dpbusd_avx_epi32)
+I8MM2_VARIANT(vex, "avxvnni", _mm256_dpbusd_avx_epi32, 2, 3, 6)
 #endif
 #ifdef CQ_HAVE_VNNI256_FN
-I8MM2_VARIANT(evex, "avx512vnni,avx512vl", _mm256_dpbusd_epi32)
+I8MM2_VARIANT(evex, "avx512vnni,avx512vl", _mm256_dpbusd_epi32, 4, 6, 12)
 #endif
 
 /* 1: AVX-VNNI, 2: AVX-512 VNNI on 256 bits, 0: neither (float32 matmat). */

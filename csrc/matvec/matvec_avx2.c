@@ -160,6 +160,55 @@ static float i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
     }
     return cq_hsum8(_mm256_add_ps(f0, f1));
 }
+/* Two rows of i8_row at once: each row's operations are i8_row's in its order (bit for
+ * bit its result); the pair shares xq's loads (evens, odds, bias, d), which with the
+ * loop bound the one-row code in cache. */
+static void i8_rows2(const cq_qmat *m, size_t r, const cq_xq *xq, float *out) {
+    const size_t gpr = m->cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;
+    const uint8_t *nb0 = m->data + gs * r * gpr + (gs == 18 ? 2 : 0), *nb1 = nb0 + gs * gpr;
+    const __m256i m0f = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    float sw0[64 + 1], sw1[64 + 1];
+    __m256 f0 = _mm256_setzero_ps(), f1 = f0, e0 = f0, e1 = f0;
+    for (size_t g0 = 0; g0 < gpr; g0 += 64) {
+        const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;
+        avx2_group_scales(m, r, g0, ng, sw0);
+        avx2_group_scales(m, r + 1, g0, ng, sw1);
+        sw0[ng] = sw1[ng] = 0.0f;
+        for (size_t gi = 0; gi < ng; gi += 2) {
+            const size_t g = g0 + gi;
+            const uint8_t *p0 = nb0 + gs * g, *p1 = nb1 + gs * g;
+            const int two = gi + 1 < ng;
+            CQ_STREAM_PF(p0);
+            CQ_STREAM_PF(p1);
+            const __m256i v0 = _mm256_set_m128i(two ? _mm_loadu_si128((const __m128i *)(p0 + gs)) : _mm_setzero_si128(),
+                                                _mm_loadu_si128((const __m128i *)p0));
+            const __m256i v1 = _mm256_set_m128i(two ? _mm_loadu_si128((const __m128i *)(p1 + gs)) : _mm_setzero_si128(),
+                                                _mm_loadu_si128((const __m128i *)p1));
+            const int8_t *qe = xq->q + 128 * (g / 4) + 16 * (g % 4);
+            const __m256i xe = _mm256_load_si256((const __m256i *)qe), xo = _mm256_load_si256((const __m256i *)(qe + 64));
+            const __m256i bias = _mm256_load_si256((const __m256i *)(xq->bias + 4 * g));
+            const __m256 dl = _mm256_load_ps(xq->dl + 4 * g);
+            const __m256i q0 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v0, m0f), xe),
+                                                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m0f), xo));
+            const __m256i q1 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v1, m0f), xe),
+                                                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v1, 4), m0f), xo));
+            const __m256i s0 = _mm256_add_epi32(_mm256_madd_epi16(q0, ones), bias);
+            const __m256i s1 = _mm256_add_epi32(_mm256_madd_epi16(q1, ones), bias);
+            const __m256 c0 = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(sw0[gi + 1]), _mm_set1_ps(sw0[gi])), dl);
+            const __m256 c1 = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(sw1[gi + 1]), _mm_set1_ps(sw1[gi])), dl);
+            if (g & 2) {
+                f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), c0, f1);
+                e1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), c1, e1);
+            } else {
+                f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), c0, f0);
+                e0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), c1, e0);
+            }
+        }
+    }
+    out[0] = cq_hsum8(_mm256_add_ps(f0, f1));
+    out[1] = cq_hsum8(_mm256_add_ps(e0, e1));
+}
+
 /* q8_row / q8_2f, one group of 32 a step: |w| (u8) times xq carrying w's sign
  * (vpsignb), so the u8 x s8 pairs stay within int16 (|w| <= 128, |xq| <= 127); per
  * group the 8 lane sums are scaled by d in float, and the row by its scale. */
@@ -234,8 +283,11 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
     case CQ_DT_Q2TP:
         for (size_t j = 0; j < nr; j++) out[j] = i8_row_q2(m, r0 + j, xq);
         break;
-    default:
-        for (size_t j = 0; j < nr; j++) out[j] = i8_row(m, r0 + j, xq);
+    default: {
+        size_t j = 0;
+        for (; j + 2 <= nr; j += 2) i8_rows2(m, r0 + j, xq, out + j);
+        for (; j < nr; j++) out[j] = i8_row(m, r0 + j, xq);
+    }
     }
 }
 

@@ -440,11 +440,29 @@ static void avx2_group_scales(const cq_qmat *m, size_t r, size_t g0, size_t ng, 
     case CQ_DT_Q4_TILED:
         for (; k < ng; k++) sw[k] = h2f_hw(d + 18 * (r * gpr + g0 + k));
         break;
-    default: { /* q4tp, q2tp */
+    default: { /* q4tp, q2tp: 8 codes (5 bytes) a step, shifted out of one qword and
+                * looked up in the row's ladder by a gather (one at a time, the scale
+                * decode took about a third of a q4tp int8 row) */
         const size_t stride = cq_tp_stride(m->cols);
-        uint8_t codes[64];
-        tp_codes(d + m->rows * gpr * cq_tp_tile(m->dtype) + 4 * m->rows + r * stride + 5 * (g0 / 8), stride - 5 * (g0 / 8), ng, codes);
-        for (; k < ng; k++) sw[k] = m->aux[32 * r + codes[k]];
+        const uint8_t *cb = d + m->rows * gpr * cq_tp_tile(m->dtype) + 4 * m->rows + r * stride + 5 * (g0 / 8);
+        const float *ladder = m->aux + 32 * r;
+        const __m256i sh_lo = _mm256_setr_epi64x(0, 5, 10, 15), sh_hi = _mm256_setr_epi64x(20, 25, 30, 35);
+        const __m256i m31 = _mm256_set1_epi64x(31), order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+        for (; k + 8 <= ng; k += 8) {
+            const uint8_t *p = cb + 5 * (k / 8);
+            uint32_t w;
+            memcpy(&w, p, 4);
+            const __m256i v = _mm256_set1_epi64x((long long)(w | (uint64_t)p[4] << 32));
+            const __m256i lo = _mm256_and_si256(_mm256_srlv_epi64(v, sh_lo), m31);
+            const __m256i hi = _mm256_and_si256(_mm256_srlv_epi64(v, sh_hi), m31);
+            const __m256i c = _mm256_permutevar8x32_epi32(_mm256_or_si256(lo, _mm256_slli_epi64(hi, 32)), order);
+            _mm256_storeu_ps(sw + k, _mm256_i32gather_ps(ladder, c, 4));
+        }
+        if (k < ng) {
+            uint8_t codes[64];
+            tp_codes(cb + 5 * (k / 8), stride - 5 * ((g0 + k) / 8), ng - k, codes);
+            for (size_t j = 0; k < ng; k++, j++) sw[k] = ladder[codes[j]];
+        }
     }
     }
 }

@@ -73,7 +73,12 @@ __attribute__((target("avx512vbmi"))) static size_t tp_scales_vbmi(const uint8_t
     const __m512 l0 = _mm512_loadu_ps(ladder), l1 = _mm512_loadu_ps(ladder + 16);
     size_t k = 0;
     for (; k + 16 <= ng; k += 16) {
-        const __m512i raw = _mm512_maskz_loadu_epi8(0x3FF, cb + 5 * (k / 8)); /* 10 bytes, no further */
+        /* 10 bytes, no further: an 8-byte and a 2-byte load (a byte-masked load of the 10
+         * cost about as much as the row's dot products on Zen 4) */
+        const uint8_t *p = cb + 5 * (k / 8);
+        uint16_t tail;
+        memcpy(&tail, p + 8, 2);
+        const __m512i raw = _mm512_zextsi128_si512(_mm_insert_epi16(_mm_loadl_epi64((const __m128i *)p), tail, 4));
         const __m512i c = _mm512_multishift_epi64_epi8(shift, _mm512_permutexvar_epi8(at, raw));
         _mm512_storeu_ps(sw + k, _mm512_permutex2var_ps(l0, c, l1));
     }
@@ -381,15 +386,66 @@ static void xq_build_q8(const float *x, size_t cols, void *buf, cq_xq *xq) {
     }                                                                                            \
     return _mm512_reduce_add_ps(_mm512_add_ps(f0, f1))
 
+/* Two rows of q4_block / q4tp (nibbles contiguous, 16 bytes a group) at once: for each
+ * row I8_BODY's operations in its order, so bit for bit its result; the pair shares
+ * xq's loads (integers, bias, d) and the loop, which bound the one-row code in cache. */
+#define I8_BODY2(DOT)                                                                           \
+    const size_t gpr = m->cols / CQ_GROUP;                                                       \
+    const uint8_t *n0 = m->data + 16 * r * gpr, *n1 = n0 + 16 * gpr;                             \
+    const __m512i m0f = _mm512_set1_epi8(0x0F);                                                  \
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);    \
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0, e0 = f0, e1 = f0;                                  \
+    float sw0[64 + 4], sw1[64 + 4];                                                              \
+    for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                                    \
+        const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                                         \
+        group_scales(m, r, g0, ng, sw0);                                                         \
+        group_scales(m, r + 1, g0, ng, sw1);                                                     \
+        for (int k = 0; k < 4; k++) sw0[ng + k] = sw1[ng + k] = 0.0f;                            \
+        for (size_t gi = 0; gi < ng; gi += 4) {                                                  \
+            const size_t g = g0 + gi, blk = g / 4;                                               \
+            const uint8_t *p0 = n0 + 16 * g, *p1 = n1 + 16 * g;                                  \
+            CQ_STREAM_PF(p0);                                                                    \
+            CQ_STREAM_PF(p1);                                                                    \
+            const __m512i v0 = q4_nibbles4(p0, 16, ng - gi), v1 = q4_nibbles4(p1, 16, ng - gi);  \
+            const int8_t *q = xq->q + 128 * blk;                                                 \
+            const __m512i xa = _mm512_load_si512((const void *)q);                               \
+            const __m512i xb = _mm512_load_si512((const void *)(q + 64));                        \
+            const __m512i bias = _mm512_load_si512((const void *)(xq->bias + 16 * blk));         \
+            const __m512 dl = _mm512_load_ps(xq->dl + 16 * blk);                                 \
+            __m512i s0 = DOT(bias, _mm512_and_si512(v0, m0f), xa);                               \
+            __m512i s1 = DOT(bias, _mm512_and_si512(v1, m0f), xa);                               \
+            s0 = DOT(s0, _mm512_and_si512(_mm512_srli_epi16(v0, 4), m0f), xb);                   \
+            s1 = DOT(s1, _mm512_and_si512(_mm512_srli_epi16(v1, 4), m0f), xb);                   \
+            const __m512 c0 = _mm512_mul_ps(_mm512_permutexvar_ps(spread, _mm512_castps128_ps512( \
+                                                _mm_loadu_ps(sw0 + gi))), dl);                   \
+            const __m512 c1 = _mm512_mul_ps(_mm512_permutexvar_ps(spread, _mm512_castps128_ps512( \
+                                                _mm_loadu_ps(sw1 + gi))), dl);                   \
+            if (gi & 4) {                                                                        \
+                f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), c0, f1);                            \
+                e1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), c1, e1);                            \
+            } else {                                                                             \
+                f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), c0, f0);                            \
+                e0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), c1, e0);                            \
+            }                                                                                    \
+        }                                                                                        \
+    }                                                                                            \
+    out[0] = _mm512_reduce_add_ps(_mm512_add_ps(f0, f1));                                        \
+    out[1] = _mm512_reduce_add_ps(_mm512_add_ps(e0, e1))
+
 static inline __m512i dot_bw(__m512i acc, __m512i u8, __m512i s8) {
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u8, s8), _mm512_set1_epi16(1)));
 }
 static float q4_i8_row_bw(const cq_qmat *m, size_t r, const cq_xq *xq) { I8_BODY(dot_bw); }
+static void q4_i8_rows2_bw(const cq_qmat *m, size_t r, const cq_xq *xq, float *out) { I8_BODY2(dot_bw); }
 
 #if defined(__GNUC__) || defined(__clang__)
 #define CQ_HAVE_VNNI_FN 1
 __attribute__((target("avx512vnni"))) static float q4_i8_row_vnni(const cq_qmat *m, size_t r, const cq_xq *xq) {
     I8_BODY(_mm512_dpbusd_epi32);
+}
+__attribute__((target("avx512vnni"))) static void q4_i8_rows2_vnni(const cq_qmat *m, size_t r, const cq_xq *xq,
+                                                                   float *out) {
+    I8_BODY2(_mm512_dpbusd_epi32);
 }
 #endif
 
@@ -515,6 +571,65 @@ __attribute__((target("avx512vnni,avx512vbmi"))) static float q4t_i8_row_vbmi(co
 #endif
 
 #ifdef CQ_HAVE_VNNI_FN
+/* A block of four q4_tiled tiles (72 bytes from p) from two loads, bytes 0-63 (a) and
+ * 8-71 (b), never past the block: one vpermt2b gathers the four nibble runs (tile k's
+ * 16 bytes from 2 + 18k into 128-bit lane k) where q4_tiles4 takes four loads, each
+ * split over two cache lines, and three blends. */
+static const uint8_t TILE_NIB_AB[64] = {
+    2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
+    20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35,
+    38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53,
+    56, 57, 58, 59, 60, 61, 62, 63, 64 + 56, 64 + 57, 64 + 58, 64 + 59, 64 + 60, 64 + 61, 64 + 62, 64 + 63};
+
+/* Two rows of q4_tiled with VBMI at once, as I8_BODY2 for the others: each row's
+ * operations are q4t_i8_row_vbmi's in its order (bit for bit), xq's loads are shared;
+ * the rows' last 1-3 groups (cols % 128 != 0) go through the one-row code. */
+__attribute__((target("avx512vnni,avx512vbmi"))) static void q4t_i8_rows2_vbmi(const cq_qmat *m, size_t r,
+                                                                              const cq_xq *xq, float *out) {
+    const size_t gpr = m->cols / CQ_GROUP;
+    if (gpr % 4) {
+        out[0] = q4t_i8_row_vbmi(m, r, xq);
+        out[1] = q4t_i8_row_vbmi(m, r + 1, xq);
+        return;
+    }
+    const uint8_t *t0 = m->data + 18 * r * gpr, *t1 = t0 + 18 * gpr;
+    const __m512i m0f = _mm512_set1_epi8(0x0F);
+    const __m512i sidx = _mm512_loadu_si512((const void *)TILE_SCALE_SPREAD);
+    const __m512i nidx = _mm512_loadu_si512((const void *)TILE_NIB_AB);
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0, e0 = f0, e1 = f0;
+    for (size_t g = 0; g < gpr; g += 4) {
+        const size_t blk = g / 4;
+        const uint8_t *p0 = t0 + 18 * g, *p1 = t1 + 18 * g;
+        CQ_STREAM_PF_SPAN(p0, 72);
+        CQ_STREAM_PF_SPAN(p1, 72);
+        const __m512i a0 = _mm512_loadu_si512((const void *)p0), a1 = _mm512_loadu_si512((const void *)p1);
+        const __m512i v0 = _mm512_permutex2var_epi8(a0, nidx, _mm512_loadu_si512((const void *)(p0 + 8)));
+        const __m512i v1 = _mm512_permutex2var_epi8(a1, nidx, _mm512_loadu_si512((const void *)(p1 + 8)));
+        const __m512 d0 = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(sidx, a0)));
+        const __m512 d1 = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(sidx, a1)));
+        const int8_t *q = xq->q + 128 * blk;
+        const __m512i xa = _mm512_load_si512((const void *)q), xb = _mm512_load_si512((const void *)(q + 64));
+        const __m512i bias = _mm512_load_si512((const void *)(xq->bias + 16 * blk));
+        const __m512 dl = _mm512_load_ps(xq->dl + 16 * blk);
+        __m512i s0 = _mm512_dpbusd_epi32(bias, _mm512_and_si512(v0, m0f), xa);
+        __m512i s1 = _mm512_dpbusd_epi32(bias, _mm512_and_si512(v1, m0f), xa);
+        s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(_mm512_srli_epi16(v0, 4), m0f), xb);
+        s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(v1, 4), m0f), xb);
+        const __m512 c0 = _mm512_mul_ps(d0, dl), c1 = _mm512_mul_ps(d1, dl);
+        if (g & 4) {
+            f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), c0, f1);
+            e1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), c1, e1);
+        } else {
+            f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), c0, f0);
+            e0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), c1, e0);
+        }
+    }
+    out[0] = _mm512_reduce_add_ps(_mm512_add_ps(f0, f1));
+    out[1] = _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+}
+#endif
+
+#ifdef CQ_HAVE_VNNI_FN
 /* q4_tiled, float32 x, with VBMI: q4_dot512 with each block's scales spread by one
  * vpermb of its first 64 bytes (TILE_SCALE_SPREAD) instead of a gathered scale row and a
  * spread permute, and its nibbles from q4_tiles4, rather than two vpermt2b (2 cycles
@@ -616,15 +731,23 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
     }
 #ifdef CQ_HAVE_VNNI_FN
     if (m->dtype == CQ_DT_Q4_TILED && vnni && (f & CQ_CPU_AVX512VBMI)) {
-        for (size_t j = 0; j < nr; j++) out[j] = q4t_i8_row_vbmi(m, r0 + j, xq);
+        size_t j = 0;
+        for (; j + 2 <= nr; j += 2) q4t_i8_rows2_vbmi(m, r0 + j, xq, out + j);
+        for (; j < nr; j++) out[j] = q4t_i8_row_vbmi(m, r0 + j, xq);
         return;
     }
+    const int pairs = m->dtype != CQ_DT_Q4_TILED; /* I8_BODY2: contiguous nibbles */
+    size_t j = 0;
     if (vnni) {
-        for (size_t j = 0; j < nr; j++) out[j] = q4_i8_row_vnni(m, r0 + j, xq);
+        if (pairs)
+            for (; j + 2 <= nr; j += 2) q4_i8_rows2_vnni(m, r0 + j, xq, out + j);
+        for (; j < nr; j++) out[j] = q4_i8_row_vnni(m, r0 + j, xq);
         return;
     }
 #endif
-    for (size_t j = 0; j < nr; j++) out[j] = q4_i8_row_bw(m, r0 + j, xq);
+    if (pairs)
+        for (; j + 2 <= nr; j += 2) q4_i8_rows2_bw(m, r0 + j, xq, out + j);
+    for (; j < nr; j++) out[j] = q4_i8_row_bw(m, r0 + j, xq);
 }
 
 #define dequant_row avx2_dequant_row
