@@ -88,7 +88,10 @@ HERMES_TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def llm():
-    with cortiq.LLM(seed=3) as m:
+    # exact products: a request repeated after its prompt was cached re-reads the last
+    # prompt token alone, which under "auto" takes decode's arithmetic, not a prompt
+    # chunk's; these tests compare repeated requests' logprobs to 1e-4
+    with cortiq.LLM(seed=3, precision="exact") as m:
         yield m
 
 
@@ -108,11 +111,13 @@ def _np_log_softmax(row):
 
 
 def _reference_logprobs(llm, prompt_ids, out_ids):
-    """Log-softmax rows of one plain forward over prompt + output (want='all')."""
-    rows = llm.session().feed(list(prompt_ids) + list(out_ids), want="all")
-    n = len(prompt_ids)
-    return [_np_log_softmax(rows[n - 1 + i][:llm.tokenizer.vocab_size])
-            for i in range(len(out_ids))]
+    """Log-softmax rows of a plain session fed as generation feeds it: the prompt in
+    one piece, then one token at a time (under precision "auto" a prompt chunk may
+    take int8 products while decode steps stay exact, so the pieces matter)."""
+    s = llm.session()
+    rows = [s.feed(list(prompt_ids), want="last")]
+    rows += [s.feed([t], want="last") for t in list(out_ids)[:-1]]
+    return [_np_log_softmax(r[:llm.tokenizer.vocab_size]) for r in rows]
 
 
 # ---------------------------------------------------------------- logprobs
