@@ -118,7 +118,7 @@ def test_parity_q8_row(case, tmp_path):
     cortiq.convert.from_hf(d / "hf", out, quant="q8_row", progress=False)
     # HF on the dequantized weights: rewrite the checkpoint with the values cortiq reads.
     from safetensors.torch import save_file
-    from cortiq.convert.hf_dory import open_checkpoint
+    from cortiq.convert._safetensors import open_checkpoint
     shards = open_checkpoint(d / "hf")
     f = cortiq.cmf.open(out)
     tensors = {}

@@ -459,7 +459,7 @@ def test_release_written_by_torch_safetensors(release, tmp_path):
     torch = _hf()
     from safetensors.torch import save_file
     d, values, ref_model, ids, H = release
-    from cortiq.convert.hf_dory import open_checkpoint
+    from cortiq.convert._safetensors import open_checkpoint
     shards = open_checkpoint(d)
     tdt = {"F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": torch.float8_e8m0fnu, "I8": torch.int8,
            "I32": torch.int32, "F32": torch.float32, "BF16": torch.bfloat16}

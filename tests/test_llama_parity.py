@@ -212,7 +212,7 @@ def test_from_hf_refuses_unknown_and_bad_tensors(tmp_path, case):
         cortiq.convert.from_hf(tmp_path, tmp_path / "x.cmf", progress=False)
     from cortiq.convert.hf_llama import arch_from_hf_config, plan_tensors
     arch = arch_from_hf_config(json.loads((d / "hf" / "config.json").read_text()))
-    from cortiq.convert.hf_dory import open_checkpoint
+    from cortiq.convert._safetensors import open_checkpoint
     shapes = {k: s.shape(k) for k, s in open_checkpoint(d / "hf").items()}
     plan_tensors(arch, shapes)
     bad = dict(shapes)

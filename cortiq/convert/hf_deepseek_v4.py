@@ -35,7 +35,6 @@ with a ConfigError naming the ``config.json`` key.
 """
 from __future__ import annotations
 
-import mmap
 import re
 from pathlib import Path
 from typing import Callable
@@ -44,8 +43,8 @@ import numpy as np
 
 from ..errors import ConfigError, FormatError
 from . import scaled_weights as SW
-from .hf_dory import (SafetensorsShard, find_tokenizer_json, open_checkpoint, read_hf_config,
-                      tokenizer_bundle)
+from ._safetensors import FLOAT_DTYPES, SafetensorsShard, open_checkpoint
+from .hf_dory import find_tokenizer_json, read_hf_config, tokenizer_bundle
 
 CONVERTER = "cortiq.convert.hf_deepseek_v4"
 ARCH_NAME = "deepseek_v4"
@@ -323,36 +322,16 @@ _KEEP_F32 = re.compile(r".*(hc_(attn|ffn)_(fn|base|scale)|hc_head_(fn|base|scale
 
 
 def _load(shard: SafetensorsShard, name: str) -> np.ndarray:
-    info = shard.header[name]
-    dt = _INT_DT.get(info["dtype"])
-    if dt is None:
-        return shard.load(name)
-    a, b = info["data_offsets"]
-    count = int(np.prod(info["shape"], dtype=np.int64))
-    if b - a != count * dt.itemsize:
-        raise FormatError(f"{shard.path}: {name}: data offsets do not fit shape {info['shape']}")
-    with open(shard.path, "rb") as f:
-        f.seek(shard._data + a)
-        raw = np.frombuffer(f.read(b - a), dtype=dt, count=count)
-    return raw.astype(np.float32).reshape(info["shape"])
+    """A float tensor, or an integer one (the tid2eid tables), as float32."""
+    if shard.dtype(name) in _INT_DT:
+        return shard.raw(name).astype(np.float32)
+    return shard.load(name)
 
 
 def _load_slice(shard: SafetensorsShard, name: str, e: int, lo: int | None = None,
                 hi: int | None = None) -> np.ndarray:
     """Expert `e` of a stacked [E, R, C] tensor (rows lo..hi), read from the mapping."""
-    info = shard.header[name]
-    E, R, C = info["shape"]
-    esz = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}[info["dtype"]]
-    lo, hi = lo or 0, R if hi is None else hi
-    a = info["data_offsets"][0] + ((e * R + lo) * C) * esz
-    n = (hi - lo) * C
-    if shard._mm is None:
-        with open(shard.path, "rb") as f:
-            shard._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    dt = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}[info["dtype"]]
-    raw = np.frombuffer(shard._mm, dtype=dt, count=n, offset=shard._data + a)
-    out = (raw.astype(np.uint32) << 16).view(np.float32) if info["dtype"] == "BF16" else raw.astype(np.float32)
-    return out.reshape(hi - lo, C)
+    return shard.load(name, (e, slice(lo, hi)))
 
 
 def _plain_loader(sh: SafetensorsShard, name: str, cmf: str):
@@ -363,7 +342,7 @@ def _plain_loader(sh: SafetensorsShard, name: str, cmf: str):
         raise FormatError(f"{sh.path.name}: {name}: dtype {dt} without a .scale tensor: "
                           f"cortiq reads {dt} only as block-scaled weights"
                           + ("" if dt in SW.CODE_DTYPES else " (or the tid2eid table)"))
-    if dt not in _INT_DT and dt not in ("F32", "F16", "BF16", "F64"):
+    if dt not in _INT_DT and dt not in FLOAT_DTYPES:
         raise FormatError(f"{sh.path.name}: {name}: dtype {dt} is not one cortiq converts")
     return lambda: _load(sh, name)
 

@@ -25,8 +25,8 @@ from typing import Callable, Iterator, Mapping
 import numpy as np
 
 from ..errors import ConfigError
-from .hf_dory import (find_tokenizer_json, open_checkpoint, read_hf_config, tokenizer_bundle,
-                      vector_dtype)
+from ._safetensors import open_checkpoint
+from .hf_dory import find_tokenizer_json, read_hf_config, tokenizer_bundle, vector_dtype
 
 CONVERTER = "cortiq.convert.hf_llama"
 #: HF architectures class -> CMF arch_name
