@@ -111,6 +111,13 @@ class QTensor:
         return self._m.raw
 
     @property
+    def qmat(self):
+        """The kernel handle (``cortiq._kernels.QMat``) this tensor wraps: what the fused
+        kernels take as a matrix argument (``dory_attn_row``, ``dory_mlp_row``, the lists of
+        ``matvec_many`` and ``rows_sum``). It shares this tensor's payload and precision."""
+        return self._m
+
+    @property
     def precision(self):
         """"exact", "int8", "auto" or None (the process default, cortiq.set_precision)."""
         return self._m.precision
@@ -141,7 +148,7 @@ class QTensor:
     def matvec_many(tensors, x, outs=None) -> list:
         """[T.matvec(x) for T in tensors] in one parallel pass (all share cols);
         bit-identical to the separate calls."""
-        return _K.matvec_many([t._m for t in tensors], x, outs)
+        return _K.matvec_many([t.qmat for t in tensors], x, outs)
 
     def row(self, i: int, out=None) -> np.ndarray:
         """Row i decoded to float32 [cols] (embedding lookup)."""
@@ -188,7 +195,7 @@ class QGroup:
         if not tensors or any(t.cols != tensors[0].cols for t in tensors):
             raise ValueError("QGroup: needs one or more tensors with the same number of columns")
         self.tensors = tensors
-        self._ms = [t._m for t in tensors]
+        self._ms = [t.qmat for t in tensors]
 
     def matvec(self, x, outs=None) -> list:
         return _K.matvec_many(self._ms, x, outs)

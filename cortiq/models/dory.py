@@ -442,7 +442,7 @@ class DoryModel:
                     return
                 out = self._attn(st, w, li, loop_i, h, pos0, overwrite, rope)
             elif one:
-                K.dory_mlp_row(w.gate._m, w.up._m, w.down._m, h, w.sg, w.su, w.alpha,
+                K.dory_mlp_row(w.gate.qmat, w.up.qmat, w.down.qmat, h, w.sg, w.su, w.alpha,
                                st.scratch, EPS)
                 return
             else:
@@ -515,7 +515,7 @@ class DoryModel:
         if overwrite:
             slot.n -= 1
         slot._reserve(slot.n + 1)
-        K.dory_attn_row(w.q._m, w.k._m, w.v._m, w.g._m, w.o._m, h, w.sq, w.sg, w.alpha,
+        K.dory_attn_row(w.q.qmat, w.k.qmat, w.v.qmat, w.g.qmat, w.o.qmat, h, w.sq, w.sg, w.alpha,
                         rope[0], rope[1], slot.k, slot.v, slot.n, slot.first, pos0,
                         self._window[li], self.attn_scale, st.scratch, EPS)
         slot.n += 1
