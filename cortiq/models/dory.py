@@ -24,7 +24,6 @@ rewrites that chunk's rows in place, so earlier rows hold their last loop's keys
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -304,8 +303,8 @@ class DoryModel:
                             K.dory_mlp_scratch(self.hidden, self.ffn))
         self.gate = self._make_gate(opts.gate)
         # ---- o1: the far field of the full layers (cortiq/models/dory_o1.py)
-        fixed_loops = loops is not None or bool(os.environ.get("CMF_DORY_LOOPS", "").strip())
-        self.o1rt = O1Runtime.for_model(self, o1=o1, spill=spill, turbo_defaults=not fixed_loops)
+        self.o1rt = O1Runtime.for_model(self, o1=o1, spill=spill,
+                                        turbo_defaults=not opts.fixed_loops, env=opts.env)
         # ---- end o1
 
     def _make_gate(self, spec) -> Gate | None:

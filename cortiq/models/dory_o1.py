@@ -14,7 +14,8 @@ stay exact for the rest of the conversation.
 
 Options (the reference engine's precedence): ``o1=`` keyword ("m,w,sink,seal", a 4-tuple, a DoryO1
 or "off") > ``CMF_DORY_O1`` > the turbo record's ``o1`` (unless ``CMF_DORY_O1=off``) >
-off. ``spill=`` keyword > ``CMF_O1_SPILL``.
+off. ``spill=`` keyword > ``CMF_O1_SPILL``. The variables come as a mapping (``env``:
+``ResolvedOptions.env``, read once by ``cortiq.models.dory_config``); none given = none set.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import numpy as np
 
 from .. import _kernels
 from ..errors import ConfigError
+from .dory_config import ENV_EXACT, ENV_EXACT_FEATURES, ENV_EXACT_LOG, ENV_O1, ENV_SPILL
 from .nystrom import QT_STRIDE, NystromState
 
 __all__ = ["DoryO1", "ExactRows", "MAX_NEAR", "EXACT_TAIL", "EXACT_NEIGHBOURS", "QT_STRIDE",
@@ -45,11 +47,6 @@ MAX_NEAR = 8192
 EXACT_TAIL = 512
 #: Neighbours kept on each side of a chosen row: a fact is several tokens.
 EXACT_NEIGHBOURS = 2
-ENV_O1 = "CMF_DORY_O1"
-ENV_EXACT = "CMF_DORY_EXACT"
-ENV_EXACT_FEATURES = "CMF_DORY_EXACT_FEATURES"
-ENV_EXACT_LOG = "CMF_DORY_EXACT_LOG"
-ENV_SPILL = "CMF_O1_SPILL"
 
 
 # ------------------------------------------------------------------ options
@@ -124,7 +121,7 @@ def exact_from_var(value: str, where: str = ENV_EXACT) -> ExactRows | None:
 def resolve_o1(keyword: Any = None, turbo=None, env: Mapping[str, str] | None = None
                ) -> DoryO1 | None:
     """keyword > CMF_DORY_O1 > the turbo record's o1 ("off" anywhere turns it off)."""
-    env = os.environ if env is None else env
+    env = {} if env is None else env
     if keyword is not None:
         return DoryO1.parse(keyword, "o1")
     v = (env.get(ENV_O1) or "").strip()
@@ -146,7 +143,7 @@ def resolve_exact(o1: DoryO1 | None, turbo=None, load_weights=None,
                   ) -> ExactRows | None:
     """keyword ExactRows > CMF_DORY_EXACT=FILE:rows > the turbo record's exact_rows with
     ``dory.exact.weights`` (``load_weights()``); then the MAX_NEAR check."""
-    env = os.environ if env is None else env
+    env = {} if env is None else env
     exact = keyword
     if exact is None and env.get(ENV_EXACT):
         exact = exact_from_var(env[ENV_EXACT])
@@ -160,7 +157,7 @@ def resolve_exact(o1: DoryO1 | None, turbo=None, load_weights=None,
 
 
 def resolve_spill(keyword: Any = None, env: Mapping[str, str] | None = None) -> str | None:
-    env = os.environ if env is None else env
+    env = {} if env is None else env
     if keyword is not None:
         return os.fspath(keyword)
     v = env.get(ENV_SPILL)
@@ -184,7 +181,7 @@ def pick_exact_rows(x: ExactRows, layers: Sequence[tuple[np.ndarray, np.ndarray]
     """The rows to keep exact, ascending. ``layers``: per full layer ``(k, v)`` as
     ``[rows, nk*hd]`` f32; ``lo..hi`` the rows that can go (not sinks, not the window).
     A row goes with its ``EXACT_NEIGHBOURS`` on each side until ``x.budget`` is spent."""
-    env = os.environ if env is None else env
+    env = {} if env is None else env
     hi = min(hi, rows)
     if hi <= lo or rows < 2:
         return []
@@ -416,8 +413,10 @@ class O1Runtime:
     """
 
     def __init__(self, o1: DoryO1, nh: int, nk: int, hd: int, full: Sequence[int],
-                 exact: ExactRows | None = None, spill: str | None = None):
+                 exact: ExactRows | None = None, spill: str | None = None,
+                 env: Mapping[str, str] | None = None):
         self.o1, self.exact, self.spill = o1, exact, spill
+        self.env = {} if env is None else env   # the dump paths of pick_exact_rows
         self.nh, self.nk, self.hd = nh, nk, hd
         self.rep = nh // nk
         self.full = list(full)
@@ -444,7 +443,7 @@ class O1Runtime:
 
         x = resolve_exact(o, turbo, weights, env, exact)
         return cls(o, cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim, full, x,
-                   resolve_spill(spill, env))
+                   resolve_spill(spill, env), env)
 
     # -------------------------------------------------------------- per layer
     def attend(self, slot, q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int,
@@ -590,7 +589,7 @@ class O1Runtime:
         layers = [(k.reshape(rows, self.kv_row), v.reshape(rows, self.kv_row))
                   for _, sl, _, k, v, _ in frozen if sl == 0]
         keep = pick_exact_rows(self.exact, layers, rows, self.nk, self.hd, o1.m, o1.sink,
-                               max(rows - o1.w, 0))
+                               max(rows - o1.w, 0), self.env)
         order = seal_order(rows, o1.sink, keep)
         for _, _, s, k, v, q in frozen:
             o = _o(s)
