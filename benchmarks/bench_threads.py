@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -33,7 +32,7 @@ import cortiq
 from cortiq import _kernels as K
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_decode  # noqa: E402 -- the bench-size Dory and its cache
+import bench_decode  # the bench-size Dory and its cache
 
 PROMPT = 16
 

@@ -28,7 +28,7 @@ import cortiq.cmf as C
 from cortiq import _kernels as K
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_writer import plan  # noqa: E402
+from bench_writer import plan
 
 
 def load(path, verify, preload):

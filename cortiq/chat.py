@@ -58,8 +58,13 @@ from typing import Any
 
 from .errors import TemplateError
 
-__all__ = ["ChatTemplate", "CHATML_TEMPLATE", "TemplateRenderError", "render_chatml",
-           "parse_tool_call_arguments"]
+__all__ = [
+    "CHATML_TEMPLATE",
+    "ChatTemplate",
+    "TemplateRenderError",
+    "parse_tool_call_arguments",
+    "render_chatml",
+]
 
 RENDER_TIMEOUT = 2.0                 # seconds a render may take
 MAX_OUTPUT_CHARS = 8 << 20           # characters of output (and of any value built)
@@ -407,7 +412,7 @@ def _environment():
             _guard_binop(operator, left, right)
             return super().call_binop(context, operator, left, right)
 
-        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 -- jinja's form
+        def call(__self, __context, __obj, *args, **kwargs):  # jinja's form
             target = getattr(__obj, "__wrapped__", __obj)
             owner = getattr(target, "__self__", None)
             if isinstance(owner, str):
@@ -570,7 +575,7 @@ class ChatTemplate:
             pass
 
     @classmethod
-    def from_bundle(cls, tokenizer_config: Mapping | None, tokenizer=None) -> "ChatTemplate":
+    def from_bundle(cls, tokenizer_config: Mapping | None, tokenizer=None) -> ChatTemplate:
         """From a CMF chat bundle (`{"chat_template": str?, ...}`) and the model's
         `cortiq.tokenizer.Tokenizer` (for `bos_token` / `eos_token`); ChatML when the
         bundle has no template."""
@@ -597,7 +602,7 @@ class ChatTemplate:
                    name="tokenizer_config.chat_template")
 
     @classmethod
-    def chatml(cls) -> "ChatTemplate":
+    def chatml(cls) -> ChatTemplate:
         return cls(None)
 
     def render(self, messages, add_generation_prompt: bool = True, tools=None, *,

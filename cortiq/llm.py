@@ -81,8 +81,16 @@ def _check_finite(logits, position: int) -> None:
 
 class _Result:
     """What one generation produced (filled while its generator runs)."""
-    __slots__ = ("prompt_tokens", "cached_tokens", "token_ids", "text", "finish_reason",
-                 "skill", "prefill_s", "decode_s")
+    __slots__ = (
+        "cached_tokens",
+        "decode_s",
+        "finish_reason",
+        "prefill_s",
+        "prompt_tokens",
+        "skill",
+        "text",
+        "token_ids",
+    )
 
     def __init__(self):
         self.prompt_tokens = self.cached_tokens = 0
@@ -190,7 +198,7 @@ class LLM:
     @classmethod
     def from_pretrained(cls, repo_or_path, *, quant: str | None = None, cache_dir=None,
                         revision: str | None = None, progress: bool = False,
-                        **kwargs) -> "LLM":
+                        **kwargs) -> LLM:
         """An LLM over a .cmf file, a .gguf file or a Hugging Face checkpoint directory
         (or a Hub repo id when huggingface_hub is installed), converted on first use
         into a cache of CMF files (`cortiq.pretrained`); other keywords go to `LLM`."""
@@ -202,7 +210,7 @@ class LLM:
     def from_model(cls, model, *, tokenizer, tokenizer_config: Mapping | None = None,
                    chat_template: str | None = None, seed: int | None = None,
                    name: str = "model", n_ctx: int | None = None,
-                   max_sessions: int = 4, precision: str | None = None) -> "LLM":
+                   max_sessions: int = 4, precision: str | None = None) -> LLM:
         """An LLM over a model object that implements the protocol of `cortiq.session`
         (new_state, forward, rollback, can_rollback, vocab, arch, supports_rollback).
         `tokenizer`: a `cortiq.tokenizer.Tokenizer`, a `tokenizers.Tokenizer`, the bytes

@@ -38,7 +38,7 @@ AUTO_I8_DTYPES = _K.AUTO_I8_DTYPES  # ... of which "auto" takes the 4-bit-and-be
 class QTensor:
     """A 2-D weight read in place from its payload bytes (uint8)."""
 
-    __slots__ = ("_m", "dtype", "rows", "cols", "name")
+    __slots__ = ("_m", "cols", "dtype", "name", "rows")
 
     def __init__(self, raw, dtype: str, shape, name: str | None = None, precision="exact"):
         if dtype not in DTYPES:
@@ -70,7 +70,7 @@ class QTensor:
 
     # ---- construction -------------------------------------------------------------
     @classmethod
-    def from_f32(cls, array, dtype: str = "f32", precision="exact") -> "QTensor":
+    def from_f32(cls, array, dtype: str = "f32", precision="exact") -> QTensor:
         """Quantize a 2-D float array with cortiq.cmf.quant.quantize and wrap it."""
         from .cmf import quant
         a = np.ascontiguousarray(array, dtype=np.float32)
@@ -79,7 +79,7 @@ class QTensor:
         return cls(quant.quantize(a, dtype), dtype, a.shape, precision=precision)
 
     @classmethod
-    def from_cmf(cls, cmf_file, name: str, skill=None) -> "QTensor":
+    def from_cmf(cls, cmf_file, name: str, skill=None) -> QTensor:
         """Wrap tensor `name` of an open CmfFile (zero-copy view of the mapped payload).
         dtypes without a kernel (q1, q1s, q1t, u8, odd shapes) are dequantized once and
         kept as f32."""

@@ -11,7 +11,7 @@ import cortiq
 from cortiq.cli import main
 
 sys.path.insert(0, os.path.dirname(__file__))
-import toy_model as T  # noqa: E402
+import toy_model as T
 
 T.register()
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(cortiq.__file__)))

@@ -514,7 +514,7 @@ def test_truncation_at_every_section_boundary(tmp_path):
 def _regions(d):
     doff, dlen = dir_at(d)
     data_off, data_len = struct.unpack_from("<QQ", d, 0x30)
-    return {"envelope": range(0, 128), "header": range(128, doff),
+    return {"envelope": range(128), "header": range(128, doff),
             "directory": range(doff, doff + dlen), "data": range(data_off, data_off + data_len)}
 
 

@@ -23,8 +23,8 @@ from cortiq.errors import ConfigError, FormatError
 from cortiq.models.dory_config import DoryConfig
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference import dory_numpy as D  # noqa: E402
-from reference import hf_tiny  # noqa: E402
+from reference import dory_numpy as D
+from reference import hf_tiny
 
 F32_FILE = 1e-9
 Q8_REL = 0.05

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference import dory_numpy as D  # noqa: E402
-from reference import hf_tiny  # noqa: E402
+from reference import dory_numpy as D
+from reference import hf_tiny
 
 SAME = 1e-10
 DIFFERENT = 1e-4

@@ -36,12 +36,12 @@ if not hasattr(transformers, "DeepseekV4ForCausalLM"):
     pytest.skip("transformers has no DeepseekV4ForCausalLM (needs >= 5.23)", allow_module_level=True)
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference import hf_dsv4 as H  # noqa: E402
+from reference import hf_dsv4 as H
 
-import cortiq  # noqa: E402
-import cortiq.cmf  # noqa: E402
-import cortiq.convert  # noqa: E402
-from cortiq.convert import hf_deepseek_v4 as C  # noqa: E402
+import cortiq
+import cortiq.cmf
+import cortiq.convert
+from cortiq.convert import hf_deepseek_v4 as C
 
 F32_TOL = 1e-4
 Q8_TOL = 1e-3

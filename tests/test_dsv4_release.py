@@ -29,15 +29,15 @@ import numpy as np
 import pytest
 
 import cortiq
-import cortiq.cmf as cmf
+from cortiq import cmf
 from cortiq.convert import hf_deepseek_v4 as C
 from cortiq.convert import microfloat as M
 from cortiq.errors import ConfigError, CortiqError, FormatError
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference import dsv4_release as R  # noqa: E402
-from reference.dsv4_toy import tokenizer_json, toy_tensors  # noqa: E402
-from test_dsv4_convert import HF_CONFIG, IDS  # noqa: E402
+from reference import dsv4_release as R
+from reference.dsv4_toy import tokenizer_json, toy_tensors
+from test_dsv4_convert import HF_CONFIG, IDS
 
 F32_TOL = 1e-4
 ARITH_TOL = 1e-3

@@ -27,13 +27,13 @@ else:
     transformers = pytest.importorskip("transformers")
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference import hf_llama as H  # noqa: E402
+from reference import hf_llama as H
 
-import cortiq  # noqa: E402
-import cortiq.cmf  # noqa: E402
-import cortiq.convert  # noqa: E402
-from cortiq.errors import ConfigError  # noqa: E402
-from cortiq.models import llama as L  # noqa: E402
+import cortiq
+import cortiq.cmf
+import cortiq.convert
+from cortiq.errors import ConfigError
+from cortiq.models import llama as L
 
 F32_TOL = 1e-4
 Q8_TOL = 1e-3

@@ -19,7 +19,7 @@ from cortiq.cmf import Masks, MaskTask
 from cortiq.session import Session
 
 sys.path.insert(0, os.path.dirname(__file__))
-import toy_model as T  # noqa: E402
+import toy_model as T
 
 T.register()
 

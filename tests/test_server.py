@@ -31,11 +31,11 @@ else:
     httpx = pytest.importorskip("httpx")
     openai = pytest.importorskip("openai")
 
-from cortiq.chat import ChatTemplate  # noqa: E402
-from cortiq.server import create_app, json_error_protocol  # noqa: E402
+from cortiq.chat import ChatTemplate
+from cortiq.server import create_app, json_error_protocol
 
 sys.path.insert(0, os.path.dirname(__file__))
-import toy_model as T  # noqa: E402
+import toy_model as T
 
 T.register()
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -318,10 +318,9 @@ def test_cli_serve_and_sigterm(toy_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = ("import sys; sys.path.insert(0, {here!r}); import toy_model; "
+    code = (f"import sys; sys.path.insert(0, {HERE!r}); import toy_model; "
             "toy_model.register(); from cortiq.cli import main; "
-            "sys.exit(main(['serve', {path!r}, '--port', '{port}']))").format(
-                here=HERE, path=toy_path, port=port)
+            f"sys.exit(main(['serve', {toy_path!r}, '--port', '{port}']))")
     env = dict(os.environ, CORTIQ_TOY_DELAY="0.01")
     p = subprocess.Popen([sys.executable, "-c", code], cwd=PKG_PARENT, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -542,10 +541,9 @@ def _free_port():
 
 def _spawn_serve(args, delay="0.01"):
     port = _free_port()
-    code = ("import sys; sys.path.insert(0, {here!r}); import toy_model; "
+    code = (f"import sys; sys.path.insert(0, {HERE!r}); import toy_model; "
             "toy_model.register(); from cortiq.cli import main; "
-            "sys.exit(main(['serve', *{args!r}, '--port', '{port}']))").format(
-                here=HERE, args=list(args), port=port)
+            f"sys.exit(main(['serve', *{list(args)!r}, '--port', '{port}']))")
     env = dict(os.environ, CORTIQ_TOY_DELAY=delay)
     p = subprocess.Popen([sys.executable, "-c", code], cwd=PKG_PARENT, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -68,7 +68,7 @@ import numpy as np
 
 try:
     import torch
-    import torch.nn as nn
+    from torch import nn
     import torch.nn.functional as F
 except ImportError:  # the module is importable without torch for the corpus helpers
     torch = nn = F = None
@@ -454,7 +454,7 @@ class Dory(nn.Module if nn else object):
 
     # ------------------------------------------------------------ HF I/O
     @classmethod
-    def from_tensors(cls, tensors: dict, config: dict, dtype=None) -> "Dory":
+    def from_tensors(cls, tensors: dict, config: dict, dtype=None) -> Dory:
         """A model holding the given HF-named arrays (numpy or torch)."""
         dtype = dtype or torch.float32
         m = cls(config).to(dtype)
@@ -573,7 +573,7 @@ def main(argv=None) -> int:
     train_ids = encode_docs(tok, train_docs)
     held_ids = encode_docs(tok, held_docs)
     V = tok.get_vocab_size()
-    cinfo.update(train_tokens=int(len(train_ids)), heldout_tokens=int(len(held_ids)), vocab=V)
+    cinfo.update(train_tokens=len(train_ids), heldout_tokens=len(held_ids), vocab=V)
     print(f"corpus: {json.dumps(cinfo)} ({time.time() - t0:.1f}s)", flush=True)
     if args.words:
         vocab_words = sorted(set(words("\n".join(train_docs))))

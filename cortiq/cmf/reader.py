@@ -563,7 +563,7 @@ class CmfFile:
                 f"{', preload=True' if self.preload else ''})")
 
 
-def open(path, preload: bool = False, verify: str = "lazy") -> CmfFile:  # noqa: A001
+def open(path, preload: bool = False, verify: str = "lazy") -> CmfFile:
     """Open a CMF v2 file (or any shard of a set) with full §3 validation.
 
     verify="lazy" (default) checks each hash when its bytes are first used, "full"

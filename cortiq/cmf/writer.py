@@ -387,7 +387,7 @@ class Writer:
     def _final_paths(self, count):
         if not self.max_shard_bytes:
             return [self.path]
-        base = self.path[:-4] if self.path.endswith(".cmf") else self.path
+        base = self.path.removesuffix(".cmf")
         return [shard_file_name(base, k, count) for k in range(1, count + 1)]
 
     def _finish(self):

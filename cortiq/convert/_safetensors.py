@@ -29,12 +29,13 @@ _ST_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<
 #: the float dtypes ``load`` converts to float32
 FLOAT_DTYPES = tuple(_ST_DTYPES)
 #: every safetensors dtype as the numpy dtype its bytes are viewed as (``raw``)
-_RAW_DTYPES = dict(_ST_DTYPES, **{
+_RAW_DTYPES = {
+    **_ST_DTYPES,
     "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"),
     "I8": np.dtype("i1"), "U64": np.dtype("<u8"), "U32": np.dtype("<u4"),
     "U16": np.dtype("<u2"), "U8": np.dtype("u1"), "BOOL": np.dtype("u1"),
     "F8_E4M3": np.dtype("u1"), "F8_E5M2": np.dtype("u1"), "F8_E8M0": np.dtype("u1"),
-    "F4": np.dtype("u1")})
+    "F4": np.dtype("u1")}
 
 
 class SafetensorsShard:

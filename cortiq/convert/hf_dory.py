@@ -30,7 +30,8 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -192,7 +193,7 @@ def arch_from_hf_config(hf: Mapping) -> dict:
         cfg = DoryConfig.from_arch(arch)
     except ConfigError as e:
         msg = str(e)
-        m = re.match(r"arch(?:\.dory)?\.(\w+)(?:\.\w+)*: (.*)", msg, re.S)
+        m = re.match(r"arch(?:\.dory)?\.(\w+)(?:\.\w+)*: (.*)", msg, re.DOTALL)
         if m:
             raise _bad(HF_KEY.get(m.group(1), m.group(1)), m.group(2)) from None
         raise ConfigError(f"config.json: {msg}") from None

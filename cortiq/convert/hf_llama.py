@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 

@@ -339,7 +339,7 @@ class _Growing:
 
 
 class _LayerState:
-    __slots__ = ("cache", "win_n", "comp", "ix", "ix_kv")
+    __slots__ = ("cache", "comp", "ix", "ix_kv", "win_n")
 
     def __init__(self, cfg: Dsv4Config, layer: _Layer):
         # rows [0, window): the sliding window ring (slot = pos % window);
@@ -354,7 +354,7 @@ class _LayerState:
 class Dsv4State:
     """Per-sequence state: position and every layer's caches."""
 
-    def __init__(self, model: "DeepseekV4Model"):
+    def __init__(self, model: DeepseekV4Model):
         self.pos = 0
         self.layers = [_LayerState(model.cfg, L) for L in model.layers]
 

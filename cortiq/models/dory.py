@@ -139,7 +139,7 @@ class Topologies:
         self.bh = bh.astype(np.float32).reshape(-1, dim)
 
     @classmethod
-    def from_file(cls, path: str, dim: int) -> "Topologies":
+    def from_file(cls, path: str, dim: int) -> Topologies:
         try:
             w = np.fromfile(path, dtype="<f4")
         except OSError as e:

@@ -33,7 +33,8 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -127,7 +128,7 @@ class DoryTurbo:
         return max(seal, w + sink + 16)
 
     @classmethod
-    def from_record(cls, rec: Any, where: str = "arch.dory.turbo") -> "DoryTurbo":
+    def from_record(cls, rec: Any, where: str = "arch.dory.turbo") -> DoryTurbo:
         if not isinstance(rec, Mapping):
             raise ConfigError(f"{where}: {type(rec).__name__} is not an object")
         o1 = _get(rec, "o1", where)
@@ -172,7 +173,7 @@ class DoryConfig:
 
     # -------------------------------------------------------------- construction
     @classmethod
-    def from_header(cls, header: Mapping) -> "DoryConfig":
+    def from_header(cls, header: Mapping) -> DoryConfig:
         """From a whole CMF header dict (``header["arch"]`` holds the keys)."""
         if not isinstance(header, Mapping):
             raise ConfigError(f"header: {type(header).__name__} is not an object")
@@ -182,7 +183,7 @@ class DoryConfig:
         return cls.from_arch(arch)
 
     @classmethod
-    def from_arch(cls, arch: Mapping) -> "DoryConfig":
+    def from_arch(cls, arch: Mapping) -> DoryConfig:
         """From the header's ``arch`` object."""
         w = "arch"
         name = _get(arch, "arch_name", w)
@@ -324,7 +325,7 @@ class DoryConfig:
 
     @property
     def input_layers(self) -> range:
-        return range(0, self.n_input_layers)
+        return range(self.n_input_layers)
 
     @property
     def recurrent_layers(self) -> range:

@@ -24,7 +24,8 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -33,10 +34,26 @@ from ..errors import ConfigError
 from .dory_config import ENV_EXACT, ENV_EXACT_FEATURES, ENV_EXACT_LOG, ENV_O1, ENV_SPILL
 from .nystrom import QT_STRIDE, NystromState
 
-__all__ = ["DoryO1", "ExactRows", "MAX_NEAR", "EXACT_TAIL", "EXACT_NEIGHBOURS", "QT_STRIDE",
-           "rank_share", "pick_exact_rows", "seal_order", "far_states", "SlotStore",
-           "resolve_o1", "resolve_exact", "resolve_spill", "exact_from_var", "O1Slot",
-           "O1Runtime", "host_kv_bytes"]
+__all__ = [
+    "EXACT_NEIGHBOURS",
+    "EXACT_TAIL",
+    "MAX_NEAR",
+    "QT_STRIDE",
+    "DoryO1",
+    "ExactRows",
+    "O1Runtime",
+    "O1Slot",
+    "SlotStore",
+    "exact_from_var",
+    "far_states",
+    "host_kv_bytes",
+    "pick_exact_rows",
+    "rank_share",
+    "resolve_exact",
+    "resolve_o1",
+    "resolve_spill",
+    "seal_order",
+]
 
 log = logging.getLogger("cortiq.dory")
 
@@ -61,13 +78,13 @@ class DoryO1:
     seal: int
 
     @classmethod
-    def of(cls, m: int, w: int, sink: int, seal: int) -> "DoryO1":
+    def of(cls, m: int, w: int, sink: int, seal: int) -> DoryO1:
         """The reference engine's clamp: below the window plus a margin the state would be exact
         only, so the seal is at least w + sink + 16."""
         return cls(int(m), int(w), int(sink), max(int(seal), int(w) + int(sink) + 16))
 
     @classmethod
-    def parse(cls, value: Any, where: str = "o1") -> "DoryO1 | None":
+    def parse(cls, value: Any, where: str = "o1") -> DoryO1 | None:
         """``"m,w,sink,seal"`` | (m, w, sink, seal) | DoryO1 | "off" / None -> None."""
         if value is None or isinstance(value, DoryO1):
             return value
@@ -425,7 +442,7 @@ class O1Runtime:
     @classmethod
     def for_model(cls, model, *, o1: Any = None, spill: Any = None, exact: Any = None,
                   turbo_defaults: bool = True, env: Mapping[str, str] | None = None
-                  ) -> "O1Runtime | None":
+                  ) -> O1Runtime | None:
         """From the keyword, CMF_DORY_O1, the turbo record (when ``turbo_defaults``: no
         fixed loop count); None when the far field is off or there is no full layer."""
         cfg = model.cfg
