@@ -82,8 +82,8 @@ class BusyCore:
 
     def __enter__(self):
         cpus = sorted(os.sched_getaffinity(0))
-        code = ("import os, sys; os.sched_setaffinity(0, {%d}); sys.stdout.write('up\\n'); "
-                "sys.stdout.flush()\nwhile True: pass" % cpus[-1])
+        code = (f"import os, sys; os.sched_setaffinity(0, {{{cpus[-1]}}}); "
+                "sys.stdout.write('up\\n'); sys.stdout.flush()\nwhile True: pass")
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
         self.proc.stdout.readline()  # pinned and spinning
         return self

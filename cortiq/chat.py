@@ -54,7 +54,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence, Sized
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from .errors import TemplateError
 
@@ -412,17 +412,17 @@ def _environment():
             _guard_binop(operator, left, right)
             return super().call_binop(context, operator, left, right)
 
-        def call(__self, __context, __obj, *args, **kwargs):  # jinja's form
-            target = getattr(__obj, "__wrapped__", __obj)
+        def call(self, context, obj, /, *args, **kwargs):  # kwargs are the call's own
+            target = getattr(obj, "__wrapped__", obj)
             owner = getattr(target, "__self__", None)
             if isinstance(owner, str):
                 _guard_str_method(getattr(target, "__name__", ""), owner, args, kwargs)
-            return super().call(__context, __obj, *args, **kwargs)
+            return super().call(context, obj, *args, **kwargs)
 
     class GenerationTag(Extension):
         """`{% generation %}body{% endgeneration %}` renders body (HF marks assistant
         spans with it for training masks; inference only needs the text)."""
-        tags = {"generation"}
+        tags: ClassVar[set[str]] = {"generation"}
 
         def parse(self, parser):
             lineno = next(parser.stream).lineno

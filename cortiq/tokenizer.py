@@ -165,7 +165,7 @@ class Tokenizer:
             raise FormatError(f"{where}: not a valid JSON document: {e}") from None
         try:
             return tk.Tokenizer.from_str(text)
-        except Exception as e:  # tokenizers raises a bare Exception on bad structure
+        except Exception as e:  # noqa: BLE001 -- tokenizers raises a bare Exception on bad structure
             try:
                 json.loads(text)
             except json.JSONDecodeError as je:
@@ -178,7 +178,7 @@ class Tokenizer:
             return frozenset()
         try:   # the decoder's own JSON: small, unlike the whole tokenizer's
             dec = json.loads(self._tok.decoder.__getstate__())
-        except Exception:  # pragma: no cover - older tokenizers: serialise everything
+        except (AttributeError, TypeError, ValueError):  # pragma: no cover - older tokenizers
             dec = json.loads(self._tok.to_str()).get("decoder")
 
         def has_fallback(node) -> bool:

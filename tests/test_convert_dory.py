@@ -118,7 +118,7 @@ def test_unrunnable_configs_are_refused_naming_the_key(tiny, key, value, named):
 
 
 def test_rope_profiles_must_give_one_base_per_layer_kind(tiny):
-    t, c = tiny
+    _t, c = tiny
     mixed = list(c["rope_profile_layers"])
     mixed[0] = 1                                             # one S layer on profile 1
     with pytest.raises(ConfigError, match="rope_profile_layers: the sliding"):
@@ -167,7 +167,7 @@ def test_expected_tensors_are_exactly_the_checkpoint(tiny):
     for k, shape in want.items():
         assert t[k].shape == shape, k
     plan = H.plan_tensors(cfg, {k: v.shape for k, v in t.items()})
-    assert [p[0] for p in plan][0] == "backbone.embeddings.weight"
+    assert next(p[0] for p in plan) == "backbone.embeddings.weight"
     assert [p[1] for p in plan][-2:] == ["lm_head.weight", "lm_head.logit_scale"]
 
 
@@ -230,7 +230,7 @@ def test_vector_dtype_rule():
 @pytest.mark.parametrize("dtype,shards", [("f32", 1), ("bf16", 1), ("bf16", 3), ("f32", 2)])
 def test_checkpoint_reader_returns_the_stored_values(tmp_path, dtype, shards):
     t, c = hf_tiny.build(tmp_path, seed=2, dtype=dtype, shards=shards)
-    hf, arch, plan, where = H.plan_checkpoint(tmp_path)
+    hf, _arch, plan, where = H.plan_checkpoint(tmp_path)
     assert hf == c and len(plan) == len(t)
     for name, arr in t.items():
         got = where[name].load(name)

@@ -57,7 +57,7 @@ def _diff(a, b):
 
 
 def test_header_matches_the_family(case):
-    name, model, d, ids, f32 = case
+    name, model, _d, _ids, f32 = case
     with cortiq.cmf.open(f32) as f:
         arch = dict(f.arch)
         names = set(f.tensors)
@@ -84,7 +84,7 @@ def test_header_matches_the_family(case):
 
 
 def test_parity_f32_prefill_chunks_and_tokens(case):
-    name, model, d, ids, f32 = case
+    name, model, _d, ids, f32 = case
     ref = H.full_logits(model, ids)
     with cortiq.LLM(f32) as llm:
         assert llm.arch == name.split("_")[0].replace("llama3", "llama")
@@ -101,7 +101,7 @@ def test_parity_f32_prefill_chunks_and_tokens(case):
 
 def test_chunk_boundary(case, monkeypatch):
     """A prompt longer than CHUNK runs in several chunks and still matches."""
-    name, model, d, ids, f32 = case
+    _name, model, _d, ids, f32 = case
     monkeypatch.setattr(L, "CHUNK", 16)
     with cortiq.LLM(f32) as llm:
         got = llm.session().feed(ids, want="all")
@@ -109,7 +109,7 @@ def test_chunk_boundary(case, monkeypatch):
 
 
 def test_parity_q8_row(case, tmp_path):
-    name, model, d, ids, f32 = case
+    name, model, d, ids, _f32 = case
     out = d / "q8.cmf"
     cortiq.convert.from_hf(d / "hf", out, quant="q8_row", progress=False)
     with cortiq.cmf.open(out) as f:
@@ -145,7 +145,7 @@ def test_features_bite():
 def test_rollback_and_reuse(case):
     """Rolling back (in place, or by re-reading when a window dropped keys) and the
     LLM's cross-turn KV reuse give the logits of a straight run."""
-    name, model, d, ids, f32 = case
+    _name, _model, _d, ids, f32 = case
     with cortiq.LLM(f32) as llm:
         ref = llm.session().feed(ids, want="all")
         s = llm.session()
@@ -167,7 +167,7 @@ def test_rollback_and_reuse(case):
 
 
 def test_chat_template_and_eos_come_along(case):
-    name, model, d, ids, f32 = case
+    _name, _model, _d, _ids, f32 = case
     with cortiq.LLM(f32) as llm:
         text = llm.apply_chat_template([{"role": "user", "content": "w7 w8"}])
         assert text == "<|im_start|>user\nw7 w8<|im_end|>\n<|im_start|>assistant\n"
@@ -205,7 +205,7 @@ def test_config_refusals_name_the_key(over, key):
 
 
 def test_from_hf_refuses_unknown_and_bad_tensors(tmp_path, case):
-    name, model, d, ids, f32 = case
+    name, _model, d, _ids, _f32 = case
     (tmp_path / "config.json").write_text(json.dumps(_cfg(
         architectures=["FalconForCausalLM"], model_type="falcon")))
     with pytest.raises(ConfigError, match="falcon"):
@@ -238,7 +238,7 @@ def test_from_hf_refuses_unknown_and_bad_tensors(tmp_path, case):
 
 def test_served_like_any_model(case):
     """The OpenAI server runs a Llama-family file through the same LLM paths."""
-    name, model, d, ids, f32 = case
+    name, _model, _d, _ids, f32 = case
     if name != "qwen3":
         pytest.skip("one family is enough for the server path")
     pytest.importorskip("starlette")
@@ -262,7 +262,7 @@ def test_served_like_any_model(case):
 
 def test_model_refuses_bad_headers(case, tmp_path):
     """A file whose header cannot describe this family is refused when opened."""
-    name, model, d, ids, f32 = case
+    name, _model, _d, _ids, f32 = case
     if name != "llama3":
         pytest.skip("one file is enough")
     with cortiq.cmf.open(f32) as f:

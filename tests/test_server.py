@@ -260,17 +260,17 @@ def test_queue_full_is_429_and_disconnect_stops_generation(toy_path):
     body = {"prompt": "the quick brown", "max_tokens": 2000, "stream": True,
             "temperature": 1.0, "logit_bias": {str(i): -100 for i in llm.tokenizer.eos_token_ids}}
     with ServerThread(create_app(llm, max_concurrency=1, max_queue=0)) as srv:
-        with httpx.Client(timeout=30) as c:
-            with c.stream("POST", srv.url + "/v1/completions", json=body) as resp:
-                assert resp.status_code == 200
-                lines = resp.iter_lines()
-                first = next(ln for ln in lines if ln.startswith("data: "))
-                assert json.loads(first[6:])["object"] == "text_completion"
-                # The only slot is taken: the next request is refused, not queued.
-                r = _post(srv, "/v1/completions", {"prompt": "hi", "max_tokens": 1})
-                _is_openai_error(r, 429, code="queue_full")
-                assert r.json()["error"]["type"] == "rate_limit_error"
-                assert r.headers["retry-after"] == "1"
+        with httpx.Client(timeout=30) as c, c.stream("POST", srv.url + "/v1/completions",
+                                                      json=body) as resp:
+            assert resp.status_code == 200
+            lines = resp.iter_lines()
+            first = next(ln for ln in lines if ln.startswith("data: "))
+            assert json.loads(first[6:])["object"] == "text_completion"
+            # The only slot is taken: the next request is refused, not queued.
+            r = _post(srv, "/v1/completions", {"prompt": "hi", "max_tokens": 1})
+            _is_openai_error(r, 429, code="queue_full")
+            assert r.json()["error"]["type"] == "rate_limit_error"
+            assert r.headers["retry-after"] == "1"
             # Closed mid-stream (2000 tokens would take >= 20 s): generation stops.
         deadline = time.monotonic() + 5
         while httpx.get(srv.url + "/healthz", timeout=5).json()["running_or_queued"]:
@@ -366,7 +366,7 @@ def test_cli_serve_and_sigterm(toy_path):
 @pytest.mark.parametrize("depth", [100, 3000])
 def test_deeply_nested_json_is_400(server, path, depth):
     key = "messages" if "chat" in path else "prompt"
-    raw = ('{"%s": ' % key + "[" * depth + "]" * depth + "}").encode()
+    raw = (f'{{"{key}": ' + "[" * depth + "]" * depth + "}").encode()
     e = _is_openai_error(_post(server, path, None, raw=raw), 400, code="invalid_json")
     assert "nested deeper" in e["message"]
     assert e["param"] in (key, None)           # None: json itself gave up (too deep)

@@ -119,7 +119,7 @@ class _Part:
     def __init__(self, path: str, preload: bool = False, verify: str = "lazy"):
         self.path = path = os.fspath(path)
         try:
-            fh = builtins.open(path, "rb")
+            fh = builtins.open(path, "rb")  # noqa: SIM115 -- the with below closes it
         except FileNotFoundError:
             raise CmfFileNotFound(f"{path}: no such file") from None
         except IsADirectoryError:

@@ -134,9 +134,8 @@ def layer_types(hf: Mapping, name: str, n: int) -> tuple[list[str], int | None]:
         if len(lt) != n or any(t not in ("full_attention", "sliding_attention") for t in lt):
             raise _bad("layer_types", f"{lt!r}: want {n} of full_attention / sliding_attention")
         slide = [t == "sliding_attention" and window is not None for t in lt]
-    if any(slide):
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise _bad("sliding_window", f"{window!r} is not a positive integer")
+    if any(slide) and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise _bad("sliding_window", f"{window!r} is not a positive integer")
     return (["SlidingAttention" if s else "FullAttention" for s in slide],
             int(window) if any(slide) else None)
 

@@ -207,7 +207,7 @@ def config_from_file(cf) -> Dsv4Config:
     hd = int(_need(arch, "head_dim"))
     nh = int(_need(arch, "num_attention_heads"))
     prf = arch.get("partial_rotary_factor")
-    rd = 64 if prf in (None, 1, 1.0) else int(round(float(prf) * hd))
+    rd = 64 if prf in (None, 1, 1.0) else round(float(prf) * hd)
     if rd % 2 or rd > hd:
         raise ConfigError(f"arch.partial_rotary_factor: rope dim {rd} must be even and <= {hd}")
 

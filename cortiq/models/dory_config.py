@@ -124,7 +124,7 @@ class DoryTurbo:
     @property
     def seal(self) -> int:
         """The seal position as the reference engine uses it: at least window + sinks + 16."""
-        m, w, sink, seal = self.o1
+        _m, w, sink, seal = self.o1
         return max(seal, w + sink + 16)
 
     @classmethod
@@ -256,7 +256,7 @@ class DoryConfig:
             raise ConfigError(f"{d}.n_recurrent_loops: {self.n_recurrent_loops} is out of "
                               f"range (want in 1..{MAX_LOOPS})")
         if self.turbo is not None:
-            m, w, sink, _ = self.turbo.o1
+            _m, w, sink, _ = self.turbo.o1
             if w + sink + self.turbo.exact_rows > MAX_NEAR:
                 raise ConfigError(f"{d}.turbo.exact_rows: window {w} + sinks {sink} + exact "
                                   f"rows {self.turbo.exact_rows} exceed {MAX_NEAR}")

@@ -295,7 +295,7 @@ class _Store:
         self.path = path
         self.n = 0
         self._ram: list[np.ndarray] = []
-        self._fh = open(path, "wb") if path is not None else None
+        self._fh = open(path, "wb") if path is not None else None  # noqa: SIM115 -- until freeze
 
     def push(self, a: np.ndarray) -> None:
         a = np.ascontiguousarray(a, np.float32)
@@ -321,7 +321,7 @@ class _Store:
         # A state dropped before its rebuild leaves no files behind.
         try:
             self.remove()
-        except Exception:  # noqa: BLE001 -- interpreter shutdown
+        except Exception:  # noqa: BLE001, S110 -- interpreter shutdown
             pass
 
     def remove(self) -> None:
