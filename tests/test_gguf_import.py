@@ -119,7 +119,7 @@ def test_q4_0_is_exact_and_q8_0_close(tmp_path, case):
     def types(name, a):
         return T.Q4_0 if "mlp" in name or "k_proj" in name else (
             T.Q8_0 if a.ndim == 2 else T.F32)
-    model, arch, _state, _tok, path = _write(tmp_path, case, types)
+    model, arch, _, _tok, path = _write(tmp_path, case, types)
     reader = gguf.GGUFReader(str(path))
     src = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors}
     out = tmp_path / "m.cmf"
@@ -147,7 +147,7 @@ def test_q4_0_is_exact_and_q8_0_close(tmp_path, case):
 
 
 def test_f32_option_and_k_quant_warning(tmp_path):
-    _model, _arch, _state, _tok, path = _write(
+    _model, _arch, _, _tok, path = _write(
         tmp_path, "qwen3", lambda n, a: T.Q8_0 if "mlp" in n else T.F32)
     out = tmp_path / "exact.cmf"
     import_gguf(path, out, quant="f32", progress=False)
@@ -181,7 +181,7 @@ def test_f32_option_and_k_quant_warning(tmp_path):
 
 def test_cli_import_gguf(tmp_path):
     from cortiq.cli import main
-    _model, _arch, _state, _tok, path = _write(tmp_path, "qwen3", lambda n, a: T.F32)
+    _model, _arch, _, _tok, path = _write(tmp_path, "qwen3", lambda n, a: T.F32)
     assert main(["import-gguf", str(path), str(tmp_path / "c.cmf"), "--quiet"]) == 0
     assert cortiq.LLM(tmp_path / "c.cmf").arch == "qwen3"
     (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03\x00\x00\x00garbage")
@@ -236,7 +236,7 @@ def test_sentencepiece_vocabulary():
 
 
 def test_from_pretrained_takes_a_gguf_file(tmp_path):
-    model, _arch, _state, _tok, path = _write(tmp_path, "llama3", lambda n, a: T.F32)
+    model, _arch, _, _tok, path = _write(tmp_path, "llama3", lambda n, a: T.F32)
     ids = H.sequence(model.config.vocab_size, 8, seed=2)
     with cortiq.LLM.from_pretrained(path, cache_dir=tmp_path / "cache") as llm:
         first = llm.path
