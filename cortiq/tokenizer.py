@@ -165,7 +165,7 @@ class Tokenizer:
             raise FormatError(f"{where}: not a valid JSON document: {e}") from None
         try:
             return tk.Tokenizer.from_str(text)
-        except Exception as e:  # noqa: BLE001 -- tokenizers raises a bare Exception on bad structure
+        except Exception as e:  # noqa: BLE001 -- tokenizers raises bare Exceptions
             try:
                 json.loads(text)
             except json.JSONDecodeError as je:

@@ -36,8 +36,8 @@ with a ConfigError naming the ``config.json`` key.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -395,7 +395,8 @@ def plan(hf_dir, log: Callable[[str], None] | None = None):
                     if shape[1] != 2 * inter:
                         raise ConfigError(f"{name}: shape {shape}, want [{E}, {2 * inter}, D]")
                     out[f"{p}.{e}.gate_proj.weight"] = (
-                        lambda s=sh, nm=name, e=e: _load_slice(s, nm, e, 0, inter), (inter, shape[2]))
+                        lambda s=sh, nm=name, e=e: _load_slice(s, nm, e, 0, inter),
+                        (inter, shape[2]))
                     out[f"{p}.{e}.up_proj.weight"] = (
                         lambda s=sh, nm=name, e=e: _load_slice(s, nm, e, inter, 2 * inter),
                         (inter, shape[2]))

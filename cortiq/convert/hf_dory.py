@@ -29,9 +29,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 

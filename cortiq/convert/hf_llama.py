@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 
 import numpy as np
 

@@ -85,8 +85,8 @@ Places where the reference engine and vLLM/llama.cpp differ, and what this refer
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
