@@ -14,7 +14,6 @@ threads on Windows): no OpenMP runtime is needed on any platform.
 """
 import glob
 import os
-import sys
 import sysconfig
 
 import numpy as np

@@ -76,7 +76,7 @@ def write_gguf(path, g):
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, os.path.join(here, "..", "tests"))
     import gguf
-    from reference import gguf_llama  # noqa: PLC0415 -- the tests' GGUF writer
+    from reference import gguf_llama  # the tests' GGUF writer
     T = gguf.GGMLQuantizationType
     gguf_llama.write(path, random_tensors(g), arch_of(g),
                      types=lambda n, a: T.Q8_0 if a.ndim == 2 else T.F32,

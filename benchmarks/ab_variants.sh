@@ -32,8 +32,8 @@ np.asarray(QTensor.from_f32(w, dt).raw).tofile(out)
 print(codes[dt])
 PY
 )
-cflags="-O3 -std=gnu11 -ffp-contract=off -fno-math-errno -Wno-unused-function -mavx2 -mfma -mf16c -fopenmp"
-cflags="$cflags -DCORTIQ_HAVE_OPENMP=1 -DCORTIQ_HAVE_AVX2=1 -I$root/csrc"
+cflags="-O3 -std=gnu11 -ffp-contract=off -fno-math-errno -Wno-unused-function -mavx2 -mfma -mf16c -pthread"
+cflags="$cflags -DCORTIQ_HAVE_AVX2=1 -I$root/csrc"
 decl="" list="" names="" vobjs=""
 while [ $# -ge 2 ]; do
     name=$1 flags=$2
@@ -43,6 +43,6 @@ while [ $# -ge 2 ]; do
     decl="$decl ab_$name," list="$list &ab_$name," names="$names \"$name\"," vobjs="$vobjs $work/$name.o"
 done
 # shellcheck disable=SC2086
-gcc -O2 -fopenmp -I"$root/csrc" "-DAB_DECL=${decl%,}" "-DAB_LIST=${list%,}" "-DAB_NAMES=${names%,}" \
+gcc -O2 -pthread -I"$root/csrc" "-DAB_DECL=${decl%,}" "-DAB_LIST=${list%,}" "-DAB_NAMES=${names%,}" \
     "$root/benchmarks/ab_variants.c" $vobjs $objs -lm -o "$work/ab"
 "$work/ab" "$mode" "$code" "$work/payload.bin" "$rows" "$cols" "$rounds" "$threads" "$t"

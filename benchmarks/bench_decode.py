@@ -223,11 +223,11 @@ def main():
     a, rest = ap.parse_known_args()
     if a.arch == "deepseek_v4":
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import _bench_dsv4  # noqa: PLC0415 -- its own module, owned with the DSV4 forward
+        import _bench_dsv4  # its own module, owned with the DSV4 forward
         return _bench_dsv4.main(a, rest)
     if a.arch == "llama":
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import _bench_llama  # noqa: PLC0415 -- its own module: the llama.cpp comparison
+        import _bench_llama  # its own module: the llama.cpp comparison
         return _bench_llama.main(a, rest)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")

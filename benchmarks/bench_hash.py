@@ -42,7 +42,7 @@ def main():
         for _, n in sizes:
             buf = big[:n]
             reps = a.repeat if n > (8 << 20) else max(a.repeat, 50)
-            rates.append(best_rate(lambda: hash64(buf), n, reps))
+            rates.append(best_rate(lambda buf=buf: hash64(buf), n, reps))
         print(f"{isa:<8}" + "".join(f"{r:>20.2f}" for r in rates))
     K.set_isa(before)
     n = 64 << 20

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -33,7 +32,7 @@ import cortiq
 from cortiq import _kernels as K
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_decode  # noqa: E402 -- the bench-size Dory and its cache
+import bench_decode  # the bench-size Dory and its cache
 
 PROMPT = 16
 
@@ -83,8 +82,8 @@ class BusyCore:
 
     def __enter__(self):
         cpus = sorted(os.sched_getaffinity(0))
-        code = ("import os, sys; os.sched_setaffinity(0, {%d}); sys.stdout.write('up\\n'); "
-                "sys.stdout.flush()\nwhile True: pass" % cpus[-1])
+        code = (f"import os, sys; os.sched_setaffinity(0, {{{cpus[-1]}}}); "
+                "sys.stdout.write('up\\n'); sys.stdout.flush()\nwhile True: pass")
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
         self.proc.stdout.readline()  # pinned and spinning
         return self

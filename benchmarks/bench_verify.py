@@ -28,7 +28,7 @@ import cortiq.cmf as C
 from cortiq import _kernels as K
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_writer import plan  # noqa: E402
+from bench_writer import plan
 
 
 def load(path, verify, preload):
@@ -72,7 +72,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=tempfile.gettempdir())
     a = ap.parse_args()
-    shapes, total, arch = plan(int(a.gib * (1 << 30)))
+    shapes, _total, arch = plan(int(a.gib * (1 << 30)))
     rng = np.random.default_rng(0)
     path = os.path.join(a.dir, f"bench-verify-{os.getpid()}.cmf")
     try:

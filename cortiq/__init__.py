@@ -8,11 +8,11 @@ from .llm import LLM
 from .sampling import SamplingParams
 
 __all__ = [
+    "LLM",
     "ConfigError",
     "CortiqError",
     "FormatError",
     "KernelError",
-    "LLM",
     "ModelError",
     "SamplingParams",
     "TemplateError",

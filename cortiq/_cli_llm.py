@@ -249,7 +249,7 @@ def cmd_chat(args) -> int:
             t0 = time.perf_counter()
             usage = {}
 
-            def key(c):
+            def key(c, usage=usage):
                 if c.get("usage"):
                     usage.update(c["usage"])
                 return c["choices"][0]["delta"].get("content") if c["choices"] else None

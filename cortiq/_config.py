@@ -173,18 +173,18 @@ def show_config(file=None) -> None:
     pool = c["pool"]
     lines = [
         f"cortiq {c['version']}",
-        f"  isa:          {c['isa']}  (compiled: {', '.join(c['isa_compiled'])}; "
-        f"usable here: {', '.join(c['isa_usable'])})",
+        (f"  isa:          {c['isa']}  (compiled: {', '.join(c['isa_compiled'])}; "
+         f"usable here: {', '.join(c['isa_usable'])})"),
         f"  cpu features: {' '.join(c['cpu_features']) or '(none detected)'}",
         f"  L1 data:      {c['l1d_bytes'] // 1024} KiB",
-        f"  threads:      {c['threads']}  (the caller + {c['threads'] - 1} pool workers; "
-        f"{pool['workers']} started)",
-        f"  wait policy:  idle workers spin {pool['spin_us']} us, then sleep (CORTIQ_SPIN_US); "
-        f"{pool['stalls']} calls met a descheduled worker",
-        f"  precision:    {c['precision']}  ({_PRECISION_WORDS[c['precision']]}; "
-        f"CORTIQ_PRECISION, set_precision, LLM(precision=...))",
-        f"  preload:      {'on' if c['preload'] else 'off'}  (LLM default, CORTIQ_PRELOAD; "
-        f"cortiq serve: {'on' if preload_default(long_running=True) else 'off'})",
+        (f"  threads:      {c['threads']}  (the caller + {c['threads'] - 1} pool workers; "
+         f"{pool['workers']} started)"),
+        (f"  wait policy:  idle workers spin {pool['spin_us']} us, then sleep (CORTIQ_SPIN_US); "
+         f"{pool['stalls']} calls met a descheduled worker"),
+        (f"  precision:    {c['precision']}  ({_PRECISION_WORDS[c['precision']]}; "
+         f"CORTIQ_PRECISION, set_precision, LLM(precision=...))"),
+        (f"  preload:      {'on' if c['preload'] else 'off'}  (LLM default, CORTIQ_PRELOAD; "
+         f"cortiq serve: {'on' if preload_default(long_running=True) else 'off'})"),
         f"  compiler:     {c['compiler']}",
     ]
     print("\n".join(lines), file=file)

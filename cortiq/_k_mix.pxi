@@ -235,7 +235,7 @@ def grouped_rows(qt, x, size_t groups, out=None):
     """DeepSeek-V4's grouped low-rank projection from the stored rows of `qt` (a
     QTensor or QMat of groups*lora rows, per = cols): out[r] = W[r] . x[g*per:(g+1)*per]
     with g = r // lora. x has groups*per floats. No dequantized copy is made."""
-    cdef QMat qm = qt._m if not isinstance(qt, QMat) else qt
+    cdef QMat qm = qt.qmat if not isinstance(qt, QMat) else qt
     cdef cnp.ndarray xa = _f32(x, "grouped_rows", "x")
     if groups == 0 or qm.rows % groups:
         raise ValueError(f"grouped_rows: {qm.rows} rows do not split into {groups} groups")
@@ -258,7 +258,7 @@ def rows_sum(tensors, xs, out=None):
     cdef size_t n = len(tensors)
     if n == 0 or len(xs) != n:
         raise ValueError("rows_sum: need as many inputs as tensors (at least one)")
-    mats = [t if isinstance(t, QMat) else t._m for t in tensors]
+    mats = [t if isinstance(t, QMat) else t.qmat for t in tensors]
     arrs = []
     cdef QMat qm
     cdef size_t rows = (<QMat>mats[0]).rows

@@ -54,12 +54,17 @@ import threading
 import time
 from collections.abc import Mapping, Sequence, Sized
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from .errors import TemplateError
 
-__all__ = ["ChatTemplate", "CHATML_TEMPLATE", "TemplateRenderError", "render_chatml",
-           "parse_tool_call_arguments"]
+__all__ = [
+    "CHATML_TEMPLATE",
+    "ChatTemplate",
+    "TemplateRenderError",
+    "parse_tool_call_arguments",
+    "render_chatml",
+]
 
 RENDER_TIMEOUT = 2.0                 # seconds a render may take
 MAX_OUTPUT_CHARS = 8 << 20           # characters of output (and of any value built)
@@ -408,17 +413,17 @@ def _environment():
             _guard_binop(operator, left, right)
             return super().call_binop(context, operator, left, right)
 
-        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 -- jinja's form
-            target = getattr(__obj, "__wrapped__", __obj)
+        def call(self, context, obj, /, *args, **kwargs):  # kwargs are the call's own
+            target = getattr(obj, "__wrapped__", obj)
             owner = getattr(target, "__self__", None)
             if isinstance(owner, str):
                 _guard_str_method(getattr(target, "__name__", ""), owner, args, kwargs)
-            return super().call(__context, __obj, *args, **kwargs)
+            return super().call(context, obj, *args, **kwargs)
 
     class GenerationTag(Extension):
         """`{% generation %}body{% endgeneration %}` renders body (HF marks assistant
         spans with it for training masks; inference only needs the text)."""
-        tags = {"generation"}
+        tags: ClassVar[set[str]] = {"generation"}
 
         def parse(self, parser):
             lineno = next(parser.stream).lineno
@@ -571,7 +576,7 @@ class ChatTemplate:
             pass
 
     @classmethod
-    def from_bundle(cls, tokenizer_config: Mapping | None, tokenizer=None) -> "ChatTemplate":
+    def from_bundle(cls, tokenizer_config: Mapping | None, tokenizer=None) -> ChatTemplate:
         """From a CMF chat bundle (`{"chat_template": str?, ...}`) and the model's
         `cortiq.tokenizer.Tokenizer` (for `bos_token` / `eos_token`); ChatML when the
         bundle has no template."""
@@ -598,7 +603,7 @@ class ChatTemplate:
                    name="tokenizer_config.chat_template")
 
     @classmethod
-    def chatml(cls) -> "ChatTemplate":
+    def chatml(cls) -> ChatTemplate:
         return cls(None)
 
     def render(self, messages, add_generation_prompt: bool = True, tools=None, *,

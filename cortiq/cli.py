@@ -34,7 +34,7 @@ def main(argv=None) -> int:
         return args.func(args)
     except KeyboardInterrupt:
         return 130
-    except Exception as e:  # noqa: BLE001 -- user errors become one line, not a traceback
+    except Exception as e:  # user errors become one line, not a traceback
         from .errors import CortiqError
         if isinstance(e, (CortiqError, OSError)):
             print(f"cortiq: error: {e}", file=sys.stderr)

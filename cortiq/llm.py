@@ -164,7 +164,7 @@ class LLM:
     @classmethod
     def from_pretrained(cls, repo_or_path, *, quant: str | None = None, cache_dir=None,
                         revision: str | None = None, progress: bool = False,
-                        **kwargs) -> "LLM":
+                        **kwargs) -> LLM:
         """An LLM over a .cmf file, a .gguf file or a Hugging Face checkpoint directory
         (or a Hub repo id when huggingface_hub is installed), converted on first use
         into a cache of CMF files (`cortiq.pretrained`); other keywords go to `LLM`."""
@@ -176,7 +176,7 @@ class LLM:
     def from_model(cls, model, *, tokenizer, tokenizer_config: Mapping | None = None,
                    chat_template: str | None = None, seed: int | None = None,
                    name: str = "model", n_ctx: int | None = None,
-                   max_sessions: int = 4, precision: str | None = None) -> "LLM":
+                   max_sessions: int = 4, precision: str | None = None) -> LLM:
         """An LLM over a model object that implements the protocol of `cortiq.session`
         (new_state, forward, rollback, can_rollback, vocab, arch, supports_rollback).
         `tokenizer`: a `cortiq.tokenizer.Tokenizer`, a `tokenizers.Tokenizer`, the bytes

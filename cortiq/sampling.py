@@ -36,7 +36,7 @@ import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["SamplingParams", "Sampler", "GREEDY_EPS"]
+__all__ = ["GREEDY_EPS", "Sampler", "SamplingParams"]
 
 GREEDY_EPS = 1e-6          # temperature below this means argmax (upstream's threshold)
 _BIAS_LIMIT = 100.0        # OpenAI's logit_bias range
@@ -142,7 +142,7 @@ class SamplingParams:
             s(self, "seed", int(seed))
 
     @classmethod
-    def greedy(cls, **overrides) -> "SamplingParams":
+    def greedy(cls, **overrides) -> SamplingParams:
         """Argmax decoding without penalties (the CLI's --greedy)."""
         kw: dict[str, Any] = dict(temperature=0.0, repetition_penalty=1.0)
         kw.update(overrides)
@@ -152,7 +152,7 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_EPS
 
-    def replace(self, **changes) -> "SamplingParams":
+    def replace(self, **changes) -> SamplingParams:
         return replace(self, **changes)
 
     def to_dict(self) -> dict:

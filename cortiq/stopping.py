@@ -30,7 +30,7 @@ from collections.abc import Iterable
 
 from .errors import ConfigError
 
-__all__ = ["StopChecker", "truncate_at_stop", "normalize_stop"]
+__all__ = ["StopChecker", "normalize_stop", "truncate_at_stop"]
 
 
 def normalize_stop(stop) -> tuple[str, ...]:

@@ -42,7 +42,7 @@ AUTO_I8_DTYPES = _K.AUTO_I8_DTYPES  # ... of which "auto" takes the 4-bit-and-be
 class QTensor:
     """A 2-D weight read in place from its payload bytes (uint8)."""
 
-    __slots__ = ("_m", "dtype", "rows", "cols", "name")
+    __slots__ = ("_m", "cols", "dtype", "name", "rows")
 
     def __init__(self, raw, dtype: str, shape, name: str | None = None, precision="exact"):
         if dtype not in DTYPES:
@@ -74,7 +74,7 @@ class QTensor:
 
     # ---- construction -------------------------------------------------------------
     @classmethod
-    def from_f32(cls, array, dtype: str = "f32", precision="exact") -> "QTensor":
+    def from_f32(cls, array, dtype: str = "f32", precision="exact") -> QTensor:
         """Quantize a 2-D float array with cortiq.cmf.quant.quantize and wrap it."""
         from .cmf import quant
         a = np.ascontiguousarray(array, dtype=np.float32)
@@ -83,7 +83,7 @@ class QTensor:
         return cls(quant.quantize(a, dtype), dtype, a.shape, precision=precision)
 
     @classmethod
-    def from_cmf(cls, cmf_file, name: str, skill=None) -> "QTensor":
+    def from_cmf(cls, cmf_file, name: str, skill=None) -> QTensor:
         """Wrap tensor `name` of an open CmfFile (zero-copy view of the mapped payload).
         dtypes without a kernel (q1, q1s, q1t, u8, odd shapes) are dequantized once and
         kept as f32."""
@@ -113,6 +113,13 @@ class QTensor:
     @property
     def raw(self) -> np.ndarray:
         return self._m.raw
+
+    @property
+    def qmat(self):
+        """The kernel handle (``cortiq._kernels.QMat``) this tensor wraps: what the fused
+        kernels take as a matrix argument (``dory_attn_row``, ``dory_mlp_row``, the lists of
+        ``matvec_many`` and ``rows_sum``). It shares this tensor's payload and precision."""
+        return self._m
 
     @property
     def precision(self):
@@ -153,7 +160,7 @@ class QTensor:
     def matvec_many(tensors, x, outs=None) -> list:
         """[T.matvec(x) for T in tensors] in one parallel pass (all share cols);
         bit-identical to the separate calls."""
-        return _K.matvec_many([t._m for t in tensors], x, outs)
+        return _K.matvec_many([t.qmat for t in tensors], x, outs)
 
     def row(self, i: int, out=None) -> np.ndarray:
         """Row i decoded to float32 [cols] (embedding lookup)."""
@@ -200,7 +207,7 @@ class QGroup:
         if not tensors or any(t.cols != tensors[0].cols for t in tensors):
             raise ValueError("QGroup: needs one or more tensors with the same number of columns")
         self.tensors = tensors
-        self._ms = [t._m for t in tensors]
+        self._ms = [t.qmat for t in tensors]
 
     def matvec(self, x, outs=None) -> list:
         return _K.matvec_many(self._ms, x, outs)

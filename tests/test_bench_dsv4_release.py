@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import _bench_dsv4 as B  # noqa: E402
+import _bench_dsv4 as B
 
-from cortiq import cmf  # noqa: E402
-from cortiq.convert import hf_deepseek_v4 as C  # noqa: E402
+from cortiq import cmf
+from cortiq.convert import hf_deepseek_v4 as C
 
 TINY = ["--dim", "64", "--layers", "4", "--heads", "2", "--head-dim", "32", "--rope", "16",
         "--q-lora", "32", "--o-groups", "2", "--o-lora", "16", "--experts", "4", "--top-k", "2",

@@ -207,7 +207,7 @@ def test_empty_header_or_directory(tmp_path):
 def test_sections_past_eof_or_overflowing(tmp_path, field):
     d = base_file()
     at = 0x10 + 16 * field
-    off, ln = struct.unpack_from("<QQ", d, at)
+    _off, _ln = struct.unpack_from("<QQ", d, at)
     for new_off, new_len in [(len(d), 1), (len(d) - 1, 2), (2**64 - 1, 2), (0, 2**63),
                              (2**63, 2**63)]:
         e = expect(tmp_path, patch(d, at, "<QQ", new_off, new_len), C.BoundsError,
@@ -514,7 +514,7 @@ def test_truncation_at_every_section_boundary(tmp_path):
 def _regions(d):
     doff, dlen = dir_at(d)
     data_off, data_len = struct.unpack_from("<QQ", d, 0x30)
-    return {"envelope": range(0, 128), "header": range(128, doff),
+    return {"envelope": range(128), "header": range(128, doff),
             "directory": range(doff, doff + dlen), "data": range(data_off, data_off + data_len)}
 
 
@@ -539,7 +539,7 @@ def test_flipped_bytes_never_crash(tmp_path, region):
 
 def test_every_data_byte_flip_is_caught_by_verify(tmp_path):
     d = compose(py_writer_header(), sample_tensors()[:4])
-    data_off, _ = struct.unpack_from("<QQ", d, 0x30)
+    _data_off, _ = struct.unpack_from("<QQ", d, 0x30)
     cf0 = C.open(write(tmp_path, d, "orig.cmf"))
     for t in cf0.tensors.values():
         for pos in (t.offset, t.offset + t.nbytes // 2, t.offset + t.nbytes - 1):

@@ -27,7 +27,7 @@ def test_spec_vectors(isa, data, want):
     assert hex16(want) == f"{want:016x}" and len(hex16(want)) == 16
 
 
-@pytest.mark.parametrize("n", list(range(0, 80)) + [255, 256, 257, 1023, 4099, 65537])
+@pytest.mark.parametrize("n", list(range(80)) + [255, 256, 257, 1023, 4099, 65537])
 def test_every_length_and_alignment(isa, n):
     rng = np.random.default_rng(n)
     buf = rng.integers(0, 256, n + 8, dtype=np.uint8)

@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 
 from cortiq.convert import from_hf
+from cortiq.convert import _safetensors as ST
 from cortiq.convert import hf_dory as H
 from cortiq.errors import ConfigError, FormatError
 from cortiq.models.dory_config import DoryConfig
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference import dory_numpy as D  # noqa: E402
-from reference import hf_tiny  # noqa: E402
+from reference import dory_numpy as D
+from reference import hf_tiny
 
 F32_FILE = 1e-9
 Q8_REL = 0.05
@@ -117,7 +118,7 @@ def test_unrunnable_configs_are_refused_naming_the_key(tiny, key, value, named):
 
 
 def test_rope_profiles_must_give_one_base_per_layer_kind(tiny):
-    t, c = tiny
+    _t, c = tiny
     mixed = list(c["rope_profile_layers"])
     mixed[0] = 1                                             # one S layer on profile 1
     with pytest.raises(ConfigError, match="rope_profile_layers: the sliding"):
@@ -166,7 +167,7 @@ def test_expected_tensors_are_exactly_the_checkpoint(tiny):
     for k, shape in want.items():
         assert t[k].shape == shape, k
     plan = H.plan_tensors(cfg, {k: v.shape for k, v in t.items()})
-    assert [p[0] for p in plan][0] == "backbone.embeddings.weight"
+    assert next(p[0] for p in plan) == "backbone.embeddings.weight"
     assert [p[1] for p in plan][-2:] == ["lm_head.weight", "lm_head.logit_scale"]
 
 
@@ -229,7 +230,7 @@ def test_vector_dtype_rule():
 @pytest.mark.parametrize("dtype,shards", [("f32", 1), ("bf16", 1), ("bf16", 3), ("f32", 2)])
 def test_checkpoint_reader_returns_the_stored_values(tmp_path, dtype, shards):
     t, c = hf_tiny.build(tmp_path, seed=2, dtype=dtype, shards=shards)
-    hf, arch, plan, where = H.plan_checkpoint(tmp_path)
+    hf, _arch, plan, where = H.plan_checkpoint(tmp_path)
     assert hf == c and len(plan) == len(t)
     for name, arr in t.items():
         got = where[name].load(name)
@@ -241,14 +242,53 @@ def test_checkpoint_reader_returns_the_stored_values(tmp_path, dtype, shards):
 def test_reader_refuses_broken_files(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\xff" * 16)
     with pytest.raises(FormatError, match="model.safetensors"):
-        H.open_checkpoint(tmp_path)
+        ST.open_checkpoint(tmp_path)
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(FormatError, match="no \\*.safetensors"):
-        H.open_checkpoint(tmp_path)
+        ST.open_checkpoint(tmp_path)
     hf_tiny.save_safetensors(tmp_path / "a.safetensors", {"x": np.zeros(2, np.float32)})
     hf_tiny.save_safetensors(tmp_path / "b.safetensors", {"x": np.zeros(2, np.float32)})
     with pytest.raises(FormatError, match="also in"):
-        H.open_checkpoint(tmp_path)
+        ST.open_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("header", [b"[1, 2]", b'{"x": {"dtype": "F32"}}', b'{"x": 3}'])
+def test_reader_refuses_malformed_headers(tmp_path, header):
+    p = tmp_path / "model.safetensors"
+    p.write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(FormatError, match="bad safetensors header"):
+        ST.open_checkpoint(tmp_path)
+
+
+def test_reader_refuses_a_malformed_index(tmp_path):
+    hf_tiny.save_safetensors(tmp_path / "a.safetensors", {"x": np.zeros(2, np.float32)})
+    (tmp_path / "model.safetensors.index.json").write_text('{"metadata": {}}')
+    with pytest.raises(FormatError, match="not a safetensors index"):
+        ST.open_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_reader_loads_a_part_of_a_stacked_tensor(tmp_path, dtype):
+    a = np.random.default_rng(3).standard_normal((3, 6, 4)).astype(np.float32)
+    if dtype == "bf16":
+        a = hf_tiny.bf16_round(a)
+    hf_tiny.save_safetensors(tmp_path / "model.safetensors", {"w": a}, dtype=dtype)
+    sh = ST.open_checkpoint(tmp_path)["w"]
+    part = sh.load("w", (1, slice(2, 5)))
+    assert part.dtype == np.float32
+    np.testing.assert_array_equal(part, a[1, 2:5])
+    np.testing.assert_array_equal(sh.load("w", (2, slice(None, None))), a[2])
+    sh.close()
+
+
+def test_reader_gives_integer_tensors_raw_only(tmp_path):
+    from safetensors.numpy import save_file
+    save_file({"ids": np.arange(6, dtype=np.int64).reshape(2, 3)}, str(tmp_path / "x.safetensors"))
+    sh = ST.open_checkpoint(tmp_path)["ids"]
+    np.testing.assert_array_equal(sh.raw("ids"), np.arange(6).reshape(2, 3))
+    with pytest.raises(FormatError, match="not a float"):
+        sh.load("ids")
+    sh.close()
 
 
 @pytest.mark.parametrize("where", ["file", "config", None])

@@ -191,8 +191,8 @@ def test_unreadable_tokenizer_is_refused_even_with_a_matching_hash(tmp_path):
     back to bytes."""
     p = _damaged(tmp_path, None, "zero")
     with C.open(p, verify="off") as cf:
-        hoff, hlen = cf.sections()["header"]
-        voff, vlen = cf.sections()["vocab"]
+        hoff, _hlen = cf.sections()["header"]
+        _voff, vlen = cf.sections()["vocab"]
         header = cf._part().header_bytes.tobytes()
         old = cf.header["section_hashes"]["vocab"]
     new = C.hash64(bytes(vlen))

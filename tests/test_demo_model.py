@@ -132,7 +132,7 @@ def test_torch_forward_is_the_reference_dory():
 
 
 def test_torch_sphere_normalisation_follows_ngpt():
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from tests.reference import hf_tiny
     td = _train_demo()
     config = hf_tiny.hf_config()

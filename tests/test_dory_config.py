@@ -172,6 +172,24 @@ def test_turbo_defaults_unless_a_loop_count_is_fixed():
     for fixed in (DoryOptions(loops=2).resolve(TURBO, env={}),
                   DoryOptions().resolve(TURBO, env={"CMF_DORY_LOOPS": "2"})):
         assert (fixed.kv_mode, fixed.gate, fixed.prompt_loops) == ("per_loop", None, 0)
+        assert fixed.fixed_loops
+    assert not r.fixed_loops
+
+
+def test_environment_is_read_once_into_the_options():
+    env = {"CMF_DORY_O1": "8,16,2,64", "CMF_O1_SPILL": "/spill", "CMF_DORY_EXACT_LOG": "",
+           "CMF_DORY_LOOPS": "2", "HOME": "/root"}
+    r = DoryOptions().resolve(TURBO, env=env)
+    want = {k: v for k, v in env.items() if k != "HOME"}
+    env.clear()                     # a snapshot: later changes do not reach the model
+    assert dict(r.env) == want and r.fixed_loops
+
+
+def test_environment_defaults_to_the_process_environment(monkeypatch):
+    monkeypatch.setenv("CMF_DORY_KV", "last_loop")
+    monkeypatch.setenv("CMF_O1_SPILL", "/spill")
+    r = DoryOptions().resolve(CFG)
+    assert r.kv_mode == "last_loop" and r.env["CMF_O1_SPILL"] == "/spill"
 
 
 OPT_BAD = [

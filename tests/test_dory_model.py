@@ -22,8 +22,8 @@ from cortiq.llm import LLM
 from cortiq.models import dory as dory_mod
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference import dory_numpy as R  # noqa: E402
-from reference import hf_tiny  # noqa: E402
+from reference import dory_numpy as R
+from reference import hf_tiny
 
 F32_ABS = 1e-4
 Q_ABS = 1e-3

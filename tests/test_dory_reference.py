@@ -8,17 +8,19 @@ Tolerances:
   tested (a loop more, a token inside the window, last_loop across chunks) move logits by
   1e-2 .. 1 on these models.
 """
+import itertools
 import json
 import math
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference import dory_numpy as D  # noqa: E402
-from reference import hf_tiny  # noqa: E402
+from reference import dory_numpy as D
+from reference import hf_tiny
 
 SAME = 1e-10
 DIFFERENT = 1e-4
@@ -129,7 +131,7 @@ def test_rollback_keeps_the_prefix_a_new_turn_extends(tiny, kv_mode):
 def test_loops_change_the_logits_and_are_bounded(tiny):
     ids = ids_for(6)
     outs = [tiny.forward(ids, n) for n in (0, 1, 2, 3)]
-    for a, b in zip(outs, outs[1:]):
+    for a, b in itertools.pairwise(outs):
         assert maxdiff(a, b) > DIFFERENT
     assert maxdiff(tiny.forward(ids), outs[2]) == 0.0       # config default: 2 loops
     with pytest.raises(ValueError, match="0..16"):
@@ -194,7 +196,7 @@ def test_sliding_window_through_recurrent_loops_in_the_cache(tiny):
 def slow_layer_logits(t, c, ids):
     """A one-sub-layer model written with scalar loops: an independent spelling of the
     attention / MLP / residual / head formulas."""
-    H, V = c["hidden_size"], c["vocab_size"]
+    H = c["hidden_size"]
     nh, nk, hd = c["num_attention_heads"], c["num_key_value_heads"], c["attention_head_dim"]
     std, a0 = c["init_method_std"], c["ngpt_alpha_init"]
     g0 = c["attention_output_gate_logit_scale_init"] or math.sqrt(H)
@@ -386,7 +388,7 @@ def test_hf_tiny_refuses_counts_that_do_not_add_up():
 def test_the_reference_imports_nothing_from_cortiq():
     import ast
     for mod in (D, hf_tiny):
-        tree = ast.parse(open(mod.__file__).read())
+        tree = ast.parse(Path(mod.__file__).read_text())
         for node in ast.walk(tree):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

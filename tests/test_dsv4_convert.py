@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 import cortiq
-import cortiq.cmf as cmf
+from cortiq import cmf
 from cortiq.cmf.masks import Masks, MaskTask
 from cortiq.convert import hf_deepseek_v4 as C
 from cortiq.errors import ConfigError
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference.dsv4_toy import tokenizer_json, toy_tensors  # noqa: E402
+from reference.dsv4_toy import tokenizer_json, toy_tensors
 
 st_numpy = pytest.importorskip("safetensors.numpy")
 DTYPE_TOL = 1e-4

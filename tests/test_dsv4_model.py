@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import cortiq
-import cortiq.cmf as cmf
+from cortiq import cmf
 from cortiq.errors import CortiqError
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference.dsv4_toy import toy_tensors, write_toy  # noqa: E402
+from reference.dsv4_toy import write_toy
 
 
 @pytest.fixture(scope="module")

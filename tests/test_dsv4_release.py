@@ -29,15 +29,15 @@ import numpy as np
 import pytest
 
 import cortiq
-import cortiq.cmf as cmf
+from cortiq import cmf
 from cortiq.convert import hf_deepseek_v4 as C
 from cortiq.convert import microfloat as M
 from cortiq.errors import ConfigError, CortiqError, FormatError
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference import dsv4_release as R  # noqa: E402
-from reference.dsv4_toy import tokenizer_json, toy_tensors  # noqa: E402
-from test_dsv4_convert import HF_CONFIG, IDS  # noqa: E402
+from reference import dsv4_release as R
+from reference.dsv4_toy import tokenizer_json, toy_tensors
+from test_dsv4_convert import HF_CONFIG, IDS
 
 F32_TOL = 1e-4
 ARITH_TOL = 1e-3
@@ -128,7 +128,7 @@ def _logits(path, ids=IDS):
 
 @pytest.fixture(scope="module")
 def toy():
-    t, arch = toy_tensors()
+    t, _arch = toy_tensors()
     return t, R.reference_config(HF_CONFIG | {"partial_rotary_factor": 0.5})
 
 
@@ -234,7 +234,7 @@ def test_float_scales_and_weight_scale_inv(tmp_path, toy):
     t, cfg = toy
 
     def edit(stored):
-        dt, shape, raw = stored.pop("layers.0.attn.wq_b.scale")
+        _dt, shape, raw = stored.pop("layers.0.attn.wq_b.scale")
         f = M.E8M0[np.frombuffer(raw, np.uint8)].astype("<f4")
         stored["layers.0.attn.wq_b.weight_scale_inv"] = ("F32", shape, f.tobytes())
     d, values = write_release(tmp_path / "rel", t, cfg, edit=edit)
@@ -251,7 +251,7 @@ def test_f4_dtype_weights(tmp_path, toy):
 
     def edit(stored):
         for n in [k for k in stored if k.endswith(".weight") and stored[k][0] == "I8"]:
-            dt, (r, pc), raw = stored[n]
+            _dt, (r, pc), raw = stored[n]
             stored[n] = ("F4", (r, 2 * pc), raw)
     d, values = write_release(tmp_path / "rel", t, cfg, edit=edit)
     out = tmp_path / "m.cmf"
@@ -350,7 +350,7 @@ def _with_values(model, values, torch):
     sd = m.state_dict()
     with torch.no_grad():
         for name, p in sd.items():
-            if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
                 li = name.split(".")[2]
                 base = f"model.layers.{li}.mlp.experts"
                 E = p.shape[0]
@@ -458,8 +458,8 @@ def test_release_written_by_torch_safetensors(release, tmp_path):
     tensors): another writer's headers and offsets."""
     torch = _hf()
     from safetensors.torch import save_file
-    d, values, ref_model, ids, H = release
-    from cortiq.convert.hf_dory import open_checkpoint
+    d, values, _ref_model, _ids, _H = release
+    from cortiq.convert._safetensors import open_checkpoint
     shards = open_checkpoint(d)
     tdt = {"F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": torch.float8_e8m0fnu, "I8": torch.int8,
            "I32": torch.int32, "F32": torch.float32, "BF16": torch.bfloat16}

@@ -54,7 +54,7 @@ def test_sinkhorn_matches_the_reference_numbers(isa):
             0.27174541, 0.33031881, 0.029528176, 0.12206022, 0.32619134, 0.5222193,
             0.19521846, 0.37311527, 0.30988118, 0.12178412]
     np.testing.assert_allclose(comb.ravel(), want, atol=SINK_TOL)
-    rp, rq, rc = sinkhorn_ref(mixes, [1, 1, 1], base, 4, 20, 1e-6)
+    _rp, _rq, rc = sinkhorn_ref(mixes, [1, 1, 1], base, 4, 20, 1e-6)
     np.testing.assert_allclose(comb, rc, atol=1e-6)
 
 
@@ -147,7 +147,7 @@ def test_hc_block_preserves_the_copy_structure_and_applies_the_block(isa):
     fn = f32(((np.arange(24 * hc * dim) % 13) - 6.0) * 0.05).reshape(24, hc * dim)
     base = f32(np.sin(np.arange(24) * 0.2))
     x = f32(np.cos(np.arange(hc * dim) * 0.3)).reshape(hc, dim)
-    folded, post, comb = K.hc_pre(x, fn, f32([1, 1, 1]), base, f32(np.ones(dim)), 20, 1e-6, 1e-6)
+    _folded, post, comb = K.hc_pre(x, fn, f32([1, 1, 1]), base, f32(np.ones(dim)), 20, 1e-6, 1e-6)
     y = K.hc_expand(f32(np.ones(dim)), x, post, comb)
     assert y.shape == x.shape and np.isfinite(y).all() and np.abs(y - x).max() > 1e-4
 

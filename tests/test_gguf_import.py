@@ -119,7 +119,7 @@ def test_q4_0_is_exact_and_q8_0_close(tmp_path, case):
     def types(name, a):
         return T.Q4_0 if "mlp" in name or "k_proj" in name else (
             T.Q8_0 if a.ndim == 2 else T.F32)
-    model, arch, state, tok, path = _write(tmp_path, case, types)
+    model, arch, _, _tok, path = _write(tmp_path, case, types)
     reader = gguf.GGUFReader(str(path))
     src = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors}
     out = tmp_path / "m.cmf"
@@ -147,7 +147,7 @@ def test_q4_0_is_exact_and_q8_0_close(tmp_path, case):
 
 
 def test_f32_option_and_k_quant_warning(tmp_path):
-    model, arch, state, tok, path = _write(
+    _model, _arch, _, _tok, path = _write(
         tmp_path, "qwen3", lambda n, a: T.Q8_0 if "mlp" in n else T.F32)
     out = tmp_path / "exact.cmf"
     import_gguf(path, out, quant="f32", progress=False)
@@ -181,7 +181,7 @@ def test_f32_option_and_k_quant_warning(tmp_path):
 
 def test_cli_import_gguf(tmp_path):
     from cortiq.cli import main
-    model, arch, state, tok, path = _write(tmp_path, "qwen3", lambda n, a: T.F32)
+    _model, _arch, _, _tok, path = _write(tmp_path, "qwen3", lambda n, a: T.F32)
     assert main(["import-gguf", str(path), str(tmp_path / "c.cmf"), "--quiet"]) == 0
     assert cortiq.LLM(tmp_path / "c.cmf").arch == "qwen3"
     (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03\x00\x00\x00garbage")
@@ -194,7 +194,10 @@ def test_refusals(tmp_path):
     p = tmp_path / "gpt.gguf"
     w = g.GGUFWriter(str(p), "gptneox")
     w.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     with pytest.raises(ConfigError, match="general.architecture"):
         import_gguf(p, tmp_path / "x.cmf", progress=False)
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
@@ -233,7 +236,7 @@ def test_sentencepiece_vocabulary():
 
 
 def test_from_pretrained_takes_a_gguf_file(tmp_path):
-    model, arch, state, tok, path = _write(tmp_path, "llama3", lambda n, a: T.F32)
+    model, _arch, _, _tok, path = _write(tmp_path, "llama3", lambda n, a: T.F32)
     ids = H.sequence(model.config.vocab_size, 8, seed=2)
     with cortiq.LLM.from_pretrained(path, cache_dir=tmp_path / "cache") as llm:
         first = llm.path

@@ -409,7 +409,8 @@ def test_deprecated_switch_is_an_alias():
 def _run(code, **env):
     e = {k: v for k, v in os.environ.items() if k not in ("CORTIQ_PRECISION", "CORTIQ_INT8_ACT")}
     e.update(env)
-    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, cwd=CWD)
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
+                          cwd=CWD, check=False)
 
 
 def test_env_vars():
@@ -481,14 +482,15 @@ def test_llm_precision_per_model(q4_demo):
 def test_cli_precision(q4_demo):
     out = subprocess.run([sys.executable, "-m", "cortiq", "bench", q4_demo, "--precision", "int8",
                           "--tokens", "2", "--prompt-tokens", "8", "--turn-tokens", "2", "--json"],
-                         capture_output=True, text=True, cwd=CWD)
+                         capture_output=True, text=True, cwd=CWD, check=False)
     assert out.returncode == 0, out.stderr
     assert '"precision": "int8"' in out.stdout
     out = subprocess.run([sys.executable, "-m", "cortiq", "run", q4_demo, "--precision", "fp8",
-                          "-p", "x"], capture_output=True, text=True, cwd=CWD)
+                          "-p", "x"], capture_output=True, text=True, cwd=CWD, check=False)
     assert out.returncode != 0 and "precision" in out.stderr
     out = subprocess.run([sys.executable, "-m", "cortiq", "info", q4_demo], capture_output=True,
-                         text=True, cwd=CWD, env=dict(os.environ, CORTIQ_PRECISION="auto"))
+                         text=True, cwd=CWD, env=dict(os.environ, CORTIQ_PRECISION="auto"),
+                         check=False)
     assert "precision:   auto" in out.stdout and "q4_block" in out.stdout.split("precision:")[1]
 
 

@@ -123,7 +123,7 @@ def _attn_separate(c, row, first, pos, window, scale):
     wq, wk, wv, wg, wo = c["ws"]
     nh, nk, hd = c["nh"], c["nk"], c["hd"]
     h, keys, vals = c["h"].copy()[None], c["keys"].copy(), c["vals"].copy()
-    q, k, v, g = K.matvec_many([w._m for w in (wq, wk, wv, wg)], h[0])
+    q, k, v, g = K.matvec_many([w.qmat for w in (wq, wk, wv, wg)], h[0])
     q, k = q.reshape(1, nh, hd), k.reshape(1, nk, hd)
     K.qk_prep(q, c["cos"][None], c["sin"][None], c["sq"])
     K.qk_prep(k, c["cos"][None], c["sin"][None], None)
@@ -143,7 +143,7 @@ def test_dory_attn_row_equals_the_separate_calls(isa, dtype, row, first, window)
     want_h, want_k, want_v = _attn_separate(c, row, first, pos, window, scale)
     h, keys, vals = c["h"].copy(), c["keys"].copy(), c["vals"].copy()
     scratch = np.full(K.dory_attn_scratch(h.size, c["nh"] * c["hd"]) + 5, np.nan, np.float32)
-    K.dory_attn_row(*(w._m for w in c["ws"]), h, c["sq"], c["sg"], c["alpha"], c["cos"],
+    K.dory_attn_row(*(w.qmat for w in c["ws"]), h, c["sq"], c["sg"], c["alpha"], c["cos"],
                     c["sin"], keys, vals, row, first, pos, window, scale, scratch)
     np.testing.assert_array_equal(h, want_h)
     np.testing.assert_array_equal(keys, want_k)
@@ -154,7 +154,7 @@ def test_dory_attn_row_refuses_bad_arguments():
     c = _attn_case(1, "f32")
     h, keys, vals = c["h"].copy(), c["keys"].copy(), c["vals"].copy()
     scratch = np.empty(K.dory_attn_scratch(h.size, c["nh"] * c["hd"]), np.float32)
-    mats = [w._m for w in c["ws"]]
+    mats = [w.qmat for w in c["ws"]]
 
     def call(**kw):
         a = dict(h=h, sq=c["sq"], sg=c["sg"], alpha=c["alpha"], cos=c["cos"], sin=c["sin"],
@@ -195,15 +195,15 @@ def test_dory_mlp_row_equals_the_separate_calls(isa, dtype, hidden, ffn):
     su = rng.uniform(0.5, 2, ffn).astype(np.float32)
     alpha = rng.uniform(0, 0.2, hidden).astype(np.float32)
     want = h.copy()[None]
-    g, u = K.matvec_many([wg._m, wu._m], want[0])
+    g, u = K.matvec_many([wg.qmat, wu.qmat], want[0])
     K.silu_mul(g[None], u[None], sg, su)
     K.justnorm(g)
     K.slerp(want, wd.matvec(g)[None], alpha)
     got = h.copy()
     scratch = np.empty(K.dory_mlp_scratch(hidden, ffn), np.float32)
-    K.dory_mlp_row(wg._m, wu._m, wd._m, got, sg, su, alpha, scratch)
+    K.dory_mlp_row(wg.qmat, wu.qmat, wd.qmat, got, sg, su, alpha, scratch)
     np.testing.assert_array_equal(got, want[0])
     with pytest.raises(ValueError, match="at least"):
-        K.dory_mlp_row(wg._m, wu._m, wd._m, got, sg, su, alpha, scratch[:-1])
+        K.dory_mlp_row(wg.qmat, wu.qmat, wd.qmat, got, sg, su, alpha, scratch[:-1])
     with pytest.raises(ValueError, match="weight shapes"):
-        K.dory_mlp_row(wg._m, wu._m, wg._m, got, sg, su, alpha, scratch)
+        K.dory_mlp_row(wg.qmat, wu.qmat, wg.qmat, got, sg, su, alpha, scratch)

@@ -27,13 +27,13 @@ else:
     transformers = pytest.importorskip("transformers")
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference import hf_llama as H  # noqa: E402
+from reference import hf_llama as H
 
-import cortiq  # noqa: E402
-import cortiq.cmf  # noqa: E402
-import cortiq.convert  # noqa: E402
-from cortiq.errors import ConfigError  # noqa: E402
-from cortiq.models import llama as L  # noqa: E402
+import cortiq
+import cortiq.cmf
+import cortiq.convert
+from cortiq.errors import ConfigError
+from cortiq.models import llama as L
 
 F32_TOL = 1e-4
 Q8_TOL = 1e-3
@@ -57,7 +57,7 @@ def _diff(a, b):
 
 
 def test_header_matches_the_family(case):
-    name, model, d, ids, f32 = case
+    name, model, _d, _ids, f32 = case
     with cortiq.cmf.open(f32) as f:
         arch = dict(f.arch)
         names = set(f.tensors)
@@ -84,7 +84,7 @@ def test_header_matches_the_family(case):
 
 
 def test_parity_f32_prefill_chunks_and_tokens(case):
-    name, model, d, ids, f32 = case
+    name, model, _d, ids, f32 = case
     ref = H.full_logits(model, ids)
     with cortiq.LLM(f32) as llm:
         assert llm.arch == name.split("_")[0].replace("llama3", "llama")
@@ -101,7 +101,7 @@ def test_parity_f32_prefill_chunks_and_tokens(case):
 
 def test_chunk_boundary(case, monkeypatch):
     """A prompt longer than CHUNK runs in several chunks and still matches."""
-    name, model, d, ids, f32 = case
+    _name, model, _d, ids, f32 = case
     monkeypatch.setattr(L, "CHUNK", 16)
     with cortiq.LLM(f32) as llm:
         got = llm.session().feed(ids, want="all")
@@ -109,7 +109,7 @@ def test_chunk_boundary(case, monkeypatch):
 
 
 def test_parity_q8_row(case, tmp_path):
-    name, model, d, ids, f32 = case
+    name, model, d, ids, _f32 = case
     out = d / "q8.cmf"
     cortiq.convert.from_hf(d / "hf", out, quant="q8_row", progress=False)
     with cortiq.cmf.open(out) as f:
@@ -155,7 +155,7 @@ def test_features_bite():
 def test_rollback_and_reuse(case):
     """Rolling back (in place, or by re-reading when a window dropped keys) and the
     LLM's cross-turn KV reuse give the logits of a straight run."""
-    name, model, d, ids, f32 = case
+    _name, _model, _d, ids, f32 = case
     with cortiq.LLM(f32) as llm:
         ref = llm.session().feed(ids, want="all")
         s = llm.session()
@@ -177,7 +177,7 @@ def test_rollback_and_reuse(case):
 
 
 def test_chat_template_and_eos_come_along(case):
-    name, model, d, ids, f32 = case
+    _name, _model, _d, _ids, f32 = case
     with cortiq.LLM(f32) as llm:
         text = llm.apply_chat_template([{"role": "user", "content": "w7 w8"}])
         assert text == "<|im_start|>user\nw7 w8<|im_end|>\n<|im_start|>assistant\n"
@@ -215,14 +215,14 @@ def test_config_refusals_name_the_key(over, key):
 
 
 def test_from_hf_refuses_unknown_and_bad_tensors(tmp_path, case):
-    name, model, d, ids, f32 = case
+    name, _model, d, _ids, _f32 = case
     (tmp_path / "config.json").write_text(json.dumps(_cfg(
         architectures=["FalconForCausalLM"], model_type="falcon")))
     with pytest.raises(ConfigError, match="falcon"):
         cortiq.convert.from_hf(tmp_path, tmp_path / "x.cmf", progress=False)
     from cortiq.convert.hf_llama import arch_from_hf_config, plan_tensors
     arch = arch_from_hf_config(json.loads((d / "hf" / "config.json").read_text()))
-    from cortiq.convert.hf_dory import open_checkpoint
+    from cortiq.convert._safetensors import open_checkpoint
     shapes = {k: s.shape(k) for k, s in open_checkpoint(d / "hf").items()}
     plan_tensors(arch, shapes)
     bad = dict(shapes)
@@ -248,7 +248,7 @@ def test_from_hf_refuses_unknown_and_bad_tensors(tmp_path, case):
 
 def test_served_like_any_model(case):
     """The OpenAI server runs a Llama-family file through the same LLM paths."""
-    name, model, d, ids, f32 = case
+    name, _model, _d, _ids, f32 = case
     if name != "qwen3":
         pytest.skip("one family is enough for the server path")
     pytest.importorskip("starlette")
@@ -272,7 +272,7 @@ def test_served_like_any_model(case):
 
 def test_model_refuses_bad_headers(case, tmp_path):
     """A file whose header cannot describe this family is refused when opened."""
-    name, model, d, ids, f32 = case
+    name, _model, _d, _ids, f32 = case
     if name != "llama3":
         pytest.skip("one file is enough")
     with cortiq.cmf.open(f32) as f:

@@ -21,8 +21,8 @@ import pytest
 import cortiq
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference import hf_tiny  # noqa: E402
-from reference.dory_numpy import DoryReference  # noqa: E402
+from reference import hf_tiny
+from reference.dory_numpy import DoryReference
 
 CHAT = [{"role": "user", "content": "the quick brown fox"}]
 HAVE_DORY = importlib.util.find_spec("cortiq.models.dory") is not None

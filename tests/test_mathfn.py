@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 import cortiq
 from cortiq import _kernels as K

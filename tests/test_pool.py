@@ -169,7 +169,7 @@ def _run(code, env_extra=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORTIQ_")}
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=PKG_PARENT)
+                          timeout=300, cwd=PKG_PARENT, check=False)
 
 
 FORK_CHILD = """

@@ -6,6 +6,7 @@ Tolerances:
 * EMPIRICAL_ATOL = 0.02 -- 20 000 draws from a distribution: a frequency's standard
   deviation is <= sqrt(0.25 / 20000) = 0.0035, so 0.02 is > 5 sigma.
 """
+import dataclasses
 import math
 import time
 
@@ -85,7 +86,7 @@ def test_param_normalisation():
     assert p.suppress_tokens == (3, 5)
     assert p.top_k == 3 and type(p.top_k) is int and p.seed == 7
     assert SamplingParams(logit_bias={}).logit_bias is None
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         p.top_k = 4                                  # frozen
 
 

@@ -31,11 +31,11 @@ else:
     httpx = pytest.importorskip("httpx")
     openai = pytest.importorskip("openai")
 
-from cortiq.chat import ChatTemplate  # noqa: E402
-from cortiq.server import create_app, json_error_protocol  # noqa: E402
+from cortiq.chat import ChatTemplate
+from cortiq.server import create_app, json_error_protocol
 
 sys.path.insert(0, os.path.dirname(__file__))
-import toy_model as T  # noqa: E402
+import toy_model as T
 
 T.register()
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -277,17 +277,17 @@ def test_queue_full_is_429_and_disconnect_stops_generation(toy_path):
     body = {"prompt": "the quick brown", "max_tokens": 2000, "stream": True,
             "temperature": 1.0, "logit_bias": {str(i): -100 for i in llm.tokenizer.eos_token_ids}}
     with ServerThread(create_app(llm, max_concurrency=1, max_queue=0)) as srv:
-        with httpx.Client(timeout=30) as c:
-            with c.stream("POST", srv.url + "/v1/completions", json=body) as resp:
-                assert resp.status_code == 200
-                lines = resp.iter_lines()
-                first = next(ln for ln in lines if ln.startswith("data: "))
-                assert json.loads(first[6:])["object"] == "text_completion"
-                # The only slot is taken: the next request is refused, not queued.
-                r = _post(srv, "/v1/completions", {"prompt": "hi", "max_tokens": 1})
-                _is_openai_error(r, 429, code="queue_full")
-                assert r.json()["error"]["type"] == "rate_limit_error"
-                assert r.headers["retry-after"] == "1"
+        with httpx.Client(timeout=30) as c, c.stream("POST", srv.url + "/v1/completions",
+                                                      json=body) as resp:
+            assert resp.status_code == 200
+            lines = resp.iter_lines()
+            first = next(ln for ln in lines if ln.startswith("data: "))
+            assert json.loads(first[6:])["object"] == "text_completion"
+            # The only slot is taken: the next request is refused, not queued.
+            r = _post(srv, "/v1/completions", {"prompt": "hi", "max_tokens": 1})
+            _is_openai_error(r, 429, code="queue_full")
+            assert r.json()["error"]["type"] == "rate_limit_error"
+            assert r.headers["retry-after"] == "1"
             # Closed mid-stream (2000 tokens would take >= 20 s): generation stops.
         deadline = time.monotonic() + 5
         while httpx.get(srv.url + "/healthz", timeout=5).json()["running_or_queued"]:
@@ -335,10 +335,9 @@ def test_cli_serve_and_sigterm(toy_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = ("import sys; sys.path.insert(0, {here!r}); import toy_model; "
+    code = (f"import sys; sys.path.insert(0, {HERE!r}); import toy_model; "
             "toy_model.register(); from cortiq.cli import main; "
-            "sys.exit(main(['serve', {path!r}, '--port', '{port}']))").format(
-                here=HERE, path=toy_path, port=port)
+            f"sys.exit(main(['serve', {toy_path!r}, '--port', '{port}']))")
     env = dict(os.environ, CORTIQ_TOY_DELAY="0.01")
     p = subprocess.Popen([sys.executable, "-c", code], cwd=PKG_PARENT, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -384,7 +383,7 @@ def test_cli_serve_and_sigterm(toy_path):
 @pytest.mark.parametrize("depth", [100, 3000])
 def test_deeply_nested_json_is_400(server, path, depth):
     key = "messages" if "chat" in path else "prompt"
-    raw = ('{"%s": ' % key + "[" * depth + "]" * depth + "}").encode()
+    raw = (f'{{"{key}": ' + "[" * depth + "]" * depth + "}").encode()
     e = _is_openai_error(_post(server, path, None, raw=raw), 400, code="invalid_json")
     assert "nested deeper" in e["message"]
     assert e["param"] in (key, None)           # None: json itself gave up (too deep)
@@ -559,10 +558,9 @@ def _free_port():
 
 def _spawn_serve(args, delay="0.01"):
     port = _free_port()
-    code = ("import sys; sys.path.insert(0, {here!r}); import toy_model; "
+    code = (f"import sys; sys.path.insert(0, {HERE!r}); import toy_model; "
             "toy_model.register(); from cortiq.cli import main; "
-            "sys.exit(main(['serve', *{args!r}, '--port', '{port}']))").format(
-                here=HERE, args=list(args), port=port)
+            f"sys.exit(main(['serve', *{list(args)!r}, '--port', '{port}']))")
     env = dict(os.environ, CORTIQ_TOY_DELAY=delay)
     p = subprocess.Popen([sys.executable, "-c", code], cwd=PKG_PARENT, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

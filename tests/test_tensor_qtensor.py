@@ -79,8 +79,8 @@ def test_decode_and_matvec(isa, dtype, shape):
     assert_dot_close(y, d, x)
     for i in range(rows):
         assert q.row_dot(i, x) == y[i]
-    np.testing.assert_array_equal(q._m.rows_dot(0, rows, x), y)
-    np.testing.assert_array_equal(q._m.rows_dot(rows // 2, rows - rows // 2, x), y[rows // 2:])
+    np.testing.assert_array_equal(q.qmat.rows_dot(0, rows, x), y)
+    np.testing.assert_array_equal(q.qmat.rows_dot(rows // 2, rows - rows // 2, x), y[rows // 2:])
     out = np.full(rows, np.nan, np.float32)
     assert q.matvec(x, out=out) is out
     np.testing.assert_array_equal(out, y)
@@ -173,7 +173,7 @@ def test_q4_vbmi_loaders_agree(dtype, groups):
         for hide in ([], ["avx512vbmi"]):
             K._hide_cpu_features(hide)
             try:
-                out.append((q.matvec(x), q.row_dot(5, x), q._m.rows_dot(3, 9, x)))
+                out.append((q.matvec(x), q.row_dot(5, x), q.qmat.rows_dot(3, 9, x)))
             finally:
                 K._hide_cpu_features([])
     finally:

@@ -6,6 +6,7 @@ BPE with byte fallback (Llama / Mistral style, CJK and emoji are *not* in its
 vocabulary so they become <0xNN> byte tokens), and a llama-style variant whose
 post-processor prepends BOS.
 """
+import itertools
 import json
 
 import pytest
@@ -319,7 +320,7 @@ def test_stream_holds_back_partial_characters(request, name):
     tok = request.getfixturevalue(name)
     text = "你好🙂🎉 日本語"
     ids = tok.encode(text)
-    dec, pieces, tail = _stream(tok, ids)
+    _dec, pieces, tail = _stream(tok, ids)
     assert "" in pieces, "some token must end inside a character for this test to mean anything"
     # every emitted piece is whole characters: its UTF-8 is a prefix-closed slice of the text
     pos = 0
@@ -344,7 +345,7 @@ def test_byte_fallback_run_is_validated_as_a_whole(bf):
     # HF's ByteFallback turns every byte of an invalid run into U+FFFD, so the
     # decoder must not emit "\x00" before it knows the run is valid.
     ids = [bf.token_to_id("<0x00>"), bf.token_to_id("<0x80>")]
-    dec, pieces, tail = _stream(bf, ids)
+    _dec, pieces, tail = _stream(bf, ids)
     assert pieces == ["", ""] and tail == bf.decode(ids) == "\ufffd\ufffd"
     # a skipped special token does not end a run: "q" + <unk> + 0xED is one invalid run
     ids = [bf.token_to_id("<0x71>"), bf.token_to_id("<unk>"), bf.token_to_id("<0xED>"),
@@ -432,5 +433,5 @@ def test_long_texts_are_tokenized_off_the_gil_with_the_same_ids(bl, monkeypatch)
         ticks.append(time.perf_counter())
         time.sleep(0.001)
     t.join()
-    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
     assert len(ticks) > 5 and max(gaps, default=0) < 0.25

@@ -20,7 +20,7 @@ import cortiq.models
 from cortiq import cmf
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference import hf_tiny  # noqa: E402
+from reference import hf_tiny
 
 HIDDEN = 32
 ARCH = "toy"

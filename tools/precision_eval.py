@@ -137,8 +137,8 @@ def main(argv=None) -> int:
                     print(f"{dtype:9s} {prec:5s} ppl {ppl:8.3f} over {n} tokens "
                           f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
             rows.append(res)
-    print(f"| dtype | exact | int8 | int8 vs exact | auto | auto vs exact |")
-    print(f"|---|---|---|---|---|---|")
+    print("| dtype | exact | int8 | int8 vs exact | auto | auto vs exact |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         d8 = 100 * (r["int8"] / r["exact"] - 1)
         da = 100 * (r["auto"] / r["exact"] - 1)

@@ -68,7 +68,7 @@ import numpy as np
 
 try:
     import torch
-    import torch.nn as nn
+    from torch import nn
     import torch.nn.functional as F
 except ImportError:  # the module is importable without torch for the corpus helpers
     torch = nn = F = None
@@ -170,7 +170,7 @@ def build_corpus(seed: int, holdout_frac: float, chat_frac: float, root: str | N
     files = stdlib_files(root)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(files))
-    n_hold = max(1, int(round(holdout_frac * len(files))))
+    n_hold = max(1, round(holdout_frac * len(files)))
     hold = set(order[:n_hold].tolist())
     train, held = [], []
     crng = np.random.default_rng(seed + 1)
@@ -296,12 +296,12 @@ class Attention(nn.Module if nn else object):
 class MLP(nn.Module if nn else object):
     def __init__(self, c: dict):
         super().__init__()
-        H, I = c["hidden_size"], c["intermediate_size"]
-        self.gate_proj = nn.Linear(H, I, bias=False)
-        self.up_proj = nn.Linear(H, I, bias=False)
-        self.down_proj = nn.Linear(I, H, bias=False)
-        self.suv_gate = nn.Parameter(torch.empty(I))
-        self.suv_up = nn.Parameter(torch.empty(I))
+        H, inter = c["hidden_size"], c["intermediate_size"]
+        self.gate_proj = nn.Linear(H, inter, bias=False)
+        self.up_proj = nn.Linear(H, inter, bias=False)
+        self.down_proj = nn.Linear(inter, H, bias=False)
+        self.suv_gate = nn.Parameter(torch.empty(inter))
+        self.suv_up = nn.Parameter(torch.empty(inter))
 
 
 class Layer(nn.Module if nn else object):
@@ -420,7 +420,7 @@ class Dory(nn.Module if nn else object):
         """Final hidden rows ``[B, T, H]`` for ids ``[B, T]`` (positions 0..T-1)."""
         if ids.ndim == 1:
             ids = ids[None]
-        B, T = ids.shape
+        _B, T = ids.shape
         dt = self.backbone.embeddings.weight.dtype
         tabs = {th: rope_tables(self.hd, th, T, dt) for th in set(self.thetas)}
         pos = torch.arange(T)
@@ -454,7 +454,7 @@ class Dory(nn.Module if nn else object):
 
     # ------------------------------------------------------------ HF I/O
     @classmethod
-    def from_tensors(cls, tensors: dict, config: dict, dtype=None) -> "Dory":
+    def from_tensors(cls, tensors: dict, config: dict, dtype=None) -> Dory:
         """A model holding the given HF-named arrays (numpy or torch)."""
         dtype = dtype or torch.float32
         m = cls(config).to(dtype)
@@ -573,7 +573,7 @@ def main(argv=None) -> int:
     train_ids = encode_docs(tok, train_docs)
     held_ids = encode_docs(tok, held_docs)
     V = tok.get_vocab_size()
-    cinfo.update(train_tokens=int(len(train_ids)), heldout_tokens=int(len(held_ids)), vocab=V)
+    cinfo.update(train_tokens=len(train_ids), heldout_tokens=len(held_ids), vocab=V)
     print(f"corpus: {json.dumps(cinfo)} ({time.time() - t0:.1f}s)", flush=True)
     if args.words:
         vocab_words = sorted(set(words("\n".join(train_docs))))

@@ -48,6 +48,15 @@ class CmfFileNotFound(FormatError, FileNotFoundError):
         return str(self.args[0]) if self.args else ""
 
 
-__all__ = ["FormatError", "InvalidMagic", "UnsupportedVersion", "UnsupportedFeature",
-           "UnknownDtype", "MissingTensor", "BoundsError", "ParseError", "HashMismatch",
-           "CmfFileNotFound"]
+__all__ = [
+    "BoundsError",
+    "CmfFileNotFound",
+    "FormatError",
+    "HashMismatch",
+    "InvalidMagic",
+    "MissingTensor",
+    "ParseError",
+    "UnknownDtype",
+    "UnsupportedFeature",
+    "UnsupportedVersion",
+]

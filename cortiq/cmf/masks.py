@@ -110,7 +110,7 @@ class Masks:
 
     # ---- decode --------------------------------------------------------------
     @classmethod
-    def parse(cls, buf, arch: dict) -> "Masks":
+    def parse(cls, buf, arch: dict) -> Masks:
         buf = np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray) else buf
         if buf.size < 8:
             raise MaskDecodeError(f"section is {buf.size} bytes, shorter than its 8-byte head")

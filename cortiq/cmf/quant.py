@@ -11,7 +11,6 @@ upstream readers do, so results are bit-identical to theirs.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 

@@ -119,7 +119,7 @@ class _Part:
     def __init__(self, path: str, preload: bool = False, verify: str = "lazy"):
         self.path = path = os.fspath(path)
         try:
-            fh = builtins.open(path, "rb")
+            fh = builtins.open(path, "rb")  # noqa: SIM115 -- the with below closes it
         except FileNotFoundError:
             raise CmfFileNotFound(f"{path}: no such file") from None
         except IsADirectoryError:
@@ -563,7 +563,7 @@ class CmfFile:
                 f"{', preload=True' if self.preload else ''})")
 
 
-def open(path, preload: bool = False, verify: str = "lazy") -> CmfFile:  # noqa: A001
+def open(path, preload: bool = False, verify: str = "lazy") -> CmfFile:
     """Open a CMF v2 file (or any shard of a set) with full §3 validation.
 
     verify="lazy" (default) checks each hash when its bytes are first used, "full"

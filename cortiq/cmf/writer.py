@@ -48,7 +48,7 @@ _COLS32 = ("q4_tiled", "q4tp", "q2tp", "vbit", "vbit_ro")
 def choose_dtype(name: str, shape, quant: str) -> str:
     """The dtype §8 gives tensor `name` of `shape` in a file quantized as `quant`."""
     shape = tuple(int(d) for d in shape)
-    if name.endswith(".tid2eid") or name.endswith("tid2eid"):
+    if name.endswith("tid2eid"):
         return "f32"
     if quant == "f32":
         return "f32"
@@ -170,7 +170,7 @@ class Payload:
 class _Shard:
     def __init__(self, blob_path: str):
         self.blob_path = blob_path
-        self.fh = open(blob_path, "wb")
+        self.fh = open(blob_path, "wb")  # noqa: SIM115 -- open while tensors stream in
         self.size = 0
         self.records: list = []  # (name, dtype_id, shape, off, nbytes, hash)
 
@@ -304,7 +304,7 @@ class Writer:
         if p.dtype in ("vbit", "vbit_ro"):
             try:
                 Q.validate_vbit(p.data, p.shape, p.dtype)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 -- any payload fault: the writer's ValueError
                 raise ValueError(f"tensor {name!r}: {e}") from None
         self._append(name, p.dtype, p.shape, p.data)
 
@@ -387,7 +387,7 @@ class Writer:
     def _final_paths(self, count):
         if not self.max_shard_bytes:
             return [self.path]
-        base = self.path[:-4] if self.path.endswith(".cmf") else self.path
+        base = self.path.removesuffix(".cmf")
         return [shard_file_name(base, k, count) for k in range(1, count + 1)]
 
     def _finish(self):

@@ -35,17 +35,16 @@ with a ConfigError naming the ``config.json`` key.
 """
 from __future__ import annotations
 
-import mmap
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from ..errors import ConfigError, FormatError
 from . import scaled_weights as SW
-from .hf_dory import (SafetensorsShard, find_tokenizer_json, open_checkpoint, read_hf_config,
-                      tokenizer_bundle)
+from ._safetensors import FLOAT_DTYPES, SafetensorsShard, open_checkpoint
+from .hf_dory import find_tokenizer_json, read_hf_config, tokenizer_bundle
 
 CONVERTER = "cortiq.convert.hf_deepseek_v4"
 ARCH_NAME = "deepseek_v4"
@@ -202,7 +201,7 @@ def arch_from_hf_config(hf: dict) -> dict:
     E, k = int(need("n_routed_experts")), int(need("num_experts_per_tok"))
     if not 0 < k <= E:
         raise _bad("num_experts_per_tok", f"{k} must be in 1..n_routed_experts ({E})")
-    I = int(need("moe_intermediate_size"))
+    inter = int(need("moe_intermediate_size"))
     arch = {
         "arch_name": ARCH_NAME, "hidden_size": int(need("hidden_size")), "num_layers": n,
         "num_attention_heads": int(need("num_attention_heads")), "num_kv_heads": 1,
@@ -210,9 +209,10 @@ def arch_from_hf_config(hf: dict) -> dict:
         "rms_norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
         "partial_rotary_factor": rd / hd, "sliding_window": int(hf.get("sliding_window", 128)),
         "max_position_embeddings": int(hf.get("max_position_embeddings", 1048576)),
-        "intermediate_size": I, "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
-        "moe": {"num_experts": E, "top_k": k, "moe_intermediate_size": I,
-                "shared_expert_intermediate_size": I, "norm_topk_prob": True,
+        "intermediate_size": inter,
+        "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
+        "moe": {"num_experts": E, "top_k": k, "moe_intermediate_size": inter,
+                "shared_expert_intermediate_size": inter, "norm_topk_prob": True,
                 "routed_scaling_factor": float(hf.get("routed_scaling_factor", 1.0))},
         "deepseek_v4": {
             "hc_mult": hc, "hc_sinkhorn_iters": int(hf.get("hc_sinkhorn_iters", 20)),
@@ -323,36 +323,16 @@ _KEEP_F32 = re.compile(r".*(hc_(attn|ffn)_(fn|base|scale)|hc_head_(fn|base|scale
 
 
 def _load(shard: SafetensorsShard, name: str) -> np.ndarray:
-    info = shard.header[name]
-    dt = _INT_DT.get(info["dtype"])
-    if dt is None:
-        return shard.load(name)
-    a, b = info["data_offsets"]
-    count = int(np.prod(info["shape"], dtype=np.int64))
-    if b - a != count * dt.itemsize:
-        raise FormatError(f"{shard.path}: {name}: data offsets do not fit shape {info['shape']}")
-    with open(shard.path, "rb") as f:
-        f.seek(shard._data + a)
-        raw = np.frombuffer(f.read(b - a), dtype=dt, count=count)
-    return raw.astype(np.float32).reshape(info["shape"])
+    """A float tensor, or an integer one (the tid2eid tables), as float32."""
+    if shard.dtype(name) in _INT_DT:
+        return shard.raw(name).astype(np.float32)
+    return shard.load(name)
 
 
 def _load_slice(shard: SafetensorsShard, name: str, e: int, lo: int | None = None,
                 hi: int | None = None) -> np.ndarray:
     """Expert `e` of a stacked [E, R, C] tensor (rows lo..hi), read from the mapping."""
-    info = shard.header[name]
-    E, R, C = info["shape"]
-    esz = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}[info["dtype"]]
-    lo, hi = lo or 0, R if hi is None else hi
-    a = info["data_offsets"][0] + ((e * R + lo) * C) * esz
-    n = (hi - lo) * C
-    if shard._mm is None:
-        with open(shard.path, "rb") as f:
-            shard._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    dt = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}[info["dtype"]]
-    raw = np.frombuffer(shard._mm, dtype=dt, count=n, offset=shard._data + a)
-    out = (raw.astype(np.uint32) << 16).view(np.float32) if info["dtype"] == "BF16" else raw.astype(np.float32)
-    return out.reshape(hi - lo, C)
+    return shard.load(name, (e, slice(lo, hi)))
 
 
 def _plain_loader(sh: SafetensorsShard, name: str, cmf: str):
@@ -363,7 +343,7 @@ def _plain_loader(sh: SafetensorsShard, name: str, cmf: str):
         raise FormatError(f"{sh.path.name}: {name}: dtype {dt} without a .scale tensor: "
                           f"cortiq reads {dt} only as block-scaled weights"
                           + ("" if dt in SW.CODE_DTYPES else " (or the tid2eid table)"))
-    if dt not in _INT_DT and dt not in ("F32", "F16", "BF16", "F64"):
+    if dt not in _INT_DT and dt not in FLOAT_DTYPES:
         raise FormatError(f"{sh.path.name}: {name}: dtype {dt} is not one cortiq converts")
     return lambda: _load(sh, name)
 
@@ -378,7 +358,7 @@ def plan(hf_dir, log: Callable[[str], None] | None = None):
     block = fp8_block_size(hf)
     shards = open_checkpoint(hf_dir)
     n, E = arch["num_layers"], arch["moe"]["num_experts"]
-    I = arch["moe"]["moe_intermediate_size"]
+    inter = arch["moe"]["moe_intermediate_size"]
     scales = SW.pair(shards)
     scale_names = set(scales.values())
     out: dict[str, tuple] = {}
@@ -412,12 +392,17 @@ def plan(hf_dir, log: Callable[[str], None] | None = None):
             p = f"model.layers.{li}.mlp.experts"
             for e in range(E):
                 if kind == "stacked_gate_up":
-                    if shape[1] != 2 * I:
-                        raise ConfigError(f"{name}: shape {shape}, want [{E}, {2 * I}, D]")
-                    out[f"{p}.{e}.gate_proj.weight"] = (lambda s=sh, nm=name, e=e: _load_slice(s, nm, e, 0, I), (I, shape[2]))
-                    out[f"{p}.{e}.up_proj.weight"] = (lambda s=sh, nm=name, e=e: _load_slice(s, nm, e, I, 2 * I), (I, shape[2]))
+                    if shape[1] != 2 * inter:
+                        raise ConfigError(f"{name}: shape {shape}, want [{E}, {2 * inter}, D]")
+                    out[f"{p}.{e}.gate_proj.weight"] = (
+                        lambda s=sh, nm=name, e=e: _load_slice(s, nm, e, 0, inter),
+                        (inter, shape[2]))
+                    out[f"{p}.{e}.up_proj.weight"] = (
+                        lambda s=sh, nm=name, e=e: _load_slice(s, nm, e, inter, 2 * inter),
+                        (inter, shape[2]))
                 else:
-                    out[f"{p}.{e}.down_proj.weight"] = (lambda s=sh, nm=name, e=e: _load_slice(s, nm, e), tuple(shape[1:]))
+                    out[f"{p}.{e}.down_proj.weight"] = (
+                        lambda s=sh, nm=name, e=e: _load_slice(s, nm, e), tuple(shape[1:]))
             continue
         if c in out:
             raise ConfigError(f"{name}: a second spelling of {c}")
@@ -463,7 +448,7 @@ def expected_shapes(arch: dict) -> dict[str, tuple]:
     D, V, H, hd = (arch[k] for k in ("hidden_size", "vocab_size", "num_attention_heads",
                                      "head_dim"))
     moe, d4 = arch["moe"], arch["deepseek_v4"]
-    E, k, I = moe["num_experts"], moe["top_k"], moe["moe_intermediate_size"]
+    E, k, inter = moe["num_experts"], moe["top_k"], moe["moe_intermediate_size"]
     hc, ql, og, ol = d4["hc_mult"], d4["q_lora_rank"], d4["o_groups"], d4["o_lora_rank"]
     ih, ihd = d4["index_n_heads"], d4["index_head_dim"]
     mix = (2 + hc) * hc
@@ -480,16 +465,16 @@ def expected_shapes(arch: dict) -> dict[str, tuple]:
             f"{a}.wo_b.weight": (D, og * ol), f"{a}.attn_sink": (H,),
             f"{p}.mlp.gate.weight": (E, D), f"{p}.mlp.expert_bias": (E,),
             f"{p}.mlp.tid2eid": (V, k),
-            f"{p}.mlp.shared_expert.gate_proj.weight": (I, D),
-            f"{p}.mlp.shared_expert.up_proj.weight": (I, D),
-            f"{p}.mlp.shared_expert.down_proj.weight": (D, I)})
+            f"{p}.mlp.shared_expert.gate_proj.weight": (inter, D),
+            f"{p}.mlp.shared_expert.up_proj.weight": (inter, D),
+            f"{p}.mlp.shared_expert.down_proj.weight": (D, inter)})
         for which in ("attn", "ffn"):
             out.update({f"{p}.hc_{which}_fn": (mix, hc * D), f"{p}.hc_{which}_base": (mix,),
                         f"{p}.hc_{which}_scale": (3,)})
         for e in range(E):
-            out.update({f"{p}.mlp.experts.{e}.gate_proj.weight": (I, D),
-                        f"{p}.mlp.experts.{e}.up_proj.weight": (I, D),
-                        f"{p}.mlp.experts.{e}.down_proj.weight": (D, I)})
+            out.update({f"{p}.mlp.experts.{e}.gate_proj.weight": (inter, D),
+                        f"{p}.mlp.experts.{e}.up_proj.weight": (inter, D),
+                        f"{p}.mlp.experts.{e}.down_proj.weight": (D, inter)})
         if r:
             w = (2 if r == 4 else 1) * hd
             out.update({f"{a}.compressor.wkv.weight": (w, D), f"{a}.compressor.wgate.weight": (w, D),

@@ -10,12 +10,9 @@ Pure parts (no cortiq.cmf needed; unit-tested on their own):
   scale vectors keep their suffix-less names) and the shape check.
 * ``find_tokenizer_json`` / ``find_chat_template`` / ``eos_token_ids`` /
   ``tokenizer_bundle`` -- the chat bundle (docs/cmf-format.md §4.4) from the HF directory.
-* ``SafetensorsShard`` / ``open_checkpoint`` -- a small mmap reader of safetensors shards
-  (F32/F16/BF16/F64; numpy has no bfloat16, so ``safetensors.numpy`` cannot read the bf16
-  release checkpoints) that hands out one tensor at a time as float32.
 
 ``convert(hf_dir, out_path, quant="q8_row", progress=True)`` streams the tensors one at a
-time into ``cortiq.cmf.write``.
+time (read by ``cortiq.convert._safetensors``) into ``cortiq.cmf.write``.
 
 Load-time transforms (docs/models/dory.md §2.2): the reference engine's loader
 (``Dory::from_model``) applies every one of them when it loads the file --
@@ -31,16 +28,16 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import re
-import struct
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, FormatError
+from ..errors import ConfigError
 from ..models.dory_config import ARCH_NAME, EPS, DoryConfig
+from ._safetensors import SafetensorsShard, open_checkpoint
 
 CONVERTER = "cortiq.convert.hf_dory"
 
@@ -196,7 +193,7 @@ def arch_from_hf_config(hf: Mapping) -> dict:
         cfg = DoryConfig.from_arch(arch)
     except ConfigError as e:
         msg = str(e)
-        m = re.match(r"arch(?:\.dory)?\.(\w+)(?:\.\w+)*: (.*)", msg, re.S)
+        m = re.match(r"arch(?:\.dory)?\.(\w+)(?:\.\w+)*: (.*)", msg, re.DOTALL)
         if m:
             raise _bad(HF_KEY.get(m.group(1), m.group(1)), m.group(2)) from None
         raise ConfigError(f"config.json: {msg}") from None
@@ -288,122 +285,6 @@ def vector_dtype(x: np.ndarray) -> str:
     if nz.size and nz.min() < 2.0 ** -14:
         return "f32"
     return "f16" if np.array_equal(back, x) else "f32"
-
-
-# ------------------------------------------------------------------ safetensors
-
-_ST_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"),
-              "BF16": np.dtype("<u2")}
-#: every safetensors dtype as the numpy dtype its bytes are viewed as (``raw``)
-_RAW_DTYPES = dict(_ST_DTYPES, **{
-    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"),
-    "I8": np.dtype("i1"), "U64": np.dtype("<u8"), "U32": np.dtype("<u4"),
-    "U16": np.dtype("<u2"), "U8": np.dtype("u1"), "BOOL": np.dtype("u1"),
-    "F8_E4M3": np.dtype("u1"), "F8_E5M2": np.dtype("u1"), "F8_E8M0": np.dtype("u1"),
-    "F4": np.dtype("u1")})
-
-
-class SafetensorsShard:
-    """One ``.safetensors`` file, memory-mapped; tensors come out as float32 copies."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        with open(self.path, "rb") as f:
-            head = f.read(8)
-            if len(head) != 8:
-                raise FormatError(f"{self.path}: too short for a safetensors file")
-            (n,) = struct.unpack("<Q", head)
-            size = self.path.stat().st_size
-            if n > size - 8:
-                raise FormatError(f"{self.path}: header length {n} runs past the end ({size} B)")
-            try:
-                self.header = json.loads(f.read(n))
-            except ValueError as e:
-                raise FormatError(f"{self.path}: bad safetensors header: {e}") from None
-        self._data = 8 + n
-        self._size = size
-        self.metadata = self.header.pop("__metadata__", None)
-        self._mm = None
-
-    def names(self) -> list[str]:
-        return list(self.header)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.header[name]["shape"])
-
-    def dtype(self, name: str) -> str:
-        return self.header[name]["dtype"]
-
-    def raw(self, name: str) -> np.ndarray:
-        """The stored values as a read-only view of the mapping, in their storage dtype
-        (BF16 as uint16; F8_E4M3 / F8_E8M0 as uint8 codes; F4 as uint8 bytes of two codes,
-        shape ``[..., last / 2]``), bounds-checked against the file."""
-        info = self.header[name]
-        code = info["dtype"]
-        dt = _RAW_DTYPES.get(code)
-        if dt is None:
-            raise FormatError(f"{self.path}: {name}: unknown safetensors dtype {code!r}")
-        shape = [int(d) for d in info["shape"]]
-        if code == "F4":
-            if not shape or shape[-1] % 2:
-                raise FormatError(f"{self.path}: {name}: F4 shape {shape} has an odd last "
-                                  f"dimension (two codes a byte)")
-            shape[-1] //= 2
-        a, b = info["data_offsets"]
-        count = int(np.prod(shape, dtype=np.int64))
-        if not 0 <= a <= b or b - a != count * dt.itemsize or self._data + b > self._size:
-            raise FormatError(f"{self.path}: {name}: data offsets {a}..{b} do not fit "
-                              f"shape {info['shape']} {code}")
-        if self._mm is None:
-            with open(self.path, "rb") as f:
-                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        return np.frombuffer(self._mm, dtype=dt, count=count,
-                             offset=self._data + a).reshape(shape)
-
-    def load(self, name: str) -> np.ndarray:
-        info = self.header[name]
-        if info["dtype"] not in _ST_DTYPES:
-            raise FormatError(f"{self.path}: {name}: dtype {info['dtype']} is not a float "
-                              f"type cortiq converts (F32, F16, BF16, F64)")
-        raw = self.raw(name)
-        if info["dtype"] == "BF16":
-            out = (raw.astype(np.uint32) << 16).view(np.float32)
-        else:
-            out = raw.astype(np.float32)
-        return out.reshape(info["shape"])
-
-    def close(self) -> None:
-        if self._mm is not None:
-            try:
-                self._mm.close()
-            except BufferError:  # a view is still alive (e.g. in a traceback): the
-                pass             # mapping closes when the last view goes
-            self._mm = None
-
-
-def open_checkpoint(hf_dir: str | Path) -> dict[str, SafetensorsShard]:
-    """``{hf_name: shard}`` over ``model.safetensors.index.json``, ``model.safetensors`` or
-    every ``*.safetensors`` in the directory."""
-    d = Path(hf_dir)
-    index = d / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (d / "model.safetensors").exists():
-        files = ["model.safetensors"]
-    else:
-        files = sorted(p.name for p in d.glob("*.safetensors"))
-    if not files:
-        raise FormatError(f"{d}: no *.safetensors weights found")
-    where: dict[str, SafetensorsShard] = {}
-    for fname in files:
-        if not (d / fname).exists():
-            raise FormatError(f"{d / fname}: listed in the index but missing")
-        shard = SafetensorsShard(d / fname)
-        for name in shard.names():
-            if name in where:
-                raise FormatError(f"{shard.path}: {name} also in {where[name].path}")
-            where[name] = shard
-    return where
 
 
 # ------------------------------------------------------------------ tokenizer bundle

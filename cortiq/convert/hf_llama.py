@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
 from ..errors import ConfigError
-from .hf_dory import (find_tokenizer_json, open_checkpoint, read_hf_config, tokenizer_bundle,
-                      vector_dtype)
+from ._safetensors import open_checkpoint
+from .hf_dory import find_tokenizer_json, read_hf_config, tokenizer_bundle, vector_dtype
 
 CONVERTER = "cortiq.convert.hf_llama"
 #: HF architectures class -> CMF arch_name
@@ -134,9 +134,8 @@ def layer_types(hf: Mapping, name: str, n: int) -> tuple[list[str], int | None]:
         if len(lt) != n or any(t not in ("full_attention", "sliding_attention") for t in lt):
             raise _bad("layer_types", f"{lt!r}: want {n} of full_attention / sliding_attention")
         slide = [t == "sliding_attention" and window is not None for t in lt]
-    if any(slide):
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise _bad("sliding_window", f"{window!r} is not a positive integer")
+    if any(slide) and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise _bad("sliding_window", f"{window!r} is not a positive integer")
     return (["SlidingAttention" if s else "FullAttention" for s in slide],
             int(window) if any(slide) else None)
 

@@ -62,7 +62,7 @@ def pair(names) -> dict[str, str]:
 class ScaledWeight:
     """One FP8 or FP4 weight and its scale; ``load()`` gives the float32 values."""
     kind: str                 # "fp8" | "fp4"
-    shard: object             # hf_dory.SafetensorsShard of the weight
+    shard: object             # _safetensors.SafetensorsShard of the weight
     name: str
     scale_shard: object
     scale_name: str

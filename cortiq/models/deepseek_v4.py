@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -206,7 +207,7 @@ def config_from_file(cf) -> Dsv4Config:
     hd = int(_need(arch, "head_dim"))
     nh = int(_need(arch, "num_attention_heads"))
     prf = arch.get("partial_rotary_factor")
-    rd = 64 if prf in (None, 1, 1.0) else int(round(float(prf) * hd))
+    rd = 64 if prf in (None, 1, 1.0) else round(float(prf) * hd)
     if rd % 2 or rd > hd:
         raise ConfigError(f"arch.partial_rotary_factor: rope dim {rd} must be even and <= {hd}")
 
@@ -266,8 +267,20 @@ class _Expert:
     w2: QTensor   # down
 
     def __post_init__(self):  # the kernel handles a token's MoE pass lists
-        self.gate_up = (self.w1._m, self.w3._m)
-        self.down = self.w2._m
+        self.gate_up = (self.w1.qmat, self.w3.qmat)
+        self.down = self.w2.qmat
+
+
+class _Projections(NamedTuple):
+    """A layer's projections of its hidden input, made in one pass (``_Layer.project``);
+    the compressor's and the indexer's exist where the layer has them."""
+    qr: np.ndarray                          # wq_a: the low-rank query
+    kv: np.ndarray                          # wkv: this token's key/value entry
+    comp_kv: np.ndarray | None = None       # the compressor's entry and gate scores
+    comp_gate: np.ndarray | None = None
+    ix_kv: np.ndarray | None = None         # the indexer's compressor: entry, gate scores
+    ix_gate: np.ndarray | None = None
+    ix_weights: np.ndarray | None = None    # the indexer's per-head weights
 
 
 @dataclass
@@ -293,6 +306,10 @@ class _Layer:
     shared: _Expert
     mask: np.ndarray | None = None
     first: list = field(default_factory=list)   # QTensors sharing the hidden input
+    first_names: tuple = ()                     # ... and their _Projections fields
+
+    def project(self, x) -> _Projections:
+        return _Projections(**dict(zip(self.first_names, QTensor.matvec_many(self.first, x))))
 
 
 @dataclass
@@ -322,7 +339,7 @@ class _Growing:
 
 
 class _LayerState:
-    __slots__ = ("cache", "win_n", "comp", "ix", "ix_kv")
+    __slots__ = ("cache", "comp", "ix", "ix_kv", "win_n")
 
     def __init__(self, cfg: Dsv4Config, layer: _Layer):
         # rows [0, window): the sliding window ring (slot = pos % window);
@@ -337,7 +354,7 @@ class _LayerState:
 class Dsv4State:
     """Per-sequence state: position and every layer's caches."""
 
-    def __init__(self, model: "DeepseekV4Model"):
+    def __init__(self, model: DeepseekV4Model):
         self.pos = 0
         self.layers = [_LayerState(model.cfg, L) for L in model.layers]
 
@@ -486,12 +503,12 @@ class DeepseekV4Model:
                     raise FormatError(f"{cf.path}: {tid}: expert ids outside 0..{cfg.n_routed_experts - 1}")
             elif masks is not None:
                 L.mask = masks[li]
-            first = [L.wq_a, L.wkv]
+            first = {"qr": L.wq_a, "kv": L.wkv}
             if comp:
-                first += [comp.wkv, comp.wgate]
+                first.update(comp_kv=comp.wkv, comp_gate=comp.wgate)
             if ix:
-                first += [ix.comp.wkv, ix.comp.wgate, ix.weights_proj]
-            L.first = first
+                first.update(ix_kv=ix.comp.wkv, ix_gate=ix.comp.wgate, ix_weights=ix.weights_proj)
+            L.first, L.first_names = list(first.values()), tuple(first)
             self.layers.append(L)
 
     # ---- protocol -------------------------------------------------------------------
@@ -580,24 +597,22 @@ class DeepseekV4Model:
         hd, rd, W = cfg.head_dim, cfg.rope_head_dim, cfg.window
         inv = self.inv_compress if L.comp is not None else self.inv_window
         c, s = rope
-        outs = QTensor.matvec_many(L.first, x)
-        qr, kv = outs[0], outs[1]
+        p = L.project(x)
+        qr, kv = p.qr, p.kv
         K.rms_weighted(qr, L.q_norm, cfg.norm_eps)
         K.rms_weighted(kv, L.kv_norm, cfg.norm_eps)
         K.rope_interleaved_tail(kv, c, s, rd)
-        k = 2
         if L.comp is not None:
-            e = self._compress(L.comp, ls.comp, outs[2], outs[3], pos, inv)
-            k = 4
+            e = self._compress(L.comp, ls.comp, p.comp_kv, p.comp_gate, pos, inv)
             if e is not None:
                 ls.cache.append(e)
         ix_e = None
         if L.indexer is not None:
             ix = L.indexer
-            ix_e = self._compress(ix.comp, ls.ix, outs[k], outs[k + 1], pos, inv)
+            ix_e = self._compress(ix.comp, ls.ix, p.ix_kv, p.ix_gate, pos, inv)
             if ix_e is not None:
                 ls.ix_kv.append(ix_e)
-            hw = outs[k + 2]
+            hw = p.ix_weights
         cache = ls.cache
         cache.buf[pos % W] = kv
         ls.win_n = min(ls.win_n + 1, W)

@@ -24,7 +24,6 @@ rewrites that chunk's rows in place, so earlier rows hold their last loop's keys
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -140,7 +139,7 @@ class Topologies:
         self.bh = bh.astype(np.float32).reshape(-1, dim)
 
     @classmethod
-    def from_file(cls, path: str, dim: int) -> "Topologies":
+    def from_file(cls, path: str, dim: int) -> Topologies:
         try:
             w = np.fromfile(path, dtype="<f4")
         except OSError as e:
@@ -304,8 +303,8 @@ class DoryModel:
                             K.dory_mlp_scratch(self.hidden, self.ffn))
         self.gate = self._make_gate(opts.gate)
         # ---- o1: the far field of the full layers (cortiq/models/dory_o1.py)
-        fixed_loops = loops is not None or bool(os.environ.get("CMF_DORY_LOOPS", "").strip())
-        self.o1rt = O1Runtime.for_model(self, o1=o1, spill=spill, turbo_defaults=not fixed_loops)
+        self.o1rt = O1Runtime.for_model(self, o1=o1, spill=spill,
+                                        turbo_defaults=not opts.fixed_loops, env=opts.env)
         # ---- end o1
 
     def _make_gate(self, spec) -> Gate | None:
@@ -461,7 +460,7 @@ class DoryModel:
                     return
                 out = self._attn(st, w, li, loop_i, h, pos0, overwrite, rope, prompt)
             elif one:
-                K.dory_mlp_row(w.gate._m, w.up._m, w.down._m, h, w.sg, w.su, w.alpha,
+                K.dory_mlp_row(w.gate.qmat, w.up.qmat, w.down.qmat, h, w.sg, w.su, w.alpha,
                                st.scratch, EPS)
                 return
             else:
@@ -534,7 +533,7 @@ class DoryModel:
         if overwrite:
             slot.n -= 1
         slot._reserve(slot.n + 1)
-        K.dory_attn_row(w.q._m, w.k._m, w.v._m, w.g._m, w.o._m, h, w.sq, w.sg, w.alpha,
+        K.dory_attn_row(w.q.qmat, w.k.qmat, w.v.qmat, w.g.qmat, w.o.qmat, h, w.sq, w.sg, w.alpha,
                         rope[0], rope[1], slot.k, slot.v, slot.n, slot.first, pos0,
                         self._window[li], self.attn_scale, st.scratch, EPS)
         slot.n += 1

@@ -24,14 +24,17 @@ sqrt(hidden_size) (vLLM's rule for null), ``turbo`` absent. Everything else is r
 ``DoryOptions`` holds the runtime keyword options (``loops``, ``kv_mode``, ``gate``,
 ``prompt_loops``, ``full_window``); ``DoryOptions.resolve(config, env)`` applies the
 reference engine's precedence: keyword > ``CMF_DORY_*`` environment variable > the turbo
-record's defaults > the file's record.
+record's defaults > the file's record. It reads the environment once (``read_env``), for
+the far field's variables too, which ``ResolvedOptions.env`` carries to
+``cortiq.models.dory_o1``.
 """
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
-from typing import Any, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -47,17 +50,28 @@ EPS = 1e-6
 KV_MODES = ("per_loop", "last_loop")
 PATTERN_CHARS = {"S": "sliding attention", "*": "full attention", "-": "SwiGLU MLP"}
 
-# The reference engine's environment variables (read once, at load).
+# The environment variables a Dory model reads: once, when DoryOptions.resolve builds
+# its options (``read_env``); model code reads the options, never os.environ.
 ENV_LOOPS = "CMF_DORY_LOOPS"
 ENV_KV = "CMF_DORY_KV"
 ENV_GATE = "CMF_DORY_GATE"
 ENV_PROMPT_LOOPS = "CMF_DORY_PROMPT_LOOPS"
 ENV_FULL_WINDOW = "CMF_DORY_FULL_WINDOW"
-#: Read by cortiq.models.dory_o1 (the far field and its exact rows):
-#: CMF_DORY_O1 ("m,w,sink,seal" or "off"), CMF_DORY_EXACT ("FILE:rows"),
-#: CMF_DORY_EXACT_FEATURES, CMF_DORY_EXACT_LOG (dump paths), CMF_O1_SPILL (spill dir).
-OTHER_ENV = ("CMF_DORY_O1", "CMF_DORY_EXACT", "CMF_DORY_EXACT_FEATURES",
-             "CMF_DORY_EXACT_LOG", "CMF_O1_SPILL")
+# the far field's (cortiq.models.dory_o1 resolves them from ResolvedOptions.env):
+ENV_O1 = "CMF_DORY_O1"                          # "m,w,sink,seal" or "off"
+ENV_EXACT = "CMF_DORY_EXACT"                    # "FILE:rows": the exact-row scorer
+ENV_EXACT_FEATURES = "CMF_DORY_EXACT_FEATURES"  # a path: the exact-row features, dumped
+ENV_EXACT_LOG = "CMF_DORY_EXACT_LOG"            # a path: the exact-row scores, dumped
+ENV_SPILL = "CMF_O1_SPILL"                      # a directory: sealed rows spill there
+ENV_VARS = (ENV_LOOPS, ENV_KV, ENV_GATE, ENV_PROMPT_LOOPS, ENV_FULL_WINDOW,
+            ENV_O1, ENV_EXACT, ENV_EXACT_FEATURES, ENV_EXACT_LOG, ENV_SPILL)
+
+
+def read_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The Dory variables that are set, as ``{name: value}``: from ``os.environ``, or
+    from ``env`` when given (tests pass a dict)."""
+    env = os.environ if env is None else env
+    return {k: env[k] for k in ENV_VARS if k in env}
 
 
 # ------------------------------------------------------------------ field readers
@@ -110,11 +124,11 @@ class DoryTurbo:
     @property
     def seal(self) -> int:
         """The seal position as the reference engine uses it: at least window + sinks + 16."""
-        m, w, sink, seal = self.o1
+        _m, w, sink, seal = self.o1
         return max(seal, w + sink + 16)
 
     @classmethod
-    def from_record(cls, rec: Any, where: str = "arch.dory.turbo") -> "DoryTurbo":
+    def from_record(cls, rec: Any, where: str = "arch.dory.turbo") -> DoryTurbo:
         if not isinstance(rec, Mapping):
             raise ConfigError(f"{where}: {type(rec).__name__} is not an object")
         o1 = _get(rec, "o1", where)
@@ -159,7 +173,7 @@ class DoryConfig:
 
     # -------------------------------------------------------------- construction
     @classmethod
-    def from_header(cls, header: Mapping) -> "DoryConfig":
+    def from_header(cls, header: Mapping) -> DoryConfig:
         """From a whole CMF header dict (``header["arch"]`` holds the keys)."""
         if not isinstance(header, Mapping):
             raise ConfigError(f"header: {type(header).__name__} is not an object")
@@ -169,7 +183,7 @@ class DoryConfig:
         return cls.from_arch(arch)
 
     @classmethod
-    def from_arch(cls, arch: Mapping) -> "DoryConfig":
+    def from_arch(cls, arch: Mapping) -> DoryConfig:
         """From the header's ``arch`` object."""
         w = "arch"
         name = _get(arch, "arch_name", w)
@@ -242,7 +256,7 @@ class DoryConfig:
             raise ConfigError(f"{d}.n_recurrent_loops: {self.n_recurrent_loops} is out of "
                               f"range (want in 1..{MAX_LOOPS})")
         if self.turbo is not None:
-            m, w, sink, _ = self.turbo.o1
+            _m, w, sink, _ = self.turbo.o1
             if w + sink + self.turbo.exact_rows > MAX_NEAR:
                 raise ConfigError(f"{d}.turbo.exact_rows: window {w} + sinks {sink} + exact "
                                   f"rows {self.turbo.exact_rows} exceed {MAX_NEAR}")
@@ -311,7 +325,7 @@ class DoryConfig:
 
     @property
     def input_layers(self) -> range:
-        return range(0, self.n_input_layers)
+        return range(self.n_input_layers)
 
     @property
     def recurrent_layers(self) -> range:
@@ -423,6 +437,11 @@ class ResolvedOptions:
     gate: DoryGate | None
     prompt_loops: int
     full_window: int | None
+    #: a loop count was asked for (keyword or CMF_DORY_LOOPS): the turbo record's
+    #: defaults (its far field included) do not apply
+    fixed_loops: bool = False
+    #: the Dory variables as read (``read_env``), for the far field's options
+    env: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
 
 _UNSET: Any = object()
@@ -483,7 +502,7 @@ class DoryOptions:
         unless a fixed loop count is asked for (keyword ``loops`` or ``CMF_DORY_LOOPS``);
         an explicit kv mode / prompt_loops still wins over the turbo default.
         """
-        env = os.environ if env is None else env
+        env = read_env(env)
 
         def from_env(name: str) -> str | None:
             v = env.get(name)
@@ -523,4 +542,6 @@ class DoryOptions:
             gate=gate,
             prompt_loops=prompt_loops or 0,
             full_window=full_window,
+            fixed_loops=fixed_loops,
+            env=env,
         )

@@ -14,7 +14,8 @@ stay exact for the rest of the conversation.
 
 Options (the reference engine's precedence): ``o1=`` keyword ("m,w,sink,seal", a 4-tuple, a DoryO1
 or "off") > ``CMF_DORY_O1`` > the turbo record's ``o1`` (unless ``CMF_DORY_O1=off``) >
-off. ``spill=`` keyword > ``CMF_O1_SPILL``.
+off. ``spill=`` keyword > ``CMF_O1_SPILL``. The variables come as a mapping (``env``:
+``ResolvedOptions.env``, read once by ``cortiq.models.dory_config``); none given = none set.
 """
 from __future__ import annotations
 
@@ -22,19 +23,37 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from .. import _kernels
 from ..errors import ConfigError
+from .dory_config import ENV_EXACT, ENV_EXACT_FEATURES, ENV_EXACT_LOG, ENV_O1, ENV_SPILL
 from .nystrom import QT_STRIDE, NystromState
 
-__all__ = ["DoryO1", "ExactRows", "MAX_NEAR", "EXACT_TAIL", "EXACT_NEIGHBOURS", "QT_STRIDE",
-           "rank_share", "pick_exact_rows", "seal_order", "far_states", "SlotStore",
-           "resolve_o1", "resolve_exact", "resolve_spill", "exact_from_var", "O1Slot",
-           "O1Runtime", "host_kv_bytes"]
+__all__ = [
+    "EXACT_NEIGHBOURS",
+    "EXACT_TAIL",
+    "MAX_NEAR",
+    "QT_STRIDE",
+    "DoryO1",
+    "ExactRows",
+    "O1Runtime",
+    "O1Slot",
+    "SlotStore",
+    "exact_from_var",
+    "far_states",
+    "host_kv_bytes",
+    "pick_exact_rows",
+    "rank_share",
+    "resolve_exact",
+    "resolve_o1",
+    "resolve_spill",
+    "seal_order",
+]
 
 log = logging.getLogger("cortiq.dory")
 
@@ -45,11 +64,6 @@ MAX_NEAR = 8192
 EXACT_TAIL = 512
 #: Neighbours kept on each side of a chosen row: a fact is several tokens.
 EXACT_NEIGHBOURS = 2
-ENV_O1 = "CMF_DORY_O1"
-ENV_EXACT = "CMF_DORY_EXACT"
-ENV_EXACT_FEATURES = "CMF_DORY_EXACT_FEATURES"
-ENV_EXACT_LOG = "CMF_DORY_EXACT_LOG"
-ENV_SPILL = "CMF_O1_SPILL"
 
 
 # ------------------------------------------------------------------ options
@@ -64,13 +78,13 @@ class DoryO1:
     seal: int
 
     @classmethod
-    def of(cls, m: int, w: int, sink: int, seal: int) -> "DoryO1":
+    def of(cls, m: int, w: int, sink: int, seal: int) -> DoryO1:
         """The reference engine's clamp: below the window plus a margin the state would be exact
         only, so the seal is at least w + sink + 16."""
         return cls(int(m), int(w), int(sink), max(int(seal), int(w) + int(sink) + 16))
 
     @classmethod
-    def parse(cls, value: Any, where: str = "o1") -> "DoryO1 | None":
+    def parse(cls, value: Any, where: str = "o1") -> DoryO1 | None:
         """``"m,w,sink,seal"`` | (m, w, sink, seal) | DoryO1 | "off" / None -> None."""
         if value is None or isinstance(value, DoryO1):
             return value
@@ -124,7 +138,7 @@ def exact_from_var(value: str, where: str = ENV_EXACT) -> ExactRows | None:
 def resolve_o1(keyword: Any = None, turbo=None, env: Mapping[str, str] | None = None
                ) -> DoryO1 | None:
     """keyword > CMF_DORY_O1 > the turbo record's o1 ("off" anywhere turns it off)."""
-    env = os.environ if env is None else env
+    env = {} if env is None else env
     if keyword is not None:
         return DoryO1.parse(keyword, "o1")
     v = (env.get(ENV_O1) or "").strip()
@@ -146,7 +160,7 @@ def resolve_exact(o1: DoryO1 | None, turbo=None, load_weights=None,
                   ) -> ExactRows | None:
     """keyword ExactRows > CMF_DORY_EXACT=FILE:rows > the turbo record's exact_rows with
     ``dory.exact.weights`` (``load_weights()``); then the MAX_NEAR check."""
-    env = os.environ if env is None else env
+    env = {} if env is None else env
     exact = keyword
     if exact is None and env.get(ENV_EXACT):
         exact = exact_from_var(env[ENV_EXACT])
@@ -160,7 +174,7 @@ def resolve_exact(o1: DoryO1 | None, turbo=None, load_weights=None,
 
 
 def resolve_spill(keyword: Any = None, env: Mapping[str, str] | None = None) -> str | None:
-    env = os.environ if env is None else env
+    env = {} if env is None else env
     if keyword is not None:
         return os.fspath(keyword)
     v = env.get(ENV_SPILL)
@@ -184,7 +198,7 @@ def pick_exact_rows(x: ExactRows, layers: Sequence[tuple[np.ndarray, np.ndarray]
     """The rows to keep exact, ascending. ``layers``: per full layer ``(k, v)`` as
     ``[rows, nk*hd]`` f32; ``lo..hi`` the rows that can go (not sinks, not the window).
     A row goes with its ``EXACT_NEIGHBOURS`` on each side until ``x.budget`` is spent."""
-    env = os.environ if env is None else env
+    env = {} if env is None else env
     hi = min(hi, rows)
     if hi <= lo or rows < 2:
         return []
@@ -281,7 +295,7 @@ class _Store:
         self.path = path
         self.n = 0
         self._ram: list[np.ndarray] = []
-        self._fh = open(path, "wb") if path is not None else None
+        self._fh = open(path, "wb") if path is not None else None  # noqa: SIM115 -- until freeze
 
     def push(self, a: np.ndarray) -> None:
         a = np.ascontiguousarray(a, np.float32)
@@ -307,7 +321,7 @@ class _Store:
         # A state dropped before its rebuild leaves no files behind.
         try:
             self.remove()
-        except Exception:  # noqa: BLE001 -- interpreter shutdown
+        except Exception:  # noqa: BLE001, S110 -- interpreter shutdown
             pass
 
     def remove(self) -> None:
@@ -416,8 +430,10 @@ class O1Runtime:
     """
 
     def __init__(self, o1: DoryO1, nh: int, nk: int, hd: int, full: Sequence[int],
-                 exact: ExactRows | None = None, spill: str | None = None):
+                 exact: ExactRows | None = None, spill: str | None = None,
+                 env: Mapping[str, str] | None = None):
         self.o1, self.exact, self.spill = o1, exact, spill
+        self.env = {} if env is None else env   # the dump paths of pick_exact_rows
         self.nh, self.nk, self.hd = nh, nk, hd
         self.rep = nh // nk
         self.full = list(full)
@@ -426,7 +442,7 @@ class O1Runtime:
     @classmethod
     def for_model(cls, model, *, o1: Any = None, spill: Any = None, exact: Any = None,
                   turbo_defaults: bool = True, env: Mapping[str, str] | None = None
-                  ) -> "O1Runtime | None":
+                  ) -> O1Runtime | None:
         """From the keyword, CMF_DORY_O1, the turbo record (when ``turbo_defaults``: no
         fixed loop count); None when the far field is off or there is no full layer."""
         cfg = model.cfg
@@ -444,7 +460,7 @@ class O1Runtime:
 
         x = resolve_exact(o, turbo, weights, env, exact)
         return cls(o, cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim, full, x,
-                   resolve_spill(spill, env))
+                   resolve_spill(spill, env), env)
 
     # -------------------------------------------------------------- per layer
     def attend(self, slot, q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int,
@@ -590,7 +606,7 @@ class O1Runtime:
         layers = [(k.reshape(rows, self.kv_row), v.reshape(rows, self.kv_row))
                   for _, sl, _, k, v, _ in frozen if sl == 0]
         keep = pick_exact_rows(self.exact, layers, rows, self.nk, self.hd, o1.m, o1.sink,
-                               max(rows - o1.w, 0))
+                               max(rows - o1.w, 0), self.env)
         order = seal_order(rows, o1.sink, keep)
         for _, _, s, k, v, q in frozen:
             o = _o(s)

@@ -112,7 +112,7 @@ class LlamaConfig:
     yarn: dict | None = None
 
     @classmethod
-    def from_arch(cls, arch) -> "LlamaConfig":
+    def from_arch(cls, arch) -> LlamaConfig:
         def need(k):
             v = arch.get(k)
             if v is None:
@@ -224,7 +224,7 @@ class Layer:
 class LlamaState:
     """One sequence: a KV cache per layer and the next position."""
 
-    def __init__(self, model: "LlamaModel"):
+    def __init__(self, model: LlamaModel):
         self.pos = 0
         self.caches = [KvSlot(model.cfg.n_kv, model.cfg.head_dim) for _ in model.layers]
 

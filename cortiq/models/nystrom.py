@@ -36,9 +36,21 @@ import numpy as np
 
 from .. import _kernels
 
-__all__ = ["O1Rect", "AGGREGATE", "FM", "NystromState", "O1Snapshot", "QT_STRIDE",
-           "EXACT_SLACK", "O1_DEFAULT_M", "O1_DEFAULT_W", "O1_DEFAULT_SINK", "seg_means",
-           "ridge_pinv", "m_eff_for"]
+__all__ = [
+    "AGGREGATE",
+    "EXACT_SLACK",
+    "FM",
+    "O1_DEFAULT_M",
+    "O1_DEFAULT_SINK",
+    "O1_DEFAULT_W",
+    "QT_STRIDE",
+    "NystromState",
+    "O1Rect",
+    "O1Snapshot",
+    "m_eff_for",
+    "ridge_pinv",
+    "seg_means",
+]
 
 log = logging.getLogger("cortiq.nystrom")
 
@@ -49,7 +61,7 @@ class O1Rect(enum.Enum):
     FM = "fm"           # clamp the landmark weights u_b at 0 (then the aggregate guard)
 
     @classmethod
-    def parse(cls, value) -> "O1Rect":
+    def parse(cls, value) -> O1Rect:
         if isinstance(value, O1Rect):
             return value
         v = str(value).strip().lower()
@@ -130,11 +142,11 @@ class NystromState:
 
     # ------------------------------------------------------------------ constructors
     @classmethod
-    def new_group(cls, m: int, w: int, sink: int, rep: int, rect=AGGREGATE) -> "NystromState":
+    def new_group(cls, m: int, w: int, sink: int, rep: int, rect=AGGREGATE) -> NystromState:
         return cls(m, w, sink, rep, rect)
 
     @classmethod
-    def new(cls, m: int, w: int, sink: int, rect=AGGREGATE) -> "NystromState":
+    def new(cls, m: int, w: int, sink: int, rect=AGGREGATE) -> NystromState:
         return cls(m, w, sink, 1, rect)
 
     # ------------------------------------------------------------------ properties

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["normalize_skill", "OverlayFile", "overlay_tensor", "SkillRouter"]
+__all__ = ["OverlayFile", "SkillRouter", "normalize_skill", "overlay_tensor"]
 
 # Names the embedding matrix goes by, for the mean-embedding φ fallback.
 EMBED_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight", "tok_embeddings.weight",

@@ -85,8 +85,8 @@ Places where the reference engine and vLLM/llama.cpp differ, and what this refer
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -167,7 +167,7 @@ class RefConfig:
     gate0: float
 
     @classmethod
-    def from_hf(cls, c: Mapping) -> "RefConfig":
+    def from_hf(cls, c: Mapping) -> RefConfig:
         n = int(c["num_hidden_layers"])
         pattern = c.get("hybrid_layer_pattern") or "S-S-S-*-" * (n // 8)
         hd = int(c.get("attention_head_dim", c.get("head_dim")))
@@ -200,7 +200,7 @@ class RefConfig:
         return cfg
 
     @classmethod
-    def from_cmf_arch(cls, arch: Mapping) -> "RefConfig":
+    def from_cmf_arch(cls, arch: Mapping) -> RefConfig:
         d = arch["dory"]
         pattern = d["layer_pattern"]
         thetas = tuple(None if ch == "-" else float(
@@ -319,7 +319,7 @@ class DoryReference:
         self._check_shapes()
 
     @classmethod
-    def from_cmf(cls, arch: Mapping, tensors: Mapping[str, np.ndarray], **kw) -> "DoryReference":
+    def from_cmf(cls, arch: Mapping, tensors: Mapping[str, np.ndarray], **kw) -> DoryReference:
         """Build from CMF tensor names (``model.*``) and a CMF header ``arch`` dict."""
         hf = {}
         for name, arr in tensors.items():
@@ -331,7 +331,7 @@ class DoryReference:
         return cls(hf, RefConfig.from_cmf_arch(arch), **kw)
 
     @classmethod
-    def from_cmf_file(cls, cf, **kw) -> "DoryReference":
+    def from_cmf_file(cls, cf, **kw) -> DoryReference:
         """From an open ``cortiq.cmf`` file (dequantized tensors, its header ``arch``)."""
         return cls.from_cmf(cf.arch, {n: cf.tensor(n) for n in cf.names()}, **kw)
 

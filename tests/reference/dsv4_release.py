@@ -141,7 +141,7 @@ def reference_config(hf: dict, keep_transformers_keys: bool = False) -> dict:
         if k not in ("layer_types", "compress_rates", "mlp_layer_types", "partial_rotary_factor")}
     out["compress_ratios"] = ratios + [0]          # the reference lists the MTP layer too
     out["num_hash_layers"] = list(hf["mlp_layer_types"]).count("hash_moe")
-    out["qk_rope_head_dim"] = int(round(hf["head_dim"] * hf["partial_rotary_factor"]))
+    out["qk_rope_head_dim"] = round(hf["head_dim"] * hf["partial_rotary_factor"])
     out["num_nextn_predict_layers"] = 1
     out["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
                                   "activation_scheme": "dynamic",

@@ -87,7 +87,7 @@ def tokenizer_json(vocab: int = 24) -> bytes:
 
 def write_toy(path, quant="f32", tensors=None, **kw):
     """The toy (or `tensors`) as a CMF file with a tokenizer."""
-    import cortiq.cmf as cmf
+    from cortiq import cmf
     t, arch = toy_tensors()
     cmf.write(path, tensors if tensors is not None else t, arch=arch, quant=quant,
               tokenizer_json=tokenizer_json(), progress=False, **kw)

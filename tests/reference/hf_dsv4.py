@@ -54,9 +54,9 @@ def build(cfg, seed: int = 0, scale: float = 0.3):
     from transformers import DeepseekV4ForCausalLM
     torch.manual_seed(seed)
     model = DeepseekV4ForCausalLM(cfg).float().eval()
-    try:
+    if hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation("eager")
-    except Exception:   # older spelling
+    else:   # older spelling
         model.config._experts_implementation = "eager"
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
