@@ -170,7 +170,7 @@ def mm_precisions(qs, mm, rounds):
     best = {"exact": float("inf"), "int8": float("inf")}
     try:
         for _ in range(rounds):
-            for p in best:
+            for p in list(best):
                 for m in qs:
                     m.precision = p
                 t0 = time.perf_counter()

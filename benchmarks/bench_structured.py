@@ -32,10 +32,10 @@ import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_decode as BD  # noqa: E402
+import bench_decode as BD
 
-import cortiq  # noqa: E402
-from cortiq import structured  # noqa: E402
+import cortiq
+from cortiq import structured
 
 ITEM = {
     "type": "object",

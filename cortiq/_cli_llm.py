@@ -247,7 +247,7 @@ def cmd_chat(args) -> int:
             history.append({"role": "user", "content": line})
             _fit_history(llm, history, 1 if system else 0)
             t0 = time.perf_counter()
-            usage = {}
+            usage: dict = {}
 
             def key(c, usage=usage):
                 if c.get("usage"):

@@ -54,7 +54,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence, Sized
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any
 
 from .errors import TemplateError
 
@@ -423,7 +423,7 @@ def _environment():
     class GenerationTag(Extension):
         """`{% generation %}body{% endgeneration %}` renders body (HF marks assistant
         spans with it for training masks; inference only needs the text)."""
-        tags: ClassVar[set[str]] = {"generation"}
+        tags = {"generation"}  # noqa: RUF012 -- jinja2.ext.Extension declares `tags` an instance attribute
 
         def parse(self, parser):
             lineno = next(parser.stream).lineno

@@ -20,7 +20,7 @@ import numpy as np
 
 from .errors import ConfigError, ModelError
 
-__all__ = ["POOLINGS", "hidden_states", "pool", "embed"]
+__all__ = ["POOLINGS", "embed", "hidden_states", "pool"]
 
 POOLINGS = ("mean", "last")
 

@@ -120,8 +120,17 @@ NO_OPTIONS = Options()
 
 class Result:
     """What one generation produced (filled while it runs)."""
-    __slots__ = ("prompt_tokens", "cached_tokens", "token_ids", "text", "finish_reason",
-                 "skill", "prefill_s", "decode_s", "logprobs")
+    __slots__ = (
+        "cached_tokens",
+        "decode_s",
+        "finish_reason",
+        "logprobs",
+        "prefill_s",
+        "prompt_tokens",
+        "skill",
+        "text",
+        "token_ids",
+    )
 
     def __init__(self):
         self.prompt_tokens = self.cached_tokens = 0
@@ -187,9 +196,7 @@ class Generation:
         self.result.token_ids.append(t)
         self.token = t
         piece = self.stops.feed(self.decoder.feed(t))
-        if self.stops.stopped:
-            self._end("stop")
-        elif (self.matcher is not None and self.matcher.stopped) or self._criteria_met(scores):
+        if self.stops.stopped or (self.matcher is not None and self.matcher.stopped) or self._criteria_met(scores):
             self._end("stop")
         elif len(self.result.token_ids) >= self.limit:
             self._end("length")
@@ -241,7 +248,6 @@ class Generation:
         self.done = True
         self.token = None
         self.result.finish_reason = reason
-        return None
 
     def finish(self) -> str:
         """The text held back until the end (stop-string look-ahead, partial UTF-8);

@@ -47,7 +47,7 @@ import numpy as np
 from . import cmf as _cmf
 from ._config import check_precision, get_precision, preload_default, set_num_threads
 from .chat import ChatTemplate
-from .errors import ConfigError, FormatError, ModelError
+from .errors import ConfigError, FormatError
 from .generation import Generation, Options, Result, TokenLogprob, check_finite, log_softmax
 from .sampling import SamplingParams
 from .session import Session

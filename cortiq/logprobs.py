@@ -22,6 +22,7 @@ import re
 import threading
 import weakref
 from collections.abc import Sequence
+from typing import ClassVar
 
 from .generation import TokenLogprob
 
@@ -38,7 +39,7 @@ def _byte_level_inverse() -> dict[str, int]:
 class TokenBytes:
     """Token id -> its bytes, for one tokenizer (cached; thread-safe)."""
 
-    _by_tokenizer: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    _by_tokenizer: ClassVar[weakref.WeakKeyDictionary] = weakref.WeakKeyDictionary()
     _lock = threading.Lock()
 
     def __init__(self, tokenizer):
@@ -57,7 +58,7 @@ class TokenBytes:
         self._inverse = _byte_level_inverse() if self._byte_level else None
 
     @classmethod
-    def of(cls, tokenizer) -> "TokenBytes":
+    def of(cls, tokenizer) -> TokenBytes:
         with cls._lock:
             hit = cls._by_tokenizer.get(tokenizer)
             if hit is None:

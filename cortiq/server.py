@@ -689,9 +689,7 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
 
     def embed_inputs(body):
         inp = body.get("input")
-        if isinstance(inp, str):
-            inp = [inp]
-        elif isinstance(inp, list) and inp and all(isinstance(i, int) and not isinstance(
+        if isinstance(inp, str) or isinstance(inp, list) and inp and all(isinstance(i, int) and not isinstance(
                 i, bool) for i in inp):
             inp = [inp]
         if not isinstance(inp, list) or not inp or not all(

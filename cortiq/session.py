@@ -135,7 +135,7 @@ class Session:
             return pack(self._model, self._ids, self._feeds)
 
     @classmethod
-    def load_state(cls, model, data) -> "Session":
+    def load_state(cls, model, data) -> Session:
         """A session on `model` holding what the saved `data` held (StateError when
         the bytes are damaged or were saved on another model)."""
         from .state import unpack

@@ -27,7 +27,7 @@ import struct
 
 from .errors import CortiqError
 
-__all__ = ["StateError", "STATE_VERSION", "model_identity", "pack", "unpack"]
+__all__ = ["STATE_VERSION", "StateError", "model_identity", "pack", "unpack"]
 
 MAGIC = b"CORTIQST"
 STATE_VERSION = 1

@@ -29,14 +29,20 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["Grammar", "GrammarMatcher", "compile_response_format", "compile_grammar",
-           "json_schema_grammar", "have_llguidance"]
+__all__ = [
+    "Grammar",
+    "GrammarMatcher",
+    "compile_grammar",
+    "compile_response_format",
+    "have_llguidance",
+    "json_schema_grammar",
+]
 
 _EXTRA_HINT = "pip install 'cortiq[structured]' (llguidance)"
 # cortiq Tokenizer -> {vocab size: llguidance tokenizer}; goes with its tokenizer
@@ -47,7 +53,7 @@ _tok_lock = threading.Lock()
 def _llg():
     try:
         import llguidance
-        import llguidance.numpy  # noqa: F401 -- the bitmask helpers
+        import llguidance.numpy
     except ImportError:
         raise ConfigError("structured output (response_format json_object/json_schema, "
                           f"grammar=, tool_choice required/named) needs llguidance: "
@@ -86,7 +92,7 @@ class GrammarMatcher:
     """One generation's position in a grammar: `allowed(n)` -> bool mask of the next
     token, `accept(token)` after sampling; `stopped` once nothing more can follow."""
 
-    __slots__ = ("_m", "_bits", "_n")
+    __slots__ = ("_bits", "_m", "_n")
 
     def __init__(self, matcher, n_vocab: int):
         import llguidance.numpy as lnp
@@ -130,7 +136,7 @@ class Grammar:
     on the demo model: the mask of a warm copy costs ~10 us, a fresh matcher's ~35 us
     after a 1-9 ms compile). `Grammar.get` caches compiled grammars per tokenizer."""
 
-    _cache: OrderedDict = OrderedDict()
+    _cache: ClassVar[OrderedDict] = OrderedDict()
     _cache_lock = threading.Lock()
     CACHE_SIZE = 64
 
@@ -152,7 +158,7 @@ class Grammar:
         self._lock = threading.Lock()
 
     @classmethod
-    def get(cls, spec: str, tokenizer, n_vocab: int, what: str = "grammar") -> "Grammar":
+    def get(cls, spec: str, tokenizer, n_vocab: int, what: str = "grammar") -> Grammar:
         """The compiled grammar for `spec` on this tokenizer (from a small LRU cache)."""
         key = (spec, id(tokenizer), n_vocab, what)
         with cls._cache_lock:

@@ -45,8 +45,15 @@ from typing import Any
 from .errors import ConfigError
 from .structured import compact_schema
 
-__all__ = ["detect_format", "parse", "ToolCallStream", "required_grammar", "check_tools",
-           "check_tool_choice", "FORMATS"]
+__all__ = [
+    "FORMATS",
+    "ToolCallStream",
+    "check_tool_choice",
+    "check_tools",
+    "detect_format",
+    "parse",
+    "required_grammar",
+]
 
 FORMATS = ("hermes", "xml", "deepseek")
 _DS_CALLS_BEGIN = "<\uff5ctool\u2581calls\u2581begin\uff5c>"
@@ -57,15 +64,15 @@ _DS_SEP = "<\uff5ctool\u2581sep\uff5c>"
 _MARKERS = {"hermes": ("<tool_call>",), "xml": ("<tool_call>", "<function="),
             "deepseek": (_DS_CALLS_BEGIN, _DS_CALL_BEGIN, "<tool_call>")}
 
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
-_XML_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
-_XML_FN = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.S)
+_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_XML_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_XML_FN = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.DOTALL)
 _XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?(?:</parameter>|(?=<parameter=)|$)",
-                        re.S)
+                        re.DOTALL)
 _DS_CALL = re.compile(re.escape(_DS_CALL_BEGIN) + r"\s*(?:function\s*" + re.escape(_DS_SEP)
                       + r"\s*([^\n]+?)\s*\n```(?:json)?\s*(.*?)\s*```|([^\n]*?)\s*"
                       + re.escape(_DS_SEP) + r"\s*(.*?))\s*(?:" + re.escape(_DS_CALL_END)
-                      + "|$)", re.S)
+                      + "|$)", re.DOTALL)
 
 
 def detect_format(template_source: str | None) -> str:

@@ -9,7 +9,7 @@ them (`message.tool_calls`, a chunk's `usage`).
 """
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict, Union
+from typing import Any, Literal, TypedDict
 
 __all__ = [
     "ChatCompletion", "ChatCompletionChoice", "ChatCompletionChunk", "ChatCompletionChunkChoice",
@@ -174,7 +174,7 @@ class _NamedToolChoice(TypedDict):
     function: _NamedFunction
 
 
-ToolChoice = Union[Literal["none", "auto", "required"], _NamedToolChoice]
+ToolChoice = Literal["none", "auto", "required"] | _NamedToolChoice
 
 
 class _JsonSchemaSpec(TypedDict, total=False):

@@ -33,9 +33,9 @@ else:
     pytest.importorskip("starlette", reason="the serve extra is not installed")
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_server import ServerThread  # noqa: E402
+from test_server import ServerThread
 
-from cortiq.server import create_app  # noqa: E402
+from cortiq.server import create_app
 
 CHAT = [{"role": "user", "content": "Write a Python function."}]
 SCHEMA = {
@@ -385,21 +385,21 @@ def test_tool_role_round_trip_through_the_server(client, llm):
 
 
 @pytest.mark.parametrize("fmt,text,want", [
-    ("hermes", 'Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n'
-     '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", '
-     '"unit": "c"}}\n</tool_call>',
+    ("hermes", ('Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n'
+                '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": '
+                '"Oslo", "unit": "c"}}\n</tool_call>'),
      ("Sure.", [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Oslo", "unit": "c"})])),
     ("hermes", '<tool_call>\n{"name": "add", "arguments": {"a": 1,', (None, [])),
-    ("xml", "<tool_call>\n<function=add>\n<parameter=a>\n7\n</parameter>\n<parameter=b>\n8\n"
-     "</parameter>\n</function>\n</tool_call>", ("", [("add", {"a": 7, "b": 8})])),
-    ("xml", "<tool_call>\n<function=get_weather>\n<parameter=city>\n12\n</parameter>\n"
-     "</function>\n</tool_call>", ("", [("get_weather", {"city": "12"})])),
-    ("deepseek", "ok<\uff5ctool\u2581calls\u2581begin\uff5c><\uff5ctool\u2581call\u2581begin"
-     "\uff5c>add<\uff5ctool\u2581sep\uff5c>{\"a\": 3, \"b\": 4}<\uff5ctool\u2581call\u2581end"
-     "\uff5c><\uff5ctool\u2581calls\u2581end\uff5c>", ("ok", [("add", {"a": 3, "b": 4})])),
-    ("deepseek", "<\uff5ctool\u2581calls\u2581begin\uff5c><\uff5ctool\u2581call\u2581begin"
-     "\uff5c>function<\uff5ctool\u2581sep\uff5c>add\n```json\n{\"a\": 5}\n```<\uff5ctool"
-     "\u2581call\u2581end\uff5c><\uff5ctool\u2581calls\u2581end\uff5c>", ("", [("add", {"a": 5})])),
+    ("xml", ("<tool_call>\n<function=add>\n<parameter=a>\n7\n</parameter>\n<parameter=b>\n8\n"
+             "</parameter>\n</function>\n</tool_call>"), ("", [("add", {"a": 7, "b": 8})])),
+    ("xml", ("<tool_call>\n<function=get_weather>\n<parameter=city>\n12\n</parameter>\n"
+             "</function>\n</tool_call>"), ("", [("get_weather", {"city": "12"})])),
+    ("deepseek", ("ok<\uff5ctool\u2581calls\u2581begin\uff5c><\uff5ctool\u2581call\u2581begin"
+                  "\uff5c>add<\uff5ctool\u2581sep\uff5c>{\"a\": 3, \"b\": 4}<\uff5ctool\u2581call"
+                  "\u2581end\uff5c><\uff5ctool\u2581calls\u2581end\uff5c>"), ("ok", [("add", {"a": 3, "b": 4})])),
+    ("deepseek", ("<\uff5ctool\u2581calls\u2581begin\uff5c><\uff5ctool\u2581call\u2581begin"
+                  "\uff5c>function<\uff5ctool\u2581sep\uff5c>add\n```json\n{\"a\": 5}\n```"
+                  "<\uff5ctool\u2581call\u2581end\uff5c><\uff5ctool\u2581calls\u2581end\uff5c>"), ("", [("add", {"a": 5})])),
 ])
 def test_parse_families_and_stream_splits(fmt, text, want):
     content, calls = tc.parse(text, fmt, TOOLS)

@@ -12,7 +12,7 @@ import pytest
 import cortiq
 
 sys.path.insert(0, os.path.dirname(__file__))
-from reference.dsv4_toy import write_toy as write_dsv4_toy  # noqa: E402
+from reference.dsv4_toy import write_toy as write_dsv4_toy
 
 
 def _unit(v):

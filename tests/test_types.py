@@ -19,7 +19,8 @@ PKG = os.path.dirname(os.path.abspath(cortiq.__file__))
 
 
 def _stub_names() -> set[str]:
-    tree = ast.parse(open(os.path.join(PKG, "_kernels.pyi")).read())
+    with open(os.path.join(PKG, "_kernels.pyi")) as f:
+        tree = ast.parse(f.read())
     names = set()
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
@@ -78,5 +79,5 @@ def test_mypy_is_clean():
     if not os.path.exists(cfg):
         pytest.skip("the installed package has no pyproject.toml next to it (.ci/run runs mypy)")
     r = subprocess.run([sys.executable, "-m", "mypy", "--config-file", cfg, PKG],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, check=False)
     assert r.returncode == 0, r.stdout[-3000:]

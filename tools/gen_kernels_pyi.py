@@ -32,7 +32,7 @@ def _signature(text: str) -> str:
             continue
         default = ""
         if "=" in a:
-            a, d = a.split("=", 1)
+            a = a.split("=", 1)[0]
             default = " = ..."
             a = a.strip()
         parts = a.split()
@@ -60,7 +60,7 @@ def _split(args: str):
 
 def _defs(src: str, indent: str):
     """Full (multi-line) `def` headers at `indent`."""
-    pat = re.compile(rf"^{indent}def (.*?\)):", re.S | re.M)
+    pat = re.compile(rf"^{indent}def (.*?\)):", re.DOTALL | re.MULTILINE)
     for m in pat.finditer(src):
         yield " ".join(m.group(1).split())
 
@@ -72,19 +72,19 @@ def main() -> int:
     for f in files:
         src = f.read_text()
         # top level: only what is not inside a class
-        body = re.sub(r"^cdef class .*?(?=^\S)", "", src, flags=re.S | re.M)
-        for name in re.findall(r"^([A-Z][A-Z0-9_]*)\s*=", body, re.M):
+        body = re.sub(r"^cdef class .*?(?=^\S)", "", src, flags=re.DOTALL | re.MULTILINE)
+        for name in re.findall(r"^([A-Z][A-Z0-9_]*)\s*=", body, re.MULTILINE):
             lines.append(f"{name}: Any")
         for d in _defs(body, ""):
             lines.append(f"def {_signature(d)}: ...")
-        for m in re.finditer(r"^cdef class (\w+).*?:\n(.*?)(?=^\S|\Z)", src, re.S | re.M):
+        for m in re.finditer(r"^cdef class (\w+).*?:\n(.*?)(?=^\S|\Z)", src, re.DOTALL | re.MULTILINE):
             cls, cbody = m.group(1), m.group(2)
             lines += ["", f"class {cls}:"]
             for attr in re.findall(r"^    cdef (?:readonly|public) (\w+(?:\.\w+)?) ([\w, ]+)$",
-                                   cbody, re.M):
+                                   cbody, re.MULTILINE):
                 for n in attr[1].split(","):
                     lines.append(f"    {n.strip()}: {C_TYPES.get(attr[0], 'Any')}")
-            props = set(re.findall(r"^    @property\n    def (\w+)", cbody, re.M))
+            props = set(re.findall(r"^    @property\n    def (\w+)", cbody, re.MULTILINE))
             seen = set()
             for d in _defs(cbody, "    "):
                 n = d.split("(")[0]
