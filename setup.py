@@ -117,13 +117,13 @@ class BuildKernels(build_ext):
 
 extension = Extension(
     "cortiq._kernels",
-    sources=["cortiq/_kernels.pyx"],
+    sources=["src/cortiq/_kernels.pyx"],
     include_dirs=[CSRC, np.get_include()],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
 )
 
 setup(
     ext_modules=cythonize([extension], compiler_directives={"language_level": "3"},
-                          include_path=["cortiq"]),
+                          include_path=["src/cortiq"]),
     cmdclass={"build_ext": BuildKernels},
 )

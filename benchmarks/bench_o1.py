@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))
 
 
 def write_model(path: str, hidden: int, pattern: str, nh: int, nk: int, hd: int, ffn: int,

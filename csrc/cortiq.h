@@ -101,7 +101,7 @@ extern const cq_hash_ops cq_hash_ref;
 extern const cq_hash_ops cq_hash_avx2;
 extern const cq_hash_ops cq_hash_neon;
 
-/* quant: the CMF writers' quantizers (csrc/quant), bit-exact with cortiq/cmf/quant.py.
+/* quant: the CMF writers' quantizers (csrc/quant), bit-exact with src/cortiq/cmf/quant.py.
  * Inputs are row-major float32; `out` receives the payload bytes exactly as stored in
  * the file (little-endian f16 scales, no alignment requirement). CQ_ERR_ARG when an
  * input is NaN/inf or too large for an f16 scale (|w| > 65504*127 for q8, *7 for q4).
@@ -309,7 +309,7 @@ extern const cq_mix_ops cq_mix_avx2;
 extern const cq_mix_ops cq_mix_neon;
 /* ---- nystrom (csrc/nystrom) -------------------------------------------- */
 /* The O(1) far field of docs/nystrom.md: one group = one KV head with `rep` query
- * heads. The state's buffers belong to the caller (cortiq/models/nystrom.py); the
+ * heads. The state's buffers belong to the caller (src/cortiq/models/nystrom.py); the
  * kernels read and update them through this view. Layouts (row-major f32):
  *   sink_k [sink_len][d], sink_v [sink_len][dv]   permanent exact rows
  *   win_k  [w][d], win_v [w][dv]                  the exact ring (exact-only mode: the

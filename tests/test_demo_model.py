@@ -1,4 +1,4 @@
-"""The bundled demo model (cortiq/data/demo.cmf, trained by tools/train_demo.py).
+"""The bundled demo model (src/cortiq/data/demo.cmf, trained by tools/train_demo.py).
 
 * the file is intact (verify()), small (<= 8 MB) and a Dory with loops, a sliding window and
   a full-attention layer, carrying its tokenizer and a chat template;

@@ -1,4 +1,4 @@
-"""The exact-row choice and the options of Dory's far field (cortiq/models/dory_o1.py).
+"""The exact-row choice and the options of Dory's far field (src/cortiq/models/dory_o1.py).
 
 No tolerances: these are orderings and integer bookkeeping, compared exactly."""
 import numpy as np

@@ -1,5 +1,5 @@
 """Dory's far field end to end (the reference engine's far-field tests,
-cortiq/models/dory_o1.py hooked into cortiq/models/dory.py) on a tiny random model written
+src/cortiq/models/dory_o1.py hooked into src/cortiq/models/dory.py) on a tiny random model written
 as a CMF file.
 
 Tolerances: none but finiteness and equality -- the reference engine's tests compare RAM and file

@@ -1,4 +1,4 @@
-"""NystromState (cortiq/models/nystrom.py) and its kernels (csrc/nystrom, csrc/linalg).
+"""NystromState (src/cortiq/models/nystrom.py) and its kernels (csrc/nystrom, csrc/linalg).
 
 Tolerances:
 * GOLDEN_MAX / GOLDEN_MEAN: the contract against the reference engine's fixture (f64

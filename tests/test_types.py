@@ -1,4 +1,4 @@
-"""The typing surface: cortiq/_kernels.pyi matches the compiled module, cortiq.types
+"""The typing surface: src/cortiq/_kernels.pyi matches the compiled module, cortiq.types
 describes what the API returns, py.typed ships, and mypy passes (when installed)."""
 from __future__ import annotations
 
@@ -74,8 +74,8 @@ def test_responses_have_their_typed_keys():
 @pytest.mark.skipif(shutil.which("mypy") is None and not os.environ.get("CI"),
                     reason="mypy is not installed")
 def test_mypy_is_clean():
-    root = os.path.dirname(PKG)
-    cfg = os.path.join(root, "pyproject.toml")
+    # a checkout: <root>/src/cortiq; pyproject.toml is at <root>
+    cfg = os.path.join(os.path.dirname(os.path.dirname(PKG)), "pyproject.toml")
     if not os.path.exists(cfg):
         pytest.skip("the installed package has no pyproject.toml next to it (.ci/run runs mypy)")
     r = subprocess.run([sys.executable, "-m", "mypy", "--config-file", cfg, PKG],

@@ -1,8 +1,8 @@
-"""Write cortiq/_kernels.pyi from the Cython sources (run after adding a kernel).
+"""Write src/cortiq/_kernels.pyi from the Cython sources (run after adding a kernel).
 
     python tools/gen_kernels_pyi.py
 
-Reads every top-level `def` of cortiq/_kernels.pyx and its _k_*.pxi includes and the
+Reads every top-level `def` of src/cortiq/_kernels.pyx and its _k_*.pxi includes and the
 methods of their `cdef class`es, maps the C argument types to Python ones (size_t,
 int -> int; float, double -> float; bint -> bool; cnp.ndarray -> np.ndarray) and
 types everything else as Any: the kernels check their arrays at run time.
@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent / "cortiq"
+ROOT = Path(__file__).resolve().parent.parent / "src" / "cortiq"
 C_TYPES = {"size_t": "int", "int": "int", "long": "int", "Py_ssize_t": "int",
            "float": "float", "double": "float", "bint": "bool", "str": "str",
            "list": "list", "cnp.ndarray": "np.ndarray", "QMat": "QMat", "object": "Any"}

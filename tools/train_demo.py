@@ -3,7 +3,7 @@
 Run (about 25 minutes on 2 cores; PyTorch is a tool dependency only, never a runtime one)::
 
     pip install torch==2.13.0 tokenizers safetensors
-    python tools/train_demo.py --out /tmp/demo_hf --cmf cortiq/data/demo.cmf \
+    python tools/train_demo.py --out /tmp/demo_hf --cmf src/cortiq/data/demo.cmf \
         --ref-logits tests/data/demo_reference_logits.json
 
 What it does, in order:
@@ -46,7 +46,7 @@ the RECIPE below, CPython 3.11.7's stdlib (574 files, 29 held out; 634,464 train
 91,652 held-out tokens), 6,637,056 parameters; final training loss 3.78 (EMA of the last
 steps; 3.96 re-evaluated on a training sample), held-out loss 4.461 = perplexity 86.6;
 training 1769 s wall / 987 s CPU with ``--threads 1`` on the 2-core machine while other
-jobs shared it. ``cortiq/data/demo.cmf`` (q8_row) is 7,148,405 bytes. The run was not
+jobs shared it. ``src/cortiq/data/demo.cmf`` (q8_row) is 7,148,405 bytes. The run was not
 repeated to check bit-for-bit reproducibility (more threads may change the last bits).
 """
 from __future__ import annotations
@@ -647,5 +647,5 @@ def export(hf_dir: Path, cmf_path: str | None, ref_logits: str | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # cortiq of this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # cortiq of this checkout
     sys.exit(main())

@@ -1,5 +1,5 @@
 /* quant_ref.c -- the CMF quantizers (docs/cmf-format.md §7-§8), bit-exact with
- * cortiq/cmf/quant.py.
+ * src/cortiq/cmf/quant.py.
  * All arithmetic is float32 in the order quant.py writes it (q8_2f's column RMS sums in
  * float64, row by row, as numpy's axis-0 mean does). Codes use rintf (ties to even under
  * the default rounding mode). Non-finite inputs, or values whose f16 scale would exceed

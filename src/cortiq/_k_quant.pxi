@@ -1,4 +1,4 @@
-# quant: the CMF quantizers (csrc/quant), bit-exact with cortiq/cmf/quant.py.
+# quant: the CMF quantizers (csrc/quant), bit-exact with src/cortiq/cmf/quant.py.
 
 cdef inline void _quant_check(cq_status st, str op) except *:
     if st == CQ_ERR_ARG:

@@ -1,6 +1,6 @@
 """The demo model bundled with cortiq: a tiny Dory, so a first command produces text.
 
-``cortiq/data/demo.cmf`` is a ~6.6 M-parameter Dory (q8_row, with its byte-level BPE
+``src/cortiq/data/demo.cmf`` is a ~6.6 M-parameter Dory (q8_row, with its byte-level BPE
 tokenizer and a ChatML template) trained by ``tools/train_demo.py`` on the docstrings of
 the Python standard library. It knows a little about Python and nothing else; it is here
 so that ``cortiq.LLM()`` and ``cortiq run --prompt ...`` work with no download.

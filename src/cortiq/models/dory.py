@@ -302,7 +302,7 @@ class DoryModel:
         self._scratch = max(K.dory_attn_scratch(self.hidden, q_size),
                             K.dory_mlp_scratch(self.hidden, self.ffn))
         self.gate = self._make_gate(opts.gate)
-        # ---- o1: the far field of the full layers (cortiq/models/dory_o1.py)
+        # ---- o1: the far field of the full layers (src/cortiq/models/dory_o1.py)
         self.o1rt = O1Runtime.for_model(self, o1=o1, spill=spill,
                                         turbo_defaults=not opts.fixed_loops, env=opts.env)
         # ---- end o1

@@ -1,4 +1,4 @@
-"""CMF v2 model files: reader, writer, quantizers (cortiq/cmf/quant.py is the layout spec).
+"""CMF v2 model files: reader, writer, quantizers (src/cortiq/cmf/quant.py is the layout spec).
 
     cortiq.cmf.open(path) -> CmfFile        validated, mmap-backed, zero-copy
     cortiq.cmf.open(path, preload=True)     the same over a copy in anonymous huge pages

@@ -1,4 +1,4 @@
-"""`cortiq info FILE` and `cortiq verify FILE` (registered in cortiq/cli.py).
+"""`cortiq info FILE` and `cortiq verify FILE` (registered in src/cortiq/cli.py).
 
 User errors (missing or malformed file) print one line and return 1: never a traceback.
 """

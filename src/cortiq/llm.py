@@ -101,7 +101,7 @@ class LLM:
                  preload: bool | None = None, verify: str = "lazy",
                  precision: str | None = None, **model_options):
         self._precision = check_precision(precision)
-        if path is None:  # the bundled demo model (cortiq/demo.py)
+        if path is None:  # the bundled demo model (src/cortiq/demo.py)
             from .demo import demo_path
             path = demo_path()
         if preload is None:

@@ -1,4 +1,4 @@
-"""`cortiq run | chat | embed | convert | import-gguf | bench | serve` (in cortiq/cli.py).
+"""`cortiq run | chat | embed | convert | import-gguf | bench | serve` (in src/cortiq/cli.py).
 
 User errors (bad file, bad option value, a missing extra) raise CortiqError / OSError;
 cortiq.cli.main prints them as one line and exits 1.
