@@ -42,7 +42,7 @@ import cortiq
 from cortiq import _kernels as K
 from cortiq import cmf
 from cortiq.llm import LLM
-from cortiq.models.dory_config import DoryConfig
+from cortiq.models.dory.config import DoryConfig
 
 RELEASE_LIKE = dict(hidden=2048, heads=16, kv_heads=4, head_dim=128, ffn=5632,
                     pattern="S-S-S-*-" * 3, blocks=(8, 8, 8), loops=2, vocab=32000, window=1024)

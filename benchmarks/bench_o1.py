@@ -7,7 +7,7 @@
 Each (length, o1) cell runs in its own process (clean RSS): a prompt of random tokens is
 read in one forward (prefill tokens/s), then ``--decode`` tokens one at a time (decode
 tokens/s). Reported: host KV bytes after the decode (exact rows + O(1) states,
-``dory_o1.host_kv_bytes``), the process's peak and current RSS. ``--off-max`` caps the
+``dory.far_field.host_kv_bytes``), the process's peak and current RSS. ``--off-max`` caps the
 lengths run with o1 off (exact full attention is quadratic in the prompt).
 
 Targets with o1 on: KV bytes grow <= 5 % from 16k to 64k, decode tokens/s within 10 %
@@ -85,7 +85,7 @@ def one(args) -> dict:
     import cortiq.cmf
     cortiq.set_num_threads(args.threads)
     from cortiq.models import dory
-    from cortiq.models.dory_o1 import host_kv_bytes
+    from cortiq.models.dory.far_field import host_kv_bytes
     o1 = args.o1 if args.on else "off"
     m = dory.DoryModel(cortiq.cmf.open(args.model), o1=o1, prompt_loops=args.prompt_loops)
     ids = np.random.default_rng(1).integers(0, m.vocab, args.length + args.decode)

@@ -309,7 +309,7 @@ extern const cq_mix_ops cq_mix_avx2;
 extern const cq_mix_ops cq_mix_neon;
 /* ---- nystrom (csrc/nystrom) -------------------------------------------- */
 /* The O(1) far field of docs/nystrom.md: one group = one KV head with `rep` query
- * heads. The state's buffers belong to the caller (src/cortiq/models/nystrom.py); the
+ * heads. The state's buffers belong to the caller (src/cortiq/models/dory/nystrom.py); the
  * kernels read and update them through this view. Layouts (row-major f32):
  *   sink_k [sink_len][d], sink_v [sink_len][dv]   permanent exact rows
  *   win_k  [w][d], win_v [w][dv]                  the exact ring (exact-only mode: the

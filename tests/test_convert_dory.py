@@ -20,7 +20,7 @@ from cortiq.convert import from_hf
 from cortiq.convert import _safetensors as ST
 from cortiq.convert import hf_dory as H
 from cortiq.errors import ConfigError, FormatError
-from cortiq.models.dory_config import DoryConfig
+from cortiq.models.dory.config import DoryConfig
 
 sys.path.insert(0, os.path.dirname(__file__))
 from reference import dory_numpy as D

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cortiq.errors import ConfigError
-from cortiq.models.dory_config import (MAX_LOOPS, DoryConfig, DoryGate, DoryOptions,
+from cortiq.models.dory.config import (MAX_LOOPS, DoryConfig, DoryGate, DoryOptions,
                                        DoryTurbo, parse_gate)
 
 

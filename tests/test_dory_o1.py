@@ -1,12 +1,12 @@
-"""The exact-row choice and the options of Dory's far field (src/cortiq/models/dory_o1.py).
+"""The exact-row choice and the options of Dory's far field (src/cortiq/models/dory/far_field.py).
 
 No tolerances: these are orderings and integer bookkeeping, compared exactly."""
 import numpy as np
 import pytest
 
 from cortiq.errors import ConfigError
-from cortiq.models.dory_config import DoryTurbo
-from cortiq.models.dory_o1 import (MAX_NEAR, DoryO1, ExactRows, exact_from_var, far_states,
+from cortiq.models.dory.config import DoryTurbo
+from cortiq.models.dory.far_field import (MAX_NEAR, DoryO1, ExactRows, exact_from_var, far_states,
                                    pick_exact_rows, rank_share, resolve_exact, resolve_o1,
                                    seal_order)
 

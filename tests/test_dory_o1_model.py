@@ -1,5 +1,5 @@
 """Dory's far field end to end (the reference engine's far-field tests,
-src/cortiq/models/dory_o1.py hooked into src/cortiq/models/dory.py) on a tiny random model written
+src/cortiq/models/dory/far_field.py hooked into src/cortiq/models/dory/model.py) on a tiny random model written
 as a CMF file.
 
 Tolerances: none but finiteness and equality -- the reference engine's tests compare RAM and file
@@ -14,7 +14,7 @@ import pytest
 dory = pytest.importorskip("cortiq.models.dory")
 import cortiq.cmf  # noqa: E402
 from cortiq.errors import ConfigError  # noqa: E402
-from cortiq.models.dory_o1 import MAX_NEAR, host_kv_bytes  # noqa: E402
+from cortiq.models.dory.far_field import MAX_NEAR, host_kv_bytes  # noqa: E402
 
 PATTERN = "S-*-S-*-S-*-"
 GEOM = dict(hidden=16, ffn=16, nh=4, nk=2, hd=8, vocab=11)

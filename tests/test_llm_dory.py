@@ -8,7 +8,7 @@ converter wrote. Two engines:
   sliding-window KV cache, wrapped in the model protocol -- checks that session reuse
   (rollback to the common prefix) gives what a fresh session gives on a real Dory
   cache, always runs;
-* cortiq's own DoryModel via `cortiq.LLM(path)` once src/cortiq/models/dory.py exists:
+* cortiq's own DoryModel via `cortiq.LLM(path)` once src/cortiq/models/dory/model.py exists:
   greedy tokens equal the reference's.
 """
 import importlib.util
@@ -81,7 +81,7 @@ def test_reference_dory_session_reuse_equals_fresh(ref_llm):
     assert reused["usage"]["prompt_tokens_details"]["cached_tokens"] > 3
 
 
-@pytest.mark.skipif(not HAVE_DORY, reason="src/cortiq/models/dory.py is not on this branch yet")
+@pytest.mark.skipif(not HAVE_DORY, reason="cortiq.models.dory is not in this build")
 def test_cortiq_dory_matches_the_reference(dory_path, ref_llm):
     with cortiq.LLM(dory_path) as llm:
         assert llm.arch == "dory"
@@ -100,7 +100,7 @@ def test_cortiq_dory_matches_the_reference(dory_path, ref_llm):
         assert again["choices"] == fresh["choices"]
 
 
-@pytest.mark.skipif(not HAVE_DORY, reason="src/cortiq/models/dory.py is not on this branch yet")
+@pytest.mark.skipif(not HAVE_DORY, reason="cortiq.models.dory is not in this build")
 def test_cortiq_dory_loads_skill_replacements(dory_path, tmp_path):
     """A skill's lm_head replacement reaches DoryModel's QTensor loading (OverlayFile)."""
     rng = np.random.default_rng(0)
@@ -124,7 +124,7 @@ def test_cortiq_dory_loads_skill_replacements(dory_path, tmp_path):
         cortiq.LLM(p, task="coding")
 
 
-@pytest.mark.skipif(not HAVE_DORY, reason="src/cortiq/models/dory.py is not on this branch yet")
+@pytest.mark.skipif(not HAVE_DORY, reason="cortiq.models.dory is not in this build")
 def test_cortiq_dory_four_threads_equal_serial(dory_path):
     import threading
     prompts = ["the quick brown fox", "hello world", "the lazy dog", "sliding window"]

@@ -1,4 +1,4 @@
-"""NystromState (src/cortiq/models/nystrom.py) and its kernels (csrc/nystrom, csrc/linalg).
+"""NystromState (src/cortiq/models/dory/nystrom.py) and its kernels (csrc/nystrom, csrc/linalg).
 
 Tolerances:
 * GOLDEN_MAX / GOLDEN_MEAN: the contract against the reference engine's fixture (f64
@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cortiq import _kernels
-from cortiq.models.nystrom import (AGGREGATE, FM, QT_STRIDE, NystromState, m_eff_for,
+from cortiq.models.dory.nystrom import (AGGREGATE, FM, QT_STRIDE, NystromState, m_eff_for,
                                    ridge_pinv, seg_means)
 
 # the reference engine's golden fixture (docs/nystrom.md §8), kept in tests/data

@@ -1,5 +1,5 @@
 # Dory decode rows: one whole sub-layer for one token in one call (GIL released once).
-# Each is the exact sequence of kernel calls src/cortiq/models/dory.py makes for a chunk of
+# Each is the exact sequence of kernel calls src/cortiq/models/dory/model.py makes for a chunk of
 # one row, so the results are bit-identical to it; what they save is the Python work
 # between the calls (argument checks, temporaries, may_share_memory), which on a decode
 # step costs more than the small kernels themselves.

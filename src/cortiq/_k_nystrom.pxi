@@ -1,5 +1,5 @@
 # nystrom: the O(1) far field's kernels (csrc/nystrom, docs/nystrom.md).
-# NysGroup binds a group's buffers (owned by cortiq.models.nystrom.NystromState) to a
+# NysGroup binds a group's buffers (owned by cortiq.models.dory.nystrom.NystromState) to a
 # C view once, so a decode step checks only its own row arguments.
 
 cdef inline float *_nys_buf(object a, str arg, size_t need) except NULL:

@@ -18,7 +18,7 @@ Load-time transforms (docs/models/dory.md §2.2): the reference engine's loader
 (``Dory::from_model``) applies every one of them when it loads the file --
 ``|alpha*alpha0/sigma0|``, ``(sqk*sqrt(hd)/sigma0)^2``, ``(s_gate*sqrt(g0)/sigma0)^2``,
 ``suv*sqrt(H)``, ``logit_scale/sigma0`` -- so the converter applies **none**: the file
-stores the raw HF values (``STORED_RAW``), and ``cortiq.models.dory_config.DoryConfig``
+stores the raw HF values (``STORED_RAW``), and ``cortiq.models.dory.config.DoryConfig``
 carries sigma0, alpha0 and g0 for the loader.
 Scale vectors are 1-D, so docs/cmf-format.md §8 stores them f16 -- lossless for bf16 checkpoints
 in f16's normal range; a vector f16 cannot hold exactly (f32 checkpoints, |x| < 2^-14 or
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..models.dory_config import ARCH_NAME, EPS, DoryConfig
+from ..models.dory.config import ARCH_NAME, EPS, DoryConfig
 from ._safetensors import SafetensorsShard, open_checkpoint
 
 CONVERTER = "cortiq.convert.hf_dory"

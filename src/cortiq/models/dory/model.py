@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import _kernels as K
-from ..errors import ConfigError, CortiqError
-from ..tensor import QGroup, QTensor
-from .dory_config import DoryConfig, DoryOptions
-from .kv_cache import KvSlot
-from .dory_o1 import EXACT_TAIL, O1Runtime, host_kv_bytes  # o1
+from ... import _kernels as K
+from ...errors import ConfigError, CortiqError
+from ...tensor import QGroup, QTensor
+from .config import DoryConfig, DoryOptions
+from ..kv_cache import KvSlot
+from .far_field import EXACT_TAIL, O1Runtime, host_kv_bytes  # o1
 
 EPS = 1e-6
 #: rows of a prompt run through the stack together
@@ -302,7 +302,7 @@ class DoryModel:
         self._scratch = max(K.dory_attn_scratch(self.hidden, q_size),
                             K.dory_mlp_scratch(self.hidden, self.ffn))
         self.gate = self._make_gate(opts.gate)
-        # ---- o1: the far field of the full layers (src/cortiq/models/dory_o1.py)
+        # ---- o1: the far field of the full layers (src/cortiq/models/dory/far_field.py)
         self.o1rt = O1Runtime.for_model(self, o1=o1, spill=spill,
                                         turbo_defaults=not opts.fixed_loops, env=opts.env)
         # ---- end o1

@@ -26,7 +26,7 @@ sqrt(hidden_size) (vLLM's rule for null), ``turbo`` absent. Everything else is r
 reference engine's precedence: keyword > ``CMF_DORY_*`` environment variable > the turbo
 record's defaults > the file's record. It reads the environment once (``read_env``), for
 the far field's variables too, which ``ResolvedOptions.env`` carries to
-``cortiq.models.dory_o1``.
+``cortiq.models.dory.far_field``.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 ARCH_NAME = "dory"
 #: The most loops a request may ask for (the reference engine's ``MAX_LOOPS``).
@@ -57,7 +57,7 @@ ENV_KV = "CMF_DORY_KV"
 ENV_GATE = "CMF_DORY_GATE"
 ENV_PROMPT_LOOPS = "CMF_DORY_PROMPT_LOOPS"
 ENV_FULL_WINDOW = "CMF_DORY_FULL_WINDOW"
-# the far field's (cortiq.models.dory_o1 resolves them from ResolvedOptions.env):
+# the far field's (cortiq.models.dory.far_field resolves them from ResolvedOptions.env):
 ENV_O1 = "CMF_DORY_O1"                          # "m,w,sink,seal" or "off"
 ENV_EXACT = "CMF_DORY_EXACT"                    # "FILE:rows": the exact-row scorer
 ENV_EXACT_FEATURES = "CMF_DORY_EXACT_FEATURES"  # a path: the exact-row features, dumped

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _kernels
+from ... import _kernels
 
 __all__ = [
     "AGGREGATE",

@@ -15,7 +15,7 @@ stay exact for the rest of the conversation.
 Options (the reference engine's precedence): ``o1=`` keyword ("m,w,sink,seal", a 4-tuple, a DoryO1
 or "off") > ``CMF_DORY_O1`` > the turbo record's ``o1`` (unless ``CMF_DORY_O1=off``) >
 off. ``spill=`` keyword > ``CMF_O1_SPILL``. The variables come as a mapping (``env``:
-``ResolvedOptions.env``, read once by ``cortiq.models.dory_config``); none given = none set.
+``ResolvedOptions.env``, read once by ``cortiq.models.dory.config``); none given = none set.
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import _kernels
-from ..errors import ConfigError
-from .dory_config import ENV_EXACT, ENV_EXACT_FEATURES, ENV_EXACT_LOG, ENV_O1, ENV_SPILL
+from ... import _kernels
+from ...errors import ConfigError
+from .config import ENV_EXACT, ENV_EXACT_FEATURES, ENV_EXACT_LOG, ENV_O1, ENV_SPILL
 from .nystrom import QT_STRIDE, NystromState
 
 __all__ = [
