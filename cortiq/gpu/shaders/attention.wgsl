@@ -1,0 +1,85 @@
+// Causal windowed grouped-query attention over the KV cache, one workgroup per
+// (query head, row): softmax(scale q.k) v over positions max(0, p + 1 - window) .. p
+// (window 0: all), online softmax over tiles of 128 keys. Query head h reads KV head
+// h / (nh / nk); position j sits at ring row j % ring.
+
+struct Params {
+    nh: u32, nk: u32, hd: u32, stride: u32,
+    window: u32, ring: u32, y_stride: u32, scale: f32,
+}
+struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<uniform> S: Step;
+@group(0) @binding(2) var<storage, read> QKV: array<f32>;
+@group(0) @binding(3) var<storage, read> KC: array<f32>;
+@group(0) @binding(4) var<storage, read> VC: array<f32>;
+@group(0) @binding(5) var<storage, read_write> Y: array<f32>;
+
+const TILE: u32 = 128u;
+var<workgroup> qs: array<f32, 512>;
+var<workgroup> sc: array<f32, 128>;
+var<workgroup> red: array<f32, 128>;
+
+@compute @workgroup_size(128)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let h = wid.x;
+    let t = wid.y;
+    let hd = P.hd;
+    let kvh = h / (P.nh / P.nk);
+    let p = S.pos0 + t;
+    var lo = 0u;
+    if (P.window > 0u && p + 1u > P.window) { lo = p + 1u - P.window; }
+    for (var i = lid; i < hd; i += TILE) { qs[i] = QKV[t * P.stride + h * hd + i]; }
+    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+    var m = -3.0e38;
+    var l = 0.0;
+    workgroupBarrier();
+    for (var base = lo; base <= p; base += TILE) {
+        let j = base + lid;
+        var s = -3.0e38;
+        if (j <= p) {
+            let kb = ((j % P.ring) * P.nk + kvh) * hd;
+            var d = 0.0;
+            for (var i = 0u; i < hd; i++) { d += qs[i] * KC[kb + i]; }
+            s = d * P.scale;
+        }
+        sc[lid] = s;
+        red[lid] = s;
+        workgroupBarrier();
+        for (var w = TILE / 2u; w > 0u; w = w / 2u) {
+            if (lid < w) { red[lid] = max(red[lid], red[lid + w]); }
+            workgroupBarrier();
+        }
+        let mn = max(m, red[0]);
+        let corr = exp(m - mn);
+        workgroupBarrier();
+        var e = 0.0;
+        if (j <= p) { e = exp(s - mn); }
+        sc[lid] = e;
+        red[lid] = e;
+        workgroupBarrier();
+        for (var w = TILE / 2u; w > 0u; w = w / 2u) {
+            if (lid < w) { red[lid] += red[lid + w]; }
+            workgroupBarrier();
+        }
+        l = l * corr + red[0];
+        m = mn;
+        let n = min(TILE, p + 1u - base);
+        for (var k = 0u; k < 4u; k++) {
+            let i = lid + k * TILE;
+            if (i < hd) {
+                var a = acc[k] * corr;
+                for (var jj = 0u; jj < n; jj++) {
+                    a += sc[jj] * VC[(((base + jj) % P.ring) * P.nk + kvh) * hd + i];
+                }
+                acc[k] = a;
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var k = 0u; k < 4u; k++) {
+        let i = lid + k * TILE;
+        if (i < hd) { Y[t * P.y_stride + h * hd + i] = acc[k] / l; }
+    }
+}
