@@ -65,9 +65,9 @@ class GpuDoryModel:
         self.dev = dev = device or Device.get()
         self.vocab, self.hidden, self.ffn = host.vocab, host.hidden, host.ffn
         self.nh, self.nk, self.hd = host.nh, host.nk, host.hd
-        if self.hd > 512:
-            raise ConfigError(f"device='gpu': head_dim {self.hd} exceeds the attention "
-                              "kernel's 512")
+        if self.hd > 512 or self.hd % 4:
+            raise ConfigError(f"device='gpu': head_dim {self.hd}: the attention kernel takes "
+                              "a multiple of 4 up to 512")
         self.cmf = getattr(host, "cmf", None)
         self.file = getattr(host, "file", None)
         self.max_seq_len = getattr(host, "max_seq_len", None)
@@ -380,7 +380,7 @@ class GpuDoryModel:
         dev = self.dev
         from .kernels import FIXED
         group = dev.bind(FIXED[name], resolve([params] + res))
-        return Dispatch(fixed_pipeline(dev, name), group, dims)
+        return Dispatch(fixed_pipeline(dev, name), group, dims, name)
 
     def _state_arena(self, st):
         """The parameters of a state's KV-dependent kernels (ring sizes per slot)."""
@@ -415,7 +415,7 @@ class GpuDoryModel:
         e = self.embed
         prog.append(Dispatch(embed_pipeline(dev, e.dtype, len(e.parts)), dev.bind(
             embed_kinds(len(e.parts)), resolve([self.p_embed, self.step, self.ids, self.hb]
-                                               + [b for b, _r0, _r in e.parts])), rows))
+                                               + [b for b, _r0, _r in e.parts])), rows, "embed"))
 
         def layer(li, loop_i):
             w = self.lw[li]

@@ -92,6 +92,7 @@ class Dispatch:
     pipeline: object
     group: object
     dims: object        # (x, y, z) or callable t -> (x, y, z)
+    name: str = ""      # the kernel, for the time breakdown
 
 
 class ParamArena:
@@ -143,8 +144,8 @@ def u32s(*vals) -> bytes:
 
 
 # ---- shader generation ---------------------------------------------------------------
-def _decoder(dev: Device, i: int, dtype: str) -> str:
-    return dev.source("qdecode.wgsl").replace("$DTYPE", f"{DTYPE_IDS[dtype]}u") \
+def _decoder(dev: Device, i: int, dtype: str, src: str = "qdecode.wgsl") -> str:
+    return dev.source(src).replace("$DTYPE", f"{DTYPE_IDS[dtype]}u") \
         .replace("$W", f"W{i}")
 
 
@@ -227,12 +228,43 @@ def fixed_pipeline(dev: Device, name: str):
 
 
 # ---- building dispatches ---------------------------------------------------------------
-def rows_dims(total_rows: int):
-    """Workgroup grid (nx, ny) covering total_rows / RPW row groups under the
+#: row groups a grid row holds (the shaders' wid.x + wid.y * NX)
+NX = 32768
+#: rows per workgroup of the decode matvec (matvec1.wgsl: one warp-sized lane group a row)
+RPW1 = 8
+#: weights per 16-byte chunk of the decode matvec (the tiled dtypes: one 32-weight tile)
+CHUNK = {"f32": 4, "f16": 8, "bf16": 8, "q8_row": 16, "q8_2f": 16, "q4_block": 32,
+         "q4_tiled": 32, "q4tp": 32, "q2tp": 32}
+
+
+def rows_dims(total_rows: int, rpw: int = RPW):
+    """Workgroup grid (x, y) covering total_rows / rpw row groups under the
     65535-a-dimension limit."""
-    groups = (total_rows + RPW - 1) // RPW
-    nx = min(groups, 32768)
-    return nx, (groups + nx - 1) // nx
+    groups = (total_rows + rpw - 1) // rpw
+    return min(groups, NX), (groups + NX - 1) // NX
+
+
+def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int):
+    key = ("matvec1", dtypes, pro)
+    if key in dev._pipelines:
+        return dev._pipelines[key]
+    n = len(dtypes)
+    part = dev.source("matvec1_part.wgsl")
+    fns, disp = [], []
+    for i, dt in enumerate(dtypes):
+        fns.append(_decoder(dev, i, dt))
+        fns.append(_decoder(dev, i, dt, "qchunk.wgsl"))
+        fns.append(part.replace("$I", str(i)))
+        cond = f"row < P.part_start[{i} / 4][{i} % 4] + P.part_rows[{i} / 4][{i} % 4]"
+        body = (f"let r = row - P.part_start[{i} / 4][{i} % 4]; rowdot_{i}(r, lane); "
+                f"rs = W{i}_rowscale(r, P.part_rows[{i} / 4][{i} % 4], P.cols);")
+        disp.append(("if" if i == 0 else "} else if") + f" ({cond}) {{ {body}")
+    disp.append("}")
+    code = (dev.source("matvec1.wgsl").replace("$BINDINGS", _part_bindings(6, n))
+            .replace("$PARTFNS", "\n".join(fns)).replace("$DISPATCH", "\n".join(disp))
+            .replace("$RPWu", f"{RPW1}u").replace("$TPRu", f"{256 // RPW1}u")
+            .replace("$PROu", f"{pro}u"))
+    return dev.pipeline(key, code, matvec_kinds(n))
 
 
 class MatvecOp:
@@ -253,11 +285,10 @@ class MatvecOp:
         self.fast = all(m.fast for m in mats)
         self.pro = pro
         self.total = sum(r for _m, _b, r in parts)
-        nx, self.ny = rows_dims(self.total)
-        self.nx = nx
+        self.chunked = all(m.cols % CHUNK[m.dtype] == 0 for m in mats)
         self.last_row = last_row
         params = (u32s(cols, x_off, x_stride, x2_off, x2_stride, y_off, y_stride, v_a, v_b,
-                       v_out, int(last_row), nx, self.total, float(eps), 0, 0)
+                       v_out, int(last_row), NX, self.total, float(eps), 0, 0)
                   + _part_tables([r for _m, _b, r in parts]))
         self.param = arena.ref(params)
         self.dev = dev
@@ -266,9 +297,14 @@ class MatvecOp:
 
     def dispatch(self, step_buf, nt: int) -> Dispatch:
         dev = self.dev
-        pipe = matvec_pipeline(dev, self.dtypes, self.fast, nt, self.pro)
         group = dev.bind(self.kinds, resolve([self.param, step_buf] + self.res))
-        nx, ny = self.nx, self.ny
+        if nt == 1 and self.chunked:
+            pipe = matvec1_pipeline(dev, self.dtypes, self.pro)
+            nx, ny = rows_dims(self.total, RPW1)
+            return Dispatch(pipe, group, (nx, ny, 1), "matvec")
+        pipe = matvec_pipeline(dev, self.dtypes, self.fast, nt, self.pro)
+        nx, ny = rows_dims(self.total)
         if self.last_row:
-            return Dispatch(pipe, group, (nx, ny, 1))
-        return Dispatch(pipe, group, lambda t, nx=nx, ny=ny, nt=nt: (nx, ny, (t + nt - 1) // nt))
+            return Dispatch(pipe, group, (nx, ny, 1), "matvec")
+        return Dispatch(pipe, group, lambda t, nx=nx, ny=ny, nt=nt: (nx, ny, (t + nt - 1) // nt),
+                        "matmat")
