@@ -126,6 +126,7 @@ class Device:
         self.max_binding = int(lim["max-storage-buffer-binding-size"])
         self.max_buffer = int(lim["max-buffer-size"])
         self.max_storage_buffers = int(lim["max-storage-buffers-per-shader-stage"])
+        self.max_workgroup_storage = int(lim["max-compute-workgroup-storage-size"])
         self.uniform_align = int(lim.get("min-uniform-buffer-offset-alignment", 256))
         self.queue = self.dev.queue
         self._modules: dict = {}

@@ -244,8 +244,13 @@ def rows_dims(total_rows: int, rpw: int = RPW):
     return min(groups, NX), (groups + NX - 1) // NX
 
 
-def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int):
-    key = ("matvec1", dtypes, pro)
+def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
+    # the staged input's padded size, rounded up so few pipeline variants exist
+    xs = cols + cols // 32 + 4
+    xs = 1 << max(8, (xs - 1).bit_length())
+    if (xs + 512) * 4 > dev.max_workgroup_storage:
+        xs = 0
+    key = ("matvec1", dtypes, pro, xs)
     if key in dev._pipelines:
         return dev._pipelines[key]
     n = len(dtypes)
@@ -263,7 +268,8 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int):
     code = (dev.source("matvec1.wgsl").replace("$BINDINGS", _part_bindings(6, n))
             .replace("$PARTFNS", "\n".join(fns)).replace("$DISPATCH", "\n".join(disp))
             .replace("$RPWu", f"{RPW1}u").replace("$TPRu", f"{256 // RPW1}u")
-            .replace("$PROu", f"{pro}u"))
+            .replace("$PROu", f"{pro}u").replace("$XSu", f"{xs}u")
+            .replace("$XSN", str(max(xs, 4))))
     return dev.pipeline(key, code, matvec_kinds(n))
 
 
@@ -285,6 +291,7 @@ class MatvecOp:
         self.fast = all(m.fast for m in mats)
         self.pro = pro
         self.total = sum(r for _m, _b, r in parts)
+        self.cols = cols
         self.chunked = all(m.cols % CHUNK[m.dtype] == 0 for m in mats)
         self.last_row = last_row
         params = (u32s(cols, x_off, x_stride, x2_off, x2_stride, y_off, y_stride, v_a, v_b,
@@ -299,7 +306,7 @@ class MatvecOp:
         dev = self.dev
         group = dev.bind(self.kinds, resolve([self.param, step_buf] + self.res))
         if nt == 1 and self.chunked:
-            pipe = matvec1_pipeline(dev, self.dtypes, self.pro)
+            pipe = matvec1_pipeline(dev, self.dtypes, self.pro, self.cols)
             nx, ny = rows_dims(self.total, RPW1)
             return Dispatch(pipe, group, (nx, ny, 1), "matvec")
         pipe = matvec_pipeline(dev, self.dtypes, self.fast, nt, self.pro)

@@ -49,9 +49,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var s = -3.0e38;
         if (j <= p) {
             let kb = ((j % P.ring) * P.nk + kvh) * hd4;
-            var d = 0.0;
-            for (var i = 0u; i < hd4; i++) { d += dot(qs[i], KC[kb + i]); }
-            s = d * P.scale;
+            var d = vec4<f32>(0.0);   // four independent loads in flight (hd4 % 4 == 0 or a tail)
+            var i = 0u;
+            for (; i + 4u <= hd4; i += 4u) {
+                let k0 = KC[kb + i]; let k1 = KC[kb + i + 1u];
+                let k2 = KC[kb + i + 2u]; let k3 = KC[kb + i + 3u];
+                d += vec4<f32>(dot(qs[i], k0), dot(qs[i + 1u], k1), dot(qs[i + 2u], k2),
+                               dot(qs[i + 3u], k3));
+            }
+            for (; i < hd4; i++) { d.x += dot(qs[i], KC[kb + i]); }
+            s = (d.x + d.y + d.z + d.w) * P.scale;
         }
         red[lid] = s;
         workgroupBarrier();
@@ -78,10 +85,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let i = lane + 32u * k;
             if (i < hd4) {
                 var a = acc[k] * corr;
-                for (var jj = grp; jj < n; jj += 4u) {
-                    a += sc[jj] * VC[(((base + jj) % P.ring) * P.nk + kvh) * hd4 + i];
+                var b = vec4<f32>(0.0);
+                var jj = grp;
+                for (; jj + 4u < n; jj += 8u) {   // two keys a step: independent loads
+                    let v0 = VC[(((base + jj) % P.ring) * P.nk + kvh) * hd4 + i];
+                    let v1 = VC[(((base + jj + 4u) % P.ring) * P.nk + kvh) * hd4 + i];
+                    a += sc[jj] * v0;
+                    b += sc[jj + 4u] * v1;
                 }
-                acc[k] = a;
+                if (jj < n) { a += sc[jj] * VC[(((base + jj) % P.ring) * P.nk + kvh) * hd4 + i]; }
+                acc[k] = a + b;
             }
         }
         workgroupBarrier();
