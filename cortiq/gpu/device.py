@@ -158,6 +158,8 @@ class Device:
             data, (bytes, bytearray)) else np.frombuffer(bytes(data), np.uint8)
         n = (raw.size + pad + 15) // 16 * 16
         buf = self.buffer(n, uniform=uniform, copy_src=True)
+        if raw.size % 4:   # writes come in whole words
+            raw = np.concatenate([raw, np.zeros(4 - raw.size % 4, np.uint8)])
         if raw.size:
             self.queue.write_buffer(buf, 0, raw)
         return buf

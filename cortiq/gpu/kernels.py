@@ -56,7 +56,7 @@ def _row_bytes_ranges(dtype: str, R: int, C: int, r0: int, r1: int) -> list:
 class GpuMatrix:
     """One stored matrix on the device: parts [(buffer, first row, rows)], one dtype."""
 
-    def __init__(self, dev: Device, qt, name: str | None = None):
+    def __init__(self, dev: Device, qt, name: str | None = None, limit: int | None = None):
         dtype, R, C = qt.dtype, qt.rows, qt.cols
         raw = np.asarray(qt.raw, np.uint8)
         if dtype not in DTYPE_IDS:     # vbit / vbit_ro: no device decoder; f32 rows
@@ -65,7 +65,7 @@ class GpuMatrix:
         self.dtype, self.rows, self.cols, self.name = dtype, R, C, name or qt.name
         self.fast = C % 32 == 0
         per_row = max(1, raw.size // max(R, 1))
-        limit = dev.max_binding - 64
+        limit = (limit or dev.max_binding) - 64
         if raw.size + 32 <= limit:
             pieces = [(0, R)]
         else:
@@ -315,3 +315,44 @@ class MatvecOp:
             return Dispatch(pipe, group, (nx, ny, 1), "matvec")
         return Dispatch(pipe, group, lambda t, nx=nx, ny=ny, nt=nt: (nx, ny, (t + nt - 1) // nt),
                         "matmat")
+
+
+def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: int = 0,
+                va=None, vb=None, out_scale=None, nt: int | None = None) -> np.ndarray:
+    """Run one product on its own (checks and tools): X [t, cols] (for pro=2 the
+    gate/up rows [t, 2*cols'], b at x2_off) -> Y [t, total rows]. nt=None picks what a
+    forward would (the decode matvec for one row, the matmat for more)."""
+    X = np.ascontiguousarray(X, np.float32)
+    t = X.shape[0]
+    vecs = [np.zeros(4, np.float32)]
+    offs = {}
+    for k, a in (("va", va), ("vb", vb), ("out", out_scale)):
+        if a is not None:
+            offs[k] = sum(v.size for v in vecs)
+            vecs.append(np.ascontiguousarray(a, np.float32).ravel())
+    vbuf = dev.upload(np.concatenate(vecs))
+    xbuf = dev.upload(X)
+    x2buf = dev.upload(np.ascontiguousarray(x2, np.float32)) if x2 is not None else None
+    total = sum(m.rows for m in mats)
+    ybuf = dev.buffer(t * total * 4, copy_src=True)
+    step = dev.upload(np.array([t, 0, 0, 0], np.uint32), uniform=True)
+    arena = ParamArena(dev)
+    cols = X.shape[1] if pro != 2 else x2_off
+    op = MatvecOp(dev, mats, arena, x=xbuf, x_off=0, x_stride=X.shape[1], y=ybuf, y_off=0,
+                  y_stride=total, x2=x2buf, x2_off=x2_off,
+                  x2_stride=(x2.shape[1] if x2 is not None else 0), vbuf=vbuf,
+                  v_a=offs.get("va", NONE), v_b=offs.get("vb", NONE),
+                  v_out=offs.get("out", NONE), pro=pro)
+    del cols
+    arena.upload()
+    d = op.dispatch(step, nt or (1 if t == 1 else MATMAT_NT))
+    stage = dev.staging(t * total * 4)
+    enc = dev.dev.create_command_encoder()
+    cp = enc.begin_compute_pass()
+    cp.set_pipeline(d.pipeline)
+    cp.set_bind_group(0, d.group)
+    cp.dispatch_workgroups(*(d.dims(t) if callable(d.dims) else d.dims))
+    cp.end()
+    enc.copy_buffer_to_buffer(ybuf, 0, stage, 0, t * total * 4)
+    dev.queue.submit([enc.finish()])
+    return dev.read(stage, t * total * 4).view(np.float32).reshape(t, total)
