@@ -230,8 +230,10 @@ def fixed_pipeline(dev: Device, name: str):
 # ---- building dispatches ---------------------------------------------------------------
 #: row groups a grid row holds (the shaders' wid.x + wid.y * NX)
 NX = 32768
-#: rows per workgroup of the decode matvec (matvec1.wgsl: one warp-sized lane group a row)
-RPW1 = 8
+#: row slots of the decode matvec's workgroup (matvec1.wgsl: 32 lanes a row) and rows
+#: each slot takes in turn: RPW1_SLOTS * RPW1_ROWS rows share one staging of the input
+RPW1_SLOTS, RPW1_ROWS = 8, 4
+RPW1 = RPW1_SLOTS * RPW1_ROWS
 #: weights per 16-byte chunk of the decode matvec (the tiled dtypes: one 32-weight tile)
 CHUNK = {"f32": 4, "f16": 8, "bf16": 8, "q8_row": 16, "q8_2f": 16, "q4_block": 32,
          "q4_tiled": 32, "q4tp": 32, "q2tp": 32}
@@ -267,7 +269,8 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
     disp.append("}")
     code = (dev.source("matvec1.wgsl").replace("$BINDINGS", _part_bindings(6, n))
             .replace("$PARTFNS", "\n".join(fns)).replace("$DISPATCH", "\n".join(disp))
-            .replace("$RPWu", f"{RPW1}u").replace("$TPRu", f"{256 // RPW1}u")
+            .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
+            .replace("$RWu", f"{RPW1_ROWS}u")
             .replace("$PROu", f"{pro}u").replace("$XSu", f"{xs}u")
             .replace("$XSN", str(max(xs, 4))))
     return dev.pipeline(key, code, matvec_kinds(n))

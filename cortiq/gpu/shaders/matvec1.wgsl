@@ -23,7 +23,8 @@ struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(5) var<storage, read_write> Y: array<f32>;
 $BINDINGS
 
-const RPW: u32 = $RPWu;
+const RPW: u32 = $RPWu;   // row slots (lane groups) a workgroup
+const RW: u32 = $RWu;     // rows each slot takes in turn (the staged input is shared by RPW * RW rows)
 const TPR: u32 = $TPRu;
 const PRO: u32 = $PROu;
 const XS: u32 = $XSu;
@@ -64,9 +65,7 @@ $PARTFNS
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let slot = lid / TPR;
     let lane = lid % TPR;
-    let row = (wid.x + wid.y * P.nx) * RPW + slot;
-    pd = 0.0;
-    ps = 0.0;
+    let base = (wid.x + wid.y * P.nx) * RPW * RW;
     xb = P.x_off;
     if (P.last_row != 0u) { xb = P.x_off + (S.t - 1u) * P.x_stride; }
     x2b = P.x2_off;
@@ -90,6 +89,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
     }
+    for (var rr = 0u; rr < RW; rr++) {
+    let row = base + rr * RPW + slot;
+    pd = 0.0;
+    ps = 0.0;
     if (row < P.total_rows) {
 $DISPATCH
     }
@@ -108,5 +111,7 @@ $DISPATCH
         if (XS > 0u) { v = v * inv; } else if (PRO != 0u) { v = v / sqrt(red[256u + lid] + P.eps); }
         if (P.v_out != 0xffffffffu) { v = v * V[P.v_out + row]; }
         Y[P.y_off + row] = v;
+    }
+    workgroupBarrier();
     }
 }
