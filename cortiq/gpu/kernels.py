@@ -232,7 +232,8 @@ def fixed_pipeline(dev: Device, name: str):
 NX = 32768
 #: row slots of the decode matvec's workgroup (matvec1.wgsl: 32 lanes a row) and rows
 #: each slot takes in turn: RPW1_SLOTS * RPW1_ROWS rows share one staging of the input
-RPW1_SLOTS, RPW1_ROWS = 8, 4
+#: (4 rows a slot measured slower on an H200 than 1: fewer workgroups in flight)
+RPW1_SLOTS, RPW1_ROWS = 8, 1
 RPW1 = RPW1_SLOTS * RPW1_ROWS
 #: weights per 16-byte chunk of the decode matvec (the tiled dtypes: one 32-weight tile)
 CHUNK = {"f32": 4, "f16": 8, "bf16": 8, "q8_row": 16, "q8_2f": 16, "q4_block": 32,
