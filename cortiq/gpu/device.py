@@ -42,7 +42,7 @@ def _request_adapter(wgpu):
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
     try:
         return wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-    except Exception as e:  # wgpu raises RuntimeError-like errors when no driver exists
+    except Exception as e:  # noqa: BLE001 -- wgpu raises bare RuntimeError-likes when no driver exists
         log.debug("no WebGPU adapter: %s", e)
         return None
 
@@ -57,7 +57,7 @@ def adapters() -> list[dict]:
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
     try:
         found = wgpu.gpu.enumerate_adapters_sync()
-    except Exception:
+    except Exception:  # noqa: BLE001 -- any loader failure means: no adapters to list
         return []
     out = []
     for a in found:
@@ -93,11 +93,11 @@ def resolve_device(device) -> str:
 class Device:
     """A wgpu device and the caches built on it."""
 
-    _shared: "Device | None" = None
+    _shared: Device | None = None
     _lock = threading.Lock()
 
     @classmethod
-    def get(cls) -> "Device":
+    def get(cls) -> Device:
         with cls._lock:
             if cls._shared is None:
                 cls._shared = cls()
@@ -120,7 +120,7 @@ class Device:
         want = {k: have[k] for k in _LIMITS if k in have}
         try:
             self.dev = adapter.request_device_sync(required_limits=want)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 -- wgpu's errors have no common base
             raise ConfigError(f"device='gpu': {self.name} refused a device: {e}") from None
         lim = dict(self.dev.limits)
         self.max_binding = int(lim["max-storage-buffer-binding-size"])
@@ -204,7 +204,7 @@ class Device:
                 mod = self.dev.create_shader_module(code=code)
                 p = self.dev.create_compute_pipeline(
                     layout=self.layout(kinds)[1], compute={"module": mod, "entry_point": "main"})
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 -- shader compile errors: GPUValidationError et al.
                 raise ConfigError(f"GPU shader {key!r} failed to build on {self.name}: {e}") \
                     from None
             self._pipelines[key] = p
