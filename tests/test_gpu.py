@@ -158,6 +158,25 @@ def test_greedy_tokens_identical(dev, demo_file):
     assert g.decode_greedy(s2, int(ids[-1]), 32) == want
 
 
+def test_conf_gate_matches_cpu(dev, demo_file):
+    """gate="conf:T": probes, exits and second passes as on the host."""
+    from cortiq.gpu import to_device
+    from cortiq.models.dory import DoryModel
+    host = DoryModel(demo_file, gate="conf:0.3", kv_mode="last_loop")
+    g = to_device(host, dev)
+    ids = np.random.default_rng(9).integers(0, host.vocab, 6)
+    sc, sg = host.new_state(), g.new_state()
+    host.forward(sc, ids, "none")
+    g.forward(sg, ids, "none")
+    tok_c = tok_g = int(ids[-1])
+    for _ in range(12):
+        a, b = host.forward(sc, [tok_c]), g.forward(sg, [tok_g])
+        assert _rel(b, a) < 1e-3
+        tok_c, tok_g = int(np.argmax(a)), int(np.argmax(b))
+    assert (sg.gate_tokens, sg.gate_one) == (sc.gate_tokens, sc.gate_one)
+    assert 0 < sg.gate_one < sg.gate_tokens    # both branches ran
+
+
 def test_rollback_on_device(dev, demo_file):
     from cortiq.gpu import to_device
     from cortiq.models.dory import DoryModel
@@ -231,7 +250,7 @@ def test_missing_wgpu_is_a_config_error(monkeypatch):
     assert gd.adapters() == []
 
 
-def test_unsupported_architecture_and_options(dev, demo_file):
+def test_unsupported_architecture_and_options(dev, demo_file, tmp_path):
     from cortiq.gpu import to_device
     from cortiq.models.dory import DoryModel
 
@@ -239,5 +258,10 @@ def test_unsupported_architecture_and_options(dev, demo_file):
         arch = "deepseek_v4"
     with pytest.raises(ConfigError, match="deepseek_v4"):
         to_device(Other(), dev)
-    with pytest.raises(ConfigError, match="gate"):
-        to_device(DoryModel(demo_file, gate="conf:0.7"), dev)
+    d = DoryModel(demo_file).hidden
+    router = tmp_path / "router.bin"
+    np.concatenate([[1, d], np.zeros(4 * d)]).astype("<f4").tofile(router)
+    with pytest.raises(ConfigError, match="last_loop"):
+        to_device(DoryModel(demo_file, gate="conf:0.5", kv_mode="per_loop"), dev)
+    with pytest.raises(ConfigError, match="recon early-exit gate"):
+        to_device(DoryModel(demo_file, gate=f"recon:{router}:0.0"), dev)

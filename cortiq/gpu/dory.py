@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from ..errors import ConfigError, CortiqError
-from ..models.dory import EPS, HOST_CHUNK, AttnWeights
+from ..models.dory import EPS, HOST_CHUNK, AttnWeights, ExitRate, top_prob
 from .device import Device
 from .kernels import (MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp, ParamArena,
                       embed_kinds, embed_pipeline, fixed_pipeline, resolve, u32s)
@@ -48,6 +48,9 @@ class GpuDoryState:
         self.programs: dict = {}
         self.full_cap = FULL_CAP0
         self.arena = None
+        self.exits = ExitRate()  # the conf gate's running exit rate
+        self.gate_tokens = 0
+        self.gate_one = 0
 
 
 class GpuDoryModel:
@@ -58,9 +61,14 @@ class GpuDoryModel:
         if host.o1rt is not None:
             raise ConfigError("device='gpu': Dory's o1 far field runs on the CPU only "
                               "(open the model with o1='off' for the GPU)")
-        if host.gate is not None:
-            raise ConfigError("device='gpu': the early-exit gate runs on the CPU only "
-                              "(drop the gate option for the GPU)")
+        if host.gate is not None and host.gate.kind != "conf":
+            raise ConfigError(f"device='gpu': the {host.gate.kind} early-exit gate runs on the "
+                              "CPU only (the GPU runs gate='conf:T')")
+        if host.gate is not None and host.kv_mode == "per_loop" and host.n_rec:
+            raise ConfigError("device='gpu': the early-exit gate needs kv_mode='last_loop' "
+                              "(a token that exits after one pass leaves no second-pass keys "
+                              "for a per_loop cache)")
+        self.gate = host.gate
         self.host = host
         self.dev = dev = device or Device.get()
         self.vocab, self.hidden, self.ffn = host.vocab, host.hidden, host.ffn
@@ -178,7 +186,8 @@ class GpuDoryModel:
             if not w["attn"]:
                 continue
             keep = self.host.window if w["sliding"] else (self.host.full_window or 0)
-            n = self.loops if (self.kv_mode == "per_loop" and li in rec) else 1
+            loops = max(self.loops, 2) if self.gate is not None else self.loops
+            n = loops if (self.kv_mode == "per_loop" and li in rec) else 1
             slots = []
             for _ in range(n):
                 ring = keep + HOST_CHUNK if keep else st.full_cap
@@ -277,6 +286,12 @@ class GpuDoryModel:
         if n <= 0:
             return out
         self._check(np.array([first]), "last")
+        if self.gate is not None:   # the gate decides on the host between passes
+            tok = first
+            for _ in range(n):
+                tok = self.forward_greedy(st, [tok])
+                out.append(tok)
+            return out
         dev = self.dev
         dev.queue.write_buffer(self.ids, 0, np.array([first], np.uint32))
         pending = None
@@ -317,13 +332,42 @@ class GpuDoryModel:
                        .astype(np.float32))
 
     def _run_chunk(self, st, chunk, want):
+        if self.gate is not None and chunk.size == 1:
+            return self._gated_row(st, chunk, want)
+        return self._submit(st, chunk, want, self.host._chunk_loops(
+            "none" if want == "none" else "last"))
+
+    def _gated_row(self, st, chunk, want):
+        """One decode row under the conf gate (DoryModel._early_exit): when the exit rate
+        asks for a probe, the first pass is read out (one submission, the logits the
+        gate needs); a confident token ends there, the others run the second pass and
+        the output block again in a second submission. Without a probe: both passes in
+        one submission."""
+        g = self.gate
+        stay = True
+        if st.exits.probe():
+            lg = self._submit(st, chunk, "last", 1, advance=False)
+            stay = top_prob(lg[0]) < g.threshold
+            st.exits.note(not stay)
+            if stay:
+                lg = self._submit(st, chunk, "last", 2, stage="second", advance=False)
+        else:
+            lg = self._submit(st, chunk, "last", 2, advance=False)
+        st.hi = max(st.hi, st.pos)
+        st.pos += 1
+        st.gate_tokens += 1
+        st.gate_one += int(not stay)
+        if want == "greedy":
+            return int(np.argmax(lg[0]))
+        return None if want == "none" else lg
+
+    def _submit(self, st, chunk, want, loops, stage="full", advance=True):
         t = int(chunk.size)
         dev = self.dev
         self._prepare(st, t)
         self._write_step(st.pos, t)
         dev.queue.write_buffer(self.ids, 0, chunk.astype(np.uint32))
-        loops = self.host._chunk_loops("none" if want == "none" else "last")
-        enc = self._record(st, t, loops, want)
+        enc = self._record(st, t, loops, want, stage)
         nbytes = 0
         stage = None
         if want in ("last", "all"):
@@ -337,16 +381,17 @@ class GpuDoryModel:
             stage = self.stage_ids[0]
             enc.copy_buffer_to_buffer(self.res, 0, stage, 0, 16)
         dev.queue.submit([enc.finish()])
-        st.hi = max(st.hi, st.pos + t - 1)
-        st.pos += t
+        if advance:
+            st.hi = max(st.hi, st.pos + t - 1)
+            st.pos += t
         if want == "greedy":
             return int(dev.read(stage, 4).view(np.uint32)[0])
         if stage is None:
             return None
         return dev.read(stage, nbytes).view(np.float32).reshape(-1, self.vocab)
 
-    def _record(self, st, t, loops, want):
-        prog = self._program(st, t == 1, loops, want)
+    def _record(self, st, t, loops, want, stage="full"):
+        prog = self._program(st, t == 1, loops, want, stage)
         enc = self.dev.dev.create_command_encoder()
         cp = enc.begin_compute_pass()
         for d in prog:
@@ -358,11 +403,11 @@ class GpuDoryModel:
         return enc
 
     # ---- programs: the dispatch lists of a chunk ------------------------------------
-    def _program(self, st, one: bool, loops: int, want: str) -> list:
-        key = (one, loops, want)
+    def _program(self, st, one: bool, loops: int, want: str, stage: str = "full") -> list:
+        key = (one, loops, want, stage)
         prog = st.programs.get(key)
         if prog is None:
-            prog = self._build_program(st, 1 if one else MATMAT_NT, loops, want)
+            prog = self._build_program(st, 1 if one else MATMAT_NT, loops, want, stage)
             st.programs[key] = prog
             if one and want in ("last", "greedy"):
                 self.dispatches_per_token = len(prog)
@@ -404,7 +449,10 @@ class GpuDoryModel:
         st.arena = (a, refs)
         return st.arena
 
-    def _build_program(self, st, nt: int, loops: int, want: str) -> list:
+    def _build_program(self, st, nt: int, loops: int, want: str, stage: str = "full") -> list:
+        """The dispatches of a chunk. stage "second" is the conf gate's continuation
+        after a read-out first pass: the recurrent block's pass 1 and the output block
+        again, from the inp/state rows the first submission left on the device."""
         dev = self.dev
         _arena, refs = self._state_arena(st)
         rec = range(self.n_in, self.n_in + self.n_rec)
@@ -413,9 +461,11 @@ class GpuDoryModel:
         prog: list = []
         rows = lambda t: (t, 1, 1)  # noqa: E731
         e = self.embed
-        prog.append(Dispatch(embed_pipeline(dev, e.dtype, len(e.parts)), dev.bind(
-            embed_kinds(len(e.parts)), resolve([self.p_embed, self.step, self.ids, self.hb]
-                                               + [b for b, _r0, _r in e.parts])), rows, "embed"))
+        if stage == "full":
+            prog.append(Dispatch(embed_pipeline(dev, e.dtype, len(e.parts)), dev.bind(
+                embed_kinds(len(e.parts)), resolve([self.p_embed, self.step, self.ids, self.hb]
+                                                   + [b for b, _r0, _r in e.parts])), rows,
+                "embed"))
 
         def layer(li, loop_i):
             w = self.lw[li]
@@ -441,10 +491,11 @@ class GpuDoryModel:
             prog.append(self._fixed("rownorm", p, [self.step, self.hb, self.out, self.vbuf],
                                     rows))
 
-        for li in range(self.n_in):
-            layer(li, 0)
-        mix(self.p_in_copy)
-        for i in range(loops):
+        if stage == "full":
+            for li in range(self.n_in):
+                layer(li, 0)
+            mix(self.p_in_copy)
+        for i in (range(loops) if stage == "full" else (1,)):
             mix(self.p_loop_in)
             for li in rec:
                 layer(li, i)
