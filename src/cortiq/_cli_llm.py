@@ -25,6 +25,8 @@ def _add_model_options(p):
                    help="copy the weights into anonymous huge-page memory at load (faster "
                         "decode, no page-cache sharing); default: CORTIQ_PRELOAD, else off "
                         "(serve: on)")
+    p.add_argument("--device", choices=("cpu", "gpu", "auto"), default=None,
+                   help="where the model runs (default: CORTIQ_DEVICE, else cpu; docs/gpu.md)")
     p.add_argument("--precision", choices=("exact", "int8", "auto"), default=None,
                    help="activations of the matrix products: exact float32, int8 "
                         "(integer products), auto (int8 for 4-bit-and-below weights, and "
@@ -64,7 +66,8 @@ def _skill(spec):
 def _open(args, **kw):
     from .llm import LLM
     return LLM(args.model, n_threads=args.threads, skill=_skill(args.skill), task=args.task,
-               n_ctx=args.n_ctx, preload=args.preload, precision=args.precision, **kw)
+               n_ctx=args.n_ctx, preload=args.preload, precision=args.precision,
+               device=args.device, **kw)
 
 
 def _sampling(args) -> dict:

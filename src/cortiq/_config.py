@@ -187,6 +187,11 @@ def show_config(file=None) -> None:
          f"cortiq serve: {'on' if preload_default(long_running=True) else 'off'})"),
         f"  compiler:     {c['compiler']}",
     ]
+    from .gpu.device import adapters
+    found = adapters()
+    lines.append(f"  gpu adapters: {len(found) or 'none'}  (LLM(device='gpu'), CORTIQ_DEVICE; "
+                 "needs the wgpu package: cortiq[gpu])")
+    lines += [f"    {a['device']} ({a['backend']}, {a['type']})" for a in found]
     print("\n".join(lines), file=file)
 
 

@@ -88,7 +88,9 @@ class LLM:
     "full" every hash on open, "off" none. `precision` ("exact", "int8", "auto") is how
     the model's matrix products treat activations (see `cortiq.set_precision`); None
     follows the process default (CORTIQ_PRECISION, "auto" unless set), also when it
-    changes later. `llm.precision` can be set later.
+    changes later. `llm.precision` can be set later. `device` is "cpu", "gpu" (WebGPU
+    through the `wgpu` package: Vulkan, Metal, DX12; docs/gpu.md) or "auto" (the GPU when
+    a hardware adapter answers, else the CPU); None reads CORTIQ_DEVICE (default "cpu").
     Logits that are not finite (NaN/inf: a damaged file or a broken model) raise
     `ModelError` naming the position instead of sampling garbage.
     `LLM.from_model(model, tokenizer=...)` wraps a model object that is already built;
@@ -99,8 +101,11 @@ class LLM:
                  seed: int | None = None, chat_template: str | None = None, skill=None,
                  task: str | None = None, n_ctx: int | None = None, max_sessions: int = 4,
                  preload: bool | None = None, verify: str = "lazy",
-                 precision: str | None = None, **model_options):
+                 precision: str | None = None, device: str | None = None,
+                 **model_options):
         self._precision = check_precision(precision)
+        from .gpu.device import resolve_device
+        self.device = resolve_device(device)
         if path is None:  # the bundled demo model (src/cortiq/demo.py)
             from .demo import demo_path
             path = demo_path()
@@ -183,6 +188,7 @@ class LLM:
         of a tokenizer.json or a path; `tokenizer_config`: a CMF chat bundle."""
         self = cls.__new__(cls)
         self._precision = check_precision(precision)
+        self.device = "cpu"
         set_model_precision(model, self._precision)
         self.path = None
         self.file = None  # type: ignore[assignment]  # no file behind a built model
@@ -234,6 +240,9 @@ class LLM:
                 opts["skill"] = overlay
         model = self._cls(src, **opts)
         set_model_precision(model, self._precision)
+        if self.device == "gpu":
+            from .gpu import to_device
+            model = to_device(model)
         if not isinstance(overlay, dict):
             self._models[overlay] = model
         return model

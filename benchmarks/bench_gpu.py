@@ -1,0 +1,334 @@
+"""GPU decode speed of Dory against the device's read bandwidth, cortiq's own CPU decode
+and PyTorch eager on the same GPU.
+
+    python benchmarks/bench_gpu.py [--quick] [--tokens 128] [--no-cpu] [--no-torch]
+
+The model is bench_decode.py's bench-size Dory (hidden 2048, 24 sub-layers in blocks
+8/8/8, 2 loops, q8_row: 0.855 GB of weights per token), written once to --cache. In
+one run it measures
+  * the device's read bandwidth: a WGSL kernel XOR-reducing 1 GiB (16-byte loads,
+    many workgroups), the best of several timed submissions;
+  * cortiq GPU decode tokens/s three ways: the session path (one submission a token,
+    the logits read back), greedy on the device (one submission a token, 4 bytes
+    read back), and greedy chained on the device (token i+1 recorded and submitted
+    before token i is read, so recording overlaps the GPU);
+  * where a token's time goes: dispatches per token, host recording time per token,
+    GPU time per token (many tokens' programs in one submission, no host in between);
+  * effective GB/s = weight bytes per token x tokens/s, as a percentage of the read
+    bandwidth;
+  * cortiq's CPU decode on this machine (all cores) and a PyTorch eager bf16 forward of
+    the same model on the same GPU (benchmark-only code below), with the largest
+    relative logit difference of its first token against cortiq's.
+It prints one JSON object. DeepSeek-V4 has no GPU forward yet; it is reported as such.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_decode import QUICK, RELEASE_LIKE, TINY, build_dory, touched_bytes
+
+from cortiq import cmf
+from cortiq.models.dory import AttnWeights, DoryModel
+
+
+# ---- the device ------------------------------------------------------------------------
+def _wait(dev, buf):
+    st = dev.staging(16)
+    enc = dev.dev.create_command_encoder()
+    enc.copy_buffer_to_buffer(buf, 0, st, 0, 16)
+    dev.queue.submit([enc.finish()])
+    dev.read(st, 4)
+
+
+def read_bandwidth(dev, nbytes=1 << 30, reps=8, rounds=4):
+    from cortiq.gpu.kernels import ParamArena, fixed_pipeline, resolve, u32s, FIXED
+    nbytes = min(nbytes, dev.max_binding // 16 * 16)
+    buf = dev.buffer(nbytes)
+    out = dev.buffer(1 << 20, copy_src=True)
+    words = nbytes // 16
+    per_wg = 4096
+    nwg = (words + per_wg - 1) // per_wg
+    arena = ParamArena(dev)
+    p = arena.ref(u32s(words, per_wg, 0, 0))
+    arena.upload()
+    pipe = fixed_pipeline(dev, "readbw")
+    group = dev.bind(FIXED["readbw"], resolve([p, buf, out]))
+    best = None
+    for r in range(rounds + 1):
+        enc = dev.dev.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        for _ in range(reps):
+            cp.set_pipeline(pipe)
+            cp.set_bind_group(0, group)
+            cp.dispatch_workgroups(min(nwg, 65535), (nwg + 65534) // 65535, 1)
+        cp.end()
+        t0 = time.perf_counter()
+        dev.queue.submit([enc.finish()])
+        _wait(dev, out)
+        dt = time.perf_counter() - t0
+        if r and (best is None or dt < best):
+            best = dt
+    return nbytes * reps / best / 1e9
+
+
+# ---- cortiq on the GPU -----------------------------------------------------------------
+def gpu_decode(g, prompt, tokens):
+    res = {}
+    st = g.new_state()
+    t0 = time.perf_counter()
+    g.forward(st, prompt, "last")
+    res["prefill_tok_s"] = len(prompt) / (time.perf_counter() - t0)
+    tok = int(prompt[-1])
+    # warm the decode programs
+    g.forward(st, [tok])
+    g.forward_greedy(st, [tok])
+    g.decode_greedy(st, tok, 2)
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        tok = int(np.argmax(g.forward(st, [tok])))
+    res["session_tok_s"] = tokens / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        tok = g.forward_greedy(st, [tok])
+    res["greedy_tok_s"] = tokens / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    g.decode_greedy(st, tok, tokens)
+    res["chained_tok_s"] = tokens / (time.perf_counter() - t0)
+    # where the time goes
+    res["dispatches_per_token"] = g.dispatches_per_token
+    g._prepare(st, 1)
+    g._write_step(st.pos, 1)
+    n = 50
+    t0 = time.perf_counter()
+    for _ in range(n):
+        g._record(st, 1, g.loops, "greedy").finish()
+    res["record_ms_per_token"] = (time.perf_counter() - t0) / n * 1e3
+    prog = g._program(st, True, g.loops, "greedy")
+    best = _time_dispatches(g, prog)
+    res["gpu_ms_per_token"] = best * 1e3
+    res["gpu_us_per_dispatch"] = best * 1e6 / len(prog)
+    kinds = {}
+    for d in prog:
+        kinds.setdefault(d.name, []).append(d)
+    res["gpu_ms_by_kernel"] = {name: {"dispatches": len(ds),
+                                      "ms": _time_dispatches(g, ds) * 1e3}
+                               for name, ds in sorted(kinds.items())}
+    return res
+
+
+def _time_dispatches(g, ds, k=64, rounds=3):
+    """GPU seconds of one pass over dispatches ds: k passes in one submission, best of
+    `rounds` (no host work in between)."""
+    best = None
+    for _ in range(rounds):
+        enc = g.dev.dev.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        for _ in range(k):
+            for d in ds:
+                cp.set_pipeline(d.pipeline)
+                cp.set_bind_group(0, d.group)
+                cp.dispatch_workgroups(*(d.dims(1) if callable(d.dims) else d.dims))
+        cp.end()
+        cb = enc.finish()
+        t0 = time.perf_counter()
+        g.dev.queue.submit([cb])
+        _wait(g.dev, g.res)
+        dt = (time.perf_counter() - t0) / k
+        best = dt if best is None else min(best, dt)
+    return best
+
+
+# ---- the PyTorch eager peer (benchmark-only) -----------------------------------------------
+class TorchDory:
+    """Dory decode in PyTorch eager, bf16 weights and matmuls on the GPU, norms in
+    float32: the same math as src/cortiq/models/dory/model.py, one token at a time."""
+
+    def __init__(self, host: DoryModel, torch, max_pos: int):
+        self.t, self.h = torch, host
+        dev = "cuda"
+        bf = torch.bfloat16
+
+        def m(*qts):
+            return torch.from_numpy(np.concatenate([q.dequantize() for q in qts])).to(dev, bf)
+
+        def v(a):
+            return torch.from_numpy(np.asarray(a, np.float32)).to(dev)
+
+        self.layers = []
+        for w in host.layers:
+            if isinstance(w, AttnWeights):
+                self.layers.append(dict(attn=True, qkvg=m(w.q, w.k, w.v, w.g), o=m(w.o),
+                                        sq=v(w.sq), sg=v(w.sg), alpha=v(w.alpha),
+                                        sliding=w.sliding, ordinal=w.ordinal))
+            else:
+                self.layers.append(dict(attn=False, gu=m(w.gate, w.up), down=m(w.down),
+                                        sg=v(w.sg), su=v(w.su), alpha=v(w.alpha)))
+        self.embed = m(host.embed)
+        self.head = m(host.head_w)
+        self.ls = v(host.logit_scale)
+        hd = host.hd
+        ang_s = np.arange(max_pos)[:, None] * host.inv_sliding.astype(np.float64)[None]
+        ang_f = np.arange(max_pos)[:, None] * host.inv_full.astype(np.float64)[None]
+        self.rope = {True: (v(np.cos(ang_s)), v(np.sin(ang_s))),
+                     False: (v(np.cos(ang_f)), v(np.sin(ang_f)))}
+        nslots = host.attn_layers * host.loops
+        self.kc = torch.zeros(nslots, max_pos, host.nk, hd, device=dev, dtype=bf)
+        self.vc = torch.zeros_like(self.kc)
+
+    def norm(self, x):
+        x = x.float()
+        return x / self.t.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+    def forward(self, tok: int, pos: int):
+        t, h = self.t, self.h
+        x = self.embed[tok].float()
+        rec = range(h.n_in, h.n_in + h.n_rec)
+
+        def layer(li, loop_i, x):
+            w = self.layers[li]
+            if w["attn"]:
+                nh, nk, hd = h.nh, h.nk, h.hd
+                qkvg = (w["qkvg"] @ x.to(t.bfloat16)).float()
+                q, k, vv, g = t.split(qkvg, [nh * hd, nk * hd, nk * hd, nh * hd])
+                cos, sin = self.rope[w["sliding"]]
+                c, s = cos[pos], sin[pos]
+
+                def rot(z):
+                    a, b = z[..., :hd // 2], z[..., hd // 2:]
+                    return t.cat([a * c - b * s, a * s + b * c], -1)
+                q = self.norm(rot(q.view(nh, hd))) * w["sq"].view(nh, hd)
+                k = self.norm(rot(k.view(nk, hd)))
+                slot = w["ordinal"] * h.loops + (loop_i if h.kv_mode == "per_loop" and li in rec
+                                                 else 0)
+                self.kc[slot, pos] = k.to(t.bfloat16)
+                self.vc[slot, pos] = vv.view(nk, hd).to(t.bfloat16)
+                lo = max(0, pos + 1 - h.window) if w["sliding"] else 0
+                K = self.kc[slot, lo:pos + 1].float()
+                V = self.vc[slot, lo:pos + 1].float()
+                qg = q.view(nk, nh // nk, hd)
+                sc = t.einsum("kgd,nkd->kgn", qg, K) * float(h.attn_scale)
+                y = t.einsum("kgn,nkd->kgd", t.softmax(sc, -1), V).reshape(nh * hd)
+                y = self.norm(y * t.sigmoid(g * w["sg"]))
+                out = (w["o"] @ y.to(t.bfloat16)).float()
+            else:
+                gu = (w["gu"] @ x.to(t.bfloat16)).float()
+                a, b = gu[:h.ffn] * w["sg"], gu[h.ffn:] * w["su"]
+                mm = self.norm(t.nn.functional.silu(a) * b)
+                out = (w["down"] @ mm.to(t.bfloat16)).float()
+            xh = self.norm(x)
+            return self.norm(xh + w["alpha"] * (self.norm(out) - xh))
+
+        for li in range(h.n_in):
+            x = layer(li, 0, x)
+        inp = x
+        state = inp
+        for i in range(h.loops):
+            x = self.norm(state + inp)
+            for li in rec:
+                x = layer(li, i, x)
+            state = self.norm(x)
+        x = state
+        for li in range(h.n_in + h.n_rec, len(self.layers)):
+            x = layer(li, 0, x)
+        return (self.head @ x.to(t.bfloat16)).float() * self.ls
+
+
+def torch_decode(host, prompt, tokens, ref_logits):
+    import torch
+    if not torch.cuda.is_available():
+        return {"skipped": "no CUDA device for torch"}
+    td = TorchDory(host, torch, len(prompt) + 2 * tokens + 8)
+    with torch.no_grad():
+        for p, tok in enumerate(prompt):
+            lg = td.forward(int(tok), p)
+        first = lg.cpu().numpy()
+        diff = float(np.abs(first - ref_logits).max() / np.abs(ref_logits).max())
+        pos = len(prompt)
+        tok = int(first.argmax())
+        for _ in range(4):
+            tok = int(td.forward(tok, pos).argmax())
+            pos += 1
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            tok = int(td.forward(tok, pos).argmax())     # .item(): one sync a token
+            pos += 1
+        dt = time.perf_counter() - t0
+    return {"tok_s": tokens / dt, "first_logits_rel_diff_vs_cortiq_gpu": diff,
+            "torch": torch.__version__, "gpu": torch.cuda.get_device_name()}
+
+
+def cpu_decode(path, prompt, tokens):
+    from cortiq.llm import LLM
+    llm = LLM(path, n_threads=os.cpu_count(), device="cpu", precision="exact")
+    s = llm.session()
+    s.feed(prompt, want="last")
+    tok = int(prompt[-1])
+    for _ in range(2):
+        tok = int(np.argmax(s.feed([tok])))
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        tok = int(np.argmax(s.feed([tok])))
+    return {"tok_s": tokens / (time.perf_counter() - t0), "threads": os.cpu_count()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the hidden-1024 model")
+    ap.add_argument("--tiny", action="store_true", help="a tiny model (a smoke test)")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "cortiq-bench"))
+    ap.add_argument("--no-cpu", action="store_true")
+    ap.add_argument("--no-torch", action="store_true")
+    a = ap.parse_args()
+    p = TINY if a.tiny else (QUICK if a.quick else RELEASE_LIKE)
+    tag = "tiny" if a.tiny else ("quick" if a.quick else "release_like")
+    path = build_dory(os.path.join(a.cache, f"dory-{tag}-q8_row.cmf"), p, "q8_row")
+    from cortiq.gpu import Device, to_device
+    dev = Device.get()
+    f = cmf.open(path)
+    host = DoryModel(f, o1="off")
+    t0 = time.perf_counter()
+    g = to_device(host, dev)
+    load_s = time.perf_counter() - t0
+    per_token = touched_bytes(host)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, host.vocab, a.prompt)
+    bw0 = read_bandwidth(dev)
+    res = gpu_decode(g, prompt, a.tokens)
+    bw1 = read_bandwidth(dev)
+    bw = (bw0 + bw1) / 2
+    out = {"bench": "gpu_decode", "model": tag, "dtype": "q8_row",
+           "weight_gb_per_token": per_token / 1e9, "device": dev.name,
+           "backend": dev.backend, "gpu_load_s": load_s,
+           "device_read_gb_s": bw, "device_read_gb_s_before_after": [bw0, bw1],
+           "cortiq_gpu": res}
+    for k in ("session_tok_s", "greedy_tok_s", "chained_tok_s"):
+        out["cortiq_gpu"][k.replace("tok_s", "eff_gb_s")] = res[k] * per_token / 1e9
+    best = max(res["session_tok_s"], res["greedy_tok_s"], res["chained_tok_s"])
+    out["pct_of_read_bw"] = 100 * best * per_token / 1e9 / bw
+    st = g.new_state()
+    ref = g.forward(st, prompt, "last")
+    if not a.no_cpu:
+        out["cortiq_cpu"] = cpu_decode(path, prompt, max(8, a.tokens // 8))
+        out["gpu_over_cpu"] = best / out["cortiq_cpu"]["tok_s"]
+    if not a.no_torch:
+        try:
+            out["torch_eager_bf16"] = torch_decode(host, prompt, a.tokens, ref)
+            if "tok_s" in out["torch_eager_bf16"]:
+                out["gpu_over_torch"] = best / out["torch_eager_bf16"]["tok_s"]
+        except ImportError:
+            out["torch_eager_bf16"] = {"skipped": "torch is not installed"}
+    out["deepseek_v4"] = {"skipped": "no GPU forward for DeepSeek-V4 in this build"}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""The GPU behind `device="gpu"`: a WebGPU adapter through the `wgpu` package
+(wgpu-native: Vulkan, Metal or DX12), its limits, and what every forward needs from it
+(buffers, shader modules, pipelines, the one readback of a submission).
+
+One `Device` per process is shared by every GPU model (`Device.get()`); it asks the
+adapter for its own storage-buffer and workgroup limits instead of WebGPU's defaults,
+so large matrices are split only where the hardware requires it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from importlib import resources
+
+import numpy as np
+
+from ..errors import ConfigError
+
+log = logging.getLogger("cortiq.gpu")
+
+DEVICES = ("cpu", "gpu", "auto")
+#: limits asked of the adapter (its own values, not WebGPU's defaults)
+_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
+           "max-storage-buffers-per-shader-stage", "max-compute-workgroup-storage-size",
+           "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x")
+
+
+def import_wgpu():
+    """The wgpu module, or ConfigError saying how to install it."""
+    try:
+        import wgpu
+    except ImportError as e:
+        raise ConfigError("device='gpu' needs the wgpu package (WebGPU through Vulkan, "
+                          f"Metal or DX12): pip install 'cortiq[gpu]' ({e})") from None
+    return wgpu
+
+
+def _request_adapter(wgpu):
+    # The loader prints to stderr when XDG_RUNTIME_DIR is unset on headless machines;
+    # it is irrelevant for compute.
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    try:
+        return wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    except Exception as e:  # noqa: BLE001 -- wgpu raises bare RuntimeError-likes when no driver exists
+        log.debug("no WebGPU adapter: %s", e)
+        return None
+
+
+def adapters() -> list[dict]:
+    """Every adapter wgpu can see, as {device, vendor, backend, type, description}
+    (empty when wgpu is missing or no driver answers)."""
+    try:
+        import wgpu
+    except ImportError:
+        return []
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    try:
+        found = wgpu.gpu.enumerate_adapters_sync()
+    except Exception:  # noqa: BLE001 -- any loader failure means: no adapters to list
+        return []
+    out = []
+    for a in found:
+        i = a.info
+        out.append({"device": i.get("device", ""), "vendor": i.get("vendor", ""),
+                    "backend": i.get("backend_type", ""), "type": i.get("adapter_type", ""),
+                    "description": i.get("description", "")})
+    return out
+
+
+def resolve_device(device) -> str:
+    """"cpu" or "gpu" for LLM(device=...): None reads CORTIQ_DEVICE (default "cpu");
+    "auto" takes a hardware GPU when one answers, else the CPU with one log line
+    (a software adapter such as llvmpipe is slower than cortiq's own CPU kernels)."""
+    if device is None:
+        device = os.environ.get("CORTIQ_DEVICE", "").strip().lower() or "cpu"
+    if device not in DEVICES:
+        raise ConfigError(f"device: expected one of {', '.join(DEVICES)}, got {device!r}")
+    if device != "auto":
+        return device
+    try:
+        dev = Device.get()
+    except ConfigError as e:
+        log.info("device='auto': running on the CPU (%s)", e)
+        return "cpu"
+    if dev.software:
+        log.info("device='auto': running on the CPU (the only GPU adapter is the software "
+                 "renderer %s)", dev.name)
+        return "cpu"
+    return "gpu"
+
+
+class Device:
+    """A wgpu device and the caches built on it."""
+
+    _shared: Device | None = None
+    _lock = threading.Lock()
+
+    @classmethod
+    def get(cls) -> Device:
+        with cls._lock:
+            if cls._shared is None:
+                cls._shared = cls()
+            return cls._shared
+
+    def __init__(self):
+        wgpu = import_wgpu()
+        self.wgpu = wgpu
+        adapter = _request_adapter(wgpu)
+        if adapter is None:
+            raise ConfigError("device='gpu': no GPU adapter found (no Vulkan, Metal or DX12 "
+                              "driver answered; on Linux install the vendor's Vulkan driver, "
+                              "or mesa-vulkan-drivers for the software one)")
+        self.adapter = adapter
+        info = adapter.info
+        self.name = info.get("device", "?")
+        self.backend = info.get("backend_type", "?")
+        self.software = str(info.get("adapter_type", "")).lower() == "cpu"
+        have = dict(adapter.limits)
+        want = {k: have[k] for k in _LIMITS if k in have}
+        try:
+            self.dev = adapter.request_device_sync(required_limits=want)
+        except Exception as e:  # noqa: BLE001 -- wgpu's errors have no common base
+            raise ConfigError(f"device='gpu': {self.name} refused a device: {e}") from None
+        lim = dict(self.dev.limits)
+        self.max_binding = int(lim["max-storage-buffer-binding-size"])
+        self.max_buffer = int(lim["max-buffer-size"])
+        self.max_storage_buffers = int(lim["max-storage-buffers-per-shader-stage"])
+        self.max_workgroup_storage = int(lim["max-compute-workgroup-storage-size"])
+        self.uniform_align = int(lim.get("min-uniform-buffer-offset-alignment", 256))
+        self.queue = self.dev.queue
+        self._modules: dict = {}
+        self._pipelines: dict = {}
+        self._layouts: dict = {}
+        log.info("GPU: %s (%s)", self.name, self.backend)
+
+    def __repr__(self):
+        return f"Device({self.name!r}, {self.backend})"
+
+    # ---- buffers -----------------------------------------------------------------
+    def buffer(self, nbytes: int, *, copy_src=False, copy_dst=True, uniform=False):
+        u = self.wgpu.BufferUsage
+        usage = (u.UNIFORM if uniform else u.STORAGE)
+        if copy_src:
+            usage |= u.COPY_SRC
+        if copy_dst:
+            usage |= u.COPY_DST
+        nbytes = max(16, (int(nbytes) + 15) // 16 * 16)
+        if nbytes > self.max_buffer or (not uniform and nbytes > self.max_binding):
+            raise ConfigError(f"GPU buffer of {nbytes} bytes exceeds {self.name}'s limit "
+                              f"({min(self.max_buffer, self.max_binding)} bytes a binding)")
+        return self.dev.create_buffer(size=nbytes, usage=usage)
+
+    def upload(self, data, *, uniform=False, pad: int = 16):
+        """A buffer holding `data` (bytes or an array), padded to 16 bytes plus `pad`
+        (the decoders may read one word past a payload's end)."""
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1) if not isinstance(
+            data, (bytes, bytearray)) else np.frombuffer(bytes(data), np.uint8)
+        n = (raw.size + pad + 15) // 16 * 16
+        buf = self.buffer(n, uniform=uniform, copy_src=True)
+        if raw.size % 4:   # writes come in whole words
+            raw = np.concatenate([raw, np.zeros(4 - raw.size % 4, np.uint8)])
+        if raw.size:
+            self.queue.write_buffer(buf, 0, raw)
+        return buf
+
+    def staging(self, nbytes: int):
+        u = self.wgpu.BufferUsage
+        return self.dev.create_buffer(size=max(16, (nbytes + 15) // 16 * 16),
+                                      usage=u.MAP_READ | u.COPY_DST)
+
+    def read(self, staging, nbytes: int) -> np.ndarray:
+        """The first nbytes of a staging buffer after the submission that filled it."""
+        staging.map_sync(self.wgpu.MapMode.READ, 0, (nbytes + 15) // 16 * 16 if nbytes else 16)
+        try:
+            out = np.frombuffer(staging.read_mapped(0, (nbytes + 15) // 16 * 16), np.uint8)
+            return out[:nbytes].copy()
+        finally:
+            staging.unmap()
+
+    # ---- shaders and pipelines ---------------------------------------------------
+    @staticmethod
+    def source(name: str) -> str:
+        return resources.files(__package__).joinpath("shaders").joinpath(name).read_text()
+
+    def layout(self, kinds: tuple):
+        """A bind-group layout of bindings 0.. of the given kinds ("uniform", "read",
+        "rw"), compute stage only."""
+        lay = self._layouts.get(kinds)
+        if lay is None:
+            b = self.wgpu.BufferBindingType
+            ty = {"uniform": b.uniform, "read": b.read_only_storage, "rw": b.storage}
+            entries = [{"binding": i, "visibility": self.wgpu.ShaderStage.COMPUTE,
+                        "buffer": {"type": ty[k]}} for i, k in enumerate(kinds)]
+            bgl = self.dev.create_bind_group_layout(entries=entries)
+            lay = (bgl, self.dev.create_pipeline_layout(bind_group_layouts=[bgl]))
+            self._layouts[kinds] = lay
+        return lay
+
+    def pipeline(self, key, code: str, kinds: tuple):
+        p = self._pipelines.get(key)
+        if p is None:
+            try:
+                mod = self.dev.create_shader_module(code=code)
+                p = self.dev.create_compute_pipeline(
+                    layout=self.layout(kinds)[1], compute={"module": mod, "entry_point": "main"})
+            except Exception as e:  # noqa: BLE001 -- shader compile errors: GPUValidationError et al.
+                raise ConfigError(f"GPU shader {key!r} failed to build on {self.name}: {e}") \
+                    from None
+            self._pipelines[key] = p
+        return p
+
+    def bind(self, kinds: tuple, resources_):
+        """A bind group: resources_ are buffers or (buffer, offset, size)."""
+        entries = []
+        for i, r in enumerate(resources_):
+            if isinstance(r, tuple):
+                entries.append({"binding": i, "resource": {"buffer": r[0], "offset": r[1],
+                                                           "size": r[2]}})
+            else:
+                entries.append({"binding": i, "resource": {"buffer": r, "offset": 0,
+                                                           "size": r.size}})
+        return self.dev.create_bind_group(layout=self.layout(kinds)[0], entries=entries)

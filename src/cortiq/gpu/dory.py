@@ -1,0 +1,517 @@
+"""Dory on the GPU: the forward of src/cortiq/models/dory/model.py as WebGPU compute.
+
+A chunk of up to HOST_CHUNK rows (one token when decoding) is ONE submission: the
+embedding, every sub-layer of the three blocks and every pass of the recurrent block,
+the head and (greedy) the argmax are recorded into one command buffer, and one
+readback returns the logits, or only the token. Per sub-layer:
+
+    attention  matvec Q|K|V|G (one dispatch over the four matrices)
+               qk_prep: rotate, justnorm per head, q * s_q, k/v into the KV ring
+               attention: windowed GQA, online softmax
+               matvec O, whose input stage applies the output gate and the justnorm
+               rownorm: the nGPT residual
+    mlp        matvec gate|up; matvec down with silu(a) * b and the justnorm in its input
+               stage; rownorm: the residual
+
+KV caches live on the device: a ring of window + HOST_CHUNK rows for sliding (and
+`full_window`) layers, a linear cache grown by doubling for full layers; position p
+sits at row p % ring. `per_loop` keeps one cache per (recurrent layer, loop),
+`last_loop` one per layer with later passes rewriting the chunk's rows, as on the host.
+
+The model wraps the host `DoryModel` (its validated config, options and load-time
+transforms) and keeps the interface sessions use: new_state / forward / rollback /
+can_rollback / kv_bytes, so Session, LLM and the server run unchanged.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..errors import ConfigError, CortiqError
+from ..models.dory.model import EPS, HOST_CHUNK, AttnWeights, ExitRate, top_prob
+from .device import Device
+from .kernels import (MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp, ParamArena,
+                      embed_kinds, embed_pipeline, fixed_pipeline, resolve, u32s)
+
+#: rows of a full (unwindowed) layer's KV cache before its first growth
+FULL_CAP0 = 256
+
+
+class GpuDoryState:
+    """One sequence on the device: position, KV rings and the recorded programs."""
+
+    def __init__(self):
+        self.pos = 0
+        self.hi = -1            # highest position ever written (rollback bound)
+        self.slots: list = []   # [attention ordinal][slot] -> [k, v, ring, windowed]
+        self.programs: dict = {}
+        self.full_cap = FULL_CAP0
+        self.arena = None
+        self.exits = ExitRate()  # the conf gate's running exit rate
+        self.gate_tokens = 0
+        self.gate_one = 0
+
+
+class GpuDoryModel:
+    arch = "dory"
+    supports_rollback = True
+
+    def __init__(self, host, device: Device | None = None):
+        if host.o1rt is not None:
+            raise ConfigError("device='gpu': Dory's o1 far field runs on the CPU only "
+                              "(open the model with o1='off' for the GPU)")
+        if host.gate is not None and host.gate.kind != "conf":
+            raise ConfigError(f"device='gpu': the {host.gate.kind} early-exit gate runs on the "
+                              "CPU only (the GPU runs gate='conf:T')")
+        if host.gate is not None and host.kv_mode == "per_loop" and host.n_rec:
+            raise ConfigError("device='gpu': the early-exit gate needs kv_mode='last_loop' "
+                              "(a token that exits after one pass leaves no second-pass keys "
+                              "for a per_loop cache)")
+        self.gate = host.gate
+        self.host = host
+        self.dev = dev = device or Device.get()
+        self.vocab, self.hidden, self.ffn = host.vocab, host.hidden, host.ffn
+        self.nh, self.nk, self.hd = host.nh, host.nk, host.hd
+        if self.hd > 512 or self.hd % 4:
+            raise ConfigError(f"device='gpu': head_dim {self.hd}: the attention kernel takes "
+                              "a multiple of 4 up to 512")
+        self.cmf = getattr(host, "cmf", None)
+        self.file = getattr(host, "file", None)
+        self.max_seq_len = getattr(host, "max_seq_len", None)
+        self.loops, self.kv_mode = host.loops, host.kv_mode
+        self.layers = host.layers
+        self.n_in, self.n_rec, self.n_out = host.n_in, host.n_rec, host.n_out
+        self.q_size, self.kv_size = self.nh * self.hd, self.nk * self.hd
+        self.qkvg_w = 2 * self.q_size + 2 * self.kv_size
+        t0 = time.perf_counter()
+        # ---- weights, once, in their stored dtypes
+        self.mats: list[GpuMatrix] = []
+        vecs: list[np.ndarray] = []
+        at = [0]
+
+        def vec(a):
+            a = np.ascontiguousarray(a, np.float32).ravel()
+            off = at[0]
+            vecs.append(a)
+            at[0] += a.size
+            return off
+
+        def mat(qt):
+            m = GpuMatrix(dev, qt)
+            self.mats.append(m)
+            return m
+
+        self.lw = []
+        for w in host.layers:
+            if isinstance(w, AttnWeights):
+                self.lw.append(dict(attn=True, q=mat(w.q), k=mat(w.k), v=mat(w.v), g=mat(w.g),
+                                    o=mat(w.o), sq=vec(w.sq), sg=vec(w.sg), alpha=vec(w.alpha),
+                                    sliding=w.sliding, ordinal=w.ordinal))
+            else:
+                self.lw.append(dict(attn=False, gate=mat(w.gate), up=mat(w.up),
+                                    down=mat(w.down), sg=vec(w.sg), su=vec(w.su),
+                                    alpha=vec(w.alpha)))
+        self.embed = mat(host.embed)
+        self.head = mat(host.head_w)
+        self.v_logit = vec(host.logit_scale)
+        self.vbuf = dev.upload(np.concatenate(vecs) if vecs else np.zeros(4, np.float32))
+        self.weight_bytes = sum(m.nbytes for m in self.mats)
+        # ---- activations for a chunk of up to HOST_CHUNK rows
+        T, H = HOST_CHUNK, self.hidden
+        f4 = 4
+        self.rx, self.rinp, self.rstate = 0, T * H, 2 * T * H      # regions of hb
+        self.hb = dev.buffer(3 * T * H * f4)
+        self.qkvg = dev.buffer(T * self.qkvg_w * f4)
+        self.att = dev.buffer(T * self.q_size * f4)
+        self.out = dev.buffer(T * H * f4)
+        self.gu = dev.buffer(T * 2 * self.ffn * f4)
+        self.logits = dev.buffer(T * self.vocab * f4, copy_src=True)
+        self.ids = dev.buffer(T * 4)
+        self.res = dev.buffer(16, copy_src=True)
+        self.step = dev.buffer(16, uniform=True)
+        self.rope = dev.buffer(4 * T * (self.hd // 2) * f4)
+        self.stage_logits = None
+        self.stage_ids = [dev.staging(16), dev.staging(16)]
+        # ---- the products (state-independent), their parameters in one arena
+        self.arena = ParamArena(dev)
+        self._ops: list = []
+        for w in self.lw:
+            if w["attn"]:
+                w["qkvg_op"] = MatvecOp(dev, [w["q"], w["k"], w["v"], w["g"]], self.arena,
+                                        x=self.hb, x_off=self.rx, x_stride=H, y=self.qkvg,
+                                        y_off=0, y_stride=self.qkvg_w, vbuf=self.vbuf)
+                w["o_op"] = MatvecOp(dev, [w["o"]], self.arena, x=self.att, x_off=0,
+                                     x_stride=self.q_size, x2=self.qkvg,
+                                     x2_off=self.q_size + 2 * self.kv_size,
+                                     x2_stride=self.qkvg_w, y=self.out, y_off=0, y_stride=H,
+                                     vbuf=self.vbuf, v_a=w["sg"], pro=1, eps=EPS)
+            else:
+                w["gu_op"] = MatvecOp(dev, [w["gate"], w["up"]], self.arena, x=self.hb,
+                                      x_off=self.rx, x_stride=H, y=self.gu, y_off=0,
+                                      y_stride=2 * self.ffn, vbuf=self.vbuf)
+                w["down_op"] = MatvecOp(dev, [w["down"]], self.arena, x=self.gu, x_off=0,
+                                        x_stride=2 * self.ffn, x2_off=self.ffn, y=self.out,
+                                        y_off=0, y_stride=H, vbuf=self.vbuf, v_a=w["sg"],
+                                        v_b=w["su"], pro=2, eps=EPS)
+            w["slerp"] = self.arena.ref(u32s(H, 0, self.rx, NONE, 0, NONE, w["alpha"], 0, 1,
+                                            float(EPS), 0, 0))
+        self.head_last = MatvecOp(dev, [self.head], self.arena, x=self.hb, x_off=self.rx,
+                                  x_stride=H, y=self.logits, y_off=0, y_stride=self.vocab,
+                                  vbuf=self.vbuf, v_out=self.v_logit, last_row=True)
+        self.head_all = MatvecOp(dev, [self.head], self.arena, x=self.hb, x_off=self.rx,
+                                 x_stride=H, y=self.logits, y_off=0, y_stride=self.vocab,
+                                 vbuf=self.vbuf, v_out=self.v_logit)
+        self.p_embed = self.arena.ref(u32s(H, self.rx, len(self.embed.parts), 0)
+                                      + _tables(self.embed))
+        mix = lambda d1, d2, a, b, norm: self.arena.ref(  # noqa: E731
+            u32s(H, 1, d1, d2, a, b, 0, 0, norm, float(EPS), 0, 0))
+        self.p_in_copy = mix(self.rinp, self.rstate, self.rx, NONE, 0)     # inp = state = x
+        self.p_loop_in = mix(self.rx, NONE, self.rstate, self.rinp, 1)     # x = (state + inp)^
+        self.p_loop_out = mix(self.rstate, self.rx, self.rx, NONE, 1)      # state = x = x^
+        self.p_argmax = self.arena.ref(u32s(self.vocab, 0, 0, 0))
+        self.arena.upload()
+        self._static: dict = {}
+        self.load_seconds = time.perf_counter() - t0
+        self.dispatches_per_token: int | None = None
+
+    # ---- sequences ----------------------------------------------------------------
+    def new_state(self) -> GpuDoryState:
+        st = GpuDoryState()
+        dev = self.dev
+        rec = range(self.n_in, self.n_in + self.n_rec)
+        per_row = self.kv_size * 4
+        st.slots = [None] * self.host.attn_layers
+        for li, w in enumerate(self.lw):
+            if not w["attn"]:
+                continue
+            keep = self.host.window if w["sliding"] else (self.host.full_window or 0)
+            loops = max(self.loops, 2) if self.gate is not None else self.loops
+            n = loops if (self.kv_mode == "per_loop" and li in rec) else 1
+            slots = []
+            for _ in range(n):
+                ring = keep + HOST_CHUNK if keep else st.full_cap
+                slots.append([dev.buffer(ring * per_row, copy_src=True),
+                              dev.buffer(ring * per_row, copy_src=True), ring, bool(keep)])
+            st.slots[w["ordinal"]] = slots
+        return st
+
+    def _grow(self, st: GpuDoryState, need: int) -> None:
+        """Give the full layers' caches room for `need` positions (copying what they hold)."""
+        if need <= st.full_cap:
+            return
+        if self.max_seq_len and need > int(self.max_seq_len):
+            raise ConfigError(f"dory: position {need - 1} is past the model's "
+                              f"max_position_embeddings {self.max_seq_len}")
+        cap = st.full_cap
+        while cap < need:
+            cap *= 2
+        dev = self.dev
+        enc = dev.dev.create_command_encoder()
+        per_row = self.kv_size * 4
+        for slots in st.slots:
+            for s in slots or ():
+                if s[3]:
+                    continue
+                for i in (0, 1):
+                    nb = dev.buffer(cap * per_row, copy_src=True)
+                    enc.copy_buffer_to_buffer(s[i], 0, nb, 0, s[i].size)
+                    s[i] = nb
+                s[2] = cap
+        dev.queue.submit([enc.finish()])
+        st.full_cap = cap
+        st.programs.clear()
+        st.arena = None
+
+    def can_rollback(self, st: GpuDoryState, n: int) -> bool:
+        """True when every ring still holds the keys a token at n reads."""
+        if n >= st.pos:
+            return True
+        for li, w in enumerate(self.lw):
+            if not w["attn"]:
+                continue
+            keep = self.host.window if w["sliding"] else (self.host.full_window or 0)
+            if keep and max(0, n - keep + 1) <= st.hi - (keep + HOST_CHUNK):
+                return False
+        return True
+
+    def rollback(self, st: GpuDoryState, n: int) -> None:
+        if not self.can_rollback(st, n):
+            raise CortiqError(f"dory: cannot roll back to {n}: a window layer has already "
+                              "dropped keys that position reads")
+        st.pos = min(st.pos, int(n))
+
+    def kv_bytes(self, st: GpuDoryState) -> int:
+        per_row = self.kv_size * 4 * 2
+        return sum(min(st.pos, s[2]) * per_row for slots in st.slots for s in slots or ())
+
+    # ---- the forward ----------------------------------------------------------------
+    def forward(self, st: GpuDoryState, ids, want: str = "last"):
+        """Run tokens `ids` from position st.pos. want: "none" -> None, "last" ->
+        [vocab], "all" -> [len(ids), vocab] (float32)."""
+        ids = self._check(ids, want)
+        if ids.size == 0:
+            return None if want == "none" else np.zeros(
+                (0, self.vocab) if want == "all" else 0, np.float32)
+        out = []
+        for start in range(0, ids.size, HOST_CHUNK):
+            chunk = ids[start:start + HOST_CHUNK]
+            last = start + chunk.size == ids.size
+            w = want if (last or want == "all") else "none"
+            lg = self._run_chunk(st, chunk, w)
+            if lg is not None:
+                out.append(lg)
+        if want == "none":
+            return None
+        if want == "last":
+            return out[-1][0]
+        return np.concatenate(out, axis=0)
+
+    def forward_greedy(self, st: GpuDoryState, ids) -> int:
+        """Run `ids` and return the argmax of the last row's logits, computed on the
+        device (one 4-byte readback)."""
+        ids = self._check(ids, "last")
+        if ids.size == 0:
+            raise CortiqError("forward_greedy: no tokens")
+        for start in range(0, ids.size - 1, HOST_CHUNK):
+            chunk = ids[start:min(start + HOST_CHUNK, ids.size - 1)]
+            self._run_chunk(st, chunk, "none")
+        return self._run_chunk(st, ids[-1:], "greedy")
+
+    def decode_greedy(self, st: GpuDoryState, first: int, n: int) -> list[int]:
+        """n greedy tokens after `first` (fed at st.pos), the token ids chained on the
+        device: token i+1 is recorded and submitted before token i is read back, so
+        the host's recording overlaps the GPU's work."""
+        out: list[int] = []
+        if n <= 0:
+            return out
+        self._check(np.array([first]), "last")
+        if self.gate is not None:   # the gate decides on the host between passes
+            tok = first
+            for _ in range(n):
+                tok = self.forward_greedy(st, [tok])
+                out.append(tok)
+            return out
+        dev = self.dev
+        dev.queue.write_buffer(self.ids, 0, np.array([first], np.uint32))
+        pending = None
+        for i in range(n):
+            self._prepare(st, 1)
+            self._write_step(st.pos, 1)
+            enc = self._record(st, 1, self.loops, "greedy")
+            stage = self.stage_ids[i % 2]
+            enc.copy_buffer_to_buffer(self.res, 0, stage, 0, 16)
+            dev.queue.submit([enc.finish()])
+            st.hi = max(st.hi, st.pos)
+            st.pos += 1
+            if pending is not None:
+                out.append(int(dev.read(pending, 4).view(np.uint32)[0]))
+            pending = stage
+        out.append(int(dev.read(pending, 4).view(np.uint32)[0]))
+        return out
+
+    def _check(self, ids, want):
+        ids = np.asarray(ids, dtype=np.int64).ravel()
+        if want not in ("none", "last", "all"):
+            raise ConfigError(f"want must be 'none', 'last' or 'all', got {want!r}")
+        bad = (ids < 0) | (ids >= self.vocab)
+        if bad.any():
+            raise ValueError(f"token id {int(ids[bad][0])} is outside the vocabulary "
+                             f"[0, {self.vocab})")
+        return ids
+
+    def _prepare(self, st, t):
+        self._grow(st, st.pos + t)
+
+    def _write_step(self, pos0: int, t: int) -> None:
+        q = self.dev.queue
+        q.write_buffer(self.step, 0, np.array([t, pos0, 0, 0], np.uint32))
+        cs, ss = self.host.rope_sliding(pos0, t)
+        cf, sf = self.host.rope_full(pos0, t)
+        q.write_buffer(self.rope, 0, np.concatenate([np.ravel(a) for a in (cs, ss, cf, sf)])
+                       .astype(np.float32))
+
+    def _run_chunk(self, st, chunk, want):
+        if self.gate is not None and chunk.size == 1:
+            return self._gated_row(st, chunk, want)
+        return self._submit(st, chunk, want, self.host._chunk_loops(
+            "none" if want == "none" else "last"))
+
+    def _gated_row(self, st, chunk, want):
+        """One decode row under the conf gate (DoryModel._early_exit): when the exit rate
+        asks for a probe, the first pass is read out (one submission, the logits the
+        gate needs); a confident token ends there, the others run the second pass and
+        the output block again in a second submission. Without a probe: both passes in
+        one submission."""
+        g = self.gate
+        stay = True
+        if st.exits.probe():
+            lg = self._submit(st, chunk, "last", 1, advance=False)
+            stay = top_prob(lg[0]) < g.threshold
+            st.exits.note(not stay)
+            if stay:
+                lg = self._submit(st, chunk, "last", 2, stage="second", advance=False)
+        else:
+            lg = self._submit(st, chunk, "last", 2, advance=False)
+        st.hi = max(st.hi, st.pos)
+        st.pos += 1
+        st.gate_tokens += 1
+        st.gate_one += int(not stay)
+        if want == "greedy":
+            return int(np.argmax(lg[0]))
+        return None if want == "none" else lg
+
+    def _submit(self, st, chunk, want, loops, stage="full", advance=True):
+        t = int(chunk.size)
+        dev = self.dev
+        self._prepare(st, t)
+        self._write_step(st.pos, t)
+        dev.queue.write_buffer(self.ids, 0, chunk.astype(np.uint32))
+        enc = self._record(st, t, loops, want, stage)
+        nbytes = 0
+        stage = None
+        if want in ("last", "all"):
+            rows = t if want == "all" else 1
+            nbytes = rows * self.vocab * 4
+            if self.stage_logits is None or self.stage_logits.size < nbytes:
+                self.stage_logits = dev.staging(max(nbytes, self.vocab * 4))
+            stage = self.stage_logits
+            enc.copy_buffer_to_buffer(self.logits, 0, stage, 0, nbytes)
+        elif want == "greedy":
+            stage = self.stage_ids[0]
+            enc.copy_buffer_to_buffer(self.res, 0, stage, 0, 16)
+        dev.queue.submit([enc.finish()])
+        if advance:
+            st.hi = max(st.hi, st.pos + t - 1)
+            st.pos += t
+        if want == "greedy":
+            return int(dev.read(stage, 4).view(np.uint32)[0])
+        if stage is None:
+            return None
+        return dev.read(stage, nbytes).view(np.float32).reshape(-1, self.vocab)
+
+    def _record(self, st, t, loops, want, stage="full"):
+        prog = self._program(st, t == 1, loops, want, stage)
+        enc = self.dev.dev.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        for d in prog:
+            cp.set_pipeline(d.pipeline)
+            cp.set_bind_group(0, d.group)
+            dims = d.dims(t) if callable(d.dims) else d.dims
+            cp.dispatch_workgroups(*dims)
+        cp.end()
+        return enc
+
+    # ---- programs: the dispatch lists of a chunk ------------------------------------
+    def _program(self, st, one: bool, loops: int, want: str, stage: str = "full") -> list:
+        key = (one, loops, want, stage)
+        prog = st.programs.get(key)
+        if prog is None:
+            prog = self._build_program(st, 1 if one else MATMAT_NT, loops, want, stage)
+            st.programs[key] = prog
+            if one and want in ("last", "greedy"):
+                self.dispatches_per_token = len(prog)
+        return prog
+
+    def _mv(self, op, nt):
+        key = (id(op), nt)
+        d = self._static.get(key)
+        if d is None:
+            d = op.dispatch(self.step, nt)
+            self._static[key] = d
+        return d
+
+    def _fixed(self, name, params, res, dims):
+        dev = self.dev
+        from .kernels import FIXED
+        group = dev.bind(FIXED[name], resolve([params] + res))
+        return Dispatch(fixed_pipeline(dev, name), group, dims, name)
+
+    def _state_arena(self, st):
+        """The parameters of a state's KV-dependent kernels (ring sizes per slot)."""
+        if st.arena is not None:
+            return st.arena
+        a = ParamArena(self.dev)
+        refs = {}
+        for li, w in enumerate(self.lw):
+            if not w["attn"]:
+                continue
+            keep = self.host.window if w["sliding"] else (self.host.full_window or 0)
+            for si, s in enumerate(st.slots[w["ordinal"]]):
+                ring = s[2]
+                prep = a.ref(u32s(self.nh, self.nk, self.hd, self.qkvg_w, self.q_size,
+                                  self.q_size + self.kv_size, w["sq"], ring,
+                                  0 if w["sliding"] else 1, float(EPS), 0, 0))
+                att = a.ref(u32s(self.nh, self.nk, self.hd, self.qkvg_w, keep, ring,
+                                 self.q_size, float(self.host.attn_scale)))
+                refs[(li, si)] = (prep, att)
+        a.upload()
+        st.arena = (a, refs)
+        return st.arena
+
+    def _build_program(self, st, nt: int, loops: int, want: str, stage: str = "full") -> list:
+        """The dispatches of a chunk. stage "second" is the conf gate's continuation
+        after a read-out first pass: the recurrent block's pass 1 and the output block
+        again, from the inp/state rows the first submission left on the device."""
+        dev = self.dev
+        _arena, refs = self._state_arena(st)
+        rec = range(self.n_in, self.n_in + self.n_rec)
+        per_loop = self.kv_mode == "per_loop"
+        nh_nk = self.nh + self.nk
+        prog: list = []
+        rows = lambda t: (t, 1, 1)  # noqa: E731
+        e = self.embed
+        if stage == "full":
+            prog.append(Dispatch(embed_pipeline(dev, e.dtype, len(e.parts)), dev.bind(
+                embed_kinds(len(e.parts)), resolve([self.p_embed, self.step, self.ids, self.hb]
+                                                   + [b for b, _r0, _r in e.parts])), rows,
+                "embed"))
+
+        def layer(li, loop_i):
+            w = self.lw[li]
+            if w["attn"]:
+                si = loop_i if (per_loop and li in rec) else 0
+                kb, vb = st.slots[w["ordinal"]][si][:2]
+                p_prep, p_att = refs[(li, si)]
+                prog.append(self._mv(w["qkvg_op"], nt))
+                prog.append(self._fixed("qk_prep", p_prep, [self.step, self.qkvg, self.vbuf,
+                                                            self.rope, kb, vb],
+                                        lambda t: (nh_nk, t, 1)))
+                prog.append(self._fixed("attention", p_att, [self.step, self.qkvg, kb, vb,
+                                                             self.att],
+                                        lambda t: (self.nh, t, 1)))
+                prog.append(self._mv(w["o_op"], nt))
+            else:
+                prog.append(self._mv(w["gu_op"], nt))
+                prog.append(self._mv(w["down_op"], nt))
+            prog.append(self._fixed("rownorm", w["slerp"], [self.step, self.hb, self.out,
+                                                            self.vbuf], rows))
+
+        def mix(p):
+            prog.append(self._fixed("rownorm", p, [self.step, self.hb, self.out, self.vbuf],
+                                    rows))
+
+        if stage == "full":
+            for li in range(self.n_in):
+                layer(li, 0)
+            mix(self.p_in_copy)
+        for i in (range(loops) if stage == "full" else (1,)):
+            mix(self.p_loop_in)
+            for li in rec:
+                layer(li, i)
+            mix(self.p_loop_out)
+        for li in range(self.n_in + self.n_rec, self.n_in + self.n_rec + self.n_out):
+            layer(li, 0)
+        if want in ("last", "greedy"):
+            prog.append(self._mv(self.head_last, 1))
+        elif want == "all":
+            prog.append(self._mv(self.head_all, nt))
+        if want == "greedy":
+            prog.append(self._fixed("argmax", self.p_argmax, [self.logits, self.ids, self.res],
+                                    (1, 1, 1)))
+        return prog
+
+
+def _tables(m: GpuMatrix) -> bytes:
+    from .kernels import _part_tables
+    return _part_tables([r for _b, _r0, r in m.parts])

@@ -1,0 +1,363 @@
+"""Weights on the device and the compute kernels that read them.
+
+A `GpuMatrix` is a stored matrix uploaded once in its CMF dtype (no dequantized
+copy), split into row pieces ("parts") where its payload exceeds the device's
+storage-binding limit. The matvec / matmat and embedding shaders are generated per
+combination of part dtypes from `shaders/qdecode.wgsl` (one decoder copy per binding),
+so the fused Q/K/V/G and gate/up products and the pieces of a split matrix run as one
+dispatch. Every kernel's parameters are a uniform block in a `ParamArena`; `Dispatch`
+is one recorded kernel launch.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from .device import Device
+
+DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_row": 3, "q4_block": 4, "q8_2f": 9,
+             "q4_tiled": 11, "q4tp": 15, "q2tp": 16}
+TILED = ("q4tp", "q2tp")        # cols % 32 == 0 by construction
+MAX_PARTS = 8
+NONE = 0xFFFFFFFF
+#: rows per workgroup of the matvec shader (its 256 lanes split into RPW rows)
+RPW = 4
+#: prompt rows a matmat workgroup takes at once
+MATMAT_NT = 8
+
+
+# ---- matrices ------------------------------------------------------------------------
+def _row_bytes_ranges(dtype: str, R: int, C: int, r0: int, r1: int) -> list:
+    """The byte ranges of the payload that hold rows r0..r1-1, in the order a
+    standalone payload of those rows lays them out (docs/cmf-format.md section 7)."""
+    if dtype in ("f32", "f16", "bf16"):
+        es = {"f32": 4, "f16": 2, "bf16": 2}[dtype]
+        return [(r0 * C * es, r1 * C * es)]
+    if dtype == "q8_row":
+        return [(r0 * C, r1 * C), (R * C + 2 * r0, R * C + 2 * r1)]
+    if dtype == "q8_2f":
+        return [(r0 * C, r1 * C), (R * C + 2 * r0, R * C + 2 * r1),
+                (R * C + 2 * R, R * C + 2 * R + 2 * C)]
+    gpr = C // 32
+    if dtype == "q4_block":
+        return [(r0 * C // 2, r1 * C // 2), (R * C // 2 + 2 * r0 * gpr, R * C // 2 + 2 * r1 * gpr)]
+    if dtype == "q4_tiled":
+        return [(18 * r0 * gpr, 18 * r1 * gpr)]
+    per = 16 if dtype == "q4tp" else 8
+    s = (5 * gpr + 7) // 8
+    nb = R * gpr * per
+    return [(r0 * gpr * per, r1 * gpr * per), (nb + 4 * r0, nb + 4 * r1),
+            (nb + 4 * R + r0 * s, nb + 4 * R + r1 * s)]
+
+
+class GpuMatrix:
+    """One stored matrix on the device: parts [(buffer, first row, rows)], one dtype."""
+
+    def __init__(self, dev: Device, qt, name: str | None = None, limit: int | None = None):
+        dtype, R, C = qt.dtype, qt.rows, qt.cols
+        raw = np.asarray(qt.raw, np.uint8)
+        if dtype not in DTYPE_IDS:     # vbit / vbit_ro: no device decoder; f32 rows
+            dense = np.ascontiguousarray(qt.dequantize(), np.float32)
+            raw, dtype = dense.view(np.uint8).reshape(-1), "f32"
+        self.dtype, self.rows, self.cols, self.name = dtype, R, C, name or qt.name
+        self.fast = C % 32 == 0
+        per_row = max(1, raw.size // max(R, 1))
+        limit = (limit or dev.max_binding) - 64
+        if raw.size + 32 <= limit:
+            pieces = [(0, R)]
+        else:
+            if dtype == "q4_block" and not self.fast:
+                raise ConfigError(f"GPU: {self.name}: a q4_block matrix whose groups straddle "
+                                  f"rows cannot be split under the {dev.max_binding}-byte "
+                                  "storage-binding limit")
+            step = max(1, limit // (per_row + 8))
+            pieces = [(r, min(R, r + step)) for r in range(0, R, step)]
+        self.parts = []
+        for r0, r1 in pieces:
+            if len(pieces) == 1:
+                data = raw
+            else:
+                data = np.concatenate([raw[a:b] for a, b in _row_bytes_ranges(dtype, R, C, r0, r1)])
+            self.parts.append((dev.upload(data), r0, r1 - r0))
+        self.nbytes = int(raw.size)
+
+
+@dataclass
+class Dispatch:
+    """One recorded kernel: pipeline, bind group and workgroup counts (a function of
+    the chunk's row count t when the kernel runs per row)."""
+    pipeline: object
+    group: object
+    dims: Any           # (x, y, z) or callable t -> (x, y, z)
+    name: str = ""      # the kernel, for the time breakdown
+
+
+class ParamArena:
+    """Uniform blocks of many dispatches in one buffer, each at an aligned offset."""
+
+    def __init__(self, dev: Device):
+        self.dev = dev
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.buf = None
+        self._pending: list = []
+
+    def add(self, data: bytes) -> int:
+        at = self.size
+        data = data + b"\0" * (-len(data) % 16)
+        self.chunks.append(data)
+        self.size = at + (len(data) + self.dev.uniform_align - 1) // self.dev.uniform_align \
+            * self.dev.uniform_align
+        self.chunks.append(b"\0" * (self.size - at - len(data)))
+        return at
+
+    def ref(self, data: bytes):
+        """A placeholder resolved to (buffer, offset, size) once the arena is uploaded."""
+        off = self.add(data)
+        return _ParamRef(self, off, (len(data) + 15) // 16 * 16)
+
+    def upload(self):
+        self.buf = self.dev.upload(b"".join(self.chunks), uniform=True)
+        return self.buf
+
+
+class _ParamRef:
+    def __init__(self, arena, off, size):
+        self.arena, self.off, self.size = arena, off, size
+
+    def resolve(self):
+        return (self.arena.buf, self.off, self.size)
+
+
+def resolve(resources_):
+    return [r.resolve() if isinstance(r, _ParamRef) else r for r in resources_]
+
+
+def u32s(*vals) -> bytes:
+    out = bytearray()
+    for v in vals:
+        out += struct.pack("<f", v) if isinstance(v, float) else struct.pack("<I", int(v) & NONE)
+    return bytes(out)
+
+
+# ---- shader generation ---------------------------------------------------------------
+def _decoder(dev: Device, i: int, dtype: str, src: str = "qdecode.wgsl") -> str:
+    return dev.source(src).replace("$DTYPE", f"{DTYPE_IDS[dtype]}u") \
+        .replace("$W", f"W{i}")
+
+
+def _part_bindings(first: int, n: int) -> str:
+    return "\n".join(f"@group(0) @binding({first + i}) var<storage, read> W{i}: "
+                     "array<vec4<u32>>;" for i in range(n))
+
+
+def _part_tables(parts_rows: list) -> bytes:
+    starts, rows, at = [], [], 0
+    for r in parts_rows:
+        starts.append(at)
+        rows.append(r)
+        at += r
+    starts += [NONE] * (MAX_PARTS - len(starts))
+    rows += [0] * (MAX_PARTS - len(rows))
+    return u32s(*starts) + u32s(*rows)
+
+
+def matvec_kinds(nparts: int) -> tuple:
+    return ("uniform", "uniform", "read", "read", "read", "rw") + ("read",) * nparts
+
+
+def matvec_pipeline(dev: Device, dtypes: tuple, fast: bool, nt: int, pro: int):
+    key = ("matvec", dtypes, fast, nt, pro)
+    if key in dev._pipelines:
+        return dev._pipelines[key]
+    n = len(dtypes)
+    part = dev.source("matvec_part.wgsl")
+    fns, disp = [], []
+    for i, dt in enumerate(dtypes):
+        fns.append(_decoder(dev, i, dt))
+        fns.append(part.replace("$I", str(i)).replace("$FAST", "true" if fast else "false"))
+        cond = f"row < P.part_start[{i} / 4][{i} % 4] + P.part_rows[{i} / 4][{i} % 4]"
+        body = (f"let r = row - P.part_start[{i} / 4][{i} % 4]; rowdot_{i}(r, lane, t0, nt); "
+                f"rs = W{i}_rowscale(r, P.part_rows[{i} / 4][{i} % 4], P.cols);")
+        disp.append(("if" if i == 0 else "} else if") + f" ({cond}) {{ {body}")
+    disp.append("}")
+    code = (dev.source("matvec.wgsl").replace("$BINDINGS", _part_bindings(6, n))
+            .replace("$PARTFNS", "\n".join(fns)).replace("$DISPATCH", "\n".join(disp))
+            .replace("$RPWu", f"{RPW}u").replace("$TPRu", f"{256 // RPW}u")
+            .replace("$NTu", f"{nt}u").replace("$PROu", f"{pro}u")
+            .replace("$REDN", str(2 * 256 * nt)))
+    return dev.pipeline(key, code, matvec_kinds(n))
+
+
+def embed_kinds(nparts: int) -> tuple:
+    return ("uniform", "uniform", "read", "rw") + ("read",) * nparts
+
+
+def embed_pipeline(dev: Device, dtype: str, nparts: int):
+    key = ("embed", dtype, nparts)
+    if key in dev._pipelines:
+        return dev._pipelines[key]
+    part = dev.source("embed_part.wgsl")
+    fns, disp = [], []
+    for i in range(nparts):
+        fns.append(_decoder(dev, i, dtype))
+        fns.append(part.replace("$I", str(i)))
+        cond = f"id < P.part_start[{i} / 4][{i} % 4] + P.part_rows[{i} / 4][{i} % 4]"
+        body = f"embed_{i}(id - P.part_start[{i} / 4][{i} % 4], t, lid);"
+        disp.append(("if" if i == 0 else "} else if") + f" ({cond}) {{ {body}")
+    disp.append("}")
+    code = (dev.source("embed.wgsl").replace("$BINDINGS", _part_bindings(4, nparts))
+            .replace("$PARTFNS", "\n".join(fns)).replace("$DISPATCH", "\n".join(disp)))
+    return dev.pipeline(key, code, embed_kinds(nparts))
+
+
+FIXED = {  # name: binding kinds
+    "qk_prep": ("uniform", "uniform", "rw", "read", "read", "rw", "rw"),
+    "attention": ("uniform", "uniform", "read", "read", "read", "rw"),
+    "rownorm": ("uniform", "uniform", "rw", "read", "read"),
+    "argmax": ("uniform", "read", "rw", "rw"),
+    "readbw": ("uniform", "read", "rw"),
+}
+
+
+def fixed_pipeline(dev: Device, name: str):
+    return dev.pipeline((name,), dev.source(f"{name}.wgsl"), FIXED[name])
+
+
+# ---- building dispatches ---------------------------------------------------------------
+#: row groups a grid row holds (the shaders' wid.x + wid.y * NX)
+NX = 32768
+#: row slots of the decode matvec's workgroup (matvec1.wgsl: 32 lanes a row) and rows
+#: each slot takes in turn: RPW1_SLOTS * RPW1_ROWS rows share one staging of the input
+#: (4 rows a slot measured slower on an H200 than 1: fewer workgroups in flight)
+RPW1_SLOTS, RPW1_ROWS = 8, 1
+RPW1 = RPW1_SLOTS * RPW1_ROWS
+#: weights per 16-byte chunk of the decode matvec (the tiled dtypes: one 32-weight tile)
+CHUNK = {"f32": 4, "f16": 8, "bf16": 8, "q8_row": 16, "q8_2f": 16, "q4_block": 32,
+         "q4_tiled": 32, "q4tp": 32, "q2tp": 32}
+
+
+def rows_dims(total_rows: int, rpw: int = RPW):
+    """Workgroup grid (x, y) covering total_rows / rpw row groups under the
+    65535-a-dimension limit."""
+    groups = (total_rows + rpw - 1) // rpw
+    return min(groups, NX), (groups + NX - 1) // NX
+
+
+def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
+    # the staged input's padded size, rounded up so few pipeline variants exist
+    xs = cols + cols // 32 + 4
+    xs = 1 << max(8, (xs - 1).bit_length())
+    if (xs + 512) * 4 > dev.max_workgroup_storage:
+        xs = 0
+    key = ("matvec1", dtypes, pro, xs)
+    if key in dev._pipelines:
+        return dev._pipelines[key]
+    n = len(dtypes)
+    part = dev.source("matvec1_part.wgsl")
+    fns, disp = [], []
+    for i, dt in enumerate(dtypes):
+        fns.append(_decoder(dev, i, dt))
+        fns.append(_decoder(dev, i, dt, "qchunk.wgsl"))
+        fns.append(part.replace("$I", str(i)))
+        cond = f"row < P.part_start[{i} / 4][{i} % 4] + P.part_rows[{i} / 4][{i} % 4]"
+        body = (f"let r = row - P.part_start[{i} / 4][{i} % 4]; rowdot_{i}(r, lane); "
+                f"rs = W{i}_rowscale(r, P.part_rows[{i} / 4][{i} % 4], P.cols);")
+        disp.append(("if" if i == 0 else "} else if") + f" ({cond}) {{ {body}")
+    disp.append("}")
+    code = (dev.source("matvec1.wgsl").replace("$BINDINGS", _part_bindings(6, n))
+            .replace("$PARTFNS", "\n".join(fns)).replace("$DISPATCH", "\n".join(disp))
+            .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
+            .replace("$RWu", f"{RPW1_ROWS}u")
+            .replace("$PROu", f"{pro}u").replace("$XSu", f"{xs}u")
+            .replace("$XSN", str(max(xs, 4))))
+    return dev.pipeline(key, code, matvec_kinds(n))
+
+
+class MatvecOp:
+    """Y = group of matrices @ transformed input: the parameters and bindings of one
+    product, usable for decode (nt=1) and prompt chunks (nt=MATMAT_NT)."""
+
+    def __init__(self, dev: Device, mats: list, arena: ParamArena, *, x, x_off, x_stride,
+                 y, y_off, y_stride, x2=None, x2_off=0, x2_stride=0, vbuf=None, v_a=NONE,
+                 v_b=NONE, v_out=NONE, pro=0, last_row=False, eps=1e-6):
+        cols = mats[0].cols
+        if any(m.cols != cols for m in mats):
+            raise ConfigError("GPU matvec: matrices of one group must share their columns")
+        parts = [(m, buf, rows) for m in mats for (buf, _r0, rows) in m.parts]
+        if len(parts) > min(MAX_PARTS, dev.max_storage_buffers - 4):
+            raise ConfigError(f"GPU matvec: {len(parts)} matrix pieces in one product "
+                              f"exceed {min(MAX_PARTS, dev.max_storage_buffers - 4)}")
+        self.dtypes = tuple(m.dtype for m, _b, _r in parts)
+        self.fast = all(m.fast for m in mats)
+        self.pro = pro
+        self.total = sum(r for _m, _b, r in parts)
+        self.cols = cols
+        self.chunked = all(m.cols % CHUNK[m.dtype] == 0 for m in mats)
+        self.last_row = last_row
+        params = (u32s(cols, x_off, x_stride, x2_off, x2_stride, y_off, y_stride, v_a, v_b,
+                       v_out, int(last_row), NX, self.total, float(eps), 0, 0)
+                  + _part_tables([r for _m, _b, r in parts]))
+        self.param = arena.ref(params)
+        self.dev = dev
+        self.res = [x, x2 if x2 is not None else x, vbuf, y] + [b for _m, b, _r in parts]
+        self.kinds = matvec_kinds(len(parts))
+
+    def dispatch(self, step_buf, nt: int) -> Dispatch:
+        dev = self.dev
+        group = dev.bind(self.kinds, resolve([self.param, step_buf] + self.res))
+        if nt == 1 and self.chunked:
+            pipe = matvec1_pipeline(dev, self.dtypes, self.pro, self.cols)
+            nx, ny = rows_dims(self.total, RPW1)
+            return Dispatch(pipe, group, (nx, ny, 1), "matvec")
+        pipe = matvec_pipeline(dev, self.dtypes, self.fast, nt, self.pro)
+        nx, ny = rows_dims(self.total)
+        if self.last_row:
+            return Dispatch(pipe, group, (nx, ny, 1), "matvec")
+        return Dispatch(pipe, group, lambda t, nx=nx, ny=ny, nt=nt: (nx, ny, (t + nt - 1) // nt),
+                        "matmat")
+
+
+def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: int = 0,
+                va=None, vb=None, out_scale=None, nt: int | None = None) -> np.ndarray:
+    """Run one product on its own (checks and tools): X [t, cols] (for pro=2 the
+    gate/up rows [t, 2*cols'], b at x2_off) -> Y [t, total rows]. nt=None picks what a
+    forward would (the decode matvec for one row, the matmat for more)."""
+    X = np.ascontiguousarray(X, np.float32)
+    t = X.shape[0]
+    vecs = [np.zeros(4, np.float32)]
+    offs = {}
+    for k, a in (("va", va), ("vb", vb), ("out", out_scale)):
+        if a is not None:
+            offs[k] = sum(v.size for v in vecs)
+            vecs.append(np.ascontiguousarray(a, np.float32).ravel())
+    vbuf = dev.upload(np.concatenate(vecs))
+    xbuf = dev.upload(X)
+    x2buf = dev.upload(np.ascontiguousarray(x2, np.float32)) if x2 is not None else None
+    total = sum(m.rows for m in mats)
+    ybuf = dev.buffer(t * total * 4, copy_src=True)
+    step = dev.upload(np.array([t, 0, 0, 0], np.uint32), uniform=True)
+    arena = ParamArena(dev)
+    cols = X.shape[1] if pro != 2 else x2_off
+    op = MatvecOp(dev, mats, arena, x=xbuf, x_off=0, x_stride=X.shape[1], y=ybuf, y_off=0,
+                  y_stride=total, x2=x2buf, x2_off=x2_off,
+                  x2_stride=(x2.shape[1] if x2 is not None else 0), vbuf=vbuf,
+                  v_a=offs.get("va", NONE), v_b=offs.get("vb", NONE),
+                  v_out=offs.get("out", NONE), pro=pro)
+    del cols
+    arena.upload()
+    d = op.dispatch(step, nt or (1 if t == 1 else MATMAT_NT))
+    stage = dev.staging(t * total * 4)
+    enc = dev.dev.create_command_encoder()
+    cp = enc.begin_compute_pass()
+    cp.set_pipeline(d.pipeline)
+    cp.set_bind_group(0, d.group)
+    cp.dispatch_workgroups(*(d.dims(t) if callable(d.dims) else d.dims))
+    cp.end()
+    enc.copy_buffer_to_buffer(ybuf, 0, stage, 0, t * total * 4)
+    dev.queue.submit([enc.finish()])
+    return dev.read(stage, t * total * 4).view(np.float32).reshape(t, total)

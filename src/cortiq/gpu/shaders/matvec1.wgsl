@@ -1,0 +1,117 @@
+// The decode matvec (one input row): Y[row] = (W . xin) * rowscale * outscale over
+// the rows of up to 8 parts, like matvec.wgsl, but each row's TPR lanes read
+// consecutive 16-byte words (or tiles) of the row, so a warp's loads are contiguous,
+// and a lane keeps one running sum in registers. The transformed input is staged once
+// per workgroup in shared memory (XS > 0), at c + c/32 so that the lanes' reads hit
+// distinct banks for every chunk size; its sum of squares is taken while staging.
+
+struct Params {
+    cols: u32, x_off: u32, x_stride: u32, x2_off: u32,
+    x2_stride: u32, y_off: u32, y_stride: u32, v_a: u32,
+    v_b: u32, v_out: u32, last_row: u32, nx: u32,
+    total_rows: u32, eps: f32, pad0: u32, pad1: u32,
+    part_start: array<vec4<u32>, 2>,
+    part_rows: array<vec4<u32>, 2>,
+}
+struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<uniform> S: Step;
+@group(0) @binding(2) var<storage, read> X: array<f32>;
+@group(0) @binding(3) var<storage, read> X2: array<f32>;
+@group(0) @binding(4) var<storage, read> V: array<f32>;
+@group(0) @binding(5) var<storage, read_write> Y: array<f32>;
+$BINDINGS
+
+const RPW: u32 = $RPWu;   // row slots (lane groups) a workgroup
+const RW: u32 = $RWu;     // rows each slot takes in turn (the staged input is shared by RPW * RW rows)
+const TPR: u32 = $TPRu;
+const PRO: u32 = $PROu;
+const XS: u32 = $XSu;
+
+var<private> pd: f32;
+var<private> ps: f32;
+var<private> xb: u32;
+var<private> x2b: u32;
+var<workgroup> red: array<f32, 512>;
+var<workgroup> xs: array<f32, $XSN>;
+
+fn xval(c: u32) -> f32 {
+    if (PRO == 1u) {
+        let g = X2[x2b + c] * V[P.v_a + c];
+        return X[xb + c] / (1.0 + exp(-g));
+    } else if (PRO == 2u) {
+        let a = X[xb + c] * V[P.v_a + c];
+        let b = X[xb + P.x2_off + c] * V[P.v_b + c];
+        return a / (1.0 + exp(-a)) * b;
+    }
+    return X[xb + c];
+}
+
+fn mac4(w: vec4<f32>, c: u32) {
+    if (XS > 0u) {
+        let a = c + (c >> 5u);   // c % 4 == 0: the four stay inside one 32-column run
+        pd += dot(w, vec4<f32>(xs[a], xs[a + 1u], xs[a + 2u], xs[a + 3u]));
+        return;
+    }
+    let x = vec4<f32>(xval(c), xval(c + 1u), xval(c + 2u), xval(c + 3u));
+    pd += dot(w, x);
+    if (PRO != 0u) { ps += dot(x, x); }
+}
+
+$PARTFNS
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let slot = lid / TPR;
+    let lane = lid % TPR;
+    let base = (wid.x + wid.y * P.nx) * RPW * RW;
+    xb = P.x_off;
+    if (P.last_row != 0u) { xb = P.x_off + (S.t - 1u) * P.x_stride; }
+    x2b = P.x2_off;
+    var rs = 1.0;
+    var inv = 1.0;
+    if (XS > 0u) {
+        var s = 0.0;
+        for (var c = lid; c < P.cols; c += 256u) {
+            let v = xval(c);
+            xs[c + (c >> 5u)] = v;
+            s += v * v;
+        }
+        if (PRO != 0u) {
+            red[lid] = s;
+            workgroupBarrier();
+            for (var h = 128u; h > 0u; h = h / 2u) {
+                if (lid < h) { red[lid] += red[lid + h]; }
+                workgroupBarrier();
+            }
+            inv = 1.0 / sqrt(red[0] + P.eps);
+        }
+        workgroupBarrier();
+    }
+    for (var rr = 0u; rr < RW; rr++) {
+    let row = base + rr * RPW + slot;
+    pd = 0.0;
+    ps = 0.0;
+    if (row < P.total_rows) {
+$DISPATCH
+    }
+    red[lid] = pd;
+    red[256u + lid] = ps;
+    workgroupBarrier();
+    for (var h = TPR / 2u; h > 0u; h = h / 2u) {
+        if (lane < h) {
+            red[lid] += red[lid + h];
+            red[256u + lid] += red[256u + lid + h];
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u && row < P.total_rows) {
+        var v = red[lid] * rs;
+        if (XS > 0u) { v = v * inv; } else if (PRO != 0u) { v = v / sqrt(red[256u + lid] + P.eps); }
+        if (P.v_out != 0xffffffffu) { v = v * V[P.v_out + row]; }
+        Y[P.y_off + row] = v;
+    }
+    workgroupBarrier();
+    }
+}

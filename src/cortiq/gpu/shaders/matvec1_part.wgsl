@@ -1,0 +1,7 @@
+fn rowdot_$I(r: u32, lane: u32) {
+    let R = P.part_rows[$I / 4][$I % 4];
+    let n = W$I_cpr(P.cols);
+    for (var k = lane; k < n; k += TPR) {
+        W$I_chunk(r, k, R, P.cols);
+    }
+}

@@ -1,0 +1,267 @@
+"""The WebGPU path (cortiq.gpu) against the CPU kernels and the CPU forward.
+
+Runs on any adapter wgpu finds: in CI that is Mesa's llvmpipe (software Vulkan), on a
+workstation the real GPU. Without one the tests skip, unless CORTIQ_REQUIRE_GPU=1
+(set by .ci/run), which turns "no adapter" into a failure. Tolerances: docs/gpu.md.
+"""
+import os
+
+import numpy as np
+import pytest
+
+from cortiq import cmf
+from cortiq.demo import demo_path
+from cortiq.errors import ConfigError
+from cortiq.tensor import QTensor
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = ["f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp"]
+ANY_COLS = ["f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block"]   # cols % 32 != 0 allowed
+
+
+@pytest.fixture(scope="module")
+def dev():
+    try:
+        from cortiq.gpu import Device
+        return Device.get()
+    except ConfigError as e:
+        if os.environ.get("CORTIQ_REQUIRE_GPU") == "1":
+            pytest.fail(f"CORTIQ_REQUIRE_GPU=1 but no GPU adapter: {e}")
+        pytest.skip(f"no GPU adapter: {e}")
+
+
+def _rel(a, b):
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def _qt(rng, dtype, rows, cols):
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    w[rng.random((rows, cols)) < 0.05] = 0.0        # some zeros (q2tp's all-zero tiles too)
+    if dtype == "q2tp" and rows > 1:
+        w[0, :32] = 0.0
+    return QTensor.from_f32(w, dtype)
+
+
+# ---- each dtype's decoder: decode matvec and prompt matmat vs the CPU kernel --------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(37, 96), (6, 256)])
+def test_matvec_matches_cpu(dev, dtype, shape):
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    rng = np.random.default_rng(hash((dtype, shape)) % 2**32)
+    qt = _qt(rng, dtype, *shape)
+    g = GpuMatrix(dev, qt)
+    X = rng.standard_normal((11, shape[1])).astype(np.float32)
+    one = matvec_once(dev, [g], X[:1])[0]
+    assert _rel(one, qt.matvec(X[0])) < 1e-5
+    many = matvec_once(dev, [g], X)
+    assert _rel(many, qt.matmat(X)) < 1e-5
+    assert many.shape == (11, shape[0])
+
+
+@pytest.mark.parametrize("dtype", ANY_COLS)
+def test_matvec_odd_columns(dev, dtype):
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    rng = np.random.default_rng(7)
+    qt = _qt(rng, dtype, 19, 50)
+    g = GpuMatrix(dev, qt)
+    assert not g.fast
+    X = rng.standard_normal((3, 50)).astype(np.float32)
+    assert _rel(matvec_once(dev, [g], X[:1])[0], qt.matvec(X[0])) < 1e-5
+    assert _rel(matvec_once(dev, [g], X), qt.matmat(X)) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", ["q8_2f", "q4tp", "q2tp", "bf16", "q4_block"])
+def test_split_matrix_and_fused_group(dev, dtype):
+    """A matrix over the binding limit is split into row pieces; a group of matrices
+    (Q|K|V|G) runs as one product: both equal the separate CPU products."""
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    rng = np.random.default_rng(3)
+    a, b = _qt(rng, dtype, 45, 64), _qt(rng, "q8_row", 9, 64)
+    ga = GpuMatrix(dev, a, limit=a.nbytes // 3 + 64)
+    assert len(ga.parts) >= 3
+    gb = GpuMatrix(dev, b)
+    X = rng.standard_normal((4, 64)).astype(np.float32)
+    want = np.concatenate([a.matmat(X), b.matmat(X)], axis=1)
+    assert _rel(matvec_once(dev, [ga, gb], X), want) < 1e-5
+    assert _rel(matvec_once(dev, [ga, gb], X[:1])[0], want[0]) < 1e-5
+
+
+def test_matvec_input_stages(dev):
+    """The fused input transforms: gated attention output and SwiGLU, each justnormed."""
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    rng = np.random.default_rng(5)
+    w = _qt(rng, "q8_row", 33, 64)
+    g = GpuMatrix(dev, w)
+    y = rng.standard_normal((3, 64)).astype(np.float32)
+    gate = rng.standard_normal((3, 64)).astype(np.float32)
+    s = rng.random(64).astype(np.float32)
+    z = y / (1 + np.exp(-(gate * s)))
+    z /= np.sqrt((z * z).sum(-1, keepdims=True) + 1e-6)
+    for rows in (1, 3):
+        got = matvec_once(dev, [g], y[:rows], pro=1, x2=gate[:rows], va=s)
+        assert _rel(got, w.matmat(z[:rows])) < 1e-5
+    gu = rng.standard_normal((3, 128)).astype(np.float32)
+    sa, sb = rng.random(64).astype(np.float32), rng.random(64).astype(np.float32)
+    a, b = gu[:, :64] * sa, gu[:, 64:] * sb
+    m = a / (1 + np.exp(-a)) * b
+    m /= np.sqrt((m * m).sum(-1, keepdims=True) + 1e-6)
+    for rows in (1, 3):
+        got = matvec_once(dev, [g], gu[:rows], pro=2, x2_off=64, va=sa, vb=sb)
+        assert _rel(got, w.matmat(m[:rows])) < 1e-5
+    scale = rng.random(33).astype(np.float32)
+    got = matvec_once(dev, [g], y[:1], out_scale=scale)[0]
+    assert _rel(got, w.matvec(y[0]) * scale) < 1e-5
+
+
+# ---- the whole Dory forward ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def demo_file():
+    f = cmf.open(demo_path())
+    yield f
+    f.close()
+
+
+@pytest.mark.parametrize("opts", [{}, {"kv_mode": "last_loop", "full_window": 24}])
+def test_dory_logits_match_cpu(dev, demo_file, opts):
+    from cortiq.gpu import to_device
+    from cortiq.models.dory import DoryModel
+    host = DoryModel(demo_file, **opts)
+    g = to_device(host, dev)
+    ids = np.random.default_rng(2).integers(0, host.vocab, 70)   # two chunks
+    a = host.forward(host.new_state(), ids, "all")
+    b = g.forward(g.new_state(), ids, "all")
+    assert b.shape == a.shape
+    assert _rel(b, a) < 1e-3
+    sc, sg = host.new_state(), g.new_state()
+    host.forward(sc, ids[:66], "none")
+    assert g.forward(sg, ids[:66], "none") is None
+    for i in ids[66:]:   # decode rows, through the sliding ring
+        assert _rel(g.forward(sg, [int(i)]), host.forward(sc, [int(i)])) < 1e-3
+
+
+def test_greedy_tokens_identical(dev, demo_file):
+    from cortiq.gpu import to_device
+    from cortiq.models.dory import DoryModel
+    host = DoryModel(demo_file)
+    g = to_device(host, dev)
+    ids = np.random.default_rng(4).integers(0, host.vocab, 12)
+    sc, sg = host.new_state(), g.new_state()
+    want = [int(np.argmax(host.forward(sc, ids)))]
+    got = [g.forward_greedy(sg, ids)]
+    for _ in range(31):
+        want.append(int(np.argmax(host.forward(sc, [want[-1]]))))
+        got.append(g.forward_greedy(sg, [got[-1]]))
+    assert got == want
+    s2 = g.new_state()
+    g.forward(s2, ids[:-1], "none")
+    assert g.decode_greedy(s2, int(ids[-1]), 32) == want
+
+
+def test_conf_gate_matches_cpu(dev, demo_file):
+    """gate="conf:T": probes, exits and second passes as on the host."""
+    from cortiq.gpu import to_device
+    from cortiq.models.dory import DoryModel
+    host = DoryModel(demo_file, gate="conf:0.3", kv_mode="last_loop")
+    g = to_device(host, dev)
+    ids = np.random.default_rng(9).integers(0, host.vocab, 6)
+    sc, sg = host.new_state(), g.new_state()
+    host.forward(sc, ids, "none")
+    g.forward(sg, ids, "none")
+    tok_c = tok_g = int(ids[-1])
+    for _ in range(12):
+        a, b = host.forward(sc, [tok_c]), g.forward(sg, [tok_g])
+        assert _rel(b, a) < 1e-3
+        tok_c, tok_g = int(np.argmax(a)), int(np.argmax(b))
+    assert (sg.gate_tokens, sg.gate_one) == (sc.gate_tokens, sc.gate_one)
+    assert 0 < sg.gate_one < sg.gate_tokens    # both branches ran
+
+
+def test_rollback_on_device(dev, demo_file):
+    from cortiq.gpu import to_device
+    from cortiq.models.dory import DoryModel
+    host = DoryModel(demo_file)
+    g = to_device(host, dev)
+    ids = np.random.default_rng(6).integers(0, host.vocab, 40)
+    st = g.new_state()
+    g.forward(st, ids, "none")
+    assert g.can_rollback(st, 30)
+    g.rollback(st, 30)
+    assert st.pos == 30
+    got = g.forward(st, ids[30:34], "all")
+    ref = host.forward(host.new_state(), ids[:34], "all")[30:]
+    assert _rel(got, ref) < 1e-3
+    # far beyond the sliding ring: refused in place (Session re-reads instead)
+    long = np.random.default_rng(8).integers(0, host.vocab, host.window + 66)
+    st = g.new_state()
+    g.forward(st, long, "none")
+    assert not g.can_rollback(st, 5)
+    with pytest.raises(Exception, match="cannot roll back"):
+        g.rollback(st, 5)
+
+
+def test_llm_sessions_and_chat_reuse(dev):
+    from cortiq.llm import LLM
+    cpu = LLM(device="cpu", seed=1)
+    gpu = LLM(device="gpu", seed=1)
+    assert gpu.device == "gpu" and type(gpu.model).__name__ == "GpuDoryModel"
+    kw = dict(max_tokens=8, temperature=0)
+    assert gpu.generate("def add(a, b):", **kw) == cpu.generate("def add(a, b):", **kw)
+    msgs = [{"role": "user", "content": "What is a list?"}]
+    r1 = gpu.create_chat_completion(msgs, max_tokens=4, temperature=0)
+    msgs2 = msgs + [r1["choices"][0]["message"], {"role": "user", "content": "And a dict?"}]
+    r2 = gpu.create_chat_completion(msgs2, max_tokens=4, temperature=0)   # reuses the prefix
+    c2 = cpu.create_chat_completion(msgs2, max_tokens=4, temperature=0)
+    assert r2["choices"][0]["message"]["content"] == c2["choices"][0]["message"]["content"]
+    s = gpu.session()
+    s.feed(gpu.tokenize("import os"), want="none")
+    s.rollback(1)
+    assert s.pos == 1
+
+
+# ---- errors --------------------------------------------------------------------------------
+def test_device_option_errors(monkeypatch):
+    from cortiq.gpu.device import resolve_device
+    from cortiq.llm import LLM
+    with pytest.raises(ConfigError, match="device"):
+        LLM(device="tpu")
+    monkeypatch.setenv("CORTIQ_DEVICE", "cpu")
+    assert resolve_device(None) == "cpu"
+    monkeypatch.setenv("CORTIQ_DEVICE", "nonsense")
+    with pytest.raises(ConfigError, match="device"):
+        resolve_device(None)
+
+
+def test_missing_wgpu_is_a_config_error(monkeypatch):
+    import builtins
+
+    from cortiq.gpu import device as gd
+    real = builtins.__import__
+
+    def fake(name, *a, **k):
+        if name == "wgpu":
+            raise ImportError("No module named 'wgpu'")
+        return real(name, *a, **k)
+    monkeypatch.setattr(builtins, "__import__", fake)
+    monkeypatch.setattr(gd.Device, "_shared", None)
+    with pytest.raises(ConfigError, match="cortiq\\[gpu\\]"):
+        gd.Device()
+    assert gd.resolve_device("auto") == "cpu"
+    assert gd.adapters() == []
+
+
+def test_unsupported_architecture_and_options(dev, demo_file, tmp_path):
+    from cortiq.gpu import to_device
+    from cortiq.models.dory import DoryModel
+
+    class Other:
+        arch = "deepseek_v4"
+    with pytest.raises(ConfigError, match="deepseek_v4"):
+        to_device(Other(), dev)
+    d = DoryModel(demo_file).hidden
+    router = tmp_path / "router.bin"
+    np.concatenate([[1, d], np.zeros(4 * d)]).astype("<f4").tofile(router)
+    with pytest.raises(ConfigError, match="last_loop"):
+        to_device(DoryModel(demo_file, gate="conf:0.5", kv_mode="per_loop"), dev)
+    with pytest.raises(ConfigError, match="recon early-exit gate"):
+        to_device(DoryModel(demo_file, gate=f"recon:{router}:0.0"), dev)
