@@ -392,6 +392,10 @@ class DeepseekV4Model:
 
     arch = ARCH_NAME
     supports_rollback = False
+    #: prompts run token by token, so the batch scheduler feeds at most this many
+    #: prompt tokens per step (every step of a piece is a step for the decodes too)
+    batch_unit = 1
+    batch_prefill_cap = 8
 
     def __init__(self, cmf_file, *, task=None):
         cf = self.file = cmf_file

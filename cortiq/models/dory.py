@@ -223,6 +223,13 @@ class DoryModel:
     #: general path, which tests compare it with by switching this off)
     fused_rows = True
 
+    @property
+    def batch_unit(self):
+        """The batch scheduler feeds a prompt in pieces of this many rows (forward's
+        chunks); None with the far field, whose exact tail is placed from the end of a
+        feed, so a prompt there goes in one piece."""
+        return None if self.o1rt is not None else HOST_CHUNK
+
     def __init__(self, cmf, *, loops=None, kv_mode=None, gate=None, prompt_loops=None,
                  full_window=None, o1=None, spill=None):
         self.file = cmf

@@ -231,6 +231,8 @@ class LlamaModel:
     """Weights and forward of a Llama-family file; one instance serves many sequences."""
 
     supports_rollback = True
+    #: the batch scheduler feeds a prompt in pieces of this many rows (forward's chunks)
+    batch_unit = CHUNK
 
     def __init__(self, cmf_file):
         cf = self.file = cmf_file
