@@ -42,7 +42,7 @@ import numpy as np
 
 from .. import _kernels as K
 from ..errors import ConfigError, CortiqError, FormatError
-from ..tensor import QTensor
+from ..tensor import QTensor, batch_products
 
 ARCH_NAME = "deepseek_v4"
 
@@ -712,7 +712,7 @@ class DeepseekV4Model:
                 mixes = K.hc_mixes(xs[b], self.hc_head_fn, cfg.norm_eps)
                 p = K.hc_head_pre(mixes, self.hc_head_scale, self.hc_head_base, cfg.hc_eps)
                 hs.append(K.hc_fold(xs[b], p, self.norm, cfg.norm_eps))
-            lg = self.head.matvec(hs[0])[None] if len(hs) == 1 else self.head.matmat(np.stack(hs))
+            lg = batch_products([self.head], np.stack(hs))[0]
             for j, b in enumerate(want):
                 res[b] = lg[j]
         return res
@@ -723,13 +723,13 @@ class DeepseekV4Model:
         hd, rd, W = cfg.head_dim, cfg.rope_head_dim, cfg.window
         inv = self.inv_compress if L.comp is not None else self.inv_window
         B = X.shape[0]
-        proj = [t.matmat(X) for t in L.first]
+        proj = batch_products(L.first, X)
         qr_all, kv_all = proj[0], proj[1]
         for b in range(B):
             K.rms_weighted(qr_all[b], L.q_norm, cfg.norm_eps)
             K.rms_weighted(kv_all[b], L.kv_norm, cfg.norm_eps)
-        q_all = L.wq_b.matmat(qr_all)
-        qi_all = L.indexer.wq_b.matmat(qr_all) if L.indexer is not None else None
+        q_all, *qi = batch_products([L.wq_b] + ([L.indexer.wq_b] if L.indexer else []), qr_all)
+        qi_all = qi[0] if qi else None
         mids = []
         for b in range(B):
             ls, pos, (c, s) = lss[b], poss[b], ropes[b]
@@ -770,7 +770,7 @@ class DeepseekV4Model:
             o = K.sparse_attend(q, cache.buf[: W + n_comp], idx, L.sink, hd ** -0.5)
             K.rope_interleaved_tail(o, c, s, rd, True)
             mids.append(K.grouped_rows(L.wo_a, o.reshape(-1), cfg.o_groups))
-        return L.wo_b.matmat(np.stack(mids))
+        return batch_products([L.wo_b], np.stack(mids))[0]
 
     def _moe_rows(self, L: _Layer, X, tids):
         """`_moe` for one row per sequence: the gate and the shared expert once for all
@@ -778,7 +778,7 @@ class DeepseekV4Model:
         added in `_moe`'s order (shared, then its experts as routed)."""
         cfg = self.cfg
         limit = cfg.swiglu_limit
-        logits = L.gate.matmat(X)
+        logits = batch_products([L.gate], X)[0]
         by_expert: dict = {}
         plan = []
         for b in range(X.shape[0]):
@@ -791,18 +791,18 @@ class DeepseekV4Model:
                 rows.append((b, wt))
             plan.append(terms)
         sh = L.shared
-        g, u = sh.w1.matmat(X), sh.w3.matmat(X)
+        g, u = batch_products((sh.w1, sh.w3), X)
         for b in range(X.shape[0]):
             K.swiglu_clamp(g[b], u[b], limit, 1.0)
-        out = sh.w2.matmat(g)
+        out = batch_products((sh.w2,), g)[0]
         ys = {}
         for e, rows in by_expert.items():
             ex = L.experts[e]
             xe = X[[b for b, _ in rows]]
-            g, u = ex.w1.matmat(xe), ex.w3.matmat(xe)
+            g, u = batch_products((ex.w1, ex.w3), xe)
             for j, (_, wt) in enumerate(rows):
                 K.swiglu_clamp(g[j], u[j], limit, wt)
-            ys[e] = ex.w2.matmat(g)
+            ys[e] = batch_products((ex.w2,), g)[0]
         for b, terms in enumerate(plan):
             for e, j in terms:
                 out[b] += ys[e][j]

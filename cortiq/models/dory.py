@@ -31,7 +31,7 @@ import numpy as np
 
 from .. import _kernels as K
 from ..errors import ConfigError, CortiqError
-from ..tensor import QGroup, QTensor
+from ..tensor import QGroup, QTensor, batch_products
 from .dory_config import DoryConfig, DoryOptions
 from .kv_cache import KvSlot
 from .dory_o1 import EXACT_TAIL, O1Runtime, host_kv_bytes  # o1
@@ -629,7 +629,9 @@ class DoryModel:
                     picks.append((i, sg.r0 + sg.t - 1, 1))
             if picks:
                 rows = np.concatenate([np.arange(r, r + k) for _, r, k in picks])
-                lg = self._head(h[rows] if rows.size < h.shape[0] else h)
+                lone = np.concatenate([np.full(k, k == 1) for _, _, k in picks])
+                lg = batch_products([self.head_w], h[rows], lone)[0]
+                lg *= self.logit_scale
                 j = 0
                 for i, _, k in picks:
                     outs[i].append(lg[j:j + k])
@@ -702,7 +704,8 @@ class DoryModel:
             self._block(out_block, leave, segs, h)
         if readout:
             rows = np.asarray([sg.r0 for sg in readout])
-            lg = self._head(h[rows])
+            lg = batch_products([self.head_w], h[rows])[0]
+            lg *= self.logit_scale
             for sg, row in zip(readout, lg):
                 go = top_prob(row) >= gate.threshold
                 sg.st.exits.note(go)
@@ -781,18 +784,23 @@ class DoryModel:
                 return
             else:
                 out = self._mlp(w, h)
-        elif isinstance(w, AttnWeights):
-            out = self._attn_rows(li, w, segs, h)
         else:
-            out = self._mlp(w, h)
+            lone = np.repeat(np.asarray([sg.t == 1 for sg in segs]), [sg.t for sg in segs])
+            if isinstance(w, AttnWeights):
+                out = self._attn_rows(li, w, segs, h, lone)
+            else:
+                g, u = batch_products((w.gate, w.up), h, lone)
+                K.silu_mul(g, u, w.sg, w.su)
+                justnorm(g)
+                out = batch_products((w.down,), g, lone)[0]
         slerp(h, out, w.alpha)
 
-    def _attn_rows(self, li: int, w: AttnWeights, segs, h: np.ndarray) -> np.ndarray:
+    def _attn_rows(self, li: int, w: AttnWeights, segs, h: np.ndarray, lone) -> np.ndarray:
         """`_attn` for the rows of several sequences: the projections once for all
         rows, the rest per sequence."""
         T = h.shape[0]
         nh, nk, hd = self.nh, self.nk, self.hd
-        q, k, v, g = w.q.matmat(h), w.k.matmat(h), w.v.matmat(h), w.g.matmat(h)
+        q, k, v, g = batch_products((w.q, w.k, w.v, w.g), h, lone)
         y = np.empty((T, nh * hd), np.float32)
         window = self._window[li]
         far = self.o1rt is not None and not w.sliding
@@ -815,7 +823,7 @@ class DoryModel:
                 else exact()
             y[r:r + t] = ys.reshape(t, nh * hd)
         K.gate_norm(y, g, w.sg, EPS)
-        return w.o.matmat(y)
+        return batch_products((w.o,), y, lone)[0]
 
 
 class _Seg:

@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import _kernels as K
 from ..errors import ConfigError, CortiqError, FormatError
-from ..tensor import QGroup, QTensor
+from ..tensor import QGroup, QTensor, batch_products
 from .kv_cache import KvSlot
 
 #: arch_name values this module runs (the reference engine names files by HF model_type)
@@ -429,7 +429,9 @@ class LlamaModel:
                 r0 += c.size
             if picks:
                 rows = np.concatenate([np.arange(r, r + n) for _, r, n in picks])
-                lg = self._logits(h[rows] if rows.size < h.shape[0] else h)
+                lone = np.concatenate([np.full(n, n == 1) for _, _, n in picks])
+                x = K.rmsnorm(h[rows], self.norm, self.cfg.eps)
+                lg = batch_products([self.head], x, lone)[0]
                 j = 0
                 for i, _, n in picks:
                     outs[i].append(lg[j:j + n])
@@ -453,11 +455,12 @@ class LlamaModel:
         nh, nk, hd = cfg.n_heads, cfg.n_kv, cfg.head_dim
         T = h.shape[0]
         starts = np.cumsum([0] + sizes[:-1]).tolist()
+        lone = np.repeat(np.asarray(sizes) == 1, sizes)   # one-token pieces: matvec rows
         ropes = [self.rope(st.pos, t) for st, t in zip(sts, sizes)]
         y = np.empty((T, nh * hd), np.float32)
         for li, L in enumerate(self.layers):
             a = K.rmsnorm(h, L.attn_norm, cfg.eps)
-            q, k, v = L.q.matmat(a), L.k.matmat(a), L.v.matmat(a)
+            q, k, v = batch_products((L.q, L.k, L.v), a, lone)
             for z, b in ((q, L.bq), (k, L.bk), (v, L.bv)):
                 if b is not None:
                     z += b
@@ -475,12 +478,21 @@ class LlamaModel:
                 y[r0:r0 + t] = K.attn_gqa_window(
                     qs, cache.k[:cache.n], cache.v[:cache.n], st.pos, L.window, cache.first,
                     self.attn_scale).reshape(t, nh * hd)
-            out = L.o.matmat(y)
+            out = batch_products((L.o,), y, lone)[0]
             if L.bo is not None:
                 out += L.bo
             h += out
             m = K.rmsnorm(h, L.mlp_norm, cfg.eps)
-            h += self._mlp(L, m)
+            g, u = batch_products((L.gate, L.up), m, lone)
+            if L.bg is not None:
+                g += L.bg
+            if L.bu is not None:
+                u += L.bu
+            K.silu_mul(g, u, self._ones, self._ones)
+            out = batch_products((L.down,), g, lone)[0]
+            if L.bd is not None:
+                out += L.bd
+            h += out
         for st, t in zip(sts, sizes):
             st.pos += t
             for L, cache in zip(self.layers, st.caches):
