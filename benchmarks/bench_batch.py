@@ -98,6 +98,8 @@ def bench_cortiq(path, batches, tokens, prompt_len, precision, reps):
 def llamacpp_streams(gguf, threads, batches, tokens, prompt_len, reps):
     """llama.cpp decoding B sequences in one llama_decode per step."""
     import llama_cpp as L
+    quiet = L.llama_log_callback(lambda level, text, data: None)   # kept alive below
+    L.llama_log_set(quiet, ctypes.c_void_p(0))
     L.llama_backend_init()
     mp = L.llama_model_default_params()
     model = L.llama_model_load_from_file(gguf.encode(), mp)
@@ -158,6 +160,7 @@ def llamacpp_streams(gguf, threads, batches, tokens, prompt_len, reps):
                   f"{best[1]:.2f}", flush=True)
     finally:
         L.llama_model_free(model)
+    del quiet
     return out
 
 

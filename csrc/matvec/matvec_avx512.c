@@ -744,6 +744,7 @@ static void mm_decode_sc(const cq_qmat *m, size_t r, size_t c0, size_t c1, float
  * not bitwise. f32 and q8_row with a float32 x; the rest keep matvec's rows. */
 #define CQ_HAVE_ROWS_MULTI
 #define CQ_MULTI 8
+#define CQ_MULTI_PF 16384
 static int rows_multi_takes(const cq_qmat *m) {
     return m->dtype == CQ_DT_F32 || m->dtype == CQ_DT_Q8_ROW;
 }
@@ -758,9 +759,11 @@ static inline __attribute__((always_inline)) void multi_pair(const cq_qmat *m, i
     const uint8_t *p0 = m->data + r * cols * eb, *p1 = m->data + (r + dr) * cols * eb;
     __m512 a0[CQ_MULTI], a1[CQ_MULTI];
     for (size_t k = 0; k < J; k++) a0[k] = a1[k] = _mm512_setzero_ps();
-    /* The rows two pairs ahead, fetched while this pair computes: the claim is read
-     * as one stream, which alone leaves most of the memory parallelism unused. */
-    const uint8_t *pf = m->data + (r + 4) * cols * eb, *pf_end = m->data + m->rows * cols * eb;
+    /* The rows about CQ_MULTI_PF bytes ahead, fetched while this pair computes: the
+     * claim is read as one stream, which alone leaves most of the memory parallelism
+     * unused (and a pair of few inputs is done before a plain miss would return). */
+    const size_t ahead = cols * eb >= CQ_MULTI_PF / 4 ? 4 : (CQ_MULTI_PF / (cols * eb) + 1) & ~(size_t)1;
+    const uint8_t *pf = m->data + (r + ahead) * cols * eb, *pf_end = m->data + m->rows * cols * eb;
     for (size_t c = 0; c < cv; c += 16) {
         if (pf + 2 * cols * eb <= pf_end) {
             _mm_prefetch((const char *)(pf + c * eb), _MM_HINT_T0);
