@@ -178,7 +178,11 @@ class Scheduler:
         budget = self.prefill_chunk
         decoding = any(not r.todo for r in live)
         batch, ids, wants = [], [], []
+        held = set()
         for r in live:
+            if id(r.session) in held:       # two requests on one caller's session:
+                continue                    # one token each, in turn
+            held.add(id(r.session))
             if r.todo:
                 unit = getattr(r.session.model, "batch_unit", 1)
                 if unit is None:            # the model reads a prompt in one piece

@@ -296,3 +296,13 @@ def test_server_batches_streamed_chats(files):
     del httpx
     llm.close()
     ref.close()
+
+
+def test_two_requests_on_one_session_take_turns(files):
+    llm = cortiq.LLM(files["llama", "f32"], max_batch=4)
+    s = llm.session()
+    jobs = [lambda llm: llm.generate([5, 6], max_tokens=4, temperature=0, session=s),
+            lambda llm: llm.generate([7], max_tokens=4, temperature=0)]
+    got, errs = _concurrent(llm, jobs * 2)
+    assert errs == [None] * 4 and all(isinstance(g, str) for g in got)
+    llm.close()
