@@ -39,6 +39,7 @@ import warnings
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+_QUIET = None           # llama.cpp's log callback, once set
 sys.path.insert(0, HERE)
 
 import cortiq  # noqa: E402
@@ -98,8 +99,9 @@ def bench_cortiq(path, batches, tokens, prompt_len, precision, reps):
 def llamacpp_streams(gguf, threads, batches, tokens, prompt_len, reps):
     """llama.cpp decoding B sequences in one llama_decode per step."""
     import llama_cpp as L
-    quiet = L.llama_log_callback(lambda level, text, data: None)   # kept alive below
-    L.llama_log_set(quiet, ctypes.c_void_p(0))
+    global _QUIET   # llama.cpp keeps the pointer: the callback must outlive every later call
+    _QUIET = L.llama_log_callback(lambda level, text, data: None)
+    L.llama_log_set(_QUIET, ctypes.c_void_p(0))
     L.llama_backend_init()
     mp = L.llama_model_default_params()
     model = L.llama_model_load_from_file(gguf.encode(), mp)
@@ -160,7 +162,6 @@ def llamacpp_streams(gguf, threads, batches, tokens, prompt_len, reps):
                   f"{best[1]:.2f}", flush=True)
     finally:
         L.llama_model_free(model)
-    del quiet
     return out
 
 
@@ -262,6 +263,11 @@ def main():
             print(f"  peer: llama.cpp on {gguf} ({BL.weight_bytes_gguf(gguf) / 1e9:.3f} GB "
                   "of weights per token)", flush=True)
             peer = llamacpp_streams(gguf, a.threads, a.batches, a.tokens, a.prompt, a.reps)
+            # one sequence through the high-level Llama class, as bench_decode.py runs it
+            rng = np.random.default_rng(0)
+            p1 = [int(t) for t in rng.integers(300, g["vocab"], a.prompt)]
+            one = BL.bench_llamacpp(gguf, a.threads, p1, a.tokens, p1)[0]
+            print(f"    llama.cpp, one sequence (Llama.eval): {one:.2f} tok/s", flush=True)
         except ImportError as e:
             print(f"  llama.cpp peer skipped: {e}")
     print("\n| model | precision | B | aggregate tok/s | per-stream tok/s | vs B=1 | "
