@@ -306,3 +306,17 @@ def test_two_requests_on_one_session_take_turns(files):
     got, errs = _concurrent(llm, jobs * 2)
     assert errs == [None] * 4 and all(isinstance(g, str) for g in got)
     llm.close()
+
+
+def test_cli_max_batch(files, capsys, monkeypatch):
+    from cortiq.cli import main
+    assert main(["run", files["llama", "f32"], "-p", "w5 w6", "--greedy", "-n", "3",
+                 "--max-batch", "2"]) == 0
+    assert main(["run", files["llama", "f32"], "-p", "w5", "-n", "2", "--max-batch", "0"]) == 1
+    assert "max_batch" in capsys.readouterr().err
+    seen = {}
+    import cortiq.server
+    monkeypatch.setattr(cortiq.server, "serve", lambda llm, *a, **k: seen.update(
+        batch=llm.max_batch, conc=k["max_concurrency"]) or 0)
+    assert main(["serve", files["llama", "f32"], "--max-concurrency", "3"]) == 0
+    assert seen == {"batch": 3, "conc": 3}
