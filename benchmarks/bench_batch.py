@@ -42,8 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 _QUIET = None           # llama.cpp's log callback, once set
 sys.path.insert(0, HERE)
 
-import cortiq  # noqa: E402
-
+import cortiq
 
 # ---------------------------------------------------------------- cortiq
 
@@ -126,7 +125,7 @@ def llamacpp_streams(gguf, threads, batches, tokens, prompt_len, reps):
                     rng = np.random.default_rng(r)
                     prompts = [rng.integers(300, n_vocab, prompt_len).tolist() for _ in range(B)]
 
-                    def fill(items):
+                    def fill(items, batch=batch):
                         batch.n_tokens = len(items)
                         for k, (tok, pos, seq, want) in enumerate(items):
                             batch.token[k] = tok
@@ -135,7 +134,7 @@ def llamacpp_streams(gguf, threads, batches, tokens, prompt_len, reps):
                             batch.seq_id[k][0] = seq
                             batch.logits[k] = want
 
-                    def greedy(k):
+                    def greedy(k, ctx=ctx):
                         p = L.llama_get_logits_ith(ctx, k)
                         return int(np.argmax(np.ctypeslib.as_array(
                             ctypes.cast(p, ctypes.POINTER(ctypes.c_float)), (n_vocab,))))
@@ -171,6 +170,7 @@ def server_clients(path, threads, n_clients, tokens, precision, max_batch):
     """n_clients concurrent streamed chat completions against the server app:
     (aggregate tok/s over the whole run, mean time to first token in s)."""
     from starlette.testclient import TestClient
+
     from cortiq.server import create_app
     warnings.simplefilter("ignore", RuntimeWarning)
     llm = cortiq.LLM(path, precision=precision, max_batch=max_batch, n_ctx=4096)
@@ -184,9 +184,9 @@ def server_clients(path, threads, n_clients, tokens, precision, max_batch):
                 "stream_options": {"include_usage": True}, "logit_bias": eos}
         with c.stream("POST", "/v1/chat/completions", json=body) as r:
             for line in r.iter_lines():
-                if line.startswith("data: {") and not ttft[i]:
-                    if '"content": ""' not in line and '"content"' in line:
-                        ttft[i] = time.perf_counter() - t_start
+                if line.startswith("data: {") and not ttft[i] and '"content"' in line \
+                        and '"content": ""' not in line:
+                    ttft[i] = time.perf_counter() - t_start
                 if '"usage": {' in line and '"completion_tokens"' in line:
                     import json
                     u = json.loads(line[6:]).get("usage")
@@ -251,8 +251,8 @@ def main():
     peer = None
     if not a.no_peer:
         try:
-            import llama_cpp  # noqa: F401
             import _bench_llama as BL
+            import llama_cpp  # noqa: F401
             g = dict(BL.GEOMETRY)
             gguf = os.path.join(cache, f"llama-{g['hidden']}-{g['layers']}-{g['ffn']}-"
                                        f"{g['vocab']}-q8_0.gguf")

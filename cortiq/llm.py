@@ -45,9 +45,9 @@ import numpy as np
 
 from . import cmf as _cmf
 from ._config import check_precision, get_precision, preload_default, set_num_threads
+from .batch import feed_batch as _feed_batch
 from .chat import ChatTemplate
 from .errors import ConfigError, FormatError, ModelError
-from .batch import feed_batch as _feed_batch
 from .generation import Generation, Result, check_finite
 from .sampling import SamplingParams
 from .scheduler import Request, Scheduler

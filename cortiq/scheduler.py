@@ -26,7 +26,7 @@ import time
 from .batch import feed_batch
 from .errors import CortiqError
 
-__all__ = ["Scheduler", "Request"]
+__all__ = ["Request", "Scheduler"]
 
 IDLE_EXIT_S = 2.0        # an idle scheduler thread exits after this long
 _END = object()

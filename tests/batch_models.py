@@ -70,8 +70,9 @@ def write_llama(path, quant="f32", seed=0):
 
 
 def write_dory(dirpath, quant="f32", seed=0, **params):
-    from cortiq.convert import from_hf
     from reference import hf_tiny
+
+    from cortiq.convert import from_hf
     os.makedirs(dirpath, exist_ok=True)
     hf = os.path.join(dirpath, "hf")
     hf_tiny.build(hf, seed=seed, window=3, dtype="bf16", **params)

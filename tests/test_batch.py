@@ -22,8 +22,8 @@ from cortiq.errors import ConfigError, CortiqError, ModelError
 from cortiq.session import Session
 
 sys.path.insert(0, os.path.dirname(__file__))
-import batch_models as BM  # noqa: E402
-from reference.dsv4_toy import write_toy  # noqa: E402
+import batch_models as BM
+from reference.dsv4_toy import write_toy
 
 REL = 1e-5
 LENS = [1, 5, 70, 130, 3, 40, 2, 9, 66]       # B = 9; the 70/130/66 cross a chunk
@@ -89,9 +89,9 @@ def test_batch_sizes(files, arch, b):
 
 
 @pytest.mark.parametrize("opts", [
-    dict(kv_mode="last_loop"), dict(kv_mode="last_loop", prompt_loops=1),
-    dict(loops=3, full_window=5), dict(kv_mode="last_loop", gate="conf:0.2"),
-    dict(o1="4,2,1,24")], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+    {"kv_mode": "last_loop"}, {"kv_mode": "last_loop", "prompt_loops": 1},
+    {"loops": 3, "full_window": 5}, {"kv_mode": "last_loop", "gate": "conf:0.2"},
+    {"o1": "4,2,1,24"}], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
 def test_dory_options(files, opts):
     m = _model(files, "dory", "f32", **opts)
     ss, ref = _check_model(m, [1, 5, 70, 3, 40, 2], n_dec=6)
@@ -268,6 +268,7 @@ def test_server_batches_streamed_chats(files):
     pytest.importorskip("starlette")
     import httpx
     from starlette.testclient import TestClient
+
     from cortiq.server import create_app
     llm = cortiq.LLM(files["llama", "q8_row"], max_batch=8)
     ref = cortiq.LLM(files["llama", "q8_row"], max_batch=1)

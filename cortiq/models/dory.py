@@ -829,8 +829,8 @@ class DoryModel:
 class _Seg:
     """One sequence's rows in a batched step: h[r0 : r0 + t] of the step (r: where they
     sit in the array a sub-layer is given), at pass `loop`."""
-    __slots__ = ("i", "st", "r0", "t", "pos0", "loops", "ropes", "loop", "r", "early",
-                 "readout")
+    __slots__ = ("early", "i", "loop", "loops", "pos0", "r", "r0", "readout", "ropes", "st",
+                 "t")
 
     def __init__(self, i, st, r0, t, loops):
         self.i, self.st, self.r0, self.t, self.pos0, self.loops = i, st, r0, t, st.pos, loops
