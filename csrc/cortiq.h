@@ -190,6 +190,12 @@ typedef struct cq_matvec_ops {
     /* out[j] = row r0+j dotted with x for j < nr, on the calling thread only (for use
      * inside a caller's parallel region); x prepared once; bit-identical to matvec. */
     cq_status (*rows_dot)(const cq_qmat *m, size_t r0, size_t nr, const float *x, float *out);
+    /* t inputs X[t, cols] against n matrices sharing cols: ys[i][j * rows_i + r] =
+     * (ms[i] X[j])[r], with the weights streamed once for all t (several sequences'
+     * decode rows in one pass). Bit-identical to matvec_many per input for t == 1, for
+     * int8 activations and in tables without a multi-input row kernel; else equal to
+     * it within float32 rounding (matvec_drivers.h: CQ_HAVE_ROWS_MULTI). */
+    cq_status (*matvec_batch)(const cq_qmat *ms, size_t n, const float *X, size_t t, float *const *ys);
 } cq_matvec_ops;
 
 /* Benchmark probe: sum of the buffer's 64-bit words over `threads` threads, each

@@ -330,6 +330,169 @@ static cq_status drv_matvec(const cq_qmat *m, const float *x, float *y) {
     return drv_matvec_many(m, 1, x, &y);
 }
 
+/* matvec_batch: t inputs against n matrices, ys[i][j * rows_i + r] = (ms[i] X[j])[r],
+ * with the weights streamed from memory once for all t: a thread claims about
+ * CQ_CLAIM_BYTES of rows and runs every input over them while they sit in its cache.
+ * This is the decode step of several sequences at once (continuous batching), where
+ * matmat's register tiles would be mostly padding. Each x is read as matvec_many
+ * reads it, so rows are bit-identical to the matvec of that input -- except where the
+ * table defines CQ_HAVE_ROWS_MULTI: rows_multi_takes(m), rows_multi(m, r0, nr, xs, t,
+ * Y, ldy) decodes each weight once for all inputs (float32 x only, t > 1), equal to
+ * matvec within float32 rounding. */
+#ifndef CQ_HAVE_ROWS_MULTI
+static int rows_multi_takes(const cq_qmat *m) {
+    (void)m;
+    return 0;
+}
+static void rows_multi(const cq_qmat *m, size_t r0, size_t nr, const float *const *xs, size_t t, float *Y,
+                       size_t ldy) {
+    (void)m, (void)r0, (void)nr, (void)xs, (void)t, (void)Y, (void)ldy;
+}
+#endif
+
+static void drv_rows_batch(const cq_qmat *m, const drv_x *xv, size_t t, float *Y, drv_share *s,
+                           size_t parts, size_t slot, const float *const *multi) {
+    size_t per = 1;
+    if (m->rows) {
+        const size_t pos_bytes = m->nbytes / m->rows * s[0].streams, grain = rows_grain(m);
+        per = pos_bytes >= CQ_CLAIM_BYTES ? 1 : CQ_CLAIM_BYTES / (pos_bytes ? pos_bytes : 1);
+        per = (per + grain - 1) / grain * grain;
+    }
+    for (size_t k = 0; k < parts; k++) {
+        drv_share *sh = &s[(slot + k) % parts];
+        for (;;) {
+            const size_t a = drv_claim(sh, per);
+            if (a >= sh->end) break;
+            const size_t nr = sh->end - a < per ? sh->end - a : per;
+            if (multi) { /* plain rows (one stream), every input at once */
+                rows_multi(m, a, nr, multi, t, Y, m->rows);
+                continue;
+            }
+            for (size_t j = 0; j < t; j++) {
+                float *y = Y + j * m->rows;
+#if CQ_ROW_STREAMS > 1
+                if (sh->streams > 1) {
+                    drv_lanes(m, xv[j].xp, sh, a, a + nr, y, 0);
+                    continue;
+                }
+#endif
+                drv_dot_rows(m, a, nr, xv[j], y + a);
+            }
+        }
+    }
+}
+
+typedef struct {
+    const cq_qmat *ms;
+    size_t n, t;
+    const drv_x *xv; /* [n][t] */
+    float *const *ys;
+    drv_share *shares;
+    size_t parts;
+    const float *const *const *multi; /* per matrix: its inputs for rows_multi, or NULL */
+} mvb_job;
+
+static void mvb_slot(void *arg, size_t slot, size_t nslots) {
+    const mvb_job *j = (const mvb_job *)arg;
+    (void)nslots;
+    for (size_t i = 0; i < j->n; i++)
+        drv_rows_batch(&j->ms[i], j->xv + i * j->t, j->t, j->ys[i], j->shares + i * j->parts, j->parts, slot,
+                       j->multi[i]);
+}
+
+static cq_status drv_matvec_batch(const cq_qmat *ms, size_t n, const float *X, size_t t, float *const *ys) {
+    if (n == 0 || t == 0) return CQ_OK;
+    for (size_t i = 0; i < n; i++) {
+        cq_status st = drv_check(&ms[i]);
+        if (st != CQ_OK) return st;
+        if (ms[i].cols != ms[0].cols) return CQ_ERR_SHAPE;
+    }
+    const size_t cols = ms[0].cols, fbytes = up_align(cols * sizeof(float));
+    size_t total = 0, nprep = 0;
+    int any_i8 = 0;
+    x_kind *kinds = (x_kind *)malloc(n * sizeof(*kinds));
+    drv_x *xv = (drv_x *)malloc(n * t * sizeof(*xv));
+    drv_x *one = (drv_x *)calloc(n, sizeof(*one));
+    const float **xps = (const float **)malloc(t * sizeof(*xps)); /* each plain x, for rows_multi */
+    if (!kinds || !xv || !one || !xps) {
+        free(xps);
+        free(kinds);
+        free(xv);
+        free(one);
+        return CQ_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) { /* each kind read once: the int8 switch may flip */
+        total += ms[i].rows * ms[i].cols;
+        kinds[i] = x_kind_of(&ms[i]);
+        if (kinds[i] == X_PREP) nprep++;
+        if (kinds[i] == X_I8) any_i8 = 1;
+    }
+    /* per input: [aligned copy][prepared x per X_PREP matrix][quantized x per family] */
+    const size_t i8b = any_i8 ? i8_many_bytes(ms, n) : 0, per_x = fbytes * (nprep + 1) + up_align(i8b);
+    void *raw = NULL;
+    uint8_t *buf = (uint8_t *)aligned_floats(t * per_x / sizeof(float) + 1, &raw);
+    const int par = total * t >= CQ_PAR_MIN;
+    const size_t parts = par ? (size_t)cq_get_num_threads() : 1;
+    drv_share *shares = (drv_share *)malloc(n * parts * sizeof(drv_share));
+    if (!buf || !shares) {
+        free(xps);
+        free(raw);
+        free(shares);
+        free(kinds);
+        free(xv);
+        free(one);
+        return CQ_ERR_NOMEM;
+    }
+    for (size_t j = 0; j < t; j++) {
+        const float *x = X + j * cols;
+        uint8_t *next = buf + j * per_x;
+        const float *xa = x;
+        if (x_misaligned(x)) {
+            memcpy(next, x, cols * sizeof(float));
+            xa = (const float *)next;
+        }
+        xps[j] = xa;
+        next += fbytes;
+        if (any_i8) i8_many_build(ms, n, x, next + fbytes * nprep, one);
+        for (size_t i = 0; i < n; i++) {
+            drv_x *d = &xv[i * t + j];
+            d->xp = xa;
+            d->q = one[i].q;
+            d->xq = kinds[i] == X_I8 ? &d->q : NULL;
+            if (kinds[i] == X_PREP) {
+                prep_x(&ms[i], x, (float *)next);
+                d->xp = (const float *)next;
+                next += fbytes;
+            }
+        }
+    }
+    const float *const **multi = (const float *const **)calloc(n, sizeof(*multi));
+    if (!multi) {
+        free(xps);
+        free(raw);
+        free(shares);
+        free(kinds);
+        free(xv);
+        free(one);
+        return CQ_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const int many = t > 1 && kinds[i] == X_PLAIN && rows_multi_takes(&ms[i]);
+        multi[i] = many ? xps : NULL;
+        drv_shares_init(&ms[i], shares + i * parts, parts, many ? 1 : drv_streams(&ms[i], kinds[i] == X_I8));
+    }
+    mvb_job job = {ms, n, t, xv, ys, shares, parts, multi};
+    cq_pool_run(parts, mvb_slot, &job);
+    free(xps);
+    free(multi);
+    free(shares);
+    free(raw);
+    free(kinds);
+    free(xv);
+    free(one);
+    return CQ_OK;
+}
+
 /* One matmat call as pool work: each slot decodes blocks of CQ_MM_ROWS rows, claimed
  * from `next`, into its own scratch (allocated on the slot's first block, kept for the
  * call). With int8 activations (qx set) every block takes all t inputs at once. */
@@ -525,6 +688,6 @@ static cq_status drv_row_dot(const cq_qmat *m, size_t r, const float *x, float *
 
 #define CQ_MATVEC_OPS(name) \
     const cq_matvec_ops name = {drv_matvec, drv_matvec_many, drv_matmat, drv_dequant_rows, drv_row_dot, \
-                                drv_rows_dot}
+                                drv_rows_dot, drv_matvec_batch}
 
 #endif

@@ -32,6 +32,10 @@ def _add_model_options(p):
                         "(integer products), auto (int8 for 4-bit-and-below weights, and "
                         "for q8 weights in prompts; decode exact for q8); "
                         "default: CORTIQ_PRECISION, else auto")
+    p.add_argument("--max-batch", type=int, default=None, metavar="N",
+                   help="concurrent generations that share one forward (continuous "
+                        "batching; 1: each on its own); default 8 (serve: "
+                        "--max-concurrency)")
 
 
 def _add_sampling_options(p):
@@ -65,6 +69,8 @@ def _skill(spec):
 
 def _open(args, **kw):
     from .llm import LLM
+    if getattr(args, "max_batch", None) is not None:
+        kw.setdefault("max_batch", args.max_batch)
     return LLM(args.model, n_threads=args.threads, skill=_skill(args.skill), task=args.task,
                n_ctx=args.n_ctx, preload=args.preload, precision=args.precision,
                device=args.device, **kw)
@@ -369,7 +375,9 @@ def cmd_serve(args) -> int:
     if args.preload is None:  # a server loads once and decodes for long: copy by default
         from ._config import preload_default
         args.preload = preload_default(long_running=True)
-    llm = _open(args, seed=args.seed, max_sessions=args.max_sessions)
+    # the generations the server runs at once are the batch the scheduler forms
+    batch = args.max_batch if args.max_batch is not None else max(args.max_concurrency, 1)
+    llm = _open(args, seed=args.seed, max_sessions=args.max_sessions, max_batch=batch)
     try:
         cut = serve(llm, args.host, args.port, max_concurrency=args.max_concurrency,
                     max_queue=args.max_queue, graceful_timeout=args.graceful_timeout,
@@ -482,7 +490,8 @@ def add_subcommands(sub) -> None:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("--seed", type=int, default=None, help="default sampling seed")
-    s.add_argument("--max-concurrency", type=int, default=2, help="generations at once")
+    s.add_argument("--max-concurrency", type=int, default=8,
+                   help="generations at once (batched into one forward per step)")
     s.add_argument("--max-queue", type=int, default=8, help="requests waiting (then 429)")
     s.add_argument("--max-sessions", type=int, default=8, help="idle KV sessions kept")
     s.add_argument("--max-prompt-tokens", type=int, default=None,

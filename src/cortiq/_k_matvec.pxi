@@ -288,6 +288,59 @@ def matvec_many(list mats, x, outs=None):
     return res
 
 
+def matvec_batch(list mats, X, outs=None):
+    """[stack([M.matvec(x) for x in X]) for M in mats]: every row of X [t, cols] against
+    every matrix (same cols), bit-identical to the matvecs, with each matrix's weights
+    streamed once for all t rows (the decode rows of several sequences). Returns the
+    list of outputs, [t, M.rows] each."""
+    cdef size_t n = len(mats), i
+    if n == 0:
+        return []
+    cdef QMat q0 = mats[0]
+    cdef cnp.ndarray xa = _f32(X, "matvec_batch", "X")
+    if xa.ndim != 2 or <size_t>xa.shape[1] != q0.cols:
+        raise ValueError(f"matvec_batch: X must have shape (t, {q0.cols}), got {(<object>xa).shape}")
+    cdef size_t t = xa.shape[0]
+    if outs is not None and len(outs) != n:
+        raise ValueError(f"matvec_batch: {len(outs)} outputs for {n} matrices")
+    cdef QMat q
+    cdef cnp.ndarray oa
+    res = []
+    for i in range(n):
+        q = mats[i]
+        if q.cols != q0.cols:
+            raise ValueError(f"matvec_batch: matrix {i} has {q.cols} cols, matrix 0 has {q0.cols}")
+        if outs is None or outs[i] is None:
+            oa = np.empty((t, q.rows), np.float32)
+        else:
+            oa = _f32(outs[i], "matvec_batch", f"outs[{i}]")
+            _writable(oa, "matvec_batch", f"outs[{i}]")
+            if (<object>oa).shape != (t, q.rows):
+                raise ValueError(f"matvec_batch: outs[{i}] must have shape ({t}, {q.rows})")
+            if _shares(oa, xa):
+                raise ValueError(f"matvec_batch: outs[{i}] must not overlap X")
+        res.append(oa)
+    cdef cq_qmat *ms = <cq_qmat *>malloc(n * sizeof(cq_qmat))
+    cdef float **ys = <float **>malloc(n * sizeof(float *))
+    if ms == NULL or ys == NULL:
+        free(ms)
+        free(ys)
+        raise MemoryError("matvec_batch")
+    for i in range(n):
+        q = mats[i]
+        q._sync()
+        ms[i] = q.m
+        ys[i] = <float *>cnp.PyArray_DATA(<cnp.ndarray>res[i])
+    cdef const float *px = <const float *>cnp.PyArray_DATA(xa)
+    cdef cq_status st
+    with nogil:
+        st = cq_active().matvec.matvec_batch(ms, n, px, t, ys)
+    free(ms)
+    free(ys)
+    check(st, "matvec_batch")
+    return res
+
+
 def read_sum(buf, int threads=1, int streams=1):
     """Benchmark probe: sum of the uint64 words of a uint8 buffer on `threads` threads,
     each reading its part as `streams` (1..8) streams side by side (reads every byte

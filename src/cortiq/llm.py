@@ -46,10 +46,12 @@ import numpy as np
 
 from . import cmf as _cmf
 from ._config import check_precision, get_precision, preload_default, set_num_threads
+from .batch import feed_batch as _feed_batch
 from .chat import ChatTemplate
 from .errors import ConfigError, FormatError
 from .generation import Generation, Options, Result, TokenLogprob, check_finite, log_softmax
 from .sampling import SamplingParams
+from .scheduler import Request, Scheduler
 from .session import Session
 from .stopping import normalize_stop
 from .tensor import set_model_precision
@@ -60,6 +62,7 @@ __all__ = ["LLM"]
 
 DEFAULT_MAX_TOKENS = 256          # upstream's `run -n` default
 DEFAULT_MAX_CTX = 32768           # upstream's max_seq_len cap (CMF_MAX_SEQ default)
+DEFAULT_MAX_BATCH = 8             # concurrent generations that share one forward
 _SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
                   "presence_penalty", "frequency_penalty", "logit_bias", "suppress_tokens",
                   "seed")
@@ -78,7 +81,7 @@ class LLM:
 
     `LLM(path, *, n_threads=None, seed=None, chat_template=None, skill=None, task=None,
     n_ctx=None, max_sessions=4, preload=None, verify="lazy", precision=None,
-    **model_options)`; model options are the
+    max_batch=8, **model_options)`; model options are the
     architecture's keyword options (for Dory: loops, kv_mode, ...). `seed` is the
     default sampling seed of every call (None: fresh entropy per call). `preload=True`
     copies the file into anonymous (huge-page) memory instead of mapping it, see
@@ -93,6 +96,9 @@ class LLM:
     a hardware adapter answers, else the CPU); None reads CORTIQ_DEVICE (default "cpu").
     Logits that are not finite (NaN/inf: a damaged file or a broken model) raise
     `ModelError` naming the position instead of sampling garbage.
+    `max_batch`: how many concurrent generations (threads, the server) share one
+    forward (continuous batching, `cortiq.scheduler`): each step reads the weights once
+    for all of them; 1 runs every call on its own thread as before.
     `LLM.from_model(model, tokenizer=...)` wraps a model object that is already built;
     `LLM.from_pretrained(dir_or_file)` converts a checkpoint or GGUF file on first use.
     """
@@ -102,8 +108,9 @@ class LLM:
                  task: str | None = None, n_ctx: int | None = None, max_sessions: int = 4,
                  preload: bool | None = None, verify: str = "lazy",
                  precision: str | None = None, device: str | None = None,
-                 **model_options):
+                 max_batch: int = DEFAULT_MAX_BATCH, **model_options):
         self._precision = check_precision(precision)
+        self._check_batch(max_batch)
         from .gpu.device import resolve_device
         self.device = resolve_device(device)
         if path is None:  # the bundled demo model (src/cortiq/demo.py)
@@ -143,7 +150,8 @@ class LLM:
             tok = self._open_tokenizer()
             name = os.path.splitext(os.path.basename(self.path))[0]
             max_pos = self.file.arch.get("max_position_embeddings")
-            self._setup(model, tok, chat_template, seed, name, n_ctx, max_sessions, max_pos)
+            self._setup(model, tok, chat_template, seed, name, n_ctx, max_sessions, max_pos,
+                        max_batch)
         except BaseException:
             self.file.close()
             raise
@@ -181,7 +189,8 @@ class LLM:
     def from_model(cls, model, *, tokenizer, tokenizer_config: Mapping | None = None,
                    chat_template: str | None = None, seed: int | None = None,
                    name: str = "model", n_ctx: int | None = None,
-                   max_sessions: int = 4, precision: str | None = None) -> LLM:
+                   max_sessions: int = 4, precision: str | None = None,
+                   max_batch: int = DEFAULT_MAX_BATCH) -> LLM:
         """An LLM over a model object that implements the protocol of `cortiq.session`
         (new_state, forward, rollback, can_rollback, vocab, arch, supports_rollback).
         `tokenizer`: a `cortiq.tokenizer.Tokenizer`, a `tokenizers.Tokenizer`, the bytes
@@ -189,6 +198,7 @@ class LLM:
         self = cls.__new__(cls)
         self._precision = check_precision(precision)
         self.device = "cpu"
+        cls._check_batch(max_batch)
         set_model_precision(model, self._precision)
         self.path = None
         self.file = None  # type: ignore[assignment]  # no file behind a built model
@@ -198,10 +208,17 @@ class LLM:
         if not isinstance(tokenizer, Tokenizer):
             tokenizer = Tokenizer(tokenizer, tokenizer_config)
         self._setup(model, tokenizer, chat_template, seed, name, n_ctx, max_sessions,
-                    getattr(model, "max_seq_len", None))
+                    getattr(model, "max_seq_len", None), max_batch)
         return self
 
-    def _setup(self, model, tok, chat_template, seed, name, n_ctx, max_sessions, max_pos):
+    @staticmethod
+    def _check_batch(max_batch) -> None:
+        if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) \
+                or max_batch < 1:
+            raise ConfigError(f"max_batch: expected an integer >= 1, got {max_batch!r}")
+
+    def _setup(self, model, tok, chat_template, seed, name, n_ctx, max_sessions, max_pos,
+               max_batch=1):
         self.model = model
         self.tokenizer = tok
         self.model_name = name
@@ -226,6 +243,8 @@ class LLM:
         self.max_sessions = max_sessions
         self._idle: list[Session] = []
         self._lock = threading.Lock()
+        self.max_batch = int(max_batch)
+        self._scheduler = Scheduler(self.max_batch) if self.max_batch > 1 else None
 
     # -- models and skills ------------------------------------------------------------
     def _build_model(self, overlay):
@@ -364,6 +383,21 @@ class LLM:
             m = self._models.get(skill) or self._build_model(skill)
         return Session(m)
 
+    def feed_batch(self, sessions, ids_per_session, want="last") -> list:
+        """Feed several sessions of this LLM in one forward: `ids_per_session[i]` to
+        `sessions[i]` (lengths may differ: one session prefilling a chunk while others
+        decode a token). Each weight matrix is read once for the rows of all of them;
+        attention and the per-session state run per session. `want`: "none", "last"
+        or "all" (or one per session). Returns one result per session, as
+        `Session.feed` returns it: None, the last row of logits [vocab], or [n_i, vocab]."""
+        sessions = list(sessions)
+        mine = {id(m) for m in self._models.values()}
+        for s in sessions:
+            if isinstance(s, Session) and id(s.model) not in mine:
+                raise ConfigError("feed_batch: a session of another model; sessions must "
+                                  "come from this LLM (llm.session())")
+        return _feed_batch(sessions, ids_per_session, want)
+
     def _checkout(self, model, ids) -> Session:
         with self._lock:
             best, best_n = None, -1
@@ -417,6 +451,10 @@ class LLM:
         if own:
             model, res.skill = self._model_for(ids)
             session = self._checkout(model, ids)
+        if self._scheduler is not None:
+            yield from self._generate_batched(ids, params, limit, stop, session, own, res,
+                                              cancel, options)
+            return
         try:
             t0 = time.perf_counter()
             res.prompt_tokens = len(ids)
@@ -443,6 +481,28 @@ class LLM:
         finally:
             if own:
                 self._checkin(session)
+
+    def _generate_batched(self, ids, params, limit, stop, session, own, res: Result,
+                          cancel, options: Options | None = None) -> Iterator[str]:
+        """`_generate` through the scheduler: this thread keeps the prefix the session
+        holds, the scheduler thread runs the rest with the other requests."""
+        release = self._checkin if own else None
+        res.prompt_tokens = len(ids)
+        if cancel is not None and cancel.is_set():
+            res.finish_reason = "cancelled"
+            if release is not None:
+                release(session)
+            return
+        try:
+            res.cached_tokens = session.prepare(ids)
+            gen = Generation(self.tokenizer, ids, params, limit, stop, res, options)
+            req = self._scheduler.submit(Request(session, gen, ids[res.cached_tokens:], res,
+                                                 cancel, release))
+        except BaseException:
+            if release is not None:
+                release(session)
+            raise
+        yield from req.pieces()
 
     def _run(self, prompt, max_tokens, stop, session, sampling, kw, cancel=None,
              options: Options | None = None):
@@ -719,6 +779,8 @@ class LLM:
         return chunks()
 
     def close(self) -> None:
+        if getattr(self, "_scheduler", None) is not None:
+            self._scheduler.close()
         with self._lock:
             self._idle.clear()
         if self.file is not None:

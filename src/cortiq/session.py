@@ -57,6 +57,16 @@ class Session:
         what the session already held (the longest common prefix, capped so that at
         least the last id is run) instead of being read again."""
         ids = [int(i) for i in np.asarray(ids, dtype=np.int64).ravel()]
+        keep = self.prepare(ids, reuse)
+        logits = self.feed(ids[keep:], want="last")
+        return keep, cast(np.ndarray, logits)
+
+    def prepare(self, ids, reuse: bool = True) -> int:
+        """The first half of `prefill`: keep the longest common prefix of what the
+        session holds and `ids` (at least the last id is left to run), forget the rest,
+        and return how many ids are kept; the caller then feeds `ids[kept:]` (at once or
+        in pieces)."""
+        ids = [int(i) for i in np.asarray(ids, dtype=np.int64).ravel()]
         if not ids:
             raise CortiqError("empty prompt: nothing to generate from")
         keep = min(self.common_prefix(ids), len(ids) - 1) if reuse else 0
@@ -66,8 +76,7 @@ class Session:
                 keep = 0
             else:
                 self.rollback(keep)
-        logits = self.feed(ids[keep:], want="last")
-        return keep, cast(np.ndarray, logits)
+        return keep
 
     def feed(self, ids: Sequence[int] | np.ndarray, want: str = "last") -> np.ndarray | None:
         """Run `ids` after what the session holds. Returns None, the last row of logits
@@ -79,17 +88,20 @@ class Session:
             if arr.size == 0:
                 return None if want == "none" else (
                     np.zeros((0, self._model.vocab), np.float32) if want == "all" else self._last)
-            out = self._model.forward(self._state, arr, "all" if want == "all" else
-                                      ("last" if want == "last" else "none"))
-            self._ids.extend(int(i) for i in arr)
-            self._feeds.append((int(arr.size), want))
-            if want == "all":
-                self._last = out[-1].copy()
-            elif want == "last":
-                self._last = out.copy()
-            else:
-                self._last = None
+            out = self._model.forward(self._state, arr, want)
+            self._record(arr, want, out)
             return out
+
+    def _record(self, arr: np.ndarray, want: str, out) -> None:
+        """Note a feed of `arr` that produced `out` (by `feed` or a batched forward)."""
+        self._ids.extend(int(i) for i in arr)
+        self._feeds.append((int(arr.size), want))
+        if want == "all":
+            self._last = out[-1].copy()
+        elif want == "last":
+            self._last = out.copy()
+        else:
+            self._last = None
 
     def logits(self) -> np.ndarray:
         """The last row of logits of the most recent feed that asked for them."""

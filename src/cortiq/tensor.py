@@ -156,6 +156,12 @@ class QTensor:
         decode rows, batched or not, so that they keep matvec's arithmetic."""
         return self._m.matmat(X, out, prompt)
 
+    def matvec_batch(self, X) -> np.ndarray:
+        """X [t, cols] -> [t, rows], row j = matvec(X[j]) (within float32 rounding; bit
+        for bit for t = 1 and int8 activations), the weights streamed once for all t:
+        the decode rows of several sequences (matmat is for prompt chunks)."""
+        return _K.matvec_batch([self._m], X)[0]
+
     @staticmethod
     def matvec_many(tensors, x, outs=None) -> list:
         """[T.matvec(x) for T in tensors] in one parallel pass (all share cols);
@@ -211,6 +217,32 @@ class QGroup:
 
     def matvec(self, x, outs=None) -> list:
         return _K.matvec_many(self._ms, x, outs)
+
+    def matvec_batch(self, X) -> list:
+        """[T.matvec_batch(X) for T in tensors] in one pass."""
+        return _K.matvec_batch(self._ms, X)
+
+
+def batch_products(tensors, X, lone=None) -> list:
+    """[X @ T.T for T in tensors] for the rows of several sequences: the rows of
+    one-token pieces (`lone`, a bool per row; None: all of them) through
+    `matvec_batch`, those of longer pieces (prompt chunks) through `matmat(prompt=True)`,
+    so every row is computed as the same piece run alone would compute it (precision
+    "auto" included), and each matrix is read once for all the lone rows."""
+    ms = [t.qmat for t in tensors]
+    if lone is None or lone.all():
+        return _K.matvec_batch(ms, X)
+    if not lone.any():
+        return [m.matmat(X, None, True) for m in ms]
+    one, many = np.flatnonzero(lone), np.flatnonzero(~lone)
+    a = _K.matvec_batch(ms, X[one])
+    out = []
+    for m, y in zip(ms, a):
+        z = np.empty((X.shape[0], m.rows), np.float32)
+        z[one] = y
+        z[many] = m.matmat(X[many], None, True)
+        out.append(z)
+    return out
 
 
 def model_qmats(model) -> list:

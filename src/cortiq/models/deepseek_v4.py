@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import _kernels as K
 from ..errors import ConfigError, CortiqError, FormatError
-from ..tensor import QTensor
+from ..tensor import QTensor, batch_products
 
 ARCH_NAME = "deepseek_v4"
 
@@ -409,6 +409,10 @@ class DeepseekV4Model:
 
     arch = ARCH_NAME
     supports_rollback = False
+    #: prompts run token by token, so the batch scheduler feeds at most this many
+    #: prompt tokens per step (every step of a piece is a step for the decodes too)
+    batch_unit = 1
+    batch_prefill_cap = 8
 
     def __init__(self, cmf_file, *, task=None):
         cf = self.file = cmf_file
@@ -659,3 +663,168 @@ class DeepseekV4Model:
         hs = [K.swiglu_clamp(gu[2 * j], gu[2 * j + 1], limit, wt) for j, wt in enumerate(weights)]
         # and every down projection in one pass over the output rows
         return K.rows_sum([e.down for e in chosen], hs)
+
+    # ---- several sequences in one pass ------------------------------------------------
+    def forward_batch(self, states, ids_list, wants):
+        """`forward` for several sequences at once. Tokens run one position per
+        sequence per step (as `forward` runs them); each step reads every dense matrix
+        once for all rows (matmat) and each chosen expert once for the rows routed to
+        it; the compressors, the indexer and attention run per sequence. Returns one
+        result per sequence, shaped as `forward`'s."""
+        ids_list = [np.asarray(ids, np.int64).ravel() for ids in ids_list]
+        for ids in ids_list:
+            bad = (ids < 0) | (ids >= self.cfg.vocab)
+            if bad.any():
+                raise ValueError(f"deepseek_v4: token id {int(ids[bad][0])} outside "
+                                 f"0..{self.cfg.vocab - 1}")
+        rows = [[] for _ in states]
+        at = 0
+        while True:
+            act = [i for i, ids in enumerate(ids_list) if at < ids.size]
+            if not act:
+                break
+            need = [wants[i] == "all" or (wants[i] == "last" and at == ids_list[i].size - 1)
+                    for i in act]
+            tids = [int(ids_list[i][at]) for i in act]
+            if len(act) == 1:
+                out = [self.forward_token(states[act[0]], tids[0], logits=need[0])]
+            else:
+                out = self._tokens_batch([states[i] for i in act], tids, need)
+            for i, o in zip(act, out):
+                if o is not None:
+                    rows[i].append(o)
+            at += 1
+        res = []
+        for i, want in enumerate(wants):
+            if want == "all":
+                res.append(np.stack(rows[i]) if rows[i] else np.zeros((0, self.vocab), np.float32))
+            elif want == "last":
+                res.append(rows[i][-1] if rows[i] else None)
+            else:
+                res.append(None)
+        return res
+
+    def _tokens_batch(self, sts, tids, need):
+        """`forward_token` for one token of each of several sequences."""
+        cfg = self.cfg
+        xs = [np.ascontiguousarray(np.broadcast_to(self.embed.row(t), (cfg.hc_mult, cfg.dim)),
+                                   np.float32) for t in tids]
+        ropes = [(_cos_sin(self.inv_window, st.pos), _cos_sin(self.inv_compress, st.pos))
+                 for st in sts]
+        it, he, ne = cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps
+        for li, L in enumerate(self.layers):
+            fn, sc, base = L.hc_attn
+            pre = [K.hc_pre(x, fn, sc, base, L.attn_norm, it, he, ne) for x in xs]
+            out = self._attention_rows(L, [st.layers[li] for st in sts],
+                                       np.stack([p[0] for p in pre]), [st.pos for st in sts],
+                                       [r[1] if L.comp is not None else r[0] for r in ropes])
+            xs = [K.hc_expand(out[b], x, p[1], p[2]) for b, (x, p) in enumerate(zip(xs, pre))]
+            fn, sc, base = L.hc_ffn
+            pre = [K.hc_pre(x, fn, sc, base, L.ffn_norm, it, he, ne) for x in xs]
+            out = self._moe_rows(L, np.stack([p[0] for p in pre]), tids)
+            xs = [K.hc_expand(out[b], x, p[1], p[2]) for b, (x, p) in enumerate(zip(xs, pre))]
+        for st in sts:
+            st.pos += 1
+        want = [b for b, n in enumerate(need) if n]
+        res = [None] * len(sts)
+        if want:
+            hs = []
+            for b in want:
+                mixes = K.hc_mixes(xs[b], self.hc_head_fn, cfg.norm_eps)
+                p = K.hc_head_pre(mixes, self.hc_head_scale, self.hc_head_base, cfg.hc_eps)
+                hs.append(K.hc_fold(xs[b], p, self.norm, cfg.norm_eps))
+            lg = batch_products([self.head], np.stack(hs))[0]
+            for j, b in enumerate(want):
+                res[b] = lg[j]
+        return res
+
+    def _attention_rows(self, L: _Layer, lss, X, poss, ropes):
+        """`_attention` for one row per sequence: the projections once for all rows."""
+        cfg = self.cfg
+        hd, rd, W = cfg.head_dim, cfg.rope_head_dim, cfg.window
+        inv = self.inv_compress if L.comp is not None else self.inv_window
+        B = X.shape[0]
+        proj = batch_products(L.first, X)
+        qr_all, kv_all = proj[0], proj[1]
+        for b in range(B):
+            K.rms_weighted(qr_all[b], L.q_norm, cfg.norm_eps)
+            K.rms_weighted(kv_all[b], L.kv_norm, cfg.norm_eps)
+        q_all, *qi = batch_products([L.wq_b] + ([L.indexer.wq_b] if L.indexer else []), qr_all)
+        qi_all = qi[0] if qi else None
+        mids = []
+        for b in range(B):
+            ls, pos, (c, s) = lss[b], poss[b], ropes[b]
+            kv = kv_all[b]
+            K.rope_interleaved_tail(kv, c, s, rd)
+            k = 2
+            if L.comp is not None:
+                e = self._compress(L.comp, ls.comp, proj[2][b].copy(), proj[3][b].copy(), pos, inv)
+                k = 4
+                if e is not None:
+                    ls.cache.append(e)
+            if L.indexer is not None:
+                ix = L.indexer
+                ix_e = self._compress(ix.comp, ls.ix, proj[k][b].copy(), proj[k + 1][b].copy(),
+                                      pos, inv)
+                if ix_e is not None:
+                    ls.ix_kv.append(ix_e)
+                hw = proj[k + 2][b]
+            cache = ls.cache
+            cache.buf[pos % W] = kv
+            ls.win_n = min(ls.win_n + 1, W)
+            n_comp = cache.n
+            idx = [self._iota(W + n_comp)[:ls.win_n]]
+            if n_comp:
+                if L.indexer is not None:
+                    qi = qi_all[b].reshape(ix.n_heads, ix.head_dim)
+                    K.rope_interleaved_tail(qi, c, s, rd)
+                    w = (hw * np.float32(ix.head_dim ** -0.5 * ix.n_heads ** -0.5)).astype(np.float32)
+                    n_ix = min(ls.ix_kv.n, n_comp)
+                    scores = index_scores(qi, ls.ix_kv.buf[:n_ix], w, n_ix)
+                    idx.append(top_k_positions(scores, cfg.index_topk) + W)
+                else:
+                    idx.append(self._iota(W + n_comp)[W:W + n_comp])
+            idx = np.concatenate(idx) if len(idx) > 1 else idx[0]
+            q = q_all[b].reshape(cfg.n_heads, hd)
+            K.rmsnorm(q, None, cfg.norm_eps, out=q)
+            K.rope_interleaved_tail(q, c, s, rd)
+            o = K.sparse_attend(q, cache.buf[: W + n_comp], idx, L.sink, hd ** -0.5)
+            K.rope_interleaved_tail(o, c, s, rd, True)
+            mids.append(K.grouped_rows(L.wo_a, o.reshape(-1), cfg.o_groups))
+        return batch_products([L.wo_b], np.stack(mids))[0]
+
+    def _moe_rows(self, L: _Layer, X, tids):
+        """`_moe` for one row per sequence: the gate and the shared expert once for all
+        rows, each chosen expert once for the rows routed to it; every row's terms are
+        added in `_moe`'s order (shared, then its experts as routed)."""
+        cfg = self.cfg
+        limit = cfg.swiglu_limit
+        logits = batch_products([L.gate], X)[0]
+        by_expert: dict = {}
+        plan = []
+        for b in range(X.shape[0]):
+            forced = hash_route(L.tid2eid, tids[b]) if L.tid2eid is not None else None
+            idx, w = route(logits[b], L.bias, cfg.top_k, cfg.route_scale, forced, L.mask)
+            terms = []
+            for e, wt in zip(idx.tolist(), w.tolist()):
+                rows = by_expert.setdefault(e, [])
+                terms.append((e, len(rows)))
+                rows.append((b, wt))
+            plan.append(terms)
+        sh = L.shared
+        g, u = batch_products((sh.w1, sh.w3), X)
+        for b in range(X.shape[0]):
+            K.swiglu_clamp(g[b], u[b], limit, 1.0)
+        out = batch_products((sh.w2,), g)[0]
+        ys = {}
+        for e, rows in by_expert.items():
+            ex = L.experts[e]
+            xe = X[[b for b, _ in rows]]
+            g, u = batch_products((ex.w1, ex.w3), xe)
+            for j, (_, wt) in enumerate(rows):
+                K.swiglu_clamp(g[j], u[j], limit, wt)
+            ys[e] = batch_products((ex.w2,), g)[0]
+        for b, terms in enumerate(plan):
+            for e, j in terms:
+                out[b] += ys[e][j]
+        return out

@@ -42,7 +42,7 @@ import numpy as np
 
 from .. import _kernels as K
 from ..errors import ConfigError, CortiqError, FormatError
-from ..tensor import QGroup, QTensor
+from ..tensor import QGroup, QTensor, batch_products
 from .kv_cache import KvSlot
 
 #: arch_name values this module runs (the reference engine names files by HF model_type)
@@ -234,6 +234,8 @@ class LlamaModel:
     """Weights and forward of a Llama-family file; one instance serves many sequences."""
 
     supports_rollback = True
+    #: the batch scheduler feeds a prompt in pieces of this many rows (forward's chunks)
+    batch_unit = CHUNK
 
     def __init__(self, cmf_file):
         cf = self.file = cmf_file
@@ -417,3 +419,107 @@ class LlamaModel:
         x = K.rmsnorm(h, self.norm, self.cfg.eps)
         return (self.head.matvec(x[0])[None] if x.shape[0] == 1
                 else self.head.matmat(x, prompt=prompt))
+
+    # -- several sequences in one pass ------------------------------------------------
+    def forward_batch(self, states, ids_list, wants):
+        """`forward` for several sequences at once: every weight matrix is read once per
+        step for the rows of all of them (matmat), attention runs per sequence. Each
+        sequence's ids are cut into CHUNK pieces exactly as `forward` cuts them, so the
+        caches end up the same. Returns one result per sequence, shaped as `forward`'s."""
+        ids_list = [_check_ids(np.asarray(ids, np.int64).ravel(), self.vocab)
+                    for ids in ids_list]
+        outs = [[] for _ in states]
+        at = [0] * len(states)
+        while True:
+            segs = [(i, ids_list[i][at[i]:at[i] + CHUNK]) for i in range(len(states))
+                    if at[i] < ids_list[i].size]
+            if not segs:
+                break
+            h = np.stack([self.embed.row(int(t)) for _, c in segs for t in c]).astype(np.float32)
+            self._stack_batch([states[i] for i, _ in segs], [c.size for _, c in segs], h)
+            picks, r0 = [], 0
+            for i, c in segs:
+                at[i] += c.size
+                if wants[i] == "all":
+                    picks.append((i, r0, c.size))
+                elif wants[i] == "last" and at[i] == ids_list[i].size:
+                    picks.append((i, r0 + c.size - 1, 1))
+                r0 += c.size
+            if picks:
+                rows = np.concatenate([np.arange(r, r + n) for _, r, n in picks])
+                lone = np.concatenate([np.full(n, n == 1) for _, _, n in picks])
+                x = K.rmsnorm(h[rows], self.norm, self.cfg.eps)
+                lg = batch_products([self.head], x, lone)[0]
+                j = 0
+                for i, _, n in picks:
+                    outs[i].append(lg[j:j + n])
+                    j += n
+        res = []
+        for i, want in enumerate(wants):
+            if want == "none":
+                res.append(None)
+            elif want == "last":
+                res.append(outs[i][-1][0] if outs[i] else np.zeros(0, np.float32))
+            else:
+                res.append(np.concatenate(outs[i], axis=0) if outs[i]
+                           else np.zeros((0, self.vocab), np.float32))
+        return res
+
+    def _stack_batch(self, sts, sizes, h: np.ndarray) -> None:
+        """`_stack` over the rows of several sequences (sizes[j] rows of sts[j], in order)."""
+        if len(sts) == 1:
+            return self._stack(sts[0], h)
+        cfg = self.cfg
+        nh, nk, hd = cfg.n_heads, cfg.n_kv, cfg.head_dim
+        T = h.shape[0]
+        starts = np.cumsum([0] + sizes[:-1]).tolist()
+        lone = np.repeat(np.asarray(sizes) == 1, sizes)   # one-token pieces: matvec rows
+        ropes = [self.rope(st.pos, t) for st, t in zip(sts, sizes)]
+        y = np.empty((T, nh * hd), np.float32)
+        for li, L in enumerate(self.layers):
+            a = K.rmsnorm(h, L.attn_norm, cfg.eps)
+            q, k, v = batch_products((L.q, L.k, L.v), a, lone)
+            for z, b in ((q, L.bq), (k, L.bk), (v, L.bv)):
+                if b is not None:
+                    z += b
+            for st, r0, t, (cos, sin) in zip(sts, starts, sizes, ropes):
+                qs = q[r0:r0 + t].reshape(t, nh, hd)
+                ks = k[r0:r0 + t].reshape(t, nk, hd)
+                if L.q_norm is not None:
+                    K.rmsnorm(qs, L.q_norm, cfg.eps, out=qs)
+                if L.k_norm is not None:
+                    K.rmsnorm(ks, L.k_norm, cfg.eps, out=ks)
+                K.rope_halfsplit(qs, cos, sin)
+                K.rope_halfsplit(ks, cos, sin)
+                cache = st.caches[li]
+                cache.put(ks, v[r0:r0 + t].reshape(t, nk, hd), overwrite=False)
+                y[r0:r0 + t] = K.attn_gqa_window(
+                    qs, cache.k[:cache.n], cache.v[:cache.n], st.pos, L.window, cache.first,
+                    self.attn_scale).reshape(t, nh * hd)
+            out = batch_products((L.o,), y, lone)[0]
+            if L.bo is not None:
+                out += L.bo
+            h += out
+            m = K.rmsnorm(h, L.mlp_norm, cfg.eps)
+            g, u = batch_products((L.gate, L.up), m, lone)
+            if L.bg is not None:
+                g += L.bg
+            if L.bu is not None:
+                u += L.bu
+            K.silu_mul(g, u, self._ones, self._ones)
+            out = batch_products((L.down,), g, lone)[0]
+            if L.bd is not None:
+                out += L.bd
+            h += out
+        for st, t in zip(sts, sizes):
+            st.pos += t
+            for L, cache in zip(self.layers, st.caches):
+                if L.window:
+                    cache.trim(L.window)
+
+
+def _check_ids(ids: np.ndarray, vocab: int) -> np.ndarray:
+    bad = (ids < 0) | (ids >= vocab)
+    if bad.any():
+        raise ValueError(f"token id {int(ids[bad][0])} is outside the vocabulary [0, {vocab})")
+    return ids

@@ -30,7 +30,7 @@ import numpy as np
 
 from ... import _kernels as K
 from ...errors import ConfigError, CortiqError
-from ...tensor import QGroup, QTensor
+from ...tensor import QGroup, QTensor, batch_products
 from .config import DoryConfig, DoryOptions
 from ..kv_cache import KvSlot
 from .far_field import EXACT_TAIL, O1Runtime, host_kv_bytes  # o1
@@ -221,6 +221,13 @@ class DoryModel:
     #: one-row chunks run each sub-layer as one fused kernel call (bit-identical to the
     #: general path, which tests compare it with by switching this off)
     fused_rows = True
+
+    @property
+    def batch_unit(self):
+        """The batch scheduler feeds a prompt in pieces of this many rows (forward's
+        chunks); None with the far field, whose exact tail is placed from the end of a
+        feed, so a prompt there goes in one piece."""
+        return None if self.o1rt is not None else HOST_CHUNK
 
     def __init__(self, cmf, *, loops=None, kv_mode=None, gate=None, prompt_loops=None,
                  full_window=None, o1=None, spill=None):
@@ -585,3 +592,275 @@ class DoryModel:
               else self.head_w.matmat(h, prompt=True))
         lg *= self.logit_scale
         return lg
+
+    # -- several sequences in one pass ---------------------------------------------
+    def forward_batch(self, states, ids_list, wants):
+        """`forward` for several sequences at once. Each sequence's ids are cut into
+        HOST_CHUNK pieces as `forward` cuts them (same loop counts, same last_loop
+        rewrites); the pieces of one round go through each sub-layer together: every
+        weight matrix is read once for all their rows (matmat), attention, the KV slots,
+        the far field and the early-exit gate run per sequence (a row that exits early
+        leaves the later passes of that step). Returns one result per sequence, shaped
+        as `forward`'s."""
+        ids_list = [np.asarray(ids, dtype=np.int64).ravel() for ids in ids_list]
+        for ids in ids_list:
+            bad = (ids < 0) | (ids >= self.vocab)
+            if bad.any():
+                raise ValueError(f"token id {int(ids[bad][0])} is outside the vocabulary "
+                                 f"[0, {self.vocab})")
+        for st in states:
+            if not st.slots:
+                st.slots = [[] for _ in range(self.attn_layers)]
+        n = len(states)
+        outs = [[] for _ in range(n)]
+        at = [0] * n
+        tail_from = [st.pos + ids.size - EXACT_TAIL for st, ids in zip(states, ids_list)]
+        while True:
+            segs, r0 = [], 0
+            for i, (st, ids) in enumerate(zip(states, ids_list)):
+                if at[i] >= ids.size:
+                    continue
+                if self.o1rt is not None and st.pos >= tail_from[i]:  # o1
+                    self.o1rt.finish_exact(st)
+                t = min(HOST_CHUNK, ids.size - at[i])
+                last = at[i] + t == ids.size
+                w = wants[i] if (last or wants[i] == "all") else "none"
+                segs.append(_Seg(i, st, r0, t, self._chunk_loops(w)))
+                r0 += t
+            if not segs:
+                break
+            h = np.stack([self.embed.row(int(tok)) for sg in segs
+                          for tok in ids_list[sg.i][at[sg.i]:at[sg.i] + sg.t]]).astype(np.float32)
+            if len(segs) == 1:
+                sg = segs[0]
+                self._stack(sg.st, h, sg.pos0, sg.loops)
+            else:
+                self._stack_batch(segs, h)
+            picks = []
+            for sg in segs:
+                i, st = sg.i, sg.st
+                st.pos += sg.t
+                at[i] += sg.t
+                if st.exit_logits is not None:
+                    lg, st.exit_logits = st.exit_logits, None
+                    if wants[i] != "none":
+                        outs[i].append(lg[None, :])
+                elif wants[i] == "all":
+                    picks.append((i, sg.r0, sg.t))
+                elif wants[i] == "last" and at[i] == ids_list[i].size:
+                    picks.append((i, sg.r0 + sg.t - 1, 1))
+            if picks:
+                rows = np.concatenate([np.arange(r, r + k) for _, r, k in picks])
+                lone = np.concatenate([np.full(k, k == 1) for _, _, k in picks])
+                lg = batch_products([self.head_w], h[rows], lone)[0]
+                lg *= self.logit_scale
+                j = 0
+                for i, _, k in picks:
+                    outs[i].append(lg[j:j + k])
+                    j += k
+        if self.o1rt is not None:  # o1
+            for st in states:
+                self.o1rt.finish_exact(st)
+        res = []
+        for i, want in enumerate(wants):
+            if want == "none":
+                res.append(None)
+            elif want == "last":
+                res.append(outs[i][-1][0] if outs[i] else np.zeros(0, np.float32))
+            else:
+                res.append(np.concatenate(outs[i], axis=0) if outs[i]
+                           else np.zeros((0, self.vocab), np.float32))
+        return res
+
+    def _stack_batch(self, segs, h: np.ndarray) -> None:
+        """`_stack` over several sequences' rows (segs[j] owns h[r0 : r0 + t])."""
+        n_in, n_rec, n_out = self.n_in, self.n_rec, self.n_out
+        rec = range(n_in, n_in + n_rec)
+        out_block = range(n_in + n_rec, n_in + n_rec + n_out)
+        for sg in segs:
+            sg.ropes = (self.rope_sliding(sg.pos0, sg.t), self.rope_full(sg.pos0, sg.t))
+            sg.loop = 0
+        self._block(range(n_in), segs, segs, h)
+        inp = h.copy()
+        state = inp.copy()
+        gate = self.gate
+        for sg in segs:
+            sg.early = sg.t == 1 and gate is not None
+        passes = max(1 if sg.early else sg.loops for sg in segs)
+        for i in range(passes):
+            act = [sg for sg in segs if i < (1 if sg.early else sg.loops)]
+            rows = _rows(act, segs)
+            hs = state + inp if rows is None else state[rows] + inp[rows]
+            justnorm(hs)
+            for sg in act:
+                sg.loop = i
+            self._block(rec, act, act, hs)
+            justnorm(hs)
+            if rows is None:
+                state[:] = hs
+            else:
+                state[rows] = hs
+        np.copyto(h, state)
+        # The output block: every sequence that leaves the loop now (all of them
+        # without a gate); with one, the conf gate's read-outs decide who stays.
+        leave, stay, readout = [], [], []
+        for sg in segs:
+            sg.loop = 0
+            if not sg.early:
+                leave.append(sg)
+                continue
+            if gate.kind == "recon":
+                if gate.router.score(state[sg.r0]) < gate.bias:
+                    sg.readout = False
+                    stay.append(sg)
+                else:
+                    leave.append(sg)
+            elif sg.st.exits.probe():
+                sg.readout = True
+                leave.append(sg)
+                readout.append(sg)
+            else:
+                sg.readout = False
+                stay.append(sg)
+        if leave:
+            self._block(out_block, leave, segs, h)
+        if readout:
+            rows = np.asarray([sg.r0 for sg in readout])
+            lg = batch_products([self.head_w], h[rows])[0]
+            lg *= self.logit_scale
+            for sg, row in zip(readout, lg):
+                go = top_prob(row) >= gate.threshold
+                sg.st.exits.note(go)
+                if go:
+                    sg.st.exit_logits = row
+                else:
+                    stay.append(sg)
+        if stay:
+            stay.sort(key=lambda sg: sg.r0)
+            rows = _rows(stay, segs)
+            hs = state[rows] + inp[rows] if rows is not None else state + inp
+            justnorm(hs)
+            for sg in stay:
+                sg.loop = 1
+            self._block(rec, stay, stay, hs)
+            justnorm(hs)
+            for sg in stay:
+                sg.loop = int(sg.readout)
+            self._block(out_block, stay, stay, hs)
+            if rows is None:
+                h[:] = hs
+            else:
+                h[rows] = hs
+        for sg in segs:
+            if sg.early:
+                sg.st.gate_tokens += 1
+                sg.st.gate_one += int(sg.st.exit_logits is not None or (
+                    gate.kind == "recon" and sg not in stay))
+            if self.o1rt is not None:  # o1: sealed rows to the store, the seal
+                self.o1rt.after_chunk(sg.st, sg.pos0, sg.t)
+            for ordinal, keep in self._trims:
+                for s in sg.st.slots[ordinal]:
+                    s.trim(keep)
+
+    def _block(self, lis, group, ordered, h: np.ndarray) -> None:
+        """Run sub-layers `lis` on the rows of `group` (a subsequence of `ordered`, the
+        sequences h's rows belong to, in order); a proper subset is gathered and
+        scattered back."""
+        if len(group) == len(ordered):
+            r = 0
+            for sg in group:
+                sg.r = r
+                r += sg.t
+            for li in lis:
+                self._layer_rows(li, group, h)
+            return
+        rows = _rows(group, ordered, force=True)
+        hs = h[rows]
+        r = 0
+        for sg in group:
+            sg.r = r
+            r += sg.t
+        for li in lis:
+            self._layer_rows(li, group, hs)
+        h[rows] = hs
+
+    def _layer_rows(self, li: int, segs, h: np.ndarray) -> None:
+        """One sub-layer on h (rows of `segs`, each at its own loop), in place."""
+        w = self.layers[li]
+        o1 = self.o1rt is not None
+        if h.shape[0] == 1:   # one row: the path `_stack` takes for it, bit for bit
+            sg = segs[0]
+            st = sg.st
+            if st.scratch is None:
+                st.scratch = np.empty(self._scratch, np.float32)
+            if isinstance(w, AttnWeights):
+                overwrite = sg.loop > 0 and self._rewrite[li]
+                rope = sg.ropes[0] if w.sliding else sg.ropes[1]
+                if self.fused_rows and not (o1 and not w.sliding):
+                    self._attn_row(st, w, li, sg.loop, h, sg.pos0, overwrite, rope)
+                    return
+                out = self._attn(st, w, li, sg.loop, h, sg.pos0, overwrite, rope)
+            elif self.fused_rows:
+                K.dory_mlp_row(w.gate.qmat, w.up.qmat, w.down.qmat, h, w.sg, w.su, w.alpha,
+                               st.scratch, EPS)
+                return
+            else:
+                out = self._mlp(w, h)
+        else:
+            lone = np.repeat(np.asarray([sg.t == 1 for sg in segs]), [sg.t for sg in segs])
+            if isinstance(w, AttnWeights):
+                out = self._attn_rows(li, w, segs, h, lone)
+            else:
+                g, u = batch_products((w.gate, w.up), h, lone)
+                K.silu_mul(g, u, w.sg, w.su)
+                justnorm(g)
+                out = batch_products((w.down,), g, lone)[0]
+        slerp(h, out, w.alpha)
+
+    def _attn_rows(self, li: int, w: AttnWeights, segs, h: np.ndarray, lone) -> np.ndarray:
+        """`_attn` for the rows of several sequences: the projections once for all
+        rows, the rest per sequence."""
+        T = h.shape[0]
+        nh, nk, hd = self.nh, self.nk, self.hd
+        q, k, v, g = batch_products((w.q, w.k, w.v, w.g), h, lone)
+        y = np.empty((T, nh * hd), np.float32)
+        window = self._window[li]
+        far = self.o1rt is not None and not w.sliding
+        for sg in segs:
+            r, t = sg.r, sg.t
+            qs = q[r:r + t].reshape(t, nh, hd)
+            ks = k[r:r + t].reshape(t, nk, hd)
+            vs = v[r:r + t].reshape(t, nk, hd)
+            cos, sin = sg.ropes[0] if w.sliding else sg.ropes[1]
+            K.qk_prep(qs, cos, sin, w.sq, EPS)
+            K.qk_prep(ks, cos, sin, None, EPS)
+            slot = self._slot(sg.st, w, li, sg.loop)
+            overwrite = sg.loop > 0 and self._rewrite[li]
+
+            def exact(slot=slot, qs=qs, ks=ks, vs=vs, overwrite=overwrite, pos0=sg.pos0):
+                slot.put(ks, vs, overwrite)
+                return K.attn_gqa_window(qs, slot.k[:slot.n], slot.v[:slot.n], pos0, window,
+                                         slot.first, float(self.attn_scale))
+            ys = self.o1rt.attend(slot, qs, ks, vs, sg.pos0, overwrite, exact) if far \
+                else exact()
+            y[r:r + t] = ys.reshape(t, nh * hd)
+        K.gate_norm(y, g, w.sg, EPS)
+        return batch_products((w.o,), y, lone)[0]
+
+
+class _Seg:
+    """One sequence's rows in a batched step: h[r0 : r0 + t] of the step (r: where they
+    sit in the array a sub-layer is given), at pass `loop`."""
+    __slots__ = ("early", "i", "loop", "loops", "pos0", "r", "r0", "readout", "ropes", "st",
+                 "t")
+
+    def __init__(self, i, st, r0, t, loops):
+        self.i, self.st, self.r0, self.t, self.pos0, self.loops = i, st, r0, t, st.pos, loops
+        self.r, self.loop, self.early, self.readout = r0, 0, False, False
+
+
+def _rows(group, ordered, force=False):
+    """Row indices of `group`'s sequences in the step's rows (None: all of them)."""
+    if len(group) == len(ordered) and not force:
+        return None
+    return np.concatenate([np.arange(sg.r0, sg.r0 + sg.t) for sg in group])

@@ -1,0 +1,221 @@
+"""Continuous batching: the requests of one `LLM` share each forward.
+
+Decode is bound by streaming the weights; B sessions that each run their own forward
+stream them B times. The scheduler runs one thread per `LLM` that owns the model
+while requests are active: each step it gathers one piece of work per request -- the
+next token of a decoding request, or the next chunk of a prompt being prefilled -- and
+runs them all in one `feed_batch`, then hands each request its row of logits through
+its own `Generation` (sampling, stop strings, limits, detokenizing: all per request).
+Requests join and leave at token boundaries; a new prompt is read in chunks of the
+model's `batch_unit` rows (at most `prefill_chunk` prompt rows per step), interleaved
+with the decodes already running, so running streams do not stall for a whole prompt.
+
+A request is submitted by its caller's thread (which has already chosen the model and
+session and rolled the session back to the prefix it keeps) and read back from its
+queue, so the caller's generator streams, and closing it cancels the request. An
+error inside one request ends that request (raised in its caller's thread); an error
+in a batched forward ends the requests of that step. The thread exits when idle and
+starts again on the next request; `close()` stops it.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+from .batch import feed_batch
+from .errors import CortiqError
+
+__all__ = ["Request", "Scheduler"]
+
+IDLE_EXIT_S = 2.0        # an idle scheduler thread exits after this long
+_END = object()
+
+
+class Request:
+    """One generation in the scheduler: its session, its Generation, the prompt ids
+    still to run, and the queue its caller reads pieces of text from."""
+
+    def __init__(self, session, gen, todo, result, cancel=None, release=None):
+        self.session = session
+        self.gen = gen
+        self.todo = list(todo)        # prompt ids not fed yet
+        self.result = result
+        self.cancel = cancel if cancel is not None else threading.Event()
+        self.release = release        # called once the scheduler is done with the session
+        self._q: collections.deque = collections.deque()
+        self._ready = threading.Condition(threading.Lock())
+        self.t0 = time.perf_counter()
+        self.t1 = None
+        self.done = False
+
+    # -- the scheduler's side ----------------------------------------------------------
+    def put(self, item) -> None:
+        with self._ready:
+            self._q.append(item)
+            self._ready.notify()
+
+    def end(self, error: BaseException | None = None) -> None:
+        """Finish: the held-back text (or the error), then the end mark; free the session."""
+        if self.done:
+            return
+        self.done = True
+        try:
+            if error is None:
+                tail = self.gen.finish()
+                if tail:
+                    self.put(tail)
+                if self.t1 is not None:
+                    self.result.decode_s = time.perf_counter() - self.t1
+        except BaseException as e:  # noqa: BLE001 -- handed to the caller
+            error = e
+        if error is not None:
+            self.put(error)
+        self.put(_END)
+        if self.release is not None:
+            self.release(self.session)
+
+    # -- the caller's side -------------------------------------------------------------
+    def pieces(self):
+        """Yield the request's text pieces as they come; raise its error, if any.
+        Closing the generator early cancels the request."""
+        finished = False
+        try:
+            while True:
+                with self._ready:
+                    while not self._q:
+                        self._ready.wait()
+                    item = self._q.popleft()
+                if item is _END:
+                    finished = True
+                    return
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+        finally:
+            if not finished:
+                self.cancel.set()
+
+
+class Scheduler:
+    """The batching loop of one LLM (see the module docstring)."""
+
+    def __init__(self, max_batch: int, prefill_chunk: int = 64):
+        self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk
+        self._cv = threading.Condition(threading.Lock())
+        self._waiting: collections.deque = collections.deque()
+        self._active: list[Request] = []
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.steps = 0                  # forwards run (for tests and benchmarks)
+        self.rows = 0                   # request rows they carried
+
+    def submit(self, req: Request) -> Request:
+        with self._cv:
+            if self._closed:
+                raise CortiqError("the LLM is closed: no more generations")
+            self._waiting.append(req)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="cortiq-batch",
+                                                daemon=True)
+                self._thread.start()
+            self._cv.notify()
+        return req
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+            t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join()
+        with self._cv:
+            left = list(self._waiting)
+            self._waiting.clear()
+        for r in left:
+            r.end(CortiqError("the LLM was closed before the request ran"))
+
+    # -- the loop ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._active and not self._waiting and not self._closed:
+                    if not self._cv.wait(IDLE_EXIT_S) and not self._waiting:
+                        self._thread = None
+                        return
+                if self._closed:
+                    active, self._active = self._active, []
+                    self._thread = None
+                    break
+                while self._waiting and len(self._active) < self.max_batch:
+                    self._active.append(self._waiting.popleft())
+                active = list(self._active)
+            try:
+                self._step(active)
+            except BaseException as e:  # noqa: BLE001 -- a broken step ends its requests
+                for r in active:
+                    r.session.reset()   # its state may be half-advanced
+                    r.end(e)
+            with self._cv:
+                self._active = [r for r in self._active if not r.done]
+        for r in active:
+            r.gen.cancel()
+            r.end(CortiqError("the LLM was closed while the request ran"))
+
+    def _step(self, active: list[Request]) -> None:
+        live = []
+        for r in active:
+            if r.cancel.is_set():
+                r.result.finish_reason = "cancelled"
+                r.gen.cancel()
+                r.end()
+            else:
+                live.append(r)
+        if not live:
+            return
+        budget = self.prefill_chunk
+        decoding = any(not r.todo for r in live)
+        batch, ids, wants = [], [], []
+        held = set()
+        for r in live:
+            if id(r.session) in held:       # two requests on one caller's session:
+                continue                    # one token each, in turn
+            held.add(id(r.session))
+            if r.todo:
+                unit = getattr(r.session.model, "batch_unit", 1)
+                if unit is None:            # the model reads a prompt in one piece
+                    n = len(r.todo)
+                else:
+                    cap = getattr(r.session.model, "batch_prefill_cap", None) or budget
+                    n = min(len(r.todo), max(unit, min(budget, cap) // unit * unit))
+                if budget <= 0 and decoding:
+                    continue                # this step's prompt rows are spent
+                budget -= n
+                chunk, r.todo = r.todo[:n], r.todo[n:]
+                batch.append(r)
+                ids.append(chunk)
+                wants.append("none" if r.todo else "last")
+            else:
+                batch.append(r)
+                ids.append([r.gen.token])
+                wants.append("last")
+        outs = feed_batch([r.session for r in batch], ids, wants)
+        self.steps += 1
+        self.rows += sum(len(x) for x in ids)
+        for r, out, want in zip(batch, outs, wants):
+            if want == "none":
+                continue
+            if r.t1 is None:
+                r.t1 = time.perf_counter()
+                r.result.prefill_s = r.t1 - r.t0
+            try:
+                piece = r.gen.step(out)
+            except BaseException as e:  # noqa: BLE001 -- ends this request only
+                r.end(e)
+                continue
+            if piece:
+                r.put(piece)
+            if r.gen.done:
+                r.end()
