@@ -339,75 +339,18 @@ static size_t mm_column(const cq_qmat *m, size_t c) { (void)m; return c; } /* na
 #define group_scales avx2_group_scales
 #include "matmat_i8_avx2.h"
 
-/* matvec_batch's multi-input rows (CQ_HAVE_ROWS_MULTI in matvec_drivers.h), 8 lanes, two rows
- * at a time: each group of weights is decoded once and multiplied into up to CQ_MULTI
- * inputs' accumulators (one register per row and input; an x load serves all the rows),
- * so several sequences' decode rows cost one pass over the weights. One accumulator per
- * row and input: equal to matvec's rows within float32 rounding, not bitwise. f32 and
- * q8_row with a float32 x; the other dtypes keep matvec's rows. */
-#define CQ_HAVE_ROWS_MULTI
-#define CQ_MULTI 4      /* inputs per register tile */
-#define CQ_MULTI_R 2    /* rows per register tile */
-#define CQ_MULTI_PF 16384
-static int rows_multi_takes(const cq_qmat *m) {
-    return m->dtype == CQ_DT_F32 || m->dtype == CQ_DT_Q8_ROW;
-}
+/* matvec_batch's multi-input rows: 8 lanes, two rows a tile (rows_multi.h). */
+#define CQ_MULTI_R 2
+#define MULTI_VEC __m256
+#define MULTI_LANES 8
+#define MULTI_ZERO() _mm256_setzero_ps()
+#define MULTI_LOAD(p) _mm256_loadu_ps(p)
+#define MULTI_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define MULTI_HSUM(v) cq_hsum8(v)
 static inline __attribute__((always_inline)) __m256 multi_w(int q8, const uint8_t *p, size_t c) {
     return q8 ? _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p + c)))) : _mm256_loadu_ps((const float *)(const void *)p + c);
 }
-/* Rows r .. r + nrow - 1 (nrow <= CQ_MULTI_R; missing rows repeat the last, discarded)
- * against J inputs x[0 .. J): Y[k * ldy + row]. */
-static inline __attribute__((always_inline)) void multi_tile(const cq_qmat *m, int q8, size_t r, size_t nrow,
-                                                             const float *const *x, size_t J, float *Y,
-                                                             size_t ldy) {
-    const size_t cols = m->cols, eb = q8 ? 1 : 4, cv = cols & ~(size_t)7, rb = cols * eb;
-    const uint8_t *p[CQ_MULTI_R];
-    for (size_t i = 0; i < CQ_MULTI_R; i++) p[i] = m->data + (r + (i < nrow ? i : nrow - 1)) * rb;
-    /* The rows about CQ_MULTI_PF bytes ahead, fetched while this tile computes: a claim
-     * is read as one stream, which alone leaves most of the memory parallelism unused. */
-    const size_t ahead = rb >= CQ_MULTI_PF / CQ_MULTI_R ? CQ_MULTI_R : CQ_MULTI_PF / rb;
-    const uint8_t *pf = m->data + (r + ahead) * rb, *pf_end = m->data + m->rows * rb;
-    const int fetch = pf + CQ_MULTI_R * rb <= pf_end;
-    __m256 a[CQ_MULTI_R][CQ_MULTI];
-    for (size_t i = 0; i < CQ_MULTI_R; i++)
-        for (size_t k = 0; k < J; k++) a[i][k] = _mm256_setzero_ps();
-    for (size_t c = 0; c < cv; c += 8) {
-        if (fetch && (c * eb) % 64 == 0)
-            for (size_t i = 0; i < CQ_MULTI_R; i++) _mm_prefetch((const char *)(pf + i * rb + c * eb), _MM_HINT_T0);
-        __m256 w[CQ_MULTI_R];
-        for (size_t i = 0; i < CQ_MULTI_R; i++) w[i] = multi_w(q8, p[i], c);
-        for (size_t k = 0; k < J; k++) {
-            const __m256 xv = _mm256_loadu_ps(x[k] + c);
-            for (size_t i = 0; i < CQ_MULTI_R; i++) a[i][k] = _mm256_fmadd_ps(w[i], xv, a[i][k]);
-        }
-    }
-    for (size_t i = 0; i < nrow; i++)
-        for (size_t k = 0; k < J; k++) {
-            float v = cq_hsum8(a[i][k]);
-            for (size_t c = cv; c < cols; c++)
-                v += (q8 ? (float)((const int8_t *)(const void *)p[i])[c] : ((const float *)(const void *)p[i])[c]) * x[k][c];
-            Y[k * ldy + r + i] = q8 ? v * m->aux[r + i] : v;
-        }
-}
-#define CQ_MULTI_CASE(J)                                                                 \
-    case J:                                                                              \
-        if (q8) multi_tile(m, 1, r, nrow, x, J, Y + j0 * ldy, ldy);                      \
-        else multi_tile(m, 0, r, nrow, x, J, Y + j0 * ldy, ldy);                         \
-        break;
-/* Rows [r0, r0 + nr) against inputs xs[0 .. t): Y[j * ldy + r]. */
-static void rows_multi(const cq_qmat *m, size_t r0, size_t nr, const float *const *xs, size_t t, float *Y,
-                       size_t ldy) {
-    const int q8 = m->dtype == CQ_DT_Q8_ROW;
-    for (size_t r = r0; r < r0 + nr; r += CQ_MULTI_R) {
-        const size_t nrow = r0 + nr - r < CQ_MULTI_R ? r0 + nr - r : CQ_MULTI_R;
-        for (size_t j0 = 0; j0 < t; j0 += CQ_MULTI) {
-            const float *const *x = xs + j0;
-            switch (t - j0 < CQ_MULTI ? t - j0 : CQ_MULTI) {
-                CQ_MULTI_CASE(1) CQ_MULTI_CASE(2) CQ_MULTI_CASE(3) CQ_MULTI_CASE(4)
-            }
-        }
-    }
-}
+#include "rows_multi.h"
 
 #include "matvec_drivers.h"
 
