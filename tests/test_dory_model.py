@@ -210,14 +210,31 @@ def test_recon_gate_file_errors(f32_model, tmp_path):
         LLM(path, kv_mode="last_loop", gate=f"recon:{tmp_path / 'missing'}:0.5")
 
 
-@pytest.mark.parametrize("opts", [dict(kv_mode="per_loop", loops=2),
-                                  dict(kv_mode="last_loop", loops=3),
-                                  dict(kv_mode="last_loop", loops=2, gate="conf:0.3"),
-                                  dict(kv_mode="per_loop", loops=2, full_window=6)])
-def test_fused_decode_rows_equal_the_general_path(f32_model, opts):
+@pytest.fixture(scope="module")
+def quant_models(tmp_path_factory):
+    return {q: build_model(tmp_path_factory, f"fused_{q}", quant=q, window=4, loops=2, seed=3)
+            for q in ("q8_row", "q4_block")}
+
+
+@pytest.mark.parametrize("quant,opts", [
+    ("f32", dict(kv_mode="per_loop", loops=2)),
+    ("f32", dict(kv_mode="last_loop", loops=3)),
+    ("f32", dict(kv_mode="last_loop", loops=2, gate="conf:0.3")),
+    ("f32", dict(kv_mode="per_loop", loops=2, full_window=6)),
+    ("f32", dict(kv_mode="last_loop", loops=3, prompt_loops=1, full_window=9)),
+    ("q8_row", dict(kv_mode="per_loop", loops=2, precision="exact")),
+    ("q8_row", dict(kv_mode="last_loop", loops=2, precision="int8")),
+    ("q4_block", dict(kv_mode="last_loop", loops=3, precision="auto", full_window=6)),
+    ("q4_block", dict(kv_mode="per_loop", loops=2, precision="exact")),
+])
+def test_fused_decode_rows_equal_the_general_path(f32_model, quant_models, quant, opts):
     """A decode step runs each sub-layer as one fused kernel call (dory_attn_row,
-    dory_mlp_row): bit for bit what the general path computes, cache rows included."""
+    dory_mlp_row): bit for bit what the general path (`_attn`, `_mlp`: the readable
+    statement of the math) computes, cache rows included, for every KV mode, window,
+    gate, stored dtype and precision."""
     path, _, config = f32_model
+    if quant != "f32":
+        path = quant_models[quant][0]
     ids = ids_for(config["vocab_size"], 30, seed=11)
     got = []
     for fused in (True, False):
