@@ -176,14 +176,17 @@ static size_t drv_claim(drv_share *s, size_t n) { return cq_pool_claim(&s->next,
 
 /* Slot t of `parts`: y[r] for the rows of m it claims (its own share first). No
  * barrier at the end: matvec_many's matrices follow one another. */
+/* Claim positions of m in one claim of about CQ_CLAIM_BYTES (a position is `streams`
+ * rows; at least one, a multiple of the row grain). m->rows > 0. */
+static size_t drv_claim_size(const cq_qmat *m, const drv_share *s) {
+    const size_t pos_bytes = m->nbytes / m->rows * s[0].streams, grain = rows_grain(m);
+    size_t per = pos_bytes >= CQ_CLAIM_BYTES ? 1 : CQ_CLAIM_BYTES / (pos_bytes ? pos_bytes : 1);
+    return (per + grain - 1) / grain * grain;
+}
+
 static void drv_rows(const cq_qmat *m, drv_x x, float *y, drv_share *s, size_t parts, size_t t) {
     size_t per = m->rows; /* one thread: one claim */
-    if (parts > 1 && m->rows) {
-        /* a claim position is `streams` rows */
-        const size_t pos_bytes = m->nbytes / m->rows * s[0].streams, grain = rows_grain(m);
-        per = pos_bytes >= CQ_CLAIM_BYTES ? 1 : CQ_CLAIM_BYTES / (pos_bytes ? pos_bytes : 1);
-        per = (per + grain - 1) / grain * grain;
-    }
+    if (parts > 1 && m->rows) per = drv_claim_size(m, s);
     for (size_t k = 0; k < parts; k++) {
         drv_share *sh = &s[(t + k) % parts];
         for (;;) {
@@ -352,12 +355,7 @@ static void rows_multi(const cq_qmat *m, size_t r0, size_t nr, const float *cons
 
 static void drv_rows_batch(const cq_qmat *m, const drv_x *xv, size_t t, float *Y, drv_share *s,
                            size_t parts, size_t slot, const float *const *multi) {
-    size_t per = 1;
-    if (m->rows) {
-        const size_t pos_bytes = m->nbytes / m->rows * s[0].streams, grain = rows_grain(m);
-        per = pos_bytes >= CQ_CLAIM_BYTES ? 1 : CQ_CLAIM_BYTES / (pos_bytes ? pos_bytes : 1);
-        per = (per + grain - 1) / grain * grain;
-    }
+    const size_t per = m->rows ? drv_claim_size(m, s) : 1;
     for (size_t k = 0; k < parts; k++) {
         drv_share *sh = &s[(slot + k) % parts];
         for (;;) {

@@ -43,6 +43,7 @@ import numpy as np
 from .. import _kernels as K
 from ..errors import ConfigError, CortiqError, FormatError
 from ..tensor import QGroup, QTensor, batch_products
+from .batch_rows import per_sequence
 from .kv_cache import KvSlot
 
 #: arch_name values this module runs (the reference engine names files by HF model_type)
@@ -454,16 +455,7 @@ class LlamaModel:
                 for i, _, n in picks:
                     outs[i].append(lg[j:j + n])
                     j += n
-        res = []
-        for i, want in enumerate(wants):
-            if want == "none":
-                res.append(None)
-            elif want == "last":
-                res.append(outs[i][-1][0] if outs[i] else np.zeros(0, np.float32))
-            else:
-                res.append(np.concatenate(outs[i], axis=0) if outs[i]
-                           else np.zeros((0, self.vocab), np.float32))
-        return res
+        return per_sequence(outs, wants, self.vocab)
 
     def _stack_batch(self, sts, sizes, h: np.ndarray) -> None:
         """`_stack` over the rows of several sequences (sizes[j] rows of sts[j], in order)."""

@@ -32,6 +32,7 @@ from ... import _kernels as K
 from ...errors import ConfigError, CortiqError
 from ...tensor import QGroup, QTensor, batch_products
 from .config import DoryConfig, DoryOptions
+from ..batch_rows import per_sequence
 from ..kv_cache import KvSlot
 from .far_field import EXACT_TAIL, O1Runtime, host_kv_bytes  # o1
 
@@ -661,16 +662,7 @@ class DoryModel:
         if self.o1rt is not None:  # o1
             for st in states:
                 self.o1rt.finish_exact(st)
-        res = []
-        for i, want in enumerate(wants):
-            if want == "none":
-                res.append(None)
-            elif want == "last":
-                res.append(outs[i][-1][0] if outs[i] else np.zeros(0, np.float32))
-            else:
-                res.append(np.concatenate(outs[i], axis=0) if outs[i]
-                           else np.zeros((0, self.vocab), np.float32))
-        return res
+        return per_sequence(outs, wants, self.vocab)
 
     def _stack_batch(self, segs, h: np.ndarray) -> None:
         """`_stack` over several sequences' rows (segs[j] owns h[r0 : r0 + t])."""
