@@ -65,7 +65,7 @@ def f16_bytes(x) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(x, np.float32).astype("<f2")).view(np.uint8).ravel()
 
 
-def _f16_from(b: np.ndarray, count: int) -> np.ndarray:
+def _f16_from(b: bytes, count: int) -> np.ndarray:
     return np.frombuffer(b, dtype="<f2", count=count).astype(np.float32)
 
 

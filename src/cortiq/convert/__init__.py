@@ -31,15 +31,15 @@ def from_hf(hf_dir, out_path, quant: str = "q8_row", progress: bool = True,
         raise ConfigError(f"--experts-quant: {model_type!r} has no routed experts")
     from .hf_llama import arch_name_of
     if arch_name_of(config) is not None:
-        from .hf_llama import convert
-        return convert(hf_dir, out_path, quant=quant, progress=progress)
+        from .hf_llama import convert as convert_llama
+        return convert_llama(hf_dir, out_path, quant=quant, progress=progress)
     if model_type == "dory":
-        from .hf_dory import convert
-        return convert(hf_dir, out_path, quant=quant, progress=progress)
+        from .hf_dory import convert as convert_dory
+        return convert_dory(hf_dir, out_path, quant=quant, progress=progress)
     if model_type == "deepseek_v4":
-        from .hf_deepseek_v4 import convert
-        return convert(hf_dir, out_path, quant=quant, progress=progress,
-                       experts_quant=experts_quant)
+        from .hf_deepseek_v4 import convert as convert_dsv4
+        return convert_dsv4(hf_dir, out_path, quant=quant, progress=progress,
+                            experts_quant=experts_quant)
     raise ConfigError(f"{p}: model_type {model_type!r} (architectures "
                       f"{config.get('architectures')!r}): no converter (supported: dory, "
                       "deepseek_v4, llama, mistral, qwen2, qwen3)")

@@ -24,12 +24,13 @@ from ..errors import FormatError
 
 __all__ = ["FLOAT_DTYPES", "SafetensorsShard", "open_checkpoint"]
 
+_ST_DTYPES: dict[str, np.dtype]
 _ST_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"),
               "BF16": np.dtype("<u2")}
 #: the float dtypes ``load`` converts to float32
 FLOAT_DTYPES = tuple(_ST_DTYPES)
 #: every safetensors dtype as the numpy dtype its bytes are viewed as (``raw``)
-_RAW_DTYPES = {
+_RAW_DTYPES: dict[str, np.dtype] = {
     **_ST_DTYPES,
     "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"),
     "I8": np.dtype("i1"), "U64": np.dtype("<u8"), "U32": np.dtype("<u4"),
@@ -65,7 +66,7 @@ class SafetensorsShard:
         self._data = 8 + n
         self._size = size
         self.metadata = self.header.pop("__metadata__", None)
-        self._mm = None
+        self._mm: mmap.mmap | None = None
 
     def names(self) -> list[str]:
         return list(self.header)

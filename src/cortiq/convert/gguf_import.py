@@ -47,6 +47,7 @@ import os
 import re
 import warnings
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -214,6 +215,7 @@ def tokenizer_from_gguf(meta: Meta) -> tuple[bytes | None, dict | None]:
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": types[i] == _TOKEN_CONTROL}
              for i, t in enumerate(tokens) if types[i] in (_TOKEN_CONTROL, _TOKEN_USER)]
+    tok: dict[str, Any]
     if model == "gpt2":
         merges = meta.get("tokenizer.ggml.merges") or []
         pre = meta.get("tokenizer.ggml.pre", "default")
@@ -350,10 +352,10 @@ def import_gguf(path, out_path, quant: str | None = None, progress: bool = True)
                               f"{arch['head_dim']} needs {arch['head_dim'] // 2}")
         arch["rope_freq_factors"] = [float(x) for x in ff]
     from .hf_llama import plan_tensors
-    names = {hf_name(n): n for n in tensors if hf_name(n) is not None}
+    names = {cast(str, hf_name(n)): n for n in tensors if hf_name(n) is not None}
     order = plan_tensors(arch, {h: tensors[n][1] for h, n in names.items()})
     tok_json, bundle = tokenizer_from_gguf(meta)
-    lossy = {}
+    lossy: dict[str, list[str]] = {}
     base = quant or "q8_row"
 
     def values(t, shape):
@@ -375,11 +377,13 @@ def import_gguf(path, out_path, quant: str | None = None, progress: bool = True)
             if quant is None and kind == T.Q4_0 and len(shape) == 2:
                 blocks = np.asarray(t.data, np.uint8).reshape(shape[0], -1)
                 if permuted:
+                    assert qk is not None                     # permuted implies qk
                     blocks = unpermute_rows(blocks, qk)
                 w.add_encoded(h, q4_0_to_q4_tiled(blocks), "q4_tiled", shape)
                 continue
             a = values(t, shape)
             if permuted:
+                assert qk is not None                         # permuted implies qk
                 a = unpermute_rows(a, qk)
             if quant is not None:
                 dtype = None                                  # the file quant's §8 rule

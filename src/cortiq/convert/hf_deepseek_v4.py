@@ -38,6 +38,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -127,10 +128,10 @@ def arch_from_hf_config(hf: dict) -> dict:
              "num_key_value_heads": (1, 1), "n_shared_experts": (1, 1),
              "hidden_act": ("silu", "silu"), "attention_bias": (False, False),
              "mlp_bias": (False, False)}
-    for k, (want, default) in fixed.items():
-        got = hf.get(k, default)
+    for key, (want, default) in fixed.items():
+        got = hf.get(key, default)
         if got != want:
-            raise _bad(k, f"{got!r}; cortiq runs DeepSeek-V4 only with {k} = {want!r}")
+            raise _bad(key, f"{got!r}; cortiq runs DeepSeek-V4 only with {key} = {want!r}")
     if hf.get("qk_rope_head_dim") is not None:
         rd = int(hf["qk_rope_head_dim"])
     else:
@@ -173,8 +174,8 @@ def arch_from_hf_config(hf: dict) -> dict:
         raise _bad("mlp_layer_types", f"{mlt!r}: want {n} of hash_moe / moe")
     # rope
     rp = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    comp = rp.get("compress") if isinstance(rp.get("compress"), dict) else rp
-    main = rp.get("main") if isinstance(rp.get("main"), dict) else {}
+    comp = cast(dict, rp.get("compress")) if isinstance(rp.get("compress"), dict) else rp
+    main = cast(dict, rp.get("main")) if isinstance(rp.get("main"), dict) else {}
     if main.get("rope_type", "default") not in ("default", None):
         raise _bad("rope_parameters.main.rope_type", f"{main.get('rope_type')!r}; cortiq runs "
                                                      "the sliding layers with plain RoPE only")
@@ -202,7 +203,7 @@ def arch_from_hf_config(hf: dict) -> dict:
     if not 0 < k <= E:
         raise _bad("num_experts_per_tok", f"{k} must be in 1..n_routed_experts ({E})")
     inter = int(need("moe_intermediate_size"))
-    arch = {
+    arch: dict[str, Any] = {
         "arch_name": ARCH_NAME, "hidden_size": int(need("hidden_size")), "num_layers": n,
         "num_attention_heads": int(need("num_attention_heads")), "num_kv_heads": 1,
         "head_dim": hd, "vocab_size": int(need("vocab_size")),
@@ -235,7 +236,7 @@ def arch_from_hf_config(hf: dict) -> dict:
 
 # ------------------------------------------------------------------ names
 
-_LAYER_RULES = [
+_LAYER_RULES: list[tuple[Any, str]] = [
     # attention (both spellings)
     (r"(?:attn|self_attn)\.(?:wq_a|q_a_proj)\.weight", "self_attn.wq_a.weight"),
     (r"(?:attn|self_attn)\.(?:q_norm|q_a_norm)\.weight", "self_attn.q_norm.weight"),
@@ -520,6 +521,7 @@ def tensor_dtypes(items, quant: str, experts_quant: str | None = None) -> dict[s
             continue
         m = _EXPERT.fullmatch(name) if ex else None
         if m:
+            assert ex is not None                         # m is only matched when ex is set
             want = ex[1] if m.group(1) == "down" else ex[0]
             if want != EXACT:
                 out[name] = choose_dtype(name, shape, want)

@@ -382,10 +382,10 @@ def tokenizer_bundle(hf_dir: str | Path, config: Mapping | None = None) -> dict 
     if template is not None:
         out["chat_template"] = template
     out["eos_token_ids"] = eos_token_ids(d, config, template)
-    bos = _ids(gen.get("bos_token_id")) or _ids(config.get("bos_token_id"))
-    bos = bos[0] if bos else token_id(tok, tcfg.get("bos_token"))
-    pad = _ids(gen.get("pad_token_id")) or _ids(config.get("pad_token_id"))
-    pad = pad[0] if pad else token_id(tok, tcfg.get("pad_token"))
+    bos_ids = _ids(gen.get("bos_token_id")) or _ids(config.get("bos_token_id"))
+    bos = bos_ids[0] if bos_ids else token_id(tok, tcfg.get("bos_token"))
+    pad_ids = _ids(gen.get("pad_token_id")) or _ids(config.get("pad_token_id"))
+    pad = pad_ids[0] if pad_ids else token_id(tok, tcfg.get("pad_token"))
     if bos is not None:
         out["bos_token_id"] = bos
     if pad is not None:

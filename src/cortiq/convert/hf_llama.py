@@ -21,12 +21,13 @@ import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..errors import ConfigError
 from ._safetensors import open_checkpoint
-from .hf_dory import find_tokenizer_json, read_hf_config, tokenizer_bundle, vector_dtype
+from .hf_dory import _loader, find_tokenizer_json, read_hf_config, tokenizer_bundle, vector_dtype
 
 CONVERTER = "cortiq.convert.hf_llama"
 #: HF architectures class -> CMF arch_name
@@ -97,7 +98,7 @@ def _rope(hf: Mapping, hd: int, theta: float) -> dict:
         if rp.get("factor") is None:
             raise _bad(f"{key}.factor", "missing (required for yarn)")
         factor = float(rp["factor"])
-        orig = rp.get("original_max_position_embeddings") or hf.get("max_position_embeddings")
+        orig: Any = rp.get("original_max_position_embeddings") or hf.get("max_position_embeddings")
         if rp.get("truncate", True) is not True:
             raise _bad(f"{key}.truncate", "cortiq's YaRN truncates the correction range")
         af = rp.get("attention_factor")
@@ -117,7 +118,7 @@ def _rope(hf: Mapping, hd: int, theta: float) -> dict:
 # ---- config -------------------------------------------------------------------------
 def layer_types(hf: Mapping, name: str, n: int) -> tuple[list[str], int | None]:
     """(CMF layer_types, sliding_window or None) as HF's config classes derive them."""
-    window = hf.get("sliding_window")
+    window: Any = hf.get("sliding_window")
     lt = hf.get("layer_types")
     if name in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
         window = None
@@ -170,7 +171,7 @@ def arch_from_hf_config(hf: Mapping) -> dict:
         raise _bad("num_key_value_heads", f"{nk} does not divide num_attention_heads = {nh}")
     if hd % 2:
         raise _bad("head_dim", f"{hd} must be even for RoPE")
-    rp = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), Mapping) else {}
+    rp: Any = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), Mapping) else {}
     theta = float(rp.get("rope_theta", hf.get("rope_theta", 10000.0)))
     types, window = layer_types(hf, name, n)
     arch = {
@@ -282,7 +283,7 @@ def convert(hf_dir, out_path, quant: str = "q8_row", progress: bool = True,
 
         def stream() -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
             for n in names:
-                yield n, (lambda s=shards[n], n=n: s.load(n))
+                yield n, _loader(shards[n], n)
 
         provenance = {"converter": CONVERTER, "source": hf_dir.name, "hf_config": hf}
         cmf.write(out_path, stream(), arch=arch, quant=quant,

@@ -19,11 +19,15 @@ the shape of the scale against its weight, an orphan scale -- is checked by ``pa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import FormatError
 from . import microfloat as M
+
+if TYPE_CHECKING:
+    from ._safetensors import SafetensorsShard
 
 SCALE_SUFFIXES = (".weight_scale_inv", ".scale")
 FP8_DTYPES = ("F8_E4M3",)
@@ -62,9 +66,9 @@ def pair(names) -> dict[str, str]:
 class ScaledWeight:
     """One FP8 or FP4 weight and its scale; ``load()`` gives the float32 values."""
     kind: str                 # "fp8" | "fp4"
-    shard: object             # _safetensors.SafetensorsShard of the weight
+    shard: SafetensorsShard   # the shard of the weight
     name: str
-    scale_shard: object
+    scale_shard: SafetensorsShard
     scale_name: str
     shape: tuple              # logical [rows, cols]
     block: int                # FP8 tile edge or FP4 group length

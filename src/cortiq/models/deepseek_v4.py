@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -47,7 +47,7 @@ from ..tensor import QTensor, batch_products
 
 ARCH_NAME = "deepseek_v4"
 
-RELEASE = {
+RELEASE: dict[str, Any] = {
     "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "swiglu_limit": 10.0, "index_topk": 512,
     "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
     "yarn": {"factor": 16.0, "original_max_position_embeddings": 65536, "beta_fast": 32.0,
@@ -607,12 +607,14 @@ class DeepseekV4Model:
         K.rms_weighted(kv, L.kv_norm, cfg.norm_eps)
         K.rope_interleaved_tail(kv, c, s, rd)
         if L.comp is not None:
+            assert ls.comp is not None              # _LayerState makes it for a comp layer
             e = self._compress(L.comp, ls.comp, p.comp_kv, p.comp_gate, pos, inv)
             if e is not None:
                 ls.cache.append(e)
         ix_e = None
         if L.indexer is not None:
             ix = L.indexer
+            assert ls.ix is not None and ls.ix_kv is not None   # made for an indexer layer
             ix_e = self._compress(ix.comp, ls.ix, p.ix_kv, p.ix_gate, pos, inv)
             if ix_e is not None:
                 ls.ix_kv.append(ix_e)
@@ -621,20 +623,21 @@ class DeepseekV4Model:
         cache.buf[pos % W] = kv
         ls.win_n = min(ls.win_n + 1, W)
         n_comp = cache.n
-        idx = [self._iota(W + n_comp)[:ls.win_n]]
+        parts = [self._iota(W + n_comp)[:ls.win_n]]
         if n_comp:
             if L.indexer is not None:
                 ix = L.indexer
+                assert ls.ix_kv is not None         # made for an indexer layer
                 qi = ix.wq_b.matvec(qr).reshape(ix.n_heads, ix.head_dim)
                 K.rope_interleaved_tail(qi, c, s, rd)
                 w = (hw * np.float32(ix.head_dim ** -0.5 * ix.n_heads ** -0.5)).astype(np.float32)
                 n_ix = min(ls.ix_kv.n, n_comp)
                 sc = index_scores(qi, ls.ix_kv.buf[:n_ix], w, n_ix)
                 picked = top_k_positions(sc, cfg.index_topk)
-                idx.append(picked + W)
+                parts.append(picked + W)
             else:
-                idx.append(self._iota(W + n_comp)[W:W + n_comp])
-        idx = np.concatenate(idx) if len(idx) > 1 else idx[0]
+                parts.append(self._iota(W + n_comp)[W:W + n_comp])
+        idx = np.concatenate(parts) if len(parts) > 1 else parts[0]
         q = L.wq_b.matvec(qr).reshape(cfg.n_heads, hd)
         K.rmsnorm(q, None, cfg.norm_eps, out=q)
         K.rope_interleaved_tail(q, c, s, rd)
@@ -773,18 +776,19 @@ class DeepseekV4Model:
             cache.buf[pos % W] = kv
             ls.win_n = min(ls.win_n + 1, W)
             n_comp = cache.n
-            idx = [self._iota(W + n_comp)[:ls.win_n]]
+            parts = [self._iota(W + n_comp)[:ls.win_n]]
             if n_comp:
                 if L.indexer is not None:
+                    assert qi_all is not None       # the indexer's queries, computed above
                     qi = qi_all[b].reshape(ix.n_heads, ix.head_dim)
                     K.rope_interleaved_tail(qi, c, s, rd)
                     w = (hw * np.float32(ix.head_dim ** -0.5 * ix.n_heads ** -0.5)).astype(np.float32)
                     n_ix = min(ls.ix_kv.n, n_comp)
                     scores = index_scores(qi, ls.ix_kv.buf[:n_ix], w, n_ix)
-                    idx.append(top_k_positions(scores, cfg.index_topk) + W)
+                    parts.append(top_k_positions(scores, cfg.index_topk) + W)
                 else:
-                    idx.append(self._iota(W + n_comp)[W:W + n_comp])
-            idx = np.concatenate(idx) if len(idx) > 1 else idx[0]
+                    parts.append(self._iota(W + n_comp)[W:W + n_comp])
+            idx = np.concatenate(parts) if len(parts) > 1 else parts[0]
             q = q_all[b].reshape(cfg.n_heads, hd)
             K.rmsnorm(q, None, cfg.norm_eps, out=q)
             K.rope_interleaved_tail(q, c, s, rd)

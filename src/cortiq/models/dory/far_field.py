@@ -23,8 +23,8 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -224,6 +224,7 @@ def pick_exact_rows(x: ExactRows, layers: Sequence[tuple[np.ndarray, np.ndarray]
             if use:
                 total += np.float32(x.weights[f0]) * res + np.float32(x.weights[f1]) * vn
     if table is not None:
+        assert dump is not None                     # table is only made for a dump path
         _write_quiet(dump, table.astype("<f4").tobytes())
     if env.get(ENV_EXACT_LOG):
         _write_quiet(env[ENV_EXACT_LOG], total.astype("<f4").tobytes())
@@ -251,7 +252,7 @@ def _write_quiet(path: str, data: bytes) -> None:
         log.warning("dory: cannot write %s: %s", path, e)
 
 
-def seal_order(rows: int, sink: int, keep: Sequence[int]) -> np.ndarray:
+def seal_order(rows: int, sink: int, keep: Sequence[int] | np.ndarray) -> np.ndarray:
     """The order rows go into a seal: the sinks, the kept rows, then the rest as they
     came, so the window stays the last rows and the kept ones leave the far field."""
     s = min(sink, rows)
@@ -311,6 +312,7 @@ class _Store:
             return np.concatenate(self._ram) if self._ram else np.zeros(0, np.float32)
         self._fh.close()
         self._fh = None
+        assert self.path is not None                # a file store has a path
         try:
             return np.fromfile(self.path, np.float32, self.n)
         finally:
@@ -343,6 +345,7 @@ class SlotStore:
 
     def __init__(self, spill: str | None):
         n = next(SlotStore._next)
+        at: Callable[[str], str | None]
         if spill is not None:
             try:
                 os.makedirs(spill, exist_ok=True)
@@ -374,8 +377,8 @@ class SlotStore:
 @dataclass
 class O1Slot:
     """The far-field side of one full-attention KV slot."""
-    far: list = None               # one NystromState per KV head after the seal
-    qt: list = None                # query rows [t][nh*hd] until the seal / the chunk's
+    far: list = field(default_factory=list)  # one NystromState per KV head after the seal
+    qt: list = field(default_factory=list)   # query rows [t][nh*hd] until the seal / the chunk's
     arch: bool = False             # sealed, and its rows still kept for the choice
     store: SlotStore | None = None
     chunk_snap: list | None = None  # the far field before the chunk at chunk_pos

@@ -136,7 +136,7 @@ class NystromState:
         self.d = self.dv = 0
         self.m_eff = 0
         self.exact_only = False
-        self._g = None          # the C view (cortiq._kernels.NysGroup)
+        self._g: _kernels.NysGroup | None = None    # the C view
         self._sink_len = 0
         self._rows = 0          # rows seen: prefill + steps
 
@@ -296,6 +296,7 @@ class NystromState:
             self._win_k[(i - s) % w] = ks[i]
             self._win_v[(i - s) % w] = vs[i]
         self._bind(w, pushed % w, 0)
+        assert self._g is not None                  # _bind set it
         if pushed > w:
             self._g.absorb(ks[s:t - w], vs[s:t - w])
 
@@ -305,6 +306,7 @@ class NystromState:
             raise RuntimeError(f"nystrom.{op}: the state has not been sealed (prefill_group)")
 
     def _grow(self) -> None:
+        assert self._g is not None                  # only called after _need
         n = self._g.win_len
         cap = 2 * self._win_k.shape[0]
         wk = np.zeros((cap, self.d), np.float32)
@@ -318,6 +320,7 @@ class NystromState:
     def step_group(self, q_group, k, v, out=None) -> np.ndarray:
         """Push row (k, v) and read it out for the ``rep`` queries: ``out [rep, dv]``."""
         self._need("step_group")
+        assert self._g is not None                  # _need raised otherwise
         if self.exact_only and self._g.win_len >= self._win_k.shape[0]:
             self._grow()
         y = self._g.step(q_group, k, v, out, False)
@@ -328,6 +331,7 @@ class NystromState:
         """Rewrite the newest row with (k, v) and read out (docs/nystrom.md §6.4). Directly after
         the seal it rewrites the last sealed row; the landmarks keep the old one."""
         self._need("restep_group")
+        assert self._g is not None                  # _need raised otherwise
         return self._g.step(q_group, k, v, out, True)
 
     def step_rows(self, q, k, v, out, q_col: int = 0, k_col: int = 0, v_col: int = 0,
@@ -336,6 +340,7 @@ class NystromState:
         columns starting at the given offsets (a chunk's ``[t, nh*hd]`` queries and
         ``[t, nk*hd]`` keys/values, without copies)."""
         self._need("step_rows")
+        assert self._g is not None                  # _need raised otherwise
         t = q.shape[0]
         if self.exact_only and not restep:
             while self._g.win_len + t > self._win_k.shape[0]:
@@ -347,11 +352,13 @@ class NystromState:
     def readout(self, q_group, out=None) -> np.ndarray:
         """The current state's answer to ``rep`` queries, without pushing a row."""
         self._need("readout")
+        assert self._g is not None                  # _need raised otherwise
         return self._g.readout(q_group, out)
 
     # ------------------------------------------------------------------ rollback
     def snapshot(self) -> O1Snapshot:
         self._need("snapshot")
+        assert self._g is not None                  # _need raised otherwise
         g = self._g
         n = g.win_len if self.exact_only else self._win_k.shape[0]
         return O1Snapshot(self._win_k[:n].copy(), self._win_v[:n].copy(), g.win_len,
@@ -361,6 +368,7 @@ class NystromState:
     def restore(self, snap: O1Snapshot) -> None:
         """Back to ``snap`` (bit-exact)."""
         self._need("restore")
+        assert self._g is not None                  # _need raised otherwise
         g = self._g
         n = snap.win_k.shape[0]
         if self.exact_only:
