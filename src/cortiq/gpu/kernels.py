@@ -166,6 +166,21 @@ def _part_tables(parts_rows: list) -> bytes:
     return u32s(*starts) + u32s(*rows)
 
 
+def _matvec_source(dev: Device, shader: str, n: int, fns: list, rowdot_args: str) -> str:
+    """A matvec shader over n stored parts: the shared parameters and bindings, the
+    parts' functions, and the chain that sends a row to its part's `rowdot_i`."""
+    disp = []
+    for i in range(n):
+        cond = f"row < P.part_start[{i} / 4][{i} % 4] + P.part_rows[{i} / 4][{i} % 4]"
+        body = (f"let r = row - P.part_start[{i} / 4][{i} % 4]; rowdot_{i}(r, {rowdot_args}); "
+                f"rs = W{i}_rowscale(r, P.part_rows[{i} / 4][{i} % 4], P.cols);")
+        disp.append(("if" if i == 0 else "} else if") + f" ({cond}) {{ {body}")
+    disp.append("}")
+    return (dev.source(shader).replace("$MATVEC_IO", dev.source("matvec_io.wgsl"))
+            .replace("$BINDINGS", _part_bindings(6, n))
+            .replace("$PARTFNS", "\n".join(fns)).replace("$DISPATCH", "\n".join(disp)))
+
+
 def matvec_kinds(nparts: int) -> tuple:
     return ("uniform", "uniform", "read", "read", "read", "rw") + ("read",) * nparts
 
@@ -176,17 +191,11 @@ def matvec_pipeline(dev: Device, dtypes: tuple, fast: bool, nt: int, pro: int):
         return dev._pipelines[key]
     n = len(dtypes)
     part = dev.source("matvec_part.wgsl")
-    fns, disp = [], []
+    fns = []
     for i, dt in enumerate(dtypes):
         fns.append(_decoder(dev, i, dt))
         fns.append(part.replace("$I", str(i)).replace("$FAST", "true" if fast else "false"))
-        cond = f"row < P.part_start[{i} / 4][{i} % 4] + P.part_rows[{i} / 4][{i} % 4]"
-        body = (f"let r = row - P.part_start[{i} / 4][{i} % 4]; rowdot_{i}(r, lane, t0, nt); "
-                f"rs = W{i}_rowscale(r, P.part_rows[{i} / 4][{i} % 4], P.cols);")
-        disp.append(("if" if i == 0 else "} else if") + f" ({cond}) {{ {body}")
-    disp.append("}")
-    code = (dev.source("matvec.wgsl").replace("$BINDINGS", _part_bindings(6, n))
-            .replace("$PARTFNS", "\n".join(fns)).replace("$DISPATCH", "\n".join(disp))
+    code = (_matvec_source(dev, "matvec.wgsl", n, fns, "lane, t0, nt")
             .replace("$RPWu", f"{RPW}u").replace("$TPRu", f"{256 // RPW}u")
             .replace("$NTu", f"{nt}u").replace("$PROu", f"{pro}u")
             .replace("$REDN", str(2 * 256 * nt)))
@@ -259,18 +268,12 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
         return dev._pipelines[key]
     n = len(dtypes)
     part = dev.source("matvec1_part.wgsl")
-    fns, disp = [], []
+    fns = []
     for i, dt in enumerate(dtypes):
         fns.append(_decoder(dev, i, dt))
         fns.append(_decoder(dev, i, dt, "qchunk.wgsl"))
         fns.append(part.replace("$I", str(i)))
-        cond = f"row < P.part_start[{i} / 4][{i} % 4] + P.part_rows[{i} / 4][{i} % 4]"
-        body = (f"let r = row - P.part_start[{i} / 4][{i} % 4]; rowdot_{i}(r, lane); "
-                f"rs = W{i}_rowscale(r, P.part_rows[{i} / 4][{i} % 4], P.cols);")
-        disp.append(("if" if i == 0 else "} else if") + f" ({cond}) {{ {body}")
-    disp.append("}")
-    code = (dev.source("matvec1.wgsl").replace("$BINDINGS", _part_bindings(6, n))
-            .replace("$PARTFNS", "\n".join(fns)).replace("$DISPATCH", "\n".join(disp))
+    code = (_matvec_source(dev, "matvec1.wgsl", n, fns, "lane")
             .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
             .replace("$RWu", f"{RPW1_ROWS}u")
             .replace("$PROu", f"{pro}u").replace("$XSu", f"{xs}u")

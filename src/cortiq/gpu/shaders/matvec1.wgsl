@@ -5,23 +5,7 @@
 // per workgroup in shared memory (XS > 0), at c + c/32 so that the lanes' reads hit
 // distinct banks for every chunk size; its sum of squares is taken while staging.
 
-struct Params {
-    cols: u32, x_off: u32, x_stride: u32, x2_off: u32,
-    x2_stride: u32, y_off: u32, y_stride: u32, v_a: u32,
-    v_b: u32, v_out: u32, last_row: u32, nx: u32,
-    total_rows: u32, eps: f32, pad0: u32, pad1: u32,
-    part_start: array<vec4<u32>, 2>,
-    part_rows: array<vec4<u32>, 2>,
-}
-struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
-
-@group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<uniform> S: Step;
-@group(0) @binding(2) var<storage, read> X: array<f32>;
-@group(0) @binding(3) var<storage, read> X2: array<f32>;
-@group(0) @binding(4) var<storage, read> V: array<f32>;
-@group(0) @binding(5) var<storage, read_write> Y: array<f32>;
-$BINDINGS
+$MATVEC_IO
 
 const RPW: u32 = $RPWu;   // row slots (lane groups) a workgroup
 const RW: u32 = $RWu;     // rows each slot takes in turn (the staged input is shared by RPW * RW rows)
