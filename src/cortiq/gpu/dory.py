@@ -24,6 +24,7 @@ can_rollback / kv_bytes, so Session, LLM and the server run unchanged.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -36,6 +37,23 @@ from .kernels import (MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp, ParamArena
 
 #: rows of a full (unwindowed) layer's KV cache before its first growth
 FULL_CAP0 = 256
+#: key ranges a decode row's attention is split into per query head (flash-decoding:
+#: nh x splits workgroups instead of nh; the O product merges the partials).
+#: CORTIQ_GPU_ATTN_SPLITS overrides it (1: one workgroup a head, no merge).
+ATTN_SPLITS = 8
+
+
+def _attn_splits(value, nh: int) -> int:
+    if value is None:
+        env = os.environ.get("CORTIQ_GPU_ATTN_SPLITS", "").strip()
+        try:
+            value = int(env) if env else ATTN_SPLITS
+        except ValueError:
+            raise ConfigError(f"CORTIQ_GPU_ATTN_SPLITS: expected an integer, got {env!r}") \
+                from None
+    if int(value) < 1:
+        raise ConfigError(f"attention splits: expected >= 1, got {value}")
+    return max(1, min(int(value), 256 // max(nh, 1)))
 
 
 class GpuDoryState:
@@ -57,7 +75,7 @@ class GpuDoryModel:
     arch = "dory"
     supports_rollback = True
 
-    def __init__(self, host, device: Device | None = None):
+    def __init__(self, host, device: Device | None = None, attn_splits: int | None = None):
         if host.o1rt is not None:
             raise ConfigError("device='gpu': Dory's o1 far field runs on the CPU only "
                               "(open the model with o1='off' for the GPU)")
@@ -131,8 +149,10 @@ class GpuDoryModel:
         self.res = dev.buffer(16, copy_src=True)
         self.step = dev.buffer(16, uniform=True)
         self.rope = dev.buffer(4 * T * (self.hd // 2) * f4)
+        self.splits = _attn_splits(attn_splits, self.nh)
         self.stage_logits = None
         self.stage_ids = [dev.staging(16), dev.staging(16)]
+        self.apart = dev.buffer(self.nh * max(self.splits, 1) * (self.hd + 4) * f4)
         # ---- the products (state-independent), their parameters in one arena
         self.arena = ParamArena(dev)
         self._ops: list = []
@@ -146,6 +166,15 @@ class GpuDoryModel:
                                      x2_off=self.q_size + 2 * self.kv_size,
                                      x2_stride=self.qkvg_w, y=self.out, y_off=0, y_stride=H,
                                      vbuf=self.vbuf, v_a=w["sg"], pro=1, eps=EPS)
+                if self.splits > 1:
+                    try:
+                        w["o_split_op"] = MatvecOp(
+                            dev, [w["o"]], self.arena, x=self.apart, x_off=0, x_stride=0,
+                            x2=self.qkvg, x2_off=self.q_size + 2 * self.kv_size, x2_stride=0,
+                            y=self.out, y_off=0, y_stride=H, vbuf=self.vbuf, v_a=w["sg"],
+                            pro=3, eps=EPS, hd=self.hd, splits=self.splits)
+                    except ConfigError:     # no staged decode matvec for this shape
+                        self.splits = 1
             else:
                 w["gu_op"] = MatvecOp(dev, [w["gate"], w["up"]], self.arena, x=self.hb,
                                       x_off=self.rx, x_stride=H, y=self.gu, y_off=0,
@@ -391,16 +420,7 @@ class GpuDoryModel:
         return dev.read(stage, nbytes).view(np.float32).reshape(-1, self.vocab)
 
     def _record(self, st, t, loops, want, stage="full"):
-        prog = self._program(st, t == 1, loops, want, stage)
-        enc = self.dev.dev.create_command_encoder()
-        cp = enc.begin_compute_pass()
-        for d in prog:
-            cp.set_pipeline(d.pipeline)
-            cp.set_bind_group(0, d.group)
-            dims = d.dims(t) if callable(d.dims) else d.dims
-            cp.dispatch_workgroups(*dims)
-        cp.end()
-        return enc
+        return self.dev.record(self._program(st, t == 1, loops, want, stage), t)
 
     # ---- programs: the dispatch lists of a chunk ------------------------------------
     def _program(self, st, one: bool, loops: int, want: str, stage: str = "full") -> list:
@@ -477,10 +497,12 @@ class GpuDoryModel:
                 prog.append(self._fixed("qk_prep", p_prep, [self.step, self.qkvg, self.vbuf,
                                                             self.rope, kb, vb],
                                         lambda t: (nh_nk, t, 1)))
+                split = nt == 1 and self.splits > 1
+                ns = self.splits if split else 1
                 prog.append(self._fixed("attention", p_att, [self.step, self.qkvg, kb, vb,
-                                                             self.att],
-                                        lambda t: (self.nh, t, 1)))
-                prog.append(self._mv(w["o_op"], nt))
+                                                             self.att, self.apart],
+                                        lambda t, ns=ns: (self.nh, t, ns)))
+                prog.append(self._mv(w["o_split_op"] if split else w["o_op"], nt))
             else:
                 prog.append(self._mv(w["gu_op"], nt))
                 prog.append(self._mv(w["down_op"], nt))

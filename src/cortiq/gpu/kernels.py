@@ -226,7 +226,7 @@ def embed_pipeline(dev: Device, dtype: str, nparts: int):
 
 FIXED = {  # name: binding kinds
     "qk_prep": ("uniform", "uniform", "rw", "read", "read", "rw", "rw"),
-    "attention": ("uniform", "uniform", "read", "read", "read", "rw"),
+    "attention": ("uniform", "uniform", "read", "read", "read", "rw", "rw"),
     "rownorm": ("uniform", "uniform", "rw", "read", "read"),
     "argmax": ("uniform", "read", "rw", "rw"),
     "readbw": ("uniform", "read", "rw"),
@@ -257,12 +257,17 @@ def rows_dims(total_rows: int, rpw: int = RPW):
     return min(groups, NX), (groups + NX - 1) // NX
 
 
-def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
-    # the staged input's padded size, rounded up so few pipeline variants exist
+def matvec1_staging(dev: Device, cols: int) -> int:
+    """Floats of shared memory the decode matvec stages its input in (0: the input is
+    too long for the device's workgroup storage, and each lane transforms what it
+    reads instead); rounded up to a power of two so that few pipeline variants exist."""
     xs = cols + cols // 32 + 4
     xs = 1 << max(8, (xs - 1).bit_length())
-    if (xs + 512) * 4 > dev.max_workgroup_storage:
-        xs = 0
+    return xs if (xs + 512 + 256) * 4 <= dev.max_workgroup_storage else 0
+
+
+def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
+    xs = matvec1_staging(dev, cols)
     key = ("matvec1", dtypes, pro, xs)
     if key in dev._pipelines:
         return dev._pipelines[key]
@@ -277,7 +282,7 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
             .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
             .replace("$RWu", f"{RPW1_ROWS}u")
             .replace("$PROu", f"{pro}u").replace("$XSu", f"{xs}u")
-            .replace("$XSN", str(max(xs, 4))))
+            .replace("$XSN", str(max(xs, 4))).replace("$WTSN", "256" if pro == 3 else "1"))
     return dev.pipeline(key, code, matvec_kinds(n))
 
 
@@ -287,7 +292,7 @@ class MatvecOp:
 
     def __init__(self, dev: Device, mats: list, arena: ParamArena, *, x, x_off, x_stride,
                  y, y_off, y_stride, x2=None, x2_off=0, x2_stride=0, vbuf=None, v_a=NONE,
-                 v_b=NONE, v_out=NONE, pro=0, last_row=False, eps=1e-6):
+                 v_b=NONE, v_out=NONE, pro=0, last_row=False, eps=1e-6, hd=0, splits=1):
         cols = mats[0].cols
         if any(m.cols != cols for m in mats):
             raise ConfigError("GPU matvec: matrices of one group must share their columns")
@@ -301,9 +306,13 @@ class MatvecOp:
         self.total = sum(r for _m, _b, r in parts)
         self.cols = cols
         self.chunked = all(m.cols % CHUNK[m.dtype] == 0 for m in mats)
+        if pro == 3 and not (self.chunked and matvec1_staging(dev, cols)
+                             and 0 < hd and cols % hd == 0 and cols // hd * splits <= 256):
+            raise ConfigError("GPU matvec: merging attention splits (PRO 3) needs the staged "
+                              "decode matvec and at most 256 (head, split) records")
         self.last_row = last_row
         params = (u32s(cols, x_off, x_stride, x2_off, x2_stride, y_off, y_stride, v_a, v_b,
-                       v_out, int(last_row), NX, self.total, float(eps), 0, 0)
+                       v_out, int(last_row), NX, self.total, float(eps), hd, splits)
                   + _part_tables([r for _m, _b, r in parts]))
         self.param = arena.ref(params)
         self.dev = dev
@@ -326,10 +335,12 @@ class MatvecOp:
 
 
 def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: int = 0,
-                va=None, vb=None, out_scale=None, nt: int | None = None) -> np.ndarray:
+                va=None, vb=None, out_scale=None, nt: int | None = None, hd: int = 0,
+                splits: int = 1) -> np.ndarray:
     """Run one product on its own (checks and tools): X [t, cols] (for pro=2 the
-    gate/up rows [t, 2*cols'], b at x2_off) -> Y [t, total rows]. nt=None picks what a
-    forward would (the decode matvec for one row, the matmat for more)."""
+    gate/up rows [t, 2*cols'], b at x2_off; for pro=3 one row of attention split records,
+    see attention.wgsl) -> Y [t, total rows]. nt=None picks what a forward would (the
+    decode matvec for one row, the matmat for more)."""
     X = np.ascontiguousarray(X, np.float32)
     t = X.shape[0]
     vecs = [np.zeros(4, np.float32)]
@@ -350,7 +361,7 @@ def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: in
                   y_stride=total, x2=x2buf, x2_off=x2_off,
                   x2_stride=(x2.shape[1] if x2 is not None else 0), vbuf=vbuf,
                   v_a=offs.get("va", NONE), v_b=offs.get("vb", NONE),
-                  v_out=offs.get("out", NONE), pro=pro)
+                  v_out=offs.get("out", NONE), pro=pro, hd=hd, splits=splits)
     del cols
     arena.upload()
     d = op.dispatch(step, nt or (1 if t == 1 else MATMAT_NT))
