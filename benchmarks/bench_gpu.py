@@ -287,6 +287,9 @@ def main():
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "cortiq-bench"))
     ap.add_argument("--no-cpu", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--splits-ab", default="1,4,16",
+                    help="attention split counts measured beside the default (comma list; "
+                         "empty: none)")
     a = ap.parse_args()
     p = TINY if a.tiny else (QUICK if a.quick else RELEASE_LIKE)
     tag = "tiny" if a.tiny else ("quick" if a.quick else "release_like")
@@ -314,6 +317,19 @@ def main():
         out["cortiq_gpu"][k.replace("tok_s", "eff_gb_s")] = res[k] * per_token / 1e9
     best = max(res["session_tok_s"], res["greedy_tok_s"], res["chained_tok_s"])
     out["pct_of_read_bw"] = 100 * best * per_token / 1e9 / bw
+    out["attn_splits"] = g.splits
+    ab = {}
+    for n in [int(v) for v in a.splits_ab.split(",") if v.strip()]:
+        if n == g.splits:
+            continue
+        from cortiq.gpu.dory import GpuDoryModel
+        gn = GpuDoryModel(host, dev, attn_splits=n)
+        r = gpu_decode(gn, prompt, a.tokens)
+        ab[str(gn.splits)] = {k: r[k] for k in ("chained_tok_s", "greedy_tok_s",
+                                                "gpu_ms_per_token", "gpu_ms_by_kernel")}
+        del gn
+    if ab:
+        out["attn_splits_ab"] = ab
     st = g.new_state()
     ref = g.forward(st, prompt, "last")
     if not a.no_cpu:

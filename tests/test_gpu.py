@@ -114,6 +114,40 @@ def test_matvec_input_stages(dev):
     assert _rel(got, w.matvec(y[0]) * scale) < 1e-5
 
 
+@pytest.mark.parametrize("splits", [1, 3, 8])
+def test_matvec_merges_attention_splits(dev, splits):
+    """PRO 3: the decode matvec's input stage merges per-(head, split) softmax partials
+    [m, l, 0, 0, acc] (empty splits: m = -3e38, l = 0), gates and justnorms them."""
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    rng = np.random.default_rng(splits)
+    nh, hd = 4, 32
+    w = _qt(rng, "q8_row", 21, nh * hd)
+    g = GpuMatrix(dev, w)
+    m = rng.standard_normal((nh, splits)).astype(np.float32) * 3
+    den = rng.random((nh, splits)).astype(np.float32) * 5 + 0.1
+    acc = rng.standard_normal((nh, splits, hd)).astype(np.float32)
+    if splits > 1:       # a split past the last position
+        m[:, -1], den[:, -1], acc[:, -1] = -3e38, 0.0, 0.0
+    rec = np.zeros((nh, splits, hd + 4), np.float32)
+    rec[..., 0], rec[..., 1], rec[..., 4:] = m, den, acc
+    e = np.exp(m - m.max(1, keepdims=True))
+    y = (e[..., None] * acc).sum(1) / (e * den).sum(1)[:, None]
+    gate = rng.standard_normal(nh * hd).astype(np.float32)
+    s = rng.random(nh * hd).astype(np.float32)
+    z = y.ravel() / (1 + np.exp(-(gate * s)))
+    z /= np.sqrt((z * z).sum() + 1e-6)
+    got = matvec_once(dev, [g], rec.reshape(1, -1), pro=3, x2=gate[None], va=s, hd=hd,
+                      splits=splits)[0]
+    assert _rel(got, w.matvec(z)) < 1e-5
+
+
+def test_merge_input_stage_refuses_bad_shapes(dev):
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    g = GpuMatrix(dev, _qt(np.random.default_rng(1), "q8_row", 5, 64))
+    with pytest.raises(ConfigError, match="PRO 3"):
+        matvec_once(dev, [g], np.zeros((1, 64 * 2), np.float32), pro=3, hd=48, splits=2)
+
+
 # ---- the whole Dory forward ----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def demo_file():
@@ -138,6 +172,34 @@ def test_dory_logits_match_cpu(dev, demo_file, opts):
     assert g.forward(sg, ids[:66], "none") is None
     for i in ids[66:]:   # decode rows, through the sliding ring
         assert _rel(g.forward(sg, [int(i)]), host.forward(sc, [int(i)])) < 1e-3
+
+
+@pytest.mark.parametrize("splits", [1, 5, 64])
+def test_attention_splits_match_cpu(dev, demo_file, splits):
+    """Decode rows with the attention split over key ranges (more splits than keys at
+    the first positions: empty splits) equal the host forward; 64 is clamped to 256 / nh."""
+    from cortiq.gpu.dory import GpuDoryModel
+    from cortiq.models.dory import DoryModel
+    host = DoryModel(demo_file)
+    g = GpuDoryModel(host, dev, attn_splits=splits)
+    assert g.splits == min(splits, 256 // g.nh)
+    ids = np.random.default_rng(12).integers(0, host.vocab, 9)
+    sc, sg = host.new_state(), g.new_state()
+    for i in ids:
+        assert _rel(g.forward(sg, [int(i)]), host.forward(sc, [int(i)])) < 1e-3
+
+
+def test_attention_splits_option_errors(dev, demo_file, monkeypatch):
+    from cortiq.gpu.dory import GpuDoryModel
+    from cortiq.models.dory import DoryModel
+    host = DoryModel(demo_file)
+    with pytest.raises(ConfigError, match="splits"):
+        GpuDoryModel(host, dev, attn_splits=0)
+    monkeypatch.setenv("CORTIQ_GPU_ATTN_SPLITS", "many")
+    with pytest.raises(ConfigError, match="CORTIQ_GPU_ATTN_SPLITS"):
+        GpuDoryModel(host, dev)
+    monkeypatch.setenv("CORTIQ_GPU_ATTN_SPLITS", "2")
+    assert GpuDoryModel(host, dev).splits == 2
 
 
 def test_greedy_tokens_identical(dev, demo_file):
