@@ -59,6 +59,20 @@ def test_matvec_matches_cpu(dev, dtype, shape):
     assert many.shape == (11, shape[0])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("prefetch", [0, 4])
+def test_decode_matvec_long_rows(dev, dtype, prefetch, monkeypatch):
+    """Rows longer than the chunks a lane loads ahead (32 lanes x PREFETCH): the rest
+    is loaded in the loop; PREFETCH 0 loads everything there."""
+    from cortiq.gpu import kernels
+    monkeypatch.setattr(kernels, "PREFETCH", prefetch)
+    rng = np.random.default_rng(11)
+    qt = _qt(rng, dtype, 5, 4160)     # 130 tiles, 260 f16 / 1040 f32 chunks a row
+    x = rng.standard_normal((1, 4160)).astype(np.float32)
+    got = kernels.matvec_once(dev, [kernels.GpuMatrix(dev, qt)], x)[0]
+    assert _rel(got, qt.matvec(x[0])) < 1e-5
+
+
 @pytest.mark.parametrize("dtype", ANY_COLS)
 def test_matvec_odd_columns(dev, dtype):
     from cortiq.gpu.kernels import GpuMatrix, matvec_once

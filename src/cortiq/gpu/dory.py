@@ -40,7 +40,7 @@ FULL_CAP0 = 256
 #: key ranges a decode row's attention is split into per query head (flash-decoding:
 #: nh x splits workgroups instead of nh; the O product merges the partials).
 #: CORTIQ_GPU_ATTN_SPLITS overrides it (1: one workgroup a head, no merge).
-ATTN_SPLITS = 8
+ATTN_SPLITS = 4
 
 
 def _attn_splits(value, nh: int) -> int:
