@@ -287,8 +287,6 @@ def main():
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "cortiq-bench"))
     ap.add_argument("--no-cpu", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--prefetch-ab", action="store_true",
-                    help="also measure the decode matvec without its early weight loads")
     ap.add_argument("--splits-ab", default="1,8",
                     help="attention split counts measured beside the default (comma list; "
                          "empty: none)")
@@ -332,15 +330,6 @@ def main():
         del gn
     if ab:
         out["attn_splits_ab"] = ab
-    if a.prefetch_ab:
-        from cortiq.gpu import kernels
-        from cortiq.gpu.dory import GpuDoryModel
-        keep = kernels.PREFETCH
-        kernels.PREFETCH = 0
-        r = gpu_decode(GpuDoryModel(host, dev), prompt, a.tokens)
-        kernels.PREFETCH = keep
-        out["matvec_prefetch_0"] = {k: r[k] for k in ("chained_tok_s", "gpu_ms_per_token",
-                                                       "gpu_ms_by_kernel")}
     st = g.new_state()
     ref = g.forward(st, prompt, "last")
     if not a.no_cpu:

@@ -166,28 +166,19 @@ def _part_tables(parts_rows: list) -> bytes:
     return u32s(*starts) + u32s(*rows)
 
 
-def _part_chain(n: int, body) -> str:
-    """The if / else-if chain sending `row` to its part i (body(i): the statements)."""
-    out = []
-    for i in range(n):
-        cond = f"row < P.part_start[{i} / 4][{i} % 4] + P.part_rows[{i} / 4][{i} % 4]"
-        out.append(("if" if i == 0 else "} else if") + f" ({cond}) {{ "
-                   f"let r = row - P.part_start[{i} / 4][{i} % 4]; {body(i)}")
-    out.append("}")
-    return "\n".join(out)
-
-
 def _matvec_source(dev: Device, shader: str, n: int, fns: list, rowdot_args: str) -> str:
     """A matvec shader over n stored parts: the shared parameters and bindings, the
-    parts' functions, and the chains that send a row to its part's `rowdot_i` (and,
-    in the decode matvec, `prefetch_i`)."""
-    disp = _part_chain(n, lambda i: f"rowdot_{i}(r, {rowdot_args}); "
-                       f"rs = W{i}_rowscale(r, P.part_rows[{i} / 4][{i} % 4], P.cols);")
-    pre = _part_chain(n, lambda i: f"prefetch_{i}(r, lane);")
+    parts' functions, and the chain that sends a row to its part's `rowdot_i`."""
+    disp = []
+    for i in range(n):
+        cond = f"row < P.part_start[{i} / 4][{i} % 4] + P.part_rows[{i} / 4][{i} % 4]"
+        body = (f"let r = row - P.part_start[{i} / 4][{i} % 4]; rowdot_{i}(r, {rowdot_args}); "
+                f"rs = W{i}_rowscale(r, P.part_rows[{i} / 4][{i} % 4], P.cols);")
+        disp.append(("if" if i == 0 else "} else if") + f" ({cond}) {{ {body}")
+    disp.append("}")
     return (dev.source(shader).replace("$MATVEC_IO", dev.source("matvec_io.wgsl"))
             .replace("$BINDINGS", _part_bindings(6, n))
-            .replace("$PARTFNS", "\n".join(fns)).replace("$DISPATCH", disp)
-            .replace("$PREFETCH", pre))
+            .replace("$PARTFNS", "\n".join(fns)).replace("$DISPATCH", "\n".join(disp)))
 
 
 def matvec_kinds(nparts: int) -> tuple:
@@ -254,9 +245,6 @@ NX = 32768
 #: (4 rows a slot measured slower on an H200 than 1: fewer workgroups in flight)
 RPW1_SLOTS, RPW1_ROWS = 8, 1
 RPW1 = RPW1_SLOTS * RPW1_ROWS
-#: 16-byte chunks (or tiles) each lane of the decode matvec loads before it stages the
-#: input, so that the weights' DRAM latency overlaps the staging (0: none)
-PREFETCH = 4
 #: weights per 16-byte chunk of the decode matvec (the tiled dtypes: one 32-weight tile)
 CHUNK = {"f32": 4, "f16": 8, "bf16": 8, "q8_row": 16, "q8_2f": 16, "q4_block": 32,
          "q4_tiled": 32, "q4tp": 32, "q2tp": 32}
@@ -280,7 +268,7 @@ def matvec1_staging(dev: Device, cols: int) -> int:
 
 def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
     xs = matvec1_staging(dev, cols)
-    key = ("matvec1", dtypes, pro, xs, PREFETCH)
+    key = ("matvec1", dtypes, pro, xs)
     if key in dev._pipelines:
         return dev._pipelines[key]
     n = len(dtypes)
@@ -292,8 +280,7 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
         fns.append(part.replace("$I", str(i)))
     code = (_matvec_source(dev, "matvec1.wgsl", n, fns, "lane")
             .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
-            .replace("$RWu", f"{RPW1_ROWS}u").replace("$NPREu", f"{PREFETCH}u")
-            .replace("$NPREN", str(max(PREFETCH, 1)))
+            .replace("$RWu", f"{RPW1_ROWS}u")
             .replace("$PROu", f"{pro}u").replace("$XSu", f"{xs}u")
             .replace("$XSN", str(max(xs, 4))).replace("$WTSN", "256" if pro == 3 else "1"))
     return dev.pipeline(key, code, matvec_kinds(n))

@@ -17,9 +17,6 @@ const TPR: u32 = $TPRu;
 const PRO: u32 = $PROu;
 const XS: u32 = $XSu;
 
-const NPRE: u32 = $NPREu;  // chunks a lane loads before the input is staged
-var<private> pre: array<vec4<u32>, $NPREN>;
-var<private> use_pre: bool;
 var<private> pd: f32;
 var<private> ps: f32;
 var<private> xb: u32;
@@ -77,14 +74,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     x2b = P.x2_off;
     var rs = 1.0;
     var inv = 1.0;
-    use_pre = false;
-    if (RW == 1u && NPRE > 0u) {   // the weights' first loads go out before the input is staged
-        let row = base + slot;
-        if (row < P.total_rows) {
-$PREFETCH
-        }
-        use_pre = true;
-    }
     if (PRO == 3u) {
         let n = P.splits;
         if (lid < (P.cols / P.hd) * n) {

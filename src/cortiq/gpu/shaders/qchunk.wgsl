@@ -20,40 +20,20 @@ fn $W_n8(u: u32, s: f32) -> array<vec4<f32>, 2> {
         vec4<f32>(f32((u >> 16u) & 15u), f32((u >> 20u) & 15u), f32((u >> 24u) & 15u), f32(u >> 28u)) * s - 8.0 * s);
 }
 
-// $W_load is the chunk's payload word(s) (the part a row's lanes read in sequence, so
-// a kernel can issue it early); $W_use decodes it with its scales and feeds mac4.
-fn $W_load(r: u32, k: u32, R: u32, C: u32) -> vec4<u32> {
-    switch ($DTYPE) {
-        case 0u: { return $W[(r * C) / 4u + k]; }
-        case 1u, 2u: { return $W[(r * C) / 8u + k]; }
-        case 3u, 9u: { return $W[(r * C) / 16u + k]; }
-        case 4u, 15u: { return $W[r * (C / 32u) + k]; }
-        case 11u: {
-            let b = 18u * (r * (C / 32u) + k) + 2u;
-            return vec4<u32>($W_word_at(b), $W_word_at(b + 4u), $W_word_at(b + 8u),
-                             $W_word_at(b + 12u));
-        }
-        case 16u: {
-            let gi = r * (C / 32u) + k;
-            return vec4<u32>($W_u32(2u * gi), $W_u32(2u * gi + 1u), 0u, 0u);
-        }
-        default: { return vec4<u32>(0u); }
-    }
-}
-
-fn $W_chunk(r: u32, k: u32, R: u32, C: u32) { $W_use($W_load(r, k, R, C), r, k, R, C); }
-
-fn $W_use(v: vec4<u32>, r: u32, k: u32, R: u32, C: u32) {
+fn $W_chunk(r: u32, k: u32, R: u32, C: u32) {
     switch ($DTYPE) {
         case 0u: {
+            let v = $W[(r * C) / 4u + k];
             mac4(bitcast<vec4<f32>>(v), 4u * k);
         }
         case 1u: {
+            let v = $W[(r * C) / 8u + k];
             let c = 8u * k;
             mac4(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)), c);
             mac4(vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w)), c + 4u);
         }
         case 2u: {
+            let v = $W[(r * C) / 8u + k];
             let c = 8u * k;
             let lo = bitcast<vec4<f32>>(v << vec4<u32>(16u));
             let hi = bitcast<vec4<f32>>(v & vec4<u32>(0xffff0000u));
@@ -61,6 +41,7 @@ fn $W_use(v: vec4<u32>, r: u32, k: u32, R: u32, C: u32) {
             mac4(vec4<f32>(lo.z, hi.z, lo.w, hi.w), c + 4u);
         }
         case 3u, 9u: {
+            let v = $W[(r * C) / 16u + k];
             let c = 16u * k;
             var a = $W_q8x4(v.x); var b = $W_q8x4(v.y); var d = $W_q8x4(v.z); var e = $W_q8x4(v.w);
             if ($DTYPE == 9u) {
@@ -76,11 +57,17 @@ fn $W_use(v: vec4<u32>, r: u32, k: u32, R: u32, C: u32) {
             let gpr = C / 32u;
             let gi = r * gpr + k;
             var s = 0.0;
+            var v: vec4<u32>;
             if ($DTYPE == 4u) {
+                v = $W[gi];
                 s = $W_half(R * C / 2u + 2u * gi);
             } else if ($DTYPE == 11u) {
-                s = $W_half(18u * gi);
+                let b = 18u * gi;
+                s = $W_half(b);
+                v = vec4<u32>($W_word_at(b + 2u), $W_word_at(b + 6u), $W_word_at(b + 10u),
+                              $W_word_at(b + 14u));
             } else {
+                v = $W[gi];
                 let pb = R * gpr * 16u;
                 let lh = unpack2x16float($W_u32(pb / 4u + r));
                 let code = $W_code(pb + 4u * R + r * ((5u * gpr + 7u) / 8u), k);
@@ -94,6 +81,7 @@ fn $W_use(v: vec4<u32>, r: u32, k: u32, R: u32, C: u32) {
         }
         case 16u: {
             let gpr = C / 32u;
+            let gi = r * gpr + k;
             let pb = R * gpr * 8u;
             let lh = unpack2x16float($W_u32(pb / 4u + r));
             let code = $W_code(pb + 4u * R + r * ((5u * gpr + 7u) / 8u), k);
@@ -101,7 +89,7 @@ fn $W_use(v: vec4<u32>, r: u32, k: u32, R: u32, C: u32) {
             if (code > 0u) { s = exp2(lh.x + f32(code - 1u) * lh.y); }
             let c = 32u * k;
             for (var j = 0u; j < 2u; j++) {
-                let u = v[j];
+                let u = $W_u32(2u * gi + j);
                 for (var q = 0u; q < 4u; q++) {
                     let y = u >> (8u * q);
                     mac4((vec4<f32>(f32(y & 3u), f32((y >> 2u) & 3u), f32((y >> 4u) & 3u),
