@@ -287,9 +287,9 @@ def main():
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "cortiq-bench"))
     ap.add_argument("--no-cpu", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--splits-ab", default="1,8",
-                    help="attention split counts measured beside the default (comma list; "
-                         "empty: none)")
+    ap.add_argument("--ab", default="splits=1,splits=8,fuse=0",
+                    help="variants measured beside the default, comma-separated: splits=N "
+                         "(attention key splits), fuse=0 (a rownorm pass a residual)")
     a = ap.parse_args()
     p = TINY if a.tiny else (QUICK if a.quick else RELEASE_LIKE)
     tag = "tiny" if a.tiny else ("quick" if a.quick else "release_like")
@@ -318,18 +318,19 @@ def main():
     best = max(res["session_tok_s"], res["greedy_tok_s"], res["chained_tok_s"])
     out["pct_of_read_bw"] = 100 * best * per_token / 1e9 / bw
     out["attn_splits"] = g.splits
+    out["fused_residual"] = g.fuse_residual
     ab = {}
-    for n in [int(v) for v in a.splits_ab.split(",") if v.strip()]:
-        if n == g.splits:
-            continue
+    for v in [v.strip() for v in a.ab.split(",") if v.strip()]:
         from cortiq.gpu.dory import GpuDoryModel
-        gn = GpuDoryModel(host, dev, attn_splits=n)
-        r = gpu_decode(gn, prompt, a.tokens)
-        ab[str(gn.splits)] = {k: r[k] for k in ("chained_tok_s", "greedy_tok_s",
-                                                "gpu_ms_per_token", "gpu_ms_by_kernel")}
-        del gn
+        key, _, val = v.partition("=")
+        kw = {"splits": {"attn_splits": int(val or 1)},
+              "fuse": {"fuse_residual": val not in ("0", "off")}}[key]
+        r = gpu_decode(GpuDoryModel(host, dev, **kw), prompt, a.tokens)
+        ab[v] = {k: r[k] for k in ("chained_tok_s", "greedy_tok_s", "record_ms_per_token",
+                                   "dispatches_per_token", "gpu_ms_per_token",
+                                   "gpu_ms_by_kernel")}
     if ab:
-        out["attn_splits_ab"] = ab
+        out["variants"] = ab
     st = g.new_state()
     ref = g.forward(st, prompt, "last")
     if not a.no_cpu:

@@ -152,6 +152,26 @@ def test_matvec_merges_attention_splits(dev, splits):
     assert _rel(got, w.matvec(z)) < 1e-5
 
 
+@pytest.mark.parametrize("dtype", ["q8_row", "f16", "q4tp"])
+def test_matvec_fused_residual(dev, dtype):
+    """PRO 4: the nGPT residual justnorm(x^ + alpha (o^ - x^)) staged as the product's
+    input (the rownorm pass it replaces), and written back for the next sub-layer."""
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    rng = np.random.default_rng(21)
+    w = _qt(rng, dtype, 41, 96)
+    x, o = (rng.standard_normal((2, 96)) * [[3.0], [0.5]]).astype(np.float32)
+    alpha = rng.random(96).astype(np.float32)
+
+    def jn(v):
+        return v / np.sqrt((v * v).sum() + 1e-6)
+    want_x = jn(jn(x) + alpha * (jn(o) - jn(x)))
+    back: list = []
+    got = matvec_once(dev, [GpuMatrix(dev, w)], x[None], pro=4, x2=o[None], va=alpha,
+                      residual_out=back)[0]
+    assert _rel(got, w.matvec(want_x)) < 1e-5
+    assert _rel(back[0], want_x) < 1e-6
+
+
 def test_merge_input_stage_refuses_bad_shapes(dev):
     from cortiq.gpu.kernels import GpuMatrix, matvec_once
     g = GpuMatrix(dev, _qt(np.random.default_rng(1), "q8_row", 5, 64))
@@ -198,6 +218,27 @@ def test_attention_splits_match_cpu(dev, demo_file, splits):
     sc, sg = host.new_state(), g.new_state()
     for i in ids:
         assert _rel(g.forward(sg, [int(i)]), host.forward(sc, [int(i)])) < 1e-3
+
+
+def test_decode_residual_fused_or_not(dev, demo_file):
+    """Decode rows with each residual taken by the next product's input stage (the
+    default) and with a rownorm pass a residual: both equal the host forward, and the
+    fused program has fewer dispatches."""
+    from cortiq.gpu.dory import GpuDoryModel
+    from cortiq.models.dory import DoryModel
+    host = DoryModel(demo_file, kv_mode="last_loop")
+    counts = []
+    for fuse in (True, False):
+        g = GpuDoryModel(host, dev, fuse_residual=fuse)
+        assert g.fuse_residual is fuse
+        ids = np.random.default_rng(13).integers(0, host.vocab, 5)
+        sc, sg = host.new_state(), g.new_state()
+        host.forward(sc, ids[:3], "none")
+        g.forward(sg, ids[:3], "none")
+        for i in ids[3:]:
+            assert _rel(g.forward(sg, [int(i)]), host.forward(sc, [int(i)])) < 1e-3
+        counts.append(g.dispatches_per_token)
+    assert counts[0] < counts[1]
 
 
 def test_attention_splits_option_errors(dev, demo_file, monkeypatch):

@@ -181,8 +181,9 @@ def _matvec_source(dev: Device, shader: str, n: int, fns: list, rowdot_args: str
             .replace("$PARTFNS", "\n".join(fns)).replace("$DISPATCH", "\n".join(disp)))
 
 
-def matvec_kinds(nparts: int) -> tuple:
-    return ("uniform", "uniform", "read", "read", "read", "rw") + ("read",) * nparts
+def matvec_kinds(nparts: int, pro: int = 0) -> tuple:
+    return ("uniform", "uniform", "rw" if pro == 4 else "read", "read", "read", "rw") \
+        + ("read",) * nparts
 
 
 def matvec_pipeline(dev: Device, dtypes: tuple, fast: bool, nt: int, pro: int):
@@ -198,7 +199,7 @@ def matvec_pipeline(dev: Device, dtypes: tuple, fast: bool, nt: int, pro: int):
     code = (_matvec_source(dev, "matvec.wgsl", n, fns, "lane, t0, nt")
             .replace("$RPWu", f"{RPW}u").replace("$TPRu", f"{256 // RPW}u")
             .replace("$NTu", f"{nt}u").replace("$PROu", f"{pro}u")
-            .replace("$REDN", str(2 * 256 * nt)))
+            .replace("$REDN", str(2 * 256 * nt)).replace("$XMODE", "read"))
     return dev.pipeline(key, code, matvec_kinds(n))
 
 
@@ -282,8 +283,10 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
             .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
             .replace("$RWu", f"{RPW1_ROWS}u")
             .replace("$PROu", f"{pro}u").replace("$XSu", f"{xs}u")
-            .replace("$XSN", str(max(xs, 4))).replace("$WTSN", "256" if pro == 3 else "1"))
-    return dev.pipeline(key, code, matvec_kinds(n))
+            .replace("$XSN", str(max(xs, 4))).replace("$WTSN", "256" if pro == 3 else "1")
+            .replace("$XMODE", "read_write" if pro == 4 else "read")
+            .replace("$XWRITE", "X[P.v_b + c] = xs[c + (c >> 5u)] * inv;" if pro == 4 else ""))
+    return dev.pipeline(key, code, matvec_kinds(n, pro))
 
 
 class MatvecOp:
@@ -310,6 +313,9 @@ class MatvecOp:
                              and 0 < hd and cols % hd == 0 and cols // hd * splits <= 256):
             raise ConfigError("GPU matvec: merging attention splits (PRO 3) needs the staged "
                               "decode matvec and at most 256 (head, split) records")
+        if pro == 4 and not (self.chunked and matvec1_staging(dev, cols)):
+            raise ConfigError("GPU matvec: the fused residual (PRO 4) needs the staged "
+                              "decode matvec")
         self.last_row = last_row
         params = (u32s(cols, x_off, x_stride, x2_off, x2_stride, y_off, y_stride, v_a, v_b,
                        v_out, int(last_row), NX, self.total, float(eps), hd, splits)
@@ -317,10 +323,13 @@ class MatvecOp:
         self.param = arena.ref(params)
         self.dev = dev
         self.res = [x, x2 if x2 is not None else x, vbuf, y] + [b for _m, b, _r in parts]
-        self.kinds = matvec_kinds(len(parts))
+        self.kinds = matvec_kinds(len(parts), pro)
 
     def dispatch(self, step_buf, nt: int) -> Dispatch:
         dev = self.dev
+        if self.pro >= 3 and nt != 1:
+            raise ConfigError(f"GPU matvec: input stage {self.pro} runs in the decode "
+                              "matvec only")
         group = dev.bind(self.kinds, resolve([self.param, step_buf] + self.res))
         if nt == 1 and self.chunked:
             pipe = matvec1_pipeline(dev, self.dtypes, self.pro, self.cols)
@@ -336,13 +345,17 @@ class MatvecOp:
 
 def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: int = 0,
                 va=None, vb=None, out_scale=None, nt: int | None = None, hd: int = 0,
-                splits: int = 1) -> np.ndarray:
+                splits: int = 1, residual_out: list | None = None) -> np.ndarray:
     """Run one product on its own (checks and tools): X [t, cols] (for pro=2 the
     gate/up rows [t, 2*cols'], b at x2_off; for pro=3 one row of attention split records,
-    see attention.wgsl) -> Y [t, total rows]. nt=None picks what a forward would (the
-    decode matvec for one row, the matmat for more)."""
+    see attention.wgsl; for pro=4 the row x, with o in x2 and alpha in va) -> Y [t, total
+    rows]. nt=None picks what a forward would (the decode matvec for one row, the
+    matmat for more). pro=4 appends the residual it wrote back to `residual_out`."""
     X = np.ascontiguousarray(X, np.float32)
     t = X.shape[0]
+    xcols = X.shape[1]
+    if pro == 4:     # room for the residual the first workgroup writes back
+        X = np.concatenate([X, np.zeros_like(X)], axis=1)
     vecs = [np.zeros(4, np.float32)]
     offs = {}
     for k, a in (("va", va), ("vb", vb), ("out", out_scale)):
@@ -356,13 +369,12 @@ def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: in
     ybuf = dev.buffer(t * total * 4, copy_src=True)
     step = dev.upload(np.array([t, 0, 0, 0], np.uint32), uniform=True)
     arena = ParamArena(dev)
-    cols = X.shape[1] if pro != 2 else x2_off
     op = MatvecOp(dev, mats, arena, x=xbuf, x_off=0, x_stride=X.shape[1], y=ybuf, y_off=0,
                   y_stride=total, x2=x2buf, x2_off=x2_off,
                   x2_stride=(x2.shape[1] if x2 is not None else 0), vbuf=vbuf,
-                  v_a=offs.get("va", NONE), v_b=offs.get("vb", NONE),
+                  v_a=offs.get("va", NONE),
+                  v_b=xcols if pro == 4 else offs.get("vb", NONE),
                   v_out=offs.get("out", NONE), pro=pro, hd=hd, splits=splits)
-    del cols
     arena.upload()
     d = op.dispatch(step, nt or (1 if t == 1 else MATMAT_NT))
     stage = dev.staging(t * total * 4)
@@ -373,5 +385,11 @@ def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: in
     cp.dispatch_workgroups(*(d.dims(t) if callable(d.dims) else d.dims))
     cp.end()
     enc.copy_buffer_to_buffer(ybuf, 0, stage, 0, t * total * 4)
+    xstage = None
+    if pro == 4 and residual_out is not None:
+        xstage = dev.staging(xcols * 4)
+        enc.copy_buffer_to_buffer(xbuf, xcols * 4, xstage, 0, (xcols * 4 + 15) // 16 * 16)
     dev.queue.submit([enc.finish()])
+    if xstage is not None and residual_out is not None:
+        residual_out.append(dev.read(xstage, xcols * 4).view(np.float32))
     return dev.read(stage, t * total * 4).view(np.float32).reshape(t, total)

@@ -13,7 +13,7 @@ struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<uniform> S: Step;
-@group(0) @binding(2) var<storage, read> X: array<f32>;
+@group(0) @binding(2) var<storage, $XMODE> X: array<f32>;   // read_write: PRO 4
 @group(0) @binding(3) var<storage, read> X2: array<f32>;
 @group(0) @binding(4) var<storage, read> V: array<f32>;
 @group(0) @binding(5) var<storage, read_write> Y: array<f32>;
