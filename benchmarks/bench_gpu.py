@@ -287,9 +287,10 @@ def main():
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "cortiq-bench"))
     ap.add_argument("--no-cpu", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--ab", default="splits=1,splits=8,fuse=0",
+    ap.add_argument("--ab", default="splits=1,splits=8,fuse=1",
                     help="variants measured beside the default, comma-separated: splits=N "
-                         "(attention key splits), fuse=0 (a rownorm pass a residual)")
+                         "(attention key splits), fuse=1|0 (each residual in the next "
+                         "product's input stage, or a rownorm pass)")
     a = ap.parse_args()
     p = TINY if a.tiny else (QUICK if a.quick else RELEASE_LIKE)
     tag = "tiny" if a.tiny else ("quick" if a.quick else "release_like")
