@@ -290,7 +290,8 @@ def main():
     ap.add_argument("--ab", default="splits=1,splits=8,fuse=1",
                     help="variants measured beside the default, comma-separated: splits=N "
                          "(attention key splits), fuse=1|0 (each residual in the next "
-                         "product's input stage, or a rownorm pass)")
+                         "product's input stage, or a rownorm pass), slots=N (rows a "
+                         "decode-matvec workgroup takes, 256/N lanes a row)")
     a = ap.parse_args()
     p = TINY if a.tiny else (QUICK if a.quick else RELEASE_LIKE)
     tag = "tiny" if a.tiny else ("quick" if a.quick else "release_like")
@@ -323,10 +324,15 @@ def main():
     ab = {}
     for v in [v.strip() for v in a.ab.split(",") if v.strip()]:
         from cortiq.gpu.dory import GpuDoryModel
+        from cortiq.gpu import kernels
         key, _, val = v.partition("=")
         kw = {"splits": {"attn_splits": int(val or 1)},
-              "fuse": {"fuse_residual": val not in ("0", "off")}}[key]
+              "fuse": {"fuse_residual": val not in ("0", "off")}}.get(key, {})
+        keep = kernels.RPW1_SLOTS
+        if key == "slots":          # rows (lane groups) a decode-matvec workgroup takes
+            kernels.RPW1_SLOTS = int(val)
         r = gpu_decode(GpuDoryModel(host, dev, **kw), prompt, a.tokens)
+        kernels.RPW1_SLOTS = keep
         ab[v] = {k: r[k] for k in ("chained_tok_s", "greedy_tok_s", "record_ms_per_token",
                                    "dispatches_per_token", "gpu_ms_per_token",
                                    "gpu_ms_by_kernel")}

@@ -245,7 +245,6 @@ NX = 32768
 #: each slot takes in turn: RPW1_SLOTS * RPW1_ROWS rows share one staging of the input
 #: (4 rows a slot measured slower on an H200 than 1: fewer workgroups in flight)
 RPW1_SLOTS, RPW1_ROWS = 8, 1
-RPW1 = RPW1_SLOTS * RPW1_ROWS
 #: weights per 16-byte chunk of the decode matvec (the tiled dtypes: one 32-weight tile)
 CHUNK = {"f32": 4, "f16": 8, "bf16": 8, "q8_row": 16, "q8_2f": 16, "q4_block": 32,
          "q4_tiled": 32, "q4tp": 32, "q2tp": 32}
@@ -269,7 +268,7 @@ def matvec1_staging(dev: Device, cols: int) -> int:
 
 def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
     xs = matvec1_staging(dev, cols)
-    key = ("matvec1", dtypes, pro, xs)
+    key = ("matvec1", dtypes, pro, xs, RPW1_SLOTS, RPW1_ROWS)
     if key in dev._pipelines:
         return dev._pipelines[key]
     n = len(dtypes)
@@ -333,7 +332,7 @@ class MatvecOp:
         group = dev.bind(self.kinds, resolve([self.param, step_buf] + self.res))
         if nt == 1 and self.chunked:
             pipe = matvec1_pipeline(dev, self.dtypes, self.pro, self.cols)
-            nx, ny = rows_dims(self.total, RPW1)
+            nx, ny = rows_dims(self.total, RPW1_SLOTS * RPW1_ROWS)
             return Dispatch(pipe, group, (nx, ny, 1), "matvec")
         pipe = matvec_pipeline(dev, self.dtypes, self.fast, nt, self.pro)
         nx, ny = rows_dims(self.total)
