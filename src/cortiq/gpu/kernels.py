@@ -241,10 +241,12 @@ def fixed_pipeline(dev: Device, name: str):
 # ---- building dispatches ---------------------------------------------------------------
 #: row groups a grid row holds (the shaders' wid.x + wid.y * NX)
 NX = 32768
-#: row slots of the decode matvec's workgroup (matvec1.wgsl: 32 lanes a row) and rows
-#: each slot takes in turn: RPW1_SLOTS * RPW1_ROWS rows share one staging of the input
-#: (4 rows a slot measured slower on an H200 than 1: fewer workgroups in flight)
-RPW1_SLOTS, RPW1_ROWS = 8, 1
+#: row slots of the decode matvec's workgroup (matvec1.wgsl: 256 / RPW1_SLOTS lanes a
+#: row) and rows each slot takes in turn: RPW1_SLOTS * RPW1_ROWS rows share one staging
+#: of the input. On an H200 (docs/PERFORMANCE.md section 15) 16 slots of 16 lanes beat 8
+#: of 32 and 4 of 64 (half the workgroups, each staging the input once), and 4 rows a
+#: slot measured slower than 1 (fewer workgroups in flight)
+RPW1_SLOTS, RPW1_ROWS = 16, 1
 #: weights per 16-byte chunk of the decode matvec (the tiled dtypes: one 32-weight tile)
 CHUNK = {"f32": 4, "f16": 8, "bf16": 8, "q8_row": 16, "q8_2f": 16, "q4_block": 32,
          "q4_tiled": 32, "q4tp": 32, "q2tp": 32}
