@@ -287,7 +287,7 @@ def main():
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "cortiq-bench"))
     ap.add_argument("--no-cpu", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--ab", default="splits=1,splits=8,fuse=1",
+    ap.add_argument("--ab", default="splits=1,splits=8,fuse=0,slots=8",
                     help="variants measured beside the default, comma-separated: splits=N "
                          "(attention key splits), fuse=1|0 (each residual in the next "
                          "product's input stage, or a rownorm pass), slots=N (rows a "

@@ -41,10 +41,9 @@ FULL_CAP0 = 256
 #: nh x splits workgroups instead of nh; the O product merges the partials).
 #: CORTIQ_GPU_ATTN_SPLITS overrides it (1: one workgroup a head, no merge).
 ATTN_SPLITS = 4
-# fuse_residual=True takes each decode residual in the next product's input stage
-# (29 fewer dispatches a token on the bench model) instead of a rownorm pass. Off by
-# default: on an H200 the products' longer input stage cost more GPU time than the
-# passes it saves (docs/PERFORMANCE.md section 15).
+# fuse_residual (default True) takes each decode residual in the next product's input
+# stage (29 fewer dispatches a token on the bench model) instead of a rownorm pass;
+# False keeps the passes (A/B measurements: docs/PERFORMANCE.md section 15).
 
 
 def _attn_splits(value, nh: int) -> int:
@@ -80,7 +79,7 @@ class GpuDoryModel:
     supports_rollback = True
 
     def __init__(self, host, device: Device | None = None, attn_splits: int | None = None,
-                 fuse_residual: bool = False):
+                 fuse_residual: bool = True):
         if host.o1rt is not None:
             raise ConfigError("device='gpu': Dory's o1 far field runs on the CPU only "
                               "(open the model with o1='off' for the GPU)")
