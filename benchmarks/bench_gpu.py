@@ -2,6 +2,7 @@
 and PyTorch eager on the same GPU.
 
     python benchmarks/bench_gpu.py [--quick] [--tokens 128] [--no-cpu] [--no-torch]
+                                   [--ab splits=1,splits=8,fuse=0,slots=8]
 
 The model is bench_decode.py's bench-size Dory (hidden 2048, 24 sub-layers in blocks
 8/8/8, 2 loops, q8_row: 0.855 GB of weights per token), written once to --cache. In
@@ -16,6 +17,8 @@ one run it measures
     GPU time per token (many tokens' programs in one submission, no host in between);
   * effective GB/s = weight bytes per token x tokens/s, as a percentage of the read
     bandwidth;
+  * the same for each --ab variant (a fresh model changing one setting: attention
+    splits, the fused residual, rows a decode-matvec workgroup takes);
   * cortiq's CPU decode on this machine (all cores) and a PyTorch eager bf16 forward of
     the same model on the same GPU (benchmark-only code below), with the largest
     relative logit difference of its first token against cortiq's.

@@ -7,11 +7,12 @@ readback returns the logits, or only the token. Per sub-layer:
 
     attention  matvec Q|K|V|G (one dispatch over the four matrices)
                qk_prep: rotate, justnorm per head, q * s_q, k/v into the KV ring
-               attention: windowed GQA, online softmax
+               attention: windowed GQA, online softmax (decode: split over key ranges)
                matvec O, whose input stage applies the output gate and the justnorm
-               rownorm: the nGPT residual
+               (decode: and merges the attention's splits)
+               rownorm: the nGPT residual (decode: in the next product's input stage)
     mlp        matvec gate|up; matvec down with silu(a) * b and the justnorm in its input
-               stage; rownorm: the residual
+               stage; the residual as above
 
 KV caches live on the device: a ring of window + HOST_CHUNK rows for sliding (and
 `full_window`) layers, a linear cache grown by doubling for full layers; position p
