@@ -76,17 +76,28 @@ class _Stack:
     name: str
 
 
+def _sections(dtype: str, R: int, C: int) -> list | None:
+    """The byte ranges of a whole matrix's payload that stack section by section, or
+    None when the layout does not stack (q4_block groups that straddle the matrix's
+    end)."""
+    if dtype == "q4_block":     # groups run over the flat payload, 32 weights each
+        n = R * C
+        return None if n % 32 else [(0, n // 2), (n // 2, n // 2 + n // 16)]
+    return _row_bytes_ranges(dtype, R, C, 0, R)
+
+
 def stack(qts: list, name: str) -> _Stack:
     cols = qts[0].cols
     if any(q.cols != cols for q in qts):
         raise ConfigError(f"GPU: {name}: the stacked matrices differ in width")
     dtype = qts[0].dtype
     rows = sum(q.rows for q in qts)
-    if dtype in STACKABLE and all(q.dtype == dtype for q in qts):
+    if dtype in STACKABLE and all(q.dtype == dtype and _sections(dtype, q.rows, cols)
+                                  for q in qts):
         sections = None
         for q in qts:
             raw = np.asarray(q.raw, np.uint8)
-            parts = [raw[a:b] for a, b in _row_bytes_ranges(dtype, q.rows, q.cols, 0, q.rows)]
+            parts = [raw[a:b] for a, b in _sections(dtype, q.rows, cols) or ()]
             sections = [[p] for p in parts] if sections is None else \
                 [s + [p] for s, p in zip(sections, parts)]
         assert sections is not None
@@ -153,6 +164,37 @@ class GatherOp:
                         "gather")
 
 
+def run_once(dev: Device, name: str, params: bytes, arrays: list, dims, pos: int = 0) -> list:
+    """Run one dsv4_* kernel on its own (checks and tools): `arrays` are the bindings
+    after the parameter block (and the step block, where the kernel has one), as float32
+    or uint32 arrays; returns every read-write binding's contents as float32."""
+    kinds = KINDS[name]
+    bufs = [dev.upload(np.ascontiguousarray(a).view(np.uint8).reshape(-1), pad=64)
+            for a in arrays]
+    arena = ParamArena(dev)
+    ref = arena.ref(params)
+    arena.upload()
+    res = [ref]
+    if kinds[1] == "uniform":
+        res.append(dev.upload(np.array([1, pos, 0, 0], np.uint32), uniform=True))
+    res += bufs
+    group = dev.bind(kinds, resolve(res))
+    enc = dev.dev.create_command_encoder()
+    cp = enc.begin_compute_pass()
+    cp.set_pipeline(_pipeline(dev, name))
+    cp.set_bind_group(0, group)
+    cp.dispatch_workgroups(*dims)
+    cp.end()
+    outs = []
+    for kind, b, a in zip(kinds[len(res) - len(bufs):], bufs, arrays):
+        if kind == "rw":
+            stage = dev.staging(a.nbytes)
+            enc.copy_buffer_to_buffer(b, 0, stage, 0, (a.nbytes + 3) // 4 * 4)
+            outs.append(stage)
+    dev.queue.submit([enc.finish()])
+    return [dev.read(s, s.size).view(np.float32) for s in outs]
+
+
 # ---- the model -----------------------------------------------------------------------
 class GpuDsv4State:
     """One sequence on the device: position, the window ring + compressed cache of every
@@ -210,6 +252,10 @@ class GpuDeepSeekV4Model:
             a = np.ascontiguousarray(a, np.float32)
             return mat(_Stack("f32", a.shape[0], a.shape[1], a.view(np.uint8).reshape(-1), name))
 
+        for li, L in enumerate(host.layers):
+            if L.indexer is not None and (L.comp is None or L.indexer.comp.ratio != L.comp.ratio):
+                raise ConfigError(f"device='gpu': deepseek_v4 layer {li}: an indexer whose "
+                                  "compression ratio differs from the layer's compressor")
         ratios = sorted({L.comp.ratio for L in host.layers if L.comp is not None})
         self.rope_at = {r: 2 * rd + i * rd for i, r in enumerate(ratios)}  # window-start tables
         self.rope_len = 2 * rd + len(ratios) * rd
