@@ -35,6 +35,7 @@ vbit -- are stacked as f32); the shared expert is one more block of the same sta
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -259,7 +260,7 @@ class GpuDeepSeekV4Model:
         ratios = sorted({L.comp.ratio for L in host.layers if L.comp is not None})
         self.rope_at = {r: 2 * rd + i * rd for i, r in enumerate(ratios)}  # window-start tables
         self.rope_len = 2 * rd + len(ratios) * rd
-        I = cfg.moe_inter
+        inter = cfg.moe_inter
         k1 = cfg.top_k + 1
         self.lw: list[dict] = []
         prj_w, qb_w = 0, 0
@@ -281,10 +282,10 @@ class GpuDeepSeekV4Model:
             for key, cp in (("comp", L.comp), ("ixc", L.indexer.comp if L.indexer else None)):
                 if cp is not None:
                     w[key] = dict(cp=cp, ape=vec(cp.ape), norm=vec(cp.norm))
-            if L.shared.w1.rows != I or L.shared.w2.rows != D:
+            if L.shared.w1.rows != inter or L.shared.w2.rows != D:
                 raise ConfigError(f"device='gpu': deepseek_v4 layer {li}: the shared expert's "
                                   f"width {L.shared.w1.rows} differs from moe_intermediate_size "
-                                  f"{I} (the GPU stacks it with the routed experts)")
+                                  f"{inter} (the GPU stacks it with the routed experts)")
             w["router"] = mat(L.gate)
             w["gu"] = [mat(stack([m for e in L.experts for m in (e.w1, e.w3)],
                                  f"layers.{li}.experts.gate_up")),
@@ -315,7 +316,7 @@ class GpuDeepSeekV4Model:
         self.ao = dev.buffer(D * f4)
         self.rl = dev.buffer(cfg.n_routed_experts * f4)
         self.moe = dev.buffer(2 * k1 * f4)
-        self.gu = dev.buffer(k1 * 2 * I * f4)
+        self.gu = dev.buffer(k1 * 2 * inter * f4)
         self.dn = dev.buffer(k1 * D * f4)
         self.logits = dev.buffer(self.vocab * f4, copy_src=True)
         self.ids = dev.buffer(16)
@@ -325,6 +326,7 @@ class GpuDeepSeekV4Model:
         self.stage_logits = dev.staging(self.vocab * f4)
         self.stage_ids = [dev.staging(16), dev.staging(16)]
         self._build_ops()
+        self._lock = threading.Lock()   # one token on the shared activations at a time
         self.load_seconds = time.perf_counter() - t0
         self.dispatches_per_token: int | None = None
 
@@ -332,7 +334,9 @@ class GpuDeepSeekV4Model:
     def _matvecs(self, mats, *, x, x_off, x_cols, y, y_off) -> list:
         """Products of matrices sharing one input, as few dispatches as the binding
         limit allows; outputs one after another from y_off."""
-        ops, group, n = [], [], 0
+        ops: list = []
+        group: list = []
+        n = 0
         limit = min(MAX_PARTS, self.dev.max_storage_buffers - 4)
 
         def flush():
@@ -357,7 +361,7 @@ class GpuDeepSeekV4Model:
         cfg, dev = self.cfg, self.dev
         a = self.arena = ParamArena(dev)
         D, hc, hd, rd = cfg.dim, cfg.hc_mult, cfg.head_dim, cfg.rope_head_dim
-        eps, I, k1 = float(cfg.norm_eps), cfg.moe_inter, cfg.top_k + 1
+        eps, inter, k1 = float(cfg.norm_eps), cfg.moe_inter, cfg.top_k + 1
 
         def hc_ops(h, head=False):
             fn, v_sc, v_base, v_w = h
@@ -416,12 +420,12 @@ class GpuDeepSeekV4Model:
             hash_rows = L.tid2eid.shape[0] if L.tid2eid is not None else 0
             w["p_route"] = a.ref(u32s(cfg.n_routed_experts, cfg.top_k, 0, w["bias"], w["mask"],
                                       w["hash"], hash_rows, 0, float(cfg.route_scale), 0, 0, 0))
-            w["gu_op"] = GatherOp(dev, w["gu"], a, rpe=2 * I, slots=k1, x=self.xin, x_off=0,
-                                  x_stride=0, y=self.gu, y_off=0, y_stride=2 * I, vbuf=self.moe,
+            w["gu_op"] = GatherOp(dev, w["gu"], a, rpe=2 * inter, slots=k1, x=self.xin, x_off=0,
+                                  x_stride=0, y=self.gu, y_off=0, y_stride=2 * inter, vbuf=self.moe,
                                   v_a=0)
             w["down_op"] = GatherOp(dev, w["down"], a, rpe=D, slots=k1, x=self.gu, x_off=0,
-                                    x_stride=2 * I, y=self.dn, y_off=0, y_stride=D,
-                                    vbuf=self.moe, v_a=0, pro=3, x2_off=I,
+                                    x_stride=2 * inter, y=self.dn, y_off=0, y_stride=D,
+                                    vbuf=self.moe, v_a=0, pro=3, x2_off=inter,
                                     limit=float(cfg.swiglu_limit))
             w["p_post_ffn"] = post(k1)
         self.head_hc_ops = hc_ops(self.hc_head, head=True)
@@ -551,29 +555,31 @@ class GpuDeepSeekV4Model:
             return out
         self._check(np.array([first]), "last")
         dev = self.dev
-        dev.queue.write_buffer(self.ids, 0, np.array([first], np.uint32))
-        pending = None
-        for i in range(n):
-            stage = self.stage_ids[i % 2]
-            self._submit(st, None, "greedy", stage)
-            if pending is not None:
-                out.append(int(dev.read(pending, 4).view(np.uint32)[0]))
-            pending = stage
-        out.append(int(dev.read(pending, 4).view(np.uint32)[0]))
+        with self._lock:
+            dev.queue.write_buffer(self.ids, 0, np.array([first], np.uint32))
+            pending = None
+            for i in range(n):
+                stage = self.stage_ids[i % 2]
+                self._submit(st, "greedy", stage)
+                if pending is not None:
+                    out.append(int(dev.read(pending, 4).view(np.uint32)[0]))
+                pending = stage
+            out.append(int(dev.read(pending, 4).view(np.uint32)[0]))
         return out
 
     def _token(self, st, tok: int, want: str):
         dev = self.dev
-        dev.queue.write_buffer(self.ids, 0, np.array([tok], np.uint32))
         stage = self.stage_logits if want == "last" else self.stage_ids[0]
-        self._submit(st, tok, want, stage)
-        if want == "greedy":
-            return int(dev.read(stage, 4).view(np.uint32)[0])
-        if want == "last":
-            return dev.read(stage, self.vocab * 4).view(np.float32).copy()
+        with self._lock:
+            dev.queue.write_buffer(self.ids, 0, np.array([tok], np.uint32))
+            self._submit(st, want, stage)
+            if want == "greedy":
+                return int(dev.read(stage, 4).view(np.uint32)[0])
+            if want == "last":
+                return dev.read(stage, self.vocab * 4).view(np.float32).copy()
         return None
 
-    def _submit(self, st, tok, want, stage) -> None:
+    def _submit(self, st, want, stage) -> None:
         """Record and submit one token at st.pos (its id already in the ids buffer)."""
         dev = self.dev
         pos = st.pos
