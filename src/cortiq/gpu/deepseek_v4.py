@@ -585,23 +585,28 @@ class GpuDeepSeekV4Model:
         pos = st.pos
         self._grow(st, pos + 1)
         self._write_step(pos)
-        prog = self._program(st, want)
-        enc = dev.dev.create_command_encoder()
-        cp = enc.begin_compute_pass()
-        for d in prog:
-            dims = d.dims(pos) if callable(d.dims) else d.dims
-            if 0 in dims:
-                continue
-            cp.set_pipeline(d.pipeline)
-            cp.set_bind_group(0, d.group)
-            cp.dispatch_workgroups(*dims)
-        cp.end()
+        enc = self._record(st, want)
         if want == "last":
             enc.copy_buffer_to_buffer(self.logits, 0, stage, 0, self.vocab * 4)
         elif want == "greedy":
             enc.copy_buffer_to_buffer(self.res, 0, stage, 0, 16)
         dev.queue.submit([enc.finish()])
         st.pos += 1
+
+    def _record(self, st, want: str):
+        """A command encoder holding the token's dispatches at st.pos (workgroup counts
+        of the position-dependent kernels evaluated here; empty ones left out)."""
+        enc = self.dev.dev.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        for d in self._program(st, want):
+            dims = d.dims(st.pos) if callable(d.dims) else d.dims
+            if 0 in dims:
+                continue
+            cp.set_pipeline(d.pipeline)
+            cp.set_bind_group(0, d.group)
+            cp.dispatch_workgroups(*dims)
+        cp.end()
+        return enc
 
     def _write_step(self, pos: int) -> None:
         host = self.host
