@@ -94,34 +94,48 @@ def test_gather_matches_cpu(dev, dtype, R, C):
 
 
 # ---- hyper-connections ---------------------------------------------------------------------
+def _hc_params(n, hc, mode, nb, fn_off=NONE, post_rows=0, bcast=0):
+    return _u32s(n, hc, mode, 20, 0, 0, 0, 3, 3 + nb, 0, fn_off, post_rows, 1e-6, 1e-6, 0, bcast)
+
+
 @pytest.mark.parametrize("hc,n", [(4, 37), (3, 300)])
-def test_hc_pre_post_and_head(dev, hc, n):
+def test_hc_step(dev, hc, n):
+    """dsv4_hc: the mixes read or computed, the Sinkhorn split, fold and norm; fused with
+    the previous block's expand or the embedding broadcast; the head's gate."""
     rng = np.random.default_rng(n)
-    x = rng.standard_normal((hc, n)).astype(np.float32)
+    x0 = rng.standard_normal((hc, n)).astype(np.float32)
     fn = (rng.standard_normal(((2 + hc) * hc, hc * n)) * 0.05).astype(np.float32)
     sc, base = rng.random(3).astype(np.float32), rng.standard_normal((2 + hc) * hc).astype(np.float32)
     w = rng.random(n).astype(np.float32) + 0.5
-    raw = fn @ x.ravel()
     V = np.concatenate([sc, base, w]).astype(np.float32)
-    p = _u32s(n, hc, 0, 20, 0, 0, 0, 3, 3 + base.size, 0, 0, 0, 1e-6, 1e-6, 0, 0)
-    out, pc = _run(dev, "dsv4_hc_pre", p, [x, raw, V, np.zeros(n, np.float32),
-                                          np.zeros(hc + hc * hc, np.float32)], (1, 1, 1))
-    folded, post, comb = K.hc_pre(x, fn, sc, base, w, 20, 1e-6, 1e-6)
-    assert _rel(out[:n], folded) < 1e-5
-    assert _rel(pc[:hc], post) < 1e-5 and _rel(pc[hc:hc + hc * hc], comb.ravel()) < 1e-5
-    # the head: a sigmoid gate, no Sinkhorn
-    hfn = fn[:hc]
-    p = _u32s(n, hc, 1, 20, 0, 0, 0, 3, 3 + base.size, 0, 0, 0, 1e-6, 1e-6, 0, 0)
-    (out, _pc) = _run(dev, "dsv4_hc_pre", p, [x, hfn @ x.ravel(), V, np.zeros(n, np.float32),
-                                              np.zeros(4, np.float32)], (1, 1, 1))
-    pre = K.hc_head_pre(K.hc_mixes(x, hfn, 1e-6), float(sc[0]), base[:hc], 1e-6)
-    assert _rel(out[:n], K.hc_fold(x, pre, w, 1e-6)) < 1e-5
-    # the expand, summing several output rows (the MoE's experts)
     ys = rng.standard_normal((3, n)).astype(np.float32)
-    pcv = np.concatenate([post, comb.ravel()]).astype(np.float32)
-    (xo,) = _run(dev, "dsv4_hc_post", _u32s(n, hc, 3, 0, 0, 0, 0, 0), [x, ys, pcv],
+    post0 = rng.random(hc).astype(np.float32)
+    comb0 = rng.random((hc, hc)).astype(np.float32)
+    pc0 = np.concatenate([post0, comb0.ravel()]).astype(np.float32)
+    out0 = np.zeros(n, np.float32)
+
+    def check(x_in, mix, p, x_want, head=False, pc=pc0):
+        xo, out, pco = _run(dev, "dsv4_hc", p, [x_in, mix, ys, V, out0, pc], (1, 1, 1))
+        assert _rel(xo[:hc * n].reshape(hc, n), x_want) < 1e-5
+        if head:
+            pre = K.hc_head_pre(K.hc_mixes(x_want, fn[:hc], 1e-6), float(sc[0]), base[:hc], 1e-6)
+            assert _rel(out[:n], K.hc_fold(x_want, pre, w, 1e-6)) < 1e-5
+            return
+        folded, post, comb = K.hc_pre(x_want, fn, sc, base, w, 20, 1e-6, 1e-6)
+        assert _rel(out[:n], folded) < 1e-5
+        assert _rel(pco[:hc], post) < 1e-5 and _rel(pco[hc:hc + hc * hc], comb.ravel()) < 1e-5
+
+    check(x0, fn @ x0.ravel(), _hc_params(n, hc, 0, base.size), x0)            # mixes read
+    x1 = K.hc_expand(ys.sum(0), x0, post0, comb0)
+    check(x0, fn, _hc_params(n, hc, 0, base.size, 0, 3), x1)                   # fused expand
+    e = np.zeros_like(x0)
+    e[0] = x0[0]
+    check(e, fn, _hc_params(n, hc, 0, base.size, 0, 0, 1), np.ascontiguousarray(np.broadcast_to(x0[0], x0.shape)))
+    check(x0, fn, _hc_params(n, hc, 1, base.size, 0, 3), x1, head=True)        # the head
+    # the separate expand (fn too large to fuse)
+    (xo,) = _run(dev, "dsv4_hc_post", _u32s(n, hc, 3, 0, 0, 0, 0, 0), [x0, ys, pc0],
                  ((n + 255) // 256, 1, 1))
-    assert _rel(xo[:hc * n].reshape(hc, n), K.hc_expand(ys.sum(0), x, post, comb)) < 1e-5
+    assert _rel(xo[:hc * n].reshape(hc, n), x1) < 1e-5
 
 
 # ---- RMSNorm + interleaved RoPE (+ the window ring write) ----------------------------------
@@ -277,11 +291,16 @@ def toys(tmp_path_factory):
     return {q: str(_toy(d / f"toy_{q}.cmf", q)) for q in ("f32", "q8_row", "q4_block")}
 
 
-@pytest.mark.parametrize("quant", ["f32", "q8_row", "q4_block"])
-def test_whole_model_logits_match_cpu(dev, toys, quant):
+@pytest.mark.parametrize("quant,fuse", [("f32", True), ("q8_row", True), ("q4_block", True),
+                                        ("q8_row", False)])
+def test_whole_model_logits_match_cpu(dev, toys, quant, fuse, monkeypatch):
+    from cortiq.gpu import deepseek_v4 as G
     from cortiq.gpu import to_device
+    if not fuse:      # the large-model path: expand, mixes matvec and step apart
+        monkeypatch.setattr(G, "HC_FUSE_BYTES", 0)
     host = D.DeepseekV4Model(cmf.open(toys[quant]))
     g = to_device(host, dev)
+    assert g.fuse_hc is fuse
     ids = np.random.default_rng(1).integers(0, host.vocab, 40)
     want = host.forward(host.new_state(), ids, "all")
     st = g.new_state()

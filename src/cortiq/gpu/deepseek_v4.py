@@ -7,7 +7,9 @@ returns the logits or only the token. Prompts run token by token through the sam
 program (one submission a token, the logits read back only where asked), as the CPU
 forward does. Per layer:
 
-    hc_pre     matvec fn . flatten(x); dsv4_hc_pre (mixes, Sinkhorn, fold, RMSNorm)
+    hc step    dsv4_hc (one workgroup): the previous block's expand, the mixes
+               fn . flatten(x), Sinkhorn, fold, RMSNorm (a large fn: dsv4_hc_post, a
+               matvec for the mixes, then dsv4_hc)
     attention  matvec over wq_a | wkv | the compressors' projections | the indexer's
                weights (one dispatch); dsv4_rope: q_norm on qr, kv_norm + RoPE on kv
                and kv into the window ring; matvec wq_b | indexer wq_b; dsv4_rope: the
@@ -15,12 +17,12 @@ forward does. Per layer:
                dsv4_compress per compressor; dsv4_index_score + dsv4_index_select (the
                indexer's top-k on the device); dsv4_attend (sparse attention with the
                sink, inverse RoPE); dsv4_gather over wo_a (one block a group); matvec
-               wo_b; dsv4_hc_post
-    moe        hc_pre; matvec router; dsv4_route (scores, top-k or the hash table,
+               wo_b
+    moe        hc step; matvec router; dsv4_route (scores, top-k or the hash table,
                weights); dsv4_gather over the stacked gate|up of the shared and chosen
                experts (ids read from the router's output); dsv4_gather over the stacked
                down projections with the clamped SwiGLU and the routing weight in its
-               input stage; dsv4_hc_post sums the expert rows into the expand
+               input stage (the next hc step sums the expert rows into the expand)
 
 Position-dependent work (which compressor pools, how many compressed entries
 attention and the indexer see) is decided on the device from the step's position,
@@ -51,7 +53,7 @@ from .kernels import (CHUNK, DTYPE_IDS, MAX_PARTS, NONE, RPW1_SLOTS, Dispatch, G
 
 #: binding kinds of the DeepSeek-V4 kernels (shaders/dsv4_*.wgsl)
 KINDS = {
-    "dsv4_hc_pre": ("uniform", "read", "read", "read", "rw", "rw"),
+    "dsv4_hc": ("uniform", "rw", "read", "read", "read", "rw", "rw"),
     "dsv4_hc_post": ("uniform", "rw", "read", "read"),
     "dsv4_rope": ("uniform", "uniform", "rw", "read", "read", "rw"),
     "dsv4_compress": ("uniform", "uniform", "read", "read", "read", "rw", "rw"),
@@ -60,6 +62,10 @@ KINDS = {
     "dsv4_attend": ("uniform", "uniform", "read", "read", "read", "read", "read", "rw"),
     "dsv4_route": ("uniform", "read", "read", "read", "rw"),
 }
+#: the largest hyper-connection `fn` (bytes) the dsv4_hc kernel multiplies itself, in
+#: one workgroup together with the previous block's expand (one dispatch a step instead
+#: of three); larger ones run as a matvec over many workgroups first
+HC_FUSE_BYTES = 1 << 20
 #: positions the compressed caches hold before their first growth
 CAP0 = 1024
 #: dtypes whose payload stacks row-wise (every section of the layout is per row)
@@ -363,12 +369,21 @@ class GpuDeepSeekV4Model:
         D, hc, hd, rd = cfg.dim, cfg.hc_mult, cfg.head_dim, cfg.rope_head_dim
         eps, inter, k1 = float(cfg.norm_eps), cfg.moe_inter, cfg.top_k + 1
 
-        def hc_ops(h, head=False):
+        fn0 = self.lw[0]["hc_attn"][0] if self.lw else self.hc_head[0]
+        self.fuse_hc = fn0.nbytes <= HC_FUSE_BYTES and len(fn0.parts) == 1
+
+        def hc_ops(h, post_rows=0, head=False):
+            """(matvecs before the step, the step's parameters, fn's buffer): fused, the
+            step takes the previous block's expand (post_rows rows of output; 0 and the
+            first layer: the embedding broadcast instead) and multiplies fn itself."""
             fn, v_sc, v_base, v_w = h
-            mv = self._matvecs([fn], x=self.x, x_off=0, x_cols=hc * D, y=self.mix, y_off=0)
-            pre = a.ref(u32s(D, hc, int(head), cfg.hc_sinkhorn_iters, 0, 0, v_sc, v_base, v_w,
-                             0, 0, 0, eps, float(cfg.hc_eps), 0, 0))
-            return mv, pre
+            fused = self.fuse_hc
+            mv = [] if fused else self._matvecs([fn], x=self.x, x_off=0, x_cols=hc * D,
+                                                 y=self.mix, y_off=0)
+            step = a.ref(u32s(D, hc, int(head), cfg.hc_sinkhorn_iters, 0, 0, v_sc, v_base, v_w,
+                              0, 0 if fused else NONE, post_rows if fused else 0, eps,
+                              float(cfg.hc_eps), 0, int(fused and post_rows == 0 and not head)))
+            return mv, step, fn.parts[0][0]
 
         def post(rows):
             return a.ref(u32s(D, hc, rows, 0, 0, 0, 0, 0))
@@ -376,8 +391,8 @@ class GpuDeepSeekV4Model:
         for w in self.lw:
             L = w["L"]
             comp_layer = L.comp is not None
-            w["hc_attn_ops"] = hc_ops(w["hc_attn"])
-            w["hc_ffn_ops"] = hc_ops(w["hc_ffn"])
+            w["hc_attn_ops"] = hc_ops(w["hc_attn"], 0 if w is self.lw[0] else k1)
+            w["hc_ffn_ops"] = hc_ops(w["hc_ffn"], 1)
             w["first_ops"] = self._matvecs(w["first"], x=self.xin, x_off=0, x_cols=D, y=self.prj,
                                            y_off=0)
             off = dict(zip(L.first_names, w["first_off"]))
@@ -428,7 +443,7 @@ class GpuDeepSeekV4Model:
                                     vbuf=self.moe, v_a=0, pro=3, x2_off=inter,
                                     limit=float(cfg.swiglu_limit))
             w["p_post_ffn"] = post(k1)
-        self.head_hc_ops = hc_ops(self.hc_head, head=True)
+        self.head_hc_ops = hc_ops(self.hc_head, k1 if self.lw else 0, head=True)
         self.head_ops = self._matvecs([self.head], x=self.xin, x_off=0, x_cols=D, y=self.logits,
                                       y_off=0)
         tables = _part_tables([r for _b, _r0, r in self.embed.parts])
@@ -645,26 +660,29 @@ class GpuDeepSeekV4Model:
         D = cfg.dim
         prog: list = []
         e = self.embed
-        for p in self.p_embed:
+        for p in self.p_embed[:1] if self.fuse_hc else self.p_embed:
             prog.append(Dispatch(embed_pipeline(dev, e.dtype, len(e.parts)), dev.bind(
                 embed_kinds(len(e.parts)), resolve([p, self.step, self.ids, self.x]
                                                    + [b for b, _r0, _r in e.parts])),
                 (1, 1, 1), "embed"))
 
-        def hc_pre(ops):
-            mv, pre = ops
+        def hc_pre(ops, y):
+            """A hyper-connection step; fused, it also expands the block that wrote y."""
+            mv, step, fn = ops
             prog.extend(self._mv(o) for o in mv)
-            prog.append(self._k("dsv4_hc_pre", pre, [self.x, self.mix, self.vbuf, self.xin,
-                                                     self.pc], (1, 1, 1)))
+            mix = fn if self.fuse_hc else self.mix
+            prog.append(self._k("dsv4_hc", step, [self.x, mix, y, self.vbuf, self.xin,
+                                                  self.pc], (1, 1, 1)))
 
         def hc_post(p, y):
-            prog.append(self._k("dsv4_hc_post", p, [self.x, y, self.pc],
-                                ((D + 255) // 256, 1, 1)))
+            if not self.fuse_hc:
+                prog.append(self._k("dsv4_hc_post", p, [self.x, y, self.pc],
+                                    ((D + 255) // 256, 1, 1)))
 
         for w, s in zip(self.lw, st.layers):
             L = w["L"]
             cache = s["cache"]
-            hc_pre(w["hc_attn_ops"])
+            hc_pre(w["hc_attn_ops"], self.dn)
             prog.extend(self._mv(o) for o in w["first_ops"])
             prog.append(self._k("dsv4_rope", w["p_qr"], [self.step, self.prj, self.vbuf,
                                                          self.rope, self.prj], (1, 1, 1)))
@@ -701,7 +719,7 @@ class GpuDeepSeekV4Model:
             prog.append(self._mv(w["wo_a_op"]))
             prog.extend(self._mv(o) for o in w["wo_b_ops"])
             hc_post(w["p_post_attn"], self.ao)
-            hc_pre(w["hc_ffn_ops"])
+            hc_pre(w["hc_ffn_ops"], self.ao)
             prog.extend(self._mv(o) for o in w["router_ops"])
             prog.append(self._k("dsv4_route", w["p_route"], [self.rl, self.vbuf, self.ids,
                                                              self.moe], (1, 1, 1)))
@@ -709,7 +727,7 @@ class GpuDeepSeekV4Model:
             prog.append(self._mv(w["down_op"]))
             hc_post(w["p_post_ffn"], self.dn)
         if want in ("last", "greedy"):
-            hc_pre(self.head_hc_ops)
+            hc_pre(self.head_hc_ops, self.dn)
             prog.extend(self._mv(o) for o in self.head_ops)
         if want == "greedy":
             prog.append(Dispatch(fixed_pipeline(dev, "argmax"), dev.bind(
