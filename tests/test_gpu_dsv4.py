@@ -138,28 +138,27 @@ def test_hc_step(dev, hc, n):
     assert _rel(xo[:hc * n].reshape(hc, n), x1) < 1e-5
 
 
-# ---- RMSNorm + interleaved RoPE (+ the window ring write) ----------------------------------
+# ---- RMSNorm + interleaved RoPE (+ the window ring write), two jobs a dispatch -----------
 @pytest.mark.parametrize("inverse", [0, 1])
 def test_norm_rope(dev, inverse):
     rng = np.random.default_rng(inverse)
     nv, width, rd, ring, pos = 3, 50, 6, 5, 13
-    x = rng.standard_normal((nv, width)).astype(np.float32)
+    x = rng.standard_normal((1 + nv, width)).astype(np.float32)
     w = rng.random(width).astype(np.float32)
     c, s = D._cos_sin(D.rope_inv_freq(rd, 10000.0), pos)
     R = np.concatenate([c, s]).astype(np.float32)
-    p = _u32s(width, nv, 0, 0, 1, rd, 0, inverse, 0, ring, 1e-6, 0)
-    a, d = _run(dev, "dsv4_rope", p, [x, w, R, np.zeros((ring, width), np.float32)], (1, 1, 1),
-                pos=pos)
+    # job a: row 0, weighted norm + RoPE + ring write; job b: rows 1.., RoPE only
+    p = (_u32s(width, 1, 0, 0, 1, rd, 0, inverse, 0, ring, 1e-6, 0)
+         + _u32s(width, nv, width, NONE, 0, rd, 0, inverse, NONE, 1, 1e-6, 0) + _u32s(1, 0, 0, 0))
+    a, d = _run(dev, "dsv4_rope", p, [x, w, R, np.zeros((ring, width), np.float32)],
+                (1 + nv, 1, 1), pos=pos)
     want = K.rmsnorm(x[:1], w, 1e-6)
     K.rope_interleaved_tail(want, c, s, rd, bool(inverse))
     assert _rel(a[:width], want[0]) < 1e-5
     assert _rel(d[(pos % ring) * width:(pos % ring + 1) * width], want[0]) < 1e-5
-    # every head, no weight, no norm; no ring write
-    p = _u32s(width, nv, 0, NONE, 0, rd, 0, inverse, NONE, 1, 1e-6, 0)
-    a, _d = _run(dev, "dsv4_rope", p, [x, w, R, np.zeros(4, np.float32)], (nv, 1, 1), pos=pos)
-    want = x.copy()
+    want = x[1:].copy()
     K.rope_interleaved_tail(want, c, s, rd, bool(inverse))
-    assert _rel(a[:nv * width].reshape(nv, width), want) < 1e-5
+    assert _rel(a[width:(1 + nv) * width].reshape(nv, width), want) < 1e-5
 
 
 # ---- the compressor, over several windows ----------------------------------------------

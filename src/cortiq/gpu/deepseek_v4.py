@@ -12,8 +12,8 @@ forward does. Per layer:
                matvec for the mixes, then dsv4_hc)
     attention  matvec over wq_a | wkv | the compressors' projections | the indexer's
                weights (one dispatch); dsv4_rope: q_norm on qr, kv_norm + RoPE on kv
-               and kv into the window ring; matvec wq_b | indexer wq_b; dsv4_rope: the
-               per-head norm + RoPE of q (and RoPE of the index queries);
+               and kv into the window ring (one dispatch); matvec wq_b | indexer wq_b;
+               dsv4_rope: the per-head norm + RoPE of q and the RoPE of the index queries;
                dsv4_compress per compressor; dsv4_index_score + dsv4_index_select (the
                indexer's top-k on the device); dsv4_attend (sparse attention with the
                sink, inverse RoPE); dsv4_gather over wo_a (one block a group); matvec
@@ -399,20 +399,26 @@ class GpuDeepSeekV4Model:
             w["off"] = off
             rope_pos = rd if comp_layer else 0          # this position's cos/sin rows
             ql = cfg.q_lora_rank
-            w["p_qr"] = a.ref(u32s(ql, 1, off["qr"], w["q_norm"], 1, 0, 0, 0, NONE, 1, eps, 0))
-            w["p_kv"] = a.ref(u32s(hd, 1, off["kv"], w["kv_norm"], 1, rd, rope_pos, 0, 0,
-                                   cfg.window, eps, 0))
+            # dsv4_rope jobs: q_norm on qr, then kv_norm + RoPE on kv into the ring
+            w["p_qrkv"] = a.ref(u32s(ql, 1, off["qr"], w["q_norm"], 1, 0, 0, 0, NONE, 1, eps, 0)
+                                + u32s(hd, 1, off["kv"], w["kv_norm"], 1, rd, rope_pos, 0, 0,
+                                       cfg.window, eps, 0) + u32s(1, 0, 0, 0))
             w["qb_ops"] = self._matvecs(w["qb"], x=self.prj, x_off=off["qr"], x_cols=ql,
                                         y=self.qb, y_off=0)
-            w["p_q"] = a.ref(u32s(hd, cfg.n_heads, 0, NONE, 1, rd, rope_pos, 0, NONE, 1, eps, 0))
+            # ... and the per-head norm + RoPE of q, then the RoPE of the index queries
+            q_job = u32s(hd, cfg.n_heads, 0, NONE, 1, rd, rope_pos, 0, NONE, 1, eps, 0)
             qi_off = cfg.n_heads * hd
+            w["q_groups"] = cfg.n_heads
+            qi_job = q_job
             if L.indexer is not None:
                 ix = L.indexer
-                w["p_qi"] = a.ref(u32s(ix.head_dim, ix.n_heads, qi_off, NONE, 0, rd, rope_pos,
-                                       0, NONE, 1, eps, 0))
+                qi_job = u32s(ix.head_dim, ix.n_heads, qi_off, NONE, 0, rd, rope_pos, 0, NONE, 1,
+                              eps, 0)
+                w["q_groups"] += ix.n_heads
                 w["p_score"] = a.ref(u32s(ix.n_heads, ix.head_dim, qi_off, off["ix_weights"], 0,
                                           float(ix.head_dim ** -0.5 * ix.n_heads ** -0.5), 0, 0))
                 w["p_select"] = a.ref(u32s(ix.comp.ratio, cfg.index_topk, 0, 0))
+            w["p_q"] = a.ref(q_job + qi_job + u32s(cfg.n_heads, 0, 0, 0))
             for key, kv, g, row0 in (("comp", "comp_kv", "comp_gate", cfg.window),
                                      ("ixc", "ix_kv", "ix_gate", 0)):
                 if key in w:
@@ -684,14 +690,12 @@ class GpuDeepSeekV4Model:
             cache = s["cache"]
             hc_pre(w["hc_attn_ops"], self.dn)
             prog.extend(self._mv(o) for o in w["first_ops"])
-            prog.append(self._k("dsv4_rope", w["p_qr"], [self.step, self.prj, self.vbuf,
-                                                         self.rope, self.prj], (1, 1, 1)))
-            prog.append(self._k("dsv4_rope", w["p_kv"], [self.step, self.prj, self.vbuf,
-                                                         self.rope, cache], (1, 1, 1)))
+            prog.append(self._k("dsv4_rope", w["p_qrkv"], [self.step, self.prj, self.vbuf,
+                                                           self.rope, cache], (2, 1, 1)))
             prog.extend(self._mv(o) for o in w["qb_ops"])
             prog.append(self._k("dsv4_rope", w["p_q"], [self.step, self.qb, self.vbuf,
                                                         self.rope, self.qb],
-                                (cfg.n_heads, 1, 1)))
+                                (w["q_groups"], 1, 1)))
             if "comp" in w:
                 prog.append(self._k("dsv4_compress", w["comp"]["param"],
                                     [self.step, self.prj, self.vbuf, self.rope, s["comp"],
@@ -703,9 +707,6 @@ class GpuDeepSeekV4Model:
                 prog.append(self._k("dsv4_compress", w["ixc"]["param"],
                                     [self.step, self.prj, self.vbuf, self.rope, s["ixc"],
                                      s["ix"]], (1, 1, 1)))
-                prog.append(self._k("dsv4_rope", w["p_qi"], [self.step, self.qb, self.vbuf,
-                                                             self.rope, self.qb],
-                                    (ix.n_heads, 1, 1)))
                 prog.append(self._k("dsv4_index_score", w["p_score"],
                                     [self.qb, self.prj, s["ix"], s["score"]],
                                     lambda pos, r=r: ((pos + 1) // r, 1, 1)))
