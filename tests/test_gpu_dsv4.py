@@ -295,8 +295,9 @@ def toys(tmp_path_factory):
 def test_whole_model_logits_match_cpu(dev, toys, quant, fuse, monkeypatch):
     from cortiq.gpu import deepseek_v4 as G
     from cortiq.gpu import to_device
-    if not fuse:      # the large-model path: expand, mixes matvec and step apart
-        monkeypatch.setattr(G, "HC_FUSE_BYTES", 0)
+    if not fuse:      # the large-model path: expand, mixes matvec and step apart; and
+        monkeypatch.setattr(G, "HC_FUSE_BYTES", 0)     # caches grown (copied) 3 times
+        monkeypatch.setattr(G, "CAP0", 5)
     host = D.DeepseekV4Model(cmf.open(toys[quant]))
     g = to_device(host, dev)
     assert g.fuse_hc is fuse
@@ -305,6 +306,7 @@ def test_whole_model_logits_match_cpu(dev, toys, quant, fuse, monkeypatch):
     st = g.new_state()
     got = g.forward(st, ids, "all")
     assert got.shape == want.shape and st.pos == ids.size
+    assert st.cap == (40 if not fuse else G.CAP0)
     for r in range(ids.size):
         assert _rel(got[r], want[r]) < 1e-3, r
     assert g.kv_bytes(st) > 0
