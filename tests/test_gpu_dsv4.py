@@ -54,7 +54,8 @@ def _run(dev, name, params, arrays, dims, pos=0):
 
 # ---- the gathered matvec: stacked experts / grouped blocks ---------------------------------
 @pytest.mark.parametrize("dtype,R,C", [("f32", 7, 20), ("q8_row", 16, 16), ("q4_block", 16, 16),
-                                       ("q4tp", 5, 64), ("q8_2f", 9, 48), ("bf16", 24, 96)])
+                                       ("q4tp", 5, 64), ("q8_2f", 9, 48), ("bf16", 24, 96),
+                                       ("vbit", 16, 32)])
 def test_gather_matches_cpu(dev, dtype, R, C):
     from cortiq.gpu.deepseek_v4 import GatherOp, stack
     from cortiq.gpu.kernels import GpuMatrix, ParamArena
@@ -329,6 +330,20 @@ def test_greedy_tokens_identical(dev, toys):
     g.forward(s2, ids[:-1], "none")
     assert g.decode_greedy(s2, ids[-1], 32) == want
     assert g.dispatches_per_token > 0
+
+
+def test_final_hidden_and_embeddings(dev, toys):
+    from cortiq.gpu import to_device
+    host = D.DeepseekV4Model(cmf.open(toys["q8_row"]))
+    g = to_device(host, dev)
+    ids = [5, 1, 17, 2, 9, 9]
+    want = host.final_hidden(host.new_state(), ids)
+    got = g.final_hidden(g.new_state(), ids)
+    assert got.shape == want.shape == (6, 32) and _rel(got, want) < 1e-3
+    cpu = cortiq.LLM(toys["q8_row"], device="cpu")
+    gpu = cortiq.LLM(toys["q8_row"], device="gpu")
+    a, b = cpu.embed(["w3 w4 w5"])[0], gpu.embed(["w3 w4 w5"])[0]
+    assert _rel(np.asarray(b), np.asarray(a)) < 1e-3
 
 
 def test_task_mask_on_the_gpu(dev, toys):

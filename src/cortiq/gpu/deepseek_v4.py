@@ -312,7 +312,7 @@ class GpuDeepSeekV4Model:
         f4 = 4
         self.mix_w = (2 + hc) * hc
         self.x = dev.buffer(hc * D * f4)
-        self.xin = dev.buffer(D * f4)
+        self.xin = dev.buffer(D * f4, copy_src=True)
         self.mix = dev.buffer(self.mix_w * f4)
         self.pc = dev.buffer((hc + hc * hc) * f4)
         self.prj = dev.buffer(prj_w * f4)
@@ -329,7 +329,7 @@ class GpuDeepSeekV4Model:
         self.res = dev.buffer(16, copy_src=True)
         self.step = dev.buffer(16, uniform=True)
         self.rope = dev.buffer(self.rope_len * f4)
-        self.stage_logits = dev.staging(self.vocab * f4)
+        self.stage_logits = dev.staging(max(self.vocab, D) * f4)
         self.stage_ids = [dev.staging(16), dev.staging(16)]
         self._build_ops()
         self._lock = threading.Lock()   # one token on the shared activations at a time
@@ -588,16 +588,24 @@ class GpuDeepSeekV4Model:
             out.append(int(dev.read(pending, 4).view(np.uint32)[0]))
         return out
 
+    def final_hidden(self, st: GpuDsv4State, ids) -> np.ndarray:
+        """The folded final-norm hidden states [len(ids), dim] the head reads
+        (`cortiq.embeddings` pools them)."""
+        ids = self._check(ids, "all")
+        return np.stack([self._token(st, int(t), "hidden") for t in ids]) if ids.size else \
+            np.zeros((0, self.cfg.dim), np.float32)
+
     def _token(self, st, tok: int, want: str):
         dev = self.dev
-        stage = self.stage_logits if want == "last" else self.stage_ids[0]
+        stage = self.stage_logits if want in ("last", "hidden") else self.stage_ids[0]
         with self._lock:
             dev.queue.write_buffer(self.ids, 0, np.array([tok], np.uint32))
             self._submit(st, want, stage)
             if want == "greedy":
                 return int(dev.read(stage, 4).view(np.uint32)[0])
-            if want == "last":
-                return dev.read(stage, self.vocab * 4).view(np.float32).copy()
+            if want in ("last", "hidden"):
+                n = self.vocab if want == "last" else self.cfg.dim
+                return dev.read(stage, n * 4).view(np.float32).copy()
         return None
 
     def _submit(self, st, want, stage) -> None:
@@ -609,6 +617,8 @@ class GpuDeepSeekV4Model:
         enc = self._record(st, want)
         if want == "last":
             enc.copy_buffer_to_buffer(self.logits, 0, stage, 0, self.vocab * 4)
+        elif want == "hidden":
+            enc.copy_buffer_to_buffer(self.xin, 0, stage, 0, self.cfg.dim * 4)
         elif want == "greedy":
             enc.copy_buffer_to_buffer(self.res, 0, stage, 0, 16)
         dev.queue.submit([enc.finish()])
@@ -727,8 +737,9 @@ class GpuDeepSeekV4Model:
             prog.append(self._mv(w["gu_op"]))
             prog.append(self._mv(w["down_op"]))
             hc_post(w["p_post_ffn"], self.dn)
-        if want in ("last", "greedy"):
+        if want in ("last", "greedy", "hidden"):
             hc_pre(self.head_hc_ops, self.dn)
+        if want in ("last", "greedy"):
             prog.extend(self._mv(o) for o in self.head_ops)
         if want == "greedy":
             prog.append(Dispatch(fixed_pipeline(dev, "argmax"), dev.bind(
