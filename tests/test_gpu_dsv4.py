@@ -356,13 +356,25 @@ def test_task_mask_on_the_gpu(dev, toys):
     assert _rel(g.forward(g.new_state(), ids), host.forward(host.new_state(), ids)) < 1e-3
 
 
+TEMPLATE = ("{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}"
+            "{% if add_generation_prompt %}w3{% endif %}")
+
+
 def test_llm_sessions_rollback_and_reuse(dev, toys):
-    cpu = cortiq.LLM(toys["f32"], device="cpu", seed=0)
-    gpu = cortiq.LLM(toys["f32"], device="gpu", seed=0)
+    cpu = cortiq.LLM(toys["f32"], device="cpu", seed=0, chat_template=TEMPLATE)
+    gpu = cortiq.LLM(toys["f32"], device="gpu", seed=0, chat_template=TEMPLATE)
     assert type(gpu.model).__name__ == "GpuDeepSeekV4Model"
     kw = dict(max_tokens=6, temperature=0)
     for prompt in ("w3 w4 w5", "w3 w4 w5 w6", "w3 w4 w5"):     # prefix reuse starts over
         assert gpu.generate(prompt, **kw) == cpu.generate(prompt, **kw)
+    msgs = [{"role": "user", "content": "w5 w6"}]
+    r1 = gpu.create_chat_completion(msgs, max_tokens=4, temperature=0)
+    msgs2 = msgs + [r1["choices"][0]["message"], {"role": "user", "content": "w7"}]
+    r2 = gpu.create_chat_completion(msgs2, max_tokens=4, temperature=0)   # a longer prefix
+    c1 = cpu.create_chat_completion(msgs, max_tokens=4, temperature=0)
+    c2 = cpu.create_chat_completion(msgs2, max_tokens=4, temperature=0)
+    for g, c in ((r1, c1), (r2, c2)):
+        assert g["choices"][0]["message"]["content"] == c["choices"][0]["message"]["content"]
     s = gpu.session()
     rows = s.feed([3, 7, 1, 9], want="all")
     assert rows.shape == (4, 24) and (s.logits() == rows[-1]).all()
