@@ -160,7 +160,7 @@ def dsv4_decode(dev, cache, tiny, n_prompt, tokens, bw, cpu):
     """The DeepSeek-V4 bench model (benchmarks/_bench_dsv4.py's default geometry, q8_row)
     decoded on the GPU: prefill and decode tokens/s three ways (as for Dory), dispatches
     and GPU time per token, effective weight GB/s (the bytes a token reads: attention,
-    hyper-connections, router, shared + top_k experts, head)."""
+    hyper-connections, router, shared + top_k experts, head), GPU time by kernel."""
     import _bench_dsv4 as B
     from cortiq.gpu import to_device
     from cortiq.models.deepseek_v4 import DeepseekV4Model
@@ -215,6 +215,12 @@ def dsv4_decode(dev, cache, tiny, n_prompt, tokens, bw, cpu):
     out["record_ms_per_token"] = (time.perf_counter() - t0) / n * 1e3
     prog = g._program(st, "greedy")
     out["gpu_ms_per_token"] = _time_dispatches(g, prog, k=16, at=st.pos) * 1e3
+    kinds = {}
+    for d in prog:
+        kinds.setdefault(d.name, []).append(d)
+    out["gpu_ms_by_kernel"] = {name: {"dispatches": len(ds),
+                                      "ms": _time_dispatches(g, ds, k=16, at=st.pos) * 1e3}
+                               for name, ds in sorted(kinds.items())}
     if cpu:
         out["cortiq_cpu"] = cpu_decode(path, prompt, max(4, tokens // 8))
         out["gpu_over_cpu"] = best / out["cortiq_cpu"]["tok_s"]
