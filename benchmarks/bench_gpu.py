@@ -22,7 +22,8 @@ one run it measures
   * cortiq's CPU decode on this machine (all cores) and a PyTorch eager bf16 forward of
     the same model on the same GPU (benchmark-only code below), with the largest
     relative logit difference of its first token against cortiq's.
-It prints one JSON object. DeepSeek-V4 has no GPU forward yet; it is reported as such.
+Then the same decode measurements for the DeepSeek-V4 bench model (benchmarks/_bench_dsv4.py's
+default geometry, q8_row; --tiny: a small one) under "deepseek_v4". It prints one JSON object.
 """
 import argparse
 import json
@@ -125,18 +126,22 @@ def gpu_decode(g, prompt, tokens):
     return res
 
 
-def _time_dispatches(g, ds, k=64, rounds=3):
+def _time_dispatches(g, ds, k=64, rounds=3, at=1):
     """GPU seconds of one pass over dispatches ds: k passes in one submission, best of
-    `rounds` (no host work in between)."""
+    `rounds` (no host work in between); workgroup counts that depend on the step are
+    taken at `at`."""
     best = None
     for _ in range(rounds):
         enc = g.dev.dev.create_command_encoder()
         cp = enc.begin_compute_pass()
         for _ in range(k):
             for d in ds:
+                dims = d.dims(at) if callable(d.dims) else d.dims
+                if 0 in dims:
+                    continue
                 cp.set_pipeline(d.pipeline)
                 cp.set_bind_group(0, d.group)
-                cp.dispatch_workgroups(*(d.dims(1) if callable(d.dims) else d.dims))
+                cp.dispatch_workgroups(*dims)
         cp.end()
         cb = enc.finish()
         t0 = time.perf_counter()
@@ -145,6 +150,84 @@ def _time_dispatches(g, ds, k=64, rounds=3):
         dt = (time.perf_counter() - t0) / k
         best = dt if best is None else min(best, dt)
     return best
+
+
+# ---- DeepSeek-V4 ---------------------------------------------------------------------------
+#: a DeepSeek-V4 small enough for llvmpipe (--tiny)
+DSV4_TINY = dict(dim=64, layers=4, heads=2, head_dim=32, rope=16, q_lora=32, o_groups=2,
+                 o_lora=32, experts=8, top_k=2, inter=64, vocab=512, window=8, index_heads=2,
+                 index_head_dim=16, index_topk=4, hca_ratio=8)
+
+
+def dsv4_decode(dev, cache, tiny, n_prompt, tokens, bw, cpu):
+    """The DeepSeek-V4 bench model (benchmarks/_bench_dsv4.py's default geometry, q8_row)
+    decoded on the GPU: prefill and decode tokens/s three ways (as for Dory), dispatches
+    and GPU time per token, effective weight GB/s (the bytes a token reads: attention,
+    hyper-connections, router, shared + top_k experts, head), GPU time by kernel."""
+    import _bench_dsv4 as B
+    from cortiq.gpu import to_device
+    from cortiq.models.deepseek_v4 import DeepseekV4Model
+    ap = argparse.ArgumentParser()
+    B.add_args(ap)
+    da = ap.parse_args([])
+    if tiny:
+        for k, v in DSV4_TINY.items():
+            setattr(da, k, v)
+    geo = B.geometry(da)
+    tag = "tiny" if tiny else "default"
+    path = os.path.join(cache, f"dsv4-{tag}-q8_row.cmf")
+    if not os.path.exists(path):
+        os.makedirs(cache, exist_ok=True)
+        B.write_model(path, geo, "q8_row")
+    host = DeepseekV4Model(cmf.open(path))
+    t0 = time.perf_counter()
+    g = to_device(host, dev)
+    out = {"model": tag, "dtype": "q8_row", "gpu_load_s": time.perf_counter() - t0,
+           "geometry": {k: geo[k] for k in ("dim", "layers", "heads", "head_dim", "experts",
+                                            "top_k", "inter", "vocab", "ratios")}}
+    per_token = B.touched_bytes(host)
+    out["weight_gb_per_token"] = per_token / 1e9
+    prompt = np.random.default_rng(0).integers(0, host.vocab, n_prompt)
+    st = g.new_state()
+    t0 = time.perf_counter()
+    g.forward(st, prompt, "last")
+    out["prefill_tok_s"] = len(prompt) / (time.perf_counter() - t0)
+    tok = int(prompt[-1])
+    g.forward_greedy(st, [tok])
+    g.decode_greedy(st, tok, 2)
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        tok = int(np.argmax(g.forward(st, [tok])))
+    out["session_tok_s"] = tokens / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        tok = g.forward_greedy(st, [tok])
+    out["greedy_tok_s"] = tokens / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    g.decode_greedy(st, tok, tokens)
+    out["chained_tok_s"] = tokens / (time.perf_counter() - t0)
+    for k in ("session_tok_s", "greedy_tok_s", "chained_tok_s"):
+        out[k.replace("tok_s", "eff_gb_s")] = out[k] * per_token / 1e9
+    best = max(out["session_tok_s"], out["greedy_tok_s"], out["chained_tok_s"])
+    out["pct_of_read_bw"] = 100 * best * per_token / 1e9 / bw
+    out["dispatches_per_token"] = g.dispatches_per_token
+    n = 20
+    t0 = time.perf_counter()
+    for _ in range(n):
+        g._record(st, "greedy").finish()
+    out["record_ms_per_token"] = (time.perf_counter() - t0) / n * 1e3
+    prog = g._program(st, "greedy")
+    out["gpu_ms_per_token"] = _time_dispatches(g, prog, k=16, at=st.pos) * 1e3
+    kinds = {}
+    for d in prog:
+        kinds.setdefault(d.name, []).append(d)
+    out["gpu_ms_by_kernel"] = {name: {"dispatches": len(ds),
+                                      "ms": _time_dispatches(g, ds, k=16, at=st.pos) * 1e3}
+                               for name, ds in sorted(kinds.items())}
+    if cpu:
+        out["cortiq_cpu"] = cpu_decode(path, prompt, max(4, tokens // 8))
+        out["gpu_over_cpu"] = best / out["cortiq_cpu"]["tok_s"]
+    return out
 
 
 # ---- the PyTorch eager peer (benchmark-only) -----------------------------------------------
@@ -353,7 +436,7 @@ def main():
                 out["gpu_over_torch"] = best / out["torch_eager_bf16"]["tok_s"]
         except ImportError:
             out["torch_eager_bf16"] = {"skipped": "torch is not installed"}
-    out["deepseek_v4"] = {"skipped": "no GPU forward for DeepSeek-V4 in this build"}
+    out["deepseek_v4"] = dsv4_decode(dev, a.cache, a.tiny, a.prompt, a.tokens, bw, not a.no_cpu)
     print(json.dumps(out, indent=1))
 
 

@@ -369,8 +369,8 @@ def test_unsupported_architecture_and_options(dev, demo_file, tmp_path):
     from cortiq.models.dory import DoryModel
 
     class Other:
-        arch = "deepseek_v4"
-    with pytest.raises(ConfigError, match="deepseek_v4"):
+        arch = "llama"
+    with pytest.raises(ConfigError, match="llama"):
         to_device(Other(), dev)
     d = DoryModel(demo_file).hidden
     router = tmp_path / "router.bin"
