@@ -166,9 +166,11 @@ def _part_tables(parts_rows: list) -> bytes:
     return u32s(*starts) + u32s(*rows)
 
 
-def _matvec_source(dev: Device, shader: str, n: int, fns: list, rowdot_args: str) -> str:
-    """A matvec shader over n stored parts: the shared parameters and bindings, the
-    parts' functions, and the chain that sends a row to its part's `rowdot_i`."""
+def _matvec_source(dev: Device, shader: str, n: int, fns: list, rowdot_args: str,
+                   x_writable: bool = False) -> str:
+    """A matvec shader over n stored parts: the shared parameters and bindings (X
+    read-write only for an input stage that writes x back), the parts' functions, and
+    the chain that sends a row to its part's `rowdot_i`."""
     disp = []
     for i in range(n):
         cond = f"row < P.part_start[{i} / 4][{i} % 4] + P.part_rows[{i} / 4][{i} % 4]"
@@ -178,7 +180,8 @@ def _matvec_source(dev: Device, shader: str, n: int, fns: list, rowdot_args: str
     disp.append("}")
     return (dev.source(shader).replace("$MATVEC_IO", dev.source("matvec_io.wgsl"))
             .replace("$BINDINGS", _part_bindings(6, n))
-            .replace("$PARTFNS", "\n".join(fns)).replace("$DISPATCH", "\n".join(disp)))
+            .replace("$PARTFNS", "\n".join(fns)).replace("$DISPATCH", "\n".join(disp))
+            .replace("$XMODE", "read_write" if x_writable else "read"))
 
 
 def matvec_kinds(nparts: int, pro: int = 0) -> tuple:
@@ -199,7 +202,7 @@ def matvec_pipeline(dev: Device, dtypes: tuple, fast: bool, nt: int, pro: int):
     code = (_matvec_source(dev, "matvec.wgsl", n, fns, "lane, t0, nt")
             .replace("$RPWu", f"{RPW}u").replace("$TPRu", f"{256 // RPW}u")
             .replace("$NTu", f"{nt}u").replace("$PROu", f"{pro}u")
-            .replace("$REDN", str(2 * 256 * nt)).replace("$XMODE", "read"))
+            .replace("$REDN", str(2 * 256 * nt)))
     return dev.pipeline(key, code, matvec_kinds(n))
 
 
@@ -280,12 +283,11 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
         fns.append(_decoder(dev, i, dt))
         fns.append(_decoder(dev, i, dt, "qchunk.wgsl"))
         fns.append(part.replace("$I", str(i)))
-    code = (_matvec_source(dev, "matvec1.wgsl", n, fns, "lane")
+    code = (_matvec_source(dev, "matvec1.wgsl", n, fns, "lane", x_writable=pro == 4)
             .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
             .replace("$RWu", f"{RPW1_ROWS}u")
             .replace("$PROu", f"{pro}u").replace("$XSu", f"{xs}u")
             .replace("$XSN", str(max(xs, 4))).replace("$WTSN", "256" if pro == 3 else "1")
-            .replace("$XMODE", "read_write" if pro == 4 else "read")
             .replace("$XWRITE", "X[P.v_b + c] = xs[c + (c >> 5u)] * inv;" if pro == 4 else ""))
     return dev.pipeline(key, code, matvec_kinds(n, pro))
 
