@@ -64,8 +64,10 @@ KINDS = {
 }
 #: the largest hyper-connection `fn` (bytes) the dsv4_hc kernel multiplies itself, in
 #: one workgroup together with the previous block's expand (one dispatch a step instead
-#: of three); larger ones run as a matvec over many workgroups first
-HC_FUSE_BYTES = 1 << 20
+#: of three); larger ones run as a matvec over many workgroups first. One workgroup
+#: streams fn slowly: on an H200 the bench model's 393 KB fn took 187 us a step fused
+#: against about 130 us as three dispatches (docs/PERFORMANCE.md, GPU section)
+HC_FUSE_BYTES = 64 << 10
 #: positions the compressed caches hold before their first growth
 CAP0 = 1024
 #: dtypes whose payload stacks row-wise (every section of the layout is per row)
