@@ -101,6 +101,18 @@ def test_dory_options(files, opts):
         assert any(0 < one < n for n, one in got)
 
 
+@pytest.mark.parametrize("kv_mode", ["per_loop", "last_loop"])
+def test_dory_gate_mixes_exits_and_second_passes(files, kv_mode):
+    """The conf gate fires on some rows and not others (a prompt's one-row last chunk
+    included); under per_loop a later second pass reads an exited row's first-pass keys."""
+    m = _model(files, "dory", "f32", kv_mode=kv_mode, gate="conf:0.2")
+    ss, ref = _check_model(m, [65, 1, 129, 4, 2], n_dec=8, seed=4)
+    got = [(s._state.gate_tokens, s._state.gate_one) for s in ss]
+    assert got == [(r[2]._state.gate_tokens, r[2]._state.gate_one) for r in ref]
+    assert sum(one for _, one in got) > 0
+    assert any(one < n for n, one in got)
+
+
 def test_int8_rows_equal_unbatched(files):
     m = _model(files, "llama", "q8_row")
     cortiq.tensor.set_model_precision(m, "int8")

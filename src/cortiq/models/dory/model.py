@@ -313,6 +313,12 @@ class DoryModel:
         # ---- o1: the far field of the full layers (src/cortiq/models/dory/far_field.py)
         self.o1rt = O1Runtime.for_model(self, o1=o1, spill=spill,
                                         turbo_defaults=not opts.fixed_loops, env=opts.env)
+        if self.o1rt is not None and self.gate is not None and any(
+                self._per_loop[li] and not self.layers[li].sliding for li in rec
+                if isinstance(self.layers[li], AttnWeights)):
+            raise ConfigError("o1: the far field with an early-exit gate needs "
+                              "kv_mode='last_loop' (a per_loop far-field cache cannot take "
+                              "the rows of a pass a token skipped)")
         # ---- end o1
 
     def _make_gate(self, spec) -> Gate | None:
@@ -338,12 +344,16 @@ class DoryModel:
             return min(self.loops, self.prompt_loops)
         return self.loops
 
-    def _slot(self, st: DoryState, w: AttnWeights, li: int, loop_i: int) -> KvSlot:
+    def _slot(self, st: DoryState, w: AttnWeights, li: int, loop_i: int, pos0: int) -> KvSlot:
+        """The cache pass `loop_i` of layer li reads and writes, ready for rows at pos0."""
         sl = loop_i if self._per_loop[li] else 0
         row = st.slots[w.ordinal]
         while len(row) <= sl:
             row.append(KvSlot(self.nk, self.hd))
-        return row[sl]
+        slot = row[sl]
+        if sl and slot.first + slot.n < pos0:
+            carry_forward(slot, row[sl - 1], pos0)
+        return slot
 
     def forward(self, st: DoryState, ids, want: str = "last") -> np.ndarray | None:
         """Run tokens `ids` from position st.pos. want: "none" -> None, "last" ->
@@ -537,7 +547,7 @@ class DoryModel:
     def _attn_row(self, st, w: AttnWeights, li, loop_i, h, pos0, overwrite, rope) -> None:
         """_attn and the residual for one row, in one kernel call: the cache row is
         written in place (q, g and the heads live in st.scratch)."""
-        slot = self._slot(st, w, li, loop_i)
+        slot = self._slot(st, w, li, loop_i, pos0)
         if overwrite:
             slot.n -= 1
         slot._reserve(slot.n + 1)
@@ -561,7 +571,7 @@ class DoryModel:
         cos, sin = rope
         K.qk_prep(q, cos, sin, w.sq, EPS)     # rotate, justnorm per head, * s_q
         K.qk_prep(k, cos, sin, None, EPS)     # rotate, justnorm per head
-        slot = self._slot(st, w, li, loop_i)
+        slot = self._slot(st, w, li, loop_i, pos0)
         v = v.reshape(t, nk, hd)
 
         def exact():
@@ -826,7 +836,7 @@ class DoryModel:
             cos, sin = sg.ropes[0] if w.sliding else sg.ropes[1]
             K.qk_prep(qs, cos, sin, w.sq, EPS)
             K.qk_prep(ks, cos, sin, None, EPS)
-            slot = self._slot(sg.st, w, li, sg.loop)
+            slot = self._slot(sg.st, w, li, sg.loop, sg.pos0)
             overwrite = sg.loop > 0 and self._rewrite[li]
 
             def exact(slot=slot, qs=qs, ks=ks, vs=vs, overwrite=overwrite, pos0=sg.pos0):
@@ -838,6 +848,20 @@ class DoryModel:
             y[r:r + t] = ys.reshape(t, nh * hd)
         K.gate_norm(y, g, w.sg, EPS)
         return batch_products((w.o,), y, lone)[0]
+
+
+def carry_forward(slot: KvSlot, prev: KvSlot, pos0: int) -> None:
+    """Give a per_loop cache the positions before pos0 that its pass skipped (tokens that
+    left the loop early under a gate, or ran fewer passes than this one): each such
+    position reads, in this pass's cache, the keys and values of the last pass it ran,
+    which `prev` (the previous pass's cache, already complete up to pos0) holds -- what
+    a last_loop cache holds for it too. Rows a window has already dropped from `prev`
+    are ones no later position reads."""
+    lo = slot.first + slot.n
+    if lo < prev.first:
+        slot.n, slot.first, lo = 0, prev.first, prev.first
+    a, b = lo - prev.first, pos0 - prev.first
+    slot.put(prev.k[a:b], prev.v[a:b], False)
 
 
 class _Seg:
