@@ -12,7 +12,7 @@ a time:
         piece = gen.step(logits)          # samples; None once finished
         if piece: yield piece
         if gen.done: break
-        logits = session.feed([gen.token], want="last")
+        logits = session.feed([gen.token], want="last", prompt=False)
     tail = gen.finish()
 
 so one session's loop (`LLM.generate`) and a batch of many (a scheduler feeding
