@@ -757,7 +757,7 @@ class DeepseekV4Model:
             K.rms_weighted(kv_all[b], L.kv_norm, cfg.norm_eps)
         q_all, *qi = batch_products([L.wq_b] + ([L.indexer.wq_b] if L.indexer else []), qr_all)
         qi_all = qi[0] if qi else None
-        mids = []
+        heads = np.empty((B, cfg.n_heads * hd), np.float32)   # each row's attention output
         for b in range(B):
             ls, pos, (c, s) = lss[b], poss[b], ropes[b]
             kv = kv_all[b]
@@ -797,8 +797,11 @@ class DeepseekV4Model:
             K.rope_interleaved_tail(q, c, s, rd)
             o = K.sparse_attend(q, cache.buf[: W + n_comp], idx, L.sink, hd ** -0.5)
             K.rope_interleaved_tail(o, c, s, rd, True)
-            mids.append(K.grouped_rows(L.wo_a, o.reshape(-1), cfg.o_groups))
-        return batch_products([L.wo_b], np.stack(mids))[0]
+            heads[b] = o.reshape(-1)
+        # the grouped low-rank projection: wo_a read once for all rows, each row bit for
+        # bit its own call's
+        mids = K.grouped_rows(L.wo_a, heads, cfg.o_groups)
+        return batch_products([L.wo_b], mids)[0]
 
     def _moe_rows(self, L: _Layer, X, tids):
         """`_moe` for one row per sequence: the gate and the shared expert once for all
