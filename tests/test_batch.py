@@ -281,6 +281,28 @@ def test_auto_prompt_rows_do_not_depend_on_the_cut(files, arch):
     exact.close()
 
 
+def test_version_1_states_load_with_the_length_rule(files):
+    """States saved before feeds carried the prompt flag: several ids are prompt rows,
+    one a generated token (what such a feed was)."""
+    import hashlib
+    import json
+
+    from cortiq import state as S
+    m = _model(files, "llama", "q8_row")
+    s = Session(m)
+    s.feed([5, 6, 7], "none")
+    s.feed([8], "last")
+    payload = json.dumps({"ids": [5, 6, 7, 8], "feeds": [[3, "none"], [1, "last"]]}).encode()
+    body = S._HEAD.pack(S.MAGIC, 1, S.model_identity(m), len(payload)) + payload
+    t = Session.load_state(m, body + hashlib.sha256(body).digest())
+    assert t._feeds == s._feeds == [(3, "none", True), (1, "last", False)]
+    assert np.array_equal(t.logits(), s.logits())
+    payload = json.dumps({"ids": [5], "feeds": [[1, "last", True, 0]]}).encode()
+    body = S._HEAD.pack(S.MAGIC, 2, S.model_identity(m), len(payload)) + payload
+    with pytest.raises(S.StateError, match="malformed"):
+        Session.load_state(m, body + hashlib.sha256(body).digest())
+
+
 def test_streams_cancel_and_usage(files):
     llm = cortiq.LLM(files["llama", "f32"], max_batch=4)
     ref = cortiq.LLM(files["llama", "f32"], max_batch=1)
