@@ -1,6 +1,7 @@
 """cortiq run / chat / bench / convert / serve argument handling (in-process, toy model)."""
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -90,6 +91,10 @@ def test_serve_on_a_busy_port_is_one_line(toy_path, capsys):
         assert main(["serve", toy_path, "--port", str(port)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot listen on 127.0.0.1" in err[0]
+    # serve() leaves the process's logging as it found it (no handler on a stream that
+    # may be closed later, failures still propagate to the application's handlers)
+    server_log = logging.getLogger("cortiq.server")
+    assert server_log.handlers == [] and server_log.propagate
 
 
 def test_chat_drops_old_exchanges_to_fit(toy_path, capsys, monkeypatch):

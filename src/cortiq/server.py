@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import math
@@ -802,11 +803,6 @@ def serve(llm, host: str = "127.0.0.1", port: int = 8080, *, graceful_timeout: f
                           "'cortiq[serve]' (starlette, uvicorn)") from e
     import signal
     import socket
-    if not log.handlers:                     # failures (500s) show at the default level
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("cortiq: %(levelname)s: %(message)s"))
-        log.addHandler(h)
-        log.propagate = False
     app = create_app(llm, **app_options)
     shutdown = app.state.shutdown
 
@@ -823,28 +819,48 @@ def serve(llm, host: str = "127.0.0.1", port: int = 8080, *, graceful_timeout: f
             else:
                 self.force_exit = True
 
-    # Bind here so that a busy port or a bad host is one OSError (one CLI line, exit 1),
-    # not uvicorn's log line and exit code 3.
+    with _failures_on_stderr():
+        # Bind here so that a busy port or a bad host is one OSError (one CLI line, exit 1),
+        # not uvicorn's log line and exit code 3.
+        try:
+            family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as e:
+            raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+        except OSError as e:
+            sock.close()
+            raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        if announce:
+            print(f"cortiq: serving {getattr(llm, 'model_name', 'model')} on "
+                  f"http://{host}:{sock.getsockname()[1]}/v1", file=sys.stderr, flush=True)
+        config = uvicorn.Config(app, log_level=log_level, http=json_error_protocol(),
+                                timeout_graceful_shutdown=graceful_timeout + SHUTDOWN_MARGIN_S)  # type: ignore[arg-type]  # uvicorn takes seconds as float
+        server = _Server(config)
+        try:
+            server.run(sockets=[sock])
+        finally:
+            app.state.cancel_all()
+            sock.close()
+        return shutdown.n_cut
+
+
+@contextlib.contextmanager
+def _failures_on_stderr():
+    """While `serve` runs, failures (500s) show at the default level on stderr, unless
+    the application configured the server's logger itself; undone afterwards, so a
+    serve() call leaves the process's logging as it found it."""
+    if log.handlers:
+        yield
+        return
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(logging.Formatter("cortiq: %(levelname)s: %(message)s"))
+    log.addHandler(h)
+    log.propagate = False
     try:
-        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-    except OSError as e:
-        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-    except OSError as e:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    if announce:
-        print(f"cortiq: serving {getattr(llm, 'model_name', 'model')} on "
-              f"http://{host}:{sock.getsockname()[1]}/v1", file=sys.stderr, flush=True)
-    config = uvicorn.Config(app, log_level=log_level, http=json_error_protocol(),
-                            timeout_graceful_shutdown=graceful_timeout + SHUTDOWN_MARGIN_S)  # type: ignore[arg-type]  # uvicorn takes seconds as float
-    server = _Server(config)
-    try:
-        server.run(sockets=[sock])
+        yield
     finally:
-        app.state.cancel_all()
-        sock.close()
-    return shutdown.n_cut
+        log.removeHandler(h)
+        log.propagate = True
