@@ -280,8 +280,11 @@ def test_conf_gate_matches_cpu(dev, demo_file):
     g = to_device(host, dev)
     ids = np.random.default_rng(9).integers(0, host.vocab, 6)
     sc, sg = host.new_state(), g.new_state()
-    host.forward(sc, ids, "none")
-    g.forward(sg, ids, "none")
+    host.forward(sc, ids[:5], "none")
+    g.forward(sg, ids[:5], "none")
+    # a one-row prompt piece is a prompt row: never gated, on either device
+    assert _rel(g.forward(sg, ids[5:], prompt=True), host.forward(sc, ids[5:], prompt=True)) < 1e-3
+    assert sg.gate_tokens == sc.gate_tokens == 0
     tok_c = tok_g = int(ids[-1])
     for _ in range(12):
         a, b = host.forward(sc, [tok_c]), g.forward(sg, [tok_g])

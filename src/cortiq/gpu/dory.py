@@ -32,6 +32,7 @@ import numpy as np
 
 from ..errors import ConfigError, CortiqError
 from ..models.dory.model import EPS, HOST_CHUNK, AttnWeights, ExitRate, top_prob
+from ..session import is_prompt
 from .device import Device
 from .kernels import (MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp, ParamArena,
                       embed_kinds, embed_pipeline, fixed_pipeline, resolve, u32s)
@@ -78,6 +79,7 @@ class GpuDoryState:
 class GpuDoryModel:
     arch = "dory"
     supports_rollback = True
+    takes_prompt = True         # forward takes the prompt flag (the conf gate reads it)
 
     def __init__(self, host, device: Device | None = None, attn_splits: int | None = None,
                  fuse_residual: bool = True):
@@ -292,10 +294,13 @@ class GpuDoryModel:
         return sum(min(st.pos, s[2]) * per_row for slots in st.slots for s in slots or ())
 
     # ---- the forward ----------------------------------------------------------------
-    def forward(self, st: GpuDoryState, ids, want: str = "last"):
+    def forward(self, st: GpuDoryState, ids, want: str = "last", prompt: bool | None = None):
         """Run tokens `ids` from position st.pos. want: "none" -> None, "last" ->
-        [vocab], "all" -> [len(ids), vocab] (float32)."""
+        [vocab], "all" -> [len(ids), vocab] (float32). prompt: whether the rows are
+        prompt rows (None: whether there are several), which the conf gate never
+        exits early, as on the CPU."""
         ids = self._check(ids, want)
+        prompt = is_prompt(prompt, ids.size)
         if ids.size == 0:
             return None if want == "none" else np.zeros(
                 (0, self.vocab) if want == "all" else 0, np.float32)
@@ -304,7 +309,7 @@ class GpuDoryModel:
             chunk = ids[start:start + HOST_CHUNK]
             last = start + chunk.size == ids.size
             w = want if (last or want == "all") else "none"
-            lg = self._run_chunk(st, chunk, w)
+            lg = self._run_chunk(st, chunk, w, prompt)
             if lg is not None:
                 out.append(lg)
         if want == "none":
@@ -319,10 +324,11 @@ class GpuDoryModel:
         ids = self._check(ids, "last")
         if ids.size == 0:
             raise CortiqError("forward_greedy: no tokens")
+        prompt = ids.size > 1
         for start in range(0, ids.size - 1, HOST_CHUNK):
             chunk = ids[start:min(start + HOST_CHUNK, ids.size - 1)]
-            self._run_chunk(st, chunk, "none")
-        return self._run_chunk(st, ids[-1:], "greedy")
+            self._run_chunk(st, chunk, "none", prompt)
+        return self._run_chunk(st, ids[-1:], "greedy", prompt)
 
     def decode_greedy(self, st: GpuDoryState, first: int, n: int) -> list[int]:
         """n greedy tokens after `first` (fed at st.pos), the token ids chained on the
@@ -377,8 +383,8 @@ class GpuDoryModel:
         q.write_buffer(self.rope, 0, np.concatenate([np.ravel(a) for a in (cs, ss, cf, sf)])
                        .astype(np.float32))
 
-    def _run_chunk(self, st, chunk, want):
-        if self.gate is not None and chunk.size == 1:
+    def _run_chunk(self, st, chunk, want, prompt: bool):
+        if self.gate is not None and chunk.size == 1 and not prompt:
             return self._gated_row(st, chunk, want)
         return self._submit(st, chunk, want, self.host._chunk_loops(
             "none" if want == "none" else "last"))
