@@ -338,10 +338,14 @@ static cq_status drv_matvec(const cq_qmat *m, const float *x, float *y) {
  * CQ_CLAIM_BYTES of rows and runs every input over them while they sit in its cache.
  * This is the decode step of several sequences at once (continuous batching), where
  * matmat's register tiles would be mostly padding. Each x is read as matvec_many
- * reads it, so rows are bit-identical to the matvec of that input -- except where the
- * table defines CQ_HAVE_ROWS_MULTI: rows_multi_takes(m), rows_multi(m, r0, nr, xs, t,
- * Y, ldy) decodes each weight once for all inputs (float32 x only, t > 1), equal to
- * matvec within float32 rounding. */
+ * reads it, and where the table has multi-input row tiles (t > 1) each weight is
+ * loaded and decoded once per tile for several inputs:
+ *   CQ_HAVE_ROWS_MULTI: rows_multi_takes(m), rows_multi(m, r0, nr, xs, t, Y, ldy) for a
+ *     float32 x (rows_multi.h): equal to matvec within float32 rounding, not bitwise;
+ *   CQ_HAVE_I8_MULTI: i8_multi_takes(m), i8_rows_multi(m, r0, nr, xqs, t, Y, ldy) for
+ *     int8 x: each input's integer sums and float operations are its matvec row's,
+ *     so rows are bit-identical to the int8 matvec of that input.
+ * Elsewhere rows are matvec's own, input by input (bit-identical). */
 #ifndef CQ_HAVE_ROWS_MULTI
 static int rows_multi_takes(const cq_qmat *m) {
     (void)m;
@@ -352,9 +356,26 @@ static void rows_multi(const cq_qmat *m, size_t r0, size_t nr, const float *cons
     (void)m, (void)r0, (void)nr, (void)xs, (void)t, (void)Y, (void)ldy;
 }
 #endif
+#ifndef CQ_HAVE_I8_MULTI
+static int i8_multi_takes(const cq_qmat *m) {
+    (void)m;
+    return 0;
+}
+static void i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *const *xqs, size_t t, float *Y,
+                          size_t ldy) {
+    (void)m, (void)r0, (void)nr, (void)xqs, (void)t, (void)Y, (void)ldy;
+}
+#endif
+
+/* How matvec_batch runs a matrix's rows: every input at once through the multi-input
+ * tiles (xs: float32 inputs; xqs: int8 ones), or (both NULL) input by input. */
+typedef struct {
+    const float *const *xs;
+    const cq_xq *const *xqs;
+} drv_multi;
 
 static void drv_rows_batch(const cq_qmat *m, const drv_x *xv, size_t t, float *Y, drv_share *s,
-                           size_t parts, size_t slot, const float *const *multi) {
+                           size_t parts, size_t slot, drv_multi multi) {
     const size_t per = m->rows ? drv_claim_size(m, s) : 1;
     for (size_t k = 0; k < parts; k++) {
         drv_share *sh = &s[(slot + k) % parts];
@@ -362,8 +383,12 @@ static void drv_rows_batch(const cq_qmat *m, const drv_x *xv, size_t t, float *Y
             const size_t a = drv_claim(sh, per);
             if (a >= sh->end) break;
             const size_t nr = sh->end - a < per ? sh->end - a : per;
-            if (multi) { /* plain rows (one stream), every input at once */
-                rows_multi(m, a, nr, multi, t, Y, m->rows);
+            if (multi.xs) { /* plain rows (one stream), every input at once */
+                rows_multi(m, a, nr, multi.xs, t, Y, m->rows);
+                continue;
+            }
+            if (multi.xqs) {
+                i8_rows_multi(m, a, nr, multi.xqs, t, Y, m->rows);
                 continue;
             }
             for (size_t j = 0; j < t; j++) {
@@ -387,7 +412,7 @@ typedef struct {
     float *const *ys;
     drv_share *shares;
     size_t parts;
-    const float *const *const *multi; /* per matrix: its inputs for rows_multi, or NULL */
+    const drv_multi *multi; /* per matrix */
 } mvb_job;
 
 static void mvb_slot(void *arg, size_t slot, size_t nslots) {
@@ -464,8 +489,11 @@ static cq_status drv_matvec_batch(const cq_qmat *ms, size_t n, const float *X, s
             }
         }
     }
-    const float *const **multi = (const float *const **)calloc(n, sizeof(*multi));
-    if (!multi) {
+    drv_multi *multi = (drv_multi *)calloc(n, sizeof(*multi));
+    const cq_xq **xqs = (const cq_xq **)malloc(n * t * sizeof(*xqs)); /* [n][t]: each int8 x */
+    if (!multi || !xqs) {
+        free(multi);
+        free(xqs);
         free(xps);
         free(raw);
         free(shares);
@@ -475,14 +503,19 @@ static cq_status drv_matvec_batch(const cq_qmat *ms, size_t n, const float *X, s
         return CQ_ERR_NOMEM;
     }
     for (size_t i = 0; i < n; i++) {
-        const int many = t > 1 && kinds[i] == X_PLAIN && rows_multi_takes(&ms[i]);
-        multi[i] = many ? xps : NULL;
+        const int many_f = t > 1 && kinds[i] == X_PLAIN && rows_multi_takes(&ms[i]);
+        const int many_q = t > 1 && kinds[i] == X_I8 && i8_multi_takes(&ms[i]);
+        const int many = many_f || many_q;
+        for (size_t j = 0; j < t; j++) xqs[i * t + j] = xv[i * t + j].xq;
+        multi[i].xs = many_f ? xps : NULL;
+        multi[i].xqs = many_q ? xqs + i * t : NULL;
         drv_shares_init(&ms[i], shares + i * parts, parts, many ? 1 : drv_streams(&ms[i], kinds[i] == X_I8));
     }
     mvb_job job = {ms, n, t, xv, ys, shares, parts, multi};
     cq_pool_run(parts, mvb_slot, &job);
     free(xps);
     free(multi);
+    free(xqs);
     free(shares);
     free(raw);
     free(kinds);
