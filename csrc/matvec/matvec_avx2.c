@@ -345,11 +345,12 @@ static size_t mm_column(const cq_qmat *m, size_t c) { (void)m; return c; } /* na
  * into its two accumulators (by g & 1) are i8_row_q8's in its order, and the row ends
  * as it does, so every output equals i8_row_q8 of that input bit for bit. Integer
  * sums are exact, so they may be formed differently: where the CPU has a 256-bit
- * vpdpbusd (i8mm_cpu: AVX-VNNI, or AVX-512 VNNI + VL) the u8 operand is the input,
- * xq + 128 (an xor), the s8 one the weights, and the sum starts from -128 * (each
- * lane's four weights summed), computed once per row and group; elsewhere |w| is
- * shared and each input takes w's sign (vpsignb) as in i8_row_q8. Tiles of R rows by J
- * inputs, as the registers allow (16 for VEX code: 1 x 4; 32 for EVEX: 2 x 4). */
+ * vpdpbusd (i8mm_cpu: AVX-VNNI, or AVX-512 VNNI + VL) the u8 operand is the weights
+ * plus 128 (an xor per row and group, shared by the inputs), the s8 one xq as it is,
+ * and the sum starts from the input's -128 * (each lane's four xq summed), made once
+ * per call (i8_multi_prep); elsewhere |w| is shared and each input takes w's sign
+ * (vpsignb) as in i8_row_q8. Tiles of R rows by up to four inputs, as the registers
+ * allow (16 for VEX code: 1 x 4; 32 for EVEX: 2 x 4). */
 #define Q8M2_STEP(DOT, VNNI, g, F)                                                                        \
     do {                                                                                                  \
         __m256i v_[2], a_[2];                                                                             \
@@ -357,25 +358,27 @@ static size_t mm_column(const cq_qmat *m, size_t c) { (void)m; return c; } /* na
             const uint8_t *p_ = w + i * cols + CQ_GROUP * (g);                                            \
             if (!((g) & 1)) CQ_STREAM_PF(p_);                                                             \
             v_[i] = _mm256_loadu_si256((const __m256i *)p_);                                              \
-            a_[i] = VNNI ? _mm256_sub_epi32(zero, DOT(zero, top, v_[i])) : _mm256_abs_epi8(v_[i]);        \
+            a_[i] = VNNI ? _mm256_xor_si256(v_[i], top) : _mm256_abs_epi8(v_[i]);                         \
         }                                                                                                 \
         for (int k = 0; k < J; k++) {                                                                     \
             const __m256i x_ = _mm256_load_si256((const __m256i *)(xq[k]->q + CQ_GROUP * (g)));           \
-            const __m256i xu_ = _mm256_xor_si256(x_, top);                                                \
             const __m256 d_ = _mm256_broadcast_ss(xq[k]->d + (g));                                        \
             for (int i = 0; i < R; i++) {                                                                 \
-                const __m256i s_ = VNNI ? DOT(a_[i], xu_, v_[i]) : DOT(zero, a_[i], _mm256_sign_epi8(x_, v_[i])); \
+                const __m256i s_ = VNNI ? DOT(_mm256_load_si256((const __m256i *)(corr[k] + 8 * (g))), a_[i], x_) \
+                                        : DOT(zero, a_[i], _mm256_sign_epi8(x_, v_[i]));                  \
                 F[i][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_), d_, F[i][k]);                           \
             }                                                                                             \
         }                                                                                                 \
     } while (0)
 #define Q8M2_VARIANT(SUF, TARGET, DOT, VNNI, RMAX)                                                         \
     static inline __attribute__((always_inline, target(TARGET))) void q8m2_tile_##SUF(                     \
-        const cq_qmat *m, size_t r, const cq_xq *const *xq, float *Y, size_t ldy, const int R, const int J) { \
+        const cq_qmat *m, size_t r, const cq_xq *const *xq, const int32_t *const *corr, float *Y, size_t ldy, \
+        const int R, const int J) {                                                                       \
         const size_t cols = m->cols, gpr = cols / CQ_GROUP;                                               \
         const uint8_t *w = m->data + r * cols;                                                            \
         const __m256i zero = _mm256_setzero_si256(), top = _mm256_set1_epi8((char)0x80);                  \
         __m256 f0[2][4], f1[2][4];                                                                        \
+        (void)zero, (void)top, (void)corr;                                                                \
         for (int i = 0; i < R; i++)                                                                       \
             for (int k = 0; k < J; k++) f0[i][k] = f1[i][k] = _mm256_setzero_ps();                        \
         for (size_t g = 0; g < gpr; g += 2) {                                                             \
@@ -386,22 +389,24 @@ static size_t mm_column(const cq_qmat *m, size_t c) { (void)m; return c; } /* na
             for (int k = 0; k < J; k++) Y[k * ldy + r + i] = cq_hsum8(_mm256_add_ps(f0[i][k], f1[i][k])) * m->aux[r + i]; \
     }                                                                                                     \
     __attribute__((target(TARGET))) static void q8m2_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr,  \
-                                                                const cq_xq *const *xq, size_t t, float *Y, \
-                                                                size_t ldy) {                             \
+                                                                const cq_xq *const *xq,                   \
+                                                                const int32_t *const *corr, size_t t,     \
+                                                                float *Y, size_t ldy) {                   \
         for (size_t r = r0; r < r0 + nr; r += RMAX) {                                                     \
             const int two = RMAX > 1 && r0 + nr - r >= 2;                                                 \
             for (size_t j0 = 0; j0 < t; j0 += 4) {                                                        \
                 const cq_xq *const *x = xq + j0;                                                          \
+                const int32_t *const *cr = corr + j0;                                                     \
                 float *y = Y + j0 * ldy;                                                                  \
                 switch ((t - j0 < 4 ? t - j0 : 4) + 4 * (size_t)two) {                                    \
-                case 1: q8m2_tile_##SUF(m, r, x, y, ldy, 1, 1); break;                                    \
-                case 2: q8m2_tile_##SUF(m, r, x, y, ldy, 1, 2); break;                                    \
-                case 3: q8m2_tile_##SUF(m, r, x, y, ldy, 1, 3); break;                                    \
-                case 4: q8m2_tile_##SUF(m, r, x, y, ldy, 1, 4); break;                                    \
-                case 5: q8m2_tile_##SUF(m, r, x, y, ldy, RMAX, 1); break;                                 \
-                case 6: q8m2_tile_##SUF(m, r, x, y, ldy, RMAX, 2); break;                                 \
-                case 7: q8m2_tile_##SUF(m, r, x, y, ldy, RMAX, 3); break;                                 \
-                default: q8m2_tile_##SUF(m, r, x, y, ldy, RMAX, 4);                                       \
+                case 1: q8m2_tile_##SUF(m, r, x, cr, y, ldy, 1, 1); break;                                \
+                case 2: q8m2_tile_##SUF(m, r, x, cr, y, ldy, 1, 2); break;                                \
+                case 3: q8m2_tile_##SUF(m, r, x, cr, y, ldy, 1, 3); break;                                \
+                case 4: q8m2_tile_##SUF(m, r, x, cr, y, ldy, 1, 4); break;                                \
+                case 5: q8m2_tile_##SUF(m, r, x, cr, y, ldy, RMAX, 1); break;                             \
+                case 6: q8m2_tile_##SUF(m, r, x, cr, y, ldy, RMAX, 2); break;                             \
+                case 7: q8m2_tile_##SUF(m, r, x, cr, y, ldy, RMAX, 3); break;                             \
+                default: q8m2_tile_##SUF(m, r, x, cr, y, ldy, RMAX, 4);                                   \
                 }                                                                                         \
             }                                                                                             \
         }                                                                                                 \
@@ -420,16 +425,26 @@ Q8M2_VARIANT(evex, "avx512vnni,avx512vl", _mm256_dpbusd_epi32, 1, 2)
 
 #define CQ_HAVE_I8_MULTI
 static int i8_multi_takes(const cq_qmat *m) { return m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F; }
-static void i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *const *xq, size_t t, float *Y,
-                          size_t ldy) {
+/* The correction of the vpdpbusd tiles: out[L] = -128 * (xq bytes 4L .. 4L + 3 summed)
+ * (8 lanes a group: xq's padding to 64 columns is zero). */
+static size_t i8_multi_prep_words(const cq_qmat *m) { return ((m->cols + 63) & ~(size_t)63) / 4; }
+static void i8_multi_prep(const cq_qmat *m, const cq_xq *xq, int32_t *out) {
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1), zero = _mm256_setzero_si256();
+    for (size_t c = 0; c < m->cols; c += 32) {
+        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, _mm256_load_si256((const __m256i *)(xq->q + c))), ones16);
+        _mm256_store_si256((__m256i *)(out + c / 4), _mm256_sub_epi32(zero, _mm256_slli_epi32(s, 7)));
+    }
+}
+static void i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *const *xq,
+                          const int32_t *const *corr, size_t t, float *Y, size_t ldy) {
     switch (i8mm_cpu()) {
 #ifdef CQ_HAVE_AVXVNNI_FN
-    case 1: q8m2_rows_vex(m, r0, nr, xq, t, Y, ldy); return;
+    case 1: q8m2_rows_vex(m, r0, nr, xq, corr, t, Y, ldy); return;
 #endif
 #ifdef CQ_HAVE_VNNI256_FN
-    case 2: q8m2_rows_evex(m, r0, nr, xq, t, Y, ldy); return;
+    case 2: q8m2_rows_evex(m, r0, nr, xq, corr, t, Y, ldy); return;
 #endif
-    default: q8m2_rows_madd(m, r0, nr, xq, t, Y, ldy);
+    default: q8m2_rows_madd(m, r0, nr, xq, corr, t, Y, ldy);
     }
 }
 

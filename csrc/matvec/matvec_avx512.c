@@ -756,12 +756,12 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
  * Each input's integer sums, their conversion and the multiply-adds into its two
  * accumulators (by c & 64) are I8_Q8_BODY's in its order, and the row ends as it does,
  * so every output equals q8_i8_row_* of that input bit for bit. Integer sums are
- * exact, so they may be formed differently: with VNNI the u8 operand is the input,
- * xq + 128 (an xor, shared by the tile's rows), the s8 one the weights, and the sum
- * starts from -128 * (each lane's four weights summed), computed once per row step:
- * three operations per row and input (vpdpbusd, convert, multiply-add) where
- * I8_Q8_BODY's sign move would add a masked subtract. Without VNNI, |w| and w's sign
- * mask are shared and the subtract stays. */
+ * exact, so they may be formed differently: with VNNI the u8 operand is the weights
+ * plus 128 (an xor per row step, shared by the tile's inputs), the s8 one xq as it
+ * is, and the sum starts from the input's -128 * (each lane's four xq summed), made
+ * once per call (i8_multi_prep): vpdpbusd, convert and multiply-add per row and
+ * input, where I8_Q8_BODY's sign move would add a masked subtract. Without VNNI |w|
+ * and w's sign mask are shared and the subtract stays. */
 #define Q8M_R 2
 #define Q8M_J 4
 #define Q8M_STEP(DOT, VNNI, c, F)                                                                         \
@@ -773,20 +773,14 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
             CQ_STREAM_PF(p_);                                                                             \
             v_[i] = (c) + 64 <= cols ? _mm512_loadu_si512((const void *)p_)                               \
                                      : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, p_);                        \
-            if (VNNI) {                                                                                   \
-                a_[i] = _mm512_sub_epi32(zero, DOT(zero, top, v_[i]));                                    \
-                neg_[i] = 0;                                                                              \
-            } else {                                                                                      \
-                a_[i] = _mm512_abs_epi8(v_[i]);                                                           \
-                neg_[i] = _mm512_movepi8_mask(v_[i]);                                                     \
-            }                                                                                             \
+            a_[i] = VNNI ? _mm512_xor_si512(v_[i], top) : _mm512_abs_epi8(v_[i]);                         \
+            neg_[i] = VNNI ? 0 : _mm512_movepi8_mask(v_[i]);                                              \
         }                                                                                                 \
         for (int k = 0; k < J; k++) {                                                                     \
             const __m512i x_ = _mm512_load_si512((const void *)(xq[k]->q + (c)));                         \
-            const __m512i xu_ = _mm512_xor_si512(x_, top);                                                \
             const __m512 dl_ = _mm512_load_ps(xq[k]->dl + (c) / 4);                                       \
             for (int i = 0; i < R; i++) {                                                                 \
-                const __m512i s_ = VNNI ? DOT(a_[i], xu_, v_[i])                                          \
+                const __m512i s_ = VNNI ? DOT(_mm512_load_si512((const void *)(corr[k] + (c) / 4)), a_[i], x_) \
                                         : DOT(zero, a_[i], _mm512_mask_sub_epi8(x_, neg_[i], zero, x_));  \
                 F[i][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s_), dl_, F[i][k]);                          \
             }                                                                                             \
@@ -794,11 +788,13 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
     } while (0)
 #define Q8M_VARIANT(SUF, TARGET, DOT, VNNI)                                                                \
     static inline __attribute__((always_inline, target(TARGET))) void q8m_tile_##SUF(                      \
-        const cq_qmat *m, size_t r, const cq_xq *const *xq, float *Y, size_t ldy, const int R, const int J) { \
+        const cq_qmat *m, size_t r, const cq_xq *const *xq, const int32_t *const *corr, float *Y, size_t ldy, \
+        const int R, const int J) {                                                                       \
         const size_t cols = m->cols;                                                                      \
         const uint8_t *w = m->data + r * cols;                                                            \
         const __m512i zero = _mm512_setzero_si512(), top = _mm512_set1_epi8((char)0x80);                  \
         __m512 f0[Q8M_R][Q8M_J], f1[Q8M_R][Q8M_J];                                                        \
+        (void)zero, (void)top, (void)corr;                                                                \
         for (int i = 0; i < R; i++)                                                                       \
             for (int k = 0; k < J; k++) f0[i][k] = f1[i][k] = _mm512_setzero_ps();                        \
         for (size_t c = 0; c < cols; c += 128) {                                                          \
@@ -810,23 +806,24 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
                 Y[k * ldy + r + i] = _mm512_reduce_add_ps(_mm512_add_ps(f0[i][k], f1[i][k])) * m->aux[r + i]; \
     }                                                                                                     \
     __attribute__((target(TARGET))) static void q8m_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr,   \
-                                                               const cq_xq *const *xq, size_t t, float *Y, \
-                                                               size_t ldy) {                              \
-        for (size_t r = r0; r < r0 + nr; r += Q8M_R) {                                                    \
-            const int two = r0 + nr - r >= 2;                                                             \
-            for (size_t j0 = 0; j0 < t; j0 += Q8M_J) {                                                    \
-                const size_t J = t - j0 < Q8M_J ? t - j0 : Q8M_J;                                         \
-                const cq_xq *const *x = xq + j0;                                                          \
-                float *y = Y + j0 * ldy;                                                                  \
-                switch (J + 4 * (size_t)two) {                                                            \
-                case 1: q8m_tile_##SUF(m, r, x, y, ldy, 1, 1); break;                                     \
-                case 2: q8m_tile_##SUF(m, r, x, y, ldy, 1, 2); break;                                     \
-                case 3: q8m_tile_##SUF(m, r, x, y, ldy, 1, 3); break;                                     \
-                case 4: q8m_tile_##SUF(m, r, x, y, ldy, 1, 4); break;                                     \
-                case 5: q8m_tile_##SUF(m, r, x, y, ldy, 2, 1); break;                                     \
-                case 6: q8m_tile_##SUF(m, r, x, y, ldy, 2, 2); break;                                     \
-                case 7: q8m_tile_##SUF(m, r, x, y, ldy, 2, 3); break;                                     \
-                default: q8m_tile_##SUF(m, r, x, y, ldy, 2, 4);                                           \
+                                                               const cq_xq *const *xq,                    \
+                                                               const int32_t *const *corr, size_t t,      \
+                                                               float *Y, size_t ldy) {                    \
+        for (size_t j0 = 0; j0 < t; j0 += Q8M_J) {                                                        \
+            const cq_xq *const *x = xq + j0;                                                              \
+            const int32_t *const *cr = corr + j0;                                                         \
+            float *y = Y + j0 * ldy;                                                                      \
+            for (size_t r = r0; r < r0 + nr; r += Q8M_R) {                                                \
+                const int two = r0 + nr - r >= 2;                                                         \
+                switch ((t - j0 < Q8M_J ? t - j0 : Q8M_J) + 4 * (size_t)two) {                            \
+                case 1: q8m_tile_##SUF(m, r, x, cr, y, ldy, 1, 1); break;                                 \
+                case 2: q8m_tile_##SUF(m, r, x, cr, y, ldy, 1, 2); break;                                 \
+                case 3: q8m_tile_##SUF(m, r, x, cr, y, ldy, 1, 3); break;                                 \
+                case 4: q8m_tile_##SUF(m, r, x, cr, y, ldy, 1, 4); break;                                 \
+                case 5: q8m_tile_##SUF(m, r, x, cr, y, ldy, 2, 1); break;                                 \
+                case 6: q8m_tile_##SUF(m, r, x, cr, y, ldy, 2, 2); break;                                 \
+                case 7: q8m_tile_##SUF(m, r, x, cr, y, ldy, 2, 3); break;                                 \
+                default: q8m_tile_##SUF(m, r, x, cr, y, ldy, 2, 4);                                       \
                 }                                                                                         \
             }                                                                                             \
         }                                                                                                 \
@@ -839,15 +836,25 @@ Q8M_VARIANT(vnni, "avx512vnni", _mm512_dpbusd_epi32, 1)
 
 #define CQ_HAVE_I8_MULTI
 static int i8_multi_takes(const cq_qmat *m) { return m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F; }
-static void i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *const *xq, size_t t, float *Y,
-                          size_t ldy) {
+/* The correction of the VNNI tiles: out[L] = -128 * (xq bytes 4L .. 4L + 3 summed) for
+ * the row and its padding (cols rounded up to 64: xq is zero there). */
+static size_t i8_multi_prep_words(const cq_qmat *m) { return ((m->cols + 63) & ~(size_t)63) / 4; }
+static void i8_multi_prep(const cq_qmat *m, const cq_xq *xq, int32_t *out) {
+    const __m512i ones8 = _mm512_set1_epi8(1), ones16 = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
+    for (size_t c = 0; c < m->cols; c += 64) {
+        const __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(ones8, _mm512_load_si512((const void *)(xq->q + c))), ones16);
+        _mm512_store_si512((void *)(out + c / 4), _mm512_sub_epi32(zero, _mm512_slli_epi32(s, 7)));
+    }
+}
+static void i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *const *xq,
+                          const int32_t *const *corr, size_t t, float *Y, size_t ldy) {
 #ifdef CQ_HAVE_VNNI_FN
     if (cq_cpu_features() & CQ_CPU_AVX512VNNI) {
-        q8m_rows_vnni(m, r0, nr, xq, t, Y, ldy);
+        q8m_rows_vnni(m, r0, nr, xq, corr, t, Y, ldy);
         return;
     }
 #endif
-    q8m_rows_bw(m, r0, nr, xq, t, Y, ldy);
+    q8m_rows_bw(m, r0, nr, xq, corr, t, Y, ldy);
 }
 
 #define dequant_row avx2_dequant_row

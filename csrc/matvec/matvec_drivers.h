@@ -342,9 +342,11 @@ static cq_status drv_matvec(const cq_qmat *m, const float *x, float *y) {
  * loaded and decoded once per tile for several inputs:
  *   CQ_HAVE_ROWS_MULTI: rows_multi_takes(m), rows_multi(m, r0, nr, xs, t, Y, ldy) for a
  *     float32 x (rows_multi.h): equal to matvec within float32 rounding, not bitwise;
- *   CQ_HAVE_I8_MULTI: i8_multi_takes(m), i8_rows_multi(m, r0, nr, xqs, t, Y, ldy) for
- *     int8 x: each input's integer sums and float operations are its matvec row's,
- *     so rows are bit-identical to the int8 matvec of that input.
+ *   CQ_HAVE_I8_MULTI: i8_multi_takes(m), i8_multi_prep_words(m), i8_multi_prep(m, xq,
+ *     words) (what the tiles want of each int8 x beyond xq: made once per call, at a
+ *     64-byte boundary), i8_rows_multi(m, r0, nr, xqs, preps, t, Y, ldy) for int8 x:
+ *     each input's integer sums and float operations are its matvec row's, so rows
+ *     are bit-identical to the int8 matvec of that input.
  * Elsewhere rows are matvec's own, input by input (bit-identical). */
 #ifndef CQ_HAVE_ROWS_MULTI
 static int rows_multi_takes(const cq_qmat *m) {
@@ -361,17 +363,24 @@ static int i8_multi_takes(const cq_qmat *m) {
     (void)m;
     return 0;
 }
-static void i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *const *xqs, size_t t, float *Y,
-                          size_t ldy) {
-    (void)m, (void)r0, (void)nr, (void)xqs, (void)t, (void)Y, (void)ldy;
+static size_t i8_multi_prep_words(const cq_qmat *m) {
+    (void)m;
+    return 0;
+}
+static void i8_multi_prep(const cq_qmat *m, const cq_xq *xq, int32_t *words) { (void)m, (void)xq, (void)words; }
+static void i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *const *xqs,
+                          const int32_t *const *preps, size_t t, float *Y, size_t ldy) {
+    (void)m, (void)r0, (void)nr, (void)xqs, (void)preps, (void)t, (void)Y, (void)ldy;
 }
 #endif
 
 /* How matvec_batch runs a matrix's rows: every input at once through the multi-input
- * tiles (xs: float32 inputs; xqs: int8 ones), or (both NULL) input by input. */
+ * tiles (xs: float32 inputs; xqs: int8 ones, with their i8_multi_prep words), or (xs
+ * and xqs NULL) input by input. */
 typedef struct {
     const float *const *xs;
     const cq_xq *const *xqs;
+    const int32_t *const *preps;
 } drv_multi;
 
 static void drv_rows_batch(const cq_qmat *m, const drv_x *xv, size_t t, float *Y, drv_share *s,
@@ -388,7 +397,7 @@ static void drv_rows_batch(const cq_qmat *m, const drv_x *xv, size_t t, float *Y
                 continue;
             }
             if (multi.xqs) {
-                i8_rows_multi(m, a, nr, multi.xqs, t, Y, m->rows);
+                i8_rows_multi(m, a, nr, multi.xqs, multi.preps, t, Y, m->rows);
                 continue;
             }
             for (size_t j = 0; j < t; j++) {
@@ -422,6 +431,9 @@ static void mvb_slot(void *arg, size_t slot, size_t nslots) {
         drv_rows_batch(&j->ms[i], j->xv + i * j->t, j->t, j->ys[i], j->shares + i * j->parts, j->parts, slot,
                        j->multi[i]);
 }
+
+/* Whether matvec_batch runs m's rows through the int8 multi-input tiles. */
+static int drv_i8_multi(const cq_qmat *m, x_kind kind, size_t t) { return t > 1 && kind == X_I8 && i8_multi_takes(m); }
 
 static cq_status drv_matvec_batch(const cq_qmat *ms, size_t n, const float *X, size_t t, float *const *ys) {
     if (n == 0 || t == 0) return CQ_OK;
@@ -490,10 +502,18 @@ static cq_status drv_matvec_batch(const cq_qmat *ms, size_t n, const float *X, s
         }
     }
     drv_multi *multi = (drv_multi *)calloc(n, sizeof(*multi));
-    const cq_xq **xqs = (const cq_xq **)malloc(n * t * sizeof(*xqs)); /* [n][t]: each int8 x */
-    if (!multi || !xqs) {
+    const cq_xq **xqs = (const cq_xq **)malloc(n * t * sizeof(*xqs));        /* [n][t]: each int8 x */
+    const int32_t **preps = (const int32_t **)calloc(n * t, sizeof(*preps)); /* [n][t] */
+    size_t pwords = 0; /* the prep words of every matrix that takes the int8 tiles */
+    for (size_t i = 0; i < n; i++)
+        if (drv_i8_multi(&ms[i], kinds[i], t)) pwords += (i8_multi_prep_words(&ms[i]) + 15) & ~(size_t)15;
+    void *praw = NULL;
+    int32_t *pbuf = pwords ? (int32_t *)(void *)aligned_floats(pwords * t, &praw) : NULL;
+    if (!multi || !xqs || !preps || (pwords && !pbuf)) {
         free(multi);
         free(xqs);
+        free(preps);
+        free(praw);
         free(xps);
         free(raw);
         free(shares);
@@ -504,11 +524,26 @@ static cq_status drv_matvec_batch(const cq_qmat *ms, size_t n, const float *X, s
     }
     for (size_t i = 0; i < n; i++) {
         const int many_f = t > 1 && kinds[i] == X_PLAIN && rows_multi_takes(&ms[i]);
-        const int many_q = t > 1 && kinds[i] == X_I8 && i8_multi_takes(&ms[i]);
+        const int many_q = drv_i8_multi(&ms[i], kinds[i], t);
         const int many = many_f || many_q;
         for (size_t j = 0; j < t; j++) xqs[i * t + j] = xv[i * t + j].xq;
         multi[i].xs = many_f ? xps : NULL;
         multi[i].xqs = many_q ? xqs + i * t : NULL;
+        multi[i].preps = many_q ? preps + i * t : NULL;
+        if (many_q) { /* one prep per quantized x: matrices that share an x share it */
+            const size_t words = (i8_multi_prep_words(&ms[i]) + 15) & ~(size_t)15;
+            size_t same = 0;
+            while (same < i && !(multi[same].xqs && xqs[same * t]->q == xqs[i * t]->q)) same++;
+            for (size_t j = 0; j < t && words; j++) {
+                if (same < i) {
+                    preps[i * t + j] = preps[same * t + j];
+                    continue;
+                }
+                i8_multi_prep(&ms[i], xqs[i * t + j], pbuf);
+                preps[i * t + j] = pbuf;
+                pbuf += words;
+            }
+        }
         drv_shares_init(&ms[i], shares + i * parts, parts, many ? 1 : drv_streams(&ms[i], kinds[i] == X_I8));
     }
     mvb_job job = {ms, n, t, xv, ys, shares, parts, multi};
@@ -516,6 +551,8 @@ static cq_status drv_matvec_batch(const cq_qmat *ms, size_t n, const float *X, s
     free(xps);
     free(multi);
     free(xqs);
+    free(preps);
+    free(praw);
     free(shares);
     free(raw);
     free(kinds);
