@@ -23,6 +23,9 @@ Targets at 2 threads: cortiq/llama.cpp aggregate >= 1.15 at B = 4 and 8; cortiq 
 aggregate >= 3x its B = 1; per-stream latency at B = 4 <= 1.6x B = 1.
 --server adds 8 concurrent streamed chat clients against `cortiq serve`'s app
 (max_batch 8 vs 1): aggregate tok/s and mean time to first token.
+--kernel adds the kernel-level figure: matvec_batch of B inputs (exact and int8) against
+one of each of bench-size Dory's matrix shapes (q8_row), against B int8 matvecs, in
+alternating rounds (best of each), with the load average.
 """
 from __future__ import annotations
 
@@ -207,6 +210,44 @@ def server_clients(path, threads, n_clients, tokens, precision, max_batch):
     return sum(counts) / wall, float(np.mean([t for t in ttft if t] or [float("nan")]))
 
 
+# ---------------------------------------------------------------- kernels
+
+KERNEL_SHAPES = ((2048, 2048), (5632, 2048), (2048, 5632))   # Dory's attention, up/gate, down
+
+
+def kernel_figures(B, rounds=7):
+    """ms per pass over KERNEL_SHAPES (q8_row): {name: best ms}."""
+    from cortiq import _kernels as K
+    from cortiq.tensor import QTensor
+    rng = np.random.default_rng(0)
+    mats = [QTensor.from_f32(rng.standard_normal(s).astype(np.float32), "q8_row")
+            for s in KERNEL_SHAPES]
+    X = {c: rng.standard_normal((B, c)).astype(np.float32) for c in {s[1] for s in KERNEL_SHAPES}}
+
+    def batch(prec, t):
+        for T in mats:
+            T.precision = prec
+            K.matvec_batch([T.qmat], X[T.cols][:t])
+
+    def single(prec):
+        for T in mats:
+            T.precision = prec
+            for x in X[T.cols]:
+                T.matvec(x)
+    runs = {f"matvec_batch t={B} exact": lambda: batch("exact", B),
+            f"matvec_batch t={B} int8": lambda: batch("int8", B),
+            f"{B} x int8 matvec": lambda: single("int8"),
+            "matvec_batch t=1 int8": lambda: batch("int8", 1),
+            "matvec_batch t=1 exact": lambda: batch("exact", 1)}
+    best = {k: float("inf") for k in runs}
+    for _ in range(rounds):
+        for k, f in runs.items():
+            t0 = time.perf_counter()
+            f()
+            best[k] = min(best[k], (time.perf_counter() - t0) * 1e3)
+    return best
+
+
 # ---------------------------------------------------------------- main
 
 def main():
@@ -223,8 +264,18 @@ def main():
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     ap.add_argument("--server", action="store_true",
                     help="also 8 streamed chat clients against the server app")
+    ap.add_argument("--kernel", action="store_true",
+                    help="also matvec_batch against Dory's matrix shapes (exact, int8)")
     a = ap.parse_args()
     cortiq.set_num_threads(a.threads)
+    if a.kernel:
+        B = max(a.batches)
+        best = kernel_figures(B)
+        shapes = ", ".join(f"{r}x{c}" for r, c in KERNEL_SHAPES)
+        print(f"kernels, threads {a.threads}, q8_row {shapes}; load average "
+              f"{os.getloadavg()[0]:.2f}")
+        for k, ms in best.items():
+            print(f"    {k}: {ms:.2f} ms")
     cache = a.cache or os.path.join(tempfile.gettempdir(), "cortiq-bench")
     os.makedirs(cache, exist_ok=True)
     import bench_decode as BD
