@@ -351,6 +351,7 @@ static size_t mm_column(const cq_qmat *m, size_t c) { (void)m; return c; } /* na
  * per call (i8_multi_prep); elsewhere |w| is shared and each input takes w's sign
  * (vpsignb) as in i8_row_q8. Tiles of R rows by up to four inputs, as the registers
  * allow (16 for VEX code: 1 x 4; 32 for EVEX: 2 x 4). */
+#include "i8_multi.h"
 #define Q8M2_STEP(DOT, VNNI, g, F)                                                                        \
     do {                                                                                                  \
         __m256i v_[2], a_[2];                                                                             \
@@ -392,24 +393,7 @@ static size_t mm_column(const cq_qmat *m, size_t c) { (void)m; return c; } /* na
                                                                 const cq_xq *const *xq,                   \
                                                                 const int32_t *const *corr, size_t t,     \
                                                                 float *Y, size_t ldy) {                   \
-        for (size_t r = r0; r < r0 + nr; r += RMAX) {                                                     \
-            const int two = RMAX > 1 && r0 + nr - r >= 2;                                                 \
-            for (size_t j0 = 0; j0 < t; j0 += 4) {                                                        \
-                const cq_xq *const *x = xq + j0;                                                          \
-                const int32_t *const *cr = corr + j0;                                                     \
-                float *y = Y + j0 * ldy;                                                                  \
-                switch ((t - j0 < 4 ? t - j0 : 4) + 4 * (size_t)two) {                                    \
-                case 1: q8m2_tile_##SUF(m, r, x, cr, y, ldy, 1, 1); break;                                \
-                case 2: q8m2_tile_##SUF(m, r, x, cr, y, ldy, 1, 2); break;                                \
-                case 3: q8m2_tile_##SUF(m, r, x, cr, y, ldy, 1, 3); break;                                \
-                case 4: q8m2_tile_##SUF(m, r, x, cr, y, ldy, 1, 4); break;                                \
-                case 5: q8m2_tile_##SUF(m, r, x, cr, y, ldy, RMAX, 1); break;                             \
-                case 6: q8m2_tile_##SUF(m, r, x, cr, y, ldy, RMAX, 2); break;                             \
-                case 7: q8m2_tile_##SUF(m, r, x, cr, y, ldy, RMAX, 3); break;                             \
-                default: q8m2_tile_##SUF(m, r, x, cr, y, ldy, RMAX, 4);                                   \
-                }                                                                                         \
-            }                                                                                             \
-        }                                                                                                 \
+        I8M_ROWS(q8m2_tile_##SUF, RMAX)                                                                   \
     }
 
 static inline __m256i q8m2_madd(__m256i acc, __m256i u8, __m256i s8) { /* vpmaddubsw + vpmaddwd */

@@ -762,6 +762,7 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
  * once per call (i8_multi_prep): vpdpbusd, convert and multiply-add per row and
  * input, where I8_Q8_BODY's sign move would add a masked subtract. Without VNNI |w|
  * and w's sign mask are shared and the subtract stays. */
+#include "i8_multi.h"
 #define Q8M_R 2
 #define Q8M_J 4
 #define Q8M_STEP(DOT, VNNI, c, F)                                                                         \
@@ -809,24 +810,7 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
                                                                const cq_xq *const *xq,                    \
                                                                const int32_t *const *corr, size_t t,      \
                                                                float *Y, size_t ldy) {                    \
-        for (size_t j0 = 0; j0 < t; j0 += Q8M_J) {                                                        \
-            const cq_xq *const *x = xq + j0;                                                              \
-            const int32_t *const *cr = corr + j0;                                                         \
-            float *y = Y + j0 * ldy;                                                                      \
-            for (size_t r = r0; r < r0 + nr; r += Q8M_R) {                                                \
-                const int two = r0 + nr - r >= 2;                                                         \
-                switch ((t - j0 < Q8M_J ? t - j0 : Q8M_J) + 4 * (size_t)two) {                            \
-                case 1: q8m_tile_##SUF(m, r, x, cr, y, ldy, 1, 1); break;                                 \
-                case 2: q8m_tile_##SUF(m, r, x, cr, y, ldy, 1, 2); break;                                 \
-                case 3: q8m_tile_##SUF(m, r, x, cr, y, ldy, 1, 3); break;                                 \
-                case 4: q8m_tile_##SUF(m, r, x, cr, y, ldy, 1, 4); break;                                 \
-                case 5: q8m_tile_##SUF(m, r, x, cr, y, ldy, 2, 1); break;                                 \
-                case 6: q8m_tile_##SUF(m, r, x, cr, y, ldy, 2, 2); break;                                 \
-                case 7: q8m_tile_##SUF(m, r, x, cr, y, ldy, 2, 3); break;                                 \
-                default: q8m_tile_##SUF(m, r, x, cr, y, ldy, 2, 4);                                       \
-                }                                                                                         \
-            }                                                                                             \
-        }                                                                                                 \
+        I8M_ROWS(q8m_tile_##SUF, Q8M_R)                                                                   \
     }
 
 Q8M_VARIANT(bw, "avx512bw", dot_bw, 0)
@@ -834,11 +818,91 @@ Q8M_VARIANT(bw, "avx512bw", dot_bw, 0)
 Q8M_VARIANT(vnni, "avx512vnni", _mm512_dpbusd_epi32, 1)
 #endif
 
+/* q4_block, q4_tiled, q4tp with int8 x, several inputs: I8_BODY's blocks of four
+ * groups, each row's nibbles split and its scales spread once per block and met by
+ * every input's xq, bias and d (I8_BODY's operations per input, in its order; the
+ * rows2 and VBMI row kernels are bit for bit I8_BODY's too). */
+#define Q4M_R 2
+#define Q4M_STEP(DOT, gi, F)                                                                              \
+    do {                                                                                                  \
+        const size_t g_ = g0 + (gi), blk_ = g_ / 4;                                                       \
+        __m512i lo_[Q4M_R], hi_[Q4M_R];                                                                   \
+        __m512 d_[Q4M_R];                                                                                 \
+        for (int i = 0; i < R; i++) {                                                                     \
+            const uint8_t *p_ = nb + i * gs * gpr + gs * g_;                                              \
+            if (tiled) CQ_STREAM_PF_SPAN(p_, 72);                                                         \
+            else CQ_STREAM_PF(p_);                                                                        \
+            const __m512i v_ = q4_nibbles4(p_, gs, ng - (gi));                                            \
+            lo_[i] = _mm512_and_si512(v_, m0f);                                                           \
+            hi_[i] = _mm512_and_si512(_mm512_srli_epi16(v_, 4), m0f);                                     \
+            d_[i] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(sw[i] + (gi))));    \
+        }                                                                                                 \
+        for (int k = 0; k < J; k++) {                                                                     \
+            const int8_t *q_ = xq[k]->q + 128 * blk_;                                                     \
+            const __m512i xa_ = _mm512_load_si512((const void *)q_);                                      \
+            const __m512i xb_ = _mm512_load_si512((const void *)(q_ + 64));                               \
+            const __m512i bias_ = _mm512_load_si512((const void *)(xq[k]->bias + 16 * blk_));             \
+            const __m512 dl_ = _mm512_load_ps(xq[k]->dl + 16 * blk_);                                     \
+            for (int i = 0; i < R; i++) {                                                                 \
+                const __m512i s_ = DOT(DOT(bias_, lo_[i], xa_), hi_[i], xb_);                             \
+                F[i][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s_), _mm512_mul_ps(d_[i], dl_), F[i][k]);    \
+            }                                                                                             \
+        }                                                                                                 \
+    } while (0)
+#define Q4M_VARIANT(SUF, TARGET, DOT)                                                                      \
+    static inline __attribute__((always_inline, target(TARGET))) void q4m_tile_##SUF(                      \
+        const cq_qmat *m, size_t r, const cq_xq *const *xq, const int32_t *const *corr, float *Y, size_t ldy, \
+        const int R, const int J) {                                                                       \
+        const size_t gpr = m->cols / CQ_GROUP;                                                            \
+        const int tiled = m->dtype == CQ_DT_Q4_TILED;                                                     \
+        const size_t gs = tiled ? 18 : 16;                                                                \
+        const uint8_t *nb = m->data + gs * r * gpr + (tiled ? 2 : 0);                                     \
+        const __m512i m0f = _mm512_set1_epi8(0x0F);                                                       \
+        const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);         \
+        __m512 f0[Q4M_R][4], f1[Q4M_R][4];                                                                \
+        float sw[Q4M_R][64 + 4];                                                                          \
+        (void)corr;                                                                                       \
+        for (int i = 0; i < R; i++)                                                                       \
+            for (int k = 0; k < J; k++) f0[i][k] = f1[i][k] = _mm512_setzero_ps();                        \
+        for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                                         \
+            const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                                              \
+            for (int i = 0; i < R; i++) {                                                                 \
+                group_scales(m, r + i, g0, ng, sw[i]);                                                    \
+                for (int k = 0; k < 4; k++) sw[i][ng + k] = 0.0f;                                         \
+            }                                                                                             \
+            for (size_t gi = 0; gi < ng; gi += 8) {                                                       \
+                Q4M_STEP(DOT, gi, f0);                                                                    \
+                if (gi + 4 < ng) Q4M_STEP(DOT, gi + 4, f1);                                               \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int i = 0; i < R; i++)                                                                       \
+            for (int k = 0; k < J; k++) Y[k * ldy + r + i] = _mm512_reduce_add_ps(_mm512_add_ps(f0[i][k], f1[i][k])); \
+    }                                                                                                     \
+    __attribute__((target(TARGET))) static void q4m_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr,   \
+                                                               const cq_xq *const *xq,                    \
+                                                               const int32_t *const *corr, size_t t,      \
+                                                               float *Y, size_t ldy) {                    \
+        I8M_ROWS(q4m_tile_##SUF, Q4M_R)                                                                   \
+    }
+
+Q4M_VARIANT(bw, "avx512bw", dot_bw)
+#ifdef CQ_HAVE_VNNI_FN
+Q4M_VARIANT(vnni, "avx512vnni", _mm512_dpbusd_epi32)
+#endif
+
 #define CQ_HAVE_I8_MULTI
-static int i8_multi_takes(const cq_qmat *m) { return m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F; }
-/* The correction of the VNNI tiles: out[L] = -128 * (xq bytes 4L .. 4L + 3 summed) for
- * the row and its padding (cols rounded up to 64: xq is zero there). */
-static size_t i8_multi_prep_words(const cq_qmat *m) { return ((m->cols + 63) & ~(size_t)63) / 4; }
+static int i8_multi_takes(const cq_qmat *m) {
+    switch (m->dtype) {
+    case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP: return 1;
+    default: return 0;
+    }
+}
+/* The correction of the q8 VNNI tiles: out[L] = -128 * (xq bytes 4L .. 4L + 3 summed)
+ * for the row and its padding (cols rounded up to 64: xq is zero there). The q4 tiles
+ * start from xq's bias. */
+static size_t i8_multi_prep_words(const cq_qmat *m) {
+    return m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F ? ((m->cols + 63) & ~(size_t)63) / 4 : 0;
+}
 static void i8_multi_prep(const cq_qmat *m, const cq_xq *xq, int32_t *out) {
     const __m512i ones8 = _mm512_set1_epi8(1), ones16 = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
     for (size_t c = 0; c < m->cols; c += 64) {
@@ -848,13 +912,16 @@ static void i8_multi_prep(const cq_qmat *m, const cq_xq *xq, int32_t *out) {
 }
 static void i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *const *xq,
                           const int32_t *const *corr, size_t t, float *Y, size_t ldy) {
+    const int q8 = m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F;
 #ifdef CQ_HAVE_VNNI_FN
     if (cq_cpu_features() & CQ_CPU_AVX512VNNI) {
-        q8m_rows_vnni(m, r0, nr, xq, corr, t, Y, ldy);
+        if (q8) q8m_rows_vnni(m, r0, nr, xq, corr, t, Y, ldy);
+        else q4m_rows_vnni(m, r0, nr, xq, corr, t, Y, ldy);
         return;
     }
 #endif
-    q8m_rows_bw(m, r0, nr, xq, corr, t, Y, ldy);
+    if (q8) q8m_rows_bw(m, r0, nr, xq, corr, t, Y, ldy);
+    else q4m_rows_bw(m, r0, nr, xq, corr, t, Y, ldy);
 }
 
 #define dequant_row avx2_dequant_row
