@@ -407,11 +407,98 @@ Q8M2_VARIANT(vex, "avxvnni", _mm256_dpbusd_avx_epi32, 1, 1)
 Q8M2_VARIANT(evex, "avx512vnni,avx512vl", _mm256_dpbusd_epi32, 1, 2)
 #endif
 
+/* q4_block, q4_tiled, q4tp with int8 x, several inputs: i8_row's steps of two groups,
+ * each row's nibbles split and its two scales set once per step and met by every
+ * input's xq, bias and d (i8_row's operations per input, in its order: vpdpbusd twice
+ * from the bias gives the integers of its vpmaddubsw pair + vpmaddwd + bias). */
+#define Q4M2_STEP(DOT2, gi, F)                                                                            \
+    do {                                                                                                  \
+        const size_t g_ = g0 + (gi);                                                                      \
+        const int two_ = (gi) + 1 < ng;                                                                   \
+        __m256i lo_[2], hi_[2];                                                                           \
+        __m256 d_[2];                                                                                     \
+        for (int i = 0; i < R; i++) {                                                                     \
+            const uint8_t *p_ = nb + i * gs * gpr + gs * g_;                                              \
+            CQ_STREAM_PF(p_);                                                                             \
+            const __m256i v_ = _mm256_set_m128i(two_ ? _mm_loadu_si128((const __m128i *)(p_ + gs)) : _mm_setzero_si128(), \
+                                                _mm_loadu_si128((const __m128i *)p_));                    \
+            lo_[i] = _mm256_and_si256(v_, m0f);                                                           \
+            hi_[i] = _mm256_and_si256(_mm256_srli_epi16(v_, 4), m0f);                                     \
+            d_[i] = _mm256_set_m128(_mm_set1_ps(sw[i][(gi) + 1]), _mm_set1_ps(sw[i][gi]));                \
+        }                                                                                                 \
+        for (int k = 0; k < J; k++) {                                                                     \
+            const int8_t *qe_ = xq[k]->q + 128 * (g_ / 4) + 16 * (g_ % 4);                               \
+            const __m256i xe_ = _mm256_load_si256((const __m256i *)qe_);                                  \
+            const __m256i xo_ = _mm256_load_si256((const __m256i *)(qe_ + 64));                           \
+            const __m256i bias_ = _mm256_load_si256((const __m256i *)(xq[k]->bias + 4 * g_));             \
+            const __m256 dl_ = _mm256_load_ps(xq[k]->dl + 4 * g_);                                        \
+            for (int i = 0; i < R; i++) {                                                                 \
+                const __m256i s_ = DOT2(bias_, lo_[i], xe_, hi_[i], xo_);                                 \
+                F[i][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_), _mm256_mul_ps(d_[i], dl_), F[i][k]);    \
+            }                                                                                             \
+        }                                                                                                 \
+    } while (0)
+#define Q4M2_VARIANT(SUF, TARGET, DOT2, RMAX)                                                              \
+    static inline __attribute__((always_inline, target(TARGET))) void q4m2_tile_##SUF(                     \
+        const cq_qmat *m, size_t r, const cq_xq *const *xq, const int32_t *const *corr, float *Y, size_t ldy, \
+        const int R, const int J) {                                                                       \
+        const size_t gpr = m->cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;                 \
+        const uint8_t *nb = m->data + gs * r * gpr + (gs == 18 ? 2 : 0);                                  \
+        const __m256i m0f = _mm256_set1_epi8(0x0F);                                                       \
+        __m256 f0[2][4], f1[2][4];                                                                        \
+        float sw[2][64 + 1];                                                                              \
+        (void)corr;                                                                                       \
+        for (int i = 0; i < R; i++)                                                                       \
+            for (int k = 0; k < J; k++) f0[i][k] = f1[i][k] = _mm256_setzero_ps();                        \
+        for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                                         \
+            const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                                              \
+            for (int i = 0; i < R; i++) {                                                                 \
+                avx2_group_scales(m, r + i, g0, ng, sw[i]);                                               \
+                sw[i][ng] = 0.0f;                                                                         \
+            }                                                                                             \
+            for (size_t gi = 0; gi < ng; gi += 4) {                                                       \
+                Q4M2_STEP(DOT2, gi, f0);                                                                  \
+                if (gi + 2 < ng) Q4M2_STEP(DOT2, gi + 2, f1);                                             \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int i = 0; i < R; i++)                                                                       \
+            for (int k = 0; k < J; k++) Y[k * ldy + r + i] = cq_hsum8(_mm256_add_ps(f0[i][k], f1[i][k])); \
+    }                                                                                                     \
+    __attribute__((target(TARGET))) static void q4m2_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr,  \
+                                                                const cq_xq *const *xq,                   \
+                                                                const int32_t *const *corr, size_t t,     \
+                                                                float *Y, size_t ldy) {                   \
+        I8M_ROWS(q4m2_tile_##SUF, RMAX)                                                                   \
+    }
+
+/* bias + (lo, xe) + (hi, xo) summed per 4-byte lane: i8_row's integers */
+#define Q4M2_MADD(b, lo, xe, hi, xo)                                                                      \
+    _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xe), _mm256_maddubs_epi16(hi, xo)), \
+                                       _mm256_set1_epi16(1)),                                             \
+                     b)
+#define Q4M2_VEX(b, lo, xe, hi, xo) _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(b, lo, xe), hi, xo)
+#define Q4M2_EVEX(b, lo, xe, hi, xo) _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(b, lo, xe), hi, xo)
+Q4M2_VARIANT(madd, "avx2", Q4M2_MADD, 1)
+#ifdef CQ_HAVE_AVXVNNI_FN
+Q4M2_VARIANT(vex, "avxvnni", Q4M2_VEX, 1)
+#endif
+#ifdef CQ_HAVE_VNNI256_FN
+Q4M2_VARIANT(evex, "avx512vnni,avx512vl", Q4M2_EVEX, 2)
+#endif
+
 #define CQ_HAVE_I8_MULTI
-static int i8_multi_takes(const cq_qmat *m) { return m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F; }
-/* The correction of the vpdpbusd tiles: out[L] = -128 * (xq bytes 4L .. 4L + 3 summed)
- * (8 lanes a group: xq's padding to 64 columns is zero). */
-static size_t i8_multi_prep_words(const cq_qmat *m) { return ((m->cols + 63) & ~(size_t)63) / 4; }
+static int i8_multi_takes(const cq_qmat *m) {
+    switch (m->dtype) {
+    case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP: return 1;
+    default: return 0;
+    }
+}
+/* The correction of the q8 vpdpbusd tiles: out[L] = -128 * (xq bytes 4L .. 4L + 3
+ * summed) (8 lanes a group: xq's padding to 64 columns is zero). The q4 tiles start
+ * from xq's bias. */
+static size_t i8_multi_prep_words(const cq_qmat *m) {
+    return m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F ? ((m->cols + 63) & ~(size_t)63) / 4 : 0;
+}
 static void i8_multi_prep(const cq_qmat *m, const cq_xq *xq, int32_t *out) {
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1), zero = _mm256_setzero_si256();
     for (size_t c = 0; c < m->cols; c += 32) {
@@ -421,14 +508,23 @@ static void i8_multi_prep(const cq_qmat *m, const cq_xq *xq, int32_t *out) {
 }
 static void i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *const *xq,
                           const int32_t *const *corr, size_t t, float *Y, size_t ldy) {
+    const int q8 = m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F;
     switch (i8mm_cpu()) {
 #ifdef CQ_HAVE_AVXVNNI_FN
-    case 1: q8m2_rows_vex(m, r0, nr, xq, corr, t, Y, ldy); return;
+    case 1:
+        if (q8) q8m2_rows_vex(m, r0, nr, xq, corr, t, Y, ldy);
+        else q4m2_rows_vex(m, r0, nr, xq, corr, t, Y, ldy);
+        return;
 #endif
 #ifdef CQ_HAVE_VNNI256_FN
-    case 2: q8m2_rows_evex(m, r0, nr, xq, corr, t, Y, ldy); return;
+    case 2:
+        if (q8) q8m2_rows_evex(m, r0, nr, xq, corr, t, Y, ldy);
+        else q4m2_rows_evex(m, r0, nr, xq, corr, t, Y, ldy);
+        return;
 #endif
-    default: q8m2_rows_madd(m, r0, nr, xq, corr, t, Y, ldy);
+    default:
+        if (q8) q8m2_rows_madd(m, r0, nr, xq, corr, t, Y, ldy);
+        else q4m2_rows_madd(m, r0, nr, xq, corr, t, Y, ldy);
     }
 }
 

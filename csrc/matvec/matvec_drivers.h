@@ -18,6 +18,8 @@
  *       and static void dot_lanes(m, r0, L, nk, xp, out): rows r0 + k*L (k < nk <= S)
  *       side by side, out[k*L] = row r0 + k*L; a row's bits must not depend on nk or
  *       on its neighbours. The drivers then read S weight streams at once (below).
+ *   #define CQ_HAVE_ROWS_MULTI / CQ_HAVE_I8_MULTI: matvec_batch's multi-input row
+ *       tiles for float32 / int8 x (at drv_matvec_batch).
  *   #define CQ_HAVE_MM_PACK + mm_pack_floats(t, cols), mm_pack(m, X, t, cols, c0, c1, xt),
  *       mm_scratch_floats(m, t), matmat_packed(m, r0, nr, xt, t, Y, ldy, scratch):
  *       matmat packs X once per call (its columns split over the threads) and each
