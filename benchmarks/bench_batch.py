@@ -23,7 +23,9 @@ Targets at 2 threads: cortiq/llama.cpp aggregate >= 1.15 at B = 4 and 8; cortiq 
 aggregate >= 3x its B = 1; per-stream latency at B = 4 <= 1.6x B = 1.
 --server adds 8 concurrent streamed chat clients against `cortiq serve`'s app
 (max_batch 8 vs 1): aggregate tok/s and mean time to first token.
---kernel adds the kernel-level figure: matvec_batch of B inputs (exact and int8) against
+--steps adds step times without the scheduler's threads: `LLM.feed_batch` of B one-token
+rows (after a 16-token prompt each), exact and int8 in alternating rounds (best of each),
+with the share of the step spent in `matvec_batch`. --kernel adds the kernel-level figure: matvec_batch of B inputs (exact and int8) against
 one of each of bench-size Dory's matrix shapes (q8_row), against B int8 matvecs, in
 alternating rounds (best of each), with the load average.
 """
@@ -248,6 +250,47 @@ def kernel_figures(B, rounds=7):
     return best
 
 
+def step_figures(path, batches, precisions, rounds=4, steps=3):
+    """{(precision, B): (best ms per feed_batch step, share of it in matvec_batch)}."""
+    from cortiq import _kernels as K
+    warnings.simplefilter("ignore", RuntimeWarning)
+    llms = {p: cortiq.LLM(path, precision=p, max_batch=max(batches), n_ctx=4096) for p in precisions}
+    rng = np.random.default_rng(0)
+    sessions = {}
+    for p, llm in llms.items():
+        for B in batches:
+            ss = [llm.session() for _ in range(B)]
+            llm.feed_batch(ss, [rng.integers(3, 1000, 16).tolist() for _ in range(B)])
+            sessions[p, B] = ss
+    spent = [0.0]
+    plain = K.matvec_batch
+
+    def timed(*args):
+        t0 = time.perf_counter()
+        try:
+            return plain(*args)
+        finally:
+            spent[0] += time.perf_counter() - t0
+    best = {}
+    K.matvec_batch = timed
+    try:
+        for _ in range(rounds):
+            for p, llm in llms.items():
+                for B in batches:
+                    spent[0] = 0.0
+                    t0 = time.perf_counter()
+                    for i in range(steps):
+                        llm.feed_batch(sessions[p, B], [[5 + i]] * B)
+                    el = (time.perf_counter() - t0) / steps
+                    if el < best.get((p, B), (float("inf"),))[0]:
+                        best[p, B] = (el, spent[0] / steps / el)
+    finally:
+        K.matvec_batch = plain
+        for llm in llms.values():
+            llm.close()
+    return best
+
+
 # ---------------------------------------------------------------- main
 
 def main():
@@ -266,6 +309,8 @@ def main():
                     help="also 8 streamed chat clients against the server app")
     ap.add_argument("--kernel", action="store_true",
                     help="also matvec_batch against Dory's matrix shapes (exact, int8)")
+    ap.add_argument("--steps", action="store_true",
+                    help="also feed_batch step times on the Dory, no scheduler threads")
     a = ap.parse_args()
     cortiq.set_num_threads(a.threads)
     if a.kernel:
@@ -292,6 +337,15 @@ def main():
         if not os.path.exists(path):
             D.write_model(path, g, "q8_row")
         models["deepseek_v4"] = path
+    if a.steps and "dory" in models:
+        best = step_figures(models["dory"], a.batches, a.precision.split(","))
+        print(f"feed_batch steps, dory, threads {a.threads}; load average {os.getloadavg()[0]:.2f}")
+        for (p, B), (el, share) in best.items():
+            b1 = best.get((p, 1), (None,))[0]
+            vs = f", aggregate {B * b1 / el:.2f}x B=1" if b1 else ""
+            print(f"    {p} B={B}: {el * 1e3:.1f} ms a step ({share:.0%} in matvec_batch){vs}")
+        if ("exact", 1) in best and ("int8", 8) in best:
+            print(f"    int8 B=8 aggregate / exact B=1: {8 * best['exact', 1][0] / best['int8', 8][0]:.2f}x")
     print(f"threads {a.threads}; {a.tokens} decode tokens per stream after {a.prompt} "
           "prompt tokens; best of", a.reps, flush=True)
     results = {}
