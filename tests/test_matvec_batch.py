@@ -2,8 +2,8 @@
 
 Every row must equal the matvec of its input: bit for bit for one input, for int8
 activations (also where the integer multi-input tiles load each weight once for
-several inputs: q8_row, q8_2f and the q4 dtypes on AVX2 / AVX-512, every integer
-path of each table) and for the dtypes without a multi-input row kernel; within float32 rounding
+several inputs: every int8 dtype on AVX2 / AVX-512, every integer path of each
+table) and for the dtypes without a multi-input row kernel; within float32 rounding
 (of sum |w x|, the exactness contract of cortiq.tensor) where a SIMD table decodes
 each weight once for all float32 inputs (f32 and q8_row on AVX2 / AVX-512). Shapes
 include odd column and group counts, tiny and tall matrices, misaligned inputs,
@@ -23,7 +23,7 @@ from test_int8_act import I8, model
 MULTI = ("f32", "q8_row")          # dtypes with multi-input rows in the SIMD tables
 # the integer paths of each table: VNNI (AVX-512; AVX-VNNI or AVX-512 VL for AVX2) and
 # the vpmaddubsw fallbacks, chosen at run time by the CPU features (int8 multi-input
-# tiles: q8_row, q8_2f, q4_block, q4_tiled, q4tp on both x86 tables)
+# tiles: every int8 dtype on both x86 tables)
 HIDES = ([], ["avxvnni"], ["avx512vnni"], ["avxvnni", "avx512vnni"])
 
 

@@ -486,10 +486,95 @@ Q4M2_VARIANT(vex, "avxvnni", Q4M2_VEX, 1)
 Q4M2_VARIANT(evex, "avx512vnni,avx512vl", Q4M2_EVEX, 2)
 #endif
 
+/* q2tp with int8 x, several inputs: i8_row_q2's steps of four groups, each row's four
+ * phases and scales made once per step and met by every input's xq, bias and d
+ * (i8_row_q2's operations per input, in its order; vpdpbusd four times from the bias
+ * gives the integers of its int16 phase sums + vpmaddwd + bias). One row a tile. */
+#define Q2M2_STEP(DOT4, gi, F)                                                                            \
+    do {                                                                                                  \
+        const size_t g_ = g0 + (gi), n_ = ng - (gi) < 4 ? ng - (gi) : 4;                                  \
+        const uint8_t *p_ = body + 8 * g_;                                                                \
+        if (!((gi) & 4)) CQ_STREAM_PF(p_);                                                                \
+        const __m256i v_ = n_ == 4 ? _mm256_loadu_si256((const __m256i *)p_)                              \
+                                   : _mm256_maskload_epi32((const int *)(const void *)p_,                 \
+                                                           _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(2 * n_)), \
+                                                                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))); \
+        const __m256i ph0_ = Q2_PHASE(_mm256_slli_epi16, _mm256_srli_epi16, _mm256_and_si256, v_, 0, m6);  \
+        const __m256i ph1_ = Q2_PHASE(_mm256_slli_epi16, _mm256_srli_epi16, _mm256_and_si256, v_, 1, m6);  \
+        const __m256i ph2_ = Q2_PHASE(_mm256_slli_epi16, _mm256_srli_epi16, _mm256_and_si256, v_, 2, m6);  \
+        const __m256i ph3_ = Q2_PHASE(_mm256_slli_epi16, _mm256_srli_epi16, _mm256_and_si256, v_, 3, m6);  \
+        const __m256 d_ = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sw + (gi))), spread); \
+        const size_t lane_ = 16 * (g_ / 8) + 8 * ((g_ / 4) & 1);                                          \
+        for (int k = 0; k < J; k++) {                                                                     \
+            const int8_t *q_ = xq[k]->q + 256 * (g_ / 8) + 32 * ((g_ / 4) & 1);                           \
+            const __m256i s_ = DOT4(_mm256_load_si256((const __m256i *)(xq[k]->bias + lane_)), ph0_, ph1_, ph2_, ph3_, q_); \
+            F[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_), _mm256_mul_ps(d_, _mm256_load_ps(xq[k]->dl + lane_)), F[k]); \
+        }                                                                                                 \
+    } while (0)
+#define Q2M2_VARIANT(SUF, TARGET, DOT4)                                                                    \
+    static inline __attribute__((always_inline, target(TARGET))) void q2m2_tile_##SUF(                     \
+        const cq_qmat *m, size_t r, const cq_xq *const *xq, const int32_t *const *corr, float *Y, size_t ldy, \
+        const int R, const int J) {                                                                       \
+        const size_t gpr = m->cols / CQ_GROUP;                                                            \
+        const uint8_t *body = m->data + 8 * r * gpr;                                                      \
+        const __m256i m6 = _mm256_set1_epi8(6), spread = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);       \
+        __m256 f0[4], f1[4];                                                                              \
+        float sw[64 + 4];                                                                                 \
+        (void)corr, (void)R;                                                                              \
+        for (int k = 0; k < J; k++) f0[k] = f1[k] = _mm256_setzero_ps();                                  \
+        for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                                         \
+            const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                                              \
+            avx2_group_scales(m, r, g0, ng, sw);                                                          \
+            for (size_t k = 0; k < ng; k++) sw[k] *= 0.5f;                                                \
+            for (int k = 0; k < 4; k++) sw[ng + k] = 0.0f;                                                \
+            for (size_t gi = 0; gi < ng; gi += 8) {                                                       \
+                Q2M2_STEP(DOT4, gi, f0);                                                                  \
+                if (gi + 4 < ng) Q2M2_STEP(DOT4, gi + 4, f1);                                             \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int k = 0; k < J; k++) Y[k * ldy + r] = cq_hsum8(_mm256_add_ps(f0[k], f1[k]));               \
+    }                                                                                                     \
+    __attribute__((target(TARGET))) static void q2m2_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr,  \
+                                                                const cq_xq *const *xq,                   \
+                                                                const int32_t *const *corr, size_t t,     \
+                                                                float *Y, size_t ldy) {                   \
+        I8M_ROWS(q2m2_tile_##SUF, 1)                                                                      \
+    }
+
+/* bias + the four phases against their xq bytes, per 4-byte lane: i8_row_q2's integers */
+#define Q2M2_LD(q, j) _mm256_load_si256((const __m256i *)((q) + 64 * (j)))
+#define Q2M2_MADD(b, p0, p1, p2, p3, q)                                                                   \
+    _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(                \
+                                                            _mm256_maddubs_epi16(p0, Q2M2_LD(q, 0)),       \
+                                                            _mm256_maddubs_epi16(p1, Q2M2_LD(q, 1))),      \
+                                                        _mm256_maddubs_epi16(p2, Q2M2_LD(q, 2))),          \
+                                                    _mm256_maddubs_epi16(p3, Q2M2_LD(q, 3))),              \
+                                       _mm256_set1_epi16(1)),                                             \
+                     b)
+#define Q2M2_VEX(b, p0, p1, p2, p3, q)                                                                    \
+    _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(       \
+                                                                                b, p0, Q2M2_LD(q, 0)),     \
+                                                                            p1, Q2M2_LD(q, 1)),            \
+                                                    p2, Q2M2_LD(q, 2)),                                   \
+                            p3, Q2M2_LD(q, 3))
+#define Q2M2_EVEX(b, p0, p1, p2, p3, q)                                                                   \
+    _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_dpbusd_epi32(b, p0, Q2M2_LD(q, 0)), \
+                                                                p1, Q2M2_LD(q, 1)),                       \
+                                            p2, Q2M2_LD(q, 2)),                                           \
+                        p3, Q2M2_LD(q, 3))
+Q2M2_VARIANT(madd, "avx2", Q2M2_MADD)
+#ifdef CQ_HAVE_AVXVNNI_FN
+Q2M2_VARIANT(vex, "avxvnni", Q2M2_VEX)
+#endif
+#ifdef CQ_HAVE_VNNI256_FN
+Q2M2_VARIANT(evex, "avx512vnni,avx512vl", Q2M2_EVEX)
+#endif
+
 #define CQ_HAVE_I8_MULTI
 static int i8_multi_takes(const cq_qmat *m) {
     switch (m->dtype) {
-    case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP: return 1;
+    case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP:
+    case CQ_DT_Q2TP: return 1;
     default: return 0;
     }
 }
@@ -508,22 +593,25 @@ static void i8_multi_prep(const cq_qmat *m, const cq_xq *xq, int32_t *out) {
 }
 static void i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *const *xq,
                           const int32_t *const *corr, size_t t, float *Y, size_t ldy) {
-    const int q8 = m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F;
+    const int q8 = m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F, q2 = m->dtype == CQ_DT_Q2TP;
     switch (i8mm_cpu()) {
 #ifdef CQ_HAVE_AVXVNNI_FN
     case 1:
         if (q8) q8m2_rows_vex(m, r0, nr, xq, corr, t, Y, ldy);
+        else if (q2) q2m2_rows_vex(m, r0, nr, xq, corr, t, Y, ldy);
         else q4m2_rows_vex(m, r0, nr, xq, corr, t, Y, ldy);
         return;
 #endif
 #ifdef CQ_HAVE_VNNI256_FN
     case 2:
         if (q8) q8m2_rows_evex(m, r0, nr, xq, corr, t, Y, ldy);
+        else if (q2) q2m2_rows_evex(m, r0, nr, xq, corr, t, Y, ldy);
         else q4m2_rows_evex(m, r0, nr, xq, corr, t, Y, ldy);
         return;
 #endif
     default:
         if (q8) q8m2_rows_madd(m, r0, nr, xq, corr, t, Y, ldy);
+        else if (q2) q2m2_rows_madd(m, r0, nr, xq, corr, t, Y, ldy);
         else q4m2_rows_madd(m, r0, nr, xq, corr, t, Y, ldy);
     }
 }

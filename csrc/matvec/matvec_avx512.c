@@ -890,10 +890,73 @@ Q4M_VARIANT(bw, "avx512bw", dot_bw)
 Q4M_VARIANT(vnni, "avx512vnni", _mm512_dpbusd_epi32)
 #endif
 
+/* q2tp with int8 x, several inputs: I8_Q2_BODY's blocks of eight groups, each row's
+ * four phases and spread scales made once per block and met by every input's xq,
+ * bias and d (I8_Q2_BODY's operations per input, in its order). One row a tile: the
+ * four phases take the registers a second row would. */
+#define Q2M_STEP(DOT, gi, F)                                                                              \
+    do {                                                                                                  \
+        const size_t g_ = g0 + (gi), n_ = ng - (gi) < 8 ? ng - (gi) : 8, blk_ = g_ / 8;                   \
+        const uint8_t *p_ = body + 8 * g_;                                                                \
+        CQ_STREAM_PF(p_);                                                                                 \
+        const __m512i v_ = n_ == 8 ? _mm512_loadu_si512((const void *)p_)                                 \
+                                   : _mm512_maskz_loadu_epi8((1ull << (8 * n_)) - 1, p_);                 \
+        const __m512i ph0_ = Q2_PHASE(_mm512_slli_epi16, _mm512_srli_epi16, _mm512_and_si512, v_, 0, m6);  \
+        const __m512i ph1_ = Q2_PHASE(_mm512_slli_epi16, _mm512_srli_epi16, _mm512_and_si512, v_, 1, m6);  \
+        const __m512i ph2_ = Q2_PHASE(_mm512_slli_epi16, _mm512_srli_epi16, _mm512_and_si512, v_, 2, m6);  \
+        const __m512i ph3_ = Q2_PHASE(_mm512_slli_epi16, _mm512_srli_epi16, _mm512_and_si512, v_, 3, m6);  \
+        const __m512 d_ = _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(_mm256_loadu_ps(sw + (gi)))); \
+        for (int k = 0; k < J; k++) {                                                                     \
+            const int8_t *q_ = xq[k]->q + 256 * blk_;                                                     \
+            __m512i s_ = _mm512_load_si512((const void *)(xq[k]->bias + 16 * blk_));                      \
+            s_ = DOT(s_, ph0_, _mm512_load_si512((const void *)q_));                                      \
+            s_ = DOT(s_, ph1_, _mm512_load_si512((const void *)(q_ + 64)));                               \
+            s_ = DOT(s_, ph2_, _mm512_load_si512((const void *)(q_ + 128)));                              \
+            s_ = DOT(s_, ph3_, _mm512_load_si512((const void *)(q_ + 192)));                              \
+            F[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s_), _mm512_mul_ps(d_, _mm512_load_ps(xq[k]->dl + 16 * blk_)), F[k]); \
+        }                                                                                                 \
+    } while (0)
+#define Q2M_VARIANT(SUF, TARGET, DOT)                                                                      \
+    static inline __attribute__((always_inline, target(TARGET))) void q2m_tile_##SUF(                      \
+        const cq_qmat *m, size_t r, const cq_xq *const *xq, const int32_t *const *corr, float *Y, size_t ldy, \
+        const int R, const int J) {                                                                       \
+        const size_t gpr = m->cols / CQ_GROUP;                                                            \
+        const uint8_t *body = m->data + 8 * r * gpr;                                                      \
+        const __m512i m6 = _mm512_set1_epi8(6);                                                           \
+        const __m512i spread = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);         \
+        __m512 f0[4], f1[4];                                                                              \
+        float sw[64 + 8];                                                                                 \
+        (void)corr, (void)R;                                                                              \
+        for (int k = 0; k < J; k++) f0[k] = f1[k] = _mm512_setzero_ps();                                  \
+        for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                                         \
+            const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                                              \
+            group_scales(m, r, g0, ng, sw);                                                               \
+            for (size_t k = 0; k < ng; k++) sw[k] *= 0.5f;                                                \
+            for (int k = 0; k < 8; k++) sw[ng + k] = 0.0f;                                                \
+            for (size_t gi = 0; gi < ng; gi += 16) {                                                      \
+                Q2M_STEP(DOT, gi, f0);                                                                    \
+                if (gi + 8 < ng) Q2M_STEP(DOT, gi + 8, f1);                                               \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int k = 0; k < J; k++) Y[k * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(f0[k], f1[k]));  \
+    }                                                                                                     \
+    __attribute__((target(TARGET))) static void q2m_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr,   \
+                                                               const cq_xq *const *xq,                    \
+                                                               const int32_t *const *corr, size_t t,      \
+                                                               float *Y, size_t ldy) {                    \
+        I8M_ROWS(q2m_tile_##SUF, 1)                                                                       \
+    }
+
+Q2M_VARIANT(bw, "avx512bw", dot_bw)
+#ifdef CQ_HAVE_VNNI_FN
+Q2M_VARIANT(vnni, "avx512vnni", _mm512_dpbusd_epi32)
+#endif
+
 #define CQ_HAVE_I8_MULTI
 static int i8_multi_takes(const cq_qmat *m) {
     switch (m->dtype) {
-    case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP: return 1;
+    case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP:
+    case CQ_DT_Q2TP: return 1;
     default: return 0;
     }
 }
@@ -913,14 +976,17 @@ static void i8_multi_prep(const cq_qmat *m, const cq_xq *xq, int32_t *out) {
 static void i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *const *xq,
                           const int32_t *const *corr, size_t t, float *Y, size_t ldy) {
     const int q8 = m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F;
+    const int q2 = m->dtype == CQ_DT_Q2TP;
 #ifdef CQ_HAVE_VNNI_FN
     if (cq_cpu_features() & CQ_CPU_AVX512VNNI) {
         if (q8) q8m_rows_vnni(m, r0, nr, xq, corr, t, Y, ldy);
+        else if (q2) q2m_rows_vnni(m, r0, nr, xq, corr, t, Y, ldy);
         else q4m_rows_vnni(m, r0, nr, xq, corr, t, Y, ldy);
         return;
     }
 #endif
     if (q8) q8m_rows_bw(m, r0, nr, xq, corr, t, Y, ldy);
+    else if (q2) q2m_rows_bw(m, r0, nr, xq, corr, t, Y, ldy);
     else q4m_rows_bw(m, r0, nr, xq, corr, t, Y, ldy);
 }
 

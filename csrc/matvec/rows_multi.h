@@ -5,7 +5,7 @@
  * decode rows cost one pass over the weights. One accumulator per row and input: equal
  * to matvec's rows within float32 rounding, not bitwise. f32 and q8_row; the other
  * dtypes keep matvec's rows. int8 x has tiles of its own, bit for bit the int8 matvec
- * (i8_multi.h, CQ_HAVE_I8_MULTI: q8_row, q8_2f, q4_block, q4_tiled, q4tp).
+ * (i8_multi.h, CQ_HAVE_I8_MULTI: every dtype with int8 activations).
  *
  * Included before matvec_drivers.h by a table that has defined its register tile:
  * CQ_MULTI_R (rows per tile), MULTI_VEC, MULTI_LANES, MULTI_ZERO(), MULTI_LOAD(p),
