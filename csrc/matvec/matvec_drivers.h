@@ -445,41 +445,37 @@ static cq_status drv_matvec_batch(const cq_qmat *ms, size_t n, const float *X, s
         if (ms[i].cols != ms[0].cols) return CQ_ERR_SHAPE;
     }
     const size_t cols = ms[0].cols, fbytes = up_align(cols * sizeof(float));
-    size_t total = 0, nprep = 0;
+    size_t total = 0, nprep = 0, pwords = 0;
     int any_i8 = 0;
+    cq_status st = CQ_ERR_NOMEM;
+    void *raw = NULL, *praw = NULL;
+    drv_share *shares = NULL;
+    drv_multi *multi = NULL;
+    const cq_xq **xqs = NULL;
+    const int32_t **preps = NULL;
     x_kind *kinds = (x_kind *)malloc(n * sizeof(*kinds));
     drv_x *xv = (drv_x *)malloc(n * t * sizeof(*xv));
     drv_x *one = (drv_x *)calloc(n, sizeof(*one));
     const float **xps = (const float **)malloc(t * sizeof(*xps)); /* each plain x, for rows_multi */
-    if (!kinds || !xv || !one || !xps) {
-        free(xps);
-        free(kinds);
-        free(xv);
-        free(one);
-        return CQ_ERR_NOMEM;
-    }
+    if (!kinds || !xv || !one || !xps) goto done;
     for (size_t i = 0; i < n; i++) { /* each kind read once: the int8 switch may flip */
         total += ms[i].rows * ms[i].cols;
         kinds[i] = x_kind_of(&ms[i]);
         if (kinds[i] == X_PREP) nprep++;
         if (kinds[i] == X_I8) any_i8 = 1;
+        if (drv_i8_multi(&ms[i], kinds[i], t)) pwords += (i8_multi_prep_words(&ms[i]) + 15) & ~(size_t)15;
     }
     /* per input: [aligned copy][prepared x per X_PREP matrix][quantized x per family] */
     const size_t i8b = any_i8 ? i8_many_bytes(ms, n) : 0, per_x = fbytes * (nprep + 1) + up_align(i8b);
-    void *raw = NULL;
     uint8_t *buf = (uint8_t *)aligned_floats(t * per_x / sizeof(float) + 1, &raw);
     const int par = total * t >= CQ_PAR_MIN;
     const size_t parts = par ? (size_t)cq_get_num_threads() : 1;
-    drv_share *shares = (drv_share *)malloc(n * parts * sizeof(drv_share));
-    if (!buf || !shares) {
-        free(xps);
-        free(raw);
-        free(shares);
-        free(kinds);
-        free(xv);
-        free(one);
-        return CQ_ERR_NOMEM;
-    }
+    shares = (drv_share *)malloc(n * parts * sizeof(drv_share));
+    multi = (drv_multi *)calloc(n, sizeof(*multi));
+    xqs = (const cq_xq **)malloc(n * t * sizeof(*xqs));        /* [n][t]: each int8 x */
+    preps = (const int32_t **)calloc(n * t, sizeof(*preps)); /* [n][t]: its i8_multi_prep words */
+    int32_t *pbuf = pwords ? (int32_t *)(void *)aligned_floats(pwords * t, &praw) : NULL;
+    if (!buf || !shares || !multi || !xqs || !preps || (pwords && !pbuf)) goto done;
     for (size_t j = 0; j < t; j++) {
         const float *x = X + j * cols;
         uint8_t *next = buf + j * per_x;
@@ -496,6 +492,7 @@ static cq_status drv_matvec_batch(const cq_qmat *ms, size_t n, const float *X, s
             d->xp = xa;
             d->q = one[i].q;
             d->xq = kinds[i] == X_I8 ? &d->q : NULL;
+            xqs[i * t + j] = d->xq;
             if (kinds[i] == X_PREP) {
                 prep_x(&ms[i], x, (float *)next);
                 d->xp = (const float *)next;
@@ -503,32 +500,9 @@ static cq_status drv_matvec_batch(const cq_qmat *ms, size_t n, const float *X, s
             }
         }
     }
-    drv_multi *multi = (drv_multi *)calloc(n, sizeof(*multi));
-    const cq_xq **xqs = (const cq_xq **)malloc(n * t * sizeof(*xqs));        /* [n][t]: each int8 x */
-    const int32_t **preps = (const int32_t **)calloc(n * t, sizeof(*preps)); /* [n][t] */
-    size_t pwords = 0; /* the prep words of every matrix that takes the int8 tiles */
-    for (size_t i = 0; i < n; i++)
-        if (drv_i8_multi(&ms[i], kinds[i], t)) pwords += (i8_multi_prep_words(&ms[i]) + 15) & ~(size_t)15;
-    void *praw = NULL;
-    int32_t *pbuf = pwords ? (int32_t *)(void *)aligned_floats(pwords * t, &praw) : NULL;
-    if (!multi || !xqs || !preps || (pwords && !pbuf)) {
-        free(multi);
-        free(xqs);
-        free(preps);
-        free(praw);
-        free(xps);
-        free(raw);
-        free(shares);
-        free(kinds);
-        free(xv);
-        free(one);
-        return CQ_ERR_NOMEM;
-    }
     for (size_t i = 0; i < n; i++) {
         const int many_f = t > 1 && kinds[i] == X_PLAIN && rows_multi_takes(&ms[i]);
         const int many_q = drv_i8_multi(&ms[i], kinds[i], t);
-        const int many = many_f || many_q;
-        for (size_t j = 0; j < t; j++) xqs[i * t + j] = xv[i * t + j].xq;
         multi[i].xs = many_f ? xps : NULL;
         multi[i].xqs = many_q ? xqs + i * t : NULL;
         multi[i].preps = many_q ? preps + i * t : NULL;
@@ -546,10 +520,13 @@ static cq_status drv_matvec_batch(const cq_qmat *ms, size_t n, const float *X, s
                 pbuf += words;
             }
         }
-        drv_shares_init(&ms[i], shares + i * parts, parts, many ? 1 : drv_streams(&ms[i], kinds[i] == X_I8));
+        drv_shares_init(&ms[i], shares + i * parts, parts,
+                        many_f || many_q ? 1 : drv_streams(&ms[i], kinds[i] == X_I8));
     }
     mvb_job job = {ms, n, t, xv, ys, shares, parts, multi};
     cq_pool_run(parts, mvb_slot, &job);
+    st = CQ_OK;
+done:
     free(xps);
     free(multi);
     free(xqs);
@@ -560,7 +537,7 @@ static cq_status drv_matvec_batch(const cq_qmat *ms, size_t n, const float *X, s
     free(kinds);
     free(xv);
     free(one);
-    return CQ_OK;
+    return st;
 }
 
 /* One matmat call as pool work: each slot decodes blocks of CQ_MM_ROWS rows, claimed
