@@ -2,6 +2,7 @@
 and PyTorch eager on the same GPU.
 
     python benchmarks/bench_gpu.py [--quick] [--tokens 128] [--no-cpu] [--no-torch]
+                                   [--ab splits=1,splits=8,fuse=0,slots=8]
 
 The model is bench_decode.py's bench-size Dory (hidden 2048, 24 sub-layers in blocks
 8/8/8, 2 loops, q8_row: 0.855 GB of weights per token), written once to --cache. In
@@ -16,10 +17,13 @@ one run it measures
     GPU time per token (many tokens' programs in one submission, no host in between);
   * effective GB/s = weight bytes per token x tokens/s, as a percentage of the read
     bandwidth;
+  * the same for each --ab variant (a fresh model changing one setting: attention
+    splits, the fused residual, rows a decode-matvec workgroup takes);
   * cortiq's CPU decode on this machine (all cores) and a PyTorch eager bf16 forward of
     the same model on the same GPU (benchmark-only code below), with the largest
     relative logit difference of its first token against cortiq's.
-It prints one JSON object. DeepSeek-V4 has no GPU forward yet; it is reported as such.
+Then the same decode measurements for the DeepSeek-V4 bench model (benchmarks/_bench_dsv4.py's
+default geometry, q8_row; --tiny: a small one) under "deepseek_v4". It prints one JSON object.
 """
 import argparse
 import json
@@ -122,18 +126,22 @@ def gpu_decode(g, prompt, tokens):
     return res
 
 
-def _time_dispatches(g, ds, k=64, rounds=3):
+def _time_dispatches(g, ds, k=64, rounds=3, at=1):
     """GPU seconds of one pass over dispatches ds: k passes in one submission, best of
-    `rounds` (no host work in between)."""
+    `rounds` (no host work in between); workgroup counts that depend on the step are
+    taken at `at`."""
     best = None
     for _ in range(rounds):
         enc = g.dev.dev.create_command_encoder()
         cp = enc.begin_compute_pass()
         for _ in range(k):
             for d in ds:
+                dims = d.dims(at) if callable(d.dims) else d.dims
+                if 0 in dims:
+                    continue
                 cp.set_pipeline(d.pipeline)
                 cp.set_bind_group(0, d.group)
-                cp.dispatch_workgroups(*(d.dims(1) if callable(d.dims) else d.dims))
+                cp.dispatch_workgroups(*dims)
         cp.end()
         cb = enc.finish()
         t0 = time.perf_counter()
@@ -142,6 +150,84 @@ def _time_dispatches(g, ds, k=64, rounds=3):
         dt = (time.perf_counter() - t0) / k
         best = dt if best is None else min(best, dt)
     return best
+
+
+# ---- DeepSeek-V4 ---------------------------------------------------------------------------
+#: a DeepSeek-V4 small enough for llvmpipe (--tiny)
+DSV4_TINY = dict(dim=64, layers=4, heads=2, head_dim=32, rope=16, q_lora=32, o_groups=2,
+                 o_lora=32, experts=8, top_k=2, inter=64, vocab=512, window=8, index_heads=2,
+                 index_head_dim=16, index_topk=4, hca_ratio=8)
+
+
+def dsv4_decode(dev, cache, tiny, n_prompt, tokens, bw, cpu):
+    """The DeepSeek-V4 bench model (benchmarks/_bench_dsv4.py's default geometry, q8_row)
+    decoded on the GPU: prefill and decode tokens/s three ways (as for Dory), dispatches
+    and GPU time per token, effective weight GB/s (the bytes a token reads: attention,
+    hyper-connections, router, shared + top_k experts, head), GPU time by kernel."""
+    import _bench_dsv4 as B
+    from cortiq.gpu import to_device
+    from cortiq.models.deepseek_v4 import DeepseekV4Model
+    ap = argparse.ArgumentParser()
+    B.add_args(ap)
+    da = ap.parse_args([])
+    if tiny:
+        for k, v in DSV4_TINY.items():
+            setattr(da, k, v)
+    geo = B.geometry(da)
+    tag = "tiny" if tiny else "default"
+    path = os.path.join(cache, f"dsv4-{tag}-q8_row.cmf")
+    if not os.path.exists(path):
+        os.makedirs(cache, exist_ok=True)
+        B.write_model(path, geo, "q8_row")
+    host = DeepseekV4Model(cmf.open(path))
+    t0 = time.perf_counter()
+    g = to_device(host, dev)
+    out = {"model": tag, "dtype": "q8_row", "gpu_load_s": time.perf_counter() - t0,
+           "geometry": {k: geo[k] for k in ("dim", "layers", "heads", "head_dim", "experts",
+                                            "top_k", "inter", "vocab", "ratios")}}
+    per_token = B.touched_bytes(host)
+    out["weight_gb_per_token"] = per_token / 1e9
+    prompt = np.random.default_rng(0).integers(0, host.vocab, n_prompt)
+    st = g.new_state()
+    t0 = time.perf_counter()
+    g.forward(st, prompt, "last")
+    out["prefill_tok_s"] = len(prompt) / (time.perf_counter() - t0)
+    tok = int(prompt[-1])
+    g.forward_greedy(st, [tok])
+    g.decode_greedy(st, tok, 2)
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        tok = int(np.argmax(g.forward(st, [tok])))
+    out["session_tok_s"] = tokens / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        tok = g.forward_greedy(st, [tok])
+    out["greedy_tok_s"] = tokens / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    g.decode_greedy(st, tok, tokens)
+    out["chained_tok_s"] = tokens / (time.perf_counter() - t0)
+    for k in ("session_tok_s", "greedy_tok_s", "chained_tok_s"):
+        out[k.replace("tok_s", "eff_gb_s")] = out[k] * per_token / 1e9
+    best = max(out["session_tok_s"], out["greedy_tok_s"], out["chained_tok_s"])
+    out["pct_of_read_bw"] = 100 * best * per_token / 1e9 / bw
+    out["dispatches_per_token"] = g.dispatches_per_token
+    n = 20
+    t0 = time.perf_counter()
+    for _ in range(n):
+        g._record(st, "greedy").finish()
+    out["record_ms_per_token"] = (time.perf_counter() - t0) / n * 1e3
+    prog = g._program(st, "greedy")
+    out["gpu_ms_per_token"] = _time_dispatches(g, prog, k=16, at=st.pos) * 1e3
+    kinds = {}
+    for d in prog:
+        kinds.setdefault(d.name, []).append(d)
+    out["gpu_ms_by_kernel"] = {name: {"dispatches": len(ds),
+                                      "ms": _time_dispatches(g, ds, k=16, at=st.pos) * 1e3}
+                               for name, ds in sorted(kinds.items())}
+    if cpu:
+        out["cortiq_cpu"] = cpu_decode(path, prompt, max(4, tokens // 8))
+        out["gpu_over_cpu"] = best / out["cortiq_cpu"]["tok_s"]
+    return out
 
 
 # ---- the PyTorch eager peer (benchmark-only) -----------------------------------------------
@@ -287,6 +373,11 @@ def main():
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "cortiq-bench"))
     ap.add_argument("--no-cpu", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--ab", default="splits=1,splits=8,fuse=0,slots=8",
+                    help="variants measured beside the default, comma-separated: splits=N "
+                         "(attention key splits), fuse=1|0 (each residual in the next "
+                         "product's input stage, or a rownorm pass), slots=N (rows a "
+                         "decode-matvec workgroup takes, 256/N lanes a row)")
     a = ap.parse_args()
     p = TINY if a.tiny else (QUICK if a.quick else RELEASE_LIKE)
     tag = "tiny" if a.tiny else ("quick" if a.quick else "release_like")
@@ -314,6 +405,25 @@ def main():
         out["cortiq_gpu"][k.replace("tok_s", "eff_gb_s")] = res[k] * per_token / 1e9
     best = max(res["session_tok_s"], res["greedy_tok_s"], res["chained_tok_s"])
     out["pct_of_read_bw"] = 100 * best * per_token / 1e9 / bw
+    out["attn_splits"] = g.splits
+    out["fused_residual"] = g.fuse_residual
+    ab = {}
+    for v in [v.strip() for v in a.ab.split(",") if v.strip()]:
+        from cortiq.gpu.dory import GpuDoryModel
+        from cortiq.gpu import kernels
+        key, _, val = v.partition("=")
+        kw = {"splits": {"attn_splits": int(val or 1)},
+              "fuse": {"fuse_residual": val not in ("0", "off")}}.get(key, {})
+        keep = kernels.RPW1_SLOTS
+        if key == "slots":          # rows (lane groups) a decode-matvec workgroup takes
+            kernels.RPW1_SLOTS = int(val)
+        r = gpu_decode(GpuDoryModel(host, dev, **kw), prompt, a.tokens)
+        kernels.RPW1_SLOTS = keep
+        ab[v] = {k: r[k] for k in ("chained_tok_s", "greedy_tok_s", "record_ms_per_token",
+                                   "dispatches_per_token", "gpu_ms_per_token",
+                                   "gpu_ms_by_kernel")}
+    if ab:
+        out["variants"] = ab
     st = g.new_state()
     ref = g.forward(st, prompt, "last")
     if not a.no_cpu:
@@ -326,7 +436,7 @@ def main():
                 out["gpu_over_torch"] = best / out["torch_eager_bf16"]["tok_s"]
         except ImportError:
             out["torch_eager_bf16"] = {"skipped": "torch is not installed"}
-    out["deepseek_v4"] = {"skipped": "no GPU forward for DeepSeek-V4 in this build"}
+    out["deepseek_v4"] = dsv4_decode(dev, a.cache, a.tiny, a.prompt, a.tokens, bw, not a.no_cpu)
     print(json.dumps(out, indent=1))
 
 

@@ -300,9 +300,13 @@ typedef struct cq_mix_ops {
     /* The grouped low-rank projection read straight from the stored rows: m has
      * groups*lora rows of per = m->cols; out[r] = row r . x[(r / lora) * per ..], i.e.
      * each group's block of rows against its slice of x (x has groups*per entries).
-     * Blocks of rows through the active matvec.rows_dot (bit-identical to matvec);
-     * blocks over the kernel pool, identical for any thread count. */
-    cq_status (*grouped_rows)(const cq_qmat *m, const float *x, size_t groups, float *out);
+     * n inputs at once: x is n such vectors in a row, out n rows of m->rows; each
+     * block of rows serves all n in turn (read from memory once), and every input's
+     * results are bit for bit those of the call for it alone. Blocks of rows through
+     * the active matvec.rows_dot (bit-identical to matvec); blocks over the kernel
+     * pool, identical for any thread count. */
+    cq_status (*grouped_rows)(const cq_qmat *m, const float *x, size_t n, size_t groups,
+                              float *out);
     /* The MoE's down projections in one pass: out[r] = sum_j row r of ms[j] . xs[j]
      * (j ascending), for r < ms[0].rows; every ms[j] has that many rows. One pool
      * call over blocks of rows (identical for any thread count) instead of one per

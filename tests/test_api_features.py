@@ -88,10 +88,10 @@ HERMES_TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def llm():
-    # exact products: a request repeated after its prompt was cached re-reads the last
-    # prompt token alone, which under "auto" takes decode's arithmetic, not a prompt
-    # chunk's; these tests compare repeated requests' logprobs to 1e-4
-    with cortiq.LLM(seed=3, precision="exact") as m:
+    # the default precision: a request repeated after its prompt was cached re-reads
+    # its last prompt token alone, as a prompt row (int8 products for q8 under "auto"),
+    # so repeated requests' logprobs agree (these tests compare them to 1e-4)
+    with cortiq.LLM(seed=3) as m:
         yield m
 
 
@@ -467,7 +467,7 @@ def test_embedding_hidden_matches_the_logits(llm):
     ids = llm.tokenize("class Foo(object):")
     h = llm.model.final_hidden(llm.model.new_state(), ids)
     logits = llm.session().feed(ids, want="all")
-    assert np.allclose(llm.model._head(h.copy()), logits, atol=1e-3)
+    assert np.allclose(llm.model._head(h.copy(), prompt=True), logits, atol=1e-3)
 
 
 # ---------------------------------------------------------------- hooks
@@ -593,3 +593,86 @@ def test_streamed_completion_logprobs(llm, client):
             lps += ch.choices[0].logprobs.token_logprobs
     assert toks == whole.tokens
     assert np.allclose(lps, whole.token_logprobs, atol=1e-4)
+
+
+# ---------------------------------------------------------------- logprobs and stop strings
+
+def _stops_inside(text, starts):
+    """(cut, stop string) pairs: a 3-character stop string first found at `cut`, one
+    starting inside a token's text and one at a token's first character (not the first
+    token's: something must stay)."""
+    found = {}
+    for k in range(1, len(text) - 3):
+        s = text[k:k + 3]
+        if text.find(s) != k or not s.strip():
+            continue
+        found.setdefault(k in starts, (k, s))
+    assert set(found) == {False, True}, text
+    return list(found.values())
+
+
+def _offsets(tokens):
+    at, out = 0, []
+    for t in tokens:
+        out.append(at)
+        at += len(t)
+    return out
+
+
+def test_logprobs_stop_where_a_stop_string_cuts_the_text(llm, client):
+    """Logprobs cover exactly the tokens whose text is returned: a token the stop
+    string cuts away entirely has none; one it cuts inside keeps its entry (part of
+    its text is returned). Completions and chat, streamed and not, the Python API and
+    the server, against the same greedy request without the stop string."""
+    prompt = "def read_file(path):"
+    kw = dict(max_tokens=24, temperature=0, logprobs=2)
+    full = llm.create_completion(prompt, **kw)["choices"][0]
+    lp = full["logprobs"]
+    starts = _offsets(lp["tokens"])
+    assert "".join(lp["tokens"]) == full["text"]
+    ckw = dict(max_tokens=24, temperature=0, logprobs=True, top_logprobs=2)
+    chat_full = llm.create_chat_completion(CHAT, **ckw)["choices"][0]
+    chat_tokens = [e["token"] for e in chat_full["logprobs"]["content"]]
+    chat_text = chat_full["message"]["content"]
+    assert "".join(chat_tokens) == chat_text
+
+    for cut, stop in _stops_inside(full["text"], starts):
+        n = sum(s < cut for s in starts)
+        want_tokens, want_lps = lp["tokens"][:n], lp["token_logprobs"][:n]
+        r = llm.create_completion(prompt, stop=[stop], **kw)["choices"][0]
+        assert r["text"] == full["text"][:cut] and r["finish_reason"] == "stop"
+        assert r["logprobs"]["tokens"] == want_tokens
+        assert r["logprobs"]["token_logprobs"] == pytest.approx(want_lps, abs=1e-5)
+        toks = []
+        for ch in llm.create_completion(prompt, stop=[stop], stream=True, **kw):
+            toks += (ch["choices"][0]["logprobs"] or {}).get("tokens", [])
+        assert toks == want_tokens
+        s = client.completions.create(model=llm.model_name, prompt=prompt, stop=[stop], **kw)
+        assert s.choices[0].text == r["text"] and s.choices[0].logprobs.tokens == want_tokens
+        toks = []
+        for ch in client.completions.create(model=llm.model_name, prompt=prompt,
+                                            stop=[stop], stream=True, **kw):
+            if ch.choices and ch.choices[0].logprobs is not None:
+                toks += ch.choices[0].logprobs.tokens
+        assert toks == want_tokens
+
+    cstarts = _offsets(chat_tokens)
+    for cut, stop in _stops_inside(chat_text, cstarts):
+        want = chat_tokens[:sum(s < cut for s in cstarts)]
+        r = llm.create_chat_completion(CHAT, stop=[stop], **ckw)["choices"][0]
+        assert r["message"]["content"] == chat_text[:cut]
+        assert [e["token"] for e in r["logprobs"]["content"]] == want
+        got = []
+        for ch in llm.create_chat_completion(CHAT, stop=[stop], stream=True, **ckw):
+            got += [e["token"] for e in (ch["choices"][0]["logprobs"] or {}).get("content", [])]
+        assert got == want
+        s = client.chat.completions.create(model=llm.model_name, messages=CHAT, stop=[stop],
+                                           **ckw)
+        assert s.choices[0].message.content == chat_text[:cut]
+        assert [e.token for e in s.choices[0].logprobs.content] == want
+        got = []
+        for ch in client.chat.completions.create(model=llm.model_name, messages=CHAT,
+                                                 stop=[stop], stream=True, **ckw):
+            if ch.choices and ch.choices[0].logprobs is not None:
+                got += [e.token for e in ch.choices[0].logprobs.content]
+        assert got == want

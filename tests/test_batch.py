@@ -101,6 +101,19 @@ def test_dory_options(files, opts):
         assert any(0 < one < n for n, one in got)
 
 
+@pytest.mark.parametrize("kv_mode", ["per_loop", "last_loop"])
+def test_dory_gate_mixes_exits_and_second_passes(files, kv_mode):
+    """The conf gate fires on some generated rows and not others (a prompt's one-row
+    last chunk runs every pass); under per_loop a later second pass reads an exited
+    row's first-pass keys."""
+    m = _model(files, "dory", "f32", kv_mode=kv_mode, gate="conf:0.2")
+    ss, ref = _check_model(m, [65, 1, 129, 4, 2], n_dec=8, seed=4)
+    got = [(s._state.gate_tokens, s._state.gate_one) for s in ss]
+    assert got == [(r[2]._state.gate_tokens, r[2]._state.gate_one) for r in ref]
+    assert sum(one for _, one in got) > 0
+    assert any(one < n for n, one in got)
+
+
 def test_int8_rows_equal_unbatched(files):
     m = _model(files, "llama", "q8_row")
     cortiq.tensor.set_model_precision(m, "int8")
@@ -174,12 +187,11 @@ def _concurrent(llm, jobs, stagger=0.0):
     return out, errs
 
 
-@pytest.mark.parametrize("precision", ["exact", "int8"])
+@pytest.mark.parametrize("precision", ["exact", "int8", "auto"])
 @pytest.mark.parametrize("arch", ["llama", "dory", "dsv4"])
 def test_scheduler_equals_serial(files, arch, precision):
-    # "exact" and "int8" give every row the same arithmetic however the prompt is cut;
-    # under "auto" a q8 prompt's last token re-read alone after a cached prefix takes
-    # decode's arithmetic, so which session a request meets would matter
+    # every precision gives a row the arithmetic of its kind (prompt or generated)
+    # however the prompt is cut, so which session a request meets does not matter
     rng = np.random.default_rng(7)
     vocab = BM.VOCAB if arch != "dsv4" else 24
     prompts = [rng.integers(3, vocab, n).tolist() for n in [3, 90, 10, 150, 5, 1, 40, 8, 20]]
@@ -200,6 +212,95 @@ def test_scheduler_equals_serial(files, arch, precision):
     assert sch.steps < sch.rows                     # steps carried several rows
     serial.close()
     llm.close()
+
+
+@pytest.mark.parametrize("arch", ["llama", "dory", "dsv4"])
+def test_auto_prompt_rows_do_not_depend_on_the_cut(files, arch):
+    """precision "auto", q8_row: a prompt fed whole, as (n-1)+1, through a cached
+    prefix and its last id, in a batch beside other sequences, and through the
+    scheduler meeting a session that holds its prefix: the same last row (its last
+    id is a prompt row every time, int8 products); a generated token's row keeps the
+    exact products of precision "exact"."""
+    vocab = BM.VOCAB if arch != "dsv4" else 24
+    rng = np.random.default_rng(11)
+    p = rng.integers(3, vocab, 12).tolist()
+    other = rng.integers(3, vocab, 7).tolist()
+    llm = cortiq.LLM(files[arch, "q8_row"], precision="auto", max_batch=8)
+    m = llm.model
+    qmat = m.head_w if arch == "dory" else m.head
+    assert qmat.int8_prompt and not qmat.int8        # q8: int8 for prompt rows only
+    whole = Session(m).prefill(p)[1]
+
+    s = Session(m)
+    s.feed(p[:-1], "none", prompt=True)
+    split = s.feed(p[-1:], "last", prompt=True)
+    # a saved state re-reads its pieces as what they were (the one-id prompt piece too)
+    assert np.array_equal(Session.load_state(m, s.save_state()).logits(), split)
+
+    s = Session(m)
+    s.prefill(p[:-1] + [p[-1] % (vocab - 3) + 3])
+    kept, cached = s.prefill(p)
+    assert kept == (len(p) - 1 if m.supports_rollback else 0)
+
+    a, b = Session(m), Session(m)
+    feed_batch([a, b], [p[:-1], other], "none", prompt=True)
+    b_ref = Session(m)
+    b_ref.feed(other, "none", prompt=True)
+    tok = int(rng.integers(3, vocab))
+    batched, b_dec = feed_batch([a, b], [p[-1:], [tok]], "last", prompt=[True, False])
+    for got in (split, cached, batched):
+        assert rel(got, whole) < REL
+    assert rel(b_dec, b_ref.feed([tok], "last", prompt=False)) < REL
+
+    # the scheduler: one request meets a session holding all but its last id, the
+    # others run beside it; the first row its sampler sees is the cold prompt's
+    seen = []
+
+    def first_row(ids, scores):
+        if not seen:
+            seen.append(scores.copy())
+        return scores
+    held = llm.session()
+    held.prefill(p[:-1] + [p[-1] % (vocab - 3) + 3])
+    jobs = [lambda lm: lm.generate(p, max_tokens=2, temperature=0, session=held,
+                                   logits_processor=first_row)]
+    jobs += [lambda lm, i=i: lm.generate(other[:i + 2], max_tokens=4, temperature=0)
+             for i in range(3)]
+    _, errs = _concurrent(llm, jobs)
+    assert errs == [None] * len(jobs)
+    assert rel(seen[0], whole) < REL
+
+    # generated tokens: exact products, as under precision "exact"
+    exact = cortiq.LLM(files[arch, "q8_row"], precision="exact", max_batch=1)
+    assert np.array_equal(Session(m).feed([tok], prompt=False),
+                          Session(exact.model).feed([tok], prompt=False))
+    if arch != "dsv4":   # a prompt row does take other products (DeepSeek-V4: decode's)
+        ex = Session(exact.model).prefill(p)[1]
+        assert rel(whole, ex) > 10 * REL
+    llm.close()
+    exact.close()
+
+
+def test_version_1_states_load_with_the_length_rule(files):
+    """States saved before feeds carried the prompt flag: several ids are prompt rows,
+    one a generated token (what such a feed was)."""
+    import hashlib
+    import json
+
+    from cortiq import state as S
+    m = _model(files, "llama", "q8_row")
+    s = Session(m)
+    s.feed([5, 6, 7], "none")
+    s.feed([8], "last")
+    payload = json.dumps({"ids": [5, 6, 7, 8], "feeds": [[3, "none"], [1, "last"]]}).encode()
+    body = S._HEAD.pack(S.MAGIC, 1, S.model_identity(m), len(payload)) + payload
+    t = Session.load_state(m, body + hashlib.sha256(body).digest())
+    assert t._feeds == s._feeds == [(3, "none", True), (1, "last", False)]
+    assert np.array_equal(t.logits(), s.logits())
+    payload = json.dumps({"ids": [5], "feeds": [[1, "last", True, 0]]}).encode()
+    body = S._HEAD.pack(S.MAGIC, 2, S.model_identity(m), len(payload)) + payload
+    with pytest.raises(S.StateError, match="malformed"):
+        Session.load_state(m, body + hashlib.sha256(body).digest())
 
 
 def test_streams_cancel_and_usage(files):

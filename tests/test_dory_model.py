@@ -249,3 +249,54 @@ def test_fused_decode_rows_equal_the_general_path(f32_model, quant_models, quant
         got.append(np.concatenate([sl.k[:sl.n].ravel() for row in st.slots for sl in row]))
     np.testing.assert_array_equal(got[0], got[2])
     np.testing.assert_array_equal(got[1], got[3])
+
+
+@pytest.mark.parametrize("kv_mode", ["per_loop", "last_loop"])
+def test_conf_gate_with_exits_and_second_passes(f32_model, kv_mode):
+    """Tokens that leave after one pass and tokens that run two share a sequence: each
+    token's logits are the reference's for the passes it ran, and under per_loop a
+    later token's second pass reads, for an exited position, that position's first-pass
+    keys (the reference's `carry`)."""
+    path, tensors, config = f32_model
+    ref = R.DoryReference(tensors, config)
+    ids = ids_for(config["vocab_size"], 90, seed=5)
+    s = LLM(path, kv_mode=kv_mode, loops=2, gate="conf:0.3").session()
+    cache = ref.new_cache(kv_mode, carry=True)
+    passes = []
+
+    def feed(piece):
+        one = s._state.gate_one
+        got = s.feed(piece, want="all")
+        n = 2 if len(piece) > 1 or s._state.gate_one == one else 1
+        want = ref.step(cache, piece, n)
+        assert np.abs(got - want).max() <= F32_ABS, (len(passes), n)
+        assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
+        passes.append(n)
+
+    feed(ids[:64])                     # the prompt, then generated tokens: the gate
+    for i in ids[64:]:
+        feed([i])
+    assert 1 in passes[1:] and 2 in passes[1:], passes
+
+
+def test_far_field_gate_under_per_loop_is_refused(f32_model):
+    path, _, _ = f32_model
+    with pytest.raises(ConfigError, match="last_loop"):
+        LLM(path, kv_mode="per_loop", loops=2, gate="conf:0.3", o1="4,2,1,24")
+    LLM(path, kv_mode="last_loop", loops=2, gate="conf:0.3", o1="4,2,1,24")
+
+
+def test_conf_gate_reads_generated_tokens_only(f32_model):
+    """Prompt rows run every pass however the prompt is cut (a 65-row prompt's
+    one-row last chunk, a one-id prompt piece); a generated token meets the gate."""
+    path, _, config = f32_model
+    llm = LLM(path, kv_mode="per_loop", loops=2, gate="conf:1e-9")  # every probe exits
+    ids = ids_for(config["vocab_size"], 66, seed=8)
+    s = llm.session()
+    s.feed(ids[:65], "none")
+    s.feed(ids[65:], "last", prompt=True)
+    assert s._state.gate_tokens == 0
+    whole = llm.session().feed(ids, "last")
+    assert np.abs(s.logits() - whole).max() <= CHUNK_ABS
+    s.feed([3], "last", prompt=False)
+    assert (s._state.gate_tokens, s._state.gate_one) == (1, 1)

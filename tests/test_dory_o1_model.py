@@ -250,7 +250,7 @@ def test_a_state_dropped_before_its_rebuild_leaves_no_files(tiny_path, clean_env
     m = model(tiny_path, o1="4,6,1,24", spill=str(spill))
     st = m.new_state()
     st.slots = [[] for _ in range(m.attn_layers)]
-    m._stack(st, np.stack([m.embed.row(i) for i in IDS[:64]]), 0, 2)   # no forward end
+    m._stack(st, np.stack([m.embed.row(i) for i in IDS[:64]]), 0, 2, True)   # no forward end
     assert len(os.listdir(spill)) > 0
     del st
     import gc

@@ -251,6 +251,31 @@ def test_swiglu_limit_clamps_up_both_ways_and_gate_only_from_above(isa):
     assert abs(raw[1] - silu(50) * -50) < 1e-3
 
 
+@pytest.mark.parametrize("dtype", ["f32", "q8_row", "q4_tiled", "q4tp", "q2tp"])
+@pytest.mark.parametrize("n", [1, 2, 5])
+@pytest.mark.parametrize("lora", [1, 3, 129])
+def test_grouped_projection_of_several_rows_is_each_rows_own(isa, threads, dtype, n, lora):
+    """x [n, groups*per]: row i is bit for bit the call with x[i] alone (the batched
+    decode of DeepSeek-V4 reads wo_a once for all its rows); int8 activations too."""
+    groups, per = 3, 64
+    rng = np.random.default_rng(n * 7 + lora)
+    T = QTensor.from_f32(f32(rng.standard_normal((groups * lora, per))), dtype)
+    X = f32(rng.standard_normal((n, groups * per)))
+    X[0, :5] = [0.0, -0.0, 1e-30, -3e4, 7.5]             # zeros, a denormal, a large value
+    for precision in ("exact", "int8"):
+        T.precision = precision
+        got = K.grouped_rows(T, X, groups)
+        assert got.shape == (n, groups * lora)
+        for i in range(n):
+            assert np.array_equal(got[i], K.grouped_rows(T, X[i].copy(), groups)), (precision, i)
+    out = np.empty((n, groups * lora), np.float32)
+    assert K.grouped_rows(T, X, groups, out=out) is out
+    with pytest.raises(ValueError, match="floats a row"):
+        K.grouped_rows(T, X[:, 1:].copy(), groups)
+    with pytest.raises(ValueError, match="1-D or 2-D"):
+        K.grouped_rows(T, X.reshape(1, n, -1), groups)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "q8_row", "q4tp"])
 def test_grouped_projection_is_identical_with_any_thread_count(isa, threads, dtype):
     groups, lora, per = 4, 128, 64

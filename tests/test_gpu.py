@@ -59,6 +59,17 @@ def test_matvec_matches_cpu(dev, dtype, shape):
     assert many.shape == (11, shape[0])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_matvec_long_rows(dev, dtype):
+    """Rows of many chunks a lane (the decode matvec's lane-strided loop)."""
+    from cortiq.gpu import kernels
+    rng = np.random.default_rng(11)
+    qt = _qt(rng, dtype, 5, 4160)     # 130 tiles, 260 f16 / 1040 f32 chunks a row
+    x = rng.standard_normal((1, 4160)).astype(np.float32)
+    got = kernels.matvec_once(dev, [kernels.GpuMatrix(dev, qt)], x)[0]
+    assert _rel(got, qt.matvec(x[0])) < 1e-5
+
+
 @pytest.mark.parametrize("dtype", ANY_COLS)
 def test_matvec_odd_columns(dev, dtype):
     from cortiq.gpu.kernels import GpuMatrix, matvec_once
@@ -114,6 +125,60 @@ def test_matvec_input_stages(dev):
     assert _rel(got, w.matvec(y[0]) * scale) < 1e-5
 
 
+@pytest.mark.parametrize("splits", [1, 3, 8])
+def test_matvec_merges_attention_splits(dev, splits):
+    """PRO 3: the decode matvec's input stage merges per-(head, split) softmax partials
+    [m, l, 0, 0, acc] (empty splits: m = -3e38, l = 0), gates and justnorms them."""
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    rng = np.random.default_rng(splits)
+    nh, hd = 4, 32
+    w = _qt(rng, "q8_row", 21, nh * hd)
+    g = GpuMatrix(dev, w)
+    m = rng.standard_normal((nh, splits)).astype(np.float32) * 3
+    den = rng.random((nh, splits)).astype(np.float32) * 5 + 0.1
+    acc = rng.standard_normal((nh, splits, hd)).astype(np.float32)
+    if splits > 1:       # a split past the last position
+        m[:, -1], den[:, -1], acc[:, -1] = -3e38, 0.0, 0.0
+    rec = np.zeros((nh, splits, hd + 4), np.float32)
+    rec[..., 0], rec[..., 1], rec[..., 4:] = m, den, acc
+    e = np.exp(m - m.max(1, keepdims=True))
+    y = (e[..., None] * acc).sum(1) / (e * den).sum(1)[:, None]
+    gate = rng.standard_normal(nh * hd).astype(np.float32)
+    s = rng.random(nh * hd).astype(np.float32)
+    z = y.ravel() / (1 + np.exp(-(gate * s)))
+    z /= np.sqrt((z * z).sum() + 1e-6)
+    got = matvec_once(dev, [g], rec.reshape(1, -1), pro=3, x2=gate[None], va=s, hd=hd,
+                      splits=splits)[0]
+    assert _rel(got, w.matvec(z)) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", ["q8_row", "f16", "q4tp"])
+def test_matvec_fused_residual(dev, dtype):
+    """PRO 4: the nGPT residual justnorm(x^ + alpha (o^ - x^)) staged as the product's
+    input (the rownorm pass it replaces), and written back for the next sub-layer."""
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    rng = np.random.default_rng(21)
+    w = _qt(rng, dtype, 41, 96)
+    x, o = (rng.standard_normal((2, 96)) * [[3.0], [0.5]]).astype(np.float32)
+    alpha = rng.random(96).astype(np.float32)
+
+    def jn(v):
+        return v / np.sqrt((v * v).sum() + 1e-6)
+    want_x = jn(jn(x) + alpha * (jn(o) - jn(x)))
+    back: list = []
+    got = matvec_once(dev, [GpuMatrix(dev, w)], x[None], pro=4, x2=o[None], va=alpha,
+                      residual_out=back)[0]
+    assert _rel(got, w.matvec(want_x)) < 1e-5
+    assert _rel(back[0], want_x) < 1e-6
+
+
+def test_merge_input_stage_refuses_bad_shapes(dev):
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    g = GpuMatrix(dev, _qt(np.random.default_rng(1), "q8_row", 5, 64))
+    with pytest.raises(ConfigError, match="PRO 3"):
+        matvec_once(dev, [g], np.zeros((1, 64 * 2), np.float32), pro=3, hd=48, splits=2)
+
+
 # ---- the whole Dory forward ----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def demo_file():
@@ -138,6 +203,55 @@ def test_dory_logits_match_cpu(dev, demo_file, opts):
     assert g.forward(sg, ids[:66], "none") is None
     for i in ids[66:]:   # decode rows, through the sliding ring
         assert _rel(g.forward(sg, [int(i)]), host.forward(sc, [int(i)])) < 1e-3
+
+
+@pytest.mark.parametrize("splits", [1, 5, 64])
+def test_attention_splits_match_cpu(dev, demo_file, splits):
+    """Decode rows with the attention split over key ranges (more splits than keys at
+    the first positions: empty splits) equal the host forward; 64 is clamped to 256 / nh."""
+    from cortiq.gpu.dory import GpuDoryModel
+    from cortiq.models.dory import DoryModel
+    host = DoryModel(demo_file)
+    g = GpuDoryModel(host, dev, attn_splits=splits)
+    assert g.splits == min(splits, 256 // g.nh)
+    ids = np.random.default_rng(12).integers(0, host.vocab, 9)
+    sc, sg = host.new_state(), g.new_state()
+    for i in ids:
+        assert _rel(g.forward(sg, [int(i)]), host.forward(sc, [int(i)])) < 1e-3
+
+
+def test_decode_residual_fused_or_not(dev, demo_file):
+    """Decode rows with each residual taken by the next product's input stage (the
+    default) and with a rownorm pass a residual: both equal the host forward, and the
+    fused program has fewer dispatches."""
+    from cortiq.gpu.dory import GpuDoryModel
+    from cortiq.models.dory import DoryModel
+    host = DoryModel(demo_file, kv_mode="last_loop")
+    counts = []
+    for fuse in (True, False):
+        g = GpuDoryModel(host, dev, fuse_residual=fuse)
+        assert g.fuse_residual is fuse
+        ids = np.random.default_rng(13).integers(0, host.vocab, 5)
+        sc, sg = host.new_state(), g.new_state()
+        host.forward(sc, ids[:3], "none")
+        g.forward(sg, ids[:3], "none")
+        for i in ids[3:]:
+            assert _rel(g.forward(sg, [int(i)]), host.forward(sc, [int(i)])) < 1e-3
+        counts.append(g.dispatches_per_token)
+    assert counts[0] < counts[1]
+
+
+def test_attention_splits_option_errors(dev, demo_file, monkeypatch):
+    from cortiq.gpu.dory import GpuDoryModel
+    from cortiq.models.dory import DoryModel
+    host = DoryModel(demo_file)
+    with pytest.raises(ConfigError, match="splits"):
+        GpuDoryModel(host, dev, attn_splits=0)
+    monkeypatch.setenv("CORTIQ_GPU_ATTN_SPLITS", "many")
+    with pytest.raises(ConfigError, match="CORTIQ_GPU_ATTN_SPLITS"):
+        GpuDoryModel(host, dev)
+    monkeypatch.setenv("CORTIQ_GPU_ATTN_SPLITS", "2")
+    assert GpuDoryModel(host, dev).splits == 2
 
 
 def test_greedy_tokens_identical(dev, demo_file):
@@ -255,8 +369,8 @@ def test_unsupported_architecture_and_options(dev, demo_file, tmp_path):
     from cortiq.models.dory import DoryModel
 
     class Other:
-        arch = "deepseek_v4"
-    with pytest.raises(ConfigError, match="deepseek_v4"):
+        arch = "llama"
+    with pytest.raises(ConfigError, match="llama"):
         to_device(Other(), dev)
     d = DoryModel(demo_file).hidden
     router = tmp_path / "router.bin"

@@ -95,7 +95,7 @@ static void mix_pool_by_score(const float *kv, const float *score, size_t slots,
 typedef cq_status (*mix_rows_dot_fn)(const cq_qmat *, size_t, size_t, const float *, float *);
 
 typedef struct {
-    const cq_qmat *m; /* grouped_rows: one matrix; rows_sum: n of them */
+    const cq_qmat *m; /* grouped_rows: one matrix and n inputs; rows_sum: n matrices */
     size_t n, groups, lora, nb, rows;
     const float *x;
     const float *const *xs;
@@ -104,22 +104,28 @@ typedef struct {
     int bad;
 } mix_job;
 
+/* A task is one block of rows of one group; it runs them for every input in turn, so
+ * the block comes from memory once and from cache for the other inputs, and each
+ * input's rows are exactly what it gets alone (the same rows_dot calls). */
 static void grouped_range(void *arg, size_t t0, size_t t1) {
     mix_job *j = (mix_job *)arg;
+    const size_t cols = j->m->cols, width = j->groups * cols;
     for (size_t t = t0; t < t1; t++) {
         size_t g = t / j->nb, b0 = (t % j->nb) * MIX_BLOCK;
         size_t nr = j->lora - b0 < MIX_BLOCK ? j->lora - b0 : MIX_BLOCK;
         size_t r0 = g * j->lora + b0;
-        if (j->rows_dot(j->m, r0, nr, j->x + g * j->m->cols, j->out + r0) != CQ_OK) cq_pool_flag(&j->bad);
+        for (size_t i = 0; i < j->n; i++)
+            if (j->rows_dot(j->m, r0, nr, j->x + i * width + g * cols, j->out + i * j->rows + r0) != CQ_OK)
+                cq_pool_flag(&j->bad);
     }
 }
 
-static cq_status mix_grouped_rows(const cq_qmat *m, const float *x, size_t groups, float *out) {
+static cq_status mix_grouped_rows(const cq_qmat *m, const float *x, size_t n, size_t groups, float *out) {
     if (!m || groups == 0 || m->rows % groups) return CQ_ERR_SHAPE;
     size_t lora = m->rows / groups;
-    if (lora == 0) return CQ_OK;
+    if (lora == 0 || n == 0) return CQ_OK;
     size_t nb = (lora + MIX_BLOCK - 1) / MIX_BLOCK; /* tasks per group */
-    mix_job j = {m, 1, groups, lora, nb, m->rows, x, NULL, out, cq_active()->matvec->rows_dot, 0};
+    mix_job j = {m, n, groups, lora, nb, m->rows, x, NULL, out, cq_active()->matvec->rows_dot, 0};
     const size_t tasks = groups * nb;
     cq_pool_for(tasks, 1, m->rows >= 64 && tasks > 1, grouped_range, &j);
     return j.bad ? CQ_ERR_ARG : CQ_OK;

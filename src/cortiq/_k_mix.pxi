@@ -234,18 +234,25 @@ def pool_by_score(kv, score, out=None):
 def grouped_rows(qt, x, size_t groups, out=None):
     """DeepSeek-V4's grouped low-rank projection from the stored rows of `qt` (a
     QTensor or QMat of groups*lora rows, per = cols): out[r] = W[r] . x[g*per:(g+1)*per]
-    with g = r // lora. x has groups*per floats. No dequantized copy is made."""
+    with g = r // lora. x has groups*per floats -> out [rows]; or x [n, groups*per]
+    (the rows of several sequences) -> out [n, rows], each row bit for bit its call
+    alone, the matrix read once for all of them. No dequantized copy is made."""
     cdef QMat qm = qt.qmat if not isinstance(qt, QMat) else qt
     cdef cnp.ndarray xa = _f32(x, "grouped_rows", "x")
     if groups == 0 or qm.rows % groups:
         raise ValueError(f"grouped_rows: {qm.rows} rows do not split into {groups} groups")
-    if <size_t>xa.size != groups * qm.cols:
-        raise ValueError(f"grouped_rows: x needs {groups * qm.cols} floats, got {xa.size}")
-    cdef cnp.ndarray oa = _mix_out(out, (qm.rows,), "grouped_rows")
+    if xa.ndim > 2:
+        raise ValueError(f"grouped_rows: x must be 1-D or 2-D, got {xa.ndim}-D")
+    cdef size_t n = <size_t>xa.shape[0] if xa.ndim == 2 else 1
+    cdef size_t width = <size_t>xa.shape[xa.ndim - 1] if xa.ndim else 1
+    if width != groups * qm.cols:
+        raise ValueError(f"grouped_rows: x needs {groups * qm.cols} floats a row, got {width}")
+    shape = (int(n), int(qm.rows)) if xa.ndim == 2 else (int(qm.rows),)
+    cdef cnp.ndarray oa = _mix_out(out, shape, "grouped_rows")
     cdef cq_status st
     cdef cq_qmat mm = qm._snapshot()
     with nogil:
-        st = cq_active().mix.grouped_rows(&mm, <const float *>cnp.PyArray_DATA(xa), groups,
+        st = cq_active().mix.grouped_rows(&mm, <const float *>cnp.PyArray_DATA(xa), n, groups,
                                           <float *>cnp.PyArray_DATA(oa))
     check(st, "grouped_rows")
     return oa

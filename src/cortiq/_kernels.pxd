@@ -43,7 +43,7 @@ cdef extern from "cortiq.h" nogil:
         void (*rms_weighted)(float *v, const float *w, size_t n, float eps) noexcept nogil
         void (*swiglu)(float *g, const float *u, size_t n, float limit, float weight) noexcept nogil
         void (*pool_by_score)(const float *kv, const float *score, size_t slots, size_t width, float *out) noexcept nogil
-        cq_status (*grouped_rows)(const cq_qmat *m, const float *x, size_t groups, float *out) noexcept nogil
+        cq_status (*grouped_rows)(const cq_qmat *m, const float *x, size_t n, size_t groups, float *out) noexcept nogil
         cq_status (*rows_sum)(const cq_qmat *ms, size_t n, const float *const *xs, float *out) noexcept nogil
 
     # ---- matvec family (csrc/matvec) ----

@@ -1,7 +1,7 @@
 """One forward for several sessions: `feed_batch`.
 
 Decode is bound by streaming the weights, so sessions that advance together should
-share each pass over them. `feed_batch(sessions, ids_per_session, want)` runs every
+share each pass over them. `feed_batch(sessions, ids_per_session, want, prompt)` runs every
 session's new tokens in one model call: a model with `forward_batch(states, ids_list,
 wants)` (Llama, Dory, DeepSeek-V4) multiplies each weight matrix once for the rows of
 all of them and runs attention and its other per-sequence state per session; a model
@@ -11,7 +11,8 @@ prefilling a chunk while the others decode one token each).
 The sessions keep their usual bookkeeping (ids, feeds, last logits), so rollback,
 prefix reuse and `Session.feed` work on them afterwards as if each had been fed alone;
 the results equal one-at-a-time feeds within float32 rounding (the rows of a batch go
-through the matrix-matrix kernels, a lone decode row through the matrix-vector ones).
+through the matrix-matrix kernels, a lone decode row through the matrix-vector ones;
+prompt rows get a prompt's products, generated tokens decode's, as `Session.feed`).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from contextlib import ExitStack
 import numpy as np
 
 from .errors import ConfigError
-from .session import WANTS, Session
+from .session import WANTS, Session, is_prompt, model_forward
 
 __all__ = ["feed_batch"]
 
@@ -35,10 +36,19 @@ def _wants(want, n: int) -> list[str]:
     return ws
 
 
-def feed_batch(sessions, ids_per_session, want="last") -> list:
+def _prompts(prompt, n: int) -> list:
+    ps = [prompt] * n if prompt is None or isinstance(prompt, (bool, np.bool_)) else list(prompt)
+    if len(ps) != n:
+        raise ConfigError(f"feed_batch: {len(ps)} prompt flags for {n} sessions")
+    return ps
+
+
+def feed_batch(sessions, ids_per_session, want="last", prompt=None) -> list:
     """Feed `ids_per_session[i]` to `sessions[i]` for every i in one forward per model.
-    `want`: "none", "last" or "all", or one of those per session. Returns one result
-    per session, as `Session.feed` returns it (None, [vocab] or [n_i, vocab])."""
+    `want`: "none", "last" or "all", or one of those per session; `prompt`: whether
+    the ids are prompt rows or generated tokens (`Session.feed`), one flag or one per
+    session. Returns one result per session, as `Session.feed` returns it (None,
+    [vocab] or [n_i, vocab])."""
     sessions = list(sessions)
     if not all(isinstance(s, Session) for s in sessions):
         bad = next(s for s in sessions if not isinstance(s, Session))
@@ -50,6 +60,7 @@ def feed_batch(sessions, ids_per_session, want="last") -> list:
         raise ConfigError(f"feed_batch: {len(ids_per_session)} id lists for "
                           f"{len(sessions)} sessions")
     wants = _wants(want, len(sessions))
+    flags = _prompts(prompt, len(sessions))
     arrs = []
     for s, ids in zip(sessions, ids_per_session):
         a = np.asarray(ids, dtype=np.int64).ravel() if not isinstance(ids, (int, np.integer)) \
@@ -59,6 +70,7 @@ def feed_batch(sessions, ids_per_session, want="last") -> list:
             raise ValueError(f"token id {int(a[bad][0])} is outside the vocabulary "
                              f"[0, {s.model.vocab})")
         arrs.append(a)
+    prompts = [is_prompt(p, a.size) for p, a in zip(flags, arrs)]
     out: list = [None] * len(sessions)
     with ExitStack() as locks:
         for s in sorted(sessions, key=id):          # one order: no lock cycles
@@ -75,11 +87,14 @@ def feed_batch(sessions, ids_per_session, want="last") -> list:
             model = sessions[idx[0]].model
             run = getattr(model, "forward_batch", None)
             if run is not None and len(idx) > 1:
-                res = run([sessions[i]._state for i in idx], [arrs[i] for i in idx],
-                          [wants[i] for i in idx])
+                args = ([sessions[i]._state for i in idx], [arrs[i] for i in idx],
+                        [wants[i] for i in idx])
+                res = (run(*args, prompts=[prompts[i] for i in idx])
+                       if getattr(model, "takes_prompt", False) else run(*args))
             else:
-                res = [model.forward(sessions[i]._state, arrs[i], wants[i]) for i in idx]
+                res = [model_forward(model, sessions[i]._state, arrs[i], wants[i], prompts[i])
+                       for i in idx]
             for i, r in zip(idx, res):
-                sessions[i]._record(arrs[i], wants[i], r)
+                sessions[i]._record(arrs[i], wants[i], r, prompts[i])
                 out[i] = r
     return out

@@ -12,7 +12,7 @@ a time:
         piece = gen.step(logits)          # samples; None once finished
         if piece: yield piece
         if gen.done: break
-        logits = session.feed([gen.token], want="last")
+        logits = session.feed([gen.token], want="last", prompt=False)
     tail = gen.finish()
 
 so one session's loop (`LLM.generate`) and a batch of many (a scheduler feeding
@@ -23,7 +23,10 @@ behaves the same whichever of them runs it.
 
 1. logprobs: the log-softmax of the row exactly as the model gave it (before
    logit_bias, penalties, hooks, the grammar mask and temperature, as OpenAI reports
-   them): the chosen token's and the `top` most likely ones, into `result.logprobs`;
+   them): the chosen token's and the `top` most likely ones, into `result.logprobs`
+   once some of the token's text is shown -- a token whose text a stop string cuts
+   away, or holds back while it may start one, has no entry (yet), so the entries
+   cover exactly the tokens whose text is returned, streamed or not;
 2. `logits_processor` hooks (llama-cpp-python's contract: `fn(input_ids, scores) ->
    scores`, a list runs in order), on a float32 copy;
 3. the grammar mask (`cortiq.structured`): forbidden tokens -> -inf;
@@ -32,6 +35,8 @@ behaves the same whichever of them runs it.
    scores it was drawn from): True ends the generation after that token ("stop").
 """
 from __future__ import annotations
+
+import collections
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -172,6 +177,10 @@ class Generation:
         self.n_top = o.logprobs
         if o.logprobs is not None:
             result.logprobs = []
+        # logprobs waiting for their token's text to be shown: (where the token's text
+        # starts in the decoded text, entry); the decoded and the shown text's lengths
+        self._held_lp: collections.deque = collections.deque()
+        self._decoded = self._shown = 0
         self.processors: tuple = tuple(o.logits_processor or ())  # type: ignore[arg-type]
         self.criteria: tuple = tuple(o.stopping_criteria or ())    # type: ignore[arg-type]
         self.matcher = o.grammar.matcher() if o.grammar is not None else None
@@ -191,11 +200,14 @@ class Generation:
             self._end("stop")
             return None
         if self.result.logprobs is not None:
-            self.result.logprobs.append(self._logprob(row, t))
+            self._held_lp.append((self._decoded, self._logprob(row, t)))
         self.history.append(t)
         self.result.token_ids.append(t)
         self.token = t
-        piece = self.stops.feed(self.decoder.feed(t))
+        text = self.decoder.feed(t)
+        self._decoded += len(text)
+        piece = self.stops.feed(text)
+        self._show(piece)
         if self.stops.stopped or (self.matcher is not None and self.matcher.stopped) or self._criteria_met(scores):
             self._end("stop")
         elif len(self.result.token_ids) >= self.limit:
@@ -222,6 +234,20 @@ class Generation:
         if self.matcher is not None:
             self.matcher.apply(scores)
         return scores
+
+    def _show(self, piece: str, final: bool = False) -> None:
+        """`piece` was shown: the tokens whose text now starts inside the shown text
+        get their logprobs (at the end every token left, unless a stop string cut
+        the text: those tokens' text is not returned)."""
+        self._shown += len(piece)
+        held, out = self._held_lp, self.result.logprobs
+        if not held or out is None:
+            return
+        cut = self.stops.stop_reason == "stop_string"
+        while held and (held[0][0] < self._shown or (final and not cut)):
+            out.append(held.popleft()[1])
+        if final:
+            held.clear()
 
     def _logprob(self, row, t: int) -> TokenLogprob:
         lp = log_softmax(row)
@@ -253,5 +279,6 @@ class Generation:
         """The text held back until the end (stop-string look-ahead, partial UTF-8);
         sets `result.text`."""
         tail = self.stops.finish(self.decoder.flush())
+        self._show(tail, final=True)
         self.result.text = self.stops.text
         return tail

@@ -383,20 +383,21 @@ class LLM:
             m = self._models.get(skill) or self._build_model(skill)
         return Session(m)
 
-    def feed_batch(self, sessions, ids_per_session, want="last") -> list:
+    def feed_batch(self, sessions, ids_per_session, want="last", prompt=None) -> list:
         """Feed several sessions of this LLM in one forward: `ids_per_session[i]` to
         `sessions[i]` (lengths may differ: one session prefilling a chunk while others
         decode a token). Each weight matrix is read once for the rows of all of them;
         attention and the per-session state run per session. `want`: "none", "last"
-        or "all" (or one per session). Returns one result per session, as
-        `Session.feed` returns it: None, the last row of logits [vocab], or [n_i, vocab]."""
+        or "all" (or one per session); `prompt`: prompt rows or generated tokens
+        (`Session.feed`; one flag or one per session). Returns one result per session,
+        as `Session.feed` returns it: None, the last row of logits [vocab], or [n_i, vocab]."""
         sessions = list(sessions)
         mine = {id(m) for m in self._models.values()}
         for s in sessions:
             if isinstance(s, Session) and id(s.model) not in mine:
                 raise ConfigError("feed_batch: a session of another model; sessions must "
                                   "come from this LLM (llm.session())")
-        return _feed_batch(sessions, ids_per_session, want)
+        return _feed_batch(sessions, ids_per_session, want, prompt)
 
     def _checkout(self, model, ids) -> Session:
         with self._lock:
@@ -473,7 +474,7 @@ class LLM:
                 if piece:
                     yield piece
                 if not gen.done:
-                    logits = session.feed([gen.token], want="last")
+                    logits = session.feed([gen.token], want="last", prompt=False)
             tail = gen.finish()
             if tail:
                 yield tail
@@ -565,7 +566,7 @@ class LLM:
         one: its bare id, as nothing predicts it), from one fresh forward over `ids`."""
         ids = self._prompt_ids(ids)
         model, _ = self._model_for(ids)
-        rows = cast(np.ndarray, Session(model).feed(ids, want="all"))
+        rows = cast(np.ndarray, Session(model).feed(ids, want="all", prompt=True))
         n = self.tokenizer.vocab_size
         out: list[TokenLogprob | int] = [ids[0]]
         for i in range(1, len(ids)):

@@ -177,7 +177,7 @@ class Scheduler:
             return
         budget = self.prefill_chunk
         decoding = any(not r.todo for r in live)
-        batch, ids, wants = [], [], []
+        batch, ids, wants, prompts = [], [], [], []
         held = set()
         for r in live:
             if id(r.session) in held:       # two requests on one caller's session:
@@ -197,11 +197,13 @@ class Scheduler:
                 batch.append(r)
                 ids.append(chunk)
                 wants.append("none" if r.todo else "last")
+                prompts.append(True)
             else:
                 batch.append(r)
                 ids.append([r.gen.token])
                 wants.append("last")
-        outs = feed_batch([r.session for r in batch], ids, wants)
+                prompts.append(False)
+        outs = feed_batch([r.session for r in batch], ids, wants, prompts)
         self.steps += 1
         self.rows += sum(len(x) for x in ids)
         for r, out, want in zip(batch, outs, wants):

@@ -5,6 +5,14 @@ the token ids it holds, and how they were fed, so that a rollback the model cann
 in place (a sliding window already dropped the keys it would need) is done by
 re-reading the prefix in the same pieces: the state is then exactly the one a straight
 run would have (Dory's last_loop cache depends on where chunks begin and end).
+
+Every feed says whether its ids are prompt rows or generated tokens (`prompt`): a
+model that takes the flag (`takes_prompt = True`: Llama, Dory, DeepSeek-V4) gives each
+row the arithmetic of its kind (precision "auto" multiplies q8 prompt rows with int8
+activations, generated ones exactly; Dory's early-exit gate sees generated tokens
+only), so a prompt gives the same rows however it is cut -- whole, or a cached prefix
+and its last id. Left None, a feed of several ids counts as prompt rows and a feed
+of one as a generated token.
 """
 from __future__ import annotations
 
@@ -19,12 +27,24 @@ from .errors import CortiqError
 WANTS = ("none", "last", "all")
 
 
+def is_prompt(prompt, n: int) -> bool:
+    """The `prompt` flag of a feed of n ids: as given, or (None) whether n > 1."""
+    return n > 1 if prompt is None else bool(prompt)
+
+
+def model_forward(model, state, ids, want: str, prompt: bool):
+    """`model.forward`, with the prompt flag for a model that takes it."""
+    if getattr(model, "takes_prompt", False):
+        return model.forward(state, ids, want, prompt=prompt)
+    return model.forward(state, ids, want)
+
+
 class Session:
     def __init__(self, model) -> None:
         self._model = model
         self._state = model.new_state()
         self._ids: list[int] = []
-        self._feeds: list[tuple[int, str]] = []  # (tokens, want) of every feed, in order
+        self._feeds: list[tuple[int, str, bool]] = []  # (tokens, want, prompt) of every feed
         self._last: np.ndarray | None = None
         self._lock = threading.Lock()
 
@@ -58,7 +78,7 @@ class Session:
         least the last id is run) instead of being read again."""
         ids = [int(i) for i in np.asarray(ids, dtype=np.int64).ravel()]
         keep = self.prepare(ids, reuse)
-        logits = self.feed(ids[keep:], want="last")
+        logits = self.feed(ids[keep:], want="last", prompt=True)
         return keep, cast(np.ndarray, logits)
 
     def prepare(self, ids, reuse: bool = True) -> int:
@@ -78,9 +98,12 @@ class Session:
                 self.rollback(keep)
         return keep
 
-    def feed(self, ids: Sequence[int] | np.ndarray, want: str = "last") -> np.ndarray | None:
+    def feed(self, ids: Sequence[int] | np.ndarray, want: str = "last",
+             prompt: bool | None = None) -> np.ndarray | None:
         """Run `ids` after what the session holds. Returns None, the last row of logits
-        [vocab] or every row [len(ids), vocab] for want = "none" / "last" / "all"."""
+        [vocab] or every row [len(ids), vocab] for want = "none" / "last" / "all".
+        `prompt`: the ids are prompt rows (True) or generated tokens (False); None:
+        prompt rows when there are several (see the module docstring)."""
         if want not in WANTS:
             raise ValueError(f"want must be one of {', '.join(WANTS)}, got {want!r}")
         arr = np.asarray(ids, dtype=np.int64).ravel()
@@ -88,14 +111,15 @@ class Session:
             if arr.size == 0:
                 return None if want == "none" else (
                     np.zeros((0, self._model.vocab), np.float32) if want == "all" else self._last)
-            out = self._model.forward(self._state, arr, want)
-            self._record(arr, want, out)
+            p = is_prompt(prompt, arr.size)
+            out = model_forward(self._model, self._state, arr, want, p)
+            self._record(arr, want, out, p)
             return out
 
-    def _record(self, arr: np.ndarray, want: str, out) -> None:
+    def _record(self, arr: np.ndarray, want: str, out, prompt: bool) -> None:
         """Note a feed of `arr` that produced `out` (by `feed` or a batched forward)."""
         self._ids.extend(int(i) for i in arr)
-        self._feeds.append((int(arr.size), want))
+        self._feeds.append((int(arr.size), want, prompt))
         if want == "all":
             self._last = out[-1].copy()
         elif want == "last":
@@ -121,19 +145,20 @@ class Session:
                                   "new session instead")
             keep = self._ids[:n]
             feeds, left = [], n
-            for size, want in self._feeds:
+            for size, want, prompt in self._feeds:
                 if left <= 0:
                     break
-                feeds.append((min(size, left), want))
+                feeds.append((min(size, left), want, prompt))
                 left -= size
             if self._model.can_rollback(self._state, n):
                 self._model.rollback(self._state, n)
             else:  # re-read the prefix in the pieces it was fed in
                 self._state = self._model.new_state()
                 at = 0
-                for size, want in feeds:
-                    self._model.forward(self._state, np.asarray(keep[at:at + size], np.int64),
-                                        "none" if want == "none" else "last")
+                for size, want, prompt in feeds:
+                    model_forward(self._model, self._state,
+                                  np.asarray(keep[at:at + size], np.int64),
+                                  "none" if want == "none" else "last", prompt)
                     at += size
             self._ids = keep
             self._feeds = feeds
@@ -154,8 +179,8 @@ class Session:
         ids, feeds = unpack(model, data)
         s = cls(model)
         at = 0
-        for size, want in feeds:
-            s.feed(ids[at:at + size], want=want)
+        for size, want, prompt in feeds:
+            s.feed(ids[at:at + size], want=want, prompt=prompt)
             at += size
         return s
 

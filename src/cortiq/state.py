@@ -10,14 +10,17 @@ across cortiq versions that keep the model's numerics; the price is a prefill on
 Layout (little-endian)::
 
     magic   8 bytes  b"CORTIQST"
-    version u32      1
+    version u32      2 (1 is still read)
     model   32 bytes SHA-256 identity of the model (`model_identity`)
     length  u64      payload bytes
-    payload          JSON {"ids": [...], "feeds": [[n, want], ...]}
+    payload          JSON {"ids": [...], "feeds": [[n, want, prompt], ...]}
     digest  32 bytes SHA-256 of everything before it
 
-`load_state` refuses (StateError, naming the reason) bytes that are truncated,
-damaged (digest), of another version, or saved on a different model.
+`prompt` (version 2) says whether the piece was prompt rows or generated tokens
+(`Session.feed`); version 1 states, which lack it, are read with the rule a feed
+without the flag follows (several ids: prompt rows). `load_state` refuses
+(StateError, naming the reason) bytes that are truncated, damaged (digest), of an
+unknown version, or saved on a different model.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from .errors import CortiqError
 __all__ = ["STATE_VERSION", "StateError", "model_identity", "pack", "unpack"]
 
 MAGIC = b"CORTIQST"
-STATE_VERSION = 1
+STATE_VERSION = 2
 _HEAD = struct.Struct("<8sI32sQ")
 _DIGEST = 32
 _WANTS = ("none", "last", "all")
@@ -68,7 +71,7 @@ def pack(model, ids, feeds) -> bytes:
     return body + hashlib.sha256(body).digest()
 
 
-def unpack(model, data) -> tuple[list[int], list[tuple[int, str]]]:
+def unpack(model, data) -> tuple[list[int], list[tuple[int, str, bool]]]:
     """(ids, feeds) of saved bytes, checked against `model`."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise StateError(f"load_state: expected bytes, got {type(data).__name__}")
@@ -79,9 +82,9 @@ def unpack(model, data) -> tuple[list[int], list[tuple[int, str]]]:
     magic, version, ident, n = _HEAD.unpack_from(data)
     if magic != MAGIC:
         raise StateError("load_state: not a cortiq session state (bad magic)")
-    if version != STATE_VERSION:
+    if version not in (1, STATE_VERSION):
         raise StateError(f"load_state: state format version {version}; this cortiq reads "
-                         f"version {STATE_VERSION}")
+                         f"versions 1 and {STATE_VERSION}")
     if len(data) != _HEAD.size + n + _DIGEST:
         raise StateError(f"load_state: the state is {len(data)} bytes, its header says "
                          f"{_HEAD.size + n + _DIGEST} (truncated or damaged)")
@@ -94,11 +97,14 @@ def unpack(model, data) -> tuple[list[int], list[tuple[int, str]]]:
     try:
         obj = json.loads(body[_HEAD.size:])
         ids = [int(i) for i in obj["ids"]]
-        feeds = [(int(k), str(w)) for k, w in obj["feeds"]]
+        feeds = [(int(f[0]), str(f[1]), bool(f[2]) if version > 1 else int(f[0]) > 1)
+                 for f in obj["feeds"] if len(f) == (3 if version > 1 else 2)]
+        if len(feeds) != len(obj["feeds"]):
+            raise ValueError("a feed of the wrong length")
     except (ValueError, KeyError, TypeError) as e:
         raise StateError(f"load_state: malformed payload: {e}") from None
-    if sum(k for k, _ in feeds) != len(ids) or any(k <= 0 or w not in _WANTS
-                                                   for k, w in feeds):
+    if sum(f[0] for f in feeds) != len(ids) or any(k <= 0 or w not in _WANTS
+                                                   for k, w, _ in feeds):
         raise StateError("load_state: malformed payload: feeds do not cover the ids")
     if any(not 0 <= i < model.vocab for i in ids):
         raise StateError("load_state: a token id is outside the model's vocabulary")

@@ -22,8 +22,10 @@ product (docs/ARCHITECTURE.md, "int8 activations"). ``"auto"`` also takes q8_row
 q8_2f to int8 in ``matmat(X, prompt=True)``, the call a model makes for a chunk of a
 prompt: prefill is bound by arithmetic, where integer products are 2-3x faster, while
 decode (``matvec``, and ``matmat`` of batched decode rows, ``prompt=False``) stays
-exact for q8. ``precision=None`` follows the process default (``cortiq.set_precision``),
-which is what ``LLM`` gives its matrices.
+exact for q8. Models call ``matmat(prompt=True)`` for every prompt row, a piece of one
+row included, so a row's arithmetic depends on whether it is a prompt row or a
+generated token, never on how the prompt was cut. ``precision=None`` follows the
+process default (``cortiq.set_precision``), which is what ``LLM`` gives its matrices.
 """
 from __future__ import annotations
 
@@ -223,18 +225,19 @@ class QGroup:
         return _K.matvec_batch(self._ms, X)
 
 
-def batch_products(tensors, X, lone=None) -> list:
+def batch_products(tensors, X, decode=None) -> list:
     """[X @ T.T for T in tensors] for the rows of several sequences: the rows of
-    one-token pieces (`lone`, a bool per row; None: all of them) through
-    `matvec_batch`, those of longer pieces (prompt chunks) through `matmat(prompt=True)`,
-    so every row is computed as the same piece run alone would compute it (precision
-    "auto" included), and each matrix is read once for all the lone rows."""
+    generated tokens (`decode`, a bool per row; None: all of them) through
+    `matvec_batch`, prompt rows through `matmat(prompt=True)`, so every row gets the
+    arithmetic its kind gets when run alone (precision "auto" included: int8 for a
+    q8 prompt row, however few rows its piece has), and each matrix is read once for
+    all the decode rows."""
     ms = [t.qmat for t in tensors]
-    if lone is None or lone.all():
+    if decode is None or decode.all():
         return _K.matvec_batch(ms, X)
-    if not lone.any():
+    if not decode.any():
         return [m.matmat(X, None, True) for m in ms]
-    one, many = np.flatnonzero(lone), np.flatnonzero(~lone)
+    one, many = np.flatnonzero(decode), np.flatnonzero(~decode)
     a = _K.matvec_batch(ms, X[one])
     out = []
     for m, y in zip(ms, a):

@@ -774,15 +774,19 @@ static void test_mix(void) {
             const size_t groups = 1 + irand(4), lora = 1 + irand(20), per = 32 * (1 + irand(6));
             snprintf(ctx, sizeof ctx, "%s mix grouped_rows/rows_sum %s", SIMD[t]->name, dt_name(dt));
             qm q = qm_new(dt, groups * lora, per, irand(3));
-            float *x = malloc(groups * per * sizeof(float)), *o1 = malloc(groups * lora * sizeof(float));
-            float *o2 = malloc(groups * lora * sizeof(float)), *y = malloc(groups * lora * sizeof(float));
-            fill(x, groups * per, 1.0f);
+            /* two inputs at once: each one's rows are its own row_dot's */
+            float *x = malloc(2 * groups * per * sizeof(float)), *o1 = malloc(2 * groups * lora * sizeof(float));
+            float *o2 = malloc(groups * lora * sizeof(float)), *y = malloc(2 * groups * lora * sizeof(float));
+            fill(x, 2 * groups * per, 1.0f);
             use(SIMD_ISA[t]);
             cq_set_num_threads(3);
-            S->grouped_rows(&q.m, x, groups, o1);
+            S->grouped_rows(&q.m, x, 2, groups, o1);
             cq_set_num_threads(1);
-            for (size_t r = 0; r < groups * lora; r++) SIMD[t]->matvec->row_dot(&q.m, r, x + (r / lora) * per, y + r);
-            check_fbits("grouped_rows vs row_dot", o1, y, groups * lora, 0);
+            for (size_t i = 0; i < 2; i++)
+                for (size_t r = 0; r < groups * lora; r++)
+                    SIMD[t]->matvec->row_dot(&q.m, r, x + i * groups * per + (r / lora) * per,
+                                             y + i * groups * lora + r);
+            check_fbits("grouped_rows vs row_dot", o1, y, 2 * groups * lora, 0);
             qm q2 = qm_new(dt, groups * lora, per, 0);
             cq_qmat ms[2] = {q.m, q2.m};
             const float *xs[2] = {x, x + (groups - 1) * per};

@@ -79,8 +79,11 @@ Places where the reference engine and vLLM/llama.cpp differ, and what this refer
    layers a window too; modelled as an optional argument, absent upstream.
 7. exp/softmax/silu: the reference engine uses a Cephes f32 exp; here exact float64.
 8. Not modelled (cortiq extensions): the early-exit gate (``CMF_DORY_GATE``,
-   turbo router), ``prompt_loops`` as a policy (``step(loops=...)`` per chunk lets a test
-   reproduce it), the O(1) far field (``CMF_DORY_O1``) and exact rows.
+   turbo router) as a policy, ``prompt_loops`` as a policy (``step(loops=...)`` per chunk
+   lets a test reproduce both), the O(1) far field (``CMF_DORY_O1``) and exact rows.
+   ``new_cache(carry=True)`` models what a gate leaves in a per_loop cache: a position
+   that ran fewer passes reads, in a later loop's slot, its last pass's K/V (the
+   reference engine has no rule there: it indexes past its slot).
 """
 from __future__ import annotations
 
@@ -250,14 +253,24 @@ class _Slot:
         self.k[pos0:end], self.v[pos0:end] = k, v
         self.filled[pos0:end] = True
 
+    def carry_from(self, prev: _Slot, end: int) -> None:
+        """Positions below ``end`` this slot lacks and ``prev`` holds take prev's rows."""
+        have = np.zeros(end, dtype=bool)
+        have[:min(end, len(self.filled))] = self.filled[:end]
+        hole = np.flatnonzero(~have[:len(prev.filled)] & prev.filled[:end])
+        for p in hole:
+            self.write(int(p), prev.k[p:p + 1], prev.v[p:p + 1])
+
 
 class DoryCache:
     """One sequence's KV state for ``DoryReference.step``."""
 
-    def __init__(self, cfg: RefConfig, kv_mode: str, full_window: int | None):
+    def __init__(self, cfg: RefConfig, kv_mode: str, full_window: int | None,
+                 carry: bool = False):
         if kv_mode not in KV_MODES:
             raise ValueError(f"kv_mode {kv_mode!r}: want one of {KV_MODES}")
         self.cfg, self.kv_mode, self.full_window = cfg, kv_mode, full_window
+        self.carry = carry
         self.pos = 0
         self.slots: dict[tuple[int, int], _Slot] = {}
 
@@ -267,13 +280,19 @@ class DoryCache:
             slot.filled[n:] = False
         self.pos = min(self.pos, n)
 
-    def slot(self, layer: int, loop: int) -> _Slot:
-        """The reference engine's ``slot_loop``: per_loop recurrent layers get one slot per loop."""
+    def slot(self, layer: int, loop: int, pos0: int = 0) -> _Slot:
+        """The reference engine's ``slot_loop``: per_loop recurrent layers get one slot per loop.
+        With ``carry``, a per_loop slot of loop l > 0 first takes, for each earlier
+        position it lacks (a token that ran fewer passes), the rows of loop l - 1: the
+        K/V of the last pass that position ran."""
         c = self.cfg
         recurrent = c.n_in <= layer < c.n_in + c.n_rec
-        key = (layer, loop if (self.kv_mode == "per_loop" and recurrent) else 0)
+        sl = loop if (self.kv_mode == "per_loop" and recurrent) else 0
+        key = (layer, sl)
         if key not in self.slots:
             self.slots[key] = _Slot(c.nkv, c.hd)
+        if self.carry and sl > 0:
+            self.slots[key].carry_from(self.slot(layer, sl - 1), pos0)
         return self.slots[key]
 
 
@@ -442,8 +461,11 @@ class DoryReference:
         return h if return_hidden else self._logits(h)
 
     # ---------------------------------------------------------------- incremental
-    def new_cache(self, kv_mode: str | None = None, full_window: int | None = None) -> DoryCache:
-        return DoryCache(self.cfg, kv_mode or self.cfg.kv_mode, full_window)
+    def new_cache(self, kv_mode: str | None = None, full_window: int | None = None,
+                  carry: bool = False) -> DoryCache:
+        """``carry``: per_loop holes take the previous loop's rows (``DoryCache.slot``),
+        cortiq's rule for tokens an early-exit gate let through after fewer passes."""
+        return DoryCache(self.cfg, kv_mode or self.cfg.kv_mode, full_window, carry)
 
     def step(self, cache: DoryCache, ids: Sequence[int], loops: int | None = None) -> np.ndarray:
         """Run one chunk at ``cache.pos``; returns its logits ``[len(ids), vocab]``."""
@@ -457,7 +479,7 @@ class DoryReference:
             if L["kind"] == "-":
                 return self._mlp(L, x)
             q, k, v, g = self._qkvg(L, x, qpos)
-            slot = cache.slot(li, loop)
+            slot = cache.slot(li, loop, pos0)
             slot.write(pos0, k, v)           # last_loop: a later loop overwrites these rows
             window = self._window(L, cache.full_window)
             lo = 0 if window is None else max(0, pos0 + 1 - window)

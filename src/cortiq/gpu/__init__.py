@@ -20,5 +20,8 @@ def to_device(host_model, device: Device | None = None):
     if arch == "dory":
         from .dory import GpuDoryModel
         return GpuDoryModel(host_model, device)
+    if arch == "deepseek_v4":
+        from .deepseek_v4 import GpuDeepSeekV4Model
+        return GpuDeepSeekV4Model(host_model, device)
     raise ConfigError(f"device='gpu': the {arch} architecture runs on the CPU only in this "
-                      "cortiq (GPU: dory)")
+                      "cortiq (GPU: dory, deepseek_v4)")

@@ -90,6 +90,23 @@ def resolve_device(device) -> str:
     return "gpu"
 
 
+_RAW: list = []
+
+
+def _raw_pass():
+    """(set_pipeline, set_bind_group, dispatch, NULL) of wgpu-native's compute-pass
+    API as the wgpu package binds it, or None where that module layout differs."""
+    if not _RAW:
+        try:
+            from wgpu.backends.wgpu_native._api import ffi, libf
+            _RAW.append((libf.wgpuComputePassEncoderSetPipeline,
+                         libf.wgpuComputePassEncoderSetBindGroup,
+                         libf.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL))
+        except (ImportError, AttributeError):
+            _RAW.append(None)
+    return _RAW[0]
+
+
 class Device:
     """A wgpu device and the caches built on it."""
 
@@ -209,6 +226,34 @@ class Device:
                     from None
             self._pipelines[key] = p
         return p
+
+    def record(self, program, t: int = 1):
+        """A command encoder holding one compute pass over `program`'s dispatches
+        (`kernels.Dispatch`; callable dims are evaluated at row count t). A program's
+        recording is the host's whole per-token cost, so this goes straight to
+        wgpu-native's entry points where the wgpu package exposes them (one C call a
+        command, set_pipeline skipped when it repeats); otherwise through its API."""
+        enc = self.dev.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        raw = _raw_pass()
+        if raw is None:
+            for d in program:
+                cp.set_pipeline(d.pipeline)
+                cp.set_bind_group(0, d.group)
+                cp.dispatch_workgroups(*(d.dims(t) if callable(d.dims) else d.dims))
+        else:
+            set_pipeline, set_group, dispatch, null = raw
+            h = cp._internal
+            last = None
+            for d in program:
+                p = d.pipeline._internal
+                if p is not last:
+                    set_pipeline(h, p)
+                    last = p
+                set_group(h, 0, d.group._internal, 0, null)
+                dispatch(h, *(d.dims(t) if callable(d.dims) else d.dims))
+        cp.end()
+        return enc
 
     def bind(self, kinds: tuple, resources_):
         """A bind group: resources_ are buffers or (buffer, offset, size)."""

@@ -7,11 +7,12 @@ readback returns the logits, or only the token. Per sub-layer:
 
     attention  matvec Q|K|V|G (one dispatch over the four matrices)
                qk_prep: rotate, justnorm per head, q * s_q, k/v into the KV ring
-               attention: windowed GQA, online softmax
+               attention: windowed GQA, online softmax (decode: split over key ranges)
                matvec O, whose input stage applies the output gate and the justnorm
-               rownorm: the nGPT residual
+               (decode: and merges the attention's splits)
+               rownorm: the nGPT residual (decode: in the next product's input stage)
     mlp        matvec gate|up; matvec down with silu(a) * b and the justnorm in its input
-               stage; rownorm: the residual
+               stage; the residual as above
 
 KV caches live on the device: a ring of window + HOST_CHUNK rows for sliding (and
 `full_window`) layers, a linear cache grown by doubling for full layers; position p
@@ -24,6 +25,7 @@ can_rollback / kv_bytes, so Session, LLM and the server run unchanged.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -36,6 +38,26 @@ from .kernels import (MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp, ParamArena
 
 #: rows of a full (unwindowed) layer's KV cache before its first growth
 FULL_CAP0 = 256
+#: key ranges a decode row's attention is split into per query head (flash-decoding:
+#: nh x splits workgroups instead of nh; the O product merges the partials).
+#: CORTIQ_GPU_ATTN_SPLITS overrides it (1: one workgroup a head, no merge).
+ATTN_SPLITS = 4
+# fuse_residual (default True) takes each decode residual in the next product's input
+# stage (29 fewer dispatches a token on the bench model) instead of a rownorm pass;
+# False keeps the passes (A/B measurements: docs/PERFORMANCE.md section 15).
+
+
+def _attn_splits(value, nh: int) -> int:
+    if value is None:
+        env = os.environ.get("CORTIQ_GPU_ATTN_SPLITS", "").strip()
+        try:
+            value = int(env) if env else ATTN_SPLITS
+        except ValueError:
+            raise ConfigError(f"CORTIQ_GPU_ATTN_SPLITS: expected an integer, got {env!r}") \
+                from None
+    if int(value) < 1:
+        raise ConfigError(f"attention splits: expected >= 1, got {value}")
+    return max(1, min(int(value), 256 // max(nh, 1)))
 
 
 class GpuDoryState:
@@ -57,7 +79,8 @@ class GpuDoryModel:
     arch = "dory"
     supports_rollback = True
 
-    def __init__(self, host, device: Device | None = None):
+    def __init__(self, host, device: Device | None = None, attn_splits: int | None = None,
+                 fuse_residual: bool = True):
         if host.o1rt is not None:
             raise ConfigError("device='gpu': Dory's o1 far field runs on the CPU only "
                               "(open the model with o1='off' for the GPU)")
@@ -120,8 +143,10 @@ class GpuDoryModel:
         # ---- activations for a chunk of up to HOST_CHUNK rows
         T, H = HOST_CHUNK, self.hidden
         f4 = 4
-        self.rx, self.rinp, self.rstate = 0, T * H, 2 * T * H      # regions of hb
-        self.hb = dev.buffer(3 * T * H * f4)
+        # regions of hb: x, the recurrent block's input and state, and x's other place
+        # (a decode step's fused residuals alternate between rx and ralt)
+        self.rx, self.rinp, self.rstate, self.ralt = 0, T * H, 2 * T * H, 3 * T * H
+        self.hb = dev.buffer(4 * T * H * f4)
         self.qkvg = dev.buffer(T * self.qkvg_w * f4)
         self.att = dev.buffer(T * self.q_size * f4)
         self.out = dev.buffer(T * H * f4)
@@ -131,8 +156,10 @@ class GpuDoryModel:
         self.res = dev.buffer(16, copy_src=True)
         self.step = dev.buffer(16, uniform=True)
         self.rope = dev.buffer(4 * T * (self.hd // 2) * f4)
+        self.splits = _attn_splits(attn_splits, self.nh)
         self.stage_logits = None
         self.stage_ids = [dev.staging(16), dev.staging(16)]
+        self.apart = dev.buffer(self.nh * max(self.splits, 1) * (self.hd + 4) * f4)
         # ---- the products (state-independent), their parameters in one arena
         self.arena = ParamArena(dev)
         self._ops: list = []
@@ -146,6 +173,15 @@ class GpuDoryModel:
                                      x2_off=self.q_size + 2 * self.kv_size,
                                      x2_stride=self.qkvg_w, y=self.out, y_off=0, y_stride=H,
                                      vbuf=self.vbuf, v_a=w["sg"], pro=1, eps=EPS)
+                if self.splits > 1:
+                    try:
+                        w["o_split_op"] = MatvecOp(
+                            dev, [w["o"]], self.arena, x=self.apart, x_off=0, x_stride=0,
+                            x2=self.qkvg, x2_off=self.q_size + 2 * self.kv_size, x2_stride=0,
+                            y=self.out, y_off=0, y_stride=H, vbuf=self.vbuf, v_a=w["sg"],
+                            pro=3, eps=EPS, hd=self.hd, splits=self.splits)
+                    except ConfigError:     # no staged decode matvec for this shape
+                        self.splits = 1
             else:
                 w["gu_op"] = MatvecOp(dev, [w["gate"], w["up"]], self.arena, x=self.hb,
                                       x_off=self.rx, x_stride=H, y=self.gu, y_off=0,
@@ -172,6 +208,16 @@ class GpuDoryModel:
         self.p_argmax = self.arena.ref(u32s(self.vocab, 0, 0, 0))
         self.arena.upload()
         self._static: dict = {}
+        self._params: dict = {}
+        self.fuse_residual = fuse_residual
+        if fuse_residual:   # the decode matvec must stage its input to take the residual
+            try:
+                w = self.lw[0]
+                MatvecOp(dev, [w["q"]] if w["attn"] else [w["gate"]], ParamArena(dev),
+                         x=self.hb, x_off=self.rx, x_stride=H, x2=self.out, y=self.out,
+                         y_off=0, y_stride=H, vbuf=self.vbuf, pro=4)
+            except ConfigError:
+                self.fuse_residual = False
         self.load_seconds = time.perf_counter() - t0
         self.dispatches_per_token: int | None = None
 
@@ -391,16 +437,7 @@ class GpuDoryModel:
         return dev.read(stage, nbytes).view(np.float32).reshape(-1, self.vocab)
 
     def _record(self, st, t, loops, want, stage="full"):
-        prog = self._program(st, t == 1, loops, want, stage)
-        enc = self.dev.dev.create_command_encoder()
-        cp = enc.begin_compute_pass()
-        for d in prog:
-            cp.set_pipeline(d.pipeline)
-            cp.set_bind_group(0, d.group)
-            dims = d.dims(t) if callable(d.dims) else d.dims
-            cp.dispatch_workgroups(*dims)
-        cp.end()
-        return enc
+        return self.dev.record(self._program(st, t == 1, loops, want, stage), t)
 
     # ---- programs: the dispatch lists of a chunk ------------------------------------
     def _program(self, st, one: bool, loops: int, want: str, stage: str = "full") -> list:
@@ -418,6 +455,40 @@ class GpuDoryModel:
         d = self._static.get(key)
         if d is None:
             d = op.dispatch(self.step, nt)
+            self._static[key] = d
+        return d
+
+    def _param(self, data: bytes):
+        """A uniform block built after load (a decode program's own parameters)."""
+        ref = self._params.get(data)
+        if ref is None:
+            arena = ParamArena(self.dev)
+            ref = arena.ref(data)
+            arena.upload()
+            self._params[data] = ref
+        return ref
+
+    def _fused_product(self, w, cur: int, alpha: int):
+        """A decode step's first product of sub-layer w (Q|K|V|G, gate|up, or the head
+        for w None) taking the previous sub-layer's residual in its input stage: reads
+        x at region cur and `out`, writes the new x to the other region."""
+        key = ("fused", id(w), cur, alpha)
+        d = self._static.get(key)
+        if d is None:
+            H = self.hidden
+            dst = self.ralt if cur == self.rx else self.rx
+            arena = ParamArena(self.dev)
+            if w is None:
+                mats, y, ys, vo = [self.head], self.logits, self.vocab, self.v_logit
+            elif w["attn"]:
+                mats, y, ys, vo = [w["q"], w["k"], w["v"], w["g"]], self.qkvg, self.qkvg_w, NONE
+            else:
+                mats, y, ys, vo = [w["gate"], w["up"]], self.gu, 2 * self.ffn, NONE
+            op = MatvecOp(self.dev, mats, arena, x=self.hb, x_off=cur, x_stride=H, x2=self.out,
+                          y=y, y_off=0, y_stride=ys, vbuf=self.vbuf, v_a=alpha, v_b=dst,
+                          v_out=vo, last_row=w is None, pro=4, eps=EPS)
+            arena.upload()
+            d = op.dispatch(self.step, 1)
             self._static[key] = d
         return d
 
@@ -467,27 +538,55 @@ class GpuDoryModel:
                                                    + [b for b, _r0, _r in e.parts])), rows,
                 "embed"))
 
+        # A decode step (nt 1) applies each sub-layer's residual in the next product's
+        # input stage (pending: the alpha offset not yet applied; cur: x's region);
+        # a rownorm pass only where a mix or a full-logits head reads x.
+        fuse = nt == 1 and self.fuse_residual
+        x_at = {"cur": self.rx, "pending": None}
+
+        def first_product(w, op):
+            if x_at["pending"] is None:
+                prog.append(self._mv(op, nt))
+                return
+            prog.append(self._fused_product(w, x_at["cur"], x_at["pending"]))
+            x_at["cur"] = self.ralt if x_at["cur"] == self.rx else self.rx
+            x_at["pending"] = None
+
+        def flush():
+            if x_at["pending"] is not None:
+                p = self._param(u32s(self.hidden, 0, x_at["cur"], self.rx, 0, NONE,
+                                     x_at["pending"], 0, 1, float(EPS), 0, 0))
+                prog.append(self._fixed("rownorm", p, [self.step, self.hb, self.out,
+                                                       self.vbuf], rows))
+                x_at["cur"], x_at["pending"] = self.rx, None
+
         def layer(li, loop_i):
             w = self.lw[li]
             if w["attn"]:
                 si = loop_i if (per_loop and li in rec) else 0
                 kb, vb = st.slots[w["ordinal"]][si][:2]
                 p_prep, p_att = refs[(li, si)]
-                prog.append(self._mv(w["qkvg_op"], nt))
+                first_product(w, w["qkvg_op"])
                 prog.append(self._fixed("qk_prep", p_prep, [self.step, self.qkvg, self.vbuf,
                                                             self.rope, kb, vb],
                                         lambda t: (nh_nk, t, 1)))
+                split = nt == 1 and self.splits > 1
+                ns = self.splits if split else 1
                 prog.append(self._fixed("attention", p_att, [self.step, self.qkvg, kb, vb,
-                                                             self.att],
-                                        lambda t: (self.nh, t, 1)))
-                prog.append(self._mv(w["o_op"], nt))
+                                                             self.att, self.apart],
+                                        lambda t, ns=ns: (self.nh, t, ns)))
+                prog.append(self._mv(w["o_split_op"] if split else w["o_op"], nt))
             else:
-                prog.append(self._mv(w["gu_op"], nt))
+                first_product(w, w["gu_op"])
                 prog.append(self._mv(w["down_op"], nt))
-            prog.append(self._fixed("rownorm", w["slerp"], [self.step, self.hb, self.out,
-                                                            self.vbuf], rows))
+            if fuse:
+                x_at["pending"] = w["alpha"]
+            else:
+                prog.append(self._fixed("rownorm", w["slerp"], [self.step, self.hb, self.out,
+                                                                self.vbuf], rows))
 
         def mix(p):
+            flush()
             prog.append(self._fixed("rownorm", p, [self.step, self.hb, self.out, self.vbuf],
                                     rows))
 
@@ -503,8 +602,9 @@ class GpuDoryModel:
         for li in range(self.n_in + self.n_rec, self.n_in + self.n_rec + self.n_out):
             layer(li, 0)
         if want in ("last", "greedy"):
-            prog.append(self._mv(self.head_last, 1))
+            first_product(None, self.head_last)
         elif want == "all":
+            flush()
             prog.append(self._mv(self.head_all, nt))
         if want == "greedy":
             prog.append(self._fixed("argmax", self.p_argmax, [self.logits, self.ids, self.res],

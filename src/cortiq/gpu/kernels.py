@@ -166,9 +166,11 @@ def _part_tables(parts_rows: list) -> bytes:
     return u32s(*starts) + u32s(*rows)
 
 
-def _matvec_source(dev: Device, shader: str, n: int, fns: list, rowdot_args: str) -> str:
-    """A matvec shader over n stored parts: the shared parameters and bindings, the
-    parts' functions, and the chain that sends a row to its part's `rowdot_i`."""
+def _matvec_source(dev: Device, shader: str, n: int, fns: list, rowdot_args: str,
+                   x_writable: bool = False) -> str:
+    """A matvec shader over n stored parts: the shared parameters and bindings (X
+    read-write only for an input stage that writes x back), the parts' functions, and
+    the chain that sends a row to its part's `rowdot_i`."""
     disp = []
     for i in range(n):
         cond = f"row < P.part_start[{i} / 4][{i} % 4] + P.part_rows[{i} / 4][{i} % 4]"
@@ -178,11 +180,13 @@ def _matvec_source(dev: Device, shader: str, n: int, fns: list, rowdot_args: str
     disp.append("}")
     return (dev.source(shader).replace("$MATVEC_IO", dev.source("matvec_io.wgsl"))
             .replace("$BINDINGS", _part_bindings(6, n))
-            .replace("$PARTFNS", "\n".join(fns)).replace("$DISPATCH", "\n".join(disp)))
+            .replace("$PARTFNS", "\n".join(fns)).replace("$DISPATCH", "\n".join(disp))
+            .replace("$XMODE", "read_write" if x_writable else "read"))
 
 
-def matvec_kinds(nparts: int) -> tuple:
-    return ("uniform", "uniform", "read", "read", "read", "rw") + ("read",) * nparts
+def matvec_kinds(nparts: int, pro: int = 0) -> tuple:
+    return ("uniform", "uniform", "rw" if pro == 4 else "read", "read", "read", "rw") \
+        + ("read",) * nparts
 
 
 def matvec_pipeline(dev: Device, dtypes: tuple, fast: bool, nt: int, pro: int):
@@ -226,7 +230,7 @@ def embed_pipeline(dev: Device, dtype: str, nparts: int):
 
 FIXED = {  # name: binding kinds
     "qk_prep": ("uniform", "uniform", "rw", "read", "read", "rw", "rw"),
-    "attention": ("uniform", "uniform", "read", "read", "read", "rw"),
+    "attention": ("uniform", "uniform", "read", "read", "read", "rw", "rw"),
     "rownorm": ("uniform", "uniform", "rw", "read", "read"),
     "argmax": ("uniform", "read", "rw", "rw"),
     "readbw": ("uniform", "read", "rw"),
@@ -240,11 +244,12 @@ def fixed_pipeline(dev: Device, name: str):
 # ---- building dispatches ---------------------------------------------------------------
 #: row groups a grid row holds (the shaders' wid.x + wid.y * NX)
 NX = 32768
-#: row slots of the decode matvec's workgroup (matvec1.wgsl: 32 lanes a row) and rows
-#: each slot takes in turn: RPW1_SLOTS * RPW1_ROWS rows share one staging of the input
-#: (4 rows a slot measured slower on an H200 than 1: fewer workgroups in flight)
-RPW1_SLOTS, RPW1_ROWS = 8, 1
-RPW1 = RPW1_SLOTS * RPW1_ROWS
+#: row slots of the decode matvec's workgroup (matvec1.wgsl: 256 / RPW1_SLOTS lanes a
+#: row) and rows each slot takes in turn: RPW1_SLOTS * RPW1_ROWS rows share one staging
+#: of the input. On an H200 (docs/PERFORMANCE.md section 15) 16 slots of 16 lanes beat 8
+#: of 32 and 4 of 64 (half the workgroups, each staging the input once), and 4 rows a
+#: slot measured slower than 1 (fewer workgroups in flight)
+RPW1_SLOTS, RPW1_ROWS = 16, 1
 #: weights per 16-byte chunk of the decode matvec (the tiled dtypes: one 32-weight tile)
 CHUNK = {"f32": 4, "f16": 8, "bf16": 8, "q8_row": 16, "q8_2f": 16, "q4_block": 32,
          "q4_tiled": 32, "q4tp": 32, "q2tp": 32}
@@ -257,13 +262,18 @@ def rows_dims(total_rows: int, rpw: int = RPW):
     return min(groups, NX), (groups + NX - 1) // NX
 
 
-def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
-    # the staged input's padded size, rounded up so few pipeline variants exist
+def matvec1_staging(dev: Device, cols: int) -> int:
+    """Floats of shared memory the decode matvec stages its input in (0: the input is
+    too long for the device's workgroup storage, and each lane transforms what it
+    reads instead); rounded up to a power of two so that few pipeline variants exist."""
     xs = cols + cols // 32 + 4
     xs = 1 << max(8, (xs - 1).bit_length())
-    if (xs + 512) * 4 > dev.max_workgroup_storage:
-        xs = 0
-    key = ("matvec1", dtypes, pro, xs)
+    return xs if (xs + 512 + 256) * 4 <= dev.max_workgroup_storage else 0
+
+
+def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
+    xs = matvec1_staging(dev, cols)
+    key = ("matvec1", dtypes, pro, xs, RPW1_SLOTS, RPW1_ROWS)
     if key in dev._pipelines:
         return dev._pipelines[key]
     n = len(dtypes)
@@ -273,12 +283,13 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
         fns.append(_decoder(dev, i, dt))
         fns.append(_decoder(dev, i, dt, "qchunk.wgsl"))
         fns.append(part.replace("$I", str(i)))
-    code = (_matvec_source(dev, "matvec1.wgsl", n, fns, "lane")
+    code = (_matvec_source(dev, "matvec1.wgsl", n, fns, "lane", x_writable=pro == 4)
             .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
             .replace("$RWu", f"{RPW1_ROWS}u")
             .replace("$PROu", f"{pro}u").replace("$XSu", f"{xs}u")
-            .replace("$XSN", str(max(xs, 4))))
-    return dev.pipeline(key, code, matvec_kinds(n))
+            .replace("$XSN", str(max(xs, 4))).replace("$WTSN", "256" if pro == 3 else "1")
+            .replace("$XWRITE", "X[P.v_b + c] = xs[c + (c >> 5u)] * inv;" if pro == 4 else ""))
+    return dev.pipeline(key, code, matvec_kinds(n, pro))
 
 
 class MatvecOp:
@@ -287,7 +298,7 @@ class MatvecOp:
 
     def __init__(self, dev: Device, mats: list, arena: ParamArena, *, x, x_off, x_stride,
                  y, y_off, y_stride, x2=None, x2_off=0, x2_stride=0, vbuf=None, v_a=NONE,
-                 v_b=NONE, v_out=NONE, pro=0, last_row=False, eps=1e-6):
+                 v_b=NONE, v_out=NONE, pro=0, last_row=False, eps=1e-6, hd=0, splits=1):
         cols = mats[0].cols
         if any(m.cols != cols for m in mats):
             raise ConfigError("GPU matvec: matrices of one group must share their columns")
@@ -301,21 +312,31 @@ class MatvecOp:
         self.total = sum(r for _m, _b, r in parts)
         self.cols = cols
         self.chunked = all(m.cols % CHUNK[m.dtype] == 0 for m in mats)
+        if pro == 3 and not (self.chunked and matvec1_staging(dev, cols)
+                             and 0 < hd and cols % hd == 0 and cols // hd * splits <= 256):
+            raise ConfigError("GPU matvec: merging attention splits (PRO 3) needs the staged "
+                              "decode matvec and at most 256 (head, split) records")
+        if pro == 4 and not (self.chunked and matvec1_staging(dev, cols)):
+            raise ConfigError("GPU matvec: the fused residual (PRO 4) needs the staged "
+                              "decode matvec")
         self.last_row = last_row
         params = (u32s(cols, x_off, x_stride, x2_off, x2_stride, y_off, y_stride, v_a, v_b,
-                       v_out, int(last_row), NX, self.total, float(eps), 0, 0)
+                       v_out, int(last_row), NX, self.total, float(eps), hd, splits)
                   + _part_tables([r for _m, _b, r in parts]))
         self.param = arena.ref(params)
         self.dev = dev
         self.res = [x, x2 if x2 is not None else x, vbuf, y] + [b for _m, b, _r in parts]
-        self.kinds = matvec_kinds(len(parts))
+        self.kinds = matvec_kinds(len(parts), pro)
 
     def dispatch(self, step_buf, nt: int) -> Dispatch:
         dev = self.dev
+        if self.pro >= 3 and nt != 1:
+            raise ConfigError(f"GPU matvec: input stage {self.pro} runs in the decode "
+                              "matvec only")
         group = dev.bind(self.kinds, resolve([self.param, step_buf] + self.res))
         if nt == 1 and self.chunked:
             pipe = matvec1_pipeline(dev, self.dtypes, self.pro, self.cols)
-            nx, ny = rows_dims(self.total, RPW1)
+            nx, ny = rows_dims(self.total, RPW1_SLOTS * RPW1_ROWS)
             return Dispatch(pipe, group, (nx, ny, 1), "matvec")
         pipe = matvec_pipeline(dev, self.dtypes, self.fast, nt, self.pro)
         nx, ny = rows_dims(self.total)
@@ -326,12 +347,18 @@ class MatvecOp:
 
 
 def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: int = 0,
-                va=None, vb=None, out_scale=None, nt: int | None = None) -> np.ndarray:
+                va=None, vb=None, out_scale=None, nt: int | None = None, hd: int = 0,
+                splits: int = 1, residual_out: list | None = None) -> np.ndarray:
     """Run one product on its own (checks and tools): X [t, cols] (for pro=2 the
-    gate/up rows [t, 2*cols'], b at x2_off) -> Y [t, total rows]. nt=None picks what a
-    forward would (the decode matvec for one row, the matmat for more)."""
+    gate/up rows [t, 2*cols'], b at x2_off; for pro=3 one row of attention split records,
+    see attention.wgsl; for pro=4 the row x, with o in x2 and alpha in va) -> Y [t, total
+    rows]. nt=None picks what a forward would (the decode matvec for one row, the
+    matmat for more). pro=4 appends the residual it wrote back to `residual_out`."""
     X = np.ascontiguousarray(X, np.float32)
     t = X.shape[0]
+    xcols = X.shape[1]
+    if pro == 4:     # room for the residual the first workgroup writes back
+        X = np.concatenate([X, np.zeros_like(X)], axis=1)
     vecs = [np.zeros(4, np.float32)]
     offs = {}
     for k, a in (("va", va), ("vb", vb), ("out", out_scale)):
@@ -345,13 +372,12 @@ def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: in
     ybuf = dev.buffer(t * total * 4, copy_src=True)
     step = dev.upload(np.array([t, 0, 0, 0], np.uint32), uniform=True)
     arena = ParamArena(dev)
-    cols = X.shape[1] if pro != 2 else x2_off
     op = MatvecOp(dev, mats, arena, x=xbuf, x_off=0, x_stride=X.shape[1], y=ybuf, y_off=0,
                   y_stride=total, x2=x2buf, x2_off=x2_off,
                   x2_stride=(x2.shape[1] if x2 is not None else 0), vbuf=vbuf,
-                  v_a=offs.get("va", NONE), v_b=offs.get("vb", NONE),
-                  v_out=offs.get("out", NONE), pro=pro)
-    del cols
+                  v_a=offs.get("va", NONE),
+                  v_b=xcols if pro == 4 else offs.get("vb", NONE),
+                  v_out=offs.get("out", NONE), pro=pro, hd=hd, splits=splits)
     arena.upload()
     d = op.dispatch(step, nt or (1 if t == 1 else MATMAT_NT))
     stage = dev.staging(t * total * 4)
@@ -362,5 +388,11 @@ def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: in
     cp.dispatch_workgroups(*(d.dims(t) if callable(d.dims) else d.dims))
     cp.end()
     enc.copy_buffer_to_buffer(ybuf, 0, stage, 0, t * total * 4)
+    xstage = None
+    if pro == 4 and residual_out is not None:
+        xstage = dev.staging(xcols * 4)
+        enc.copy_buffer_to_buffer(xbuf, xcols * 4, xstage, 0, (xcols * 4 + 15) // 16 * 16)
     dev.queue.submit([enc.finish()])
+    if xstage is not None and residual_out is not None:
+        residual_out.append(dev.read(xstage, xcols * 4).view(np.float32))
     return dev.read(stage, t * total * 4).view(np.float32).reshape(t, total)

@@ -14,12 +14,14 @@ one ``matvec_many`` pass, all down projections in one ``rows_sum`` pass). Only t
 pages are touched: each is a separate ``QTensor`` over the mapped file.
 
 Model protocol (used by ``cortiq.LLM`` / ``cortiq.Session``):
-``new_state()``, ``forward(state, ids, want)``, ``vocab``, ``arch = "deepseek_v4"``,
+``new_state()``, ``forward(state, ids, want, prompt)``, ``vocab``, ``arch = "deepseek_v4"``,
 ``supports_rollback = False``; ``can_rollback`` is always False and ``rollback``
 raises ``CortiqError``: the compressor and indexer caches are folded as tokens
 arrive and cannot be un-folded. Start a new session instead.
 
-Prompts run token by token (the same path as decode).
+Prompts run token by token, through the same products as decode (``prompt`` is taken
+and changes nothing), so a prompt row gets the same arithmetic however the prompt is
+cut, and precision "auto" leaves q8 prompt rows exact here.
 
 Options (``cortiq.LLM(path, task="name")``): ``task`` selects an expert mask from the
 file's masks section by name (``True`` = the section's ``default_task``; ``None`` or
@@ -409,6 +411,7 @@ class DeepseekV4Model:
 
     arch = ARCH_NAME
     supports_rollback = False
+    takes_prompt = True         # forward / forward_batch take the prompt flag (unused)
     #: prompts run token by token, so the batch scheduler feeds at most this many
     #: prompt tokens per step (every step of a piece is a step for the decodes too)
     batch_unit = 1
@@ -526,7 +529,7 @@ class DeepseekV4Model:
         raise CortiqError("deepseek_v4: rollback is not supported (the compressor and "
                           "indexer caches cannot be un-folded); start a new session instead")
 
-    def forward(self, state: Dsv4State, ids, want: str = "last"):
+    def forward(self, state: Dsv4State, ids, want: str = "last", prompt: bool | None = None):
         ids = np.asarray(ids, np.int64).ravel()
         for t in ids:
             if not 0 <= int(t) < self.cfg.vocab:
@@ -668,7 +671,7 @@ class DeepseekV4Model:
         return K.rows_sum([e.down for e in chosen], hs)
 
     # ---- several sequences in one pass ------------------------------------------------
-    def forward_batch(self, states, ids_list, wants):
+    def forward_batch(self, states, ids_list, wants, prompts=None):
         """`forward` for several sequences at once. Tokens run one position per
         sequence per step (as `forward` runs them); each step reads every dense matrix
         once for all rows (matmat) and each chosen expert once for the rows routed to
@@ -754,7 +757,7 @@ class DeepseekV4Model:
             K.rms_weighted(kv_all[b], L.kv_norm, cfg.norm_eps)
         q_all, *qi = batch_products([L.wq_b] + ([L.indexer.wq_b] if L.indexer else []), qr_all)
         qi_all = qi[0] if qi else None
-        mids = []
+        heads = np.empty((B, cfg.n_heads * hd), np.float32)   # each row's attention output
         for b in range(B):
             ls, pos, (c, s) = lss[b], poss[b], ropes[b]
             kv = kv_all[b]
@@ -794,8 +797,11 @@ class DeepseekV4Model:
             K.rope_interleaved_tail(q, c, s, rd)
             o = K.sparse_attend(q, cache.buf[: W + n_comp], idx, L.sink, hd ** -0.5)
             K.rope_interleaved_tail(o, c, s, rd, True)
-            mids.append(K.grouped_rows(L.wo_a, o.reshape(-1), cfg.o_groups))
-        return batch_products([L.wo_b], np.stack(mids))[0]
+            heads[b] = o.reshape(-1)
+        # the grouped low-rank projection: wo_a read once for all rows, each row bit for
+        # bit its own call's
+        mids = K.grouped_rows(L.wo_a, heads, cfg.o_groups)
+        return batch_products([L.wo_b], mids)[0]
 
     def _moe_rows(self, L: _Layer, X, tids):
         """`_moe` for one row per sequence: the gate and the shared expert once for all

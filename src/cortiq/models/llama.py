@@ -24,14 +24,16 @@ Which tensors exist decides the operators (docs/cmf-format.md §4.1): ``self_att
 ``mlp.{gate,up,down}_proj.bias``, ``self_attn.{q,k}_norm.weight``; a missing
 ``lm_head.weight`` means the head is the embedding.
 
-Model protocol (``cortiq.session``): ``new_state()``, ``forward(state, ids, want)``,
+Model protocol (``cortiq.session``): ``new_state()``, ``forward(state, ids, want, prompt)``,
 ``rollback``/``can_rollback`` (a sliding layer that dropped the keys a position reads
 cannot roll back in place; the Session then re-reads), ``vocab``, ``arch``.
 Prompts run in chunks of ``CHUNK`` rows through the matrix-matrix kernels, marked as
 prompt rows (``matmat(prompt=True)``: precision "auto" multiplies them with int8
-activations for q8 weights too); decode runs one row through fused multi-matrix
-matvecs. The layer functions take ``prompt`` explicitly, False unless told, so rows
-of several sequences' decode steps stacked through them keep decode's arithmetic.
+activations for q8 weights too), a chunk of one row included; generated tokens run
+one row through fused multi-matrix matvecs. The caller says which a feed is
+(``prompt``, ``cortiq.session``); the layer functions take it explicitly, False unless
+told, so rows of several sequences' decode steps stacked through them keep decode's
+arithmetic.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ import numpy as np
 from .. import _kernels as K
 from ..errors import ConfigError, CortiqError, FormatError
 from ..tensor import QGroup, QTensor, batch_products
+from .batch_rows import head_decode, head_rows, prompt_flags
 from .batch_rows import per_sequence
 from .kv_cache import KvSlot
 
@@ -235,6 +238,7 @@ class LlamaModel:
     """Weights and forward of a Llama-family file; one instance serves many sequences."""
 
     supports_rollback = True
+    takes_prompt = True         # forward / forward_batch take the prompt flag
     #: the batch scheduler feeds a prompt in pieces of this many rows (forward's chunks)
     batch_unit = CHUNK
 
@@ -316,9 +320,10 @@ class LlamaModel:
     def kv_bytes(self, st: LlamaState) -> int:
         return sum(2 * c.n * c.k.shape[1] * c.k.shape[2] * 4 for c in st.caches)
 
-    def forward(self, st: LlamaState, ids, want: str = "last"):
+    def forward(self, st: LlamaState, ids, want: str = "last", prompt: bool | None = None):
         """Run `ids` from position st.pos. want: "none" -> None, "last" -> [vocab],
-        "all" -> [len(ids), vocab] (float32)."""
+        "all" -> [len(ids), vocab] (float32). prompt: prompt rows (True) or generated
+        tokens (False); None: prompt rows when there are several."""
         if want not in ("none", "last", "all"):
             raise ConfigError(f"want must be 'none', 'last' or 'all', got {want!r}")
         ids = np.asarray(ids, dtype=np.int64).ravel()
@@ -329,14 +334,15 @@ class LlamaModel:
         if bad.any():
             raise ValueError(f"token id {int(ids[bad][0])} is outside the vocabulary "
                              f"[0, {self.vocab})")
+        prompt = ids.size > 1 if prompt is None else bool(prompt)
         rows = []
         for start in range(0, ids.size, CHUNK):
             chunk = ids[start:start + CHUNK]
             last = start + chunk.size == ids.size
             h = np.stack([self.embed.row(int(i)) for i in chunk]).astype(np.float32)
-            self._stack(st, h, prompt=True)
+            self._stack(st, h, prompt)
             if want == "all":
-                rows.append(self._logits(h, prompt=True))
+                rows.append(self._logits(h, prompt))
             elif want == "last" and last:
                 rows.append(self._logits(h[-1:])[0])
         if want == "none":
@@ -374,7 +380,7 @@ class LlamaModel:
                    prompt: bool = False) -> np.ndarray:
         t = x.shape[0]
         nh, nk, hd = self.cfg.n_heads, self.cfg.n_kv, self.cfg.head_dim
-        if t == 1:
+        if t == 1 and not prompt:
             q, k, v = L.qkv.matvec(x[0])
         else:
             q, k, v = (L.q.matmat(x, prompt=prompt), L.k.matmat(x, prompt=prompt),
@@ -394,14 +400,14 @@ class LlamaModel:
         y = K.attn_gqa_window(q, cache.k[:cache.n], cache.v[:cache.n], pos0, L.window,
                               cache.first, self.attn_scale)
         y = y.reshape(t, nh * hd)
-        out = L.o.matvec(y[0])[None] if t == 1 else L.o.matmat(y, prompt=prompt)
+        out = L.o.matvec(y[0])[None] if t == 1 and not prompt else L.o.matmat(y, prompt=prompt)
         if L.bo is not None:
             out += L.bo
         return out
 
     def _mlp(self, L: Layer, x, prompt: bool = False) -> np.ndarray:
         t = x.shape[0]
-        if t == 1:
+        if t == 1 and not prompt:
             g, u = L.gate_up.matvec(x[0])
             g, u = g[None], u[None]
         else:
@@ -411,24 +417,27 @@ class LlamaModel:
         if L.bu is not None:
             u += L.bu
         K.silu_mul(g, u, self._ones, self._ones)
-        out = L.down.matvec(g[0])[None] if t == 1 else L.down.matmat(g, prompt=prompt)
+        out = L.down.matvec(g[0])[None] if t == 1 and not prompt else L.down.matmat(g, prompt=prompt)
         if L.bd is not None:
             out += L.bd
         return out
 
     def _logits(self, h: np.ndarray, prompt: bool = False) -> np.ndarray:
         x = K.rmsnorm(h, self.norm, self.cfg.eps)
-        return (self.head.matvec(x[0])[None] if x.shape[0] == 1
+        return (self.head.matvec(x[0])[None] if x.shape[0] == 1 and not prompt
                 else self.head.matmat(x, prompt=prompt))
 
     # -- several sequences in one pass ------------------------------------------------
-    def forward_batch(self, states, ids_list, wants):
+    def forward_batch(self, states, ids_list, wants, prompts=None):
         """`forward` for several sequences at once: every weight matrix is read once per
         step for the rows of all of them (matmat), attention runs per sequence. Each
         sequence's ids are cut into CHUNK pieces exactly as `forward` cuts them, so the
-        caches end up the same. Returns one result per sequence, shaped as `forward`'s."""
+        caches end up the same; `prompts` (one flag per sequence, as `forward`'s
+        `prompt`) picks each row's products. Returns one result per sequence, shaped
+        as `forward`'s."""
         ids_list = [_check_ids(np.asarray(ids, np.int64).ravel(), self.vocab)
                     for ids in ids_list]
+        prompts = prompt_flags(prompts, ids_list)
         outs = [[] for _ in states]
         at = [0] * len(states)
         while True:
@@ -437,40 +446,40 @@ class LlamaModel:
             if not segs:
                 break
             h = np.stack([self.embed.row(int(t)) for _, c in segs for t in c]).astype(np.float32)
-            self._stack_batch([states[i] for i, _ in segs], [c.size for _, c in segs], h)
+            self._stack_batch([states[i] for i, _ in segs], [c.size for _, c in segs],
+                              [prompts[i] for i, _ in segs], h)
             picks, r0 = [], 0
             for i, c in segs:
                 at[i] += c.size
                 if wants[i] == "all":
-                    picks.append((i, r0, c.size))
+                    picks.append((i, r0, c.size, prompts[i]))
                 elif wants[i] == "last" and at[i] == ids_list[i].size:
-                    picks.append((i, r0 + c.size - 1, 1))
+                    picks.append((i, r0 + c.size - 1, 1, False))
                 r0 += c.size
             if picks:
-                rows = np.concatenate([np.arange(r, r + n) for _, r, n in picks])
-                lone = np.concatenate([np.full(n, n == 1) for _, _, n in picks])
-                x = K.rmsnorm(h[rows], self.norm, self.cfg.eps)
-                lg = batch_products([self.head], x, lone)[0]
+                x = K.rmsnorm(h[head_rows(picks)], self.norm, self.cfg.eps)
+                lg = batch_products([self.head], x, head_decode(picks))[0]
                 j = 0
-                for i, _, n in picks:
+                for i, _, n, _ in picks:
                     outs[i].append(lg[j:j + n])
                     j += n
         return per_sequence(outs, wants, self.vocab)
 
-    def _stack_batch(self, sts, sizes, h: np.ndarray) -> None:
-        """`_stack` over the rows of several sequences (sizes[j] rows of sts[j], in order)."""
+    def _stack_batch(self, sts, sizes, prompts, h: np.ndarray) -> None:
+        """`_stack` over the rows of several sequences (sizes[j] rows of sts[j], in order;
+        prompts[j]: whether they are prompt rows)."""
         if len(sts) == 1:
-            return self._stack(sts[0], h)
+            return self._stack(sts[0], h, prompts[0])
         cfg = self.cfg
         nh, nk, hd = cfg.n_heads, cfg.n_kv, cfg.head_dim
         T = h.shape[0]
         starts = np.cumsum([0] + sizes[:-1]).tolist()
-        lone = np.repeat(np.asarray(sizes) == 1, sizes)   # one-token pieces: matvec rows
+        decode = np.repeat(~np.asarray(prompts, bool), sizes)   # generated tokens: matvec rows
         ropes = [self.rope(st.pos, t) for st, t in zip(sts, sizes)]
         y = np.empty((T, nh * hd), np.float32)
         for li, L in enumerate(self.layers):
             a = K.rmsnorm(h, L.attn_norm, cfg.eps)
-            q, k, v = batch_products((L.q, L.k, L.v), a, lone)
+            q, k, v = batch_products((L.q, L.k, L.v), a, decode)
             for z, b in ((q, L.bq), (k, L.bk), (v, L.bv)):
                 if b is not None:
                     z += b
@@ -488,18 +497,18 @@ class LlamaModel:
                 y[r0:r0 + t] = K.attn_gqa_window(
                     qs, cache.k[:cache.n], cache.v[:cache.n], st.pos, L.window, cache.first,
                     self.attn_scale).reshape(t, nh * hd)
-            out = batch_products((L.o,), y, lone)[0]
+            out = batch_products((L.o,), y, decode)[0]
             if L.bo is not None:
                 out += L.bo
             h += out
             m = K.rmsnorm(h, L.mlp_norm, cfg.eps)
-            g, u = batch_products((L.gate, L.up), m, lone)
+            g, u = batch_products((L.gate, L.up), m, decode)
             if L.bg is not None:
                 g += L.bg
             if L.bu is not None:
                 u += L.bu
             K.silu_mul(g, u, self._ones, self._ones)
-            out = batch_products((L.down,), g, lone)[0]
+            out = batch_products((L.down,), g, decode)[0]
             if L.bd is not None:
                 out += L.bd
             h += out

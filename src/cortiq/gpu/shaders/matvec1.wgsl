@@ -4,6 +4,15 @@
 // and a lane keeps one running sum in registers. The transformed input is staged once
 // per workgroup in shared memory (XS > 0), at c + c/32 so that the lanes' reads hit
 // distinct banks for every chunk size; its sum of squares is taken while staging.
+// PRO 3 (staged only) is PRO 1 over an attention output still in splits
+// (attention.wgsl): X holds per (head, split) records [m, l, 0, 0, acc[hd]]; the
+// workgroup first takes each record's softmax weight exp(m - M) / sum(exp(m - M) l)
+// (M: the head's largest m), then y[c] = sum over splits of weight * acc[c % hd].
+// PRO 4 (staged only) is the nGPT residual of the previous sub-layer, which would
+// otherwise be a rownorm pass: xin = justnorm(x^ + alpha (o^ - x^)) with x = X[x_off..],
+// o = X2[x2_off..], alpha = V[v_a..], x^ = justnorm(x); the first workgroup also writes
+// xin to X[v_b..] (another region of the hidden-state buffer) for the next sub-layer
+// (X is read_write in that variant only: XWRITE is empty in the others).
 
 $MATVEC_IO
 
@@ -17,10 +26,31 @@ var<private> pd: f32;
 var<private> ps: f32;
 var<private> xb: u32;
 var<private> x2b: u32;
+var<private> ixn: f32;   // PRO 4: 1 / |x| and 1 / |o|
+var<private> ion: f32;
 var<workgroup> red: array<f32, 512>;
 var<workgroup> xs: array<f32, $XSN>;
+var<workgroup> wts: array<f32, $WTSN>;
+
+fn merged(c: u32) -> f32 {
+    let h = c / P.hd;
+    let n = P.splits;
+    var y = 0.0;
+    for (var s = 0u; s < n; s++) {
+        y += wts[h * n + s] * X[xb + (h * n + s) * (P.hd + 4u) + 4u + c % P.hd];
+    }
+    return y;
+}
 
 fn xval(c: u32) -> f32 {
+    if (PRO == 4u) {
+        let xh = X[xb + c] * ixn;
+        return xh + V[P.v_a + c] * (X2[x2b + c] * ion - xh);
+    }
+    if (PRO == 3u) {
+        let g = X2[x2b + c] * V[P.v_a + c];
+        return merged(c) / (1.0 + exp(-g));
+    }
     if (PRO == 1u) {
         let g = X2[x2b + c] * V[P.v_a + c];
         return X[xb + c] / (1.0 + exp(-g));
@@ -55,6 +85,41 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     x2b = P.x2_off;
     var rs = 1.0;
     var inv = 1.0;
+    if (PRO == 3u) {
+        let n = P.splits;
+        if (lid < (P.cols / P.hd) * n) {
+            let hb = xb + (lid / n) * n * (P.hd + 4u);
+            var mx = -3.0e38;
+            for (var s = 0u; s < n; s++) { mx = max(mx, X[hb + s * (P.hd + 4u)]); }
+            var den = 0.0;
+            for (var s = 0u; s < n; s++) {
+                let r = hb + s * (P.hd + 4u);
+                den += exp(X[r] - mx) * X[r + 1u];
+            }
+            wts[lid] = exp(X[xb + lid * (P.hd + 4u)] - mx) / den;
+        }
+        workgroupBarrier();
+    }
+    if (PRO == 4u) {
+        var sx = 0.0;
+        var so = 0.0;
+        for (var c = lid; c < P.cols; c += 256u) {
+            let x = X[xb + c];
+            let o = X2[x2b + c];
+            sx += x * x;
+            so += o * o;
+        }
+        red[lid] = sx;
+        red[256u + lid] = so;
+        workgroupBarrier();
+        for (var h = 128u; h > 0u; h = h / 2u) {
+            if (lid < h) { red[lid] += red[lid + h]; red[256u + lid] += red[256u + lid + h]; }
+            workgroupBarrier();
+        }
+        ixn = 1.0 / sqrt(red[0] + P.eps);
+        ion = 1.0 / sqrt(red[256] + P.eps);
+        workgroupBarrier();
+    }
     if (XS > 0u) {
         var s = 0.0;
         for (var c = lid; c < P.cols; c += 256u) {
@@ -72,6 +137,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             inv = 1.0 / sqrt(red[0] + P.eps);
         }
         workgroupBarrier();
+        if (PRO == 4u && wid.x + wid.y == 0u) {
+            for (var c = lid; c < P.cols; c += 256u) { $XWRITE }
+        }
     }
     for (var rr = 0u; rr < RW; rr++) {
     let row = base + rr * RPW + slot;

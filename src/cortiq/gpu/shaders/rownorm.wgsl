@@ -1,6 +1,7 @@
 // Row-wise vector steps of the nGPT stack on the hidden-state buffer H ([region][t][n]),
 // one workgroup per row t:
-//   mode 0, the residual:  H[d1] = (x^ + alpha (o^ - x^))^ with x = H[d1], o = O[o_off]
+//   mode 0, the residual:  H[d] = (x^ + alpha (o^ - x^))^ with x = H[d1], o = O[o_off],
+//                          d = d2 (d1 when d2 is NONE)
 //   mode 1, a mix:         H[d1] (and H[d2]) = (H[a] + H[b])^  (b, d2 optional; norm
 //                          optional: flags bit 0), x^ = x / sqrt(sum x^2 + eps)
 
@@ -41,6 +42,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (P.mode == 0u) {
         let ob = P.o_off + row;
         let xb = P.d1 + row;
+        var db = xb;
+        if (P.d2 != NONE) { db = P.d2 + row; }
         var sx = 0.0;
         var so = 0.0;
         for (var c = lid; c < n; c += 256u) {
@@ -56,12 +59,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var c = lid; c < n; c += 256u) {
             let xh = H[xb + c] * ix;
             let r = xh + V[P.v_alpha + c] * (O[ob + c] * io - xh);
-            H[xb + c] = r;
+            H[db + c] = r;
             sr += r * r;
         }
         let s2 = sum2(lid, sr, 0.0);
         let ir = 1.0 / sqrt(s2.x + P.eps);
-        for (var c = lid; c < n; c += 256u) { H[xb + c] = H[xb + c] * ir; }
+        for (var c = lid; c < n; c += 256u) { H[db + c] = H[db + c] * ir; }
         return;
     }
     var ss = 0.0;

@@ -32,7 +32,7 @@ from ... import _kernels as K
 from ...errors import ConfigError, CortiqError
 from ...tensor import QGroup, QTensor, batch_products
 from .config import DoryConfig, DoryOptions
-from ..batch_rows import per_sequence
+from ..batch_rows import head_decode, head_rows, per_sequence, prompt_flags
 from ..kv_cache import KvSlot
 from .far_field import EXACT_TAIL, O1Runtime, host_kv_bytes  # o1
 
@@ -219,6 +219,7 @@ class DoryModel:
 
     arch = "dory"
     supports_rollback = True
+    takes_prompt = True         # forward / forward_batch take the prompt flag
     #: one-row chunks run each sub-layer as one fused kernel call (bit-identical to the
     #: general path, which tests compare it with by switching this off)
     fused_rows = True
@@ -313,6 +314,12 @@ class DoryModel:
         # ---- o1: the far field of the full layers (src/cortiq/models/dory/far_field.py)
         self.o1rt = O1Runtime.for_model(self, o1=o1, spill=spill,
                                         turbo_defaults=not opts.fixed_loops, env=opts.env)
+        if self.o1rt is not None and self.gate is not None and any(
+                self._per_loop[li] and not self.layers[li].sliding for li in rec
+                if isinstance(self.layers[li], AttnWeights)):
+            raise ConfigError("o1: the far field with an early-exit gate needs "
+                              "kv_mode='last_loop' (a per_loop far-field cache cannot take "
+                              "the rows of a pass a token skipped)")
         # ---- end o1
 
     def _make_gate(self, spec) -> Gate | None:
@@ -338,16 +345,24 @@ class DoryModel:
             return min(self.loops, self.prompt_loops)
         return self.loops
 
-    def _slot(self, st: DoryState, w: AttnWeights, li: int, loop_i: int) -> KvSlot:
+    def _slot(self, st: DoryState, w: AttnWeights, li: int, loop_i: int, pos0: int) -> KvSlot:
+        """The cache pass `loop_i` of layer li reads and writes, ready for rows at pos0."""
         sl = loop_i if self._per_loop[li] else 0
         row = st.slots[w.ordinal]
         while len(row) <= sl:
             row.append(KvSlot(self.nk, self.hd))
-        return row[sl]
+        slot = row[sl]
+        if sl and slot.first + slot.n < pos0:
+            carry_forward(slot, row[sl - 1], pos0)
+        return slot
 
-    def forward(self, st: DoryState, ids, want: str = "last") -> np.ndarray | None:
+    def forward(self, st: DoryState, ids, want: str = "last",
+                prompt: bool | None = None) -> np.ndarray | None:
         """Run tokens `ids` from position st.pos. want: "none" -> None, "last" ->
-        [vocab], "all" -> [len(ids), vocab] (float32)."""
+        [vocab], "all" -> [len(ids), vocab] (float32). prompt: prompt rows (True: the
+        products of a prompt chunk, every pass) or generated tokens (False: decode's
+        products, and the early-exit gate for one token); None: prompt rows when
+        there are several."""
         ids = np.asarray(ids, dtype=np.int64).ravel()
         if want not in ("none", "last", "all"):
             raise ConfigError(f"want must be 'none', 'last' or 'all', got {want!r}")
@@ -360,6 +375,7 @@ class DoryModel:
                              f"[0, {self.vocab})")
         if not st.slots:
             st.slots = [[] for _ in range(self.attn_layers)]
+        prompt = ids.size > 1 if prompt is None else bool(prompt)
         out = []
         done = 0
         tail_from = st.pos + ids.size - EXACT_TAIL  # o1: the rebuild before the last rows
@@ -371,7 +387,7 @@ class DoryModel:
             last = start + t == ids.size
             w = want if (last or want == "all") else "none"
             h = np.stack([self.embed.row(int(i)) for i in chunk]).astype(np.float32)
-            self._stack(st, h, st.pos, self._chunk_loops(w))
+            self._stack(st, h, st.pos, self._chunk_loops(w), prompt)
             st.pos += t
             done += t
             if st.exit_logits is not None:
@@ -380,7 +396,7 @@ class DoryModel:
                     out.append(lg[None, :])
                 continue
             if want == "all":
-                out.append(self._head(h))
+                out.append(self._head(h, prompt))
             elif want == "last" and last:
                 out.append(self._head(h[-1:]))
         if self.o1rt is not None:  # o1
@@ -401,7 +417,7 @@ class DoryModel:
         for start in range(0, ids.size, HOST_CHUNK):
             chunk = ids[start:start + HOST_CHUNK]
             h = np.stack([self.embed.row(int(i)) for i in chunk]).astype(np.float32)
-            self._stack(st, h, st.pos, self.loops)
+            self._stack(st, h, st.pos, self.loops, chunk.size > 1)
             st.pos += chunk.size
             st.exit_logits = None             # a one-token chunk may exit early: h still holds its state
             rows.append(h)
@@ -443,15 +459,15 @@ class DoryModel:
             return self.window
         return self.full_window if self.full_window else (1 << 62)
 
-    def _stack(self, st: DoryState, h: np.ndarray, pos0: int, loops: int) -> None:
+    def _stack(self, st: DoryState, h: np.ndarray, pos0: int, loops: int,
+               prompt: bool) -> None:
         t = h.shape[0]
         ropes = (self.rope_sliding(pos0, t), self.rope_full(pos0, t))
         n_in, n_rec, n_out = self.n_in, self.n_rec, self.n_out
         layers, rewrite = self.layers, self._rewrite
         # One row (decode): each sub-layer is one fused kernel call (_attn_row, _mlp_row);
         # the far field's full layers keep the general path.
-        one = t == 1 and self.fused_rows
-        prompt = t > 1      # a chunk of this sequence's prompt (matmat(prompt=True))
+        one = t == 1 and self.fused_rows and not prompt
         o1 = self.o1rt is not None
         if one and st.scratch is None:
             st.scratch = np.empty(self._scratch, np.float32)
@@ -479,7 +495,7 @@ class DoryModel:
             run(li, 0, h)
         inp = h.copy()
         state = inp.copy()
-        early = t == 1 and self.gate is not None
+        early = t == 1 and self.gate is not None and not prompt  # generated tokens only
         for i in range(1 if early else loops):
             np.add(state, inp, out=h)
             justnorm(h)
@@ -537,7 +553,7 @@ class DoryModel:
     def _attn_row(self, st, w: AttnWeights, li, loop_i, h, pos0, overwrite, rope) -> None:
         """_attn and the residual for one row, in one kernel call: the cache row is
         written in place (q, g and the heads live in st.scratch)."""
-        slot = self._slot(st, w, li, loop_i)
+        slot = self._slot(st, w, li, loop_i, pos0)
         if overwrite:
             slot.n -= 1
         slot._reserve(slot.n + 1)
@@ -550,7 +566,7 @@ class DoryModel:
               prompt: bool = False) -> np.ndarray:
         t = h.shape[0]
         nh, nk, hd = self.nh, self.nk, self.hd
-        if t == 1:
+        if t == 1 and not prompt:
             q, k, v, g = w.qkvg.matvec(h[0])
             q, k, v, g = q[None], k[None], v[None], g[None]
         else:
@@ -561,7 +577,7 @@ class DoryModel:
         cos, sin = rope
         K.qk_prep(q, cos, sin, w.sq, EPS)     # rotate, justnorm per head, * s_q
         K.qk_prep(k, cos, sin, None, EPS)     # rotate, justnorm per head
-        slot = self._slot(st, w, li, loop_i)
+        slot = self._slot(st, w, li, loop_i, pos0)
         v = v.reshape(t, nk, hd)
 
         def exact():
@@ -575,34 +591,36 @@ class DoryModel:
             y = exact()
         y = y.reshape(t, nh * hd)
         K.gate_norm(y, g, w.sg, EPS)          # y = (y * sigmoid(g * s_g))^
-        return w.o.matvec(y[0])[None] if t == 1 else w.o.matmat(y, prompt=prompt)
+        return w.o.matvec(y[0])[None] if t == 1 and not prompt else w.o.matmat(y, prompt=prompt)
 
     def _mlp(self, w: MlpWeights, h: np.ndarray, prompt: bool = False) -> np.ndarray:
-        if h.shape[0] == 1:
+        one = h.shape[0] == 1 and not prompt
+        if one:
             g, u = w.gate_up.matvec(h[0])
             g, u = g[None], u[None]
         else:
             g, u = w.gate.matmat(h, prompt=prompt), w.up.matmat(h, prompt=prompt)
         K.silu_mul(g, u, w.sg, w.su)
         justnorm(g)
-        return w.down.matvec(g[0])[None] if h.shape[0] == 1 else w.down.matmat(g, prompt=prompt)
+        return w.down.matvec(g[0])[None] if one else w.down.matmat(g, prompt=prompt)
 
-    def _head(self, h: np.ndarray) -> np.ndarray:
-        """Logits of the rows of h, one sequence's (several rows: a prompt chunk)."""
-        lg = (self.head_w.matvec(h[0])[None] if h.shape[0] == 1
-              else self.head_w.matmat(h, prompt=True))
+    def _head(self, h: np.ndarray, prompt: bool = False) -> np.ndarray:
+        """Logits of the rows of h, one sequence's (prompt: rows of its prompt)."""
+        lg = (self.head_w.matvec(h[0])[None] if h.shape[0] == 1 and not prompt
+              else self.head_w.matmat(h, prompt=prompt))
         lg *= self.logit_scale
         return lg
 
     # -- several sequences in one pass ---------------------------------------------
-    def forward_batch(self, states, ids_list, wants):
+    def forward_batch(self, states, ids_list, wants, prompts=None):
         """`forward` for several sequences at once. Each sequence's ids are cut into
         HOST_CHUNK pieces as `forward` cuts them (same loop counts, same last_loop
         rewrites); the pieces of one round go through each sub-layer together: every
         weight matrix is read once for all their rows (matmat), attention, the KV slots,
         the far field and the early-exit gate run per sequence (a row that exits early
-        leaves the later passes of that step). Returns one result per sequence, shaped
-        as `forward`'s."""
+        leaves the later passes of that step); `prompts` (one flag per sequence, as
+        `forward`'s `prompt`) picks each row's products. Returns one result per
+        sequence, shaped as `forward`'s."""
         ids_list = [np.asarray(ids, dtype=np.int64).ravel() for ids in ids_list]
         for ids in ids_list:
             bad = (ids < 0) | (ids >= self.vocab)
@@ -612,6 +630,7 @@ class DoryModel:
         for st in states:
             if not st.slots:
                 st.slots = [[] for _ in range(self.attn_layers)]
+        prompts = prompt_flags(prompts, ids_list)
         n = len(states)
         outs = [[] for _ in range(n)]
         at = [0] * n
@@ -626,7 +645,7 @@ class DoryModel:
                 t = min(HOST_CHUNK, ids.size - at[i])
                 last = at[i] + t == ids.size
                 w = wants[i] if (last or wants[i] == "all") else "none"
-                segs.append(_Seg(i, st, r0, t, self._chunk_loops(w)))
+                segs.append(_Seg(i, st, r0, t, self._chunk_loops(w), prompts[i]))
                 r0 += t
             if not segs:
                 break
@@ -634,7 +653,7 @@ class DoryModel:
                           for tok in ids_list[sg.i][at[sg.i]:at[sg.i] + sg.t]]).astype(np.float32)
             if len(segs) == 1:
                 sg = segs[0]
-                self._stack(sg.st, h, sg.pos0, sg.loops)
+                self._stack(sg.st, h, sg.pos0, sg.loops, sg.prompt)
             else:
                 self._stack_batch(segs, h)
             picks = []
@@ -647,16 +666,14 @@ class DoryModel:
                     if wants[i] != "none":
                         outs[i].append(lg[None, :])
                 elif wants[i] == "all":
-                    picks.append((i, sg.r0, sg.t))
+                    picks.append((i, sg.r0, sg.t, sg.prompt))
                 elif wants[i] == "last" and at[i] == ids_list[i].size:
-                    picks.append((i, sg.r0 + sg.t - 1, 1))
+                    picks.append((i, sg.r0 + sg.t - 1, 1, False))
             if picks:
-                rows = np.concatenate([np.arange(r, r + k) for _, r, k in picks])
-                lone = np.concatenate([np.full(k, k == 1) for _, _, k in picks])
-                lg = batch_products([self.head_w], h[rows], lone)[0]
+                lg = batch_products([self.head_w], h[head_rows(picks)], head_decode(picks))[0]
                 lg *= self.logit_scale
                 j = 0
-                for i, _, k in picks:
+                for i, _, k, _ in picks:
                     outs[i].append(lg[j:j + k])
                     j += k
         if self.o1rt is not None:  # o1
@@ -677,7 +694,7 @@ class DoryModel:
         state = inp.copy()
         gate = self.gate
         for sg in segs:
-            sg.early = sg.t == 1 and gate is not None
+            sg.early = sg.t == 1 and gate is not None and not sg.prompt
         passes = max(1 if sg.early else sg.loops for sg in segs)
         for i in range(passes):
             act = [sg for sg in segs if i < (1 if sg.early else sg.loops)]
@@ -782,39 +799,40 @@ class DoryModel:
         o1 = self.o1rt is not None
         if h.shape[0] == 1:   # one row: the path `_stack` takes for it, bit for bit
             sg = segs[0]
+            fused = self.fused_rows and not sg.prompt
             st = sg.st
             if st.scratch is None:
                 st.scratch = np.empty(self._scratch, np.float32)
             if isinstance(w, AttnWeights):
                 overwrite = sg.loop > 0 and self._rewrite[li]
                 rope = sg.ropes[0] if w.sliding else sg.ropes[1]
-                if self.fused_rows and not (o1 and not w.sliding):
+                if fused and not (o1 and not w.sliding):
                     self._attn_row(st, w, li, sg.loop, h, sg.pos0, overwrite, rope)
                     return
-                out = self._attn(st, w, li, sg.loop, h, sg.pos0, overwrite, rope)
-            elif self.fused_rows:
+                out = self._attn(st, w, li, sg.loop, h, sg.pos0, overwrite, rope, sg.prompt)
+            elif fused:
                 K.dory_mlp_row(w.gate.qmat, w.up.qmat, w.down.qmat, h, w.sg, w.su, w.alpha,
                                st.scratch, EPS)
                 return
             else:
-                out = self._mlp(w, h)
-        else:
-            lone = np.repeat(np.asarray([sg.t == 1 for sg in segs]), [sg.t for sg in segs])
+                out = self._mlp(w, h, sg.prompt)
+        else:   # generated tokens' rows: decode's products
+            decode = np.repeat(np.asarray([not sg.prompt for sg in segs]), [sg.t for sg in segs])
             if isinstance(w, AttnWeights):
-                out = self._attn_rows(li, w, segs, h, lone)
+                out = self._attn_rows(li, w, segs, h, decode)
             else:
-                g, u = batch_products((w.gate, w.up), h, lone)
+                g, u = batch_products((w.gate, w.up), h, decode)
                 K.silu_mul(g, u, w.sg, w.su)
                 justnorm(g)
-                out = batch_products((w.down,), g, lone)[0]
+                out = batch_products((w.down,), g, decode)[0]
         slerp(h, out, w.alpha)
 
-    def _attn_rows(self, li: int, w: AttnWeights, segs, h: np.ndarray, lone) -> np.ndarray:
+    def _attn_rows(self, li: int, w: AttnWeights, segs, h: np.ndarray, decode) -> np.ndarray:
         """`_attn` for the rows of several sequences: the projections once for all
         rows, the rest per sequence."""
         T = h.shape[0]
         nh, nk, hd = self.nh, self.nk, self.hd
-        q, k, v, g = batch_products((w.q, w.k, w.v, w.g), h, lone)
+        q, k, v, g = batch_products((w.q, w.k, w.v, w.g), h, decode)
         y = np.empty((T, nh * hd), np.float32)
         window = self._window[li]
         far = self.o1rt is not None and not w.sliding
@@ -826,7 +844,7 @@ class DoryModel:
             cos, sin = sg.ropes[0] if w.sliding else sg.ropes[1]
             K.qk_prep(qs, cos, sin, w.sq, EPS)
             K.qk_prep(ks, cos, sin, None, EPS)
-            slot = self._slot(sg.st, w, li, sg.loop)
+            slot = self._slot(sg.st, w, li, sg.loop, sg.pos0)
             overwrite = sg.loop > 0 and self._rewrite[li]
 
             def exact(slot=slot, qs=qs, ks=ks, vs=vs, overwrite=overwrite, pos0=sg.pos0):
@@ -837,17 +855,32 @@ class DoryModel:
                 else exact()
             y[r:r + t] = ys.reshape(t, nh * hd)
         K.gate_norm(y, g, w.sg, EPS)
-        return batch_products((w.o,), y, lone)[0]
+        return batch_products((w.o,), y, decode)[0]
+
+
+def carry_forward(slot: KvSlot, prev: KvSlot, pos0: int) -> None:
+    """Give a per_loop cache the positions before pos0 that its pass skipped (tokens that
+    left the loop early under a gate, or ran fewer passes than this one): each such
+    position reads, in this pass's cache, the keys and values of the last pass it ran,
+    which `prev` (the previous pass's cache, already complete up to pos0) holds -- what
+    a last_loop cache holds for it too. Rows a window has already dropped from `prev`
+    are ones no later position reads."""
+    lo = slot.first + slot.n
+    if lo < prev.first:
+        slot.n, slot.first, lo = 0, prev.first, prev.first
+    a, b = lo - prev.first, pos0 - prev.first
+    slot.put(prev.k[a:b], prev.v[a:b], False)
 
 
 class _Seg:
     """One sequence's rows in a batched step: h[r0 : r0 + t] of the step (r: where they
     sit in the array a sub-layer is given), at pass `loop`."""
-    __slots__ = ("early", "i", "loop", "loops", "pos0", "r", "r0", "readout", "ropes", "st",
-                 "t")
+    __slots__ = ("early", "i", "loop", "loops", "pos0", "prompt", "r", "r0", "readout",
+                 "ropes", "st", "t")
 
-    def __init__(self, i, st, r0, t, loops):
+    def __init__(self, i, st, r0, t, loops, prompt):
         self.i, self.st, self.r0, self.t, self.pos0, self.loops = i, st, r0, t, st.pos, loops
+        self.prompt = prompt
         self.r, self.loop, self.early, self.readout = r0, 0, False, False
 
 
