@@ -23,6 +23,11 @@ Targets at 2 threads: cortiq/llama.cpp aggregate >= 1.15 at B = 4 and 8; cortiq 
 aggregate >= 3x its B = 1; per-stream latency at B = 4 <= 1.6x B = 1.
 --server adds 8 concurrent streamed chat clients against `cortiq serve`'s app
 (max_batch 8 vs 1): aggregate tok/s and mean time to first token.
+--steps adds step times without the scheduler's threads: `LLM.feed_batch` of B one-token
+rows (after a 16-token prompt each), exact and int8 in alternating rounds (best of each),
+with the share of the step spent in `matvec_batch`. --kernel adds the kernel-level figure: matvec_batch of B inputs (exact and int8) against
+one of each of bench-size Dory's matrix shapes (q8_row), against B int8 matvecs, in
+alternating rounds (best of each), with the load average.
 """
 from __future__ import annotations
 
@@ -207,6 +212,85 @@ def server_clients(path, threads, n_clients, tokens, precision, max_batch):
     return sum(counts) / wall, float(np.mean([t for t in ttft if t] or [float("nan")]))
 
 
+# ---------------------------------------------------------------- kernels
+
+KERNEL_SHAPES = ((2048, 2048), (5632, 2048), (2048, 5632))   # Dory's attention, up/gate, down
+
+
+def kernel_figures(B, rounds=7):
+    """ms per pass over KERNEL_SHAPES (q8_row): {name: best ms}."""
+    from cortiq import _kernels as K
+    from cortiq.tensor import QTensor
+    rng = np.random.default_rng(0)
+    mats = [QTensor.from_f32(rng.standard_normal(s).astype(np.float32), "q8_row")
+            for s in KERNEL_SHAPES]
+    X = {c: rng.standard_normal((B, c)).astype(np.float32) for c in {s[1] for s in KERNEL_SHAPES}}
+
+    def batch(prec, t):
+        for T in mats:
+            T.precision = prec
+            K.matvec_batch([T.qmat], X[T.cols][:t])
+
+    def single(prec):
+        for T in mats:
+            T.precision = prec
+            for x in X[T.cols]:
+                T.matvec(x)
+    runs = {f"matvec_batch t={B} exact": lambda: batch("exact", B),
+            f"matvec_batch t={B} int8": lambda: batch("int8", B),
+            f"{B} x int8 matvec": lambda: single("int8"),
+            "matvec_batch t=1 int8": lambda: batch("int8", 1),
+            "matvec_batch t=1 exact": lambda: batch("exact", 1)}
+    best = {k: float("inf") for k in runs}
+    for _ in range(rounds):
+        for k, f in runs.items():
+            t0 = time.perf_counter()
+            f()
+            best[k] = min(best[k], (time.perf_counter() - t0) * 1e3)
+    return best
+
+
+def step_figures(path, batches, precisions, rounds=4, steps=3):
+    """{(precision, B): (best ms per feed_batch step, share of it in matvec_batch)}."""
+    from cortiq import _kernels as K
+    warnings.simplefilter("ignore", RuntimeWarning)
+    llms = {p: cortiq.LLM(path, precision=p, max_batch=max(batches), n_ctx=4096) for p in precisions}
+    rng = np.random.default_rng(0)
+    sessions = {}
+    for p, llm in llms.items():
+        for B in batches:
+            ss = [llm.session() for _ in range(B)]
+            llm.feed_batch(ss, [rng.integers(3, 1000, 16).tolist() for _ in range(B)])
+            sessions[p, B] = ss
+    spent = [0.0]
+    plain = K.matvec_batch
+
+    def timed(*args):
+        t0 = time.perf_counter()
+        try:
+            return plain(*args)
+        finally:
+            spent[0] += time.perf_counter() - t0
+    best = {}
+    K.matvec_batch = timed
+    try:
+        for _ in range(rounds):
+            for p, llm in llms.items():
+                for B in batches:
+                    spent[0] = 0.0
+                    t0 = time.perf_counter()
+                    for i in range(steps):
+                        llm.feed_batch(sessions[p, B], [[5 + i]] * B)
+                    el = (time.perf_counter() - t0) / steps
+                    if el < best.get((p, B), (float("inf"),))[0]:
+                        best[p, B] = (el, spent[0] / steps / el)
+    finally:
+        K.matvec_batch = plain
+        for llm in llms.values():
+            llm.close()
+    return best
+
+
 # ---------------------------------------------------------------- main
 
 def main():
@@ -223,8 +307,20 @@ def main():
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     ap.add_argument("--server", action="store_true",
                     help="also 8 streamed chat clients against the server app")
+    ap.add_argument("--kernel", action="store_true",
+                    help="also matvec_batch against Dory's matrix shapes (exact, int8)")
+    ap.add_argument("--steps", action="store_true",
+                    help="also feed_batch step times on the Dory, no scheduler threads")
     a = ap.parse_args()
     cortiq.set_num_threads(a.threads)
+    if a.kernel:
+        B = max(a.batches)
+        best = kernel_figures(B)
+        shapes = ", ".join(f"{r}x{c}" for r, c in KERNEL_SHAPES)
+        print(f"kernels, threads {a.threads}, q8_row {shapes}; load average "
+              f"{os.getloadavg()[0]:.2f}")
+        for k, ms in best.items():
+            print(f"    {k}: {ms:.2f} ms")
     cache = a.cache or os.path.join(tempfile.gettempdir(), "cortiq-bench")
     os.makedirs(cache, exist_ok=True)
     import bench_decode as BD
@@ -241,6 +337,15 @@ def main():
         if not os.path.exists(path):
             D.write_model(path, g, "q8_row")
         models["deepseek_v4"] = path
+    if a.steps and "dory" in models:
+        best = step_figures(models["dory"], a.batches, a.precision.split(","))
+        print(f"feed_batch steps, dory, threads {a.threads}; load average {os.getloadavg()[0]:.2f}")
+        for (p, B), (el, share) in best.items():
+            b1 = best.get((p, 1), (None,))[0]
+            vs = f", aggregate {B * b1 / el:.2f}x B=1" if b1 else ""
+            print(f"    {p} B={B}: {el * 1e3:.1f} ms a step ({share:.0%} in matvec_batch){vs}")
+        if ("exact", 1) in best and ("int8", 8) in best:
+            print(f"    int8 B=8 aggregate / exact B=1: {8 * best['exact', 1][0] / best['int8', 8][0]:.2f}x")
     print(f"threads {a.threads}; {a.tokens} decode tokens per stream after {a.prompt} "
           "prompt tokens; best of", a.reps, flush=True)
     results = {}

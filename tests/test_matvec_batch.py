@@ -1,10 +1,13 @@
 """matvec_batch: several inputs against the same matrices in one pass over the weights.
 
 Every row must equal the matvec of its input: bit for bit for one input, for int8
-activations and for the dtypes without a multi-input row kernel; within float32
-rounding (of sum |w x|, the exactness contract of cortiq.tensor) where a SIMD table
-decodes each weight once for all inputs (f32 and q8_row on AVX2 / AVX-512). Shapes
-include odd column counts, tiny and tall matrices, and any thread count.
+activations (also where the integer multi-input tiles load each weight once for
+several inputs: every int8 dtype on AVX2 / AVX-512, every integer path of each
+table) and for the dtypes without a multi-input row kernel; within float32 rounding
+(of sum |w x|, the exactness contract of cortiq.tensor) where a SIMD table decodes
+each weight once for all float32 inputs (f32 and q8_row on AVX2 / AVX-512). Shapes
+include odd column and group counts, tiny and tall matrices, misaligned inputs,
+special values and any thread count.
 """
 from __future__ import annotations
 
@@ -15,8 +18,13 @@ from hypothesis import strategies as st
 
 from cortiq import _kernels as K
 from cortiq.tensor import QTensor
+from test_int8_act import I8, model
 
 MULTI = ("f32", "q8_row")          # dtypes with multi-input rows in the SIMD tables
+# the integer paths of each table: VNNI (AVX-512; AVX-VNNI or AVX-512 VL for AVX2) and
+# the vpmaddubsw fallbacks, chosen at run time by the CPU features (int8 multi-input
+# tiles: every int8 dtype on both x86 tables)
+HIDES = ([], ["avxvnni"], ["avx512vnni"], ["avxvnni", "avx512vnni"])
 
 
 def _check(T, X, isa):
@@ -78,3 +86,92 @@ def test_several_matrices_and_refusals():
         K.matvec_batch([A._m], X.astype(np.float64))
     with pytest.raises(ValueError, match="contiguous"):
         K.matvec_batch([A._m], np.asfortranarray(X))
+
+
+def _misaligned(X):
+    """X's values in a buffer one float off a 64-byte boundary."""
+    buf = np.empty(X.size + 17, np.float32)
+    off = (-buf.ctypes.data // 4) % 16 + 1
+    Y = buf[off:off + X.size].reshape(X.shape)
+    Y[...] = X
+    return Y
+
+
+def _i8_variants(isas, run):
+    """run() under every ISA table and integer path of it: (isa, hide, result)."""
+    before = K.active_isa()
+    try:
+        for isa in isas:
+            for hide in (HIDES if isa != "ref" else ([],)):
+                K._hide_cpu_features(hide)
+                try:
+                    K.set_isa(isa)
+                    yield isa, hide, run()
+                finally:
+                    K._hide_cpu_features([])
+    finally:
+        K.set_isa(before)
+
+
+@settings(max_examples=40, deadline=None)
+@given(dtype=st.sampled_from(I8), rows=st.integers(1, 70), groups=st.integers(1, 9),
+       t=st.integers(1, 9), special=st.sampled_from(["none", "zero", "huge", "nan", "inf"]),
+       misalign=st.booleans(), seed=st.integers(0, 2**16))
+def test_int8_batch_is_the_int8_matvec_bitwise(isas, dtype, rows, groups, t, special, misalign, seed):
+    """Each input's rows of an int8 matvec_batch equal that input's int8 matvec bit for
+    bit (multi-input tiles or not), on every table and integer path, and the model of
+    the int8 algorithm (test_int8_act.model) within float32 rounding."""
+    rng = np.random.default_rng(seed)
+    cols = 32 * groups
+    T = QTensor.from_f32(rng.standard_normal((rows, cols)).astype(np.float32), dtype)
+    T.precision = "int8"
+    X = rng.standard_normal((t, cols)).astype(np.float32)
+    j, g = int(rng.integers(t)), int(rng.integers(groups))
+    if special != "none":
+        X[j, 32 * g:32 * g + 32] = {"zero": 0.0, "huge": 1e30, "nan": np.nan, "inf": -np.inf}[special]
+        if special in ("nan", "inf"):
+            X[j, 32 * g + 1:32 * g + 32] = rng.standard_normal(31)
+    if misalign:
+        X = _misaligned(X)
+    for isa, hide, (out, one) in _i8_variants(
+            isas, lambda: (K.matvec_batch([T.qmat], X)[0], np.stack([T.matvec(x) for x in X]))):
+        assert out.shape == (t, rows)
+        assert np.array_equal(out, one, equal_nan=True), (isa, hide)
+        for k in range(t):
+            y, bound = model(T, X[k])
+            ok = np.isfinite(y) & np.isfinite(bound)
+            assert (np.abs(out[k][ok] - y[ok]) <= bound[ok]).all(), (isa, hide, k)
+            assert np.array_equal(np.isnan(out[k]), np.isnan(y)), (isa, hide, k)
+
+
+@pytest.mark.parametrize("dtype", I8)
+def test_int8_batch_threads_and_tall(isa, threads, dtype):
+    """Claims split over threads, a tail tile of one row, inputs beyond one tile of four,
+    and 71 groups (scales decoded 64 groups at a time, a last block of three): the same
+    bits as one int8 matvec each."""
+    rng = np.random.default_rng(7)
+    T = QTensor.from_f32(rng.standard_normal((301, 2272)).astype(np.float32), dtype)
+    T.precision = "int8"
+    X = rng.standard_normal((9, 2272)).astype(np.float32)
+    for _, hide, (out, one) in _i8_variants(
+            [isa], lambda: (K.matvec_batch([T.qmat], X)[0], np.stack([T.matvec(x) for x in X]))):
+        assert np.array_equal(out, one), hide
+
+
+def test_int8_batch_several_matrices(isas):
+    """One call over matrices that share a quantized x (two q8_row), have their own
+    (q8_2f quantizes col * x), another family (q4_block) or none (f16): each equals
+    its own int8 (or float32) matvec."""
+    rng = np.random.default_rng(9)
+    Ts = [QTensor.from_f32(rng.standard_normal((r, 320)).astype(np.float32), d)
+          for r, d in ((33, "q8_row"), (17, "q8_2f"), (40, "q8_row"), (9, "q4_block"), (5, "f16"))]
+    for T in Ts:
+        T.precision = "int8"
+    X = rng.standard_normal((6, 320)).astype(np.float32)
+    for isa, hide, (outs, ones) in _i8_variants(
+            isas, lambda: (K.matvec_batch([T.qmat for T in Ts], X),
+                           [np.stack([T.matvec(x) for x in X]) for T in Ts])):
+        for T, out, one in zip(Ts, outs, ones):
+            if T.dtype == "f16" and isa != "ref" and len(X) > 1:
+                continue        # float32 multi-input rows: within rounding (test_matches_matvec)
+            assert np.array_equal(out, one), (isa, hide, T.dtype)

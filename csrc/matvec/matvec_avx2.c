@@ -339,6 +339,283 @@ static size_t mm_column(const cq_qmat *m, size_t c) { (void)m; return c; } /* na
 #define group_scales avx2_group_scales
 #include "matmat_i8_avx2.h"
 
+/* matvec_batch with int8 x (CQ_HAVE_I8_MULTI in matvec_drivers.h): q8 rows against
+ * several inputs at once, each 32-byte group of a row loaded and prepared once for
+ * every input of the tile. Each input's integer sums, conversions and multiply-adds
+ * into its two accumulators (by g & 1) are i8_row_q8's in its order, and the row ends
+ * as it does, so every output equals i8_row_q8 of that input bit for bit. Integer
+ * sums are exact, so they may be formed differently: where the CPU has a 256-bit
+ * vpdpbusd (i8mm_cpu: AVX-VNNI, or AVX-512 VNNI + VL) the u8 operand is the weights
+ * plus 128 (an xor per row and group, shared by the inputs), the s8 one xq as it is,
+ * and the sum starts from the input's -128 * (each lane's four xq summed), made once
+ * per call (i8_multi_prep); elsewhere |w| is shared and each input takes w's sign
+ * (vpsignb) as in i8_row_q8. Tiles of R rows by up to four inputs, as the registers
+ * allow (16 for VEX code: 1 x 4; 32 for EVEX: 2 x 4). */
+#include "i8_multi.h"
+#define Q8M2_STEP(DOT, VNNI, g, F)                                                                        \
+    do {                                                                                                  \
+        __m256i v_[2], a_[2];                                                                             \
+        for (int i = 0; i < R; i++) {                                                                     \
+            const uint8_t *p_ = w + i * cols + CQ_GROUP * (g);                                            \
+            if (!((g) & 1)) CQ_STREAM_PF(p_);                                                             \
+            v_[i] = _mm256_loadu_si256((const __m256i *)p_);                                              \
+            a_[i] = VNNI ? _mm256_xor_si256(v_[i], top) : _mm256_abs_epi8(v_[i]);                         \
+        }                                                                                                 \
+        for (int k = 0; k < J; k++) {                                                                     \
+            const __m256i x_ = _mm256_load_si256((const __m256i *)(xq[k]->q + CQ_GROUP * (g)));           \
+            const __m256 d_ = _mm256_broadcast_ss(xq[k]->d + (g));                                        \
+            for (int i = 0; i < R; i++) {                                                                 \
+                const __m256i s_ = VNNI ? DOT(_mm256_load_si256((const __m256i *)(corr[k] + 8 * (g))), a_[i], x_) \
+                                        : DOT(zero, a_[i], _mm256_sign_epi8(x_, v_[i]));                  \
+                F[i][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_), d_, F[i][k]);                           \
+            }                                                                                             \
+        }                                                                                                 \
+    } while (0)
+#define Q8M2_VARIANT(SUF, TARGET, DOT, VNNI, RMAX)                                                         \
+    static inline __attribute__((always_inline, target(TARGET))) void q8m2_tile_##SUF(                     \
+        const cq_qmat *m, size_t r, const cq_xq *const *xq, const int32_t *const *corr, float *Y, size_t ldy, \
+        const int R, const int J) {                                                                       \
+        const size_t cols = m->cols, gpr = cols / CQ_GROUP;                                               \
+        const uint8_t *w = m->data + r * cols;                                                            \
+        const __m256i zero = _mm256_setzero_si256(), top = _mm256_set1_epi8((char)0x80);                  \
+        __m256 f0[2][4], f1[2][4];                                                                        \
+        (void)zero, (void)top, (void)corr;                                                                \
+        for (int i = 0; i < R; i++)                                                                       \
+            for (int k = 0; k < J; k++) f0[i][k] = f1[i][k] = _mm256_setzero_ps();                        \
+        for (size_t g = 0; g < gpr; g += 2) {                                                             \
+            Q8M2_STEP(DOT, VNNI, g, f0);                                                                  \
+            if (g + 1 < gpr) Q8M2_STEP(DOT, VNNI, g + 1, f1);                                             \
+        }                                                                                                 \
+        for (int i = 0; i < R; i++)                                                                       \
+            for (int k = 0; k < J; k++) Y[k * ldy + r + i] = cq_hsum8(_mm256_add_ps(f0[i][k], f1[i][k])) * m->aux[r + i]; \
+    }                                                                                                     \
+    __attribute__((target(TARGET))) static void q8m2_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr,  \
+                                                                const cq_xq *const *xq,                   \
+                                                                const int32_t *const *corr, size_t t,     \
+                                                                float *Y, size_t ldy) {                   \
+        I8M_ROWS(q8m2_tile_##SUF, RMAX)                                                                   \
+    }
+
+static inline __m256i q8m2_madd(__m256i acc, __m256i u8, __m256i s8) { /* vpmaddubsw + vpmaddwd */
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
+}
+Q8M2_VARIANT(madd, "avx2", q8m2_madd, 0, 1)
+#ifdef CQ_HAVE_AVXVNNI_FN
+Q8M2_VARIANT(vex, "avxvnni", _mm256_dpbusd_avx_epi32, 1, 1)
+#endif
+#ifdef CQ_HAVE_VNNI256_FN
+Q8M2_VARIANT(evex, "avx512vnni,avx512vl", _mm256_dpbusd_epi32, 1, 2)
+#endif
+
+/* q4_block, q4_tiled, q4tp with int8 x, several inputs: i8_row's steps of two groups,
+ * each row's nibbles split and its two scales set once per step and met by every
+ * input's xq, bias and d (i8_row's operations per input, in its order: vpdpbusd twice
+ * from the bias gives the integers of its vpmaddubsw pair + vpmaddwd + bias). */
+#define Q4M2_STEP(DOT2, gi, F)                                                                            \
+    do {                                                                                                  \
+        const size_t g_ = g0 + (gi);                                                                      \
+        const int two_ = (gi) + 1 < ng;                                                                   \
+        __m256i lo_[2], hi_[2];                                                                           \
+        __m256 d_[2];                                                                                     \
+        for (int i = 0; i < R; i++) {                                                                     \
+            const uint8_t *p_ = nb + i * gs * gpr + gs * g_;                                              \
+            CQ_STREAM_PF(p_);                                                                             \
+            const __m256i v_ = _mm256_set_m128i(two_ ? _mm_loadu_si128((const __m128i *)(p_ + gs)) : _mm_setzero_si128(), \
+                                                _mm_loadu_si128((const __m128i *)p_));                    \
+            lo_[i] = _mm256_and_si256(v_, m0f);                                                           \
+            hi_[i] = _mm256_and_si256(_mm256_srli_epi16(v_, 4), m0f);                                     \
+            d_[i] = _mm256_set_m128(_mm_set1_ps(sw[i][(gi) + 1]), _mm_set1_ps(sw[i][gi]));                \
+        }                                                                                                 \
+        for (int k = 0; k < J; k++) {                                                                     \
+            const int8_t *qe_ = xq[k]->q + 128 * (g_ / 4) + 16 * (g_ % 4);                               \
+            const __m256i xe_ = _mm256_load_si256((const __m256i *)qe_);                                  \
+            const __m256i xo_ = _mm256_load_si256((const __m256i *)(qe_ + 64));                           \
+            const __m256i bias_ = _mm256_load_si256((const __m256i *)(xq[k]->bias + 4 * g_));             \
+            const __m256 dl_ = _mm256_load_ps(xq[k]->dl + 4 * g_);                                        \
+            for (int i = 0; i < R; i++) {                                                                 \
+                const __m256i s_ = DOT2(bias_, lo_[i], xe_, hi_[i], xo_);                                 \
+                F[i][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_), _mm256_mul_ps(d_[i], dl_), F[i][k]);    \
+            }                                                                                             \
+        }                                                                                                 \
+    } while (0)
+#define Q4M2_VARIANT(SUF, TARGET, DOT2, RMAX)                                                              \
+    static inline __attribute__((always_inline, target(TARGET))) void q4m2_tile_##SUF(                     \
+        const cq_qmat *m, size_t r, const cq_xq *const *xq, const int32_t *const *corr, float *Y, size_t ldy, \
+        const int R, const int J) {                                                                       \
+        const size_t gpr = m->cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;                 \
+        const uint8_t *nb = m->data + gs * r * gpr + (gs == 18 ? 2 : 0);                                  \
+        const __m256i m0f = _mm256_set1_epi8(0x0F);                                                       \
+        __m256 f0[2][4], f1[2][4];                                                                        \
+        float sw[2][64 + 1];                                                                              \
+        (void)corr;                                                                                       \
+        for (int i = 0; i < R; i++)                                                                       \
+            for (int k = 0; k < J; k++) f0[i][k] = f1[i][k] = _mm256_setzero_ps();                        \
+        for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                                         \
+            const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                                              \
+            for (int i = 0; i < R; i++) {                                                                 \
+                avx2_group_scales(m, r + i, g0, ng, sw[i]);                                               \
+                sw[i][ng] = 0.0f;                                                                         \
+            }                                                                                             \
+            for (size_t gi = 0; gi < ng; gi += 4) {                                                       \
+                Q4M2_STEP(DOT2, gi, f0);                                                                  \
+                if (gi + 2 < ng) Q4M2_STEP(DOT2, gi + 2, f1);                                             \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int i = 0; i < R; i++)                                                                       \
+            for (int k = 0; k < J; k++) Y[k * ldy + r + i] = cq_hsum8(_mm256_add_ps(f0[i][k], f1[i][k])); \
+    }                                                                                                     \
+    __attribute__((target(TARGET))) static void q4m2_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr,  \
+                                                                const cq_xq *const *xq,                   \
+                                                                const int32_t *const *corr, size_t t,     \
+                                                                float *Y, size_t ldy) {                   \
+        I8M_ROWS(q4m2_tile_##SUF, RMAX)                                                                   \
+    }
+
+/* bias + (lo, xe) + (hi, xo) summed per 4-byte lane: i8_row's integers */
+#define Q4M2_MADD(b, lo, xe, hi, xo)                                                                      \
+    _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xe), _mm256_maddubs_epi16(hi, xo)), \
+                                       _mm256_set1_epi16(1)),                                             \
+                     b)
+#define Q4M2_VEX(b, lo, xe, hi, xo) _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(b, lo, xe), hi, xo)
+#define Q4M2_EVEX(b, lo, xe, hi, xo) _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(b, lo, xe), hi, xo)
+Q4M2_VARIANT(madd, "avx2", Q4M2_MADD, 1)
+#ifdef CQ_HAVE_AVXVNNI_FN
+Q4M2_VARIANT(vex, "avxvnni", Q4M2_VEX, 1)
+#endif
+#ifdef CQ_HAVE_VNNI256_FN
+Q4M2_VARIANT(evex, "avx512vnni,avx512vl", Q4M2_EVEX, 2)
+#endif
+
+/* q2tp with int8 x, several inputs: i8_row_q2's steps of four groups, each row's four
+ * phases and scales made once per step and met by every input's xq, bias and d
+ * (i8_row_q2's operations per input, in its order; vpdpbusd four times from the bias
+ * gives the integers of its int16 phase sums + vpmaddwd + bias). One row a tile. */
+#define Q2M2_STEP(DOT4, gi, F)                                                                            \
+    do {                                                                                                  \
+        const size_t g_ = g0 + (gi), n_ = ng - (gi) < 4 ? ng - (gi) : 4;                                  \
+        const uint8_t *p_ = body + 8 * g_;                                                                \
+        if (!((gi) & 4)) CQ_STREAM_PF(p_);                                                                \
+        const __m256i v_ = n_ == 4 ? _mm256_loadu_si256((const __m256i *)p_)                              \
+                                   : _mm256_maskload_epi32((const int *)(const void *)p_,                 \
+                                                           _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(2 * n_)), \
+                                                                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))); \
+        const __m256i ph0_ = Q2_PHASE(_mm256_slli_epi16, _mm256_srli_epi16, _mm256_and_si256, v_, 0, m6);  \
+        const __m256i ph1_ = Q2_PHASE(_mm256_slli_epi16, _mm256_srli_epi16, _mm256_and_si256, v_, 1, m6);  \
+        const __m256i ph2_ = Q2_PHASE(_mm256_slli_epi16, _mm256_srli_epi16, _mm256_and_si256, v_, 2, m6);  \
+        const __m256i ph3_ = Q2_PHASE(_mm256_slli_epi16, _mm256_srli_epi16, _mm256_and_si256, v_, 3, m6);  \
+        const __m256 d_ = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sw + (gi))), spread); \
+        const size_t lane_ = 16 * (g_ / 8) + 8 * ((g_ / 4) & 1);                                          \
+        for (int k = 0; k < J; k++) {                                                                     \
+            const int8_t *q_ = xq[k]->q + 256 * (g_ / 8) + 32 * ((g_ / 4) & 1);                           \
+            const __m256i s_ = DOT4(_mm256_load_si256((const __m256i *)(xq[k]->bias + lane_)), ph0_, ph1_, ph2_, ph3_, q_); \
+            F[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_), _mm256_mul_ps(d_, _mm256_load_ps(xq[k]->dl + lane_)), F[k]); \
+        }                                                                                                 \
+    } while (0)
+#define Q2M2_VARIANT(SUF, TARGET, DOT4)                                                                    \
+    static inline __attribute__((always_inline, target(TARGET))) void q2m2_tile_##SUF(                     \
+        const cq_qmat *m, size_t r, const cq_xq *const *xq, const int32_t *const *corr, float *Y, size_t ldy, \
+        const int R, const int J) {                                                                       \
+        const size_t gpr = m->cols / CQ_GROUP;                                                            \
+        const uint8_t *body = m->data + 8 * r * gpr;                                                      \
+        const __m256i m6 = _mm256_set1_epi8(6), spread = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);       \
+        __m256 f0[4], f1[4];                                                                              \
+        float sw[64 + 4];                                                                                 \
+        (void)corr, (void)R;                                                                              \
+        for (int k = 0; k < J; k++) f0[k] = f1[k] = _mm256_setzero_ps();                                  \
+        for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                                         \
+            const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                                              \
+            avx2_group_scales(m, r, g0, ng, sw);                                                          \
+            for (size_t k = 0; k < ng; k++) sw[k] *= 0.5f;                                                \
+            for (int k = 0; k < 4; k++) sw[ng + k] = 0.0f;                                                \
+            for (size_t gi = 0; gi < ng; gi += 8) {                                                       \
+                Q2M2_STEP(DOT4, gi, f0);                                                                  \
+                if (gi + 4 < ng) Q2M2_STEP(DOT4, gi + 4, f1);                                             \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int k = 0; k < J; k++) Y[k * ldy + r] = cq_hsum8(_mm256_add_ps(f0[k], f1[k]));               \
+    }                                                                                                     \
+    __attribute__((target(TARGET))) static void q2m2_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr,  \
+                                                                const cq_xq *const *xq,                   \
+                                                                const int32_t *const *corr, size_t t,     \
+                                                                float *Y, size_t ldy) {                   \
+        I8M_ROWS(q2m2_tile_##SUF, 1)                                                                      \
+    }
+
+/* bias + the four phases against their xq bytes, per 4-byte lane: i8_row_q2's integers */
+#define Q2M2_LD(q, j) _mm256_load_si256((const __m256i *)((q) + 64 * (j)))
+#define Q2M2_MADD(b, p0, p1, p2, p3, q)                                                                   \
+    _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(                \
+                                                            _mm256_maddubs_epi16(p0, Q2M2_LD(q, 0)),       \
+                                                            _mm256_maddubs_epi16(p1, Q2M2_LD(q, 1))),      \
+                                                        _mm256_maddubs_epi16(p2, Q2M2_LD(q, 2))),          \
+                                                    _mm256_maddubs_epi16(p3, Q2M2_LD(q, 3))),              \
+                                       _mm256_set1_epi16(1)),                                             \
+                     b)
+#define Q2M2_VEX(b, p0, p1, p2, p3, q)                                                                    \
+    _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(       \
+                                                                                b, p0, Q2M2_LD(q, 0)),     \
+                                                                            p1, Q2M2_LD(q, 1)),            \
+                                                    p2, Q2M2_LD(q, 2)),                                   \
+                            p3, Q2M2_LD(q, 3))
+#define Q2M2_EVEX(b, p0, p1, p2, p3, q)                                                                   \
+    _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_dpbusd_epi32(b, p0, Q2M2_LD(q, 0)), \
+                                                                p1, Q2M2_LD(q, 1)),                       \
+                                            p2, Q2M2_LD(q, 2)),                                           \
+                        p3, Q2M2_LD(q, 3))
+Q2M2_VARIANT(madd, "avx2", Q2M2_MADD)
+#ifdef CQ_HAVE_AVXVNNI_FN
+Q2M2_VARIANT(vex, "avxvnni", Q2M2_VEX)
+#endif
+#ifdef CQ_HAVE_VNNI256_FN
+Q2M2_VARIANT(evex, "avx512vnni,avx512vl", Q2M2_EVEX)
+#endif
+
+#define CQ_HAVE_I8_MULTI
+static int i8_multi_takes(const cq_qmat *m) {
+    switch (m->dtype) {
+    case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP:
+    case CQ_DT_Q2TP: return 1;
+    default: return 0;
+    }
+}
+/* The correction of the q8 vpdpbusd tiles: out[L] = -128 * (xq bytes 4L .. 4L + 3
+ * summed) (8 lanes a group: xq's padding to 64 columns is zero). The q4 tiles start
+ * from xq's bias. */
+static size_t i8_multi_prep_words(const cq_qmat *m) {
+    return m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F ? ((m->cols + 63) & ~(size_t)63) / 4 : 0;
+}
+static void i8_multi_prep(const cq_qmat *m, const cq_xq *xq, int32_t *out) {
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1), zero = _mm256_setzero_si256();
+    for (size_t c = 0; c < m->cols; c += 32) {
+        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, _mm256_load_si256((const __m256i *)(xq->q + c))), ones16);
+        _mm256_store_si256((__m256i *)(out + c / 4), _mm256_sub_epi32(zero, _mm256_slli_epi32(s, 7)));
+    }
+}
+static void i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *const *xq,
+                          const int32_t *const *corr, size_t t, float *Y, size_t ldy) {
+    const int q8 = m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F, q2 = m->dtype == CQ_DT_Q2TP;
+    switch (i8mm_cpu()) {
+#ifdef CQ_HAVE_AVXVNNI_FN
+    case 1:
+        if (q8) q8m2_rows_vex(m, r0, nr, xq, corr, t, Y, ldy);
+        else if (q2) q2m2_rows_vex(m, r0, nr, xq, corr, t, Y, ldy);
+        else q4m2_rows_vex(m, r0, nr, xq, corr, t, Y, ldy);
+        return;
+#endif
+#ifdef CQ_HAVE_VNNI256_FN
+    case 2:
+        if (q8) q8m2_rows_evex(m, r0, nr, xq, corr, t, Y, ldy);
+        else if (q2) q2m2_rows_evex(m, r0, nr, xq, corr, t, Y, ldy);
+        else q4m2_rows_evex(m, r0, nr, xq, corr, t, Y, ldy);
+        return;
+#endif
+    default:
+        if (q8) q8m2_rows_madd(m, r0, nr, xq, corr, t, Y, ldy);
+        else if (q2) q2m2_rows_madd(m, r0, nr, xq, corr, t, Y, ldy);
+        else q4m2_rows_madd(m, r0, nr, xq, corr, t, Y, ldy);
+    }
+}
+
 /* matvec_batch's multi-input rows: 8 lanes, two rows a tile (rows_multi.h). */
 #define CQ_MULTI_R 2
 #define MULTI_VEC __m256

@@ -750,6 +750,246 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
     for (; j < nr; j++) out[j] = q4_i8_row_bw(m, r0 + j, xq);
 }
 
+/* ---- matvec_batch with int8 x: q8 rows against several inputs at once ----
+ * (CQ_HAVE_I8_MULTI in matvec_drivers.h.) Tiles of Q8M_R rows by up to Q8M_J inputs:
+ * each 64-byte step of a row is loaded and prepared once and meets every input's xq.
+ * Each input's integer sums, their conversion and the multiply-adds into its two
+ * accumulators (by c & 64) are I8_Q8_BODY's in its order, and the row ends as it does,
+ * so every output equals q8_i8_row_* of that input bit for bit. Integer sums are
+ * exact, so they may be formed differently: with VNNI the u8 operand is the weights
+ * plus 128 (an xor per row step, shared by the tile's inputs), the s8 one xq as it
+ * is, and the sum starts from the input's -128 * (each lane's four xq summed), made
+ * once per call (i8_multi_prep): vpdpbusd, convert and multiply-add per row and
+ * input, where I8_Q8_BODY's sign move would add a masked subtract. Without VNNI |w|
+ * and w's sign mask are shared and the subtract stays. */
+#include "i8_multi.h"
+#define Q8M_R 2
+#define Q8M_J 4
+#define Q8M_STEP(DOT, VNNI, c, F)                                                                         \
+    do {                                                                                                  \
+        __m512i v_[Q8M_R], a_[Q8M_R];                                                                     \
+        __mmask64 neg_[Q8M_R];                                                                            \
+        for (int i = 0; i < R; i++) {                                                                     \
+            const uint8_t *p_ = w + i * cols + (c);                                                       \
+            CQ_STREAM_PF(p_);                                                                             \
+            v_[i] = (c) + 64 <= cols ? _mm512_loadu_si512((const void *)p_)                               \
+                                     : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, p_);                        \
+            a_[i] = VNNI ? _mm512_xor_si512(v_[i], top) : _mm512_abs_epi8(v_[i]);                         \
+            neg_[i] = VNNI ? 0 : _mm512_movepi8_mask(v_[i]);                                              \
+        }                                                                                                 \
+        for (int k = 0; k < J; k++) {                                                                     \
+            const __m512i x_ = _mm512_load_si512((const void *)(xq[k]->q + (c)));                         \
+            const __m512 dl_ = _mm512_load_ps(xq[k]->dl + (c) / 4);                                       \
+            for (int i = 0; i < R; i++) {                                                                 \
+                const __m512i s_ = VNNI ? DOT(_mm512_load_si512((const void *)(corr[k] + (c) / 4)), a_[i], x_) \
+                                        : DOT(zero, a_[i], _mm512_mask_sub_epi8(x_, neg_[i], zero, x_));  \
+                F[i][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s_), dl_, F[i][k]);                          \
+            }                                                                                             \
+        }                                                                                                 \
+    } while (0)
+#define Q8M_VARIANT(SUF, TARGET, DOT, VNNI)                                                                \
+    static inline __attribute__((always_inline, target(TARGET))) void q8m_tile_##SUF(                      \
+        const cq_qmat *m, size_t r, const cq_xq *const *xq, const int32_t *const *corr, float *Y, size_t ldy, \
+        const int R, const int J) {                                                                       \
+        const size_t cols = m->cols;                                                                      \
+        const uint8_t *w = m->data + r * cols;                                                            \
+        const __m512i zero = _mm512_setzero_si512(), top = _mm512_set1_epi8((char)0x80);                  \
+        __m512 f0[Q8M_R][Q8M_J], f1[Q8M_R][Q8M_J];                                                        \
+        (void)zero, (void)top, (void)corr;                                                                \
+        for (int i = 0; i < R; i++)                                                                       \
+            for (int k = 0; k < J; k++) f0[i][k] = f1[i][k] = _mm512_setzero_ps();                        \
+        for (size_t c = 0; c < cols; c += 128) {                                                          \
+            Q8M_STEP(DOT, VNNI, c, f0);                                                                   \
+            if (c + 64 < cols) Q8M_STEP(DOT, VNNI, c + 64, f1);                                           \
+        }                                                                                                 \
+        for (int i = 0; i < R; i++)                                                                       \
+            for (int k = 0; k < J; k++)                                                                   \
+                Y[k * ldy + r + i] = _mm512_reduce_add_ps(_mm512_add_ps(f0[i][k], f1[i][k])) * m->aux[r + i]; \
+    }                                                                                                     \
+    __attribute__((target(TARGET))) static void q8m_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr,   \
+                                                               const cq_xq *const *xq,                    \
+                                                               const int32_t *const *corr, size_t t,      \
+                                                               float *Y, size_t ldy) {                    \
+        I8M_ROWS(q8m_tile_##SUF, Q8M_R)                                                                   \
+    }
+
+Q8M_VARIANT(bw, "avx512bw", dot_bw, 0)
+#ifdef CQ_HAVE_VNNI_FN
+Q8M_VARIANT(vnni, "avx512vnni", _mm512_dpbusd_epi32, 1)
+#endif
+
+/* q4_block, q4_tiled, q4tp with int8 x, several inputs: I8_BODY's blocks of four
+ * groups, each row's nibbles split and its scales spread once per block and met by
+ * every input's xq, bias and d (I8_BODY's operations per input, in its order; the
+ * rows2 and VBMI row kernels are bit for bit I8_BODY's too). */
+#define Q4M_R 2
+#define Q4M_STEP(DOT, gi, F)                                                                              \
+    do {                                                                                                  \
+        const size_t g_ = g0 + (gi), blk_ = g_ / 4;                                                       \
+        __m512i lo_[Q4M_R], hi_[Q4M_R];                                                                   \
+        __m512 d_[Q4M_R];                                                                                 \
+        for (int i = 0; i < R; i++) {                                                                     \
+            const uint8_t *p_ = nb + i * gs * gpr + gs * g_;                                              \
+            if (tiled) CQ_STREAM_PF_SPAN(p_, 72);                                                         \
+            else CQ_STREAM_PF(p_);                                                                        \
+            const __m512i v_ = q4_nibbles4(p_, gs, ng - (gi));                                            \
+            lo_[i] = _mm512_and_si512(v_, m0f);                                                           \
+            hi_[i] = _mm512_and_si512(_mm512_srli_epi16(v_, 4), m0f);                                     \
+            d_[i] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(sw[i] + (gi))));    \
+        }                                                                                                 \
+        for (int k = 0; k < J; k++) {                                                                     \
+            const int8_t *q_ = xq[k]->q + 128 * blk_;                                                     \
+            const __m512i xa_ = _mm512_load_si512((const void *)q_);                                      \
+            const __m512i xb_ = _mm512_load_si512((const void *)(q_ + 64));                               \
+            const __m512i bias_ = _mm512_load_si512((const void *)(xq[k]->bias + 16 * blk_));             \
+            const __m512 dl_ = _mm512_load_ps(xq[k]->dl + 16 * blk_);                                     \
+            for (int i = 0; i < R; i++) {                                                                 \
+                const __m512i s_ = DOT(DOT(bias_, lo_[i], xa_), hi_[i], xb_);                             \
+                F[i][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s_), _mm512_mul_ps(d_[i], dl_), F[i][k]);    \
+            }                                                                                             \
+        }                                                                                                 \
+    } while (0)
+#define Q4M_VARIANT(SUF, TARGET, DOT)                                                                      \
+    static inline __attribute__((always_inline, target(TARGET))) void q4m_tile_##SUF(                      \
+        const cq_qmat *m, size_t r, const cq_xq *const *xq, const int32_t *const *corr, float *Y, size_t ldy, \
+        const int R, const int J) {                                                                       \
+        const size_t gpr = m->cols / CQ_GROUP;                                                            \
+        const int tiled = m->dtype == CQ_DT_Q4_TILED;                                                     \
+        const size_t gs = tiled ? 18 : 16;                                                                \
+        const uint8_t *nb = m->data + gs * r * gpr + (tiled ? 2 : 0);                                     \
+        const __m512i m0f = _mm512_set1_epi8(0x0F);                                                       \
+        const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);         \
+        __m512 f0[Q4M_R][4], f1[Q4M_R][4];                                                                \
+        float sw[Q4M_R][64 + 4];                                                                          \
+        (void)corr;                                                                                       \
+        for (int i = 0; i < R; i++)                                                                       \
+            for (int k = 0; k < J; k++) f0[i][k] = f1[i][k] = _mm512_setzero_ps();                        \
+        for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                                         \
+            const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                                              \
+            for (int i = 0; i < R; i++) {                                                                 \
+                group_scales(m, r + i, g0, ng, sw[i]);                                                    \
+                for (int k = 0; k < 4; k++) sw[i][ng + k] = 0.0f;                                         \
+            }                                                                                             \
+            for (size_t gi = 0; gi < ng; gi += 8) {                                                       \
+                Q4M_STEP(DOT, gi, f0);                                                                    \
+                if (gi + 4 < ng) Q4M_STEP(DOT, gi + 4, f1);                                               \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int i = 0; i < R; i++)                                                                       \
+            for (int k = 0; k < J; k++) Y[k * ldy + r + i] = _mm512_reduce_add_ps(_mm512_add_ps(f0[i][k], f1[i][k])); \
+    }                                                                                                     \
+    __attribute__((target(TARGET))) static void q4m_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr,   \
+                                                               const cq_xq *const *xq,                    \
+                                                               const int32_t *const *corr, size_t t,      \
+                                                               float *Y, size_t ldy) {                    \
+        I8M_ROWS(q4m_tile_##SUF, Q4M_R)                                                                   \
+    }
+
+Q4M_VARIANT(bw, "avx512bw", dot_bw)
+#ifdef CQ_HAVE_VNNI_FN
+Q4M_VARIANT(vnni, "avx512vnni", _mm512_dpbusd_epi32)
+#endif
+
+/* q2tp with int8 x, several inputs: I8_Q2_BODY's blocks of eight groups, each row's
+ * four phases and spread scales made once per block and met by every input's xq,
+ * bias and d (I8_Q2_BODY's operations per input, in its order). One row a tile: the
+ * four phases take the registers a second row would. */
+#define Q2M_STEP(DOT, gi, F)                                                                              \
+    do {                                                                                                  \
+        const size_t g_ = g0 + (gi), n_ = ng - (gi) < 8 ? ng - (gi) : 8, blk_ = g_ / 8;                   \
+        const uint8_t *p_ = body + 8 * g_;                                                                \
+        CQ_STREAM_PF(p_);                                                                                 \
+        const __m512i v_ = n_ == 8 ? _mm512_loadu_si512((const void *)p_)                                 \
+                                   : _mm512_maskz_loadu_epi8((1ull << (8 * n_)) - 1, p_);                 \
+        const __m512i ph0_ = Q2_PHASE(_mm512_slli_epi16, _mm512_srli_epi16, _mm512_and_si512, v_, 0, m6);  \
+        const __m512i ph1_ = Q2_PHASE(_mm512_slli_epi16, _mm512_srli_epi16, _mm512_and_si512, v_, 1, m6);  \
+        const __m512i ph2_ = Q2_PHASE(_mm512_slli_epi16, _mm512_srli_epi16, _mm512_and_si512, v_, 2, m6);  \
+        const __m512i ph3_ = Q2_PHASE(_mm512_slli_epi16, _mm512_srli_epi16, _mm512_and_si512, v_, 3, m6);  \
+        const __m512 d_ = _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(_mm256_loadu_ps(sw + (gi)))); \
+        for (int k = 0; k < J; k++) {                                                                     \
+            const int8_t *q_ = xq[k]->q + 256 * blk_;                                                     \
+            __m512i s_ = _mm512_load_si512((const void *)(xq[k]->bias + 16 * blk_));                      \
+            s_ = DOT(s_, ph0_, _mm512_load_si512((const void *)q_));                                      \
+            s_ = DOT(s_, ph1_, _mm512_load_si512((const void *)(q_ + 64)));                               \
+            s_ = DOT(s_, ph2_, _mm512_load_si512((const void *)(q_ + 128)));                              \
+            s_ = DOT(s_, ph3_, _mm512_load_si512((const void *)(q_ + 192)));                              \
+            F[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s_), _mm512_mul_ps(d_, _mm512_load_ps(xq[k]->dl + 16 * blk_)), F[k]); \
+        }                                                                                                 \
+    } while (0)
+#define Q2M_VARIANT(SUF, TARGET, DOT)                                                                      \
+    static inline __attribute__((always_inline, target(TARGET))) void q2m_tile_##SUF(                      \
+        const cq_qmat *m, size_t r, const cq_xq *const *xq, const int32_t *const *corr, float *Y, size_t ldy, \
+        const int R, const int J) {                                                                       \
+        const size_t gpr = m->cols / CQ_GROUP;                                                            \
+        const uint8_t *body = m->data + 8 * r * gpr;                                                      \
+        const __m512i m6 = _mm512_set1_epi8(6);                                                           \
+        const __m512i spread = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);         \
+        __m512 f0[4], f1[4];                                                                              \
+        float sw[64 + 8];                                                                                 \
+        (void)corr, (void)R;                                                                              \
+        for (int k = 0; k < J; k++) f0[k] = f1[k] = _mm512_setzero_ps();                                  \
+        for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                                         \
+            const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                                              \
+            group_scales(m, r, g0, ng, sw);                                                               \
+            for (size_t k = 0; k < ng; k++) sw[k] *= 0.5f;                                                \
+            for (int k = 0; k < 8; k++) sw[ng + k] = 0.0f;                                                \
+            for (size_t gi = 0; gi < ng; gi += 16) {                                                      \
+                Q2M_STEP(DOT, gi, f0);                                                                    \
+                if (gi + 8 < ng) Q2M_STEP(DOT, gi + 8, f1);                                               \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int k = 0; k < J; k++) Y[k * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(f0[k], f1[k]));  \
+    }                                                                                                     \
+    __attribute__((target(TARGET))) static void q2m_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr,   \
+                                                               const cq_xq *const *xq,                    \
+                                                               const int32_t *const *corr, size_t t,      \
+                                                               float *Y, size_t ldy) {                    \
+        I8M_ROWS(q2m_tile_##SUF, 1)                                                                       \
+    }
+
+Q2M_VARIANT(bw, "avx512bw", dot_bw)
+#ifdef CQ_HAVE_VNNI_FN
+Q2M_VARIANT(vnni, "avx512vnni", _mm512_dpbusd_epi32)
+#endif
+
+#define CQ_HAVE_I8_MULTI
+static int i8_multi_takes(const cq_qmat *m) {
+    switch (m->dtype) {
+    case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP:
+    case CQ_DT_Q2TP: return 1;
+    default: return 0;
+    }
+}
+/* The correction of the q8 VNNI tiles: out[L] = -128 * (xq bytes 4L .. 4L + 3 summed)
+ * for the row and its padding (cols rounded up to 64: xq is zero there). The q4 tiles
+ * start from xq's bias. */
+static size_t i8_multi_prep_words(const cq_qmat *m) {
+    return m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F ? ((m->cols + 63) & ~(size_t)63) / 4 : 0;
+}
+static void i8_multi_prep(const cq_qmat *m, const cq_xq *xq, int32_t *out) {
+    const __m512i ones8 = _mm512_set1_epi8(1), ones16 = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
+    for (size_t c = 0; c < m->cols; c += 64) {
+        const __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(ones8, _mm512_load_si512((const void *)(xq->q + c))), ones16);
+        _mm512_store_si512((void *)(out + c / 4), _mm512_sub_epi32(zero, _mm512_slli_epi32(s, 7)));
+    }
+}
+static void i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *const *xq,
+                          const int32_t *const *corr, size_t t, float *Y, size_t ldy) {
+    const int q8 = m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F;
+    const int q2 = m->dtype == CQ_DT_Q2TP;
+#ifdef CQ_HAVE_VNNI_FN
+    if (cq_cpu_features() & CQ_CPU_AVX512VNNI) {
+        if (q8) q8m_rows_vnni(m, r0, nr, xq, corr, t, Y, ldy);
+        else if (q2) q2m_rows_vnni(m, r0, nr, xq, corr, t, Y, ldy);
+        else q4m_rows_vnni(m, r0, nr, xq, corr, t, Y, ldy);
+        return;
+    }
+#endif
+    if (q8) q8m_rows_bw(m, r0, nr, xq, corr, t, Y, ldy);
+    else if (q2) q2m_rows_bw(m, r0, nr, xq, corr, t, Y, ldy);
+    else q4m_rows_bw(m, r0, nr, xq, corr, t, Y, ldy);
+}
+
 #define dequant_row avx2_dequant_row
 #define needs_prep avx2_needs_prep
 /* ---- matmat (prefill): the packed GEMM of matmat_packed.h on 16 lanes ---- */

@@ -18,6 +18,8 @@
  *       and static void dot_lanes(m, r0, L, nk, xp, out): rows r0 + k*L (k < nk <= S)
  *       side by side, out[k*L] = row r0 + k*L; a row's bits must not depend on nk or
  *       on its neighbours. The drivers then read S weight streams at once (below).
+ *   #define CQ_HAVE_ROWS_MULTI / CQ_HAVE_I8_MULTI: matvec_batch's multi-input row
+ *       tiles for float32 / int8 x (at drv_matvec_batch).
  *   #define CQ_HAVE_MM_PACK + mm_pack_floats(t, cols), mm_pack(m, X, t, cols, c0, c1, xt),
  *       mm_scratch_floats(m, t), matmat_packed(m, r0, nr, xt, t, Y, ldy, scratch):
  *       matmat packs X once per call (its columns split over the threads) and each
@@ -338,10 +340,16 @@ static cq_status drv_matvec(const cq_qmat *m, const float *x, float *y) {
  * CQ_CLAIM_BYTES of rows and runs every input over them while they sit in its cache.
  * This is the decode step of several sequences at once (continuous batching), where
  * matmat's register tiles would be mostly padding. Each x is read as matvec_many
- * reads it, so rows are bit-identical to the matvec of that input -- except where the
- * table defines CQ_HAVE_ROWS_MULTI: rows_multi_takes(m), rows_multi(m, r0, nr, xs, t,
- * Y, ldy) decodes each weight once for all inputs (float32 x only, t > 1), equal to
- * matvec within float32 rounding. */
+ * reads it, and where the table has multi-input row tiles (t > 1) each weight is
+ * loaded and decoded once per tile for several inputs:
+ *   CQ_HAVE_ROWS_MULTI: rows_multi_takes(m), rows_multi(m, r0, nr, xs, t, Y, ldy) for a
+ *     float32 x (rows_multi.h): equal to matvec within float32 rounding, not bitwise;
+ *   CQ_HAVE_I8_MULTI: i8_multi_takes(m), i8_multi_prep_words(m), i8_multi_prep(m, xq,
+ *     words) (what the tiles want of each int8 x beyond xq: made once per call, at a
+ *     64-byte boundary), i8_rows_multi(m, r0, nr, xqs, preps, t, Y, ldy) for int8 x:
+ *     each input's integer sums and float operations are its matvec row's, so rows
+ *     are bit-identical to the int8 matvec of that input.
+ * Elsewhere rows are matvec's own, input by input (bit-identical). */
 #ifndef CQ_HAVE_ROWS_MULTI
 static int rows_multi_takes(const cq_qmat *m) {
     (void)m;
@@ -352,9 +360,33 @@ static void rows_multi(const cq_qmat *m, size_t r0, size_t nr, const float *cons
     (void)m, (void)r0, (void)nr, (void)xs, (void)t, (void)Y, (void)ldy;
 }
 #endif
+#ifndef CQ_HAVE_I8_MULTI
+static int i8_multi_takes(const cq_qmat *m) {
+    (void)m;
+    return 0;
+}
+static size_t i8_multi_prep_words(const cq_qmat *m) {
+    (void)m;
+    return 0;
+}
+static void i8_multi_prep(const cq_qmat *m, const cq_xq *xq, int32_t *words) { (void)m, (void)xq, (void)words; }
+static void i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *const *xqs,
+                          const int32_t *const *preps, size_t t, float *Y, size_t ldy) {
+    (void)m, (void)r0, (void)nr, (void)xqs, (void)preps, (void)t, (void)Y, (void)ldy;
+}
+#endif
+
+/* How matvec_batch runs a matrix's rows: every input at once through the multi-input
+ * tiles (xs: float32 inputs; xqs: int8 ones, with their i8_multi_prep words), or (xs
+ * and xqs NULL) input by input. */
+typedef struct {
+    const float *const *xs;
+    const cq_xq *const *xqs;
+    const int32_t *const *preps;
+} drv_multi;
 
 static void drv_rows_batch(const cq_qmat *m, const drv_x *xv, size_t t, float *Y, drv_share *s,
-                           size_t parts, size_t slot, const float *const *multi) {
+                           size_t parts, size_t slot, drv_multi multi) {
     const size_t per = m->rows ? drv_claim_size(m, s) : 1;
     for (size_t k = 0; k < parts; k++) {
         drv_share *sh = &s[(slot + k) % parts];
@@ -362,8 +394,12 @@ static void drv_rows_batch(const cq_qmat *m, const drv_x *xv, size_t t, float *Y
             const size_t a = drv_claim(sh, per);
             if (a >= sh->end) break;
             const size_t nr = sh->end - a < per ? sh->end - a : per;
-            if (multi) { /* plain rows (one stream), every input at once */
-                rows_multi(m, a, nr, multi, t, Y, m->rows);
+            if (multi.xs) { /* plain rows (one stream), every input at once */
+                rows_multi(m, a, nr, multi.xs, t, Y, m->rows);
+                continue;
+            }
+            if (multi.xqs) {
+                i8_rows_multi(m, a, nr, multi.xqs, multi.preps, t, Y, m->rows);
                 continue;
             }
             for (size_t j = 0; j < t; j++) {
@@ -387,7 +423,7 @@ typedef struct {
     float *const *ys;
     drv_share *shares;
     size_t parts;
-    const float *const *const *multi; /* per matrix: its inputs for rows_multi, or NULL */
+    const drv_multi *multi; /* per matrix */
 } mvb_job;
 
 static void mvb_slot(void *arg, size_t slot, size_t nslots) {
@@ -398,6 +434,9 @@ static void mvb_slot(void *arg, size_t slot, size_t nslots) {
                        j->multi[i]);
 }
 
+/* Whether matvec_batch runs m's rows through the int8 multi-input tiles. */
+static int drv_i8_multi(const cq_qmat *m, x_kind kind, size_t t) { return t > 1 && kind == X_I8 && i8_multi_takes(m); }
+
 static cq_status drv_matvec_batch(const cq_qmat *ms, size_t n, const float *X, size_t t, float *const *ys) {
     if (n == 0 || t == 0) return CQ_OK;
     for (size_t i = 0; i < n; i++) {
@@ -406,41 +445,37 @@ static cq_status drv_matvec_batch(const cq_qmat *ms, size_t n, const float *X, s
         if (ms[i].cols != ms[0].cols) return CQ_ERR_SHAPE;
     }
     const size_t cols = ms[0].cols, fbytes = up_align(cols * sizeof(float));
-    size_t total = 0, nprep = 0;
+    size_t total = 0, nprep = 0, pwords = 0;
     int any_i8 = 0;
+    cq_status st = CQ_ERR_NOMEM;
+    void *raw = NULL, *praw = NULL;
+    drv_share *shares = NULL;
+    drv_multi *multi = NULL;
+    const cq_xq **xqs = NULL;
+    const int32_t **preps = NULL;
     x_kind *kinds = (x_kind *)malloc(n * sizeof(*kinds));
     drv_x *xv = (drv_x *)malloc(n * t * sizeof(*xv));
     drv_x *one = (drv_x *)calloc(n, sizeof(*one));
     const float **xps = (const float **)malloc(t * sizeof(*xps)); /* each plain x, for rows_multi */
-    if (!kinds || !xv || !one || !xps) {
-        free(xps);
-        free(kinds);
-        free(xv);
-        free(one);
-        return CQ_ERR_NOMEM;
-    }
+    if (!kinds || !xv || !one || !xps) goto done;
     for (size_t i = 0; i < n; i++) { /* each kind read once: the int8 switch may flip */
         total += ms[i].rows * ms[i].cols;
         kinds[i] = x_kind_of(&ms[i]);
         if (kinds[i] == X_PREP) nprep++;
         if (kinds[i] == X_I8) any_i8 = 1;
+        if (drv_i8_multi(&ms[i], kinds[i], t)) pwords += (i8_multi_prep_words(&ms[i]) + 15) & ~(size_t)15;
     }
     /* per input: [aligned copy][prepared x per X_PREP matrix][quantized x per family] */
     const size_t i8b = any_i8 ? i8_many_bytes(ms, n) : 0, per_x = fbytes * (nprep + 1) + up_align(i8b);
-    void *raw = NULL;
     uint8_t *buf = (uint8_t *)aligned_floats(t * per_x / sizeof(float) + 1, &raw);
     const int par = total * t >= CQ_PAR_MIN;
     const size_t parts = par ? (size_t)cq_get_num_threads() : 1;
-    drv_share *shares = (drv_share *)malloc(n * parts * sizeof(drv_share));
-    if (!buf || !shares) {
-        free(xps);
-        free(raw);
-        free(shares);
-        free(kinds);
-        free(xv);
-        free(one);
-        return CQ_ERR_NOMEM;
-    }
+    shares = (drv_share *)malloc(n * parts * sizeof(drv_share));
+    multi = (drv_multi *)calloc(n, sizeof(*multi));
+    xqs = (const cq_xq **)malloc(n * t * sizeof(*xqs));        /* [n][t]: each int8 x */
+    preps = (const int32_t **)calloc(n * t, sizeof(*preps)); /* [n][t]: its i8_multi_prep words */
+    int32_t *pbuf = pwords ? (int32_t *)(void *)aligned_floats(pwords * t, &praw) : NULL;
+    if (!buf || !shares || !multi || !xqs || !preps || (pwords && !pbuf)) goto done;
     for (size_t j = 0; j < t; j++) {
         const float *x = X + j * cols;
         uint8_t *next = buf + j * per_x;
@@ -457,6 +492,7 @@ static cq_status drv_matvec_batch(const cq_qmat *ms, size_t n, const float *X, s
             d->xp = xa;
             d->q = one[i].q;
             d->xq = kinds[i] == X_I8 ? &d->q : NULL;
+            xqs[i * t + j] = d->xq;
             if (kinds[i] == X_PREP) {
                 prep_x(&ms[i], x, (float *)next);
                 d->xp = (const float *)next;
@@ -464,31 +500,44 @@ static cq_status drv_matvec_batch(const cq_qmat *ms, size_t n, const float *X, s
             }
         }
     }
-    const float *const **multi = (const float *const **)calloc(n, sizeof(*multi));
-    if (!multi) {
-        free(xps);
-        free(raw);
-        free(shares);
-        free(kinds);
-        free(xv);
-        free(one);
-        return CQ_ERR_NOMEM;
-    }
     for (size_t i = 0; i < n; i++) {
-        const int many = t > 1 && kinds[i] == X_PLAIN && rows_multi_takes(&ms[i]);
-        multi[i] = many ? xps : NULL;
-        drv_shares_init(&ms[i], shares + i * parts, parts, many ? 1 : drv_streams(&ms[i], kinds[i] == X_I8));
+        const int many_f = t > 1 && kinds[i] == X_PLAIN && rows_multi_takes(&ms[i]);
+        const int many_q = drv_i8_multi(&ms[i], kinds[i], t);
+        multi[i].xs = many_f ? xps : NULL;
+        multi[i].xqs = many_q ? xqs + i * t : NULL;
+        multi[i].preps = many_q ? preps + i * t : NULL;
+        if (many_q) { /* one prep per quantized x: matrices that share an x share it */
+            const size_t words = (i8_multi_prep_words(&ms[i]) + 15) & ~(size_t)15;
+            size_t same = 0;
+            while (same < i && !(multi[same].xqs && xqs[same * t]->q == xqs[i * t]->q)) same++;
+            for (size_t j = 0; j < t && words; j++) {
+                if (same < i) {
+                    preps[i * t + j] = preps[same * t + j];
+                    continue;
+                }
+                i8_multi_prep(&ms[i], xqs[i * t + j], pbuf);
+                preps[i * t + j] = pbuf;
+                pbuf += words;
+            }
+        }
+        drv_shares_init(&ms[i], shares + i * parts, parts,
+                        many_f || many_q ? 1 : drv_streams(&ms[i], kinds[i] == X_I8));
     }
     mvb_job job = {ms, n, t, xv, ys, shares, parts, multi};
     cq_pool_run(parts, mvb_slot, &job);
+    st = CQ_OK;
+done:
     free(xps);
     free(multi);
+    free(xqs);
+    free(preps);
+    free(praw);
     free(shares);
     free(raw);
     free(kinds);
     free(xv);
     free(one);
-    return CQ_OK;
+    return st;
 }
 
 /* One matmat call as pool work: each slot decodes blocks of CQ_MM_ROWS rows, claimed

@@ -1,10 +1,11 @@
-/* matvec_batch's multi-input rows (CQ_HAVE_ROWS_MULTI in matvec_drivers.h), shared by the
- * x86 tables: CQ_MULTI_R rows at a time, each group of weights is decoded once and
- * multiplied into up to CQ_MULTI inputs' accumulators (one register per row and input; an
- * x load serves all the rows), so several sequences' decode rows cost one pass over the
- * weights. One accumulator per row and input: equal to matvec's rows within float32
- * rounding, not bitwise. f32 and q8_row with a float32 x; the other dtypes keep matvec's
- * rows.
+/* matvec_batch's multi-input rows for a float32 x (CQ_HAVE_ROWS_MULTI in
+ * matvec_drivers.h), shared by the x86 tables: CQ_MULTI_R rows at a time, each group of
+ * weights is decoded once and multiplied into up to CQ_MULTI inputs' accumulators (one
+ * register per row and input; an x load serves all the rows), so several sequences'
+ * decode rows cost one pass over the weights. One accumulator per row and input: equal
+ * to matvec's rows within float32 rounding, not bitwise. f32 and q8_row; the other
+ * dtypes keep matvec's rows. int8 x has tiles of its own, bit for bit the int8 matvec
+ * (i8_multi.h, CQ_HAVE_I8_MULTI: every dtype with int8 activations).
  *
  * Included before matvec_drivers.h by a table that has defined its register tile:
  * CQ_MULTI_R (rows per tile), MULTI_VEC, MULTI_LANES, MULTI_ZERO(), MULTI_LOAD(p),
