@@ -47,6 +47,20 @@ def threads(request):
     cortiq.set_num_threads(before)
 
 
+@pytest.fixture(scope="session")
+def dev():
+    """The GPU device (tests marked gpu): any adapter wgpu offers, llvmpipe included;
+    none skips, or fails under CORTIQ_REQUIRE_GPU=1."""
+    from cortiq.errors import ConfigError
+    try:
+        from cortiq.gpu import Device
+        return Device.get()
+    except ConfigError as e:
+        if os.environ.get("CORTIQ_REQUIRE_GPU") == "1":
+            pytest.fail(f"CORTIQ_REQUIRE_GPU=1 but no GPU adapter: {e}")
+        pytest.skip(f"no GPU adapter: {e}")
+
+
 def pytest_report_header(config):
     c = cortiq.config()
     return (f"cortiq {c['version']} from {os.path.dirname(cortiq.__file__)}; isa {c['isa']} "

@@ -27,17 +27,6 @@ pytestmark = pytest.mark.gpu
 NONE = 0xFFFFFFFF
 
 
-@pytest.fixture(scope="module")
-def dev():
-    try:
-        from cortiq.gpu import Device
-        return Device.get()
-    except ConfigError as e:
-        if os.environ.get("CORTIQ_REQUIRE_GPU") == "1":
-            pytest.fail(f"CORTIQ_REQUIRE_GPU=1 but no GPU adapter: {e}")
-        pytest.skip(f"no GPU adapter: {e}")
-
-
 def _rel(a, b):
     return float(np.abs(np.asarray(a) - b).max() / max(np.abs(b).max(), 1e-30))
 

@@ -22,9 +22,21 @@ from typing import cast
 
 import numpy as np
 
-from .errors import CortiqError
+from .errors import ConfigError, CortiqError
 
 WANTS = ("none", "last", "all")
+
+
+def check_feed(ids, want: str, vocab: int) -> np.ndarray:
+    """A model forward's `ids` as a flat int64 array, after checking `want` and that
+    every id is inside the vocabulary (ConfigError / ValueError naming the problem)."""
+    if want not in WANTS:
+        raise ConfigError(f"want must be one of {', '.join(WANTS)}, got {want!r}")
+    a = np.asarray(ids, dtype=np.int64).ravel()
+    bad = (a < 0) | (a >= vocab)
+    if bad.any():
+        raise ValueError(f"token id {int(a[bad][0])} is outside the vocabulary [0, {vocab})")
+    return a
 
 
 def is_prompt(prompt, n: int) -> bool:

@@ -45,6 +45,7 @@ import numpy as np
 
 from ..errors import ConfigError, CortiqError
 from ..models.deepseek_v4 import _cos_sin
+from ..session import check_feed
 from .device import Device
 from .kernels import (CHUNK, DTYPE_IDS, MAX_PARTS, NONE, RPW1_SLOTS, Dispatch, GpuMatrix,
                       MatvecOp, ParamArena, _decoder, _matvec_source, _part_tables,
@@ -534,14 +535,7 @@ class GpuDeepSeekV4Model:
 
     # ---- the forward ----------------------------------------------------------------
     def _check(self, ids, want):
-        ids = np.asarray(ids, dtype=np.int64).ravel()
-        if want not in ("none", "last", "all"):
-            raise ConfigError(f"want must be 'none', 'last' or 'all', got {want!r}")
-        bad = (ids < 0) | (ids >= self.vocab)
-        if bad.any():
-            raise ValueError(f"deepseek_v4: token id {int(ids[bad][0])} outside "
-                             f"0..{self.vocab - 1}")
-        return ids
+        return check_feed(ids, want, self.vocab)
 
     def forward(self, st: GpuDsv4State, ids, want: str = "last"):
         """Run tokens `ids` from position st.pos, one submission a token. want: "none"
@@ -629,17 +623,7 @@ class GpuDeepSeekV4Model:
     def _record(self, st, want: str):
         """A command encoder holding the token's dispatches at st.pos (workgroup counts
         of the position-dependent kernels evaluated here; empty ones left out)."""
-        enc = self.dev.dev.create_command_encoder()
-        cp = enc.begin_compute_pass()
-        for d in self._program(st, want):
-            dims = d.dims(st.pos) if callable(d.dims) else d.dims
-            if 0 in dims:
-                continue
-            cp.set_pipeline(d.pipeline)
-            cp.set_bind_group(0, d.group)
-            cp.dispatch_workgroups(*dims)
-        cp.end()
-        return enc
+        return self.dev.record(self._program(st, want), st.pos)
 
     def _write_step(self, pos: int) -> None:
         host = self.host

@@ -229,8 +229,9 @@ class Device:
 
     def record(self, program, t: int = 1):
         """A command encoder holding one compute pass over `program`'s dispatches
-        (`kernels.Dispatch`; callable dims are evaluated at row count t). A program's
-        recording is the host's whole per-token cost, so this goes straight to
+        (`kernels.Dispatch`; callable dims are evaluated at t, the chunk's row count or
+        the position, as the program defines them; empty dispatches are left out). A
+        program's recording is the host's whole per-token cost, so this goes straight to
         wgpu-native's entry points where the wgpu package exposes them (one C call a
         command, set_pipeline skipped when it repeats); otherwise through its API."""
         enc = self.dev.create_command_encoder()
@@ -238,20 +239,26 @@ class Device:
         raw = _raw_pass()
         if raw is None:
             for d in program:
+                dims = d.dims(t) if callable(d.dims) else d.dims
+                if 0 in dims:
+                    continue
                 cp.set_pipeline(d.pipeline)
                 cp.set_bind_group(0, d.group)
-                cp.dispatch_workgroups(*(d.dims(t) if callable(d.dims) else d.dims))
+                cp.dispatch_workgroups(*dims)
         else:
             set_pipeline, set_group, dispatch, null = raw
             h = cp._internal
             last = None
             for d in program:
+                dims = d.dims(t) if callable(d.dims) else d.dims
+                if 0 in dims:
+                    continue
                 p = d.pipeline._internal
                 if p is not last:
                     set_pipeline(h, p)
                     last = p
                 set_group(h, 0, d.group._internal, 0, null)
-                dispatch(h, *(d.dims(t) if callable(d.dims) else d.dims))
+                dispatch(h, *dims)
         cp.end()
         return enc
 

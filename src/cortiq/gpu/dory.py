@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import ConfigError, CortiqError
 from ..models.dory.model import EPS, HOST_CHUNK, AttnWeights, ExitRate, top_prob
-from ..session import is_prompt
+from ..session import check_feed, is_prompt
 from .device import Device
 from .kernels import (MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp, ParamArena,
                       embed_kinds, embed_pipeline, fixed_pipeline, resolve, u32s)
@@ -363,14 +363,7 @@ class GpuDoryModel:
         return out
 
     def _check(self, ids, want):
-        ids = np.asarray(ids, dtype=np.int64).ravel()
-        if want not in ("none", "last", "all"):
-            raise ConfigError(f"want must be 'none', 'last' or 'all', got {want!r}")
-        bad = (ids < 0) | (ids >= self.vocab)
-        if bad.any():
-            raise ValueError(f"token id {int(ids[bad][0])} is outside the vocabulary "
-                             f"[0, {self.vocab})")
-        return ids
+        return check_feed(ids, want, self.vocab)
 
     def _prepare(self, st, t):
         self._grow(st, st.pos + t)
