@@ -290,9 +290,11 @@ def matvec_many(list mats, x, outs=None):
 
 def matvec_batch(list mats, X, outs=None):
     """[stack([M.matvec(x) for x in X]) for M in mats]: every row of X [t, cols] against
-    every matrix (same cols), bit-identical to the matvecs, with each matrix's weights
-    streamed once for all t rows (the decode rows of several sequences). Returns the
-    list of outputs, [t, M.rows] each."""
+    every matrix (same cols), with each matrix's weights streamed once for all t rows
+    (the decode rows of several sequences). Integer (int8-activation) rows and the
+    dtypes without multi-input float tiles are bit-identical to the matvecs; the f32 and
+    q8_row float tiles (x86) equal them within float32 rounding. Returns the list of
+    outputs, [t, M.rows] each."""
     cdef size_t n = len(mats), i
     if n == 0:
         return []
