@@ -8,8 +8,12 @@ program (one submission a token, the logits read back only where asked), as the 
 forward does. Per layer:
 
     hc step    dsv4_hc (one workgroup): the previous block's expand, the mixes
-               fn . flatten(x), Sinkhorn, fold, RMSNorm (a large fn: dsv4_hc_post, a
-               matvec for the mixes, then dsv4_hc)
+               fn . flatten(x), Sinkhorn, fold, RMSNorm. A large fn: dsv4_hc_post (the
+               expand over many workgroups, each leaving its channels' Gram matrix of
+               the hc copies), a matvec for the mixes, then dsv4_hc_fold (each
+               workgroup redoes the scalar part from the mixes and the summed Gram --
+               both sums of squares come from it -- and folds + normalises its 256
+               channels)
     attention  matvec over wq_a | wkv | the compressors' projections | the indexer's
                weights (one dispatch); dsv4_rope: q_norm on qr, kv_norm + RoPE on kv
                and kv into the window ring (one dispatch); matvec wq_b | indexer wq_b;
@@ -66,7 +70,8 @@ KINDS = {
 }
 #: the largest hyper-connection `fn` (bytes) the dsv4_hc kernel multiplies itself, in
 #: one workgroup together with the previous block's expand (one dispatch a step instead
-#: of three); larger ones run as a matvec over many workgroups first. One workgroup
+#: of three); larger ones run as dsv4_hc_post, a matvec and dsv4_hc_fold, each over many
+#: workgroups. One workgroup
 #: streams fn slowly: on an H200 the bench model's 393 KB fn took 187 us a step fused
 #: against about 130 us as three dispatches (docs/PERFORMANCE.md, GPU section)
 HC_FUSE_BYTES = 64 << 10
