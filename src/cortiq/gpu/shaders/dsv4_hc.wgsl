@@ -6,9 +6,8 @@
 //   post_rows>0:  the previous block's expand, in place:
 //                 X[j][d] = post[j] * sum_r Y[y_off + r n + d] + sum_k comb[k][j] X[k][d]
 //                 (post / comb: PC as the previous step left them);
-//   the mixes:    fn . flatten(X) computed here from the f32 matrix MIX[fn_off ..]
-//                 (fn_off != NONE) or read from MIX[mix_off ..] (a matvec before this
-//                 kernel), times rsqrt(mean(X^2) + eps);
+//   the mixes:    fn . flatten(X) from the f32 matrix MIX[fn_off ..], times
+//                 rsqrt(mean(X^2) + eps);
 //   split (dsv4_hc_split.wgsl): mode 0 (a layer's block): pre / post / the
 //          Sinkhorn-normalised comb from the mixes, 3 scales and the base; post and comb
 //          go to PC (hc + hc*hc values); mode 1 (the head): pre only;
@@ -16,11 +15,10 @@
 
 struct Params {
     n: u32, hc: u32, mode: u32, iters: u32,
-    x_off: u32, mix_off: u32, v_scale: u32, v_base: u32,
+    x_off: u32, pad0: u32, v_scale: u32, v_base: u32,
     v_w: u32, out_off: u32, fn_off: u32, post_rows: u32,
     eps: f32, hc_eps: f32, y_off: u32, bcast: u32,
 }
-const NONE: u32 = 0xffffffffu;
 const BATCH: u32 = 8u;     // mixes reduced at once
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -81,29 +79,25 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     var ss = 0.0;
     for (var i = lid; i < all; i += 256u) { let v = X[xb + i]; ss += v * v; }
     let r = 1.0 / sqrt(total(lid, ss) / f32(all) + P.eps);
-    if (P.fn_off == NONE) {
-        if (lid < mixes) { mx[lid] = MIX[P.mix_off + lid] * r; }
-    } else {
-        for (var m0 = 0u; m0 < mixes; m0 += BATCH) {
-            var acc: array<f32, BATCH>;
-            for (var b = 0u; b < BATCH; b++) { acc[b] = 0.0; }
-            for (var i = lid; i < all; i += 256u) {
-                let v = X[xb + i];
-                for (var b = 0u; b < BATCH; b++) {
-                    if (m0 + b < mixes) { acc[b] += MIX[P.fn_off + (m0 + b) * all + i] * v; }
-                }
+    for (var m0 = 0u; m0 < mixes; m0 += BATCH) {
+        var acc: array<f32, BATCH>;
+        for (var b = 0u; b < BATCH; b++) { acc[b] = 0.0; }
+        for (var i = lid; i < all; i += 256u) {
+            let v = X[xb + i];
+            for (var b = 0u; b < BATCH; b++) {
+                if (m0 + b < mixes) { acc[b] += MIX[P.fn_off + (m0 + b) * all + i] * v; }
             }
-            for (var b = 0u; b < BATCH; b++) { red[b * 256u + lid] = acc[b]; }
-            workgroupBarrier();
-            for (var h = 128u; h > 0u; h = h / 2u) {
-                if (lid < h) {
-                    for (var b = 0u; b < BATCH; b++) { red[b * 256u + lid] += red[b * 256u + lid + h]; }
-                }
-                workgroupBarrier();
+        }
+        for (var b = 0u; b < BATCH; b++) { red[b * 256u + lid] = acc[b]; }
+        workgroupBarrier();
+        for (var h = 128u; h > 0u; h = h / 2u) {
+            if (lid < h) {
+                for (var b = 0u; b < BATCH; b++) { red[b * 256u + lid] += red[b * 256u + lid + h]; }
             }
-            if (lid < BATCH && m0 + lid < mixes) { mx[m0 + lid] = red[lid * 256u] * r; }
             workgroupBarrier();
         }
+        if (lid < BATCH && m0 + lid < mixes) { mx[m0 + lid] = red[lid * 256u] * r; }
+        workgroupBarrier();
     }
     workgroupBarrier();
     split(lid, true);
