@@ -71,9 +71,9 @@ KINDS = {
 #: the largest hyper-connection `fn` (bytes) the dsv4_hc kernel multiplies itself, in
 #: one workgroup together with the previous block's expand (one dispatch a step instead
 #: of three); larger ones run as dsv4_hc_post, a matvec and dsv4_hc_fold, each over many
-#: workgroups. One workgroup
-#: streams fn slowly: on an H200 the bench model's 393 KB fn took 187 us a step fused
-#: against about 130 us as three dispatches (docs/PERFORMANCE.md, GPU section)
+#: workgroups. One workgroup streams fn slowly: on an H200 the bench model's 393 KB fn
+#: took 187 us a step fused against about 130 us as three dispatches with a one-workgroup
+#: step kernel (docs/PERFORMANCE.md, GPU section)
 HC_FUSE_BYTES = 64 << 10
 #: positions the compressed caches hold before their first growth
 CAP0 = 1024
