@@ -11,9 +11,9 @@ forward does. Per layer:
                fn . flatten(x), Sinkhorn, fold, RMSNorm. A large fn: dsv4_hc_post (the
                expand over many workgroups, each leaving its channels' Gram matrix of
                the hc copies), a matvec for the mixes, then dsv4_hc_fold (each
-               workgroup redoes the scalar part from the mixes and the summed Gram --
-               both sums of squares come from it -- and folds + normalises its 256
-               channels)
+               workgroup takes pre from the mixes and the summed Gram -- both sums of
+               squares come from it -- and folds + normalises its 256 channels;
+               workgroup 0 also runs Sinkhorn for the next expand's post/comb)
     attention  matvec over wq_a | wkv | the compressors' projections | the indexer's
                weights (one dispatch); dsv4_rope: q_norm on qr, kv_norm + RoPE on kv
                and kv into the window ring (one dispatch); matvec wq_b | indexer wq_b;

@@ -1,11 +1,11 @@
 // DeepSeek-V4's hyper-connection step over many workgroups (csrc/mix's hc_mixes scale,
 // split_sinkhorn / head_pre, hc_fold_norm), after dsv4_hc_post (the expand and the Gram
 // partials GR) and the matvec of the mixes fn . flatten(X) (MIX[mix_off ..]). Each
-// workgroup sums the `groups` Gram partials, G = X X^T (hc x hc), and redoes the scalar
-// part itself (a few dozen floats; no extra dispatch):
+// workgroup sums the `groups` Gram partials, G = X X^T (hc x hc), and takes the scalar
+// part it needs itself (a few dozen floats; no extra dispatch):
 //   the mixes times rsqrt(trace(G) / (hc n) + eps)  (mean(X^2));
-//   split (dsv4_hc_split.wgsl): pre, and in mode 0 post and the Sinkhorn comb (written
-//   to PC by workgroup 0 only);
+//   split (dsv4_hc_split.wgsl): pre; workgroup 0 alone, in mode 0, also post and the
+//   Sinkhorn comb into PC (the next expand's; this fold needs pre only);
 //   the folded row's mean square pre^T G pre / n  (sum_d (sum_j pre[j] X[j][d])^2);
 // then folds and normalises its 256 channels, one a lane:
 //   OUT[out_off + d] = (sum_j pre[j] X[j][d]) * rsqrt(pre^T G pre / n + eps) * w[d].

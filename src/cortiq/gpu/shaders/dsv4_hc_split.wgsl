@@ -1,6 +1,7 @@
 // The scalar part of a hyper-connection step (csrc/mix's split_sinkhorn / head_pre),
-// shared by dsv4_hc and dsv4_hc_fold: from the scaled mixes mx, pre (and, mode 0, post
-// and the Sinkhorn-normalised comb into PC when write_pc). Every lane of the workgroup
+// shared by dsv4_hc and dsv4_hc_fold: from the scaled mixes mx, pre; with write_pc (one
+// workgroup of a dispatch) and mode 0 also post and the Sinkhorn-normalised comb, into
+// PC for the next expand (this step's fold needs pre only). Every lane of the workgroup
 // calls it; lane e < hc*hc holds comb[e / hc][e % hc] in a register and each row or
 // column normalisation publishes it to workgroup memory (two buffers taken in turn, so
 // one barrier a normalisation), which keeps the 2 * iters rounds off a single lane.
@@ -19,7 +20,7 @@ fn split(lid: u32, write_pc: bool) {
             PC[lid] = 2.0 * sigmoid(mx[hc + lid] * V[P.v_scale + 1u] + V[P.v_base + hc + lid]);
         }
     }
-    if (P.mode == 0u) {
+    if (P.mode == 0u && write_pc) {
         let on = lid < hc * hc;
         let j = lid / hc;
         let k = lid % hc;
@@ -58,7 +59,7 @@ fn split(lid: u32, write_pc: bool) {
                 c = c / s;
             }
         }
-        if (on && write_pc) { PC[hc + lid] = c; }
+        if (on) { PC[hc + lid] = c; }
     }
     workgroupBarrier();
 }
