@@ -88,7 +88,7 @@ def _hc_params(n, hc, mode, nb, fn_off=0, post_rows=0, bcast=0):
     return _u32s(n, hc, mode, 20, 0, 0, 0, 3, 3 + nb, 0, fn_off, post_rows, 1e-6, 1e-6, 0, bcast)
 
 
-@pytest.mark.parametrize("hc,n", [(4, 37), (3, 300)])
+@pytest.mark.parametrize("hc,n", [(4, 37), (3, 300), (2, 257), (1, 5)])
 def test_hc_step(dev, hc, n):
     """dsv4_hc (fn small enough to fuse): the mixes, the Sinkhorn split, fold and norm in
     one workgroup; with the previous block's expand or the embedding broadcast; the head's
