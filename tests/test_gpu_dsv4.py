@@ -84,14 +84,15 @@ def test_gather_matches_cpu(dev, dtype, R, C):
 
 
 # ---- hyper-connections ---------------------------------------------------------------------
-def _hc_params(n, hc, mode, nb, fn_off=NONE, post_rows=0, bcast=0):
+def _hc_params(n, hc, mode, nb, fn_off=0, post_rows=0, bcast=0):
     return _u32s(n, hc, mode, 20, 0, 0, 0, 3, 3 + nb, 0, fn_off, post_rows, 1e-6, 1e-6, 0, bcast)
 
 
-@pytest.mark.parametrize("hc,n", [(4, 37), (3, 300)])
+@pytest.mark.parametrize("hc,n", [(4, 37), (3, 300), (2, 257), (1, 5)])
 def test_hc_step(dev, hc, n):
-    """dsv4_hc: the mixes read or computed, the Sinkhorn split, fold and norm; fused with
-    the previous block's expand or the embedding broadcast; the head's gate."""
+    """dsv4_hc (fn small enough to fuse): the mixes, the Sinkhorn split, fold and norm in
+    one workgroup; with the previous block's expand or the embedding broadcast; the head's
+    gate."""
     rng = np.random.default_rng(n)
     x0 = rng.standard_normal((hc, n)).astype(np.float32)
     fn = (rng.standard_normal(((2 + hc) * hc, hc * n)) * 0.05).astype(np.float32)
@@ -115,17 +116,56 @@ def test_hc_step(dev, hc, n):
         assert _rel(out[:n], folded) < 1e-5
         assert _rel(pco[:hc], post) < 1e-5 and _rel(pco[hc:hc + hc * hc], comb.ravel()) < 1e-5
 
-    check(x0, fn @ x0.ravel(), _hc_params(n, hc, 0, base.size), x0)            # mixes read
+    check(x0, fn, _hc_params(n, hc, 0, base.size, 0, 0), x0)                   # no expand
     x1 = K.hc_expand(ys.sum(0), x0, post0, comb0)
     check(x0, fn, _hc_params(n, hc, 0, base.size, 0, 3), x1)                   # fused expand
     e = np.zeros_like(x0)
     e[0] = x0[0]
     check(e, fn, _hc_params(n, hc, 0, base.size, 0, 0, 1), np.ascontiguousarray(np.broadcast_to(x0[0], x0.shape)))
     check(x0, fn, _hc_params(n, hc, 1, base.size, 0, 3), x1, head=True)        # the head
-    # the separate expand (fn too large to fuse)
-    (xo,) = _run(dev, "dsv4_hc_post", _u32s(n, hc, 3, 0, 0, 0, 0, 0), [x0, ys, pc0],
-                 ((n + 255) // 256, 1, 1))
-    assert _rel(xo[:hc * n].reshape(hc, n), x1) < 1e-5
+
+
+@pytest.mark.parametrize("hc,n", [(1, 37), (2, 300), (3, 517), (4, 1001)])
+def test_hc_step_over_workgroups(dev, hc, n):
+    """fn too large to fuse: dsv4_hc_post (the expand, or the embedding broadcast, with
+    each workgroup's Gram partials) then dsv4_hc_fold over ceil(n / 256) workgroups
+    (mixes from a matvec), against the CPU kernels at widths that leave the last
+    workgroup partly idle."""
+    rng = np.random.default_rng(hc * n)
+    groups = (n + 255) // 256
+    x0 = rng.standard_normal((hc, n)).astype(np.float32)
+    fn = (rng.standard_normal(((2 + hc) * hc, hc * n)) * 0.05).astype(np.float32)
+    sc, base = rng.random(3).astype(np.float32), rng.standard_normal((2 + hc) * hc).astype(np.float32)
+    w = rng.random(n).astype(np.float32) + 0.5
+    V = np.concatenate([sc, base, w]).astype(np.float32)
+    ys = rng.standard_normal((3, n)).astype(np.float32)
+    post0 = rng.random(hc).astype(np.float32)
+    comb0 = rng.random((hc, hc)).astype(np.float32)
+    pc0 = np.concatenate([post0, comb0.ravel()]).astype(np.float32)
+    gr0 = np.full(groups * 64, np.nan, np.float32)      # every read entry must be written
+    x1 = K.hc_expand(ys.sum(0), x0, post0, comb0)
+    e = np.full_like(x0, np.nan)
+    e[0] = x0[0]
+    for x_in, bcast, want in ((x0, 0, x1), (e, 1, np.broadcast_to(x0[0], x0.shape))):
+        xo, gr = _run(dev, "dsv4_hc_post", _u32s(n, hc, 3, 0, 0, 0, bcast, 0),
+                      [x_in, ys, pc0, gr0], (groups, 1, 1))
+        xo = xo[:hc * n].reshape(hc, n)
+        assert _rel(xo, want) < 1e-5
+        gram = gr[:groups * 64].reshape(groups, 64)[:, :hc * hc].sum(0).reshape(hc, hc)
+        assert _rel(gram, want.astype(np.float64) @ want.T.astype(np.float64)) < 1e-5
+        for mode in (0, 1):
+            p = _u32s(n, hc, mode, 20, 0, 0, 0, 3, 3 + base.size, 0, groups, 0, 1e-6, 1e-6, 0, 0)
+            out, pco = _run(dev, "dsv4_hc_fold", p, [xo, fn @ xo.ravel(), gr, V,
+                                                     np.zeros(n, np.float32), pc0], (groups, 1, 1))
+            if mode == 1:
+                pre = K.hc_head_pre(K.hc_mixes(xo, fn[:hc], 1e-6), float(sc[0]), base[:hc], 1e-6)
+                assert _rel(out[:n], K.hc_fold(xo, pre, w, 1e-6)) < 1e-5
+                assert np.array_equal(pco[:pc0.size], pc0)       # the head leaves PC alone
+                continue
+            folded, post, comb = K.hc_pre(xo, fn, sc, base, w, 20, 1e-6, 1e-6)
+            assert _rel(out[:n], folded) < 1e-5
+            assert _rel(pco[:hc], post) < 1e-5
+            assert _rel(pco[hc:hc + hc * hc], comb.ravel()) < 1e-5
 
 
 # ---- RMSNorm + interleaved RoPE (+ the window ring write), two jobs a dispatch -----------

@@ -1,6 +1,7 @@
 """GPU against CPU on the bundled demo model and on a small DeepSeek-V4 (bench_gpu.py's
 --tiny geometry): whole-model logits (relative max error) and 32 greedy tokens, on
-whatever adapter wgpu picks. Prints one line per check."""
+whatever adapter wgpu picks (DeepSeek-V4 twice: its hyper-connection step fused, then as
+the large-fn dispatches). Prints one line per check."""
 import os
 import sys
 import tempfile
@@ -11,6 +12,7 @@ import numpy as np
 from cortiq import cmf
 from cortiq.demo import demo_path
 from cortiq.gpu import Device, to_device
+from cortiq.gpu import deepseek_v4 as G
 from cortiq.models.deepseek_v4 import DeepseekV4Model
 from cortiq.models.dory import DoryModel
 
@@ -57,8 +59,14 @@ def main():
         check(host, to_device(host, dev), np.random.default_rng(1).integers(0, host.vocab, 100),
               f"dory {opts}")
     host = DeepseekV4Model(cmf.open(dsv4_path()))
-    check(host, to_device(host, dev), np.random.default_rng(1).integers(0, host.vocab, 100),
-          "deepseek_v4 tiny (q8_row)")
+    ids = np.random.default_rng(1).integers(0, host.vocab, 100)
+    check(host, to_device(host, dev), ids, "deepseek_v4 tiny (q8_row)")
+    fuse = G.HC_FUSE_BYTES
+    G.HC_FUSE_BYTES = 0       # the large-fn hyper-connection step (dsv4_hc_post/_fold)
+    try:
+        check(host, to_device(host, dev), ids, "deepseek_v4 tiny (q8_row, hc step unfused)")
+    finally:
+        G.HC_FUSE_BYTES = fuse
 
 
 if __name__ == "__main__":

@@ -8,8 +8,12 @@ program (one submission a token, the logits read back only where asked), as the 
 forward does. Per layer:
 
     hc step    dsv4_hc (one workgroup): the previous block's expand, the mixes
-               fn . flatten(x), Sinkhorn, fold, RMSNorm (a large fn: dsv4_hc_post, a
-               matvec for the mixes, then dsv4_hc)
+               fn . flatten(x), Sinkhorn, fold, RMSNorm. A large fn: dsv4_hc_post (the
+               expand over many workgroups, each leaving its channels' Gram matrix of
+               the hc copies), a matvec for the mixes, then dsv4_hc_fold (each
+               workgroup takes pre from the mixes and the summed Gram -- both sums of
+               squares come from it -- and folds + normalises its 256 channels;
+               workgroup 0 also runs Sinkhorn for the next expand's post/comb)
     attention  matvec over wq_a | wkv | the compressors' projections | the indexer's
                weights (one dispatch); dsv4_rope: q_norm on qr, kv_norm + RoPE on kv
                and kv into the window ring (one dispatch); matvec wq_b | indexer wq_b;
@@ -55,7 +59,8 @@ from .kernels import (CHUNK, DTYPE_IDS, MAX_PARTS, NONE, RPW1_SLOTS, Dispatch, G
 #: binding kinds of the DeepSeek-V4 kernels (shaders/dsv4_*.wgsl)
 KINDS = {
     "dsv4_hc": ("uniform", "rw", "read", "read", "read", "rw", "rw"),
-    "dsv4_hc_post": ("uniform", "rw", "read", "read"),
+    "dsv4_hc_post": ("uniform", "rw", "read", "read", "rw"),
+    "dsv4_hc_fold": ("uniform", "read", "read", "read", "read", "rw", "rw"),
     "dsv4_rope": ("uniform", "uniform", "rw", "read", "read", "rw"),
     "dsv4_compress": ("uniform", "uniform", "read", "read", "read", "rw", "rw"),
     "dsv4_index_score": ("uniform", "read", "read", "read", "rw"),
@@ -65,9 +70,10 @@ KINDS = {
 }
 #: the largest hyper-connection `fn` (bytes) the dsv4_hc kernel multiplies itself, in
 #: one workgroup together with the previous block's expand (one dispatch a step instead
-#: of three); larger ones run as a matvec over many workgroups first. One workgroup
-#: streams fn slowly: on an H200 the bench model's 393 KB fn took 187 us a step fused
-#: against about 130 us as three dispatches (docs/PERFORMANCE.md, GPU section)
+#: of three); larger ones run as dsv4_hc_post, a matvec and dsv4_hc_fold, each over many
+#: workgroups. One workgroup streams fn slowly: on an H200 the bench model's 393 KB fn
+#: took 187 us a step fused against about 130 us as three dispatches with a one-workgroup
+#: step kernel (docs/PERFORMANCE.md, GPU section)
 HC_FUSE_BYTES = 64 << 10
 #: positions the compressed caches hold before their first growth
 CAP0 = 1024
@@ -119,7 +125,8 @@ def stack(qts: list, name: str) -> _Stack:
 
 
 def _pipeline(dev: Device, name: str):
-    return dev.pipeline((name,), dev.source(f"{name}.wgsl"), KINDS[name])
+    code = dev.source(f"{name}.wgsl").replace("$HC_SPLIT", dev.source("dsv4_hc_split.wgsl"))
+    return dev.pipeline((name,), code, KINDS[name])
 
 
 def gather_pipeline(dev: Device, dtypes: tuple, cols: int, pro: int):
@@ -318,6 +325,7 @@ class GpuDeepSeekV4Model:
         self.xin = dev.buffer(D * f4, copy_src=True)
         self.mix = dev.buffer(self.mix_w * f4)
         self.pc = dev.buffer((hc + hc * hc) * f4)
+        self.gram = dev.buffer((D + 255) // 256 * 64 * f4)   # dsv4_hc_post's partials
         self.prj = dev.buffer(prj_w * f4)
         self.qb = dev.buffer(qb_w * f4)
         self.att = dev.buffer(cfg.n_heads * hd * f4)
@@ -376,20 +384,26 @@ class GpuDeepSeekV4Model:
         self.fuse_hc = fn0.nbytes <= HC_FUSE_BYTES and len(fn0.parts) == 1
 
         def hc_ops(h, post_rows=0, head=False):
-            """(matvecs before the step, the step's parameters, fn's buffer): fused, the
-            step takes the previous block's expand (post_rows rows of output; 0 and the
-            first layer: the embedding broadcast instead) and multiplies fn itself."""
+            """(matvecs before the step, the step's parameters, fn's buffer). Fused
+            (dsv4_hc), the step takes the previous block's expand (post_rows rows of
+            output; 0 and the first layer: the embedding broadcast instead) and
+            multiplies fn itself; otherwise (dsv4_hc_fold) a matvec computes the mixes
+            and dsv4_hc_post has expanded before it."""
             fn, v_sc, v_base, v_w = h
-            fused = self.fuse_hc
-            mv = [] if fused else self._matvecs([fn], x=self.x, x_off=0, x_cols=hc * D,
-                                                 y=self.mix, y_off=0)
-            step = a.ref(u32s(D, hc, int(head), cfg.hc_sinkhorn_iters, 0, 0, v_sc, v_base, v_w,
-                              0, 0 if fused else NONE, post_rows if fused else 0, eps,
-                              float(cfg.hc_eps), 0, int(fused and post_rows == 0 and not head)))
-            return mv, step, fn.parts[0][0]
+            iters, hc_eps = cfg.hc_sinkhorn_iters, float(cfg.hc_eps)
+            if not self.fuse_hc:
+                mv = self._matvecs([fn], x=self.x, x_off=0, x_cols=hc * D, y=self.mix, y_off=0)
+                step = a.ref(u32s(D, hc, int(head), iters, 0, 0, v_sc, v_base, v_w, 0,
+                                  (D + 255) // 256, 0, eps, hc_eps, 0, 0))
+                return mv, step, fn.parts[0][0]
+            step = a.ref(u32s(D, hc, int(head), iters, 0, 0, v_sc, v_base, v_w, 0, 0,
+                              post_rows, eps, hc_eps, 0, int(post_rows == 0 and not head)))
+            return [], step, fn.parts[0][0]
 
-        def post(rows):
-            return a.ref(u32s(D, hc, rows, 0, 0, 0, 0, 0))
+        def post(rows, bcast=0):
+            return a.ref(u32s(D, hc, rows, 0, 0, 0, bcast, 0))
+
+        self.p_bcast = post(0, 1)
 
         for w in self.lw:
             L = w["L"]
@@ -456,8 +470,7 @@ class GpuDeepSeekV4Model:
         self.head_ops = self._matvecs([self.head], x=self.xin, x_off=0, x_cols=D, y=self.logits,
                                       y_off=0)
         tables = _part_tables([r for _b, _r0, r in self.embed.parts])
-        self.p_embed = [a.ref(u32s(D, j * D, len(self.embed.parts), 0) + tables)
-                        for j in range(hc)]
+        self.p_embed = a.ref(u32s(D, 0, len(self.embed.parts), 0) + tables)
         self.p_argmax = a.ref(u32s(self.vocab, 0, 0, 0))
         a.upload()
         self._static = {}
@@ -662,24 +675,29 @@ class GpuDeepSeekV4Model:
         D = cfg.dim
         prog: list = []
         e = self.embed
-        for p in self.p_embed[:1] if self.fuse_hc else self.p_embed:
-            prog.append(Dispatch(embed_pipeline(dev, e.dtype, len(e.parts)), dev.bind(
-                embed_kinds(len(e.parts)), resolve([p, self.step, self.ids, self.x]
-                                                   + [b for b, _r0, _r in e.parts])),
-                (1, 1, 1), "embed"))
+        prog.append(Dispatch(embed_pipeline(dev, e.dtype, len(e.parts)), dev.bind(
+            embed_kinds(len(e.parts)), resolve([self.p_embed, self.step, self.ids, self.x]
+                                               + [b for b, _r0, _r in e.parts])),
+            (1, 1, 1), "embed"))
+        groups = ((D + 255) // 256, 1, 1)
 
         def hc_pre(ops, y):
             """A hyper-connection step; fused, it also expands the block that wrote y."""
             mv, step, fn = ops
+            if self.fuse_hc:
+                prog.append(self._k("dsv4_hc", step, [self.x, fn, y, self.vbuf, self.xin,
+                                                      self.pc], (1, 1, 1)))
+                return
             prog.extend(self._mv(o) for o in mv)
-            mix = fn if self.fuse_hc else self.mix
-            prog.append(self._k("dsv4_hc", step, [self.x, mix, y, self.vbuf, self.xin,
-                                                  self.pc], (1, 1, 1)))
+            prog.append(self._k("dsv4_hc_fold", step, [self.x, self.mix, self.gram, self.vbuf,
+                                                       self.xin, self.pc], groups))
 
         def hc_post(p, y):
             if not self.fuse_hc:
-                prog.append(self._k("dsv4_hc_post", p, [self.x, y, self.pc],
-                                    ((D + 255) // 256, 1, 1)))
+                prog.append(self._k("dsv4_hc_post", p, [self.x, y, self.pc, self.gram],
+                                    groups))
+
+        hc_post(self.p_bcast, self.dn)      # the embedding into the hc copies
 
         for w, s in zip(self.lw, st.layers):
             L = w["L"]

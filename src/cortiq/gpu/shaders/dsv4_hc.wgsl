@@ -1,26 +1,24 @@
 // DeepSeek-V4's hyper-connection step between two blocks, one workgroup (csrc/mix's
-// hc_expand, hc_mixes, split_sinkhorn / head_pre, hc_fold_norm). X holds hc copies of
-// an n vector. In turn, each optional:
+// hc_expand, hc_mixes, split_sinkhorn / head_pre, hc_fold_norm): the whole step in one
+// dispatch where fn is small (larger ones: dsv4_hc_post, a matvec, dsv4_hc_fold over
+// many workgroups). X holds hc copies of an n vector. In turn, each optional:
 //   bcast:        X[j] = X[0] for j >= 1 (the embedding written once);
 //   post_rows>0:  the previous block's expand, in place:
 //                 X[j][d] = post[j] * sum_r Y[y_off + r n + d] + sum_k comb[k][j] X[k][d]
 //                 (post / comb: PC as the previous step left them);
-//   the mixes:    fn . flatten(X) computed here from the f32 matrix MIX[fn_off ..]
-//                 (fn_off != NONE) or read from MIX[mix_off ..] (a matvec before this
-//                 kernel), times rsqrt(mean(X^2) + eps);
-//   mode 0 (a layer's block): pre / post / Sinkhorn-normalised comb from the mixes,
-//          3 scales and the base; post and comb go to PC (hc + hc*hc values);
-//   mode 1 (the head): pre = sigmoid(m * scale + base) + hc_eps only;
+//   the mixes:    fn . flatten(X) from the f32 matrix MIX[fn_off ..], times
+//                 rsqrt(mean(X^2) + eps);
+//   split (dsv4_hc_split.wgsl): mode 0 (a layer's block): pre / post / the
+//          Sinkhorn-normalised comb from the mixes, 3 scales and the base; post and comb
+//          go to PC (hc + hc*hc values); mode 1 (the head): pre only;
 //   OUT[out_off ..] = RMSNorm_w(sum_j pre[j] X[j]).
 
 struct Params {
     n: u32, hc: u32, mode: u32, iters: u32,
-    x_off: u32, mix_off: u32, v_scale: u32, v_base: u32,
+    x_off: u32, pad0: u32, v_scale: u32, v_base: u32,
     v_w: u32, out_off: u32, fn_off: u32, post_rows: u32,
     eps: f32, hc_eps: f32, y_off: u32, bcast: u32,
 }
-const NONE: u32 = 0xffffffffu;
-const MAXMIX: u32 = 80u;   // (2 + hc) * hc for hc <= 8
 const BATCH: u32 = 8u;     // mixes reduced at once
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -32,10 +30,6 @@ const BATCH: u32 = 8u;     // mixes reduced at once
 @group(0) @binding(6) var<storage, read_write> PC: array<f32>;
 
 var<workgroup> red: array<f32, 2048>;    // BATCH x 256
-var<workgroup> mx: array<f32, MAXMIX>;
-var<workgroup> pre: array<f32, 8>;
-
-fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
 fn total(lid: u32, v: f32) -> f32 {
     red[lid] = v;
@@ -49,43 +43,7 @@ fn total(lid: u32, v: f32) -> f32 {
     return r;
 }
 
-fn split() {
-    let hc = P.hc;
-    var comb: array<f32, 64>;
-    for (var j = 0u; j < hc; j++) {
-        pre[j] = sigmoid(mx[j] * V[P.v_scale] + V[P.v_base + j]) + P.hc_eps;
-        if (P.mode == 0u) {
-            PC[j] = 2.0 * sigmoid(mx[hc + j] * V[P.v_scale + 1u] + V[P.v_base + hc + j]);
-        }
-    }
-    if (P.mode != 0u) { return; }
-    for (var j = 0u; j < hc * hc; j++) {
-        comb[j] = mx[2u * hc + j] * V[P.v_scale + 2u] + V[P.v_base + 2u * hc + j];
-    }
-    for (var j = 0u; j < hc; j++) {      // row softmax + eps
-        var m = comb[j * hc];
-        for (var k = 1u; k < hc; k++) { m = max(m, comb[j * hc + k]); }
-        var s = 0.0;
-        for (var k = 0u; k < hc; k++) { comb[j * hc + k] = exp(comb[j * hc + k] - m); s += comb[j * hc + k]; }
-        for (var k = 0u; k < hc; k++) { comb[j * hc + k] = comb[j * hc + k] / s + P.hc_eps; }
-    }
-    let rounds = max(P.iters, 1u);     // the first round normalises columns only
-    for (var it = 0u; it < rounds; it++) {
-        if (it > 0u) {
-            for (var j = 0u; j < hc; j++) {
-                var s = P.hc_eps;
-                for (var k = 0u; k < hc; k++) { s += comb[j * hc + k]; }
-                for (var k = 0u; k < hc; k++) { comb[j * hc + k] /= s; }
-            }
-        }
-        for (var k = 0u; k < hc; k++) {
-            var s = P.hc_eps;
-            for (var j = 0u; j < hc; j++) { s += comb[j * hc + k]; }
-            for (var j = 0u; j < hc; j++) { comb[j * hc + k] /= s; }
-        }
-    }
-    for (var j = 0u; j < hc * hc; j++) { PC[hc + j] = comb[j]; }
-}
+$HC_SPLIT
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32) {
@@ -121,33 +79,28 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     var ss = 0.0;
     for (var i = lid; i < all; i += 256u) { let v = X[xb + i]; ss += v * v; }
     let r = 1.0 / sqrt(total(lid, ss) / f32(all) + P.eps);
-    if (P.fn_off == NONE) {
-        if (lid < mixes) { mx[lid] = MIX[P.mix_off + lid] * r; }
-    } else {
-        for (var m0 = 0u; m0 < mixes; m0 += BATCH) {
-            var acc: array<f32, BATCH>;
-            for (var b = 0u; b < BATCH; b++) { acc[b] = 0.0; }
-            for (var i = lid; i < all; i += 256u) {
-                let v = X[xb + i];
-                for (var b = 0u; b < BATCH; b++) {
-                    if (m0 + b < mixes) { acc[b] += MIX[P.fn_off + (m0 + b) * all + i] * v; }
-                }
+    for (var m0 = 0u; m0 < mixes; m0 += BATCH) {
+        var acc: array<f32, BATCH>;
+        for (var b = 0u; b < BATCH; b++) { acc[b] = 0.0; }
+        for (var i = lid; i < all; i += 256u) {
+            let v = X[xb + i];
+            for (var b = 0u; b < BATCH; b++) {
+                if (m0 + b < mixes) { acc[b] += MIX[P.fn_off + (m0 + b) * all + i] * v; }
             }
-            for (var b = 0u; b < BATCH; b++) { red[b * 256u + lid] = acc[b]; }
-            workgroupBarrier();
-            for (var h = 128u; h > 0u; h = h / 2u) {
-                if (lid < h) {
-                    for (var b = 0u; b < BATCH; b++) { red[b * 256u + lid] += red[b * 256u + lid + h]; }
-                }
-                workgroupBarrier();
+        }
+        for (var b = 0u; b < BATCH; b++) { red[b * 256u + lid] = acc[b]; }
+        workgroupBarrier();
+        for (var h = 128u; h > 0u; h = h / 2u) {
+            if (lid < h) {
+                for (var b = 0u; b < BATCH; b++) { red[b * 256u + lid] += red[b * 256u + lid + h]; }
             }
-            if (lid < BATCH && m0 + lid < mixes) { mx[m0 + lid] = red[lid * 256u] * r; }
             workgroupBarrier();
         }
+        if (lid < BATCH && m0 + lid < mixes) { mx[m0 + lid] = red[lid * 256u] * r; }
+        workgroupBarrier();
     }
     workgroupBarrier();
-    if (lid == 0u) { split(); }
-    workgroupBarrier();
+    split(lid, true);
     var s2 = 0.0;
     for (var d = lid; d < n; d += 256u) {
         var f = 0.0;
