@@ -373,11 +373,12 @@ def main():
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "cortiq-bench"))
     ap.add_argument("--no-cpu", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--ab", default="splits=1,splits=8,fuse=0,slots=8",
+    ap.add_argument("--ab", default="splits=1,splits=8,fuse=0,qk=0,slots=8",
                     help="variants measured beside the default, comma-separated: splits=N "
                          "(attention key splits), fuse=1|0 (each residual in the next "
-                         "product's input stage, or a rownorm pass), slots=N (rows a "
-                         "decode-matvec workgroup takes, 256/N lanes a row)")
+                         "product's input stage, or a rownorm pass), qk=1|0 (qk_prep's "
+                         "work in the decode attention dispatch, or a qk_prep pass), "
+                         "slots=N (rows a decode-matvec workgroup takes, 256/N lanes a row)")
     a = ap.parse_args()
     p = TINY if a.tiny else (QUICK if a.quick else RELEASE_LIKE)
     tag = "tiny" if a.tiny else ("quick" if a.quick else "release_like")
@@ -407,13 +408,15 @@ def main():
     out["pct_of_read_bw"] = 100 * best * per_token / 1e9 / bw
     out["attn_splits"] = g.splits
     out["fused_residual"] = g.fuse_residual
+    out["fused_qk_prep"] = g.fuse_qk
     ab = {}
     for v in [v.strip() for v in a.ab.split(",") if v.strip()]:
         from cortiq.gpu.dory import GpuDoryModel
         from cortiq.gpu import kernels
         key, _, val = v.partition("=")
         kw = {"splits": {"attn_splits": int(val or 1)},
-              "fuse": {"fuse_residual": val not in ("0", "off")}}.get(key, {})
+              "fuse": {"fuse_residual": val not in ("0", "off")},
+              "qk": {"fuse_qk": val not in ("0", "off")}}.get(key, {})
         keep = kernels.RPW1_SLOTS
         if key == "slots":          # rows (lane groups) a decode-matvec workgroup takes
             kernels.RPW1_SLOTS = int(val)

@@ -229,6 +229,44 @@ def test_decode_residual_fused_or_not(dev, demo_file):
     assert counts[0] < counts[1]
 
 
+@pytest.mark.parametrize("opts,splits", [({}, None),
+                                          ({"kv_mode": "last_loop", "full_window": 24}, 1)])
+def test_decode_qk_prep_fused_matches_cpu(dev, demo_file, opts, splits):
+    """Decode rows whose attention dispatch does qk_prep's work (attention_qk, the
+    default) equal the host forward at the first positions (empty splits), across the
+    sliding window's and the ring's wrap-around, in both KV modes; the k/v rows it
+    writes are the ones a later prompt chunk reads; and the program has one dispatch
+    fewer per attention sub-layer than with the qk_prep pass."""
+    from cortiq.gpu.dory import GpuDoryModel
+    from cortiq.models.dory import DoryModel
+    from cortiq.models.dory.model import HOST_CHUNK
+    host = DoryModel(demo_file, **opts)
+    rng = np.random.default_rng(21)
+    ids = rng.integers(0, host.vocab, host.window + HOST_CHUNK + 6)
+    fused = GpuDoryModel(host, dev, attn_splits=splits)
+    plain = GpuDoryModel(host, dev, attn_splits=splits, fuse_qk=False)
+    assert fused.fuse_qk and not plain.fuse_qk
+    sc, sf, sp = host.new_state(), fused.new_state(), plain.new_state()
+    for i in ids[:3]:               # decode rows from position 0
+        a = host.forward(sc, [int(i)])
+        assert _rel(fused.forward(sf, [int(i)]), a) < 1e-3
+        plain.forward(sp, [int(i)])
+    start = host.window + HOST_CHUNK - 3    # a sliding ring has window + HOST_CHUNK rows
+    for m in (host, fused, plain):
+        m.forward({host: sc, fused: sf, plain: sp}[m], ids[3:start], "none")
+    for i in ids[start:-3]:
+        a = host.forward(sc, [int(i)])
+        b = fused.forward(sf, [int(i)])
+        assert _rel(b, a) < 1e-3
+        assert _rel(b, plain.forward(sp, [int(i)])) < 1e-5
+    # a prompt chunk (qk_prep and the plain attention) reads the rows decode rows wrote
+    assert _rel(fused.forward(sf, ids[-3:], "all"), host.forward(sc, ids[-3:], "all")) < 1e-3
+    attn_runs = sum(1 for li, w in enumerate(host.layers) if hasattr(w, "sliding")
+                    for _ in range(host.loops if host.n_in <= li < host.n_in + host.n_rec
+                                   else 1))
+    assert plain.dispatches_per_token - fused.dispatches_per_token == attn_runs
+
+
 def test_attention_splits_option_errors(dev, demo_file, monkeypatch):
     from cortiq.gpu.dory import GpuDoryModel
     from cortiq.models.dory import DoryModel

@@ -7,7 +7,8 @@ readback returns the logits, or only the token. Per sub-layer:
 
     attention  matvec Q|K|V|G (one dispatch over the four matrices)
                qk_prep: rotate, justnorm per head, q * s_q, k/v into the KV ring
-               attention: windowed GQA, online softmax (decode: split over key ranges)
+               attention: windowed GQA, online softmax (decode: split over key ranges,
+               and qk_prep's work done in the same dispatch: attention_qk)
                matvec O, whose input stage applies the output gate and the justnorm
                (decode: and merges the attention's splits)
                rownorm: the nGPT residual (decode: in the next product's input stage)
@@ -46,6 +47,9 @@ ATTN_SPLITS = 4
 # fuse_residual (default True) takes each decode residual in the next product's input
 # stage (29 fewer dispatches a token on the bench model) instead of a rownorm pass;
 # False keeps the passes (A/B measurements: docs/PERFORMANCE.md section 15).
+# fuse_qk (default True) does a decode row's qk_prep work (rotary, justnorm, s_q, the new
+# k/v into the ring) inside the attention dispatch (attention_qk: one dispatch fewer per
+# attention sub-layer); False keeps the qk_prep pass. Prompt chunks always run qk_prep.
 
 
 def _attn_splits(value, nh: int) -> int:
@@ -82,7 +86,7 @@ class GpuDoryModel:
     takes_prompt = True         # forward takes the prompt flag (the conf gate reads it)
 
     def __init__(self, host, device: Device | None = None, attn_splits: int | None = None,
-                 fuse_residual: bool = True):
+                 fuse_residual: bool = True, fuse_qk: bool = True):
         if host.o1rt is not None:
             raise ConfigError("device='gpu': Dory's o1 far field runs on the CPU only "
                               "(open the model with o1='off' for the GPU)")
@@ -212,6 +216,7 @@ class GpuDoryModel:
         self._static: dict = {}
         self._params: dict = {}
         self.fuse_residual = fuse_residual
+        self.fuse_qk = bool(fuse_qk)
         if fuse_residual:   # the decode matvec must stage its input to take the residual
             try:
                 w = self.lw[0]
@@ -513,7 +518,9 @@ class GpuDoryModel:
                                   self.q_size + self.kv_size, w["sq"], ring,
                                   0 if w["sliding"] else 1, float(EPS), 0, 0))
                 att = a.ref(u32s(self.nh, self.nk, self.hd, self.qkvg_w, keep, ring,
-                                 self.q_size, float(self.host.attn_scale)))
+                                 self.q_size, float(self.host.attn_scale), self.q_size,
+                                 self.q_size + self.kv_size, w["sq"],
+                                 0 if w["sliding"] else 1, float(EPS), 0, 0, 0))
                 refs[(li, si)] = (prep, att)
         a.upload()
         st.arena = (a, refs)
@@ -566,13 +573,16 @@ class GpuDoryModel:
                 kb, vb = st.slots[w["ordinal"]][si][:2]
                 p_prep, p_att = refs[(li, si)]
                 first_product(w, w["qkvg_op"])
-                prog.append(self._fixed("qk_prep", p_prep, [self.step, self.qkvg, self.vbuf,
-                                                            self.rope, kb, vb],
-                                        lambda t: (nh_nk, t, 1)))
+                fused_qk = nt == 1 and self.fuse_qk
+                if not fused_qk:
+                    prog.append(self._fixed("qk_prep", p_prep, [self.step, self.qkvg,
+                                                                self.vbuf, self.rope, kb, vb],
+                                            lambda t: (nh_nk, t, 1)))
                 split = nt == 1 and self.splits > 1
                 ns = self.splits if split else 1
-                prog.append(self._fixed("attention", p_att, [self.step, self.qkvg, kb, vb,
-                                                             self.att, self.apart],
+                prog.append(self._fixed("attention_qk" if fused_qk else "attention", p_att,
+                                        [self.step, self.qkvg, kb, vb, self.att, self.apart,
+                                         self.vbuf, self.rope],
                                         lambda t, ns=ns: (self.nh, t, ns)))
                 prog.append(self._mv(w["o_split_op"] if split else w["o_op"], nt))
             else:

@@ -230,15 +230,27 @@ def embed_pipeline(dev: Device, dtype: str, nparts: int):
 
 FIXED = {  # name: binding kinds
     "qk_prep": ("uniform", "uniform", "rw", "read", "read", "rw", "rw"),
-    "attention": ("uniform", "uniform", "read", "read", "read", "rw", "rw"),
+    "attention": ("uniform", "uniform", "read", "read", "read", "rw", "rw", "read", "read"),
+    "attention_qk": ("uniform", "uniform", "read", "rw", "rw", "rw", "rw", "read", "read"),
     "rownorm": ("uniform", "uniform", "rw", "read", "read"),
     "argmax": ("uniform", "read", "rw", "rw"),
     "readbw": ("uniform", "read", "rw"),
 }
 
 
+#: fixed kernels generated from another's source: name -> (file, {marker: text})
+VARIANTS = {
+    "attention": ("attention.wgsl", {"$KV": "read", "$QK": "false", "/*$W*/": "//"}),
+    "attention_qk": ("attention.wgsl", {"$KV": "read_write", "$QK": "true", "/*$W*/": ""}),
+}
+
+
 def fixed_pipeline(dev: Device, name: str):
-    return dev.pipeline((name,), dev.source(f"{name}.wgsl"), FIXED[name])
+    src, marks = VARIANTS.get(name, (f"{name}.wgsl", {}))
+    code = dev.source(src)
+    for k, v in marks.items():
+        code = code.replace(k, v)
+    return dev.pipeline((name,), code, FIXED[name])
 
 
 # ---- building dispatches ---------------------------------------------------------------
