@@ -72,8 +72,8 @@ KINDS = {
 #: one workgroup together with the previous block's expand (one dispatch a step instead
 #: of three); larger ones run as dsv4_hc_post, a matvec and dsv4_hc_fold, each over many
 #: workgroups. One workgroup streams fn slowly: on an H200 the bench model's 393 KB fn
-#: took 187 us a step fused against about 130 us as three dispatches with a one-workgroup
-#: step kernel (docs/PERFORMANCE.md, GPU section)
+#: took 187 us a step fused, where the three-dispatch path's expand and fold take about
+#: 33 us besides the matvec (docs/PERFORMANCE.md, GPU section)
 HC_FUSE_BYTES = 64 << 10
 #: positions the compressed caches hold before their first growth
 CAP0 = 1024
