@@ -11,7 +11,7 @@ import pytest
 
 import cortiq
 from cortiq import cmf
-from cortiq.errors import CortiqError
+from cortiq.errors import ConfigError, CortiqError
 
 sys.path.insert(0, os.path.dirname(__file__))
 from reference.dsv4_toy import write_toy
@@ -63,6 +63,23 @@ def test_session_api_and_no_rollback(toy_path):
         s.rollback(2)
     with pytest.raises(CortiqError, match="rollback"):
         llm.model.rollback(s._state, 2)
+    llm.close()
+
+
+def test_forward_refuses_bad_feeds(toy_path):
+    """A bad `want` or an id outside the vocabulary is a typed error before any token
+    runs (the state does not move)."""
+    llm = cortiq.LLM(toy_path)
+    model = llm.model
+    st = model.new_state()
+    with pytest.raises(ConfigError, match="want"):
+        model.forward(st, [3], "every")
+    with pytest.raises(ValueError, match="token id 24 is outside the vocabulary"):
+        model.forward(st, [3, 24], "last")
+    assert st.pos == 0
+    assert model.forward(st, [], "last") is None
+    assert model.forward(st, [], "all").shape == (0, 24)
+    assert model.forward(st, [3, 7], "none") is None and st.pos == 2
     llm.close()
 
 

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, CortiqError
-from ..models.deepseek_v4 import _cos_sin
+from ..models.deepseek_v4 import _cos_sin, token_by_token
 from ..session import check_feed
 from .device import Device
 from .kernels import (CHUNK, DTYPE_IDS, MAX_PARTS, NONE, RPW1_SLOTS, Dispatch, GpuMatrix,
@@ -554,17 +554,8 @@ class GpuDeepSeekV4Model:
         """Run tokens `ids` from position st.pos, one submission a token. want: "none"
         -> None, "last" -> [vocab], "all" -> [len(ids), vocab] (float32)."""
         ids = self._check(ids, want)
-        rows = []
-        for i, t in enumerate(ids):
-            need = want == "all" or (want == "last" and i == ids.size - 1)
-            out = self._token(st, int(t), "last" if need else "none")
-            if need:
-                rows.append(out)
-        if want == "all":
-            return np.stack(rows) if rows else np.zeros((0, self.vocab), np.float32)
-        if want == "last":
-            return rows[-1] if rows else None
-        return None
+        return token_by_token(lambda t, need: self._token(st, t, "last" if need else "none"),
+                              ids, want, self.vocab)
 
     def forward_greedy(self, st: GpuDsv4State, ids) -> int:
         """Run `ids` and return the argmax of the last logits, computed on the device

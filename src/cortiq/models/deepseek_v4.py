@@ -45,6 +45,7 @@ import numpy as np
 
 from .. import _kernels as K
 from ..errors import ConfigError, CortiqError, FormatError
+from ..session import check_feed
 from ..tensor import QTensor, batch_products
 
 ARCH_NAME = "deepseek_v4"
@@ -406,6 +407,23 @@ def _task_masks(cf, cfg: Dsv4Config, task):
     return arr
 
 
+
+def token_by_token(run, ids: np.ndarray, want: str, vocab: int):
+    """Feed `ids` one token at a time through run(token, need) -> that token's logits
+    row when `need`, and return what `want` asks for: None ("none"), the last row
+    ("last"; None for no ids) or [len(ids), vocab] ("all")."""
+    rows = []
+    for i, t in enumerate(ids):
+        need = want == "all" or (want == "last" and i == ids.size - 1)
+        out = run(int(t), need)
+        if need:
+            rows.append(out)
+    if want == "all":
+        return np.stack(rows) if rows else np.zeros((0, vocab), np.float32)
+    if want == "last":
+        return rows[-1] if rows else None
+    return None
+
 class DeepseekV4Model:
     """A DeepSeek-V4 model read from an open CMF file (see the module docstring)."""
 
@@ -530,21 +548,9 @@ class DeepseekV4Model:
                           "indexer caches cannot be un-folded); start a new session instead")
 
     def forward(self, state: Dsv4State, ids, want: str = "last", prompt: bool | None = None):
-        ids = np.asarray(ids, np.int64).ravel()
-        for t in ids:
-            if not 0 <= int(t) < self.cfg.vocab:
-                raise ValueError(f"deepseek_v4: token id {int(t)} outside 0..{self.cfg.vocab - 1}")
-        rows = []
-        for i, t in enumerate(ids):
-            need = want == "all" or (want == "last" and i == len(ids) - 1)
-            out = self.forward_token(state, int(t), logits=need)
-            if need:
-                rows.append(out)
-        if want == "all":
-            return np.stack(rows) if rows else np.zeros((0, self.vocab), np.float32)
-        if want == "last":
-            return rows[-1] if rows else None
-        return None
+        ids = check_feed(ids, want, self.cfg.vocab)
+        return token_by_token(lambda t, need: self.forward_token(state, t, logits=need),
+                              ids, want, self.vocab)
 
     def final_hidden(self, state: Dsv4State, ids) -> np.ndarray:
         """The folded final-norm hidden states [len(ids), dim] the head reads
