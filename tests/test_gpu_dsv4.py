@@ -88,12 +88,10 @@ def _hc_params(n, hc, mode, nb, fn_off=0, post_rows=0, bcast=0):
     return _u32s(n, hc, mode, 20, 0, 0, 0, 3, 3 + nb, 0, fn_off, post_rows, 1e-6, 1e-6, 0, bcast)
 
 
-@pytest.mark.parametrize("hc,n", [(4, 37), (3, 300), (2, 257), (1, 5)])
-def test_hc_step(dev, hc, n):
-    """dsv4_hc (fn small enough to fuse): the mixes, the Sinkhorn split, fold and norm in
-    one workgroup; with the previous block's expand or the embedding broadcast; the head's
-    gate."""
-    rng = np.random.default_rng(n)
+def _hc_inputs(rng, hc, n):
+    """A hyper-connection step's random inputs: the hc copies x0, fn, the scales, bases
+    and norm weight (and V, the three packed as the kernels read them), three previous
+    block outputs, post and comb (and pc0, packed)."""
     x0 = rng.standard_normal((hc, n)).astype(np.float32)
     fn = (rng.standard_normal(((2 + hc) * hc, hc * n)) * 0.05).astype(np.float32)
     sc, base = rng.random(3).astype(np.float32), rng.standard_normal((2 + hc) * hc).astype(np.float32)
@@ -103,6 +101,16 @@ def test_hc_step(dev, hc, n):
     post0 = rng.random(hc).astype(np.float32)
     comb0 = rng.random((hc, hc)).astype(np.float32)
     pc0 = np.concatenate([post0, comb0.ravel()]).astype(np.float32)
+    return x0, fn, sc, base, w, V, ys, post0, comb0, pc0
+
+
+@pytest.mark.parametrize("hc,n", [(4, 37), (3, 300), (2, 257), (1, 5)])
+def test_hc_step(dev, hc, n):
+    """dsv4_hc (fn small enough to fuse): the mixes, the Sinkhorn split, fold and norm in
+    one workgroup; with the previous block's expand or the embedding broadcast; the head's
+    gate."""
+    rng = np.random.default_rng(n)
+    x0, fn, sc, base, w, V, ys, post0, comb0, pc0 = _hc_inputs(rng, hc, n)
     out0 = np.zeros(n, np.float32)
 
     def check(x_in, mix, p, x_want, head=False, pc=pc0):
@@ -133,15 +141,7 @@ def test_hc_step_over_workgroups(dev, hc, n):
     workgroup partly idle."""
     rng = np.random.default_rng(hc * n)
     groups = (n + 255) // 256
-    x0 = rng.standard_normal((hc, n)).astype(np.float32)
-    fn = (rng.standard_normal(((2 + hc) * hc, hc * n)) * 0.05).astype(np.float32)
-    sc, base = rng.random(3).astype(np.float32), rng.standard_normal((2 + hc) * hc).astype(np.float32)
-    w = rng.random(n).astype(np.float32) + 0.5
-    V = np.concatenate([sc, base, w]).astype(np.float32)
-    ys = rng.standard_normal((3, n)).astype(np.float32)
-    post0 = rng.random(hc).astype(np.float32)
-    comb0 = rng.random((hc, hc)).astype(np.float32)
-    pc0 = np.concatenate([post0, comb0.ravel()]).astype(np.float32)
+    x0, fn, sc, base, w, V, ys, post0, comb0, pc0 = _hc_inputs(rng, hc, n)
     gr0 = np.full(groups * 64, np.nan, np.float32)      # every read entry must be written
     x1 = K.hc_expand(ys.sum(0), x0, post0, comb0)
     e = np.full_like(x0, np.nan)
