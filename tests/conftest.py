@@ -1,4 +1,5 @@
-"""Shared fixtures: every compiled ISA that this machine can run, and thread counts."""
+"""Shared fixtures: every compiled ISA that this machine can run, thread counts, the GPU
+device; the hypothesis profile; the run's coverage line (tests/optional.py)."""
 import os
 import sys
 
@@ -12,10 +13,13 @@ from cortiq import _kernels
 # --import-mode=importlib.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import optional
+
+# CORTIQ_HYPOTHESIS_PROFILE picks the profile (.ci/run sets "ci"); "dev" otherwise.
 settings.register_profile(
     "ci", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", deadline=None, max_examples=25)
-settings.load_profile("ci" if os.environ.get("CI") else "dev")
+settings.load_profile(os.environ.get("CORTIQ_HYPOTHESIS_PROFILE", "dev"))
 
 
 def _isas():
@@ -52,13 +56,26 @@ def dev():
     """The GPU device (tests marked gpu): any adapter wgpu offers, llvmpipe included;
     none skips, or fails under CORTIQ_REQUIRE_GPU=1."""
     from cortiq.errors import ConfigError
+    optional.need("gpu", "wgpu")
     try:
         from cortiq.gpu import Device
-        return Device.get()
+        device = Device.get()
     except ConfigError as e:
-        if os.environ.get("CORTIQ_REQUIRE_GPU") == "1":
-            pytest.fail(f"CORTIQ_REQUIRE_GPU=1 but no GPU adapter: {e}")
-        pytest.skip(f"no GPU adapter: {e}")
+        optional.missing("gpu", f"no GPU adapter: {e}")
+    optional.ran("gpu", _adapter_name(device))
+    return device
+
+
+def _adapter_name(device) -> str:
+    info = getattr(getattr(device, "adapter", None), "info", None) or {}
+    return str(info.get("device") or info.get("description") or "adapter")
+
+
+def pytest_terminal_summary(terminalreporter):
+    forced = os.environ.get("CORTIQ_ISA") or None
+    terminalreporter.write_line(optional.summary(_isas(), forced))
+    features = ", ".join(cortiq.config()["cpu_features"])
+    terminalreporter.write_line(f"cortiq coverage: cpu features {features}")
 
 
 def pytest_report_header(config):

@@ -22,20 +22,14 @@ from cortiq import tool_calls as tc
 from cortiq.errors import ConfigError
 from cortiq.state import StateError
 
-if os.environ.get("CI"):            # CI installs [test]: a missing package is a failure
-    import jsonschema
-    import llguidance  # noqa: F401
-    import openai
-else:
-    jsonschema = pytest.importorskip("jsonschema")
-    pytest.importorskip("llguidance", reason="the structured extra is not installed")
-    openai = pytest.importorskip("openai")
-    pytest.importorskip("starlette", reason="the serve extra is not installed")
-
 sys.path.insert(0, os.path.dirname(__file__))
-from test_server import ServerThread
+import optional
 
-from cortiq.server import create_app
+jsonschema, openai, _, _ = optional.need("extras", "jsonschema", "openai", "llguidance",
+                                         "starlette")
+from test_server import ServerThread  # noqa: E402
+
+from cortiq.server import create_app  # noqa: E402
 
 CHAT = [{"role": "user", "content": "Write a Python function."}]
 SCHEMA = {

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import optional
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "arm64" / "run.sh"
 NATIVE = platform.machine().lower() in ("aarch64", "arm64")
@@ -34,10 +35,8 @@ def _missing():
 
 def test_arm64_kernels_match_reference(tmp_path):
     why = _missing()
-    if why:
-        if os.environ.get("CORTIQ_REQUIRE_ARM64") == "1":
-            pytest.fail(f"CORTIQ_REQUIRE_ARM64=1 but {why}")
-        pytest.skip(why)
+    optional.need_that("arm64", why is None, str(why))
+    optional.ran("arm64", "native" if NATIVE else "qemu")
     env = dict(os.environ, BUILD=str(tmp_path))
     r = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
                        timeout=900, check=False)

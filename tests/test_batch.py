@@ -23,6 +23,7 @@ from cortiq.session import Session
 
 sys.path.insert(0, os.path.dirname(__file__))
 import batch_models as BM
+import optional
 from reference.dsv4_toy import write_toy
 
 REL = 1e-5
@@ -370,7 +371,7 @@ def test_an_error_ends_only_its_request():
 
 
 def test_server_batches_streamed_chats(files):
-    pytest.importorskip("starlette")
+    optional.need("extras", "starlette", "httpx")
     import httpx
     from starlette.testclient import TestClient
 

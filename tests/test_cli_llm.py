@@ -13,6 +13,7 @@ from cortiq.cli import main
 
 sys.path.insert(0, os.path.dirname(__file__))
 import toy_model as T
+import optional
 
 T.register()
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(cortiq.__file__)))
@@ -82,7 +83,7 @@ def test_bad_sampling_value_is_one_line(toy_path, capsys):
 
 
 def test_serve_on_a_busy_port_is_one_line(toy_path, capsys):
-    pytest.importorskip("uvicorn")
+    optional.need("extras", "uvicorn")
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

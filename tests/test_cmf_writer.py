@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import cortiq
 import cortiq.cmf as C
+import optional
 from cortiq.cmf import quant as Q
 from cortiq.cmf.testing import tiny_arch, tiny_tensors
 from cortiq.errors import ConfigError, FormatError
@@ -293,10 +294,7 @@ def test_progress_bar_optional(tmp_path, capsys, monkeypatch):
     C.write(tmp_path / "q2.cmf", tiny_tensors(), arch=tiny_arch(), progress=True)
     assert capsys.readouterr().err == ""  # no tqdm: no bar, no error
     monkeypatch.undo()
-    try:
-        import tqdm  # noqa: F401
-    except ImportError:
-        pytest.skip("tqdm not installed (it is in the convert extra)")
+    optional.need("extras", "tqdm")
     C.write(tmp_path / "q3.cmf", tiny_tensors(), arch=tiny_arch(), progress=True)
     assert "tensor" in capsys.readouterr().err
 

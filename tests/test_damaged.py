@@ -16,6 +16,7 @@ import pytest
 
 import cortiq
 import cortiq.cmf as C
+import optional
 from cortiq.cli import main
 from cortiq.demo import demo_path
 
@@ -234,8 +235,7 @@ def test_nan_logits_are_one_cli_line(nan_model, capsys):
 
 
 def test_nan_logits_are_a_500_from_the_server(nan_model):
-    pytest.importorskip("starlette")
-    pytest.importorskip("httpx")                   # Starlette's test client needs it
+    optional.need("extras", "starlette", "httpx")   # Starlette's test client needs httpx
     from starlette.testclient import TestClient
 
     from cortiq.server import create_app

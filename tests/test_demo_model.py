@@ -26,6 +26,7 @@ import pytest
 
 from cortiq import cmf
 from cortiq.demo import demo_path
+import optional
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
@@ -55,18 +56,6 @@ def _train_demo():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def _runtime_available() -> bool:
-    try:
-        import cortiq.models.dory  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-needs_runtime = pytest.mark.skipif(not _runtime_available(),
-                                   reason="cortiq.models.dory (the runtime) is not in this build")
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +105,7 @@ def test_demo_path_error_names_the_file(monkeypatch):
 # ------------------------------------------------------------------ the training forward
 
 def test_torch_forward_is_the_reference_dory():
-    torch = pytest.importorskip("torch")
+    torch = optional.need("torch", "torch")
     from tests.reference import dory_numpy, hf_tiny
     td = _train_demo()
     for kv, loops, gate in (("per_loop", 2, None), ("last_loop", 3, 4.0)):
@@ -132,7 +121,7 @@ def test_torch_forward_is_the_reference_dory():
 
 
 def test_torch_sphere_normalisation_follows_ngpt():
-    pytest.importorskip("torch")
+    optional.need("torch", "torch")
     from tests.reference import hf_tiny
     td = _train_demo()
     config = hf_tiny.hf_config()
@@ -165,7 +154,7 @@ def test_stored_reference_logits_match_the_numpy_reference(demo_file, reference)
 
 
 def test_stored_reference_logits_are_torch_f32_of_the_file(demo_file, reference):
-    torch = pytest.importorskip("torch")
+    torch = optional.need("torch", "torch")
     td = _train_demo()
     from cortiq.convert.hf_dory import hf_name
     config = demo_file.header["provenance"]["hf_config"]
@@ -213,7 +202,6 @@ def f32_copy(demo_file, tmp_path_factory):
     return path
 
 
-@needs_runtime
 def test_runtime_matches_training_framework_on_f32_weights(demo_file, reference, f32_copy):
     from cortiq.llm import LLM
     with LLM(f32_copy) as llm:
@@ -223,7 +211,6 @@ def test_runtime_matches_training_framework_on_f32_weights(demo_file, reference,
             np.testing.assert_allclose(got, want, rtol=0, atol=LOGIT_TOL)
 
 
-@needs_runtime
 def test_runtime_on_the_q8_file_stays_close(demo_file, reference):
     """The shipped q8 file itself: logits within Q8_TOL of torch on its dequantized weights
     (float32 activations: the default, "auto", takes prompt chunks to int8)."""
@@ -250,7 +237,6 @@ def _greedy(llm, prompt: str, n: int) -> tuple[list[int], str]:
     return out, tok.decode(out, skip_special_tokens=True)
 
 
-@needs_runtime
 def test_greedy_generation_is_deterministic():
     from cortiq.llm import LLM
     with LLM() as a, LLM() as b:
@@ -265,7 +251,6 @@ def test_greedy_generation_is_deterministic():
         assert text == first[1]
 
 
-@needs_runtime
 def test_cortiq_run_uses_the_demo_model(capsys):
     from cortiq.cli import main
     assert main(["run", "--prompt", "What does `sorted` do?", "-n", "24", "--greedy"]) == 0
@@ -273,7 +258,6 @@ def test_cortiq_run_uses_the_demo_model(capsys):
     assert out and any(w.isalpha() for w in out.split()), out
 
 
-@needs_runtime
 def test_greedy_generation_produces_training_words():
     td = _train_demo()
     with gzip.open(TRAIN_WORDS, "rt") as f:

@@ -11,10 +11,10 @@ import warnings
 import numpy as np
 import pytest
 
-dory = pytest.importorskip("cortiq.models.dory")
-import cortiq.cmf  # noqa: E402
-from cortiq.errors import ConfigError  # noqa: E402
-from cortiq.models.dory.far_field import MAX_NEAR, host_kv_bytes  # noqa: E402
+import cortiq.cmf
+from cortiq.models import dory
+from cortiq.errors import ConfigError
+from cortiq.models.dory.far_field import MAX_NEAR, host_kv_bytes
 
 PATTERN = "S-*-S-*-S-*-"
 GEOM = dict(hidden=16, ffn=16, nh=4, nk=2, hd=8, vocab=11)

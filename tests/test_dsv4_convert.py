@@ -22,7 +22,8 @@ from cortiq.errors import ConfigError
 sys.path.insert(0, os.path.dirname(__file__))
 from reference.dsv4_toy import tokenizer_json, toy_tensors
 
-st_numpy = pytest.importorskip("safetensors.numpy")
+import optional
+st_numpy = optional.need("extras", "safetensors.numpy")
 DTYPE_TOL = 1e-4
 IDS = [3, 7, 1, 9, 4, 2, 8, 5, 6, 0, 11, 13]
 

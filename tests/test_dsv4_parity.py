@@ -25,23 +25,18 @@ import sys
 import numpy as np
 import pytest
 
-if os.environ.get("CORTIQ_REQUIRE_TORCH"):  # .ci/run installed them: never skip silently
-    import torch
-    import transformers
-    assert hasattr(transformers, "DeepseekV4ForCausalLM"), "transformers lacks DeepseekV4"
-else:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-if not hasattr(transformers, "DeepseekV4ForCausalLM"):
-    pytest.skip("transformers has no DeepseekV4ForCausalLM (needs >= 5.23)", allow_module_level=True)
-
 sys.path.insert(0, os.path.dirname(__file__))
-from reference import hf_dsv4 as H
+import optional
 
-import cortiq
-import cortiq.cmf
-import cortiq.convert
-from cortiq.convert import hf_deepseek_v4 as C
+torch, transformers = optional.need("torch", "torch", "transformers")
+optional.need_that("torch", hasattr(transformers, "DeepseekV4ForCausalLM"),
+                   "transformers has no DeepseekV4ForCausalLM (needs >= 5.23)")
+from reference import hf_dsv4 as H  # noqa: E402
+
+import cortiq  # noqa: E402
+import cortiq.cmf  # noqa: E402
+import cortiq.convert  # noqa: E402
+from cortiq.convert import hf_deepseek_v4 as C  # noqa: E402
 
 F32_TOL = 1e-4
 Q8_TOL = 1e-3

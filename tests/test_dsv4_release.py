@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from reference import dsv4_release as R
 from reference.dsv4_toy import tokenizer_json, toy_tensors
 from test_dsv4_convert import HF_CONFIG, IDS
+import optional
 
 F32_TOL = 1e-4
 ARITH_TOL = 1e-3
@@ -63,7 +64,7 @@ def test_e2m1_and_e8m0_by_hand():
 
 
 def test_decoders_match_torch():
-    torch = pytest.importorskip("torch")
+    torch = optional.need("torch", "torch")
     c = torch.arange(256, dtype=torch.uint8)
     for dt, table in ((torch.float8_e4m3fn, M.E4M3), (torch.float8_e8m0fnu, M.E8M0)):
         ref = c.view(dt).float().numpy()
@@ -304,14 +305,9 @@ def test_experts_quant_option(tmp_path, toy):
 # ------------------------------------------------------------------ against transformers
 
 def _hf():
-    if os.environ.get("CORTIQ_REQUIRE_TORCH"):
-        import torch
-        import transformers
-    else:
-        torch = pytest.importorskip("torch")
-        transformers = pytest.importorskip("transformers")
-    if not hasattr(transformers, "DeepseekV4ForCausalLM"):
-        pytest.skip("transformers has no DeepseekV4ForCausalLM")
+    torch, transformers = optional.need("torch", "torch", "transformers")
+    optional.need_that("torch", hasattr(transformers, "DeepseekV4ForCausalLM"),
+                       "transformers has no DeepseekV4ForCausalLM (needs >= 5.23)")
     return torch
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import cortiq
+import optional
 
 sys.path.insert(0, os.path.dirname(__file__))
 from reference.dsv4_toy import write_toy as write_dsv4_toy
@@ -40,11 +41,7 @@ def test_deepseek_v4_hidden_is_the_heads_input(tmp_path):
 
 @pytest.mark.parametrize("case", ["qwen3", "llama_tied_bias", "mistral"])
 def test_llama_family_matches_transformers(case, tmp_path):
-    if os.environ.get("CORTIQ_REQUIRE_TORCH"):
-        import torch
-    else:
-        torch = pytest.importorskip("torch")
-        pytest.importorskip("transformers")
+    torch, _ = optional.need("torch", "torch", "transformers")
     from reference import hf_llama as H
     import cortiq.convert
     model = H.build(case, seed=3)

@@ -9,14 +9,15 @@ import sys
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
 sys.path.insert(0, os.path.dirname(__file__))
-from reference import hf_llama as H
+import optional
 
-import cortiq
-from cortiq import pretrained
-from cortiq.errors import ConfigError
+optional.need("torch", "torch", "transformers")
+from reference import hf_llama as H  # noqa: E402
+
+import cortiq  # noqa: E402
+from cortiq import pretrained  # noqa: E402
+from cortiq.errors import ConfigError  # noqa: E402
 
 
 def test_converts_once_into_the_cache(tmp_path, monkeypatch):

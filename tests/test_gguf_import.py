@@ -19,11 +19,11 @@ import sys
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
 sys.path.insert(0, os.path.dirname(__file__))
+import optional
+
+gguf = optional.need("extras", "gguf")
+torch, transformers = optional.need("torch", "torch", "transformers")
 from reference import gguf_llama as G  # noqa: E402
 from reference import hf_llama as H  # noqa: E402
 from reference import hf_tiny  # noqa: E402

@@ -20,6 +20,7 @@ from hypothesis import given, strategies as st
 
 import cortiq
 from cortiq import _kernels as K
+import optional
 from cortiq.errors import ConfigError
 from cortiq.tensor import QTensor, model_qmats
 
@@ -245,8 +246,8 @@ def test_matmat_matches_model(isa, dtype, t):
 
 @pytest.mark.parametrize("simd", ["avx2", "avx512"])
 def test_matmat_without_vpdpbusd_takes_float32(simd):
-    if simd not in K.usable_isas() or not integer_matmat(simd):
-        pytest.skip(f"needs {simd} with a vpdpbusd")
+    optional.need_that("isa", simd in K.usable_isas() and integer_matmat(simd),
+                       f"no {simd} with a vpdpbusd")
     rng = np.random.default_rng(4)
     q = make(rng, (30, 256), "q8_row")
     e = QTensor(q.raw, "q8_row", q.shape, precision="exact")
@@ -267,8 +268,9 @@ def test_avx2_matmat_vex_and_evex_agree():
     (EVEX): one source, the same bits. Runs where the CPU has both (Sapphire Rapids and
     later); elsewhere the EVEX build is the one tested above."""
     f = set(K.cpu_features())
-    if "avx2" not in K.usable_isas() or not {"avxvnni", "avx512vnni", "avx512vl"} <= f:
-        pytest.skip("needs both AVX-VNNI and AVX-512 VNNI")
+    optional.need_that("isa", "avx2" in K.usable_isas()
+                       and {"avxvnni", "avx512vnni", "avx512vl"} <= f,
+                       "no CPU with both AVX-VNNI and AVX-512 VNNI")
     rng = np.random.default_rng(6)
     X = rng.standard_normal((40, 320)).astype(np.float32)
     before = K.active_isa()

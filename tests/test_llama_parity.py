@@ -19,21 +19,17 @@ import sys
 import numpy as np
 import pytest
 
-if os.environ.get("CORTIQ_REQUIRE_TORCH"):  # .ci/run installed them: never skip silently
-    import torch
-    import transformers
-else:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-
 sys.path.insert(0, os.path.dirname(__file__))
-from reference import hf_llama as H
+import optional
 
-import cortiq
-import cortiq.cmf
-import cortiq.convert
-from cortiq.errors import ConfigError
-from cortiq.models import llama as L
+torch, transformers = optional.need("torch", "torch", "transformers")
+from reference import hf_llama as H  # noqa: E402
+
+import cortiq  # noqa: E402
+import cortiq.cmf  # noqa: E402
+import cortiq.convert  # noqa: E402
+from cortiq.errors import ConfigError  # noqa: E402
+from cortiq.models import llama as L  # noqa: E402
 
 F32_TOL = 1e-4
 Q8_TOL = 1e-3
@@ -251,8 +247,7 @@ def test_served_like_any_model(case):
     name, _model, _d, _ids, f32 = case
     if name != "qwen3":
         pytest.skip("one family is enough for the server path")
-    pytest.importorskip("starlette")
-    pytest.importorskip("httpx")
+    optional.need("extras", "starlette", "httpx")
     from starlette.testclient import TestClient
     from cortiq.server import create_app
     with cortiq.LLM(f32, seed=1) as llm:

@@ -11,7 +11,6 @@ converter wrote. Two engines:
 * cortiq's own DoryModel via `cortiq.LLM(path)` once src/cortiq/models/dory/model.py exists:
   greedy tokens equal the reference's.
 """
-import importlib.util
 import os
 import sys
 
@@ -25,7 +24,6 @@ from reference import hf_tiny
 from reference.dory_numpy import DoryReference
 
 CHAT = [{"role": "user", "content": "the quick brown fox"}]
-HAVE_DORY = importlib.util.find_spec("cortiq.models.dory") is not None
 
 
 class RefModel:
@@ -81,7 +79,6 @@ def test_reference_dory_session_reuse_equals_fresh(ref_llm):
     assert reused["usage"]["prompt_tokens_details"]["cached_tokens"] > 3
 
 
-@pytest.mark.skipif(not HAVE_DORY, reason="cortiq.models.dory is not in this build")
 def test_cortiq_dory_matches_the_reference(dory_path, ref_llm):
     with cortiq.LLM(dory_path) as llm:
         assert llm.arch == "dory"
@@ -100,7 +97,6 @@ def test_cortiq_dory_matches_the_reference(dory_path, ref_llm):
         assert again["choices"] == fresh["choices"]
 
 
-@pytest.mark.skipif(not HAVE_DORY, reason="cortiq.models.dory is not in this build")
 def test_cortiq_dory_loads_skill_replacements(dory_path, tmp_path):
     """A skill's lm_head replacement reaches DoryModel's QTensor loading (OverlayFile)."""
     rng = np.random.default_rng(0)
@@ -124,7 +120,6 @@ def test_cortiq_dory_loads_skill_replacements(dory_path, tmp_path):
         cortiq.LLM(p, task="coding")
 
 
-@pytest.mark.skipif(not HAVE_DORY, reason="cortiq.models.dory is not in this build")
 def test_cortiq_dory_four_threads_equal_serial(dory_path):
     import threading
     prompts = ["the quick brown fox", "hello world", "the lazy dog", "sliding window"]

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cortiq import _kernels
+import optional
 from cortiq.models.dory.nystrom import (AGGREGATE, FM, QT_STRIDE, NystromState, m_eff_for,
                                    ridge_pinv, seg_means)
 
@@ -74,8 +75,7 @@ def _run(seed, t, p, d, dv, m, w, sink, rep, rect=AGGREGATE, qscale=1.0):
 
 
 def test_ref_and_avx2_agree():
-    if "avx2" not in _kernels.usable_isas():
-        pytest.skip("no AVX2")
+    optional.need_that("isa", "avx2" in _kernels.usable_isas(), "no AVX2 table usable here")
     before = _kernels.active_isa()
     out = {}
     try:

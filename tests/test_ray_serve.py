@@ -24,15 +24,10 @@ import pytest
 
 import cortiq
 
-if os.environ.get("CORTIQ_REQUIRE_RAY"):   # .ci/run installed ray[serve]: never skip
-    import ray
-    from ray import serve
-else:
-    ray = pytest.importorskip("ray", reason="ray[serve] is not installed (the ray extra)")
-    serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed")
-httpx = pytest.importorskip("httpx")
-openai = pytest.importorskip("openai")
-uvicorn = pytest.importorskip("uvicorn")
+import optional
+
+httpx, openai, uvicorn = optional.need("extras", "httpx", "openai", "uvicorn")
+ray, serve = optional.need("ray", "ray", "ray.serve")
 
 import cortiq.ray as cray  # noqa: E402
 from cortiq.cli import main  # noqa: E402

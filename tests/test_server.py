@@ -20,22 +20,15 @@ import pytest
 
 import cortiq
 
-if os.environ.get("CI"):            # CI installs [test]: a missing package is a failure
-    import httpx
-    import openai
-    import starlette  # noqa: F401 -- the app itself needs it
-    import uvicorn
-else:
-    pytest.importorskip("starlette", reason="the serve extra is not installed")
-    uvicorn = pytest.importorskip("uvicorn")
-    httpx = pytest.importorskip("httpx")
-    openai = pytest.importorskip("openai")
-
-from cortiq.chat import ChatTemplate
-from cortiq.server import create_app, json_error_protocol
-
 sys.path.insert(0, os.path.dirname(__file__))
-import toy_model as T
+import optional
+
+httpx, openai, _, uvicorn = optional.need("extras", "httpx", "openai", "starlette", "uvicorn")
+
+from cortiq.chat import ChatTemplate  # noqa: E402
+from cortiq.server import create_app, json_error_protocol  # noqa: E402
+
+import toy_model as T  # noqa: E402
 
 T.register()
 HERE = os.path.dirname(os.path.abspath(__file__))

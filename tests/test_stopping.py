@@ -112,7 +112,6 @@ def test_eos_ids():
 
 
 def test_with_stream_decoder_end_to_end():
-    pytest.importorskip("tokenizers")
     from cortiq.tokenizer import Tokenizer
 
     tok = Tokenizer.bytes_only()

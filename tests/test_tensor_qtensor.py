@@ -22,6 +22,7 @@ from cortiq.cmf import quant
 from cortiq.errors import FormatError
 from cortiq.tensor import DTYPES, QTensor
 from arrays import misaligned  # tests/arrays.py
+import optional
 
 U = 2.0 ** -24
 DOT_ULPS = 2
@@ -161,8 +162,7 @@ def test_q4_vbmi_loaders_agree(dtype, groups):
     scales), and q4tp's VBMI scale-code
     decoder (vpermb, vpmultishiftqb; q2tp shares it) against 64-bit shifts; blocks of four groups plus
     0-3 tail groups, a scale row decoded 64 groups at a time, 16 codes at a time."""
-    if "avx512" not in K.usable_isas():
-        pytest.skip("no AVX-512 here")
+    optional.need_that("isa", "avx512" in K.usable_isas(), "no AVX-512 table usable here")
     cols = 32 * groups
     q, d = make(dtype, 19, cols, seed=groups, big=True)
     x = misaligned(np.random.default_rng(groups).standard_normal(cols).astype(np.float32))

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-tokenizers = pytest.importorskip("tokenizers")
-from tokenizers import (  # noqa: E402
+import tokenizers
+from tokenizers import (
     decoders,
     models,
     normalizers,
@@ -23,8 +23,8 @@ from tokenizers import (  # noqa: E402
     trainers,
 )
 
-from cortiq.errors import ConfigError, FormatError  # noqa: E402
-from cortiq.tokenizer import StreamDecoder, Tokenizer  # noqa: E402
+from cortiq.errors import ConfigError, FormatError
+from cortiq.tokenizer import StreamDecoder, Tokenizer
 
 CORPUS = [
     "Hello world, the quick brown fox jumps over the lazy dog.",

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import ast
 import os
-import shutil
 import subprocess
 import sys
 import typing
 
-import pytest
 
 import cortiq
 from cortiq import _kernels
 from cortiq import types as T
+import optional
 
 PKG = os.path.dirname(os.path.abspath(cortiq.__file__))
 
@@ -71,13 +70,13 @@ def test_responses_have_their_typed_keys():
         llm.close()
 
 
-@pytest.mark.skipif(shutil.which("mypy") is None and not os.environ.get("CI"),
-                    reason="mypy is not installed")
 def test_mypy_is_clean():
+    optional.need("extras", "mypy")
     # a checkout: <root>/src/cortiq; pyproject.toml is at <root>
     cfg = os.path.join(os.path.dirname(os.path.dirname(PKG)), "pyproject.toml")
-    if not os.path.exists(cfg):
-        pytest.skip("the installed package has no pyproject.toml next to it (.ci/run runs mypy)")
+    optional.need_that("source", os.path.exists(cfg),
+                       "the installed package has no pyproject.toml next to it "
+                       "(.ci/run runs mypy on the tree)")
     r = subprocess.run([sys.executable, "-m", "mypy", "--config-file", cfg, PKG],
                        capture_output=True, text=True, timeout=600, check=False)
     assert r.returncode == 0, r.stdout[-3000:]
