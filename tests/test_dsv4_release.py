@@ -1,7 +1,8 @@
 """DeepSeek-V4 checkpoints in DeepSeek's release layout (FP8 block-scaled weights, FP4
 routed experts, reference names and config keys) -> CMF.
 
-Part 1 needs no torch: the micro-float decoders on exact values, the converter on the
+Part 1 needs no torch: the micro-float decoders on exact values and against ml_dtypes (which
+encodes the release checkpoints of reference.dsv4_release), the converter on the
 reference engine's toy written in the release layout, malformed checkpoints refused by name.
 Part 2 builds the release layout from tiny random transformers models (the weights
 quantized to FP8 blocks / FP4 rows here) and runs transformers on the dequantized
@@ -76,6 +77,39 @@ def test_decoders_match_torch():
     x = np.concatenate([x, mid, -mid, [1e4, -1e4, 0.0, -0.0]]).astype(np.float32)
     ref = torch.from_numpy(x).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
     np.testing.assert_array_equal(M.f32_to_e4m3(x), ref)
+
+
+def test_micro_floats_match_ml_dtypes():
+    """Every code of the three tables, and the encoders on random values and on every tie
+    between neighbouring codes, against ml_dtypes (an independent transcription of the OCP
+    formats); the block/group encoders against the reference's ml_dtypes ones, byte for byte."""
+    md = optional.need("extras", "ml_dtypes")
+    for dt, table in ((md.float8_e4m3fn, M.E4M3), (md.float8_e8m0fnu, M.E8M0)):
+        ref = np.arange(256, dtype=np.uint8).view(dt).astype(np.float32)
+        np.testing.assert_array_equal(ref, table)       # NaN where NaN, -0 equal to 0
+        num = ~np.isnan(ref)                              # a NaN's sign is no matter
+        np.testing.assert_array_equal(np.signbit(ref[num]), np.signbit(table[num]))
+    e2m1 = np.arange(16, dtype=np.uint8).view(md.float4_e2m1fn).astype(np.float32)
+    np.testing.assert_array_equal(e2m1, M.E2M1)
+    np.testing.assert_array_equal(np.signbit(e2m1), np.signbit(M.E2M1))
+    rng = np.random.default_rng(3)
+    for enc, dt, pos, top in ((M.f32_to_e4m3, md.float8_e4m3fn, M.E4M3[:127], 448.0),
+                              (M.f32_to_e2m1, md.float4_e2m1fn, M.E2M1[:8], 6.0)):
+        x = (rng.standard_normal(20000) * np.exp(rng.uniform(-14, 7, 20000))).astype(np.float32)
+        mid = (pos[:-1] + pos[1:]) / 2
+        x = np.concatenate([x, mid, -mid, pos, -pos]).astype(np.float32)
+        x = x[np.abs(x) <= top]                          # ml_dtypes' e4m3fn overflows to NaN
+        np.testing.assert_array_equal(enc(x), x.astype(dt).view(np.uint8))
+    w = (rng.standard_normal((130, 200)) * np.exp(rng.uniform(-9, 6, (130, 1)))).astype(np.float32)
+    w[:, 40:72] = 0                                       # an all-zero FP4 group
+    for mine, ref in ((M.quant_fp8_blocks(w), R.fp8_blocks(w)),
+                      (M.quant_fp4_groups(w), R.fp4_groups(w))):
+        np.testing.assert_array_equal(mine[0], ref[0])
+        np.testing.assert_array_equal(mine[1], ref[1])
+    codes, sc, values = R.fp8_blocks(w)
+    np.testing.assert_array_equal(M.dequant_fp8_blocks(codes, R.e8m0(sc)), values)
+    packed, sc, values = R.fp4_groups(w)
+    np.testing.assert_array_equal(M.dequant_fp4_groups(packed, R.e8m0(sc)), values)
 
 
 @pytest.mark.parametrize("rows,cols,block", [(300, 200, 128), (128, 128, 128), (5, 7, 4),
@@ -236,7 +270,7 @@ def test_float_scales_and_weight_scale_inv(tmp_path, toy):
 
     def edit(stored):
         _dt, shape, raw = stored.pop("layers.0.attn.wq_b.scale")
-        f = M.E8M0[np.frombuffer(raw, np.uint8)].astype("<f4")
+        f = R.e8m0(np.frombuffer(raw, np.uint8)).astype("<f4")
         stored["layers.0.attn.wq_b.weight_scale_inv"] = ("F32", shape, f.tobytes())
     d, values = write_release(tmp_path / "rel", t, cfg, edit=edit)
     out = tmp_path / "m.cmf"
@@ -266,8 +300,8 @@ def test_payloads_are_checked_by_the_writer(tmp_path):
     from cortiq.cmf.writer import Payload
     from cortiq.convert.scaled_weights import exact_vbit5
     arch = toy_tensors()[1]
-    packed, sc = M.quant_fp4_groups(np.linspace(-1, 1, 4 * 64, dtype=np.float32).reshape(4, 64))
-    good = exact_vbit5(packed, M.E8M0[sc])
+    packed, sc, values = R.fp4_groups(np.linspace(-1, 1, 4 * 64, dtype=np.float32).reshape(4, 64))
+    good = exact_vbit5(packed, R.e8m0(sc))
     bad = Payload(good.data[:-1], "vbit", good.shape)
     with pytest.raises(ValueError, match="'w'"):
         cmf.write(tmp_path / "a.cmf", [("w", bad)], arch=arch, progress=False)
@@ -277,8 +311,7 @@ def test_payloads_are_checked_by_the_writer(tmp_path):
     assert not list(tmp_path.iterdir())
     cmf.write(tmp_path / "c.cmf", [("w", good)], arch=arch, progress=False)
     with cmf.open(tmp_path / "c.cmf") as f:
-        np.testing.assert_array_equal(np.asarray(f.tensor("w")).reshape(4, 64),
-                                      M.dequant_fp4_groups(packed, M.E8M0[sc]))
+        np.testing.assert_array_equal(np.asarray(f.tensor("w")).reshape(4, 64), values)
     with pytest.raises(ConfigError, match="no exact f16 half"):
         exact_vbit5(packed, np.full(sc.shape, 2.0 ** -30, np.float32), "w")
 

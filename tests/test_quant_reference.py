@@ -138,6 +138,12 @@ def test_tp_vectorized_matches_the_per_row_recipe(rows, gpr, seed, zero_frac, dt
     a = (rng.standard_normal((rows, 32 * gpr)) * np.exp(rng.uniform(-8, 4, (rows, 1)))
          * np.exp(rng.uniform(-3, 3, (1, 32 * gpr)))).astype(np.float32)
     a[rng.random(a.shape) < zero_frac] = 0
+    # a row on an exact power-of-two ladder (every tile's absmax 7 or 1.5 times 2^k, so
+    # step 0) holding halves of the scale: every value is a rounding tie
+    top = 14 if dtype == "q4tp" else 3
+    tie = rng.integers(-top, top + 1, 32 * gpr).astype(np.float32) / 2
+    tie[::32] = top / 2
+    a[-1] = tie * np.float32(2.0 ** int(rng.integers(-12, 8)))
     a[rng.integers(0, rows)] = 0 if seed % 3 == 0 else a[0]
     want = tp_rowwise.encode(a, dtype)
     np.testing.assert_array_equal(Q._tp(a, dtype), want)

@@ -15,7 +15,12 @@
 
 ``save_raw(path, stored)`` writes one safetensors file by hand (numpy cannot spell FP8),
 ``reference_config(hf_config)`` the reference keys of a transformers config.
-No torch needed here.
+
+The micro-floats are encoded and decoded by ``ml_dtypes`` (``float8_e4m3fn``,
+``float8_e8m0fnu``, ``float4_e2m1fn``: round to nearest even), not by the
+``cortiq.convert.microfloat`` the converter reads them with; the power-of-two scales are
+the smallest with ``absmax / scale <= 448`` (FP8) or ``<= 6`` (FP4), 1 for an all-zero
+block. No torch needed here.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cortiq.convert import microfloat as M
+import optional
 
 _FP8 = re.compile(r".*(self_attn\.(wq_a|wq_b|wkv|wo_a|wo_b|compressor\.(wkv|wgate)|"
                   r"indexer\.wq_b|indexer\.compressor\.(wkv|wgate))\.weight|"
@@ -61,13 +66,65 @@ def release_name(cmf: str) -> str:
     return f"layers.{i}.{rest}"
 
 
+FP8_BLOCK = 128
+FP4_GROUP = 32
+
+
+def _md():
+    return optional.need("extras", "ml_dtypes")
+
+
 def _bf16(x: np.ndarray) -> tuple[np.ndarray, bytes]:
     b = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
     b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype("<u2")
     return (b.astype(np.uint32) << 16).view(np.float32), b.tobytes()
 
 
-def release_tensors(t: dict, fp8_block: int = M.FP8_BLOCK, mtp: bool = True):
+def e8m0(codes) -> np.ndarray:
+    """E8M0 scale codes -> float32 multipliers (ml_dtypes)."""
+    return np.ascontiguousarray(codes, np.uint8).view(_md().float8_e8m0fnu).astype(np.float32)
+
+
+def _pow2_codes(amax: np.ndarray, top: float) -> np.ndarray:
+    """E8M0 codes of the smallest powers of two s with amax / s <= top (1 where amax is 0)."""
+    m, k = np.frexp(amax.astype(np.float64) / top)       # amax / top = m * 2^k, m in [0.5, 1)
+    e = np.where(amax > 0, np.where(m == 0.5, k - 1, k), 0)
+    s = np.ldexp(np.float32(1), np.clip(e, -127, 127).astype(np.int32)).astype(np.float32)
+    return s.astype(_md().float8_e8m0fnu).view(np.uint8)
+
+
+def fp8_blocks(w, block: int = FP8_BLOCK):
+    """float [rows, cols] -> (E4M3 codes uint8 [rows, cols], E8M0 codes per block x block
+    tile (ragged at the edges), the float32 values they stand for)."""
+    md = _md()
+    w = np.asarray(w, np.float32)
+    rows, cols = w.shape
+    br, bc = -(-rows // block), -(-cols // block)
+    pad = np.zeros((br * block, bc * block), np.float32)
+    pad[:rows, :cols] = np.abs(w)
+    sc = _pow2_codes(pad.reshape(br, block, bc, block).max(axis=(1, 3)), 448.0)
+    per = np.repeat(np.repeat(e8m0(sc), block, 0), block, 1)[:rows, :cols]
+    codes = (w / per).astype(md.float8_e4m3fn)
+    return codes.view(np.uint8), sc, codes.astype(np.float32) * per
+
+
+def fp4_groups(w, group: int = FP4_GROUP):
+    """float [rows, cols] (cols even) -> (E2M1 codes two a byte, element 2i in the low
+    nibble, uint8 [rows, cols/2]; E8M0 codes per `group` of a row; the float32 values)."""
+    md = _md()
+    w = np.asarray(w, np.float32)
+    rows, cols = w.shape
+    g = -(-cols // group)
+    pad = np.zeros((rows, g * group), np.float32)
+    pad[:, :cols] = np.abs(w)
+    sc = _pow2_codes(pad.reshape(rows, g, group).max(axis=2), 6.0)
+    per = np.repeat(e8m0(sc), group, axis=1)[:, :cols]
+    q = (w / per).astype(md.float4_e2m1fn)
+    c = q.view(np.uint8) & 0xF
+    return (c[:, 0::2] | (c[:, 1::2] << 4)).astype(np.uint8), sc, q.astype(np.float32) * per
+
+
+def release_tensors(t: dict, fp8_block: int = FP8_BLOCK, mtp: bool = True):
     """(stored, values): see the module docstring."""
     stored, values = {}, {}
     for c, a in t.items():
@@ -75,16 +132,13 @@ def release_tensors(t: dict, fp8_block: int = M.FP8_BLOCK, mtp: bool = True):
         r = release_name(c)
         base = r[: -len(".weight")]
         if _FP8.match(c):
-            codes, sc = M.quant_fp8_blocks(a, fp8_block)
+            codes, sc, values[c] = fp8_blocks(a, fp8_block)
             stored[r] = ("F8_E4M3", a.shape, codes.tobytes())
             stored[base + ".scale"] = ("F8_E8M0", sc.shape, sc.tobytes())
-            per = np.repeat(np.repeat(M.E8M0[sc], fp8_block, 0), fp8_block, 1)
-            values[c] = M.E4M3[codes] * per[: a.shape[0], : a.shape[1]]
         elif _FP4.match(c):
-            packed, sc = M.quant_fp4_groups(a)
+            packed, sc, values[c] = fp4_groups(a)
             stored[r] = ("I8", packed.shape, packed.tobytes())
             stored[base + ".scale"] = ("F8_E8M0", sc.shape, sc.tobytes())
-            values[c] = M.dequant_fp4_groups(packed, M.E8M0[sc])
         elif c.endswith("tid2eid"):
             stored[r] = ("I32", a.shape, a.astype("<i4").tobytes())
             values[c] = a
@@ -96,7 +150,7 @@ def release_tensors(t: dict, fp8_block: int = M.FP8_BLOCK, mtp: bool = True):
             stored[r] = ("BF16", a.shape, raw)
             values[c] = v.reshape(a.shape)
     if mtp:  # one MTP stage with an FP8 projection: skipped by the converter
-        codes, sc = M.quant_fp8_blocks(np.ones((8, 16), np.float32))
+        codes, sc, _ = fp8_blocks(np.ones((8, 16), np.float32))
         stored["mtp.0.e_proj.weight"] = ("F8_E4M3", codes.shape, codes.tobytes())
         stored["mtp.0.e_proj.scale"] = ("F8_E8M0", sc.shape, sc.tobytes())
         stored["mtp.0.norm.weight"] = ("BF16", (16,), _bf16(np.ones(16))[1])
@@ -145,6 +199,6 @@ def reference_config(hf: dict, keep_transformers_keys: bool = False) -> dict:
     out["num_nextn_predict_layers"] = 1
     out["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
                                   "activation_scheme": "dynamic",
-                                  "weight_block_size": [M.FP8_BLOCK, M.FP8_BLOCK]}
+                                  "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
     out["expert_dtype"] = "fp4"
     return out

@@ -1,31 +1,32 @@
 """The q4tp / q2tp encoder of docs/cmf-format.md §7.8 one row at a time, transcribed literally
 (scalar exp2f ladder, the f16 ulp bump loop per row): the reference the vectorized
-``cortiq.cmf.quant._tp`` must match byte for byte."""
+``cortiq.cmf.quant._tp`` must match byte for byte. Its f16 rounding, the ladder and the
+code packing come from ``reference.cmf_spec``, written from the spec without cortiq."""
 from __future__ import annotations
 
 import numpy as np
 
-from cortiq.cmf.quant import GROUP, _exp2f, _pack_codes, f16_bytes, f16_floor, f16_round
+from .cmf_spec import GROUP, f16_bits, f16_floor, f16_le, f16_round, f16_value, ladder, pack_codes
 
 
-def ladder(lo, step):
-    t = np.empty(32, np.float32)
-    t[0] = _exp2f(lo)
-    mult = _exp2f(step)
-    for c in range(1, 32):
-        t[c] = t[c - 1] * mult
-    return t
+def next_up(h: int) -> int:
+    """The next f16 bit pattern towards +inf (finite h)."""
+    if h & 0x8000:
+        return 0x0001 if h == 0x8000 else h - 1
+    return h + 1
 
 
 def row_params(lg_live, rungs):
     if lg_live.size == 0:
         return np.float32(0), np.float32(0)
-    lo = f16_round(lg_live.min())[()]
+    lo = np.float32(f16_round(lg_live.min()))
     top = np.float32(lg_live.max())
-    step16 = np.float16((top - lo) / np.float32(rungs))
-    while np.float32(lo + np.float32(rungs) * np.float32(step16)) < top:
-        step16 = np.nextafter(step16, np.float16(np.inf))
-    return np.float32(lo), np.float32(step16)
+    r = np.float32(rungs)
+    step = f16_bits(np.float32((top - lo) / r))
+    # lo is rounded, so it can lie above top and the first step be negative
+    while np.float32(lo + np.float32(r * f16_value(step))) < top:
+        step = next_up(int(step))
+    return lo, np.float32(f16_value(step))
 
 
 def encode(a, dtype):
@@ -65,4 +66,4 @@ def encode(a, dtype):
     else:
         v = vals.reshape(rows, gpr, 8, 4)
         body = (v[..., 0] | (v[..., 1] << 2) | (v[..., 2] << 4) | (v[..., 3] << 6)).ravel()
-    return np.concatenate([body, f16_bytes(params).ravel(), _pack_codes(codes).ravel()])
+    return np.concatenate([body, f16_le(params), pack_codes(codes).ravel()])
