@@ -225,6 +225,8 @@ def test_idle_pool_sleeps(data, keep_threads):
     cpu0, wall0 = time.process_time(), time.perf_counter()
     time.sleep(0.5)
     used = time.process_time() - cpu0
+    # Measured: 0.0002 s idle, 0.0001 s with 2 and with 4 busy loops on the 2 cores; a
+    # worker still spinning would use ~0.5 s per worker.
     assert used < 0.05, f"{used:.3f} s of CPU in {time.perf_counter() - wall0:.2f} s idle"
 
 

@@ -8,7 +8,6 @@ Tolerances:
 """
 import dataclasses
 import math
-import time
 
 import numpy as np
 import pytest
@@ -327,16 +326,20 @@ def test_nan_and_inf_logits():
     assert s.probabilities(z)[0] == 1.0
 
 
-def test_large_vocab_is_vectorised():
-    # A per-token Python loop over 152k logits would take ~0.1 s per call; the
-    # vectorised chain is a few ms. 30 calls under 3 s leaves slack for a busy box.
+def test_large_vocab_full_chain():
+    """The whole chain on a 152k vocabulary with a long history: every draw lies in the
+    support of `probabilities`, and a seed repeats the draws. (Its speed is a
+    benchmark: benchmarks/bench_sampling.py.)"""
     rng = np.random.default_rng(0)
     z = rng.standard_normal(152_064).astype(np.float32) * 3
     hist = rng.integers(0, z.size, 2000)
-    s = Sampler(SamplingParams(temperature=0.8, top_k=0, top_p=0.95, min_p=0.0,
-                               repetition_penalty=1.1, presence_penalty=0.2,
-                               frequency_penalty=0.1, seed=0))
-    t0 = time.perf_counter()
-    for _ in range(30):
-        s.sample(z, hist)
-    assert time.perf_counter() - t0 < 3.0
+    params = SamplingParams(temperature=0.8, top_k=0, top_p=0.95, min_p=0.0,
+                            repetition_penalty=1.1, presence_penalty=0.2,
+                            frequency_penalty=0.1, seed=0)
+    draws = [Sampler(params).sample(z, hist) for _ in range(2)]
+    s = Sampler(params)
+    more = [s.sample(z, hist) for _ in range(10)]
+    assert draws[0] == draws[1] == more[0]
+    p = s.probabilities(z, hist)
+    assert all(p[t] > 0 for t in more)
+    assert len(set(more)) > 1

@@ -11,10 +11,15 @@ does, so prompts match what the model was trained on:
 * `tojson` is HF's: `json.dumps(x, ensure_ascii=False, indent=..., separators=...,
   sort_keys=False)` -- no HTML escaping, key order kept, non-ASCII kept;
 * `strftime_now(fmt)` formats the current local time;
-* context: `messages`, `tools` (None when not given), `add_generation_prompt`,
-  `bos_token`, `eos_token` (strings, '' when the tokenizer has none) and any extra
-  keyword (`enable_thinking`, `tool_call_format`, `documents`, ...). A variable
-  that is not passed stays undefined, as in HF.
+* context: `messages`, `tools` and `documents` (None when not given),
+  `add_generation_prompt`, `bos_token`, `eos_token` (strings, '' when the tokenizer
+  has none) and any extra keyword (`enable_thinking`, `tool_call_format`, ...). A
+  variable that is not passed stays undefined, as in HF;
+* each message reaches the template as HF passes it: a copy without its None-valued
+  keys, with reasoning given as `reasoning_content`, `thinking` or `reasoning` also
+  under `reasoning_content` and `thinking`;
+* `continue_final_message` cuts the prompt where a marker appended to the final
+  message's text lands (before it, or before the space the template trimmed).
 
 Without a template the runtime falls back to ChatML (upstream cortiq's fallback)::
 
@@ -94,6 +99,13 @@ CHATML_TEMPLATE = (
 )
 
 _EMPTY_THINK = "<think>\n\n</think>\n\n"
+
+# Appended to the final message's text for continue_final_message; the prompt is cut
+# where it lands (the trailing space tells whether the template trimmed the text).
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+# The names a message's reasoning comes under; templates read the first.
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
@@ -460,6 +472,22 @@ def _check_messages(messages) -> list:
     return list(messages)
 
 
+def _normalize_messages(messages: list) -> list:
+    """Each message as HF hands it to the template: a fresh dict without the keys whose
+    value is None (OpenAI clients send `content: null` beside tool calls; a template
+    handles a missing key, where None would print "None"), its reasoning under every
+    name (`reasoning_content`, which templates read, and `thinking`) when it came under
+    any of `_REASONING_FIELDS`."""
+    out = []
+    for m in messages:
+        m = {k: v for k, v in m.items() if v is not None}
+        reasoning = next((m[k] for k in _REASONING_FIELDS if k in m), None)
+        if reasoning is not None:
+            m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+        out.append(m)
+    return out
+
+
 def _check_tools(tools):
     if tools is None:
         return None
@@ -607,17 +635,20 @@ class ChatTemplate:
         return cls(None)
 
     def render(self, messages, add_generation_prompt: bool = True, tools=None, *,
-               continue_final_message: bool = False, **extra: Any) -> str:
+               continue_final_message: bool | str = False, **extra: Any) -> str:
         """The prompt text for `messages` (a list of `{"role", "content", ...}`).
 
         `continue_final_message=True` (HF's option, implies no generation prompt)
         cuts the text right after the last message's content, so the model continues
-        that message (e.g. a prefilled assistant answer)."""
-        messages = _check_messages(messages)
+        that message (e.g. a prefilled assistant answer); a string names the field to
+        continue instead of "content" (e.g. "reasoning_content")."""
+        messages = _normalize_messages(_check_messages(messages))
         if continue_final_message:
             add_generation_prompt = False
+            messages, final = self._tag_final(messages, continue_final_message)
         tools = _check_tools(tools)
-        ctx: dict = {"bos_token": self.bos_token, "eos_token": self.eos_token}
+        ctx: dict = {"bos_token": self.bos_token, "eos_token": self.eos_token,
+                     "documents": None}
         ctx.update(extra)
         ctx.update(messages=messages, tools=tools,
                    add_generation_prompt=bool(add_generation_prompt))
@@ -642,7 +673,7 @@ class ChatTemplate:
             raise TemplateRenderError(f"{self.name}{where}: {type(e).__name__}: {e}") \
                 from None
         if continue_final_message:
-            text = self._cut_after_final(text, messages)
+            text = self._cut_at_tag(text, final)
         if extra.get("enable_thinking") is False and add_generation_prompt:
             text = insert_empty_think(text)
         return text
@@ -659,22 +690,55 @@ class ChatTemplate:
             else:
                 _LIMIT.chars = prev
 
-    def _cut_after_final(self, text: str, messages: list) -> str:
+    def _tag_final(self, messages: list, field: bool | str) -> tuple[list, str]:
+        """Mark the end of the final message's text with `_CONTINUE_TAG` (HF's way: the
+        cut is made where the tag lands, so a template that trims or repeats the text
+        elsewhere cannot move it). Returns the tagged copy and the final text."""
         if not messages:
             raise TemplateError("continue_final_message: there are no messages")
-        final = messages[-1].get("content")
+        field = field if isinstance(field, str) else "content"
+        last = dict(messages[-1])
+        final = last.get(field)
+        if final is None:
+            raise TemplateError(f"continue_final_message: the final message has no "
+                                f"{field!r} to continue")
+        fields = [field]
+        if field in _REASONING_FIELDS:       # copied under each name: tag every copy
+            fields = [f for f in _REASONING_FIELDS if last.get(f) == final]
+        if not any(f in self.source for f in fields):
+            raise TemplateError(f"{self.name}: continue_final_message: the template does not "
+                                f"read {field!r}")
         if isinstance(final, (list, tuple)):
-            texts = [b.get("text") for b in final if isinstance(b, Mapping)
-                     and isinstance(b.get("text"), str)]
-            final = texts[-1] if texts else None
+            blocks = [dict(b) if isinstance(b, Mapping) else b for b in final]
+            for b in reversed(blocks):
+                if isinstance(b, dict) and "text" in b:
+                    final = b["text"]
+                    b["text"] = f"{b['text']}{_CONTINUE_TAG}"
+                    break
+            else:
+                raise TemplateError("continue_final_message: the final message has no text "
+                                    "content")
+            last[field] = blocks
+        elif not isinstance(final, str):
+            raise TemplateError(f"continue_final_message: the final message's {field!r} is "
+                                f"not text")
+        else:
+            for f in fields:
+                last[f] = last[f] + _CONTINUE_TAG
         if not isinstance(final, str):
-            raise TemplateError("continue_final_message: the final message has no text content")
-        final = final.strip()
-        i = text.rfind(final)
-        if i == -1:
+            raise TemplateError("continue_final_message: the final message's text is not a "
+                                "string")
+        return messages[:-1] + [last], final
+
+    def _cut_at_tag(self, text: str, final: str) -> str:
+        tag = _CONTINUE_TAG.strip()
+        if final.strip() not in text or tag not in text:
             raise TemplateError(f"{self.name}: continue_final_message: the final message's "
                                 "content does not appear in the rendered prompt")
-        return text[:i + len(final)]
+        at = text.rindex(tag)
+        if text.startswith(_CONTINUE_TAG, at):
+            return text[:at]                 # the template kept the text as it was
+        return text[:at].rstrip()            # it trimmed the text's trailing space
 
     def __repr__(self) -> str:
         kind = "ChatML fallback" if self.is_fallback else f"{len(self.source)} chars"
