@@ -233,17 +233,23 @@ def test_decodes_do_not_stall_behind_a_prompt(sched):
     a = Job(s, m, [5], 40)
     wait_for(m.paused.is_set)                              # a is decoding, held
     b = Job(s, m, list(range(30, 48)), 2)
+    c = Job(s, m, list(range(20, 26)), 2)
     m.resume.set()
-    a.wait(), b.wait()
+    a.wait(), b.wait(), c.wait()
     assert a.pieces == expected([5], 40) and b.pieces == expected(b.prompt, 2)
-    b_rows = [[i for sid, i, w in c if sid == key(b)] for c in m.calls]
-    a_in = [any(sid == key(a) for sid, _, _ in c) for c in m.calls]
+    assert c.pieces == expected(c.prompt, 2)
+    b_rows = [[i for sid, i, w in st if sid == key(b)] for st in m.calls]
+    c_rows = [[i for sid, i, w in st if sid == key(c)] for st in m.calls]
+    a_in = [any(sid == key(a) for sid, _, _ in st) for st in m.calls]
     first_b = next(k for k, r in enumerate(b_rows) if r)
     last_b_prompt = max(k for k, r in enumerate(b_rows) if r and len(r[0]) > 1)
+    last_c_prompt = max(k for k, r in enumerate(c_rows) if r and len(r[0]) > 1)
     assert (first_b, last_b_prompt) == (4, 8)              # 18 prompt rows: 4+4+4+4+2
-    assert all(a_in[first_b:last_b_prompt + 1])           # a got a token every step
-    assert all(len(r[0]) <= 4 for r in b_rows if r)        # the prefill budget
+    assert all(a_in[first_b:last_c_prompt + 1])           # a got a token every step
+    for st in m.calls[first_b:]:                           # the prefill budget, shared
+        assert sum(len(i) for sid, i, _ in st if sid != key(a) and len(i) > 1) <= 4
     assert [t for r in b_rows[first_b:last_b_prompt + 1] for t in r[0]] == b.prompt
+    assert [t for r in c_rows if r for t in r[0]][:len(c.prompt)] == c.prompt
 
 
 def test_cancel_frees_the_slot(sched):
