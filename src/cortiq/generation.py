@@ -255,7 +255,11 @@ class Generation:
         k = self.n_top
         if k:
             k = min(k, lp.size)
-            idx = np.argpartition(-lp, k - 1)[:k]
+            # the k-th largest value; of the ids tied with it, the lowest make the cut
+            # (argpartition alone would pick an arbitrary one of them)
+            kth = -np.partition(-lp, k - 1)[k - 1]
+            above = np.flatnonzero(lp > kth)
+            idx = np.concatenate([above, np.flatnonzero(lp == kth)[:k - above.size]])
             idx = idx[np.lexsort((idx, -lp[idx]))]       # most likely first, ties by id
             top = tuple((int(i), float(lp[i])) for i in idx)
         return TokenLogprob(int(t), float(lp[t]), top)

@@ -223,6 +223,24 @@ class SkillRouter:
         return min(errs, key=lambda k: (errs[k], k))
 
 
+def _row_payload(raw, dtype: str, rows: int, cols: int, i: int) -> np.ndarray:
+    """Row i of a [rows, cols] payload as the payload of a [1, cols] tensor. q8_row and
+    q4_block keep every row's codes first and the scales after them (docs/cmf-format.md
+    §7.2, §7.4), so a row is its codes plus its own scales; q4_block rows must be whole
+    groups (cols % 32 == 0)."""
+    from ..cmf.quant import GROUP
+    if dtype == "q8_row":
+        n = rows * cols
+        return np.concatenate([raw[i * cols:(i + 1) * cols], raw[n + 2 * i:n + 2 * i + 2]])
+    if dtype == "q4_block":
+        gpr = cols // GROUP
+        packed = 16 * rows * gpr
+        return np.concatenate([raw[16 * gpr * i:16 * gpr * (i + 1)],
+                               raw[packed + 2 * gpr * i:packed + 2 * gpr * (i + 1)]])
+    rb = raw.size // rows                       # f32, f16, bf16: plain row-major
+    return raw[i * rb:(i + 1) * rb]
+
+
 def mean_embedding(cf, ids) -> np.ndarray:
     """The mean of the embedding rows of `ids` (the φ fallback); rows are cut out of
     row-major layouts without dequantising the whole matrix."""
@@ -234,12 +252,12 @@ def mean_embedding(cf, ids) -> np.ndarray:
     t = cf.info(name)
     rows, cols = t.shape
     uniq, counts = np.unique(np.asarray(ids, np.int64), return_counts=True)
-    if t.dtype in _ROW_MAJOR and Q.expected_nbytes(t.dtype, (1, cols)) * rows == t.nbytes:
-        rb = t.nbytes // rows
+    if t.dtype in _ROW_MAJOR and (t.dtype != "q4_block" or cols % Q.GROUP == 0):
         raw = cf.raw(name)
         acc = np.zeros(cols, np.float64)
         for i, c in zip(uniq.tolist(), counts.tolist()):
-            acc += c * Q.dequantize(raw[i * rb:(i + 1) * rb], t.dtype, (1, cols))[0]
+            acc += c * Q.dequantize(_row_payload(raw, t.dtype, rows, cols, i), t.dtype,
+                                    (1, cols))[0]
     else:
         m = cf.tensor(name)
         acc = (m[uniq].astype(np.float64) * counts[:, None]).sum(0)
