@@ -23,6 +23,7 @@ from cortiq.generation import Generation, Options, Result, TokenLogprob, log_sof
 from cortiq.logprobs import TokenBytes, chat_logprobs, completion_logprobs
 from cortiq.sampling import SamplingParams
 from cortiq.tokenizer import Tokenizer
+from toy_tokenizers import byte_level
 
 LP_ATOL = 1e-12
 GREEDY = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0,
@@ -37,22 +38,6 @@ def np_log_softmax(row) -> np.ndarray:
     return z - m - math.log(s)
 
 
-def gpt2_alphabet() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (printable Latin-1 bytes map to
-    themselves, the other 68 to U+0100 upwards in byte order)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + \
-        list(range(0xAE, 0x100))
-    out, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
-
-
-ALPHA = gpt2_alphabet()
 # ids 256.. : multi-byte tokens (bytes they stand for)
 MERGED = [b"ab", b" x", "é".encode(), "€".encode()[:2]]
 EOS = "<|endoftext|>"
@@ -60,14 +45,7 @@ EOS = "<|endoftext|>"
 
 @pytest.fixture(scope="module")
 def byte_tok():
-    vocab = {c: b for b, c in ALPHA.items()}
-    for i, raw in enumerate(MERGED):
-        vocab["".join(ALPHA[b] for b in raw)] = 256 + i
-    t = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=[]))
-    t.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    t.decoder = tk.decoders.ByteLevel()
-    t.add_special_tokens([EOS])
-    return Tokenizer(t)
+    return byte_level(MERGED, EOS)
 
 
 @pytest.fixture(scope="module")

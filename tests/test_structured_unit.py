@@ -11,7 +11,6 @@ import sys
 
 import numpy as np
 import pytest
-import tokenizers as tk
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,7 +21,7 @@ optional.need("extras", "llguidance")
 
 from cortiq import structured as S  # noqa: E402
 from cortiq.errors import ConfigError  # noqa: E402
-from cortiq.tokenizer import Tokenizer, _bytes_to_unicode  # noqa: E402
+from toy_tokenizers import byte_level  # noqa: E402
 
 MERGED = [b"ye", b"yes", b"no", b'{"', b'": ']
 EOS = "<|endoftext|>"
@@ -30,15 +29,7 @@ EOS = "<|endoftext|>"
 
 @pytest.fixture(scope="module")
 def tok():
-    alpha = _bytes_to_unicode()
-    vocab = {c: b for b, c in alpha.items()}
-    for i, raw in enumerate(MERGED):
-        vocab["".join(alpha[b] for b in raw)] = 256 + i
-    t = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=[]))
-    t.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    t.decoder = tk.decoders.ByteLevel()
-    t.add_special_tokens([EOS])
-    return Tokenizer(t)
+    return byte_level(MERGED, EOS)
 
 
 def token_bytes(t: int) -> bytes:
