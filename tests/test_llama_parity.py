@@ -242,11 +242,10 @@ def test_from_hf_refuses_unknown_and_bad_tensors(tmp_path, case):
         assert f.arch["arch_name"] == arch["arch_name"]
 
 
+@pytest.mark.parametrize("case", ["qwen3"], indirect=True)   # one family is enough
 def test_served_like_any_model(case):
     """The OpenAI server runs a Llama-family file through the same LLM paths."""
-    name, _model, _d, _ids, f32 = case
-    if name != "qwen3":
-        pytest.skip("one family is enough for the server path")
+    _name, _model, _d, _ids, f32 = case
     optional.need("extras", "starlette", "httpx")
     from starlette.testclient import TestClient
     from cortiq.server import create_app
@@ -265,11 +264,10 @@ def test_served_like_any_model(case):
             assert bad.status_code == 400 and "error" in bad.json()
 
 
+@pytest.mark.parametrize("case", ["llama3"], indirect=True)   # one file is enough
 def test_model_refuses_bad_headers(case, tmp_path):
     """A file whose header cannot describe this family is refused when opened."""
-    name, _model, _d, _ids, f32 = case
-    if name != "llama3":
-        pytest.skip("one file is enough")
+    _name, _model, _d, _ids, f32 = case
     with cortiq.cmf.open(f32) as f:
         arch, tensors = dict(f.arch), {n: np.asarray(f.tensor(n)) for n in f.tensors}
     for over, key in ((dict(rope_freq_factors=[0.0] * 8), "rope_freq_factors"),
