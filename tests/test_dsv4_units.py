@@ -14,6 +14,7 @@ import pytest
 
 from cortiq import _kernels as K
 from cortiq.models import deepseek_v4 as D
+from cortiq.models import rope
 from cortiq.tensor import QTensor
 
 SINK_TOL = 1e-4
@@ -98,7 +99,7 @@ def test_rope_tail_inverts_itself():
     inv = f32([1.0, 0.5])
     orig = f32([9, 8, 1, 2, 3, 4])
     v = orig.copy()
-    c, s = D._cos_sin(inv, 7)
+    c, s = rope.RopeTable(inv).at(7)
     K.rope_interleaved_tail(v, c, s, 4)
     assert (v[:2] == orig[:2]).all() and (v[2:] != orig[2:]).any()
     # interleaved pairs (2i, 2i+1), not halves
@@ -392,7 +393,7 @@ def test_mix_wrappers_check_arguments():
 
 def test_yarn_matches_the_seed_where_they_coincide():
     # rope dim 64 (the release): the reference engine's dim/2-1 clamp and HF's dim-1 clamp agree
-    inv = D.yarn_inv_freq(64, 160000.0, 16.0, 65536, 32.0, 1.0)
+    inv = rope.yarn_inv_freq(64, 160000.0, 16.0, 65536, 32.0, 1.0)
     dim, base = 64, 160000.0
     cd = lambda r: dim * math.log(65536 / (2 * math.pi * r)) / (2 * math.log(base))  # noqa: E731
     low, high = max(math.floor(cd(32)), 0), min(math.ceil(cd(1)), dim // 2 - 1)

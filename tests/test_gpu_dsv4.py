@@ -18,6 +18,7 @@ from cortiq import _kernels as K
 from cortiq import cmf
 from cortiq.errors import ConfigError, CortiqError
 from cortiq.models import deepseek_v4 as D
+from cortiq.models import rope
 from cortiq.tensor import QTensor
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -175,7 +176,7 @@ def test_norm_rope(dev, inverse):
     nv, width, rd, ring, pos = 3, 50, 6, 5, 13
     x = rng.standard_normal((1 + nv, width)).astype(np.float32)
     w = rng.random(width).astype(np.float32)
-    c, s = D._cos_sin(D.rope_inv_freq(rd, 10000.0), pos)
+    c, s = rope.RopeTable(rope.inv_freq(rd, 10000.0)).at(pos)
     R = np.concatenate([c, s]).astype(np.float32)
     # job a: row 0, weighted norm + RoPE + ring write; job b: rows 1.., RoPE only
     p = (_u32s(width, 1, 0, 0, 1, rd, 0, inverse, 0, ring, 1e-6, 0)
@@ -202,7 +203,7 @@ def test_compressor_matches_cpu(dev, overlap, ratio):
     cp = D._Compressor(None, None, norm, ape, ratio, overlap, width, entry)
     cs = D._CompState()
     host = SimpleNamespace(cfg=SimpleNamespace(norm_eps=1e-6, rope_head_dim=rd))
-    inv = D.yarn_inv_freq(rd, 160000.0, 16.0, 65536)
+    inv = rope.yarn_inv_freq(rd, 160000.0, 16.0, 65536)
     V = np.concatenate([ape.ravel(), norm]).astype(np.float32)
     st = np.zeros(2 * 2 * ratio * width, np.float32)
     cache = np.zeros((2 + 8, entry), np.float32)
@@ -211,7 +212,7 @@ def test_compressor_matches_cpu(dev, overlap, ratio):
     for pos in range(3 * ratio + 1):
         kv, g = rng.standard_normal((2, width)).astype(np.float32)
         want = D.DeepseekV4Model._compress(host, cp, cs, kv.copy(), g.copy(), pos, inv)
-        R = np.concatenate(D._cos_sin(inv, max(pos + 1 - ratio, 0))).astype(np.float32)
+        R = np.concatenate(rope.RopeTable(inv).at(max(pos + 1 - ratio, 0))).astype(np.float32)
         st, c = _run(dev, "dsv4_compress", p, [np.concatenate([kv, g]), V, R, st, cache],
                      (1, 1, 1), pos=pos)
         cache = c[:cache.size].reshape(cache.shape)
@@ -250,7 +251,7 @@ def test_sparse_attention_matches_cpu(dev, indexed):
     cache = rng.standard_normal((W + ncomp, hd)).astype(np.float32)
     sink = rng.standard_normal(nh).astype(np.float32)
     sel = (rng.random(ncomp) < 0.4).astype(np.uint32) if indexed else np.zeros(ncomp, np.uint32)
-    c, s = D._cos_sin(D.rope_inv_freq(rd, 10000.0), pos)
+    c, s = rope.RopeTable(rope.inv_freq(rd, 10000.0)).at(pos)
     R = np.concatenate([c, s]).astype(np.float32)
     scale = hd ** -0.5
     p = _u32s(nh, hd, W, ratio, indexed, 0, 0, 0, rd, 0, float(scale), 0)

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, CortiqError
-from ..models.deepseek_v4 import _cos_sin, token_by_token
+from ..models.deepseek_v4 import token_by_token
 from ..session import check_feed
 from .device import Device
 from .kernels import (CHUNK, DTYPE_IDS, MAX_PARTS, NONE, RPW1_SLOTS, Dispatch, GpuMatrix,
@@ -633,9 +633,9 @@ class GpuDeepSeekV4Model:
         host = self.host
         q = self.dev.queue
         q.write_buffer(self.step, 0, np.array([1, pos, 0, 0], np.uint32))
-        rows = [*_cos_sin(host.inv_window, pos), *_cos_sin(host.inv_compress, pos)]
+        rows = [*host.rope_window.at(pos), *host.rope_compress.at(pos)]
         for r in self.rope_at:
-            rows += _cos_sin(host.inv_compress, max(pos + 1 - r, 0))
+            rows += host.rope_compress.at(max(pos + 1 - r, 0))
         q.write_buffer(self.rope, 0, np.concatenate(rows).astype(np.float32))
 
     # ---- programs -------------------------------------------------------------------

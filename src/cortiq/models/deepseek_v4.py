@@ -37,7 +37,6 @@ beta_fast, beta_slow} or null). Absent keys take the release values.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -47,6 +46,8 @@ from .. import _kernels as K
 from ..errors import ConfigError, CortiqError, FormatError
 from ..session import check_feed
 from ..tensor import QTensor, batch_products
+from .base import Capabilities, ModelBase
+from .rope import RopeTable, inv_freq, yarn_inv_freq
 
 ARCH_NAME = "deepseek_v4"
 
@@ -57,43 +58,6 @@ RELEASE: dict[str, Any] = {
              "beta_slow": 1.0},
 }
 
-
-# ------------------------------------------------------------------ rope tables
-
-def rope_inv_freq(dim: int, base: float) -> np.ndarray:
-    """1 / base^(2i/dim) for i < dim/2, float32 (HF's default rope)."""
-    e = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
-    return (np.float32(1.0) / (np.float32(base) ** e)).astype(np.float32)
-
-
-def yarn_inv_freq(dim: int, base: float, factor: float, original: int,
-                  beta_fast: float = 32.0, beta_slow: float = 1.0) -> np.ndarray:
-    """YaRN inverse frequencies as HF's ``_compute_yarn_parameters`` (truncate=True).
-
-    The reference engine clamps ``high`` to dim/2-1 where HF clamps to dim-1; the two agree whenever
-    ceil(cd(beta_slow)) <= dim/2-1, which holds for the release (rope dim 64). HF's
-    bound is used so tiny test models match HF exactly."""
-    def cd(rot):
-        return (dim * math.log(original / (rot * 2 * math.pi))) / (2 * math.log(base))
-    low = max(math.floor(cd(beta_fast)), 0)
-    high = min(math.ceil(cd(beta_slow)), dim - 1)
-    if low == high:
-        high += 0.001
-    pos = np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
-    extrap = (np.float32(1.0) / pos).astype(np.float32)
-    interp = (np.float32(1.0) / (np.float32(factor) * pos)).astype(np.float32)
-    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - np.float32(low))
-                   / np.float32(high - low), 0, 1).astype(np.float32)
-    keep = np.float32(1.0) - ramp
-    return (interp * (np.float32(1.0) - keep) + extrap * keep).astype(np.float32)
-
-
-def _cos_sin(inv: np.ndarray, pos: int):
-    ang = np.float32(pos) * inv
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-
-
-# ------------------------------------------------------------------ small pieces (seed)
 
 def sqrt_softplus(x: np.ndarray) -> np.ndarray:
     # float32 throughout; exp sees at most 20, so nothing overflows (no errstate needed)
@@ -424,7 +388,7 @@ def token_by_token(run, ids: np.ndarray, want: str, vocab: int):
         return rows[-1] if rows else None
     return None
 
-class DeepseekV4Model:
+class DeepseekV4Model(ModelBase):
     """A DeepSeek-V4 model read from an open CMF file (see the module docstring)."""
 
     arch = ARCH_NAME
@@ -454,15 +418,15 @@ class DeepseekV4Model:
             return QTensor.from_cmf(cf, n)
 
         rd = cfg.rope_head_dim
-        self.inv_window = rope_inv_freq(rd, cfg.rope_theta)
+        self.rope_window = RopeTable(inv_freq(rd, cfg.rope_theta))
         if cfg.yarn:
             y = cfg.yarn
-            self.inv_compress = yarn_inv_freq(rd, cfg.compress_rope_theta, float(y["factor"]),
-                                              int(y["original_max_position_embeddings"]),
-                                              float(y.get("beta_fast") or 32.0),
-                                              float(y.get("beta_slow") or 1.0))
+            self.rope_compress = RopeTable(yarn_inv_freq(
+                rd, cfg.compress_rope_theta, float(y["factor"]),
+                int(y["original_max_position_embeddings"]), float(y.get("beta_fast") or 32.0),
+                float(y.get("beta_slow") or 1.0)))
         else:
-            self.inv_compress = rope_inv_freq(rd, cfg.compress_rope_theta)
+            self.rope_compress = RopeTable(inv_freq(rd, cfg.compress_rope_theta))
         self.embed = q("model.embed_tokens.weight")
         self._iota_buf = np.arange(0, dtype=np.int64)
         self.norm = f("model.norm.weight").ravel()
@@ -471,6 +435,10 @@ class DeepseekV4Model:
         self.hc_head_base = f("model.hc_head_base").ravel()
         self.hc_head_scale = float(f("model.hc_head_scale").ravel()[0])
         masks = _task_masks(cf, cfg, task)
+        file_masks = getattr(cf, "masks", None)
+        self.capabilities = Capabilities(
+            rollback=False, batch_unit=1, prefill_cap=8,
+            tasks=tuple(file_masks.names()) if file_masks else ())
 
         def compressor(p):
             wkv = q(f"{p}.wkv.weight")
@@ -564,7 +532,7 @@ class DeepseekV4Model:
         emb = self.embed.row(tid)
         x = np.ascontiguousarray(np.broadcast_to(emb, (cfg.hc_mult, cfg.dim)), np.float32)
         # this position's rotary tables, shared by every layer of a kind
-        ropes = (_cos_sin(self.inv_window, st.pos), _cos_sin(self.inv_compress, st.pos))
+        ropes = (self.rope_window.at(st.pos), self.rope_compress.at(st.pos))
         for li, L in enumerate(self.layers):
             fn, sc, base = L.hc_attn
             folded, post, comb = K.hc_pre(x, fn, sc, base, L.attn_norm, cfg.hc_sinkhorn_iters,
@@ -585,7 +553,7 @@ class DeepseekV4Model:
         h = K.hc_fold(x, pre, self.norm, cfg.norm_eps)
         return h if logits == "hidden" else self.head.matvec(h)
 
-    def _compress(self, cp: _Compressor, cs: _CompState, ckv, cg, pos, inv):
+    def _compress(self, cp: _Compressor, cs: _CompState, ckv, cg, pos, rope):
         if cp.overlap:
             cg = cg + cp.ape[pos % cp.ratio]
         cs.pk.append(ckv)
@@ -601,14 +569,14 @@ class DeepseekV4Model:
         else:
             folded = K.pool_by_score(kv, np.ascontiguousarray(sc + cp.ape, np.float32))
         K.rms_weighted(folded, cp.norm, self.cfg.norm_eps)
-        c, s = _cos_sin(inv, pos + 1 - cp.ratio)
+        c, s = rope.at(pos + 1 - cp.ratio)
         K.rope_interleaved_tail(folded, c, s, self.cfg.rope_head_dim)
         return folded
 
     def _attention(self, L: _Layer, ls: _LayerState, x, pos, rope):
         cfg = self.cfg
         hd, rd, W = cfg.head_dim, cfg.rope_head_dim, cfg.window
-        inv = self.inv_compress if L.comp is not None else self.inv_window
+        table = self.rope_compress if L.comp is not None else self.rope_window
         c, s = rope
         p = L.project(x)
         qr, kv = p.qr, p.kv
@@ -617,14 +585,14 @@ class DeepseekV4Model:
         K.rope_interleaved_tail(kv, c, s, rd)
         if L.comp is not None:
             assert ls.comp is not None              # _LayerState makes it for a comp layer
-            e = self._compress(L.comp, ls.comp, p.comp_kv, p.comp_gate, pos, inv)
+            e = self._compress(L.comp, ls.comp, p.comp_kv, p.comp_gate, pos, table)
             if e is not None:
                 ls.cache.append(e)
         ix_e = None
         if L.indexer is not None:
             ix = L.indexer
             assert ls.ix is not None and ls.ix_kv is not None   # made for an indexer layer
-            ix_e = self._compress(ix.comp, ls.ix, p.ix_kv, p.ix_gate, pos, inv)
+            ix_e = self._compress(ix.comp, ls.ix, p.ix_kv, p.ix_gate, pos, table)
             if ix_e is not None:
                 ls.ix_kv.append(ix_e)
             hw = p.ix_weights
@@ -721,7 +689,7 @@ class DeepseekV4Model:
         cfg = self.cfg
         xs = [np.ascontiguousarray(np.broadcast_to(self.embed.row(t), (cfg.hc_mult, cfg.dim)),
                                    np.float32) for t in tids]
-        ropes = [(_cos_sin(self.inv_window, st.pos), _cos_sin(self.inv_compress, st.pos))
+        ropes = [(self.rope_window.at(st.pos), self.rope_compress.at(st.pos))
                  for st in sts]
         it, he, ne = cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps
         for li, L in enumerate(self.layers):
@@ -754,7 +722,7 @@ class DeepseekV4Model:
         """`_attention` for one row per sequence: the projections once for all rows."""
         cfg = self.cfg
         hd, rd, W = cfg.head_dim, cfg.rope_head_dim, cfg.window
-        inv = self.inv_compress if L.comp is not None else self.inv_window
+        table = self.rope_compress if L.comp is not None else self.rope_window
         B = X.shape[0]
         proj = batch_products(L.first, X)
         qr_all, kv_all = proj[0], proj[1]
@@ -770,14 +738,14 @@ class DeepseekV4Model:
             K.rope_interleaved_tail(kv, c, s, rd)
             k = 2
             if L.comp is not None:
-                e = self._compress(L.comp, ls.comp, proj[2][b].copy(), proj[3][b].copy(), pos, inv)
+                e = self._compress(L.comp, ls.comp, proj[2][b].copy(), proj[3][b].copy(), pos, table)
                 k = 4
                 if e is not None:
                     ls.cache.append(e)
             if L.indexer is not None:
                 ix = L.indexer
                 ix_e = self._compress(ix.comp, ls.ix, proj[k][b].copy(), proj[k + 1][b].copy(),
-                                      pos, inv)
+                                      pos, table)
                 if ix_e is not None:
                     ls.ix_kv.append(ix_e)
                 hw = proj[k + 2][b]

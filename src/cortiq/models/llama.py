@@ -47,54 +47,14 @@ from ..errors import ConfigError, CortiqError, FormatError
 from ..tensor import QGroup, QTensor, batch_products
 from .batch_rows import head_decode, head_rows, prompt_flags
 from .batch_rows import per_sequence
+from .base import Capabilities, ModelBase
 from .kv_cache import KvSlot
+from .rope import RopeTable, inv_freq, yarn_attention_factor, yarn_inv_freq
 
 #: arch_name values this module runs (the reference engine names files by HF model_type)
 ARCH_NAMES = ("llama", "mistral", "qwen2", "qwen3")
 #: rows of a prompt run through the stack together
 CHUNK = 64
-
-
-# ---- rotary tables ------------------------------------------------------------------
-def rope_inv_freq(hd: int, theta: float) -> np.ndarray:
-    """HF's default inverse frequencies, float32: 1 / theta^(arange(0, hd, 2) / hd)."""
-    e = np.arange(0, hd, 2, dtype=np.int64).astype(np.float32) / np.float32(hd)
-    return (np.float32(1.0) / (np.float32(theta) ** e)).astype(np.float32)
-
-
-def yarn_inv_freq(hd: int, theta: float, factor: float, original: int,
-                  beta_fast: float = 32.0, beta_slow: float = 1.0) -> np.ndarray:
-    """YaRN's blend of interpolated and extrapolated frequencies (HF, truncate=True)."""
-    def corr(rot):
-        return hd * math.log(original / (rot * 2 * math.pi)) / (2 * math.log(theta))
-    low = max(math.floor(corr(beta_fast)), 0)
-    high = min(math.ceil(corr(beta_slow)), hd - 1)
-    if low == high:
-        high += 0.001
-    pos = np.float32(theta) ** (np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd))
-    extrap = np.float32(1.0) / pos
-    interp = np.float32(1.0) / (np.float32(factor) * pos)
-    ramp = np.clip((np.arange(hd // 2, dtype=np.float32) - np.float32(low))
-                   / np.float32(high - low), 0, 1).astype(np.float32)
-    keep = np.float32(1.0) - ramp
-    return (interp * (np.float32(1.0) - keep) + extrap * keep).astype(np.float32)
-
-
-class Rope:
-    """cos and sin [t, hd/2] for positions pos0 .. pos0+t-1 (float32, HF's arithmetic:
-    the angle is a float32 product, scaled by the attention factor after cos/sin)."""
-
-    def __init__(self, inv: np.ndarray, scale: float = 1.0):
-        self.inv = np.ascontiguousarray(inv, np.float32)
-        self.scale = np.float32(scale)
-
-    def __call__(self, pos0: int, t: int):
-        ang = np.arange(pos0, pos0 + t, dtype=np.float32)[:, None] * self.inv[None, :]
-        c, s = np.cos(ang), np.sin(ang)
-        if self.scale != 1:
-            c *= self.scale
-            s *= self.scale
-        return np.ascontiguousarray(c, np.float32), np.ascontiguousarray(s, np.float32)
 
 
 # ---- config -------------------------------------------------------------------------
@@ -187,10 +147,9 @@ class LlamaConfig:
                                 float(y.get("beta_slow") or 1.0))
             af = y.get("attention_factor")
             if af is None:
-                f = float(y["factor"])
-                af = 0.1 * math.log(f) + 1.0 if f > 1 else 1.0
+                af = yarn_attention_factor(float(y["factor"]))
             return inv, float(af)
-        inv = rope_inv_freq(self.head_dim, self.rope_theta)
+        inv = inv_freq(self.head_dim, self.rope_theta)
         if self.rope_freq_factors is not None:
             inv = (inv / np.asarray(self.rope_freq_factors, np.float32)).astype(np.float32)
         return inv, 1.0
@@ -234,7 +193,7 @@ class LlamaState:
 
 
 # ---- the model ----------------------------------------------------------------------
-class LlamaModel:
+class LlamaModel(ModelBase):
     """Weights and forward of a Llama-family file; one instance serves many sequences."""
 
     supports_rollback = True
@@ -252,6 +211,8 @@ class LlamaModel:
         self.arch = name
         self.vocab = cfg.vocab
         self.max_seq_len = cfg.max_pos or None
+        self.capabilities = Capabilities(rollback=True, batch_unit=CHUNK,
+                                         max_seq_len=self.max_seq_len)
         H, nh, nk, hd, F = cfg.hidden, cfg.n_heads, cfg.n_kv, cfg.head_dim, cfg.ffn
 
         def vec(n, size, required=True):
@@ -294,7 +255,7 @@ class LlamaModel:
         self.head = (mat("lm_head.weight", cfg.vocab, H) if "lm_head.weight" in cf.tensors
                      else self.embed)
         inv, scale = cfg.inv_freq()
-        self.rope = Rope(inv, scale)
+        self.rope = RopeTable(inv, scale)
         self.attn_scale = float(hd ** -0.5)
         self._ones = np.ones(F, np.float32)          # silu_mul's unit column scales
 

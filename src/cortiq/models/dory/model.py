@@ -33,13 +33,15 @@ from ...errors import ConfigError, CortiqError
 from ...tensor import QGroup, QTensor, batch_products
 from .config import DoryConfig, DoryOptions
 from ..batch_rows import head_decode, head_rows, per_sequence, prompt_flags
+from ..base import Capabilities, ModelBase
 from ..kv_cache import KvSlot
+from ..rope import RopeTable, inv_freq
 from .far_field import EXACT_TAIL, O1Runtime, host_kv_bytes  # o1
 
 EPS = 1e-6
 #: rows of a prompt run through the stack together
 HOST_CHUNK = 64
-#: positions per cached block of rotary cos/sin rows (RopeRows)
+#: positions per cached block of rotary cos/sin rows (RopeTable's block)
 ROPE_BLOCK = 64
 
 
@@ -48,39 +50,6 @@ def justnorm(x: np.ndarray) -> np.ndarray:
     """In place over the last axis: x / sqrt(sum x^2 + eps)."""
     K.justnorm(x, EPS)
     return x
-
-
-def rope_inv_freq(hd: int, theta: float) -> np.ndarray:
-    """inv[i] = 1 / theta^(2i/hd), rounded once to float32."""
-    i = np.arange(hd // 2, dtype=np.float64)
-    return (1.0 / np.power(float(theta), 2.0 * i / hd)).astype(np.float32)
-
-
-def rope_table(inv: np.ndarray, pos0: int, t: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin [t, hd/2] of (pos * inv), evaluated in float64 as the reference engine does."""
-    ang = np.arange(pos0, pos0 + t, dtype=np.float64)[:, None] * inv.astype(np.float64)[None, :]
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-
-
-class RopeRows:
-    """rope_table of one theta, kept for the aligned block of ROPE_BLOCK positions the
-    last request fell in: a decode step reads its row instead of evaluating cos/sin
-    again (the values are the same elementwise expression, so the same floats)."""
-
-    def __init__(self, inv: np.ndarray):
-        self.inv = inv
-        self._block: tuple = (-1, None, None)  # (first position, cos, sin): swapped whole
-
-    def __call__(self, pos0: int, t: int) -> tuple[np.ndarray, np.ndarray]:
-        b0 = pos0 - pos0 % ROPE_BLOCK
-        if pos0 + t > b0 + ROPE_BLOCK:  # spans blocks: a prompt chunk, computed directly
-            return rope_table(self.inv, pos0, t)
-        blk = self._block
-        if blk[0] != b0:
-            blk = (b0,) + rope_table(self.inv, b0, ROPE_BLOCK)
-            self._block = blk
-        i = pos0 - b0
-        return blk[1][i:i + t], blk[2][i:i + t]
 
 
 def top_prob(logits: np.ndarray) -> float:
@@ -214,7 +183,7 @@ class DoryState:
 
 
 # ---- the model ---------------------------------------------------------------------
-class DoryModel:
+class DoryModel(ModelBase):
     """Dory's weights and forward. One instance serves many sequences (DoryState)."""
 
     arch = "dory"
@@ -292,9 +261,10 @@ class DoryModel:
         self.embed = mat("model.embed_tokens.weight", self.vocab, self.hidden)
         self.head_w = mat("lm_head.weight", self.vocab, self.hidden)
         self.logit_scale = cfg.logit_scale(vec("lm_head.logit_scale", self.vocab))
-        self.inv_full = rope_inv_freq(self.hd, cfg.rope_theta_full)
-        self.inv_sliding = rope_inv_freq(self.hd, cfg.rope_theta_sliding)
-        self.rope_sliding, self.rope_full = RopeRows(self.inv_sliding), RopeRows(self.inv_full)
+        self.inv_full = inv_freq(self.hd, cfg.rope_theta_full, f64=True)
+        self.inv_sliding = inv_freq(self.hd, cfg.rope_theta_sliding, f64=True)
+        self.rope_sliding = RopeTable(self.inv_sliding, f64=True, block=ROPE_BLOCK)
+        self.rope_full = RopeTable(self.inv_full, f64=True, block=ROPE_BLOCK)
         # Fixed per layer, looked up on every visit: does the KV slot depend on the loop
         # (per_loop recurrent layers), does a later pass rewrite the chunk's rows (last_loop
         # recurrent layers and the output block), the attention window (0: unlimited).
@@ -321,6 +291,9 @@ class DoryModel:
                               "kv_mode='last_loop' (a per_loop far-field cache cannot take "
                               "the rows of a pass a token skipped)")
         # ---- end o1
+        self.capabilities = Capabilities(
+            rollback=True, batch_unit=None if self.o1rt is not None else HOST_CHUNK,
+            far_field=self.o1rt is not None)
 
     def _make_gate(self, spec) -> Gate | None:
         if spec is None:
