@@ -143,7 +143,8 @@ class ModelBase:
 
     def matrices(self) -> list:
         """Every weight matrix (QTensor) the forward multiplies by."""
-        return []
+        from ..tensor import model_qmats  # until every model lists its own
+        return model_qmats(self)
 
     def set_precision(self, precision) -> int:
         """Give every matrix the activation precision ("exact", "int8", "auto", or None:
