@@ -371,7 +371,7 @@ def cmd_serve(args) -> int:
                         ("--ray-address", args.ray_address), ("--verify", args.verify or None)):
         if given is not None:
             raise ConfigError(f"{flag} needs --ray")
-    from .server import serve
+    from .serve import serve
     if args.preload is None:  # a server loads once and decodes for long: copy by default
         from ._config import preload_default
         args.preload = preload_default(long_running=True)
