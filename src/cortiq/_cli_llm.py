@@ -395,7 +395,7 @@ def cmd_serve(args) -> int:
 def _serve_ray(args) -> int:
     """`cortiq serve MODEL --ray`: replicas on a Ray cluster (cortiq.ray)."""
     try:
-        import cortiq.ray as cray
+        import cortiq.serve.ray as cray
     except ImportError as e:
         raise ConfigError(str(e)) from None
     if args.threads is not None and args.threads_per_replica is not None:
