@@ -176,7 +176,7 @@ def server_clients(path, threads, n_clients, tokens, precision, max_batch):
     (aggregate tok/s over the whole run, mean time to first token in s)."""
     from starlette.testclient import TestClient
 
-    from cortiq.server import create_app
+    from cortiq.serve import create_app
     warnings.simplefilter("ignore", RuntimeWarning)
     llm = cortiq.LLM(path, precision=precision, max_batch=max_batch, n_ctx=4096)
     app = create_app(llm, max_concurrency=n_clients, max_queue=n_clients)

@@ -169,7 +169,7 @@ def main(argv=None):
         import ray
         from ray import serve
 
-        import cortiq.ray as cray
+        import cortiq.serve.ray as cray
         ray.init(num_cpus=a.cpus, include_dashboard=False, log_to_driver=False,
                  logging_level="warning")
         quiet = {"log_level": "WARNING", "enable_access_log": False}

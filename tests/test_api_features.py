@@ -29,7 +29,7 @@ jsonschema, openai, _, _ = optional.need("extras", "jsonschema", "openai", "llgu
                                          "starlette")
 from test_server import ServerThread  # noqa: E402
 
-from cortiq.server import create_app  # noqa: E402
+from cortiq.serve import create_app  # noqa: E402
 
 CHAT = [{"role": "user", "content": "Write a Python function."}]
 SCHEMA = {

@@ -375,7 +375,7 @@ def test_server_batches_streamed_chats(files):
     import httpx
     from starlette.testclient import TestClient
 
-    from cortiq.server import create_app
+    from cortiq.serve import create_app
     llm = cortiq.LLM(files["llama", "q8_row"], max_batch=8)
     ref = cortiq.LLM(files["llama", "q8_row"], max_batch=1)
     app = create_app(llm, max_concurrency=8, max_queue=8)
@@ -422,8 +422,8 @@ def test_cli_max_batch(files, capsys, monkeypatch):
     assert main(["run", files["llama", "f32"], "-p", "w5", "-n", "2", "--max-batch", "0"]) == 1
     assert "max_batch" in capsys.readouterr().err
     seen = {}
-    import cortiq.server
-    monkeypatch.setattr(cortiq.server, "serve", lambda llm, *a, **k: seen.update(
+    import cortiq.serve
+    monkeypatch.setattr(cortiq.serve, "serve", lambda llm, *a, **k: seen.update(
         batch=llm.max_batch, conc=k["max_concurrency"]) or 0)
     assert main(["serve", files["llama", "f32"], "--max-concurrency", "3"]) == 0
     assert seen == {"batch": 3, "conc": 3}

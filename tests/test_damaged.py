@@ -238,7 +238,7 @@ def test_nan_logits_are_a_500_from_the_server(nan_model):
     optional.need("extras", "starlette", "httpx")   # Starlette's test client needs httpx
     from starlette.testclient import TestClient
 
-    from cortiq.server import create_app
+    from cortiq.serve import create_app
     with cortiq.LLM(nan_model) as llm, TestClient(create_app(llm)) as c:
         r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3})
         assert r.status_code == 500

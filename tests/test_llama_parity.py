@@ -248,7 +248,7 @@ def test_served_like_any_model(case):
     _name, _model, _d, _ids, f32 = case
     optional.need("extras", "starlette", "httpx")
     from starlette.testclient import TestClient
-    from cortiq.server import create_app
+    from cortiq.serve import create_app
     with cortiq.LLM(f32, seed=1) as llm:
         want = llm.create_chat_completion([{"role": "user", "content": "w5 w6"}],
                                           max_tokens=5, temperature=0)

@@ -210,11 +210,11 @@ def test_cli_preload_flag(tmp_path, capsys, monkeypatch):
 
 def test_serve_preloads_by_default(tmp_path, monkeypatch):
     """A server copies the weights unless told not to (flag, or CORTIQ_PRELOAD=0)."""
-    import cortiq.server
+    import cortiq.serve
     toy = str(tmp_path / "toy.cmf")
     T.write_toy(toy)
     seen = []
-    monkeypatch.setattr(cortiq.server, "serve", lambda llm, *a, **kw: seen.append(llm.file.preload))
+    monkeypatch.setattr(cortiq.serve, "serve", lambda llm, *a, **kw: seen.append(llm.file.preload))
     monkeypatch.setattr(_config, "_preload", None)  # CORTIQ_PRELOAD unset
     for extra in ([], ["--no-preload"], ["--preload"]):
         assert main(["serve", toy] + extra) == 0

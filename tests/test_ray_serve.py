@@ -1,4 +1,4 @@
-"""cortiq on Ray Serve (cortiq.ray, `cortiq serve --ray`) on a local Ray instance.
+"""cortiq on Ray Serve (cortiq.serve.ray, `cortiq serve --ray`) on a local Ray instance.
 
 One Ray instance for the module (2 CPUs, no dashboard), shut down at its end. The
 service under test is the real CLI: `cortiq serve --ray --replicas 2
@@ -29,10 +29,10 @@ import optional
 httpx, openai, uvicorn = optional.need("extras", "httpx", "openai", "uvicorn")
 ray, serve = optional.need("ray", "ray", "ray.serve")
 
-import cortiq.ray as cray  # noqa: E402
+import cortiq.serve.ray as cray  # noqa: E402
 from cortiq.cli import main  # noqa: E402
 from cortiq.demo import demo_path  # noqa: E402
-from cortiq.server import create_app  # noqa: E402
+from cortiq.serve import create_app  # noqa: E402
 
 
 # Ray workers put the driver's working directory first on sys.path: run the drivers
@@ -461,14 +461,14 @@ def test_open_model_verifies_and_names_host_path_and_error(tmp_path):
 
 
 def test_cortiq_itself_never_imports_ray():
-    code = ("import sys, cortiq, cortiq.server, cortiq.cli; cortiq.cli.build_parser(); "
+    code = ("import sys, cortiq, cortiq.serve, cortiq.cli; cortiq.cli.build_parser(); "
             "sys.exit(int('ray' in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], cwd=PKG_PARENT, check=False).returncode == 0
 
 
 def test_load_error_finds_the_replicas_line():
     msg = ("The deployment failed to start 3 times in a row. Error:\nTraceback ...\n"
-           "cortiq.ray.ReplicaLoadError: cortiq replica on h1: cannot load /m.cmf: "
+           "cortiq.serve.ray.ReplicaLoadError: cortiq replica on h1: cannot load /m.cmf: "
            "FormatError: bad magic\n")
     assert cray.load_error(msg) == ("cortiq replica on h1: cannot load /m.cmf: "
                                     "FormatError: bad magic")

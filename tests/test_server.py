@@ -26,7 +26,7 @@ import optional
 httpx, openai, _, uvicorn = optional.need("extras", "httpx", "openai", "starlette", "uvicorn")
 
 from cortiq.chat import ChatTemplate  # noqa: E402
-from cortiq.server import create_app, json_error_protocol  # noqa: E402
+from cortiq.serve import create_app, json_error_protocol  # noqa: E402
 
 import toy_model as T  # noqa: E402
 

@@ -371,7 +371,7 @@ def cmd_serve(args) -> int:
                         ("--ray-address", args.ray_address), ("--verify", args.verify or None)):
         if given is not None:
             raise ConfigError(f"{flag} needs --ray")
-    from .server import serve
+    from .serve import serve
     if args.preload is None:  # a server loads once and decodes for long: copy by default
         from ._config import preload_default
         args.preload = preload_default(long_running=True)
@@ -395,7 +395,7 @@ def cmd_serve(args) -> int:
 def _serve_ray(args) -> int:
     """`cortiq serve MODEL --ray`: replicas on a Ray cluster (cortiq.ray)."""
     try:
-        import cortiq.ray as cray
+        import cortiq.serve.ray as cray
     except ImportError as e:
         raise ConfigError(str(e)) from None
     if args.threads is not None and args.threads_per_replica is not None:
