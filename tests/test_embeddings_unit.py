@@ -110,9 +110,13 @@ def test_hidden_states_checks_the_model():
         with pytest.raises(ModelError, match="shape"):
             hidden_states(HiddenModel(fault), [4, 5, 6])
 
-    class NoHidden:
+    class NoHidden(ModelBase):             # ModelBase's final_hidden refuses
         arch = "plain"
-    with pytest.raises(ConfigError, match="plain.*final_hidden"):
+        vocab = 16
+
+        def new_state(self):
+            return {}
+    with pytest.raises(ConfigError, match="plain model does not give hidden states"):
         hidden_states(NoHidden(), [1])
 
 
