@@ -29,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 import cortiq  # noqa: E402
+from cortiq.models.base import Capabilities, ModelBase  # noqa: E402
 
 USER_TURNS = [
     "the quick brown fox jumps over the lazy dog",
@@ -42,10 +43,10 @@ USER_TURNS = [
 ]
 
 
-class ReferenceDory:
+class ReferenceDory(ModelBase):
     """tests/reference/dory_numpy.DoryReference behind cortiq's model protocol."""
     arch = "dory"
-    supports_rollback = True
+    capabilities = Capabilities(rollback=True)
 
     def __init__(self, cf):
         from reference.dory_numpy import DoryReference
@@ -56,7 +57,10 @@ class ReferenceDory:
     def new_state(self):
         return self.ref.new_cache()
 
-    def forward(self, state, ids, want):
+    def forward_batch(self, states, ids_list, wants, prompts):
+        return [self._run(st, ids, want) for st, ids, want in zip(states, ids_list, wants)]
+
+    def _run(self, state, ids, want):
         out = self.ref.step(state, [int(i) for i in ids])
         self.tokens += len(ids)
         if want == "none":

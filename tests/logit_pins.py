@@ -56,7 +56,7 @@ def _model(files, arch, quant, opts, precision):
     from cortiq.models import model_class
     cf = cortiq.cmf.open(files[arch, quant])
     m = model_class(cf.arch["arch_name"])(cf, **opts)
-    cortiq.tensor.set_model_precision(m, precision)
+    m.set_precision(precision)
     return m
 
 

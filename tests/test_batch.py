@@ -19,6 +19,7 @@ import pytest
 import cortiq
 from cortiq.batch import feed_batch
 from cortiq.errors import ConfigError, CortiqError, ModelError
+from cortiq.models.base import ModelBase
 from cortiq.session import Session
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -117,7 +118,7 @@ def test_dory_gate_mixes_exits_and_second_passes(files, kv_mode):
 
 def test_int8_rows_equal_unbatched(files):
     m = _model(files, "llama", "q8_row")
-    cortiq.tensor.set_model_precision(m, "int8")
+    m.set_precision("int8")
     assert m.layers[0].q.int8
     _check_model(m, [4, 1, 70], n_dec=3)
 
@@ -241,7 +242,7 @@ def test_auto_prompt_rows_do_not_depend_on_the_cut(files, arch):
     s = Session(m)
     s.prefill(p[:-1] + [p[-1] % (vocab - 3) + 3])
     kept, cached = s.prefill(p)
-    assert kept == (len(p) - 1 if m.supports_rollback else 0)
+    assert kept == (len(p) - 1 if m.capabilities.rollback else 0)
 
     a, b = Session(m), Session(m)
     feed_batch([a, b], [p[:-1], other], "none", prompt=True)
@@ -330,10 +331,9 @@ def test_streams_cancel_and_usage(files):
     ref.close()
 
 
-class _NanModel:
+class _NanModel(ModelBase):
     """A tiny model whose logits turn NaN after token 13 (a broken request)."""
     arch = "nan"
-    supports_rollback = False
     vocab = BM.VOCAB
 
     def new_state(self):
@@ -344,12 +344,12 @@ class _NanModel:
         r[:3] = -10.0                               # never the special tokens
         return r * np.nan if 13 in ids else r.astype(np.float32)
 
-    def forward(self, st, ids, want):
+    def _run(self, st, ids, want):
         st["ids"] += [int(i) for i in ids]
         return None if want == "none" else self._row(st["ids"])
 
-    def forward_batch(self, states, ids_list, wants):
-        return [self.forward(s, i, w) for s, i, w in zip(states, ids_list, wants)]
+    def forward_batch(self, states, ids_list, wants, prompts):
+        return [self._run(s, i, w) for s, i, w in zip(states, ids_list, wants)]
 
     def can_rollback(self, st, n):
         return False

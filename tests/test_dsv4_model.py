@@ -57,7 +57,7 @@ def test_session_api_and_no_rollback(toy_path):
     for t in [3, 7, 1, 9]:
         s2.feed([t])
     np.testing.assert_array_equal(s2.logits(), all_rows[-1])
-    assert llm.model.supports_rollback is False
+    assert llm.model.capabilities.rollback is False
     assert llm.model.can_rollback(s._state, 2) is False
     with pytest.raises(CortiqError, match="rollback"):
         s.rollback(2)

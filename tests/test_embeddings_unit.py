@@ -16,6 +16,7 @@ from hypothesis.extra import numpy as hnp
 import cortiq
 from cortiq.embeddings import POOLINGS, embed, hidden_states, pool
 from cortiq.errors import ConfigError, ModelError
+from cortiq.models.base import ModelBase
 from cortiq.tokenizer import Tokenizer
 
 VEC_ATOL = 1e-6
@@ -29,10 +30,9 @@ def rows_of(ids) -> np.ndarray:
     return np.asarray(out, np.float32).reshape(len(ids), HIDDEN)
 
 
-class HiddenModel:
+class HiddenModel(ModelBase):
     arch = "hidden"
     vocab = 256
-    supports_rollback = False
 
     def __init__(self, shape_fault=None):
         self.calls = []
@@ -41,7 +41,7 @@ class HiddenModel:
     def new_state(self):
         return {"fed": 0}
 
-    def forward(self, st, ids, want):
+    def forward_batch(self, states, ids_list, wants, prompts):
         raise AssertionError("embeddings read final_hidden, not forward")
 
     def final_hidden(self, st, ids):
@@ -110,9 +110,13 @@ def test_hidden_states_checks_the_model():
         with pytest.raises(ModelError, match="shape"):
             hidden_states(HiddenModel(fault), [4, 5, 6])
 
-    class NoHidden:
+    class NoHidden(ModelBase):             # ModelBase's final_hidden refuses
         arch = "plain"
-    with pytest.raises(ConfigError, match="plain.*final_hidden"):
+        vocab = 16
+
+        def new_state(self):
+            return {}
+    with pytest.raises(ConfigError, match="plain model does not give hidden states"):
         hidden_states(NoHidden(), [1])
 
 

@@ -408,7 +408,7 @@ def test_llm_sessions_rollback_and_reuse(dev, toys):
     s = gpu.session()
     rows = s.feed([3, 7, 1, 9], want="all")
     assert rows.shape == (4, 24) and (s.logits() == rows[-1]).all()
-    assert gpu.model.supports_rollback is False and not gpu.model.can_rollback(s._state, 2)
+    assert gpu.model.capabilities.rollback is False and not gpu.model.can_rollback(s._state, 2)
     with pytest.raises(CortiqError, match="rollback"):
         s.rollback(2)
     with pytest.raises(CortiqError, match="rollback"):

@@ -22,7 +22,7 @@ import cortiq
 from cortiq import _kernels as K
 import optional
 from cortiq.errors import ConfigError
-from cortiq.tensor import QTensor, model_qmats
+from cortiq.tensor import QTensor
 
 I8 = ("q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp")
 LOW = ("q4_block", "q4_tiled", "q4tp", "q2tp")
@@ -453,10 +453,10 @@ def test_llm_precision_per_model(q4_demo):
         ex = cortiq.LLM(q4_demo, precision="exact")
         i8 = cortiq.LLM(q4_demo, precision="int8")
         dflt = cortiq.LLM(q4_demo)
-        dtypes = {m.dtype for m in model_qmats(ex.model)}
+        dtypes = {t.dtype for t in ex.model.matrices()}
         assert "q4_block" in dtypes
-        assert all(not m.int8 for m in model_qmats(ex.model))
-        assert all(m.int8 == (m.dtype in I8) for m in model_qmats(i8.model))
+        assert all(not t.int8 for t in ex.model.matrices())
+        assert all(t.int8 == (t.dtype in I8) for t in i8.model.matrices())
         assert dflt.precision is None and dflt.precision_in_force == "auto"
         le, li, ld = (m.session().feed(ids, want="all") for m in (ex, i8, dflt))
         assert not np.array_equal(le, li)

@@ -358,34 +358,6 @@ def test_task_option(toy_path, tmp_path):
         cortiq.LLM(p, task="math")
 
 
-class PhiToy(T.ToyModel):
-    """Exposes φ: here a fixed direction (the 'math' subspace's), whatever the prompt."""
-    direction = None
-
-    def phi(self, ids, layer):
-        assert layer == 0
-        return PhiToy.direction
-
-
-def test_auto_skill_uses_the_models_phi_when_it_has_one(skill_file, tmp_path):
-    path, heads, _ = skill_file
-    with cortiq.cmf.open(path) as cf:
-        from cortiq.models.overlay import SkillRouter
-        math_basis = next(e for e in SkillRouter(cf).entries if e[0] == "math")[3]
-    PhiToy.direction = math_basis[0].astype(np.float32) * 3
-    cortiq.models.register("toy", PhiToy)
-    try:
-        with cortiq.LLM(path, skill="auto") as llm:
-            assert llm.select_skill("the quick brown fox") == "math"   # not the embedding's
-            res = llm.create_completion("the quick brown fox", max_tokens=3, temperature=0)
-            assert np.array_equal(llm._models["math"].W, heads["math"])
-            with cortiq.LLM(path, skill="math") as m:
-                want = m.generate("the quick brown fox", max_tokens=3, temperature=0)
-            assert res["choices"][0]["text"] == want
-    finally:
-        T.register()
-
-
 def test_overlay_file_feeds_qtensor_from_cmf(tmp_path):
     """Models that load with QTensor.from_cmf(cf, name) (DoryModel) see the skill's
     weights through OverlayFile, quantized replacements included."""

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import cortiq
+from cortiq.models.base import Capabilities, ModelBase
 
 sys.path.insert(0, os.path.dirname(__file__))
 from reference import hf_tiny
@@ -26,9 +27,9 @@ from reference.dory_numpy import DoryReference
 CHAT = [{"role": "user", "content": "the quick brown fox"}]
 
 
-class RefModel:
+class RefModel(ModelBase):
     arch = "dory"
-    supports_rollback = True
+    capabilities = Capabilities(rollback=True)
 
     def __init__(self, cf):
         self.ref = DoryReference.from_cmf_file(cf)
@@ -37,7 +38,10 @@ class RefModel:
     def new_state(self):
         return self.ref.new_cache()
 
-    def forward(self, state, ids, want):
+    def forward_batch(self, states, ids_list, wants, prompts):
+        return [self._run(st, ids, want) for st, ids, want in zip(states, ids_list, wants)]
+
+    def _run(self, state, ids, want):
         out = self.ref.step(state, [int(i) for i in ids]).astype(np.float32)
         return None if want == "none" else (out[-1] if want == "last" else out)
 

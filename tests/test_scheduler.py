@@ -22,6 +22,7 @@ import pytest
 from cortiq import scheduler as S
 from cortiq.errors import CortiqError
 from cortiq.generation import Result
+from cortiq.models.base import Capabilities, ModelBase
 from cortiq.scheduler import Request, Scheduler
 from cortiq.session import Session
 
@@ -41,14 +42,12 @@ def key(job) -> int:
     return id(job.session._state)
 
 
-class Recorder:
+class Recorder(ModelBase):
     arch = "recorder"
     vocab = VOCAB
-    supports_rollback = False
 
     def __init__(self, batch_unit=1, gate: threading.Event | None = None):
-        if batch_unit != 1:
-            self.batch_unit = batch_unit
+        self.capabilities = Capabilities(batch_unit=batch_unit)
         self.gate = gate
         self.entered = threading.Event()       # a forward has started (before the gate)
         self.pause_at: int | None = None       # hold the forward after this many calls
@@ -80,11 +79,7 @@ class Recorder:
             self.calls.append([(id(s), [int(i) for i in ids], w)
                                for s, ids, w in zip(states, ids_list, wants)])
 
-    def forward(self, st, ids, want):
-        self._record([st], [ids], [want])
-        return self._row(st, ids, want)
-
-    def forward_batch(self, states, ids_list, wants):
+    def forward_batch(self, states, ids_list, wants, prompts):
         self._record(states, ids_list, wants)
         return [self._row(s, i, w) for s, i, w in zip(states, ids_list, wants)]
 

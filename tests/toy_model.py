@@ -18,6 +18,7 @@ import numpy as np
 
 import cortiq.models
 from cortiq import cmf
+from cortiq.models.base import Capabilities, ModelBase
 
 sys.path.insert(0, os.path.dirname(__file__))
 from reference import hf_tiny
@@ -30,9 +31,8 @@ MIX = "toy.mix"
 CHAT_TEMPLATE = hf_tiny.CHATML
 
 
-class ToyModel:
+class ToyModel(ModelBase):
     arch = ARCH
-    supports_rollback = True
 
     def __init__(self, cf, *, scale: float = 4.0, max_seq_len: int | None = None,
                  delay: float | None = None):
@@ -42,7 +42,7 @@ class ToyModel:
         self.vocab = self.E.shape[0]
         self.hidden = self.E.shape[1]
         self.scale = np.float32(scale)
-        self.max_seq_len = max_seq_len
+        self.capabilities = Capabilities(rollback=True, max_seq_len=max_seq_len)
         # seconds slept per forward call (slow enough to cancel in the server tests)
         self.delay = float(os.environ.get("CORTIQ_TOY_DELAY", "0")) if delay is None else delay
         self.forward_tokens = 0          # tokens run, over all sessions (for the tests)
@@ -55,7 +55,10 @@ class ToyModel:
         k = np.arange(self.hidden, dtype=np.float32)
         return np.sin(np.float32(t + 1) * (k + 1) * np.float32(0.37)).astype(np.float32) * 0.1
 
-    def forward(self, state, ids, want):
+    def forward_batch(self, states, ids_list, wants, prompts):
+        return [self._run(st, ids, want) for st, ids, want in zip(states, ids_list, wants)]
+
+    def _run(self, state, ids, want):
         hs = state["h"]
         out = []
         for i in np.asarray(ids, np.int64).ravel():

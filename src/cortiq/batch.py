@@ -2,11 +2,11 @@
 
 Decode is bound by streaming the weights, so sessions that advance together should
 share each pass over them. `feed_batch(sessions, ids_per_session, want, prompt)` runs every
-session's new tokens in one model call: a model with `forward_batch(states, ids_list,
-wants)` (Llama, Dory, DeepSeek-V4) multiplies each weight matrix once for the rows of
-all of them and runs attention and its other per-sequence state per session; a model
-without one runs the sessions one after the other. Lengths may differ (one session
-prefilling a chunk while the others decode one token each).
+session's new tokens in one call of the model's `forward_batch(states, ids_list, wants,
+prompts)` (the model protocol, `cortiq.models.base`), which multiplies each weight
+matrix once for the rows of all of them and runs attention and its other per-sequence
+state per session; a lone session of a model runs through its `forward`. Lengths may
+differ (one session prefilling a chunk while the others decode one token each).
 
 The sessions keep their usual bookkeeping (ids, feeds, last logits), so rollback,
 prefix reuse and `Session.feed` work on them afterwards as if each had been fed alone;
@@ -21,7 +21,8 @@ from contextlib import ExitStack
 import numpy as np
 
 from .errors import ConfigError
-from .session import WANTS, Session, is_prompt, model_forward
+from .models.base import WANTS, check_feed, is_prompt
+from .session import Session
 
 __all__ = ["feed_batch"]
 
@@ -61,15 +62,8 @@ def feed_batch(sessions, ids_per_session, want="last", prompt=None) -> list:
                           f"{len(sessions)} sessions")
     wants = _wants(want, len(sessions))
     flags = _prompts(prompt, len(sessions))
-    arrs = []
-    for s, ids in zip(sessions, ids_per_session):
-        a = np.asarray(ids, dtype=np.int64).ravel() if not isinstance(ids, (int, np.integer)) \
-            else np.asarray([ids], np.int64)
-        bad = (a < 0) | (a >= s.model.vocab)
-        if bad.any():
-            raise ValueError(f"token id {int(a[bad][0])} is outside the vocabulary "
-                             f"[0, {s.model.vocab})")
-        arrs.append(a)
+    arrs = [check_feed(ids, w, s.model.vocab)
+            for s, ids, w in zip(sessions, ids_per_session, wants)]
     prompts = [is_prompt(p, a.size) for p, a in zip(flags, arrs)]
     out: list = [None] * len(sessions)
     with ExitStack() as locks:
@@ -85,15 +79,13 @@ def feed_batch(sessions, ids_per_session, want="last", prompt=None) -> list:
             groups.setdefault(id(s.model), []).append(i)
         for idx in groups.values():
             model = sessions[idx[0]].model
-            run = getattr(model, "forward_batch", None)
-            if run is not None and len(idx) > 1:
-                args = ([sessions[i]._state for i in idx], [arrs[i] for i in idx],
-                        [wants[i] for i in idx])
-                res = (run(*args, prompts=[prompts[i] for i in idx])
-                       if getattr(model, "takes_prompt", False) else run(*args))
+            if len(idx) > 1:
+                res = model.forward_batch([sessions[i]._state for i in idx],
+                                          [arrs[i] for i in idx], [wants[i] for i in idx],
+                                          [prompts[i] for i in idx])
             else:
-                res = [model_forward(model, sessions[i]._state, arrs[i], wants[i], prompts[i])
-                       for i in idx]
+                i = idx[0]
+                res = [model.forward(sessions[i]._state, arrs[i], wants[i], prompt=prompts[i])]
             for i, r in zip(idx, res):
                 sessions[i]._record(arrs[i], wants[i], r, prompts[i])
                 out[i] = r

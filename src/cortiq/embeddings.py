@@ -9,8 +9,9 @@ norm -- are pooled: "mean" averages every position, "last" takes the last token'
 unit L2 norm, so a dot product is a cosine similarity.
 
 Every architecture cortiq runs offers `model.final_hidden(state, ids) -> [len(ids), hidden]`
-(Dory, DeepSeek-V4, the Llama family); `hidden_states` is the one call that touches
-the model, so a batched scheduler can take its place.
+(Dory, DeepSeek-V4, the Llama family); a model that gives no hidden states refuses
+with a ConfigError (`cortiq.models.base.ModelBase.final_hidden`). `hidden_states` is
+the one call that touches the model, so a batched scheduler can take its place.
 """
 from __future__ import annotations
 
@@ -27,11 +28,8 @@ POOLINGS = ("mean", "last")
 
 def hidden_states(model, ids: Sequence[int]) -> np.ndarray:
     """[len(ids), hidden] float32 final hidden states of `ids` on a fresh state."""
-    fn = getattr(model, "final_hidden", None)
-    if not callable(fn):
-        raise ConfigError(f"embeddings: the {getattr(model, 'arch', type(model).__name__)} "
-                          "model offers no hidden states (model.final_hidden)")
-    h = np.asarray(fn(model.new_state(), np.asarray(ids, dtype=np.int64)), dtype=np.float32)
+    h = np.asarray(model.final_hidden(model.new_state(), np.asarray(ids, dtype=np.int64)),
+                   dtype=np.float32)
     if h.ndim != 2 or h.shape[0] != len(ids):
         raise ModelError(f"embeddings: model.final_hidden returned shape {h.shape} for "
                          f"{len(ids)} tokens")

@@ -26,10 +26,12 @@ state. Generation (docs/runtime.md §3):
 Skills (docs/cmf-format.md §11): `skill="sql"` loads `skill.sql.*` replacements, a mapping
 `{"a": 0.7, "b": 0.3}` blends them, `skill="auto"` picks per prompt by the registry's
 selection subspaces (see `cortiq.models.overlay`). φ, the routing feature, is the
-model's hidden state at `phi_layer` averaged over the prompt when the model offers
-`phi(ids, layer) -> [hidden]`, else the prompt's mean input embedding.
-`task="coding"` is passed to models whose constructor takes `task` (MoE expert
-masks); other models raise ConfigError naming the option.
+prompt's mean input embedding. `task="coding"` is passed to models whose constructor
+takes `task` (MoE expert masks); other models raise ConfigError naming the option.
+
+`LLM` calls its models only through the model protocol (`cortiq.models.base`); a model
+a user supplies (`LLM.from_model`, a class given to `cortiq.models.register`) is
+checked against it once (`check_model`) when it is handed over or built.
 """
 from __future__ import annotations
 
@@ -50,11 +52,11 @@ from .batch import feed_batch as _feed_batch
 from .chat import ChatTemplate
 from .errors import ConfigError, FormatError
 from .generation import Generation, Options, Result, TokenLogprob, check_finite, log_softmax
+from .models.base import check_model
 from .sampling import SamplingParams
 from .scheduler import Request, Scheduler
 from .session import Session
 from .stopping import normalize_stop
-from .tensor import set_model_precision
 from .tokenizer import Tokenizer
 from .types import ChatCompletion, ChatCompletionChunk, Completion
 
@@ -69,11 +71,12 @@ _SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty"
 
 
 def _accepts(cls, name: str) -> bool:
+    """Whether the model class's constructor takes the keyword option `name`."""
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):
         return False
-    return name in params or bool(getattr(cls, f"accepts_{name}", False))
+    return name in params
 
 
 class LLM:
@@ -191,15 +194,17 @@ class LLM:
                    name: str = "model", n_ctx: int | None = None,
                    max_sessions: int = 4, precision: str | None = None,
                    max_batch: int = DEFAULT_MAX_BATCH) -> LLM:
-        """An LLM over a model object that implements the protocol of `cortiq.session`
-        (new_state, forward, rollback, can_rollback, vocab, arch, supports_rollback).
-        `tokenizer`: a `cortiq.tokenizer.Tokenizer`, a `tokenizers.Tokenizer`, the bytes
-        of a tokenizer.json or a path; `tokenizer_config`: a CMF chat bundle."""
+        """An LLM over a model object that implements the model protocol
+        (`cortiq.models.base.Model`; deriving from `ModelBase` gives most of it):
+        ConfigError naming what it lacks otherwise. `tokenizer`: a
+        `cortiq.tokenizer.Tokenizer`, a `tokenizers.Tokenizer`, the bytes of a
+        tokenizer.json or a path; `tokenizer_config`: a CMF chat bundle."""
+        check_model(model)
         self = cls.__new__(cls)
         self._precision = check_precision(precision)
         self.device = "cpu"
         cls._check_batch(max_batch)
-        set_model_precision(model, self._precision)
+        model.set_precision(self._precision)
         self.path = None
         self.file = None  # type: ignore[assignment]  # no file behind a built model
         self.skill = None
@@ -208,7 +213,7 @@ class LLM:
         if not isinstance(tokenizer, Tokenizer):
             tokenizer = Tokenizer(tokenizer, tokenizer_config)
         self._setup(model, tokenizer, chat_template, seed, name, n_ctx, max_sessions,
-                    getattr(model, "max_seq_len", None), max_batch)
+                    model.capabilities.max_seq_len, max_batch)
         return self
 
     @staticmethod
@@ -257,8 +262,8 @@ class LLM:
             src = OverlayFile(self.file, overlay)
             if _accepts(self._cls, "skill"):
                 opts["skill"] = overlay
-        model = self._cls(src, **opts)
-        set_model_precision(model, self._precision)
+        model = check_model(self._cls(src, **opts))
+        model.set_precision(self._precision)
         if self.device == "gpu":
             from .gpu import to_device
             model = to_device(model)
@@ -277,7 +282,7 @@ class LLM:
         self._precision = check_precision(p)
         with self._lock:
             for m in list(self._models.values()):
-                set_model_precision(m, p)
+                m.set_precision(p)
 
     @property
     def precision_in_force(self) -> str:
@@ -302,9 +307,6 @@ class LLM:
         if router is None or not router.entries:
             raise ConfigError("skill routing: the model file has no skill selection records")
         ids = self._prompt_ids(prompt)
-        phi = getattr(self.model, "phi", None)
-        if callable(phi):
-            return router.errors(lambda layer: np.asarray(phi(ids, layer), np.float32))
         emb = mean_embedding(self.file, ids)
         return router.errors(lambda layer: emb)
 

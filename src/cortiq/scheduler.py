@@ -7,7 +7,8 @@ next token of a decoding request, or the next chunk of a prompt being prefilled 
 runs them all in one `feed_batch`, then hands each request its row of logits through
 its own `Generation` (sampling, stop strings, limits, detokenizing: all per request).
 Requests join and leave at token boundaries; a new prompt is read in chunks of the
-model's `batch_unit` rows (at most `prefill_chunk` prompt rows per step), interleaved
+model's `capabilities.batch_unit` rows (at most `prefill_chunk` prompt rows per step,
+and the model's `capabilities.prefill_cap`), interleaved
 with the decodes already running, so running streams do not stall for a whole prompt.
 
 A request is submitted by its caller's thread (which has already chosen the model and
@@ -184,11 +185,12 @@ class Scheduler:
                 continue                    # one token each, in turn
             held.add(id(r.session))
             if r.todo:
-                unit = getattr(r.session.model, "batch_unit", 1)
+                caps = r.session.model.capabilities
+                unit = caps.batch_unit
                 if unit is None:            # the model reads a prompt in one piece
                     n = len(r.todo)
                 else:
-                    cap = getattr(r.session.model, "batch_prefill_cap", None) or budget
+                    cap = caps.prefill_cap or budget
                     n = min(len(r.todo), max(unit, min(budget, cap) // unit * unit))
                 if budget <= 0 and decoding:
                     continue                # this step's prompt rows are spent

@@ -6,13 +6,15 @@ in place (a sliding window already dropped the keys it would need) is done by
 re-reading the prefix in the same pieces: the state is then exactly the one a straight
 run would have (Dory's last_loop cache depends on where chunks begin and end).
 
-Every feed says whether its ids are prompt rows or generated tokens (`prompt`): a
-model that takes the flag (`takes_prompt = True`: Llama, Dory, DeepSeek-V4) gives each
-row the arithmetic of its kind (precision "auto" multiplies q8 prompt rows with int8
-activations, generated ones exactly; Dory's early-exit gate sees generated tokens
-only), so a prompt gives the same rows however it is cut -- whole, or a cached prefix
-and its last id. Left None, a feed of several ids counts as prompt rows and a feed
-of one as a generated token.
+Every feed says whether its ids are prompt rows or generated tokens (`prompt`), and
+the model gives each row the arithmetic of its kind (precision "auto" multiplies q8
+prompt rows with int8 activations, generated ones exactly; Dory's early-exit gate sees
+generated tokens only), so a prompt gives the same rows however it is cut -- whole,
+or a cached prefix and its last id. Left None, a feed of several ids counts as prompt
+rows and a feed of one as a generated token.
+
+The session calls the model only through the model protocol (`cortiq.models.base`):
+`forward`, `new_state`, `capabilities.rollback`, `can_rollback` and `rollback`.
 """
 from __future__ import annotations
 
@@ -22,33 +24,8 @@ from typing import cast
 
 import numpy as np
 
-from .errors import ConfigError, CortiqError
-
-WANTS = ("none", "last", "all")
-
-
-def check_feed(ids, want: str, vocab: int) -> np.ndarray:
-    """A model forward's `ids` as a flat int64 array, after checking `want` and that
-    every id is inside the vocabulary (ConfigError / ValueError naming the problem)."""
-    if want not in WANTS:
-        raise ConfigError(f"want must be one of {', '.join(WANTS)}, got {want!r}")
-    a = np.asarray(ids, dtype=np.int64).ravel()
-    bad = (a < 0) | (a >= vocab)
-    if bad.any():
-        raise ValueError(f"token id {int(a[bad][0])} is outside the vocabulary [0, {vocab})")
-    return a
-
-
-def is_prompt(prompt, n: int) -> bool:
-    """The `prompt` flag of a feed of n ids: as given, or (None) whether n > 1."""
-    return n > 1 if prompt is None else bool(prompt)
-
-
-def model_forward(model, state, ids, want: str, prompt: bool):
-    """`model.forward`, with the prompt flag for a model that takes it."""
-    if getattr(model, "takes_prompt", False):
-        return model.forward(state, ids, want, prompt=prompt)
-    return model.forward(state, ids, want)
+from .errors import CortiqError
+from .models.base import WANTS, is_prompt
 
 
 class Session:
@@ -103,7 +80,7 @@ class Session:
             raise CortiqError("empty prompt: nothing to generate from")
         keep = min(self.common_prefix(ids), len(ids) - 1) if reuse else 0
         if keep < len(self._ids):
-            if keep == 0 or not getattr(self._model, "supports_rollback", False):
+            if keep == 0 or not self._model.capabilities.rollback:
                 self.reset()
                 keep = 0
             else:
@@ -124,7 +101,7 @@ class Session:
                 return None if want == "none" else (
                     np.zeros((0, self._model.vocab), np.float32) if want == "all" else self._last)
             p = is_prompt(prompt, arr.size)
-            out = model_forward(self._model, self._state, arr, want, p)
+            out = self._model.forward(self._state, arr, want, prompt=p)
             self._record(arr, want, out, p)
             return out
 
@@ -152,7 +129,7 @@ class Session:
         with self._lock:
             if n >= len(self._ids):
                 return
-            if not getattr(self._model, "supports_rollback", False):
+            if not self._model.capabilities.rollback:
                 raise CortiqError(f"{self._model.arch}: rollback is not supported; start a "
                                   "new session instead")
             keep = self._ids[:n]
@@ -168,9 +145,8 @@ class Session:
                 self._state = self._model.new_state()
                 at = 0
                 for size, want, prompt in feeds:
-                    model_forward(self._model, self._state,
-                                  np.asarray(keep[at:at + size], np.int64),
-                                  "none" if want == "none" else "last", prompt)
+                    self._model.forward(self._state, np.asarray(keep[at:at + size], np.int64),
+                                        "none" if want == "none" else "last", prompt=prompt)
                     at += size
             self._ids = keep
             self._feeds = feeds

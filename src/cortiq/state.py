@@ -44,24 +44,9 @@ class StateError(CortiqError):
 
 
 def model_identity(model) -> bytes:
-    """32 bytes naming a model's weights and numerics: its class, vocabulary, the CMF
-    file's architecture record and every tensor's name, type, shape and content hash
-    (a model without a CMF file: its class, vocabulary and object identity only)."""
-    h = hashlib.sha256()
-    h.update(f"{type(model).__module__}.{type(model).__qualname__}|{model.vocab}|".encode())
-    f = getattr(model, "file", None)
-    tensors = getattr(f, "tensors", None)
-    if isinstance(tensors, dict):
-        h.update(json.dumps(getattr(f, "arch", {}), sort_keys=True, default=str).encode())
-        for name in sorted(tensors):
-            t = tensors[name]
-            h.update(f"|{name}:{t.dtype}:{tuple(t.shape)}:{t.hash}".encode())
-    else:
-        h.update(f"object:{id(model)}".encode())
-    for opt in ("loops", "kv_mode", "prompt_loops", "skill", "task"):
-        if hasattr(model, opt):
-            h.update(f"|{opt}={getattr(model, opt)!r}".encode())
-    return h.digest()
+    """32 bytes naming a model's weights and numerics: its `fingerprint` (the model
+    protocol, `cortiq.models.base`)."""
+    return model.fingerprint()
 
 
 def pack(model, ids, feeds) -> bytes:

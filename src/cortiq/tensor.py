@@ -247,38 +247,3 @@ def batch_products(tensors, X, decode=None) -> list:
         out.append(z)
     return out
 
-
-def model_qmats(model) -> list:
-    """The distinct low-level matrices (QMat) a model object holds, found by walking
-    its attributes, containers and QTensor / QGroup members (objects of cortiq's own
-    classes only, so a model's file, arrays and caches are not walked)."""
-    out, seen, stack = [], set(), [model]
-    while stack:
-        o = stack.pop()
-        if id(o) in seen:
-            continue
-        seen.add(id(o))
-        if isinstance(o, _K.QMat):
-            out.append(o)
-        elif isinstance(o, (list, tuple, set, frozenset)):
-            stack.extend(o)
-        elif isinstance(o, dict):
-            stack.extend(o.values())
-        elif type(o).__module__.startswith("cortiq.") and not isinstance(o, type):
-            stack.extend(getattr(o, "__dict__", {}).values())
-            for cls in type(o).__mro__:
-                for slot in getattr(cls, "__slots__", ()):
-                    if hasattr(o, slot):
-                        stack.append(getattr(o, slot))
-    return out
-
-
-def set_model_precision(model, precision) -> int:
-    """Give every matrix of a model the activation precision ("exact", "int8", "auto",
-    or None: the process default). Returns how many matrices were set."""
-    from ._config import check_precision
-    check_precision(precision)
-    mats = model_qmats(model)
-    for m in mats:
-        m.precision = precision
-    return len(mats)

@@ -36,8 +36,8 @@ computed per token on the host.
 Routed experts of a layer are uploaded as one stacked matrix per projection in their
 stored dtype (dtypes without a row-stackable layout -- q8_2f's shared column scales,
 vbit -- are stacked as f32); the shared expert is one more block of the same stack
-(its own dtype allowed). The session interface matches the CPU model: no rollback
-(the compressors fold tokens as they arrive).
+(its own dtype allowed). It implements the model protocol (`cortiq.models.base`) as
+the CPU model does: no rollback (the compressors fold tokens as they arrive).
 """
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, CortiqError
+from ..models.base import Capabilities, ModelBase, check_feed
 from ..models.deepseek_v4 import token_by_token
-from ..session import check_feed
 from .device import Device
 from .kernels import (CHUNK, DTYPE_IDS, MAX_PARTS, NONE, RPW1_SLOTS, Dispatch, GpuMatrix,
                       MatvecOp, ParamArena, _decoder, _matvec_source, _part_tables,
@@ -224,17 +224,23 @@ class GpuDsv4State:
         self.programs: dict = {}
 
 
-class GpuDeepSeekV4Model:
+class GpuDeepSeekV4Model(ModelBase):
+    """The host DeepseekV4Model's forward on the GPU (see the module docstring), one
+    token of one sequence a submission."""
+
     arch = "deepseek_v4"
-    supports_rollback = False
 
     def __init__(self, host, device: Device | None = None):
         cfg = self.cfg = host.cfg
         self.host = host
         self.dev = dev = device or Device.get()
         self.vocab = cfg.vocab
-        self.file = getattr(host, "file", None)
-        self.max_seq_len = getattr(host, "max_seq_len", None)
+        self.file = host.file
+        self.max_seq_len = host.capabilities.max_seq_len
+        self.capabilities = Capabilities(rollback=False, batch_unit=1,
+                                         tasks=host.capabilities.tasks,
+                                         max_seq_len=self.max_seq_len)
+        self.options = host.options
         D, hc = cfg.dim, cfg.hc_mult
         hd, rd = cfg.head_dim, cfg.rope_head_dim
         if hd > 1024:
@@ -550,9 +556,21 @@ class GpuDeepSeekV4Model:
     def _check(self, ids, want):
         return check_feed(ids, want, self.vocab)
 
-    def forward(self, st: GpuDsv4State, ids, want: str = "last"):
+    def matrices(self) -> list:
+        """No matrices: the device's products run on the weights in their stored dtypes,
+        which the activation precision ("exact", "int8", "auto") does not change, so
+        `set_precision` only checks its argument."""
+        return []
+
+    def forward_batch(self, states, ids_list, wants, prompts) -> list:
+        """The sequences' feeds one after the other (the device runs one at a time)."""
+        return [self.forward(st, ids, want, prompt)
+                for st, ids, want, prompt in zip(states, ids_list, wants, prompts)]
+
+    def forward(self, st: GpuDsv4State, ids, want: str = "last", prompt: bool | None = None):
         """Run tokens `ids` from position st.pos, one submission a token. want: "none"
-        -> None, "last" -> [vocab], "all" -> [len(ids), vocab] (float32)."""
+        -> None, "last" -> [vocab], "all" -> [len(ids), vocab] (float32). `prompt`:
+        the protocol's flag; a prompt row and a generated token run the same program."""
         ids = self._check(ids, want)
         return token_by_token(lambda t, need: self._token(st, t, "last" if need else "none"),
                               ids, want, self.vocab)

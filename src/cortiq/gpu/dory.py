@@ -21,8 +21,8 @@ sits at row p % ring. `per_loop` keeps one cache per (recurrent layer, loop),
 `last_loop` one per layer with later passes rewriting the chunk's rows, as on the host.
 
 The model wraps the host `DoryModel` (its validated config, options and load-time
-transforms) and keeps the interface sessions use: new_state / forward / rollback /
-can_rollback / kv_bytes, so Session, LLM and the server run unchanged.
+transforms) and implements the model protocol (`cortiq.models.base`), so Session, LLM
+and the server run it as they run the host.
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ import time
 import numpy as np
 
 from ..errors import ConfigError, CortiqError
+from ..models.base import Capabilities, ModelBase, check_feed, is_prompt
 from ..models.dory.model import EPS, HOST_CHUNK, AttnWeights, ExitRate, top_prob
-from ..session import check_feed, is_prompt
 from .device import Device
 from .kernels import (MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp, ParamArena,
                       embed_kinds, embed_pipeline, fixed_pipeline, resolve, u32s)
@@ -80,10 +80,12 @@ class GpuDoryState:
         self.gate_one = 0
 
 
-class GpuDoryModel:
+class GpuDoryModel(ModelBase):
+    """The host DoryModel's forward on the GPU (see the module docstring). The device
+    runs one sequence at a time; prompt rows and generated tokens are told apart (the
+    conf gate exits generated tokens only)."""
+
     arch = "dory"
-    supports_rollback = True
-    takes_prompt = True         # forward takes the prompt flag (the conf gate reads it)
 
     def __init__(self, host, device: Device | None = None, attn_splits: int | None = None,
                  fuse_residual: bool = True, fuse_qk: bool = True):
@@ -105,9 +107,13 @@ class GpuDoryModel:
         if self.hd > 512 or self.hd % 4:
             raise ConfigError(f"device='gpu': head_dim {self.hd}: the attention kernel takes "
                               "a multiple of 4 up to 512")
-        self.cmf = getattr(host, "cmf", None)
-        self.file = getattr(host, "file", None)
-        self.max_seq_len = getattr(host, "max_seq_len", None)
+        self.file = host.file
+        self.max_seq_len = host.capabilities.max_seq_len
+        # rollback as on the host; a prompt is read in the host's chunks, so that the
+        # last_loop caches end up as a straight run leaves them
+        self.capabilities = Capabilities(rollback=True, batch_unit=HOST_CHUNK,
+                                         max_seq_len=self.max_seq_len)
+        self.options = host.options
         self.loops, self.kv_mode = host.loops, host.kv_mode
         self.layers = host.layers
         self.n_in, self.n_rec, self.n_out = host.n_in, host.n_rec, host.n_out
@@ -298,7 +304,18 @@ class GpuDoryModel:
         per_row = self.kv_size * 4 * 2
         return sum(min(st.pos, s[2]) * per_row for slots in st.slots for s in slots or ())
 
+    def matrices(self) -> list:
+        """No matrices: the device's products run on the weights in their stored dtypes,
+        which the activation precision ("exact", "int8", "auto") does not change, so
+        `set_precision` only checks its argument."""
+        return []
+
     # ---- the forward ----------------------------------------------------------------
+    def forward_batch(self, states, ids_list, wants, prompts) -> list:
+        """The sequences' feeds one after the other (the device runs one at a time)."""
+        return [self.forward(st, ids, want, prompt)
+                for st, ids, want, prompt in zip(states, ids_list, wants, prompts)]
+
     def forward(self, st: GpuDoryState, ids, want: str = "last", prompt: bool | None = None):
         """Run tokens `ids` from position st.pos. want: "none" -> None, "last" ->
         [vocab], "all" -> [len(ids), vocab] (float32). prompt: whether the rows are

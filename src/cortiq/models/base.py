@@ -9,13 +9,16 @@ never on how the feed was cut or batched. What varies between architectures is o
 `Capabilities` record, read, never probed.
 
 `ModelBase` gives a model the derived calls (`forward`, `set_precision`,
-`final_hidden`'s refusal) from the few it must write (`new_state`, `forward_batch`,
-`can_rollback`, `rollback`, `matrices`).
+`fingerprint`, `final_hidden`'s refusal) from the few it must write (`new_state`,
+`forward_batch`, `can_rollback`, `rollback`, `matrices`).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -63,6 +66,8 @@ class Model(Protocol):
     def forward_batch(self, states: Sequence[Any], ids_list: Sequence[np.ndarray],
                       wants: Sequence[str], prompts: Sequence[bool]) -> list: ...
 
+    def forward(self, state: Any, ids, want: str = "last", prompt: bool | None = None): ...
+
     def can_rollback(self, state: Any, n: int) -> bool: ...
 
     def rollback(self, state: Any, n: int) -> None: ...
@@ -71,9 +76,11 @@ class Model(Protocol):
 
     def set_precision(self, precision) -> int: ...
 
+    def fingerprint(self) -> bytes: ...
 
-_MEMBERS = ("arch", "vocab", "capabilities", "new_state", "forward_batch", "can_rollback",
-            "rollback", "final_hidden", "set_precision")
+
+_MEMBERS = ("arch", "vocab", "capabilities", "new_state", "forward_batch", "forward",
+            "can_rollback", "rollback", "final_hidden", "set_precision", "fingerprint")
 
 
 def check_model(model) -> Model:
@@ -116,11 +123,22 @@ def empty_result(want: str, vocab: int):
 class ModelBase:
     """The calls every model derives from its own: subclasses set `arch`, `vocab`,
     `capabilities` and write `new_state`, `forward_batch`, `can_rollback`, `rollback`,
-    `matrices` (and `final_hidden` when they can give hidden states)."""
+    `matrices` (and `final_hidden` when they can give hidden states). A model read
+    from a CMF file sets `file`; one whose numbers depend on constructor options
+    (loop counts, cache modes, ...) lists them in `options`, so that `fingerprint`
+    tells two models of one file apart."""
 
     arch: str
     vocab: int
     capabilities: Capabilities = Capabilities()
+    # written by every subclass (declared, not defined, so `check_model` still finds a
+    # subclass that lacks it)
+    forward_batch: Callable[..., list]
+    #: the CMF file (or skill overlay of one) the weights were read from; None for a
+    #: model built in memory
+    file: Any = None
+    #: the constructor options that change the model's numbers, by name
+    options: Mapping[str, Any] = MappingProxyType({})
 
     def forward(self, state, ids, want: str = "last", prompt: bool | None = None):
         """One sequence's feed: `forward_batch` of one. want: "none" -> None, "last" ->
@@ -142,9 +160,9 @@ class ModelBase:
         raise ConfigError(f"embeddings: the {self.arch} model does not give hidden states")
 
     def matrices(self) -> list:
-        """Every weight matrix (QTensor) the forward multiplies by."""
-        from ..tensor import model_qmats  # until every model lists its own
-        return model_qmats(self)
+        """Every weight matrix (QTensor) the forward multiplies by, for `set_precision`
+        (a model without cortiq matrices has none)."""
+        return _held_matrices(self)
 
     def set_precision(self, precision) -> int:
         """Give every matrix the activation precision ("exact", "int8", "auto", or None:
@@ -155,3 +173,51 @@ class ModelBase:
         for m in mats.values():
             m.precision = precision
         return len(mats)
+
+    def fingerprint(self) -> bytes:
+        """32 bytes naming the model's weights and numerics, which saved session states
+        (`cortiq.state`) are checked against: its class, vocabulary, `options` and its
+        file's architecture record and every tensor's name, type, shape and content
+        hash (a model without a file of its own -- built in memory, or on a skill
+        overlay, whose blended tensors have no content hash -- the object's identity
+        instead)."""
+        h = hashlib.sha256()
+        cls = type(self)
+        h.update(f"{cls.__module__}.{cls.__qualname__}|{self.vocab}|".encode())
+        f = self.file
+        if f is not None and isinstance(f.tensors, dict):
+            h.update(json.dumps(f.arch, sort_keys=True, default=str).encode())
+            for name in sorted(f.tensors):
+                t = f.tensors[name]
+                h.update(f"|{name}:{t.dtype}:{tuple(t.shape)}:{t.hash}".encode())
+        else:
+            h.update(f"object:{id(self)}".encode())
+        for name, value in self.options.items():
+            h.update(f"|{name}={value!r}".encode())
+        return h.digest()
+
+
+def _held_matrices(model) -> list:
+    """The distinct kernel matrices (QMat) a model object holds, found by walking its
+    attributes and containers (objects of cortiq's own classes only): the stand-in for
+    `matrices()` in a model that does not list its own."""
+    from .. import _kernels
+    out, seen, stack = [], set(), [model]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, _kernels.QMat):
+            out.append(o)
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack.extend(o)
+        elif isinstance(o, dict):
+            stack.extend(o.values())
+        elif type(o).__module__.startswith("cortiq.") and not isinstance(o, type):
+            stack.extend(vars(o).values() if hasattr(o, "__dict__") else ())
+            for cls in type(o).__mro__:
+                for slot in getattr(cls, "__slots__", ()):
+                    if hasattr(o, slot):
+                        stack.append(getattr(o, slot))
+    return out

@@ -44,7 +44,7 @@ import numpy as np
 
 from .. import _kernels as K
 from ..errors import ConfigError, CortiqError, FormatError
-from ..session import check_feed
+from .base import check_feed
 from ..tensor import QTensor, batch_products
 from .base import Capabilities, ModelBase
 from .rope import RopeTable, inv_freq, yarn_inv_freq
