@@ -77,10 +77,25 @@ def test_forward_refuses_bad_feeds(toy_path):
     with pytest.raises(ValueError, match="token id 24 is outside the vocabulary"):
         model.forward(st, [3, 24], "last")
     assert st.pos == 0
-    assert model.forward(st, [], "last") is None
+    assert model.forward(st, [], "last").shape == (0,)      # the protocol's empty last row
     assert model.forward(st, [], "all").shape == (0, 24)
     assert model.forward(st, [3, 7], "none") is None and st.pos == 2
     llm.close()
+
+
+def test_matrices_lists_every_product_matrix(toy_path):
+    """`matrices()` names every matrix the model holds but the embedding (a row
+    lookup, never a product), so `set_precision` reaches all of them."""
+    from cortiq.models.deepseek_v4 import DeepseekV4Model
+    from held_matrices import held_matrices
+    cf = cmf.open(toy_path)
+    model = DeepseekV4Model(cf)
+    listed = {id(t.qmat) for t in model.matrices()}
+    held = {id(m) for m in held_matrices(model)} - {id(model.embed.qmat)}
+    assert listed == held and len(listed) == len(model.matrices())
+    assert model.set_precision("int8") == len(listed)
+    assert all(t.qmat.precision == "int8" for t in model.matrices())
+    cf.close()
 
 
 def test_task_mask_option(toy_path):

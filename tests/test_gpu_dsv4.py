@@ -211,7 +211,8 @@ def test_compressor_matches_cpu(dev, overlap, ratio):
     made = 0
     for pos in range(3 * ratio + 1):
         kv, g = rng.standard_normal((2, width)).astype(np.float32)
-        want = D.DeepseekV4Model._compress(host, cp, cs, kv.copy(), g.copy(), pos, inv)
+        want = D.DeepseekV4Model._compress(host, cp, cs, kv.copy(), g.copy(), pos,
+                                           rope.RopeTable(inv))
         R = np.concatenate(rope.RopeTable(inv).at(max(pos + 1 - ratio, 0))).astype(np.float32)
         st, c = _run(dev, "dsv4_compress", p, [np.concatenate([kv, g]), V, R, st, cache],
                      (1, 1, 1), pos=pos)

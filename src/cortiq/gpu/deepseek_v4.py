@@ -49,12 +49,29 @@ import numpy as np
 
 from ..errors import ConfigError, CortiqError
 from ..models.base import Capabilities, ModelBase, check_feed
-from ..models.deepseek_v4 import token_by_token
 from .device import Device
 from .kernels import (CHUNK, DTYPE_IDS, MAX_PARTS, NONE, RPW1_SLOTS, Dispatch, GpuMatrix,
                       MatvecOp, ParamArena, _decoder, _matvec_source, _part_tables,
                       _row_bytes_ranges, embed_kinds, embed_pipeline, fixed_pipeline,
                       matvec_kinds, resolve, u32s)
+
+
+def token_by_token(run, ids: np.ndarray, want: str, vocab: int):
+    """Feed `ids` one token at a time through run(token, need) -> that token's logits
+    row when `need`, and return what `want` asks for: None ("none"), the last row
+    ("last"; None for no ids) or [len(ids), vocab] ("all")."""
+    rows = []
+    for i, t in enumerate(ids):
+        need = want == "all" or (want == "last" and i == ids.size - 1)
+        out = run(int(t), need)
+        if need:
+            rows.append(out)
+    if want == "all":
+        return np.stack(rows) if rows else np.zeros((0, vocab), np.float32)
+    if want == "last":
+        return rows[-1] if rows else None
+    return None
+
 
 #: binding kinds of the DeepSeek-V4 kernels (shaders/dsv4_*.wgsl)
 KINDS = {

@@ -9,19 +9,19 @@ layers a Lightning indexer with its own compressor and top-k; sparse attention w
 per-head sink, the inverse RoPE on the output, and the grouped low-rank output
 projection read straight from the stored ``wo_a`` rows) and the MoE (sqrt-softplus
 scores, a selection-only bias, hash layers through ``tid2eid``, optional task masks,
-the shared expert, the asymmetric ``swiglu_limit`` clamp; all gate/up projections in
-one ``matvec_many`` pass, all down projections in one ``rows_sum`` pass). Only the chosen experts'
+the shared expert, the asymmetric ``swiglu_limit`` clamp). Only the chosen experts'
 pages are touched: each is a separate ``QTensor`` over the mapped file.
 
-Model protocol (used by ``cortiq.LLM`` / ``cortiq.Session``):
-``new_state()``, ``forward(state, ids, want, prompt)``, ``vocab``, ``arch = "deepseek_v4"``,
-``supports_rollback = False``; ``can_rollback`` is always False and ``rollback``
-raises ``CortiqError``: the compressor and indexer caches are folded as tokens
-arrive and cannot be un-folded. Start a new session instead.
-
-Prompts run token by token, through the same products as decode (``prompt`` is taken
-and changes nothing), so a prompt row gets the same arithmetic however the prompt is
-cut, and precision "auto" leaves q8 prompt rows exact here.
+The one forward is ``forward_batch`` (one sequence is a batch of one; ``forward``
+comes from ``ModelBase``): a step takes the next token of every sequence that has one
+through every layer, each dense matrix read once for the step's rows
+(``batch_products``), each chosen expert once for the rows routed to it, the caches,
+compressors, indexer and attention per row. Prompts run token by token through the
+same products as generated tokens (the ``prompt`` flag changes nothing), so a row gets
+the same arithmetic however its feed is cut or batched, and precision "auto" leaves q8
+prompt rows exact here. No rollback: ``can_rollback`` is always False and
+``rollback`` raises ``CortiqError``, since the compressor and indexer caches are
+folded as tokens arrive and cannot be un-folded; start a new session instead.
 
 Options (``cortiq.LLM(path, task="name")``): ``task`` selects an expert mask from the
 file's masks section by name (``True`` = the section's ``default_task``; ``None`` or
@@ -37,16 +37,17 @@ beta_fast, beta_slow} or null). Absent keys take the release values.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from .. import _kernels as K
 from ..errors import ConfigError, CortiqError, FormatError
-from .base import check_feed
 from ..tensor import QTensor, batch_products
-from .base import Capabilities, ModelBase
+from .base import Capabilities, ModelBase, check_feed
+from .batch_rows import per_sequence
 from .rope import RopeTable, inv_freq, yarn_inv_freq
 
 ARCH_NAME = "deepseek_v4"
@@ -238,18 +239,6 @@ class _Expert:
         self.down = self.w2.qmat
 
 
-class _Projections(NamedTuple):
-    """A layer's projections of its hidden input, made in one pass (``_Layer.project``);
-    the compressor's and the indexer's exist where the layer has them."""
-    qr: np.ndarray                          # wq_a: the low-rank query
-    kv: np.ndarray                          # wkv: this token's key/value entry
-    comp_kv: np.ndarray | None = None       # the compressor's entry and gate scores
-    comp_gate: np.ndarray | None = None
-    ix_kv: np.ndarray | None = None         # the indexer's compressor: entry, gate scores
-    ix_gate: np.ndarray | None = None
-    ix_weights: np.ndarray | None = None    # the indexer's per-head weights
-
-
 @dataclass
 class _Layer:
     attn_norm: np.ndarray
@@ -272,11 +261,14 @@ class _Layer:
     experts: list
     shared: _Expert
     mask: np.ndarray | None = None
-    first: list = field(default_factory=list)   # QTensors sharing the hidden input
-    first_names: tuple = ()                     # ... and their _Projections fields
-
-    def project(self, x) -> _Projections:
-        return _Projections(**dict(zip(self.first_names, QTensor.matvec_many(self.first, x))))
+    #: the projections of the attention input, made in one pass: wq_a ("qr", the
+    #: low-rank query), wkv ("kv", the entry), the compressor's wkv and wgate
+    #: ("comp_kv", "comp_gate") and the indexer's compressor's and weights_proj
+    #: ("ix_kv", "ix_gate", "ix_weights") where the layer has them
+    first: list = field(default_factory=list)
+    first_names: tuple = ()
+    #: the products of the normed low-rank query: wq_b, then the indexer's wq_b
+    queries: list = field(default_factory=list)
 
 
 @dataclass
@@ -372,21 +364,6 @@ def _task_masks(cf, cfg: Dsv4Config, task):
 
 
 
-def token_by_token(run, ids: np.ndarray, want: str, vocab: int):
-    """Feed `ids` one token at a time through run(token, need) -> that token's logits
-    row when `need`, and return what `want` asks for: None ("none"), the last row
-    ("last"; None for no ids) or [len(ids), vocab] ("all")."""
-    rows = []
-    for i, t in enumerate(ids):
-        need = want == "all" or (want == "last" and i == ids.size - 1)
-        out = run(int(t), need)
-        if need:
-            rows.append(out)
-    if want == "all":
-        return np.stack(rows) if rows else np.zeros((0, vocab), np.float32)
-    if want == "last":
-        return rows[-1] if rows else None
-    return None
 
 class DeepseekV4Model(ModelBase):
     """A DeepSeek-V4 model read from an open CMF file (see the module docstring)."""
@@ -502,58 +479,183 @@ class DeepseekV4Model(ModelBase):
             if ix:
                 first.update(ix_kv=ix.comp.wkv, ix_gate=ix.comp.wgate, ix_weights=ix.weights_proj)
             L.first, L.first_names = list(first.values()), tuple(first)
+            L.queries = [L.wq_b] + ([ix.wq_b] if ix else [])
             self.layers.append(L)
 
     # ---- protocol -------------------------------------------------------------------
     def new_state(self) -> Dsv4State:
         return Dsv4State(self)
 
-    def can_rollback(self, state, n: int) -> bool:
-        return False
-
     def rollback(self, state, n: int) -> None:
         raise CortiqError("deepseek_v4: rollback is not supported (the compressor and "
                           "indexer caches cannot be un-folded); start a new session instead")
 
-    def forward(self, state: Dsv4State, ids, want: str = "last", prompt: bool | None = None):
-        ids = check_feed(ids, want, self.cfg.vocab)
-        return token_by_token(lambda t, need: self.forward_token(state, t, logits=need),
-                              ids, want, self.vocab)
+    def matrices(self) -> list:
+        """Every QTensor the forward multiplies by (the embedding is only read by row)."""
+        def expert(e: _Expert) -> list:
+            return [e.w1, e.w3, e.w2]
+        mats = [self.head]
+        for L in self.layers:
+            mats += [L.wq_a, L.wq_b, L.wkv, L.wo_a, L.wo_b, L.gate, *expert(L.shared)]
+            for e in L.experts:
+                mats += expert(e)
+            if L.comp is not None:
+                mats += [L.comp.wkv, L.comp.wgate]
+            if L.indexer is not None:
+                ix = L.indexer
+                mats += [ix.wq_b, ix.weights_proj, ix.comp.wkv, ix.comp.wgate]
+        return mats
+
+    def forward_batch(self, states, ids_list, wants, prompts=None):
+        """The forward: the ids of several sequences (one sequence is a batch of one),
+        one position per step, each step taking the next token of every sequence that
+        has one. Each step reads every dense matrix once for all its rows and each chosen
+        expert once for the rows routed to it; the compressors, the indexer and attention
+        run per sequence. Every row takes the generated-token products, prompt rows
+        included (`prompts` changes nothing), so a row's arithmetic does not depend on
+        how its feed was cut or batched. Returns one result per sequence, shaped as
+        `forward`'s for its want."""
+        ids_list = [check_feed(ids, want, self.vocab) for ids, want in zip(ids_list, wants)]
+        outs: list[list[np.ndarray]] = [[] for _ in states]
+        step = 0
+        while True:
+            rows = [i for i, ids in enumerate(ids_list) if step < ids.size]
+            if not rows:
+                break
+            xs = self._step([states[i] for i in rows], [int(ids_list[i][step]) for i in rows])
+            # the head reads the rows whose logits are wanted
+            read = [j for j, i in enumerate(rows) if wants[i] == "all"
+                    or (wants[i] == "last" and step == ids_list[i].size - 1)]
+            if read:
+                logits = batch_products([self.head], self._final_norm([xs[j] for j in read]))[0]
+                for r, j in enumerate(read):
+                    outs[rows[j]].append(logits[r:r + 1])
+            step += 1
+        return per_sequence(outs, wants, self.vocab)
 
     def final_hidden(self, state: Dsv4State, ids) -> np.ndarray:
         """The folded final-norm hidden states [len(ids), dim] the head reads
         (`cortiq.embeddings` pools them)."""
-        return np.stack([self.forward_token(state, int(t), logits="hidden")
-                         for t in np.asarray(ids, np.int64).ravel()])
+        ids = check_feed(ids, "all", self.vocab)
+        rows = [self._final_norm(self._step([state], [int(t)]))[0] for t in ids]
+        return np.stack(rows) if rows else np.zeros((0, self.cfg.dim), np.float32)
 
-    # ---- one token --------------------------------------------------------------------
-    def forward_token(self, st: Dsv4State, tid: int, logits: bool | str = True):
+    # ---- one step: a token of each sequence through every layer --------------------------
+    def _step(self, sts: list[Dsv4State], tids: list[int]) -> list[np.ndarray]:
+        """Token tids[b] of sequence sts[b] at its position, through every layer; the
+        rows' residual streams [hc_mult, dim] after the last layer."""
         cfg = self.cfg
-        emb = self.embed.row(tid)
-        x = np.ascontiguousarray(np.broadcast_to(emb, (cfg.hc_mult, cfg.dim)), np.float32)
-        # this position's rotary tables, shared by every layer of a kind
-        ropes = (self.rope_window.at(st.pos), self.rope_compress.at(st.pos))
-        for li, L in enumerate(self.layers):
+        it, hc_eps, eps = cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps
+        # the embedding, copied into each of the hc_mult streams
+        xs = [np.ascontiguousarray(np.broadcast_to(self.embed.row(t), (cfg.hc_mult, cfg.dim)),
+                                   np.float32) for t in tids]
+        poss = [st.pos for st in sts]
+        # each row's rotary rows, shared by every layer of a kind
+        rope_window = [self.rope_window.at(p) for p in poss]
+        rope_compress = [self.rope_compress.at(p) for p in poss]
+        for L, lss in zip(self.layers, zip(*(st.layers for st in sts))):
+            # hyper-connection pre: the streams folded into one normed attention input a row
             fn, sc, base = L.hc_attn
-            folded, post, comb = K.hc_pre(x, fn, sc, base, L.attn_norm, cfg.hc_sinkhorn_iters,
-                                          cfg.hc_eps, cfg.norm_eps)
-            out = self._attention(L, st.layers[li], folded, st.pos,
-                                  ropes[1] if L.comp is not None else ropes[0])
-            x = K.hc_expand(out, x, post, comb)
+            pre = [K.hc_pre(x, fn, sc, base, L.attn_norm, it, hc_eps, eps) for x in xs]
+            out = self._attention_rows(L, lss, _stacked([p[0] for p in pre]), poss,
+                                       rope_compress if L.comp is not None else rope_window)
+            # hc post: the attention output expanded back into the streams
+            xs = [K.hc_expand(o, x, p[1], p[2]) for o, x, p in zip(out, xs, pre)]
+            # hyper-connection pre for the MoE
             fn, sc, base = L.hc_ffn
-            folded, post, comb = K.hc_pre(x, fn, sc, base, L.ffn_norm, cfg.hc_sinkhorn_iters,
-                                          cfg.hc_eps, cfg.norm_eps)
-            out = self._moe(L, folded, tid)
-            x = K.hc_expand(out, x, post, comb)
-        st.pos += 1
-        if not logits:
-            return None
-        mixes = K.hc_mixes(x, self.hc_head_fn, cfg.norm_eps)
-        pre = K.hc_head_pre(mixes, self.hc_head_scale, self.hc_head_base, cfg.hc_eps)
-        h = K.hc_fold(x, pre, self.norm, cfg.norm_eps)
-        return h if logits == "hidden" else self.head.matvec(h)
+            pre = [K.hc_pre(x, fn, sc, base, L.ffn_norm, it, hc_eps, eps) for x in xs]
+            out = self._moe_rows(L, _stacked([p[0] for p in pre]), tids)
+            # hc post
+            xs = [K.hc_expand(o, x, p[1], p[2]) for o, x, p in zip(out, xs, pre)]
+        for st in sts:
+            st.pos += 1
+        return xs
 
-    def _compress(self, cp: _Compressor, cs: _CompState, ckv, cg, pos, rope):
+    def _final_norm(self, xs: list[np.ndarray]) -> np.ndarray:
+        """The head's input [len(xs), dim]: each row's streams folded by the head's
+        hyper-connection, then the final RMSNorm."""
+        eps = self.cfg.norm_eps
+        hs = []
+        for x in xs:
+            mixes = K.hc_mixes(x, self.hc_head_fn, eps)
+            pre = K.hc_head_pre(mixes, self.hc_head_scale, self.hc_head_base, self.cfg.hc_eps)
+            hs.append(K.hc_fold(x, pre, self.norm, eps))
+        return _stacked(hs)
+
+    def _attention_rows(self, L: _Layer, lss: Sequence[_LayerState], X: np.ndarray,
+                        poss: list[int], ropes: list) -> np.ndarray:
+        """Attention for one row [dim] of each sequence (lss its layer state, poss its
+        position, ropes its cos/sin rows): [B, dim]. The projections run once for all
+        rows; the caches, the compressors, the indexer and attention per row."""
+        cfg = self.cfg
+        hd, rd, W, eps = cfg.head_dim, cfg.rope_head_dim, cfg.window, cfg.norm_eps
+        table = self.rope_compress if L.comp is not None else self.rope_window
+        # q/kv projections: the low-rank query, the kv entry, the compressor's and the
+        # indexer's inputs, in one pass over the rows
+        p = dict(zip(L.first_names, batch_products(L.first, X)))
+        # norms: the low-rank query and the kv entry
+        for qr, kv in zip(p["qr"], p["kv"]):
+            K.rms_weighted(qr, L.q_norm, eps)
+            K.rms_weighted(kv, L.kv_norm, eps)
+        # the heads' queries (and the indexer's) from the normed low-rank query
+        q_all, *ix_q = batch_products(L.queries, p["qr"])
+        ix = L.indexer
+        heads = np.empty((X.shape[0], cfg.n_heads * hd), np.float32)
+        for b, (ls, pos, (c, s)) in enumerate(zip(lss, poss, ropes)):
+            # rope on the kv entry's tail
+            kv = p["kv"][b]
+            K.rope_interleaved_tail(kv, c, s, rd)
+            cache = ls.cache
+            # compressor: every ratio entries fold into one compressed cache row
+            if L.comp is not None:
+                assert ls.comp is not None                  # made for a compressor layer
+                e = self._compress(L.comp, ls.comp, p["comp_kv"][b], p["comp_gate"][b], pos,
+                                   table)
+                if e is not None:
+                    cache.append(e)
+            # indexer: its own compressor folds the keys it scores
+            if ix is not None:
+                assert ls.ix is not None and ls.ix_kv is not None   # made for an indexer layer
+                e = self._compress(ix.comp, ls.ix, p["ix_kv"][b], p["ix_gate"][b], pos, table)
+                if e is not None:
+                    ls.ix_kv.append(e)
+            # window: the entry goes into its ring slot
+            cache.buf[pos % W] = kv
+            ls.win_n = min(ls.win_n + 1, W)
+            # the cache rows attention reads: the window, then every compressed entry
+            # (an indexer layer: the compressed entries its top-k scores pick)
+            n_comp = cache.n
+            idx = self._iota(W + n_comp)[:ls.win_n]
+            if n_comp:
+                if ix is not None:
+                    assert ls.ix_kv is not None
+                    qi = ix_q[0][b].reshape(ix.n_heads, ix.head_dim)
+                    K.rope_interleaved_tail(qi, c, s, rd)
+                    w = (p["ix_weights"][b] * np.float32(ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
+                         ).astype(np.float32)
+                    n_ix = min(ls.ix_kv.n, n_comp)
+                    scores = index_scores(qi, ls.ix_kv.buf[:n_ix], w, n_ix)
+                    picked = top_k_positions(scores, cfg.index_topk) + W
+                else:
+                    picked = self._iota(W + n_comp)[W:W + n_comp]
+                idx = np.concatenate([idx, picked])
+            # sparse attention: the queries normed and roped, a sink per head
+            q = q_all[b].reshape(cfg.n_heads, hd)
+            K.rmsnorm(q, None, eps, out=q)
+            K.rope_interleaved_tail(q, c, s, rd)
+            o = K.sparse_attend(q, cache.buf[: W + n_comp], idx, L.sink, hd ** -0.5)
+            # inverse rope on the output's tail
+            K.rope_interleaved_tail(o, c, s, rd, True)
+            heads[b] = o.reshape(-1)
+        # grouped output: wo_a read once for all rows (each row bit for bit its own
+        # call's), then wo_b
+        mids = K.grouped_rows(L.wo_a, heads, cfg.o_groups)
+        return batch_products([L.wo_b], mids)[0]
+
+    def _compress(self, cp: _Compressor, cs: _CompState, ckv, cg, pos: int,
+                  rope: RopeTable):
+        """Add one entry to a compressor; when it completes a window, the window's
+        folded, normed and roped compressed entry (else None)."""
         if cp.overlap:
             cg = cg + cp.ape[pos % cp.ratio]
         cs.pk.append(ckv)
@@ -573,56 +675,6 @@ class DeepseekV4Model(ModelBase):
         K.rope_interleaved_tail(folded, c, s, self.cfg.rope_head_dim)
         return folded
 
-    def _attention(self, L: _Layer, ls: _LayerState, x, pos, rope):
-        cfg = self.cfg
-        hd, rd, W = cfg.head_dim, cfg.rope_head_dim, cfg.window
-        table = self.rope_compress if L.comp is not None else self.rope_window
-        c, s = rope
-        p = L.project(x)
-        qr, kv = p.qr, p.kv
-        K.rms_weighted(qr, L.q_norm, cfg.norm_eps)
-        K.rms_weighted(kv, L.kv_norm, cfg.norm_eps)
-        K.rope_interleaved_tail(kv, c, s, rd)
-        if L.comp is not None:
-            assert ls.comp is not None              # _LayerState makes it for a comp layer
-            e = self._compress(L.comp, ls.comp, p.comp_kv, p.comp_gate, pos, table)
-            if e is not None:
-                ls.cache.append(e)
-        ix_e = None
-        if L.indexer is not None:
-            ix = L.indexer
-            assert ls.ix is not None and ls.ix_kv is not None   # made for an indexer layer
-            ix_e = self._compress(ix.comp, ls.ix, p.ix_kv, p.ix_gate, pos, table)
-            if ix_e is not None:
-                ls.ix_kv.append(ix_e)
-            hw = p.ix_weights
-        cache = ls.cache
-        cache.buf[pos % W] = kv
-        ls.win_n = min(ls.win_n + 1, W)
-        n_comp = cache.n
-        parts = [self._iota(W + n_comp)[:ls.win_n]]
-        if n_comp:
-            if L.indexer is not None:
-                ix = L.indexer
-                assert ls.ix_kv is not None         # made for an indexer layer
-                qi = ix.wq_b.matvec(qr).reshape(ix.n_heads, ix.head_dim)
-                K.rope_interleaved_tail(qi, c, s, rd)
-                w = (hw * np.float32(ix.head_dim ** -0.5 * ix.n_heads ** -0.5)).astype(np.float32)
-                n_ix = min(ls.ix_kv.n, n_comp)
-                sc = index_scores(qi, ls.ix_kv.buf[:n_ix], w, n_ix)
-                picked = top_k_positions(sc, cfg.index_topk)
-                parts.append(picked + W)
-            else:
-                parts.append(self._iota(W + n_comp)[W:W + n_comp])
-        idx = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        q = L.wq_b.matvec(qr).reshape(cfg.n_heads, hd)
-        K.rmsnorm(q, None, cfg.norm_eps, out=q)
-        K.rope_interleaved_tail(q, c, s, rd)
-        o = K.sparse_attend(q, cache.buf[: W + n_comp], idx, L.sink, hd ** -0.5)
-        K.rope_interleaved_tail(o, c, s, rd, True)
-        mid = K.grouped_rows(L.wo_a, o.reshape(-1), cfg.o_groups)
-        return L.wo_b.matvec(mid)
-
     def _iota(self, n: int) -> np.ndarray:
         """0, 1, ... (int64), at least n long: the cache rows attention reads are slices."""
         a = self._iota_buf
@@ -630,185 +682,65 @@ class DeepseekV4Model(ModelBase):
             a = self._iota_buf = np.arange(max(n, 2 * a.size), dtype=np.int64)
         return a
 
-    def _moe(self, L: _Layer, x, tid):
+    def _moe_rows(self, L: _Layer, X: np.ndarray, tids: list[int]) -> np.ndarray:
+        """The MoE for one row [dim] of each sequence (tids: the rows' tokens, which the
+        hash layers route by): [B, dim]."""
         cfg = self.cfg
-        logits = L.gate.matvec(x)
-        forced = hash_route(L.tid2eid, tid) if L.tid2eid is not None else None
-        idx, w = route(logits, L.bias, cfg.top_k, cfg.route_scale, forced, L.mask)
+        # route: each row's experts and weights from the gate's scores (a hash layer:
+        # the experts its table gives the token)
+        logits = batch_products([L.gate], X)[0]
+        routes = [route(lg, L.bias, cfg.top_k, cfg.route_scale,
+                        hash_route(L.tid2eid, t) if L.tid2eid is not None else None, L.mask)
+                  for lg, t in zip(logits, tids)]
+        if len(routes) == 1:
+            return self._experts_one(L, X[0], *routes[0])[None]
+        return self._experts_rows(L, X, routes)
+
+    def _experts_one(self, L: _Layer, x: np.ndarray, idx: np.ndarray, w: np.ndarray):
+        """The shared and the routed experts of one row [dim]: every gate and up
+        projection in one pass over x, the down projections summed in one pass (shared
+        first, then the routed in routing order: the sum `_experts_rows` makes)."""
         chosen = [L.shared] + [L.experts[e] for e in idx.tolist()]
         weights = [1.0] + w.tolist()
-        # every gate and up projection of the chosen experts in one pass over x
-        gu = K.matvec_many([m for e in chosen for m in e.gate_up], x)
         limit = self.cfg.swiglu_limit
+        gu = K.matvec_many([m for e in chosen for m in e.gate_up], x)
         hs = [K.swiglu_clamp(gu[2 * j], gu[2 * j + 1], limit, wt) for j, wt in enumerate(weights)]
-        # and every down projection in one pass over the output rows
         return K.rows_sum([e.down for e in chosen], hs)
 
-    # ---- several sequences in one pass ------------------------------------------------
-    def forward_batch(self, states, ids_list, wants, prompts=None):
-        """`forward` for several sequences at once. Tokens run one position per
-        sequence per step (as `forward` runs them); each step reads every dense matrix
-        once for all rows (matmat) and each chosen expert once for the rows routed to
-        it; the compressors, the indexer and attention run per sequence. Returns one
-        result per sequence, shaped as `forward`'s."""
-        ids_list = [np.asarray(ids, np.int64).ravel() for ids in ids_list]
-        for ids in ids_list:
-            bad = (ids < 0) | (ids >= self.cfg.vocab)
-            if bad.any():
-                raise ValueError(f"deepseek_v4: token id {int(ids[bad][0])} outside "
-                                 f"0..{self.cfg.vocab - 1}")
-        rows = [[] for _ in states]
-        at = 0
-        while True:
-            act = [i for i, ids in enumerate(ids_list) if at < ids.size]
-            if not act:
-                break
-            need = [wants[i] == "all" or (wants[i] == "last" and at == ids_list[i].size - 1)
-                    for i in act]
-            tids = [int(ids_list[i][at]) for i in act]
-            if len(act) == 1:
-                out = [self.forward_token(states[act[0]], tids[0], logits=need[0])]
-            else:
-                out = self._tokens_batch([states[i] for i in act], tids, need)
-            for i, o in zip(act, out):
-                if o is not None:
-                    rows[i].append(o)
-            at += 1
-        res = []
-        for i, want in enumerate(wants):
-            if want == "all":
-                res.append(np.stack(rows[i]) if rows[i] else np.zeros((0, self.vocab), np.float32))
-            elif want == "last":
-                res.append(rows[i][-1] if rows[i] else None)
-            else:
-                res.append(None)
-        return res
-
-    def _tokens_batch(self, sts, tids, need):
-        """`forward_token` for one token of each of several sequences."""
-        cfg = self.cfg
-        xs = [np.ascontiguousarray(np.broadcast_to(self.embed.row(t), (cfg.hc_mult, cfg.dim)),
-                                   np.float32) for t in tids]
-        ropes = [(self.rope_window.at(st.pos), self.rope_compress.at(st.pos))
-                 for st in sts]
-        it, he, ne = cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps
-        for li, L in enumerate(self.layers):
-            fn, sc, base = L.hc_attn
-            pre = [K.hc_pre(x, fn, sc, base, L.attn_norm, it, he, ne) for x in xs]
-            out = self._attention_rows(L, [st.layers[li] for st in sts],
-                                       np.stack([p[0] for p in pre]), [st.pos for st in sts],
-                                       [r[1] if L.comp is not None else r[0] for r in ropes])
-            xs = [K.hc_expand(out[b], x, p[1], p[2]) for b, (x, p) in enumerate(zip(xs, pre))]
-            fn, sc, base = L.hc_ffn
-            pre = [K.hc_pre(x, fn, sc, base, L.ffn_norm, it, he, ne) for x in xs]
-            out = self._moe_rows(L, np.stack([p[0] for p in pre]), tids)
-            xs = [K.hc_expand(out[b], x, p[1], p[2]) for b, (x, p) in enumerate(zip(xs, pre))]
-        for st in sts:
-            st.pos += 1
-        want = [b for b, n in enumerate(need) if n]
-        res = [None] * len(sts)
-        if want:
-            hs = []
-            for b in want:
-                mixes = K.hc_mixes(xs[b], self.hc_head_fn, cfg.norm_eps)
-                p = K.hc_head_pre(mixes, self.hc_head_scale, self.hc_head_base, cfg.hc_eps)
-                hs.append(K.hc_fold(xs[b], p, self.norm, cfg.norm_eps))
-            lg = batch_products([self.head], np.stack(hs))[0]
-            for j, b in enumerate(want):
-                res[b] = lg[j]
-        return res
-
-    def _attention_rows(self, L: _Layer, lss, X, poss, ropes):
-        """`_attention` for one row per sequence: the projections once for all rows."""
-        cfg = self.cfg
-        hd, rd, W = cfg.head_dim, cfg.rope_head_dim, cfg.window
-        table = self.rope_compress if L.comp is not None else self.rope_window
-        B = X.shape[0]
-        proj = batch_products(L.first, X)
-        qr_all, kv_all = proj[0], proj[1]
-        for b in range(B):
-            K.rms_weighted(qr_all[b], L.q_norm, cfg.norm_eps)
-            K.rms_weighted(kv_all[b], L.kv_norm, cfg.norm_eps)
-        q_all, *qi = batch_products([L.wq_b] + ([L.indexer.wq_b] if L.indexer else []), qr_all)
-        qi_all = qi[0] if qi else None
-        heads = np.empty((B, cfg.n_heads * hd), np.float32)   # each row's attention output
-        for b in range(B):
-            ls, pos, (c, s) = lss[b], poss[b], ropes[b]
-            kv = kv_all[b]
-            K.rope_interleaved_tail(kv, c, s, rd)
-            k = 2
-            if L.comp is not None:
-                e = self._compress(L.comp, ls.comp, proj[2][b].copy(), proj[3][b].copy(), pos, table)
-                k = 4
-                if e is not None:
-                    ls.cache.append(e)
-            if L.indexer is not None:
-                ix = L.indexer
-                ix_e = self._compress(ix.comp, ls.ix, proj[k][b].copy(), proj[k + 1][b].copy(),
-                                      pos, table)
-                if ix_e is not None:
-                    ls.ix_kv.append(ix_e)
-                hw = proj[k + 2][b]
-            cache = ls.cache
-            cache.buf[pos % W] = kv
-            ls.win_n = min(ls.win_n + 1, W)
-            n_comp = cache.n
-            parts = [self._iota(W + n_comp)[:ls.win_n]]
-            if n_comp:
-                if L.indexer is not None:
-                    assert qi_all is not None       # the indexer's queries, computed above
-                    qi = qi_all[b].reshape(ix.n_heads, ix.head_dim)
-                    K.rope_interleaved_tail(qi, c, s, rd)
-                    w = (hw * np.float32(ix.head_dim ** -0.5 * ix.n_heads ** -0.5)).astype(np.float32)
-                    n_ix = min(ls.ix_kv.n, n_comp)
-                    scores = index_scores(qi, ls.ix_kv.buf[:n_ix], w, n_ix)
-                    parts.append(top_k_positions(scores, cfg.index_topk) + W)
-                else:
-                    parts.append(self._iota(W + n_comp)[W:W + n_comp])
-            idx = np.concatenate(parts) if len(parts) > 1 else parts[0]
-            q = q_all[b].reshape(cfg.n_heads, hd)
-            K.rmsnorm(q, None, cfg.norm_eps, out=q)
-            K.rope_interleaved_tail(q, c, s, rd)
-            o = K.sparse_attend(q, cache.buf[: W + n_comp], idx, L.sink, hd ** -0.5)
-            K.rope_interleaved_tail(o, c, s, rd, True)
-            heads[b] = o.reshape(-1)
-        # the grouped low-rank projection: wo_a read once for all rows, each row bit for
-        # bit its own call's
-        mids = K.grouped_rows(L.wo_a, heads, cfg.o_groups)
-        return batch_products([L.wo_b], mids)[0]
-
-    def _moe_rows(self, L: _Layer, X, tids):
-        """`_moe` for one row per sequence: the gate and the shared expert once for all
-        rows, each chosen expert once for the rows routed to it; every row's terms are
-        added in `_moe`'s order (shared, then its experts as routed)."""
-        cfg = self.cfg
-        limit = cfg.swiglu_limit
-        logits = batch_products([L.gate], X)[0]
-        by_expert: dict = {}
-        plan = []
-        for b in range(X.shape[0]):
-            forced = hash_route(L.tid2eid, tids[b]) if L.tid2eid is not None else None
-            idx, w = route(logits[b], L.bias, cfg.top_k, cfg.route_scale, forced, L.mask)
+    def _experts_rows(self, L: _Layer, X: np.ndarray, routes: list) -> np.ndarray:
+        """The shared and the routed experts of several rows: the shared expert once for
+        all rows, each chosen expert once for the rows routed to it; each row's terms
+        added shared first, then its experts in routing order."""
+        limit = self.cfg.swiglu_limit
+        by_expert: dict[int, list[tuple[int, float]]] = {}   # expert -> (row, weight)
+        plan = []                                             # row -> (expert, its row)
+        for b, (idx, w) in enumerate(routes):
             terms = []
             for e, wt in zip(idx.tolist(), w.tolist()):
                 rows = by_expert.setdefault(e, [])
                 terms.append((e, len(rows)))
                 rows.append((b, wt))
             plan.append(terms)
+        # experts: each chosen one over the rows routed to it, weighted
+        ys = {}
+        for e, rows in by_expert.items():
+            ex = L.experts[e]
+            g, u = batch_products((ex.w1, ex.w3), X[[b for b, _ in rows]])
+            for j, (_, wt) in enumerate(rows):
+                K.swiglu_clamp(g[j], u[j], limit, wt)
+            ys[e] = batch_products((ex.w2,), g)[0]
+        # shared expert: every row
         sh = L.shared
         g, u = batch_products((sh.w1, sh.w3), X)
         for b in range(X.shape[0]):
             K.swiglu_clamp(g[b], u[b], limit, 1.0)
         out = batch_products((sh.w2,), g)[0]
-        ys = {}
-        for e, rows in by_expert.items():
-            ex = L.experts[e]
-            xe = X[[b for b, _ in rows]]
-            g, u = batch_products((ex.w1, ex.w3), xe)
-            for j, (_, wt) in enumerate(rows):
-                K.swiglu_clamp(g[j], u[j], limit, wt)
-            ys[e] = batch_products((ex.w2,), g)[0]
         for b, terms in enumerate(plan):
             for e, j in terms:
                 out[b] += ys[e][j]
         return out
+
+
+def _stacked(rows: list[np.ndarray]) -> np.ndarray:
+    """Rows [n] as one [len(rows), n] array (one row: a view of it, no copy)."""
+    return rows[0][None] if len(rows) == 1 else np.stack(rows)
