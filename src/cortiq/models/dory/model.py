@@ -32,7 +32,7 @@ from ... import _kernels as K
 from ...errors import ConfigError, CortiqError
 from ...tensor import QTensor, batch_products
 from .config import DoryConfig, DoryOptions
-from ..batch_rows import head_decode, head_rows, per_sequence, prompt_flags
+from ..batch_rows import per_sequence, prompt_flags
 from ..base import Capabilities, ModelBase, check_feed, is_prompt
 from ..kv_cache import KvSlot
 from ..rope import RopeTable, inv_freq
@@ -363,21 +363,30 @@ class DoryModel(ModelBase):
         ids_list = [check_feed(ids, want, self.vocab) for ids, want in zip(ids_list, wants)]
         outs: list[list[np.ndarray]] = [[] for _ in states]
         for segs, h in self._rounds(states, ids_list, wants, prompt_flags(prompts, ids_list)):
-            picks = []
+            # the rows the head reads: every row of an "all" piece (a prompt piece's with
+            # the prompt's products), the last row of a feed for "last"
+            picks: list[tuple[int, int]] = []
+            rows: list[int] = []
+            decode: list[bool] = []
             for sg in segs:
                 if sg.st.exit_logits is not None:  # the gate's read-out ended this token
                     if sg.want != "none":
                         outs[sg.i].append(sg.st.exit_logits[None, :])
                     sg.st.exit_logits = None
                 elif sg.want == "all":
-                    picks.append((sg.i, sg.r0, sg.t, sg.prompt))
+                    picks.append((sg.i, sg.t))
+                    rows.extend(range(sg.r0, sg.r0 + sg.t))
+                    decode.extend([not sg.prompt] * sg.t)
                 elif sg.want == "last":
-                    picks.append((sg.i, sg.r0 + sg.t - 1, 1, False))
-            if picks:  # the head, once for every piece's wanted rows
-                lg = batch_products([self.head_w], h[head_rows(picks)], head_decode(picks))[0]
+                    picks.append((sg.i, 1))
+                    rows.append(sg.r0 + sg.t - 1)
+                    decode.append(True)
+            if picks:  # the head, once for all of them
+                lg = batch_products([self.head_w], h[rows],
+                                    None if all(decode) else np.asarray(decode))[0]
                 lg *= self.logit_scale
                 j = 0
-                for i, _, k, _ in picks:
+                for i, k in picks:
                     outs[i].append(lg[j:j + k])
                     j += k
         return per_sequence(outs, wants, self.vocab)
@@ -531,13 +540,14 @@ class DoryModel(ModelBase):
         order; a proper subset is gathered and put back), each piece at its loop."""
         rows = _rows(group, segs)
         hs = h if rows is None else h[rows]
-        r = 0
+        r, prompt = 0, False
         for sg in group:
             sg.r = r
             r += sg.t
+            prompt = prompt or sg.prompt
         # per row: a generated token's products (matvec) or a prompt row's (None: all decode)
-        decode = (None if not any(sg.prompt for sg in group) else
-                  np.repeat(np.asarray([not sg.prompt for sg in group]), [sg.t for sg in group]))
+        decode = (np.repeat([not sg.prompt for sg in group], [sg.t for sg in group]) if prompt
+                  else None)
         for li in lis:
             self._layer(li, group, hs, decode)
         if rows is not None:
@@ -546,17 +556,20 @@ class DoryModel(ModelBase):
     def _layer(self, li: int, group, h: np.ndarray, decode) -> None:
         """One sub-layer and its residual over h, in place."""
         w = self.layers[li]
-        attn = isinstance(w, AttnWeights)
-        far = attn and self.o1rt is not None and not w.sliding
-        if h.shape[0] == 1 and decode is None and self.fused_rows and not far:
-            # one generated token: the sub-layer as one fused kernel call (the same bits)
-            if attn:
-                self._attn_row(group[0], w, li, h)
-            else:
+        # one generated token: the sub-layer as one fused kernel call (the same bits),
+        # but for the far field's layers
+        one = h.shape[0] == 1 and decode is None and self.fused_rows
+        if isinstance(w, MlpWeights):
+            if one:
                 K.dory_mlp_row(w.gate.qmat, w.up.qmat, w.down.qmat, h, w.sg, w.su, w.alpha,
                                group[0].st.scratch, EPS)
+                return
+            out = self._mlp(w, h, decode)
+        elif one and (w.sliding or self.o1rt is None):
+            self._attn_row(group[0], w, li, h)
             return
-        out = self._attn(li, w, group, h, decode) if attn else self._mlp(w, h, decode)
+        else:
+            out = self._attn(li, w, group, h, decode)
         slerp(h, out, w.alpha)
 
     def _attn(self, li: int, w: AttnWeights, group, h: np.ndarray, decode) -> np.ndarray:
@@ -667,6 +680,7 @@ class _Seg:
         self.early = gated and self.t == 1 and not prompt   # generated tokens only
         self.passes = 1 if self.early else loops
         self.r, self.loop, self.leaves, self.readout = r0, 0, True, False
+        self.ropes: tuple = ()   # (sliding, full) rotary rows, set as the round starts
 
 
 def _rows(group, segs):
