@@ -20,6 +20,12 @@ engine (cortiq-engine 0.8.64: its `stack`, `attn_layer`, `mlp_layer`, `head`,
 KV caches (`kv_mode`): `per_loop` keeps one cache per (recurrent attention layer,
 loop); `last_loop` keeps one per attention layer and each later pass over a chunk
 rewrites that chunk's rows in place, so earlier rows hold their last loop's keys.
+
+The forward is `forward_batch` (one sequence is a batch of one): each round takes a
+piece of at most HOST_CHUNK ids of every sequence and runs the stack over all their
+rows, every product through `batch_products` (a generated token's row as matvec, a
+prompt row as a prompt chunk's matmat). A sub-layer given one generated token's row runs
+as one fused kernel call (`dory_attn_row`, `dory_mlp_row`: the same bits).
 """
 from __future__ import annotations
 
