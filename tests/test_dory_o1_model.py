@@ -252,10 +252,11 @@ def test_a_state_dropped_before_its_rebuild_leaves_no_files(tiny_path, clean_env
     spill = tmp_path / "spill"
     m = model(tiny_path, o1="4,6,1,24", spill=str(spill))
     st = m.new_state()
-    st.slots = [[] for _ in range(m.attn_layers)]
-    m._stack(st, np.stack([m.embed.row(i) for i in IDS[:64]]), 0, 2, True)   # no forward end
+    rounds = m._rounds([st], [np.asarray(IDS[:64])], ["none"], [True])
+    next(rounds)                             # one round, stopped before the forward's end
+    rounds.close()
     assert len(os.listdir(spill)) > 0
-    del st
+    del st, rounds
     import gc
     gc.collect()
     assert os.listdir(spill) == []

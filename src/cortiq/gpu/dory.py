@@ -405,7 +405,7 @@ class GpuDoryModel(ModelBase):
             "none" if want == "none" else "last"))
 
     def _gated_row(self, st, chunk, want):
-        """One decode row under the conf gate (DoryModel._early_exit): when the exit rate
+        """One decode row under the conf gate (DoryModel._stack's gate): when the exit rate
         asks for a probe, the first pass is read out (one submission, the logits the
         gate needs); a confident token ends there, the others run the second pass and
         the output block again in a second submission. Without a probe: both passes in

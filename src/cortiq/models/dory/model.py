@@ -20,6 +20,12 @@ engine (cortiq-engine 0.8.64: its `stack`, `attn_layer`, `mlp_layer`, `head`,
 KV caches (`kv_mode`): `per_loop` keeps one cache per (recurrent attention layer,
 loop); `last_loop` keeps one per attention layer and each later pass over a chunk
 rewrites that chunk's rows in place, so earlier rows hold their last loop's keys.
+
+The forward is `forward_batch` (one sequence is a batch of one): each round takes a
+piece of at most HOST_CHUNK ids of every sequence and runs the stack over all their
+rows, every product through `batch_products` (a generated token's row as matvec, a
+prompt row as a prompt chunk's matmat). A sub-layer given one generated token's row runs
+as one fused kernel call (`dory_attn_row`, `dory_mlp_row`: the same bits).
 """
 from __future__ import annotations
 
@@ -30,10 +36,10 @@ import numpy as np
 
 from ... import _kernels as K
 from ...errors import ConfigError, CortiqError
-from ...tensor import QGroup, QTensor, batch_products
+from ...tensor import QTensor, batch_products
 from .config import DoryConfig, DoryOptions
-from ..batch_rows import head_decode, head_rows, per_sequence, prompt_flags
-from ..base import Capabilities, ModelBase
+from ..batch_rows import per_sequence, prompt_flags
+from ..base import Capabilities, ModelBase, check_feed, is_prompt
 from ..kv_cache import KvSlot
 from ..rope import RopeTable, inv_freq
 from .far_field import EXACT_TAIL, O1Runtime, host_kv_bytes  # o1
@@ -79,9 +85,6 @@ class AttnWeights:
     sliding: bool
     ordinal: int        # position among the attention layers: the KV slot table's row
 
-    def __post_init__(self):
-        self.qkvg = QGroup([self.q, self.k, self.v, self.g])  # one pass over x per token
-
 
 @dataclass
 class MlpWeights:
@@ -91,9 +94,6 @@ class MlpWeights:
     sg: np.ndarray      # suv_gate * sqrt(hidden), [ffn]
     su: np.ndarray      # suv_up * sqrt(hidden), [ffn]
     alpha: np.ndarray   # |mlp_alpha * alpha0 / sigma0|, [hidden]
-
-    def __post_init__(self):
-        self.gate_up = QGroup([self.gate, self.up])
 
 
 class Topologies:
@@ -270,6 +270,9 @@ class DoryModel(ModelBase):
         # recurrent layers and the output block), the attention window (0: unlimited).
         rec = range(self.n_in, self.n_in + self.n_rec)
         n_layers = len(self.layers)
+        self._input_block = range(self.n_in)
+        self._recurrent_block = rec
+        self._output_block = range(self.n_in + self.n_rec, self.n_in + self.n_rec + self.n_out)
         self._per_loop = [self.kv_mode == "per_loop" and li in rec for li in range(n_layers)]
         self._rewrite = [(self.kv_mode == "last_loop" and li in rec) or li >= self.n_in + self.n_rec
                          for li in range(n_layers)]
@@ -313,91 +316,6 @@ class DoryModel(ModelBase):
     def new_state(self) -> DoryState:
         return DoryState(scratch=np.empty(self._scratch, np.float32))
 
-    def _chunk_loops(self, want: str) -> int:
-        if want == "none" and self.prompt_loops > 0 and self.kv_mode == "last_loop":
-            return min(self.loops, self.prompt_loops)
-        return self.loops
-
-    def _slot(self, st: DoryState, w: AttnWeights, li: int, loop_i: int, pos0: int) -> KvSlot:
-        """The cache pass `loop_i` of layer li reads and writes, ready for rows at pos0."""
-        sl = loop_i if self._per_loop[li] else 0
-        row = st.slots[w.ordinal]
-        while len(row) <= sl:
-            row.append(KvSlot(self.nk, self.hd))
-        slot = row[sl]
-        if sl and slot.first + slot.n < pos0:
-            carry_forward(slot, row[sl - 1], pos0)
-        return slot
-
-    def forward(self, st: DoryState, ids, want: str = "last",
-                prompt: bool | None = None) -> np.ndarray | None:
-        """Run tokens `ids` from position st.pos. want: "none" -> None, "last" ->
-        [vocab], "all" -> [len(ids), vocab] (float32). prompt: prompt rows (True: the
-        products of a prompt chunk, every pass) or generated tokens (False: decode's
-        products, and the early-exit gate for one token); None: prompt rows when
-        there are several."""
-        ids = np.asarray(ids, dtype=np.int64).ravel()
-        if want not in ("none", "last", "all"):
-            raise ConfigError(f"want must be 'none', 'last' or 'all', got {want!r}")
-        if ids.size == 0:
-            return None if want == "none" else np.zeros((0, self.vocab) if want == "all" else 0,
-                                                        np.float32)
-        bad = (ids < 0) | (ids >= self.vocab)
-        if bad.any():
-            raise ValueError(f"token id {int(ids[bad][0])} is outside the vocabulary "
-                             f"[0, {self.vocab})")
-        if not st.slots:
-            st.slots = [[] for _ in range(self.attn_layers)]
-        prompt = ids.size > 1 if prompt is None else bool(prompt)
-        out = []
-        done = 0
-        tail_from = st.pos + ids.size - EXACT_TAIL  # o1: the rebuild before the last rows
-        for start in range(0, ids.size, HOST_CHUNK):
-            chunk = ids[start:start + HOST_CHUNK]
-            if self.o1rt is not None and st.pos >= tail_from:  # o1
-                self.o1rt.finish_exact(st)
-            t = chunk.size
-            last = start + t == ids.size
-            w = want if (last or want == "all") else "none"
-            h = np.stack([self.embed.row(int(i)) for i in chunk]).astype(np.float32)
-            self._stack(st, h, st.pos, self._chunk_loops(w), prompt)
-            st.pos += t
-            done += t
-            if st.exit_logits is not None:
-                lg, st.exit_logits = st.exit_logits, None
-                if want != "none":
-                    out.append(lg[None, :])
-                continue
-            if want == "all":
-                out.append(self._head(h, prompt))
-            elif want == "last" and last:
-                out.append(self._head(h[-1:]))
-        if self.o1rt is not None:  # o1
-            self.o1rt.finish_exact(st)
-        if want == "none":
-            return None
-        if want == "last":
-            return out[-1][0]
-        return np.concatenate(out, axis=0)
-
-    def final_hidden(self, st: DoryState, ids) -> np.ndarray:
-        """The hidden states [len(ids), hidden] the head reads, for `ids` run from
-        st.pos through every loop (`cortiq.embeddings` pools them)."""
-        ids = np.asarray(ids, dtype=np.int64).ravel()
-        if not st.slots:
-            st.slots = [[] for _ in range(self.attn_layers)]
-        rows = []
-        for start in range(0, ids.size, HOST_CHUNK):
-            chunk = ids[start:start + HOST_CHUNK]
-            h = np.stack([self.embed.row(int(i)) for i in chunk]).astype(np.float32)
-            self._stack(st, h, st.pos, self.loops, chunk.size > 1)
-            st.pos += chunk.size
-            st.exit_logits = None             # a one-token chunk may exit early: h still holds its state
-            rows.append(h)
-        if self.o1rt is not None:  # o1
-            self.o1rt.finish_exact(st)
-        return np.concatenate(rows, axis=0)
-
     def rollback(self, st: DoryState, n: int) -> None:
         """Forget positions >= n (Session falls back to re-reading when this cannot)."""
         if not self.can_rollback(st, n):
@@ -426,189 +344,82 @@ class DoryModel(ModelBase):
         exact = sum(s.nbytes() for row in st.slots for s in row)
         return exact + (host_kv_bytes(st)[1] if self.o1rt is not None else 0)  # o1
 
-    # -- the stack ------------------------------------------------------------
-    def _keep(self, w: AttnWeights) -> int:
-        if w.sliding:
-            return self.window
-        return self.full_window if self.full_window else (1 << 62)
+    def matrices(self) -> list[QTensor]:
+        """Every matrix the forward multiplies by: each sub-layer's projections and the
+        head (the embedding is only read by rows)."""
+        mats = [self.head_w]
+        for w in self.layers:
+            mats += ([w.q, w.k, w.v, w.g, w.o] if isinstance(w, AttnWeights)
+                     else [w.gate, w.up, w.down])
+        return mats
 
-    def _stack(self, st: DoryState, h: np.ndarray, pos0: int, loops: int,
-               prompt: bool) -> None:
-        t = h.shape[0]
-        ropes = (self.rope_sliding(pos0, t), self.rope_full(pos0, t))
-        n_in, n_rec, n_out = self.n_in, self.n_rec, self.n_out
-        layers, rewrite = self.layers, self._rewrite
-        # One row (decode): each sub-layer is one fused kernel call (_attn_row, _mlp_row);
-        # the far field's full layers keep the general path.
-        one = t == 1 and self.fused_rows and not prompt
-        o1 = self.o1rt is not None
-        if one and st.scratch is None:
-            st.scratch = np.empty(self._scratch, np.float32)
+    # -- the forward -----------------------------------------------------------
+    def forward_batch(self, states, ids_list, wants, prompts=None) -> list:
+        """The forward: the ids of several sequences (one sequence is a batch of one),
+        each run from its state's position. Each sequence's ids are cut into HOST_CHUNK
+        pieces; the pieces of one round go through each sub-layer together (every
+        matrix read once for all their rows), attention, the KV slots, the far field
+        and the early-exit gate per sequence. `prompts` (a flag per sequence; None:
+        whether it has several ids) picks each row's products and whether the gate may
+        end its token. Returns one result per sequence: None ("none"), [vocab]
+        ("last") or [n, vocab] ("all")."""
+        if not len(states) == len(ids_list) == len(wants):
+            raise ValueError(f"forward_batch: {len(states)} states, {len(ids_list)} feeds "
+                             f"and {len(wants)} wants")
+        ids_list = [check_feed(ids, want, self.vocab) for ids, want in zip(ids_list, wants)]
+        outs: list[list[np.ndarray]] = [[] for _ in states]
+        for segs, h in self._rounds(states, ids_list, wants, prompt_flags(prompts, ids_list)):
+            # the rows the head reads: every row of an "all" piece (a prompt piece's with
+            # the prompt's products), the last row of a feed for "last"
+            picks: list[tuple[int, int]] = []
+            rows: list[int] = []
+            decode: list[bool] = []
+            for sg in segs:
+                if sg.st.exit_logits is not None:  # the gate's read-out ended this token
+                    if sg.want != "none":
+                        outs[sg.i].append(sg.st.exit_logits[None, :])
+                    sg.st.exit_logits = None
+                elif sg.want == "all":
+                    picks.append((sg.i, sg.t))
+                    rows.extend(range(sg.r0, sg.r0 + sg.t))
+                    decode.extend([not sg.prompt] * sg.t)
+                elif sg.want == "last":
+                    picks.append((sg.i, 1))
+                    rows.append(sg.r0 + sg.t - 1)
+                    decode.append(True)
+            if picks:  # the head, once for all of them
+                lg = batch_products([self.head_w], h[rows],
+                                    None if all(decode) else np.asarray(decode))[0]
+                lg *= self.logit_scale
+                j = 0
+                for i, k in picks:
+                    outs[i].append(lg[j:j + k])
+                    j += k
+        return per_sequence(outs, wants, self.vocab)
 
-        def run(li, loop_i, h):
-            w = layers[li]
-            if isinstance(w, AttnWeights):
-                # A later pass over this chunk rewrites its rows; a second read-out of
-                # the output block replaces the first one's rows too (in either mode).
-                overwrite = loop_i > 0 and rewrite[li]
-                rope = ropes[0] if w.sliding else ropes[1]
-                if one and not (o1 and not w.sliding):
-                    self._attn_row(st, w, li, loop_i, h, pos0, overwrite, rope)
-                    return
-                out = self._attn(st, w, li, loop_i, h, pos0, overwrite, rope, prompt)
-            elif one:
-                K.dory_mlp_row(w.gate.qmat, w.up.qmat, w.down.qmat, h, w.sg, w.su, w.alpha,
-                               st.scratch, EPS)
-                return
-            else:
-                out = self._mlp(w, h, prompt)
-            slerp(h, out, w.alpha)
+    def final_hidden(self, st: DoryState, ids) -> np.ndarray:
+        """The hidden states [len(ids), hidden] the head reads, for `ids` run from
+        st.pos through every loop (`cortiq.embeddings` pools them)."""
+        a = check_feed(ids, "all", self.vocab)
+        rows = []
+        for _, h in self._rounds([st], [a], ["all"], [is_prompt(None, a.size)]):
+            st.exit_logits = None  # a token the gate ended: h holds its state all the same
+            rows.append(h)
+        return np.concatenate(rows, axis=0) if rows else np.zeros((0, self.hidden), np.float32)
 
-        for li in range(n_in):
-            run(li, 0, h)
-        inp = h.copy()
-        state = inp.copy()
-        early = t == 1 and self.gate is not None and not prompt  # generated tokens only
-        for i in range(1 if early else loops):
-            np.add(state, inp, out=h)
-            justnorm(h)
-            for li in range(n_in, n_in + n_rec):
-                run(li, i, h)
-            np.copyto(state, h)
-            justnorm(state)
-        if early:
-            self._early_exit(st, h, state, inp, run)
-        else:
-            np.copyto(h, state)
-            for li in range(n_in + n_rec, n_in + n_rec + n_out):
-                run(li, 0, h)
-        # Windowed layers keep only what the next position reads; trimming waits for
-        # the chunk's end because a later last-loop pass reads what is behind it.
-        if self.o1rt is not None:  # o1: sealed rows to the store, the seal
-            self.o1rt.after_chunk(st, pos0, t)
-        for ordinal, keep in self._trims:
-            for s in st.slots[ordinal]:
-                s.trim(keep)
-
-    def _early_exit(self, st, h, state, inp, run) -> None:
-        n_in, n_rec, n_out = self.n_in, self.n_rec, self.n_out
-        g = self.gate
-        stay, readout = False, False
-        if g.kind == "recon":
-            stay = g.router.score(state[0]) < g.bias
-        np.copyto(h, state)
-        if g.kind == "conf":
-            if st.exits.probe():
-                readout = True
-                for li in range(n_in + n_rec, n_in + n_rec + n_out):
-                    run(li, 0, h)
-                lg = self._head(h)[0]
-                stay = top_prob(lg) < g.threshold
-                st.exits.note(not stay)
-                if not stay:
-                    st.exit_logits = lg
-            else:
-                stay = True
-        elif not stay:
-            for li in range(n_in + n_rec, n_in + n_rec + n_out):
-                run(li, 0, h)
-        if stay:
-            np.add(state, inp, out=h)
-            justnorm(h)
-            for li in range(n_in, n_in + n_rec):
-                run(li, 1, h)
-            justnorm(h)
-            for li in range(n_in + n_rec, n_in + n_rec + n_out):
-                run(li, int(readout), h)
-        st.gate_tokens += 1
-        st.gate_one += int(not stay)
-
-    def _attn_row(self, st, w: AttnWeights, li, loop_i, h, pos0, overwrite, rope) -> None:
-        """_attn and the residual for one row, in one kernel call: the cache row is
-        written in place (q, g and the heads live in st.scratch)."""
-        slot = self._slot(st, w, li, loop_i, pos0)
-        if overwrite:
-            slot.n -= 1
-        slot._reserve(slot.n + 1)
-        K.dory_attn_row(w.q.qmat, w.k.qmat, w.v.qmat, w.g.qmat, w.o.qmat, h, w.sq, w.sg, w.alpha,
-                        rope[0], rope[1], slot.k, slot.v, slot.n, slot.first, pos0,
-                        self._window[li], self.attn_scale, st.scratch, EPS)
-        slot.n += 1
-
-    def _attn(self, st, w: AttnWeights, li, loop_i, h, pos0, overwrite, rope,
-              prompt: bool = False) -> np.ndarray:
-        t = h.shape[0]
-        nh, nk, hd = self.nh, self.nk, self.hd
-        if t == 1 and not prompt:
-            q, k, v, g = w.qkvg.matvec(h[0])
-            q, k, v, g = q[None], k[None], v[None], g[None]
-        else:
-            q, k, v, g = (w.q.matmat(h, prompt=prompt), w.k.matmat(h, prompt=prompt),
-                          w.v.matmat(h, prompt=prompt), w.g.matmat(h, prompt=prompt))
-        q = q.reshape(t, nh, hd)
-        k = k.reshape(t, nk, hd)
-        cos, sin = rope
-        K.qk_prep(q, cos, sin, w.sq, EPS)     # rotate, justnorm per head, * s_q
-        K.qk_prep(k, cos, sin, None, EPS)     # rotate, justnorm per head
-        slot = self._slot(st, w, li, loop_i, pos0)
-        v = v.reshape(t, nk, hd)
-
-        def exact():
-            slot.put(k, v, overwrite)
-            window = self.window if w.sliding else (self.full_window or 0)  # 0: unlimited
-            return K.attn_gqa_window(q, slot.k[:slot.n], slot.v[:slot.n], pos0, window,
-                                     slot.first, float(self.attn_scale))
-        if self.o1rt is not None and not w.sliding:  # o1: exact until the seal, then far
-            y = self.o1rt.attend(slot, q, k, v, pos0, overwrite, exact)
-        else:
-            y = exact()
-        y = y.reshape(t, nh * hd)
-        K.gate_norm(y, g, w.sg, EPS)          # y = (y * sigmoid(g * s_g))^
-        return w.o.matvec(y[0])[None] if t == 1 and not prompt else w.o.matmat(y, prompt=prompt)
-
-    def _mlp(self, w: MlpWeights, h: np.ndarray, prompt: bool = False) -> np.ndarray:
-        one = h.shape[0] == 1 and not prompt
-        if one:
-            g, u = w.gate_up.matvec(h[0])
-            g, u = g[None], u[None]
-        else:
-            g, u = w.gate.matmat(h, prompt=prompt), w.up.matmat(h, prompt=prompt)
-        K.silu_mul(g, u, w.sg, w.su)
-        justnorm(g)
-        return w.down.matvec(g[0])[None] if one else w.down.matmat(g, prompt=prompt)
-
-    def _head(self, h: np.ndarray, prompt: bool = False) -> np.ndarray:
-        """Logits of the rows of h, one sequence's (prompt: rows of its prompt)."""
-        lg = (self.head_w.matvec(h[0])[None] if h.shape[0] == 1 and not prompt
-              else self.head_w.matmat(h, prompt=prompt))
-        lg *= self.logit_scale
-        return lg
-
-    # -- several sequences in one pass ---------------------------------------------
-    def forward_batch(self, states, ids_list, wants, prompts=None):
-        """`forward` for several sequences at once. Each sequence's ids are cut into
-        HOST_CHUNK pieces as `forward` cuts them (same loop counts, same last_loop
-        rewrites); the pieces of one round go through each sub-layer together: every
-        weight matrix is read once for all their rows (matmat), attention, the KV slots,
-        the far field and the early-exit gate run per sequence (a row that exits early
-        leaves the later passes of that step); `prompts` (one flag per sequence, as
-        `forward`'s `prompt`) picks each row's products. Returns one result per
-        sequence, shaped as `forward`'s."""
-        ids_list = [np.asarray(ids, dtype=np.int64).ravel() for ids in ids_list]
-        for ids in ids_list:
-            bad = (ids < 0) | (ids >= self.vocab)
-            if bad.any():
-                raise ValueError(f"token id {int(ids[bad][0])} is outside the vocabulary "
-                                 f"[0, {self.vocab})")
+    def _rounds(self, states, ids_list, wants, prompts):
+        """Run the sequences' pieces round by round; yields (pieces, h) after each round,
+        h [rows, hidden] the rows the head reads (piece j owns h[r0 : r0 + t])."""
         for st in states:
             if not st.slots:
                 st.slots = [[] for _ in range(self.attn_layers)]
-        prompts = prompt_flags(prompts, ids_list)
-        n = len(states)
-        outs = [[] for _ in range(n)]
-        at = [0] * n
+            if st.scratch is None:
+                st.scratch = np.empty(self._scratch, np.float32)
+        at = [0] * len(states)
+        # o1: the far field is rebuilt before a feed's last EXACT_TAIL rows
         tail_from = [st.pos + ids.size - EXACT_TAIL for st, ids in zip(states, ids_list)]
         while True:
+            # this round's piece of every sequence with ids left: at most HOST_CHUNK rows
             segs, r0 = [], 0
             for i, (st, ids) in enumerate(zip(states, ids_list)):
                 if at[i] >= ids.size:
@@ -616,219 +427,235 @@ class DoryModel(ModelBase):
                 if self.o1rt is not None and st.pos >= tail_from[i]:  # o1
                     self.o1rt.finish_exact(st)
                 t = min(HOST_CHUNK, ids.size - at[i])
-                last = at[i] + t == ids.size
-                w = wants[i] if (last or wants[i] == "all") else "none"
-                segs.append(_Seg(i, st, r0, t, self._chunk_loops(w), prompts[i]))
+                want = wants[i] if at[i] + t == ids.size or wants[i] == "all" else "none"
+                segs.append(_Seg(i, st, ids[at[i]:at[i] + t], r0, want,
+                                 self._chunk_loops(want), prompts[i], self.gate is not None))
+                at[i] += t
                 r0 += t
             if not segs:
                 break
-            h = np.stack([self.embed.row(int(tok)) for sg in segs
-                          for tok in ids_list[sg.i][at[sg.i]:at[sg.i] + sg.t]]).astype(np.float32)
-            if len(segs) == 1:
-                sg = segs[0]
-                self._stack(sg.st, h, sg.pos0, sg.loops, sg.prompt)
-            else:
-                self._stack_batch(segs, h)
-            picks = []
+            # the embeddings of every piece's ids, then the stack over all of them
+            h = np.stack([self.embed.row(int(tok)) for sg in segs for tok in sg.ids]
+                         ).astype(np.float32)
+            self._stack(segs, h)
             for sg in segs:
-                i, st = sg.i, sg.st
-                st.pos += sg.t
-                at[i] += sg.t
-                if st.exit_logits is not None:
-                    lg, st.exit_logits = st.exit_logits, None
-                    if wants[i] != "none":
-                        outs[i].append(lg[None, :])
-                elif wants[i] == "all":
-                    picks.append((i, sg.r0, sg.t, sg.prompt))
-                elif wants[i] == "last" and at[i] == ids_list[i].size:
-                    picks.append((i, sg.r0 + sg.t - 1, 1, False))
-            if picks:
-                lg = batch_products([self.head_w], h[head_rows(picks)], head_decode(picks))[0]
-                lg *= self.logit_scale
-                j = 0
-                for i, _, k, _ in picks:
-                    outs[i].append(lg[j:j + k])
-                    j += k
-        if self.o1rt is not None:  # o1
+                sg.st.pos += sg.t
+            yield segs, h
+        if self.o1rt is not None:  # o1: the far field built over the whole feed
             for st in states:
                 self.o1rt.finish_exact(st)
-        return per_sequence(outs, wants, self.vocab)
 
-    def _stack_batch(self, segs, h: np.ndarray) -> None:
-        """`_stack` over several sequences' rows (segs[j] owns h[r0 : r0 + t])."""
-        n_in, n_rec, n_out = self.n_in, self.n_rec, self.n_out
-        rec = range(n_in, n_in + n_rec)
-        out_block = range(n_in + n_rec, n_in + n_rec + n_out)
+    def _stack(self, segs: list[_Seg], h: np.ndarray) -> None:
+        """The three blocks over one round's rows, in place: h ends as the rows the
+        head reads (a token the gate ended leaves its logits in st.exit_logits)."""
+        # each piece's rotary rows, at its positions
         for sg in segs:
             sg.ropes = (self.rope_sliding(sg.pos0, sg.t), self.rope_full(sg.pos0, sg.t))
             sg.loop = 0
-        self._block(range(n_in), segs, segs, h)
+        # the input block, once
+        self._block(self._input_block, segs, segs, h)
+        # the recurrent block: pass i over every piece that runs more than i passes
         inp = h.copy()
         state = inp.copy()
-        gate = self.gate
-        for sg in segs:
-            sg.early = sg.t == 1 and gate is not None and not sg.prompt
-        passes = max(1 if sg.early else sg.loops for sg in segs)
-        for i in range(passes):
-            act = [sg for sg in segs if i < (1 if sg.early else sg.loops)]
-            rows = _rows(act, segs)
-            hs = state + inp if rows is None else state[rows] + inp[rows]
-            justnorm(hs)
-            for sg in act:
+        for i in range(max(sg.passes for sg in segs)):
+            group = [sg for sg in segs if i < sg.passes]
+            for sg in group:
                 sg.loop = i
-            self._block(rec, act, act, hs)
-            justnorm(hs)
-            if rows is None:
-                state[:] = hs
-            else:
-                state[rows] = hs
+            self._recurrent_pass(group, segs, state, inp)
         np.copyto(h, state)
-        # The output block: every sequence that leaves the loop now (all of them
-        # without a gate); with one, the conf gate's read-outs decide who stays.
-        leave, stay, readout = [], [], []
-        for sg in segs:
+        # who leaves the loop now: every ungated piece; a gated token as the gate says
+        leave = [sg for sg in segs if not sg.early or self._gate_lets_go(sg, state)]
+        stay = [sg for sg in segs if sg.early and not sg.leaves]
+        # the output block on the rows that leave
+        for sg in leave:
             sg.loop = 0
-            if not sg.early:
-                leave.append(sg)
-                continue
-            if gate.kind == "recon":
-                if gate.router.score(state[sg.r0]) < gate.bias:
-                    sg.readout = False
-                    stay.append(sg)
-                else:
-                    leave.append(sg)
-            elif sg.st.exits.probe():
-                sg.readout = True
-                leave.append(sg)
-                readout.append(sg)
-            else:
-                sg.readout = False
-                stay.append(sg)
         if leave:
-            self._block(out_block, leave, segs, h)
-        if readout:
-            rows = np.asarray([sg.r0 for sg in readout])
-            lg = batch_products([self.head_w], h[rows])[0]
-            lg *= self.logit_scale
-            for sg, row in zip(readout, lg):
-                go = top_prob(row) >= gate.threshold
-                sg.st.exits.note(go)
-                if go:
-                    sg.st.exit_logits = row
-                else:
-                    stay.append(sg)
+            self._block(self._output_block, leave, segs, h)
+        # conf: a read-out under the threshold sends its token to the second pass after all
+        stay += self._unsure_read_outs([sg for sg in leave if sg.readout], h)
+        # the second pass, and the output block again, for the tokens that stay
         if stay:
             stay.sort(key=lambda sg: sg.r0)
-            rows = _rows(stay, segs)
-            hs = state[rows] + inp[rows] if rows is not None else state + inp
-            justnorm(hs)
             for sg in stay:
                 sg.loop = 1
-            self._block(rec, stay, stay, hs)
-            justnorm(hs)
-            for sg in stay:
-                sg.loop = int(sg.readout)
-            self._block(out_block, stay, stay, hs)
+            self._recurrent_pass(stay, segs, state, inp)
+            rows = _rows(stay, segs)
             if rows is None:
-                h[:] = hs
+                np.copyto(h, state)
             else:
-                h[rows] = hs
+                h[rows] = state[rows]
+            for sg in stay:
+                sg.loop = int(sg.readout)  # a read-out's output rows are rewritten
+            self._block(self._output_block, stay, segs, h)
+        # the gate's tally, then what follows each piece: o1's store and seal, window trims
         for sg in segs:
             if sg.early:
                 sg.st.gate_tokens += 1
-                sg.st.gate_one += int(sg.st.exit_logits is not None or (
-                    gate.kind == "recon" and sg not in stay))
+                sg.st.gate_one += int(sg.st.exit_logits is not None
+                                      or (sg.leaves and not sg.readout))
             if self.o1rt is not None:  # o1: sealed rows to the store, the seal
                 self.o1rt.after_chunk(sg.st, sg.pos0, sg.t)
+            # trimming waits for the piece's end: a later last_loop pass reads behind it
             for ordinal, keep in self._trims:
                 for s in sg.st.slots[ordinal]:
                     s.trim(keep)
 
-    def _block(self, lis, group, ordered, h: np.ndarray) -> None:
-        """Run sub-layers `lis` on the rows of `group` (a subsequence of `ordered`, the
-        sequences h's rows belong to, in order); a proper subset is gathered and
-        scattered back."""
-        if len(group) == len(ordered):
-            r = 0
-            for sg in group:
-                sg.r = r
-                r += sg.t
-            for li in lis:
-                self._layer_rows(li, group, h)
-            return
-        rows = _rows(group, ordered, force=True)
-        hs = h[rows]
-        r = 0
+    def _recurrent_pass(self, group, segs, state: np.ndarray, inp: np.ndarray) -> None:
+        """One pass of the recurrent block over `group`'s rows (of `segs`' rows), each at
+        its piece's loop: state = (R((state + inp)^))^."""
+        rows = _rows(group, segs)
+        hs = state + inp if rows is None else state[rows] + inp[rows]
+        justnorm(hs)
+        self._block(self._recurrent_block, group, group, hs)
+        justnorm(hs)
+        if rows is None:
+            np.copyto(state, hs)
+        else:
+            state[rows] = hs
+
+    def _gate_lets_go(self, sg: _Seg, state: np.ndarray) -> bool:
+        """Whether a gated token leaves after its first pass: recon, the router's score;
+        conf, a read-out when the exit rate asks for one (its logits decide later)."""
+        g = self.gate
+        if g.kind == "recon":
+            sg.leaves = g.router.score(state[sg.r0]) >= g.bias
+        else:
+            sg.leaves = sg.readout = sg.st.exits.probe()
+        return sg.leaves
+
+    def _unsure_read_outs(self, read, h: np.ndarray) -> list[_Seg]:
+        """The conf gate's read-outs: a token whose top probability reaches the threshold
+        ends with these logits (st.exit_logits); the others are returned, to stay."""
+        if not read:
+            return []
+        lg = batch_products([self.head_w], h[[sg.r0 for sg in read]])[0]
+        lg *= self.logit_scale
+        unsure = []
+        for sg, row in zip(read, lg):
+            sure = top_prob(row) >= self.gate.threshold
+            sg.st.exits.note(sure)
+            if sure:
+                sg.st.exit_logits = row
+            else:
+                sg.leaves = False
+                unsure.append(sg)
+        return unsure
+
+    def _block(self, lis, group, segs, h: np.ndarray) -> None:
+        """Sub-layers `lis` over `group`'s rows of h (h's rows belong to `segs`, in
+        order; a proper subset is gathered and put back), each piece at its loop."""
+        rows = _rows(group, segs)
+        hs = h if rows is None else h[rows]
+        r, prompt = 0, False
         for sg in group:
             sg.r = r
             r += sg.t
+            prompt = prompt or sg.prompt
+        # per row: a generated token's products (matvec) or a prompt row's (None: all decode)
+        decode = (np.repeat([not sg.prompt for sg in group], [sg.t for sg in group]) if prompt
+                  else None)
         for li in lis:
-            self._layer_rows(li, group, hs)
-        h[rows] = hs
+            self._layer(li, group, hs, decode)
+        if rows is not None:
+            h[rows] = hs
 
-    def _layer_rows(self, li: int, segs, h: np.ndarray) -> None:
-        """One sub-layer on h (rows of `segs`, each at its own loop), in place."""
+    def _layer(self, li: int, group, h: np.ndarray, decode) -> None:
+        """One sub-layer and its residual over h, in place."""
         w = self.layers[li]
-        o1 = self.o1rt is not None
-        if h.shape[0] == 1:   # one row: the path `_stack` takes for it, bit for bit
-            sg = segs[0]
-            fused = self.fused_rows and not sg.prompt
-            st = sg.st
-            if st.scratch is None:
-                st.scratch = np.empty(self._scratch, np.float32)
-            if isinstance(w, AttnWeights):
-                overwrite = sg.loop > 0 and self._rewrite[li]
-                rope = sg.ropes[0] if w.sliding else sg.ropes[1]
-                if fused and not (o1 and not w.sliding):
-                    self._attn_row(st, w, li, sg.loop, h, sg.pos0, overwrite, rope)
-                    return
-                out = self._attn(st, w, li, sg.loop, h, sg.pos0, overwrite, rope, sg.prompt)
-            elif fused:
+        # one generated token: the sub-layer as one fused kernel call (the same bits),
+        # but for the far field's layers
+        one = h.shape[0] == 1 and decode is None and self.fused_rows
+        if isinstance(w, MlpWeights):
+            if one:
                 K.dory_mlp_row(w.gate.qmat, w.up.qmat, w.down.qmat, h, w.sg, w.su, w.alpha,
-                               st.scratch, EPS)
+                               group[0].st.scratch, EPS)
                 return
-            else:
-                out = self._mlp(w, h, sg.prompt)
-        else:   # generated tokens' rows: decode's products
-            decode = np.repeat(np.asarray([not sg.prompt for sg in segs]), [sg.t for sg in segs])
-            if isinstance(w, AttnWeights):
-                out = self._attn_rows(li, w, segs, h, decode)
-            else:
-                g, u = batch_products((w.gate, w.up), h, decode)
-                K.silu_mul(g, u, w.sg, w.su)
-                justnorm(g)
-                out = batch_products((w.down,), g, decode)[0]
+            out = self._mlp(w, h, decode)
+        elif one and (w.sliding or self.o1rt is None):
+            self._attn_row(group[0], w, li, h)
+            return
+        else:
+            out = self._attn(li, w, group, h, decode)
         slerp(h, out, w.alpha)
 
-    def _attn_rows(self, li: int, w: AttnWeights, segs, h: np.ndarray, decode) -> np.ndarray:
-        """`_attn` for the rows of several sequences: the projections once for all
-        rows, the rest per sequence."""
+    def _attn(self, li: int, w: AttnWeights, group, h: np.ndarray, decode) -> np.ndarray:
+        """Attention over the rows of several pieces: the projections once for all rows,
+        the rotation, cache and softmax per piece."""
         T = h.shape[0]
         nh, nk, hd = self.nh, self.nk, self.hd
+        # q, k, v, g = W x
         q, k, v, g = batch_products((w.q, w.k, w.v, w.g), h, decode)
         y = np.empty((T, nh * hd), np.float32)
         window = self._window[li]
         far = self.o1rt is not None and not w.sliding
-        for sg in segs:
+        for sg in group:
             r, t = sg.r, sg.t
             qs = q[r:r + t].reshape(t, nh, hd)
             ks = k[r:r + t].reshape(t, nk, hd)
             vs = v[r:r + t].reshape(t, nk, hd)
+            # rotate, justnorm per head; q * s_q
             cos, sin = sg.ropes[0] if w.sliding else sg.ropes[1]
             K.qk_prep(qs, cos, sin, w.sq, EPS)
             K.qk_prep(ks, cos, sin, None, EPS)
             slot = self._slot(sg.st, w, li, sg.loop, sg.pos0)
+            # a later pass over the piece rewrites its rows (last_loop, the output block)
             overwrite = sg.loop > 0 and self._rewrite[li]
 
             def exact(slot=slot, qs=qs, ks=ks, vs=vs, overwrite=overwrite, pos0=sg.pos0):
                 slot.put(ks, vs, overwrite)
                 return K.attn_gqa_window(qs, slot.k[:slot.n], slot.v[:slot.n], pos0, window,
                                          slot.first, float(self.attn_scale))
+            # softmax(q.k / sqrt(hd)) v over the window (o1: the far field past the seal)
             ys = self.o1rt.attend(slot, qs, ks, vs, sg.pos0, overwrite, exact) if far \
                 else exact()
             y[r:r + t] = ys.reshape(t, nh * hd)
+        # y = (y * sigmoid(g * s_g))^, then O y
         K.gate_norm(y, g, w.sg, EPS)
         return batch_products((w.o,), y, decode)[0]
+
+    def _attn_row(self, sg: _Seg, w: AttnWeights, li: int, h: np.ndarray) -> None:
+        """`_attn` and the residual for one generated token, in one kernel call: the
+        cache row is written in place (q, g and the heads live in st.scratch)."""
+        slot = self._slot(sg.st, w, li, sg.loop, sg.pos0)
+        if sg.loop > 0 and self._rewrite[li]:
+            slot.n -= 1
+        slot._reserve(slot.n + 1)
+        cos, sin = sg.ropes[0] if w.sliding else sg.ropes[1]
+        K.dory_attn_row(w.q.qmat, w.k.qmat, w.v.qmat, w.g.qmat, w.o.qmat, h, w.sq, w.sg,
+                        w.alpha, cos, sin, slot.k, slot.v, slot.n, slot.first, sg.pos0,
+                        self._window[li], self.attn_scale, sg.st.scratch, EPS)
+        slot.n += 1
+
+    def _mlp(self, w: MlpWeights, h: np.ndarray, decode) -> np.ndarray:
+        """D (silu(g * s_g) * (u * s_u))^ with g, u = W x."""
+        g, u = batch_products((w.gate, w.up), h, decode)
+        K.silu_mul(g, u, w.sg, w.su)
+        justnorm(g)
+        return batch_products((w.down,), g, decode)[0]
+
+    # -- per-layer lookups ---------------------------------------------------------
+    def _chunk_loops(self, want: str) -> int:
+        """Passes of the recurrent block over a piece (prompt_loops: fewer for a prompt
+        piece whose logits nobody reads, under last_loop)."""
+        if want == "none" and self.prompt_loops > 0 and self.kv_mode == "last_loop":
+            return min(self.loops, self.prompt_loops)
+        return self.loops
+
+    def _slot(self, st: DoryState, w: AttnWeights, li: int, loop_i: int, pos0: int) -> KvSlot:
+        """The cache pass `loop_i` of layer li reads and writes, ready for rows at pos0."""
+        sl = loop_i if self._per_loop[li] else 0
+        row = st.slots[w.ordinal]
+        while len(row) <= sl:
+            row.append(KvSlot(self.nk, self.hd))
+        slot = row[sl]
+        if sl and slot.first + slot.n < pos0:
+            carry_forward(slot, row[sl - 1], pos0)
+        return slot
+
+    def _keep(self, w: AttnWeights) -> int:
+        if w.sliding:
+            return self.window
+        return self.full_window if self.full_window else (1 << 62)
 
 
 def carry_forward(slot: KvSlot, prev: KvSlot, pos0: int) -> None:
@@ -846,19 +673,24 @@ def carry_forward(slot: KvSlot, prev: KvSlot, pos0: int) -> None:
 
 
 class _Seg:
-    """One sequence's rows in a batched step: h[r0 : r0 + t] of the step (r: where they
-    sit in the array a sub-layer is given), at pass `loop`."""
-    __slots__ = ("early", "i", "loop", "loops", "pos0", "prompt", "r", "r0", "readout",
-                 "ropes", "st", "t")
+    """One sequence's piece in a round: its ids, rows h[r0 : r0 + t] of the round (r:
+    where they sit in the rows a sub-layer is given), the passes it runs and the pass
+    it is at (`loop`); early: a generated token the gate may end after one pass
+    (`leaves` the loop then; `readout`: the conf gate read its first pass out)."""
+    __slots__ = ("early", "i", "ids", "leaves", "loop", "passes", "pos0", "prompt", "r",
+                 "r0", "readout", "ropes", "st", "t", "want")
 
-    def __init__(self, i, st, r0, t, loops, prompt):
-        self.i, self.st, self.r0, self.t, self.pos0, self.loops = i, st, r0, t, st.pos, loops
-        self.prompt = prompt
-        self.r, self.loop, self.early, self.readout = r0, 0, False, False
+    def __init__(self, i, st, ids, r0, want, loops, prompt, gated):
+        self.i, self.st, self.ids, self.r0, self.want = i, st, ids, r0, want
+        self.t, self.pos0, self.prompt = ids.size, st.pos, prompt
+        self.early = gated and self.t == 1 and not prompt   # generated tokens only
+        self.passes = 1 if self.early else loops
+        self.r, self.loop, self.leaves, self.readout = r0, 0, True, False
+        self.ropes: tuple = ()   # (sliding, full) rotary rows, set as the round starts
 
 
-def _rows(group, ordered, force=False):
-    """Row indices of `group`'s sequences in the step's rows (None: all of them)."""
-    if len(group) == len(ordered) and not force:
+def _rows(group, segs):
+    """Row indices of `group`'s pieces in the rows of `segs` (None: all of them)."""
+    if len(group) == len(segs):
         return None
     return np.concatenate([np.arange(sg.r0, sg.r0 + sg.t) for sg in group])
