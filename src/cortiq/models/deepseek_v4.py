@@ -369,12 +369,6 @@ class DeepseekV4Model(ModelBase):
     """A DeepSeek-V4 model read from an open CMF file (see the module docstring)."""
 
     arch = ARCH_NAME
-    supports_rollback = False
-    takes_prompt = True         # forward / forward_batch take the prompt flag (unused)
-    #: prompts run token by token, so the batch scheduler feeds at most this many
-    #: prompt tokens per step (every step of a piece is a step for the decodes too)
-    batch_unit = 1
-    batch_prefill_cap = 8
 
     def __init__(self, cmf_file, *, task=None):
         cf = self.file = cmf_file
@@ -413,6 +407,8 @@ class DeepseekV4Model(ModelBase):
         self.hc_head_scale = float(f("model.hc_head_scale").ravel()[0])
         masks = _task_masks(cf, cfg, task)
         file_masks = getattr(cf, "masks", None)
+        # prompts run token by token, so the scheduler feeds at most prefill_cap prompt
+        # tokens of a sequence per step (each of them is a step for the decodes too)
         self.capabilities = Capabilities(
             rollback=False, batch_unit=1, prefill_cap=8,
             tasks=tuple(file_masks.names()) if file_masks else ())

@@ -187,18 +187,9 @@ class DoryModel(ModelBase):
     """Dory's weights and forward. One instance serves many sequences (DoryState)."""
 
     arch = "dory"
-    supports_rollback = True
-    takes_prompt = True         # forward / forward_batch take the prompt flag
     #: one-row chunks run each sub-layer as one fused kernel call (bit-identical to the
     #: general path, which tests compare it with by switching this off)
     fused_rows = True
-
-    @property
-    def batch_unit(self):
-        """The batch scheduler feeds a prompt in pieces of this many rows (forward's
-        chunks); None with the far field, whose exact tail is placed from the end of a
-        feed, so a prompt there goes in one piece."""
-        return None if self.o1rt is not None else HOST_CHUNK
 
     def __init__(self, cmf, *, loops=None, kv_mode=None, gate=None, prompt_loops=None,
                  full_window=None, o1=None, spill=None):
@@ -294,9 +285,14 @@ class DoryModel(ModelBase):
                               "kv_mode='last_loop' (a per_loop far-field cache cannot take "
                               "the rows of a pass a token skipped)")
         # ---- end o1
+        # a prompt goes to the scheduler in the forward's own chunks; in one piece with
+        # the far field, whose exact tail is placed from the end of a feed
         self.capabilities = Capabilities(
             rollback=True, batch_unit=None if self.o1rt is not None else HOST_CHUNK,
             far_field=self.o1rt is not None)
+        # what a saved state's identity names besides the file (cortiq.state)
+        self.options = {"loops": self.loops, "kv_mode": self.kv_mode,
+                        "prompt_loops": self.prompt_loops}
 
     def _make_gate(self, spec) -> Gate | None:
         if spec is None:
