@@ -18,6 +18,7 @@ import os
 import sys
 import warnings
 from collections.abc import Iterable, Mapping
+from types import FrameType
 
 from . import _kernels
 from .errors import ConfigError
@@ -42,10 +43,11 @@ _warned: set = set()   # old names already warned about in this process
 def _outside_package_stacklevel() -> int:
     """The `stacklevel` of the caller's first frame outside the cortiq package, so a
     warning points at the user's line (where Python's default filters show it)."""
-    root = os.path.dirname(os.path.abspath(sys.modules[__name__.partition(".")[0]].__file__
-                                           or __file__))
-    level, frame = 1, sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(root + os.sep):
+    package = sys.modules[__name__.partition(".")[0]].__file__ or __file__
+    root = os.path.dirname(os.path.abspath(package)) + os.sep
+    level = 1
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(root):
         frame = frame.f_back
         level += 1
     return level
