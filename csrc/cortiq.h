@@ -17,6 +17,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "pool.h" /* the thread count: cq_set_num_threads / cq_get_num_threads */
 
 #ifdef __cplusplus
 extern "C" {
@@ -413,12 +414,6 @@ cq_isa cq_isa_best(void);
  * import time or from tests, never while kernels run. */
 cq_status cq_set_isa(cq_isa isa);
 const cq_table *cq_active(void);
-
-/* ---- threads ------------------------------------------------------------ */
-/* Threads every parallel kernel uses: the caller plus n - 1 workers of the
- * process-wide pool (pool.h), started or stopped at the next parallel call. */
-void cq_set_num_threads(int n);
-int cq_get_num_threads(void);
 
 /* Compiler identification string baked in at build time. */
 const char *cq_compiler(void);

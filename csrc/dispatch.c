@@ -2,7 +2,6 @@
  * A family without a faster twin for an ISA reuses the best slower one, so every
  * table is complete. */
 #include "cortiq.h"
-#include "pool.h"
 
 static const cq_table TABLE_REF = {
     .name = "ref",
@@ -142,17 +141,6 @@ const char *cq_status_str(cq_status s) {
     default: return "unknown status";
     }
 }
-
-/* One process-wide count, read by every parallel call (the pool resizes to it). */
-static volatile int NTHREADS = 1;
-
-void cq_set_num_threads(int n) {
-    if (n <= 0) return;
-    NTHREADS = n > CQ_POOL_MAX_SLOTS ? CQ_POOL_MAX_SLOTS : n;
-    cq_pool_trim(); /* fewer threads: the extra workers stop now rather than idle */
-}
-
-int cq_get_num_threads(void) { return NTHREADS; }
 
 const char *cq_compiler(void) {
 #if defined(__clang__)

@@ -15,7 +15,6 @@
  * publishes, then reads the count; the sleeper counts itself, then re-reads) makes a
  * lost wake-up impossible. */
 #include "pool.h"
-#include "cortiq.h"
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -171,6 +170,17 @@ static struct {
 /* This thread runs inside a job (a worker, or a caller while its job runs): a kernel
  * call from here runs serially. */
 static CQ_TLS int in_pool;
+
+/* The process-wide thread count, read by every parallel call (run resizes to it). */
+static volatile int NTHREADS = 1;
+
+void cq_set_num_threads(int n) {
+    if (n <= 0) return;
+    NTHREADS = n > CQ_POOL_MAX_SLOTS ? CQ_POOL_MAX_SLOTS : n;
+    cq_pool_trim(); /* fewer threads: the extra workers stop now rather than idle */
+}
+
+int cq_get_num_threads(void) { return NTHREADS; }
 
 int cq_pool_workers(void) { return P.nworkers; }
 unsigned long cq_pool_stalls(void) { return P.stalls; }

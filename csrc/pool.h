@@ -31,6 +31,12 @@ typedef void (*cq_range_fn)(void *ctx, size_t i0, size_t i1);
 /* Largest slot count of one call (a thread count above it is clamped). */
 #define CQ_POOL_MAX_SLOTS 1024
 
+/* Threads every parallel kernel uses: the caller plus n - 1 workers, started or
+ * stopped at the next parallel call (fewer: the extra workers stop at once when the
+ * pool is idle). n is clamped to 1..CQ_POOL_MAX_SLOTS; n < 1 is ignored. */
+void cq_set_num_threads(int n);
+int cq_get_num_threads(void);
+
 /* fn(ctx, s, nslots) once for every s < nslots; returns when all have finished. */
 void cq_pool_run(size_t nslots, cq_slot_fn fn, void *ctx);
 

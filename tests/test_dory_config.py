@@ -1,4 +1,4 @@
-"""DoryConfig (CMF header record) and DoryOptions (runtime options + CMF_DORY_* env)."""
+"""DoryConfig (CMF header record) and DoryOptions (runtime options + CORTIQ_DORY_* env)."""
 import copy
 import math
 
@@ -152,8 +152,9 @@ def test_defaults_come_from_the_file():
 
 
 def test_environment_is_a_fallback_and_keywords_win():
-    env = {"CMF_DORY_LOOPS": "3", "CMF_DORY_KV": "last_loop", "CMF_DORY_GATE": "conf:0.6",
-           "CMF_DORY_PROMPT_LOOPS": "1", "CMF_DORY_FULL_WINDOW": "4096"}
+    env = {"CORTIQ_DORY_LOOPS": "3", "CORTIQ_DORY_KV": "last_loop",
+           "CORTIQ_DORY_GATE": "conf:0.6", "CORTIQ_DORY_PROMPT_LOOPS": "1",
+           "CORTIQ_DORY_FULL_WINDOW": "4096"}
     r = DoryOptions().resolve(CFG, env=env)
     assert (r.loops, r.kv_mode, r.prompt_loops, r.full_window) == (3, "last_loop", 1, 4096)
     assert r.gate == DoryGate("conf", threshold=0.6)
@@ -167,18 +168,18 @@ def test_turbo_defaults_unless_a_loop_count_is_fixed():
     r = DoryOptions().resolve(TURBO, env={})
     assert (r.kv_mode, r.prompt_loops) == ("last_loop", 1)
     assert r.gate == DoryGate("file", bias=0.5)
-    r = DoryOptions().resolve(TURBO, env={"CMF_DORY_KV": "per_loop"})
+    r = DoryOptions().resolve(TURBO, env={"CORTIQ_DORY_KV": "per_loop"})
     assert r.kv_mode == "per_loop" and r.gate is None and r.prompt_loops == 1
     for fixed in (DoryOptions(loops=2).resolve(TURBO, env={}),
-                  DoryOptions().resolve(TURBO, env={"CMF_DORY_LOOPS": "2"})):
+                  DoryOptions().resolve(TURBO, env={"CORTIQ_DORY_LOOPS": "2"})):
         assert (fixed.kv_mode, fixed.gate, fixed.prompt_loops) == ("per_loop", None, 0)
         assert fixed.fixed_loops
     assert not r.fixed_loops
 
 
 def test_environment_is_read_once_into_the_options():
-    env = {"CMF_DORY_O1": "8,16,2,64", "CMF_O1_SPILL": "/spill", "CMF_DORY_EXACT_LOG": "",
-           "CMF_DORY_LOOPS": "2", "HOME": "/root"}
+    env = {"CORTIQ_DORY_O1": "8,16,2,64", "CORTIQ_DORY_O1_SPILL": "/spill",
+           "CORTIQ_DORY_EXACT_LOG": "", "CORTIQ_DORY_LOOPS": "2", "HOME": "/root"}
     r = DoryOptions().resolve(TURBO, env=env)
     want = {k: v for k, v in env.items() if k != "HOME"}
     env.clear()                     # a snapshot: later changes do not reach the model
@@ -186,10 +187,10 @@ def test_environment_is_read_once_into_the_options():
 
 
 def test_environment_defaults_to_the_process_environment(monkeypatch):
-    monkeypatch.setenv("CMF_DORY_KV", "last_loop")
-    monkeypatch.setenv("CMF_O1_SPILL", "/spill")
+    monkeypatch.setenv("CORTIQ_DORY_KV", "last_loop")
+    monkeypatch.setenv("CORTIQ_DORY_O1_SPILL", "/spill")
     r = DoryOptions().resolve(CFG)
-    assert r.kv_mode == "last_loop" and r.env["CMF_O1_SPILL"] == "/spill"
+    assert r.kv_mode == "last_loop" and r.env["CORTIQ_DORY_O1_SPILL"] == "/spill"
 
 
 OPT_BAD = [
@@ -212,9 +213,9 @@ def test_bad_keyword_options_name_the_option_and_what_is_allowed(kw, name, allow
     assert str(e.value).startswith(name + ":") and allowed in str(e.value)
 
 
-ENV_BAD = [("CMF_DORY_LOOPS", "17"), ("CMF_DORY_LOOPS", "two"), ("CMF_DORY_KV", "per-loop"),
-           ("CMF_DORY_GATE", "conf:x"), ("CMF_DORY_PROMPT_LOOPS", "-1"),
-           ("CMF_DORY_FULL_WINDOW", "0")]
+ENV_BAD = [("CORTIQ_DORY_LOOPS", "17"), ("CORTIQ_DORY_LOOPS", "two"),
+           ("CORTIQ_DORY_KV", "per-loop"), ("CORTIQ_DORY_GATE", "conf:x"),
+           ("CORTIQ_DORY_PROMPT_LOOPS", "-1"), ("CORTIQ_DORY_FULL_WINDOW", "0")]
 
 
 @pytest.mark.parametrize("var,value", ENV_BAD)
@@ -232,7 +233,21 @@ def test_gate_parser():
 
 
 def test_options_read_os_environ_by_default(monkeypatch):
-    monkeypatch.setenv("CMF_DORY_LOOPS", "4")
+    monkeypatch.setenv("CORTIQ_DORY_LOOPS", "4")
     assert DoryOptions().resolve(CFG).loops == 4
     cfg2 = copy.deepcopy(CFG)
     assert DoryOptions(loops=1).resolve(cfg2).loops == 1
+
+
+def test_older_variable_names_still_count_with_a_deprecation_warning(monkeypatch):
+    from cortiq import _config
+    monkeypatch.setattr(_config, "_warned", set())
+    with pytest.warns(DeprecationWarning) as rec:
+        r = DoryOptions().resolve(CFG, env={"CMF_DORY_LOOPS": "3", "CMF_O1_SPILL": "/s"})
+    assert sorted(str(w.message) for w in rec) == [
+        "environment variable CMF_DORY_LOOPS is deprecated: set CORTIQ_DORY_LOOPS instead",
+        "environment variable CMF_O1_SPILL is deprecated: set CORTIQ_DORY_O1_SPILL instead"]
+    assert r.loops == 3 and r.env == {"CORTIQ_DORY_LOOPS": "3", "CORTIQ_DORY_O1_SPILL": "/s"}
+    # the new name wins over the old one
+    env = {"CMF_DORY_LOOPS": "3", "CORTIQ_DORY_LOOPS": "5"}
+    assert DoryOptions().resolve(CFG, env=env).loops == 5

@@ -192,10 +192,10 @@ def test_bad_options_name_the_option(f32_model, monkeypatch):
         LLM(path, loops=17)
     with pytest.raises(ConfigError, match="gate"):
         LLM(path, gate="sometimes")
-    monkeypatch.setenv("CMF_DORY_LOOPS", "x")
-    with pytest.raises(ConfigError, match="CMF_DORY_LOOPS"):
+    monkeypatch.setenv("CORTIQ_DORY_LOOPS", "x")
+    with pytest.raises(ConfigError, match="CORTIQ_DORY_LOOPS"):
         LLM(path)
-    monkeypatch.setenv("CMF_DORY_LOOPS", "3")
+    monkeypatch.setenv("CORTIQ_DORY_LOOPS", "3")
     assert LLM(path).model.loops == 3
     assert LLM(path, loops=1).model.loops == 1  # a keyword beats the variable
 

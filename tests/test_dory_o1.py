@@ -76,9 +76,9 @@ def test_options():
             DoryO1.parse(bad)
     turbo = DoryTurbo(exit_bias=0.0, o1=(32, 128, 4, 1024), exact_rows=64)
     assert resolve_o1(None, turbo, env={}) == DoryO1(32, 128, 4, 1024)
-    assert resolve_o1(None, turbo, env={"CMF_DORY_O1": "off"}) is None
-    assert resolve_o1(None, turbo, env={"CMF_DORY_O1": "8,16,2,64"}) == DoryO1(8, 16, 2, 64)
-    assert resolve_o1("off", turbo, env={"CMF_DORY_O1": "8,16,2,64"}) is None
+    assert resolve_o1(None, turbo, env={"CORTIQ_DORY_O1": "off"}) is None
+    assert resolve_o1(None, turbo, env={"CORTIQ_DORY_O1": "8,16,2,64"}) == DoryO1(8, 16, 2, 64)
+    assert resolve_o1("off", turbo, env={"CORTIQ_DORY_O1": "8,16,2,64"}) is None
     assert resolve_o1(None, None, env={}) is None
     o1 = DoryO1(32, 128, 4, 1024)
     x = resolve_exact(o1, turbo, lambda: np.ones(8, np.float32), env={})

@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 import cortiq.cmf
+from cortiq._config import RENAMED
 from cortiq.models import dory
 from cortiq.errors import ConfigError
+from cortiq.models.dory.config import ENV_VARS
 from cortiq.models.dory.far_field import MAX_NEAR, QT_STRIDE, host_kv_bytes
 
 PATTERN = "S-*-S-*-S-*-"
@@ -83,9 +85,7 @@ def tiny_path(tmp_path_factory):
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for v in ("CMF_DORY_O1", "CMF_DORY_EXACT", "CMF_O1_SPILL", "CMF_DORY_LOOPS", "CMF_DORY_KV",
-              "CMF_DORY_GATE", "CMF_DORY_PROMPT_LOOPS", "CMF_DORY_EXACT_FEATURES",
-              "CMF_DORY_EXACT_LOG", "CMF_DORY_FULL_WINDOW"):
+    for v in ENV_VARS + tuple(RENAMED[v] for v in ENV_VARS):   # and their older names
         monkeypatch.delenv(v, raising=False)
     return monkeypatch
 
@@ -93,7 +93,7 @@ def clean_env(monkeypatch):
 def exact_env(monkeypatch, tmp_path, budget=3):
     f = tmp_path / "exact.bin"
     np.r_[np.float32(0), np.ones(N_FULL * 2 * GEOM["nk"], np.float32)].astype("<f4").tofile(f)
-    monkeypatch.setenv("CMF_DORY_EXACT", f"{f}:{budget}")
+    monkeypatch.setenv("CORTIQ_DORY_EXACT", f"{f}:{budget}")
 
 
 def model(path, **kw):
@@ -167,7 +167,7 @@ def test_a_prompt_past_the_seal_reads_the_same_from_ram_and_from_files(
     assert np.array_equal(got[0], got[1])
     assert os.listdir(spill) == [], "a store in files is gone with the rebuild"
     # the environment variable works as the keyword does
-    clean_env.setenv("CMF_O1_SPILL", str(tmp_path / "spill2"))
+    clean_env.setenv("CORTIQ_DORY_O1_SPILL", str(tmp_path / "spill2"))
     m = model(tiny_path, o1="4,6,1,24")
     assert np.array_equal(m.forward(m.new_state(), IDS), got[0])
     assert os.listdir(tmp_path / "spill2") == []
@@ -201,7 +201,7 @@ def test_per_loop_slots_seal_each(tiny_path, clean_env):
 def test_o1_off_and_env_fallback(tiny_path, clean_env):
     m = model(tiny_path)
     assert m.o1rt is None
-    clean_env.setenv("CMF_DORY_O1", "4,6,0,10")
+    clean_env.setenv("CORTIQ_DORY_O1", "4,6,0,10")
     m = model(tiny_path)
     assert m.o1rt is not None and m.o1rt.o1.seal == 22     # at least w + sink + 16
     assert model(tiny_path, o1="off").o1rt is None
@@ -220,9 +220,9 @@ def test_turbo_defaults(tmp_path, clean_env):
     st = m.new_state()
     assert np.isfinite(m.forward(st, IDS[:40])).all()
     assert all(s.o1.far[0].sink_len == 4 for s in o1_slots(st))
-    clean_env.setenv("CMF_DORY_O1", "off")
+    clean_env.setenv("CORTIQ_DORY_O1", "off")
     assert model(p).o1rt is None
-    clean_env.delenv("CMF_DORY_O1")
+    clean_env.delenv("CORTIQ_DORY_O1")
     assert model(p, loops=2).o1rt is None        # a fixed loop count: no turbo defaults
 
 
@@ -410,7 +410,7 @@ def spec_checker(monkeypatch, o1, kept=0, scores=None):
     the rows that layer was given (the latest pass's rows at each position, as the
     last_loop cache keeps them). With ``kept`` exact rows the far field is the rebuild at
     the prompt's end: the rows in the order [sinks, kept, the rest], the kept ones picked
-    from the scores in the file ``scores`` (CMF_DORY_EXACT_LOG), the query trace one row in
+    from the scores in the file ``scores`` (CORTIQ_DORY_EXACT_LOG), the query trace one row in
     QT_STRIDE. Returns the list of (max |diff|, max |output|) per call."""
     from reference.nystrom_numpy import FarFieldRef
     from cortiq.models.dory import far_field
@@ -481,7 +481,7 @@ def test_far_field_layers_follow_the_spec(far_path, clean_env, tmp_path, case, k
     scores = tmp_path / "scores.f32"
     if kept:
         exact_env(clean_env, tmp_path, budget=kept)
-        clean_env.setenv("CMF_DORY_EXACT_LOG", str(scores))
+        clean_env.setenv("CORTIQ_DORY_EXACT_LOG", str(scores))
     diffs = spec_checker(clean_env, o1, kept, scores)
     generated_logits(far_path, FAR_IDS[:n_prompt + n_gen], n_prompt, kv_mode=kv, o1=o1)
     d = np.array(diffs)

@@ -282,27 +282,14 @@ def cmd_convert(args) -> int:
     if args.quant not in QUANT_LABEL:
         raise ConfigError(f"--quant {args.quant!r}: expected one of {', '.join(QUANT_LABEL)}")
     eq = getattr(args, "experts_quant", None)
-    if eq is not None and args.arch == "dory":
-        raise ConfigError("--experts-quant: dory has no routed experts")
     try:
+        from .convert import convert_as, from_hf
         if args.arch == "auto":
-            from .convert import from_hf
             from_hf(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet,
                     experts_quant=eq)
-        elif args.arch == "dory":
-            from .convert.hf_dory import convert
-            convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet)
-        elif args.arch == "deepseek_v4":
-            from .convert import hf_deepseek_v4
-            hf_deepseek_v4.convert(args.hf_dir, args.out, quant=args.quant,
-                                   progress=not args.quiet, experts_quant=eq)
-        elif args.arch in ("llama", "mistral", "qwen2", "qwen3"):
-            from .convert import hf_llama
-            hf_llama.convert(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet,
-                             expect=args.arch)
         else:
-            raise ConfigError(f"--arch {args.arch!r}: no converter (supported: dory, "
-                              "deepseek_v4, llama, mistral, qwen2, qwen3, auto)")
+            convert_as(args.arch, args.hf_dir, args.out, quant=args.quant,
+                       progress=not args.quiet, experts_quant=eq)
     except ImportError as e:
         raise ConfigError(f"cortiq convert needs the 'convert' extra (pip install "
                           f"'cortiq[convert]'): {e}") from None
@@ -421,6 +408,8 @@ def _serve_ray(args) -> int:
 
 
 def add_subcommands(sub) -> None:
+    from .convert.gguf_import import architectures as gguf_architectures
+    from .models import converter_names
     r = sub.add_parser("run", help="generate from a prompt (no --prompt: interactive chat)")
     _add_model_options(r)
     r.add_argument("-p", "--prompt", default=None)
@@ -458,8 +447,7 @@ def add_subcommands(sub) -> None:
     v.add_argument("hf_dir", metavar="HF_DIR")
     v.add_argument("out", metavar="OUT.cmf")
     v.add_argument("--arch", default="auto",
-                   help="dory, deepseek_v4, llama, mistral, qwen2, qwen3, or auto "
-                        "(from config.json)")
+                   help=f"{', '.join(converter_names())}, or auto (from config.json)")
     v.add_argument("--quant", default="q8_row")
     v.add_argument("--experts-quant", default=None, metavar="DTYPE[,DOWN]",
                    help="dtype of the routed MoE experts (default: --quant), e.g. q4tp, "
@@ -467,8 +455,8 @@ def add_subcommands(sub) -> None:
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=cmd_convert)
 
-    g = sub.add_parser("import-gguf", help="convert a Llama/Mistral/Qwen2/Qwen3 GGUF file "
-                                           "to CMF (needs the 'gguf' extra)")
+    g = sub.add_parser("import-gguf", help=f"convert a {'/'.join(gguf_architectures())} "
+                                           "GGUF file to CMF (needs the 'gguf' extra)")
     g.add_argument("gguf", metavar="FILE.gguf")
     g.add_argument("out", metavar="OUT.cmf")
     g.add_argument("--quant", default=None,

@@ -1,17 +1,79 @@
-"""Process-wide settings: which kernel table runs, how many threads it uses, the
-default precision of the activations (exact float32, int8, or auto), and whether LLM()
-preloads model files by default.
+"""Process-wide settings, and every environment variable cortiq reads.
 
-Read once at import from CORTIQ_ISA, CORTIQ_NUM_THREADS, CORTIQ_SPIN_US,
+Settings: which kernel table runs, how many threads it uses, the default precision of
+the activations (exact float32, int8, or auto), and whether LLM() preloads model files
+by default. Read once at import from CORTIQ_ISA, CORTIQ_NUM_THREADS, CORTIQ_SPIN_US,
 CORTIQ_PRECISION (and its alias CORTIQ_INT8_ACT) and CORTIQ_PRELOAD; changed later
 through cortiq.set_num_threads() / cortiq.set_precision() (per model: LLM(path,
 precision=..., preload=...)). A forced ISA that cannot run here is an error, never a
 silent fallback.
+
+The other variables are read where they apply, through `env` / `env_values` here:
+CORTIQ_DEVICE (gpu.device), CORTIQ_GPU_ATTN_SPLITS (gpu.dory), CORTIQ_CACHE (with
+XDG_CACHE_HOME, pretrained), and Dory's CORTIQ_DORY_* (models.dory.config). Their names
+before the CORTIQ_ prefix (`RENAMED`) are still read, with a DeprecationWarning naming
+the new one.
 """
 import os
+import sys
+import warnings
+from collections.abc import Iterable, Mapping
+from types import FrameType
 
 from . import _kernels
 from .errors import ConfigError
+
+#: variables renamed to the CORTIQ_ prefix: new name -> the old name, still read when
+#: the new one is unset (a DeprecationWarning, once per process and name)
+RENAMED = {
+    "CORTIQ_DORY_LOOPS": "CMF_DORY_LOOPS",
+    "CORTIQ_DORY_KV": "CMF_DORY_KV",
+    "CORTIQ_DORY_GATE": "CMF_DORY_GATE",
+    "CORTIQ_DORY_PROMPT_LOOPS": "CMF_DORY_PROMPT_LOOPS",
+    "CORTIQ_DORY_FULL_WINDOW": "CMF_DORY_FULL_WINDOW",
+    "CORTIQ_DORY_O1": "CMF_DORY_O1",
+    "CORTIQ_DORY_EXACT": "CMF_DORY_EXACT",
+    "CORTIQ_DORY_EXACT_FEATURES": "CMF_DORY_EXACT_FEATURES",
+    "CORTIQ_DORY_EXACT_LOG": "CMF_DORY_EXACT_LOG",
+    "CORTIQ_DORY_O1_SPILL": "CMF_O1_SPILL",
+}
+_warned: set = set()   # old names already warned about in this process
+
+
+def _outside_package_stacklevel() -> int:
+    """The `stacklevel` of the caller's first frame outside the cortiq package, so a
+    warning points at the user's line (where Python's default filters show it)."""
+    package = sys.modules[__name__.partition(".")[0]].__file__ or __file__
+    root = os.path.dirname(os.path.abspath(package)) + os.sep
+    level = 1
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(root):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+def env(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The value of environment variable `name` (None when unset), from `os.environ` or
+    from `environ` when given. A renamed variable whose new name is unset is read under
+    its old name, with a DeprecationWarning naming the new one."""
+    source = os.environ if environ is None else environ
+    value = source.get(name)
+    old = RENAMED.get(name)
+    if value is None and old is not None and old in source:
+        value = source[old]
+        if old not in _warned:
+            _warned.add(old)
+            warnings.warn(f"environment variable {old} is deprecated: set {name} instead",
+                          DeprecationWarning, stacklevel=_outside_package_stacklevel())
+    return value
+
+
+def env_values(names: Iterable[str], environ: Mapping[str, str] | None = None) -> dict:
+    """`{name: value}` for each of `names` that is set (`env`'s rules)."""
+    found = {n: env(n, environ) for n in names}
+    return {n: v for n, v in found.items() if v is not None}
+
 
 __version__ = "0.1.0"
 
@@ -21,7 +83,7 @@ _preload: bool | None = None  # CORTIQ_PRELOAD; None: unset
 
 
 def _default_threads() -> int:
-    raw = os.environ.get("CORTIQ_NUM_THREADS", "").strip()
+    raw = (env("CORTIQ_NUM_THREADS") or "").strip()
     if raw:
         try:
             n = int(raw)
@@ -37,7 +99,7 @@ def _default_threads() -> int:
 
 
 def _init() -> None:
-    forced = os.environ.get("CORTIQ_ISA", "").strip().lower()
+    forced = (env("CORTIQ_ISA") or "").strip().lower()
     if forced:
         try:
             _kernels.set_isa(forced)
@@ -48,14 +110,14 @@ def _init() -> None:
     else:
         _kernels.set_isa(_kernels.best_isa())
     _kernels.set_num_threads(_default_threads())
-    raw = os.environ.get("CORTIQ_SPIN_US", "").strip()
+    raw = (env("CORTIQ_SPIN_US") or "").strip()
     if raw:
         if not raw.isdigit():
             raise ConfigError(f"CORTIQ_SPIN_US must be a whole number of microseconds, got {raw!r}")
         _kernels.set_pool_spin_us(int(raw))
     _kernels.set_default_precision(_env_precision())
     global _preload
-    raw = os.environ.get("CORTIQ_PRELOAD", "").strip()
+    raw = (env("CORTIQ_PRELOAD") or "").strip()
     if raw and raw.lower() not in _BOOL_WORDS:
         raise ConfigError(f"CORTIQ_PRELOAD must be one of {'/'.join(_BOOL_WORDS)}, got {raw!r}")
     _preload = _BOOL_WORDS.get(raw.lower()) if raw else None
@@ -66,10 +128,10 @@ PRECISIONS = ("exact", "int8", "auto")
 
 def _env_precision() -> str:
     """CORTIQ_PRECISION, or CORTIQ_INT8_ACT (1 = int8, 0 = exact), else "auto"."""
-    raw = os.environ.get("CORTIQ_PRECISION", "").strip().lower()
+    raw = (env("CORTIQ_PRECISION") or "").strip().lower()
     if raw and raw not in PRECISIONS:
         raise ConfigError(f"CORTIQ_PRECISION must be one of {', '.join(PRECISIONS)}, got {raw!r}")
-    alias = os.environ.get("CORTIQ_INT8_ACT", "").strip()
+    alias = (env("CORTIQ_INT8_ACT") or "").strip()
     if alias not in ("", "0", "1"):
         raise ConfigError(f"CORTIQ_INT8_ACT must be 0 or 1, got {alias!r}")
     if alias:

@@ -140,11 +140,11 @@ cdef extern from "cortiq.h" nogil:
     cq_status cq_set_isa(cq_isa isa)
     const cq_table *cq_active()
 
-    void cq_set_num_threads(int n)
-    int cq_get_num_threads()
     const char *cq_compiler()
 
 cdef extern from "pool.h":
+    void cq_set_num_threads(int n)
+    int cq_get_num_threads()
     int cq_pool_workers()
     unsigned long cq_pool_stalls()
     int cq_pool_spin_us()

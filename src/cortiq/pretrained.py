@@ -32,10 +32,11 @@ _CONVERTERS_VERSION = 1   # bump when a converter's output changes for the same 
 def cache_dir(explicit=None) -> Path:
     if explicit is not None:
         return Path(explicit)
-    env = os.environ.get("CORTIQ_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    from ._config import env
+    cache = env("CORTIQ_CACHE")
+    if cache:
+        return Path(cache)
+    base = env("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "cortiq"
 
 

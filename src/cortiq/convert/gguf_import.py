@@ -52,10 +52,10 @@ from typing import Any, cast
 import numpy as np
 
 from ..errors import ConfigError, FormatError
+from ..models import builtin_spec
 from .hf_dory import CHAT_END_TOKENS
 
 CONVERTER = "cortiq.convert.gguf_import"
-ARCHS = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
 #: archs whose q/k rows llama.cpp's converter permutes (interleaved rope)
 PERMUTED = ("llama", "mistral")
 
@@ -85,6 +85,12 @@ _PRE = {"default": _GPT2_RE, "gpt-2": _GPT2_RE, "gpt2": _GPT2_RE, "llama-bpe": _
         "llama3": _LLAMA3_RE, "smaug-bpe": _LLAMA3_RE, "qwen2": _QWEN2_RE,
         "deepseek-r1-qwen": _QWEN2_RE}
 _TOKEN_CONTROL, _TOKEN_USER = 3, 4
+
+
+def architectures() -> tuple[str, ...]:
+    """The GGUF ``general.architecture`` values imported: the Llama family's arch_names
+    (the registry's, `cortiq.models.SPECS`); a file keeps its name as its arch_name."""
+    return builtin_spec("llama").names
 
 
 def _gguf():
@@ -124,9 +130,9 @@ class Meta:
 def arch_from_gguf(meta: Meta, tensors: dict) -> tuple[dict, str]:
     """(CMF arch record, the GGUF architecture name)."""
     g = meta.get("general.architecture")
-    if g not in ARCHS:
+    if g not in architectures():
         raise ConfigError(f"GGUF metadata general.architecture: {g!r}; cortiq imports "
-                          f"{', '.join(ARCHS)}")
+                          f"{', '.join(architectures())}")
     p = f"{g}."
 
     def pos_int(key, default=None):
@@ -152,7 +158,7 @@ def arch_from_gguf(meta: Meta, tensors: dict) -> tuple[dict, str]:
         raise FormatError("GGUF: tensor token_embd.weight missing")
     vocab = int(meta.get(p + "vocab_size") or emb[1][0])
     window = meta.get(p + "attention.sliding_window")
-    arch = {"arch_name": ARCHS[g], "hidden_size": hidden,
+    arch = {"arch_name": g, "hidden_size": hidden,
             "intermediate_size": pos_int("feed_forward_length"), "num_layers": n,
             "num_attention_heads": nh, "num_kv_heads": nk, "head_dim": hd, "vocab_size": vocab,
             "max_position_embeddings": pos_int("context_length", 4096),

@@ -14,14 +14,13 @@ __all__ = ["Device", "adapters", "resolve_device", "to_device"]
 
 
 def to_device(host_model, device: Device | None = None):
-    """The GPU twin of a host model (ConfigError for an architecture or option the
-    GPU path does not run)."""
+    """The GPU twin of a host model, the class the architecture registry names
+    (`cortiq.models.SPECS`: `gpu_model`); ConfigError for an architecture or option the
+    GPU path does not run."""
+    from ..models import gpu_names, lookup, resolve
     arch = getattr(host_model, "arch", None)
-    if arch == "dory":
-        from .dory import GpuDoryModel
-        return GpuDoryModel(host_model, device)
-    if arch == "deepseek_v4":
-        from .deepseek_v4 import GpuDeepSeekV4Model
-        return GpuDeepSeekV4Model(host_model, device)
-    raise ConfigError(f"device='gpu': the {arch} architecture runs on the CPU only in this "
-                      "cortiq (GPU: dory, deepseek_v4)")
+    spec = lookup(arch)
+    if spec is None or spec.gpu_model is None:
+        raise ConfigError(f"device='gpu': the {arch} architecture runs on the CPU only in "
+                          f"this cortiq (GPU: {', '.join(gpu_names())})")
+    return resolve(spec.gpu_model, f"device='gpu': the {arch} GPU model")(host_model, device)

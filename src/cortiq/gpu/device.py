@@ -15,6 +15,7 @@ from importlib import resources
 
 import numpy as np
 
+from .._config import env
 from ..errors import ConfigError
 
 log = logging.getLogger("cortiq.gpu")
@@ -73,7 +74,7 @@ def resolve_device(device) -> str:
     "auto" takes a hardware GPU when one answers, else the CPU with one log line
     (a software adapter such as llvmpipe is slower than cortiq's own CPU kernels)."""
     if device is None:
-        device = os.environ.get("CORTIQ_DEVICE", "").strip().lower() or "cpu"
+        device = (env("CORTIQ_DEVICE") or "").strip().lower() or "cpu"
     if device not in DEVICES:
         raise ConfigError(f"device: expected one of {', '.join(DEVICES)}, got {device!r}")
     if device != "auto":

@@ -26,11 +26,11 @@ and the server run it as they run the host.
 """
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 
+from .._config import env
 from ..errors import ConfigError, CortiqError
 from ..models.base import Capabilities, ModelBase, check_feed, is_prompt
 from ..models.dory.model import EPS, HOST_CHUNK, AttnWeights, ExitRate, top_prob
@@ -54,11 +54,11 @@ ATTN_SPLITS = 4
 
 def _attn_splits(value, nh: int) -> int:
     if value is None:
-        env = os.environ.get("CORTIQ_GPU_ATTN_SPLITS", "").strip()
+        raw = (env("CORTIQ_GPU_ATTN_SPLITS") or "").strip()
         try:
-            value = int(env) if env else ATTN_SPLITS
+            value = int(raw) if raw else ATTN_SPLITS
         except ValueError:
-            raise ConfigError(f"CORTIQ_GPU_ATTN_SPLITS: expected an integer, got {env!r}") \
+            raise ConfigError(f"CORTIQ_GPU_ATTN_SPLITS: expected an integer, got {raw!r}") \
                 from None
     if int(value) < 1:
         raise ConfigError(f"attention splits: expected >= 1, got {value}")

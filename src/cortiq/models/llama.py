@@ -45,14 +45,15 @@ import numpy as np
 from .. import _kernels as K
 from ..errors import ConfigError, CortiqError, FormatError
 from ..tensor import QGroup, QTensor, batch_products
+from . import builtin_spec
 from .batch_rows import head_decode, head_rows, prompt_flags
 from .batch_rows import per_sequence
 from .base import Capabilities, ModelBase
 from .kv_cache import KvSlot
 from .rope import RopeTable, inv_freq, yarn_attention_factor, yarn_inv_freq
 
-#: arch_name values this module runs (the reference engine names files by HF model_type)
-ARCH_NAMES = ("llama", "mistral", "qwen2", "qwen3")
+#: arch_name values this module runs: the Llama family's names in the registry
+ARCH_NAMES = builtin_spec("llama").names
 #: rows of a prompt run through the stack together
 CHUNK = 64
 

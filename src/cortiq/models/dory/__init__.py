@@ -2,7 +2,7 @@
 
 model      the forward: sessions' state, the loops, attention and MLP, the head
 config     DoryConfig (the file's header, validated) and DoryOptions (run-time choices,
-           the CMF_DORY_* / CMF_O1_* environment read once)
+           the CORTIQ_DORY_* environment read once)
 far_field  the O(1) far field of the full-attention layers (exact rows + Nyström states)
 nystrom    NystromState, the streaming Nyström summary the far field keeps per layer
 """

@@ -23,21 +23,22 @@ sqrt(hidden_size) (vLLM's rule for null), ``turbo`` absent. Everything else is r
 
 ``DoryOptions`` holds the runtime keyword options (``loops``, ``kv_mode``, ``gate``,
 ``prompt_loops``, ``full_window``); ``DoryOptions.resolve(config, env)`` applies the
-reference engine's precedence: keyword > ``CMF_DORY_*`` environment variable > the turbo
-record's defaults > the file's record. It reads the environment once (``read_env``), for
-the far field's variables too, which ``ResolvedOptions.env`` carries to
-``cortiq.models.dory.far_field``.
+reference engine's precedence: keyword > ``CORTIQ_DORY_*`` environment variable > the
+turbo record's defaults > the file's record. It reads the environment once
+(``read_env``, through ``cortiq._config.env_values``; the variables' older ``CMF_DORY_*``
+/ ``CMF_O1_SPILL`` names still count, with a DeprecationWarning), for the far field's
+variables too, which ``ResolvedOptions.env`` carries to ``cortiq.models.dory.far_field``.
 """
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ..._config import env_values
 from ...errors import ConfigError
 
 ARCH_NAME = "dory"
@@ -52,26 +53,25 @@ PATTERN_CHARS = {"S": "sliding attention", "*": "full attention", "-": "SwiGLU M
 
 # The environment variables a Dory model reads: once, when DoryOptions.resolve builds
 # its options (``read_env``); model code reads the options, never os.environ.
-ENV_LOOPS = "CMF_DORY_LOOPS"
-ENV_KV = "CMF_DORY_KV"
-ENV_GATE = "CMF_DORY_GATE"
-ENV_PROMPT_LOOPS = "CMF_DORY_PROMPT_LOOPS"
-ENV_FULL_WINDOW = "CMF_DORY_FULL_WINDOW"
+ENV_LOOPS = "CORTIQ_DORY_LOOPS"
+ENV_KV = "CORTIQ_DORY_KV"
+ENV_GATE = "CORTIQ_DORY_GATE"
+ENV_PROMPT_LOOPS = "CORTIQ_DORY_PROMPT_LOOPS"
+ENV_FULL_WINDOW = "CORTIQ_DORY_FULL_WINDOW"
 # the far field's (cortiq.models.dory.far_field resolves them from ResolvedOptions.env):
-ENV_O1 = "CMF_DORY_O1"                          # "m,w,sink,seal" or "off"
-ENV_EXACT = "CMF_DORY_EXACT"                    # "FILE:rows": the exact-row scorer
-ENV_EXACT_FEATURES = "CMF_DORY_EXACT_FEATURES"  # a path: the exact-row features, dumped
-ENV_EXACT_LOG = "CMF_DORY_EXACT_LOG"            # a path: the exact-row scores, dumped
-ENV_SPILL = "CMF_O1_SPILL"                      # a directory: sealed rows spill there
+ENV_O1 = "CORTIQ_DORY_O1"                          # "m,w,sink,seal" or "off"
+ENV_EXACT = "CORTIQ_DORY_EXACT"                    # "FILE:rows": the exact-row scorer
+ENV_EXACT_FEATURES = "CORTIQ_DORY_EXACT_FEATURES"  # a path: the exact-row features, dumped
+ENV_EXACT_LOG = "CORTIQ_DORY_EXACT_LOG"            # a path: the exact-row scores, dumped
+ENV_SPILL = "CORTIQ_DORY_O1_SPILL"                 # a directory: sealed rows spill there
 ENV_VARS = (ENV_LOOPS, ENV_KV, ENV_GATE, ENV_PROMPT_LOOPS, ENV_FULL_WINDOW,
             ENV_O1, ENV_EXACT, ENV_EXACT_FEATURES, ENV_EXACT_LOG, ENV_SPILL)
 
 
 def read_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The Dory variables that are set, as ``{name: value}``: from ``os.environ``, or
-    from ``env`` when given (tests pass a dict)."""
-    env = os.environ if env is None else env
-    return {k: env[k] for k in ENV_VARS if k in env}
+    """The Dory variables that are set, as ``{name: value}`` under their CORTIQ_ names:
+    from ``os.environ``, or from ``env`` when given (tests pass a dict)."""
+    return env_values(ENV_VARS, env)
 
 
 # ------------------------------------------------------------------ field readers
@@ -437,7 +437,7 @@ class ResolvedOptions:
     gate: DoryGate | None
     prompt_loops: int
     full_window: int | None
-    #: a loop count was asked for (keyword or CMF_DORY_LOOPS): the turbo record's
+    #: a loop count was asked for (keyword or CORTIQ_DORY_LOOPS): the turbo record's
     #: defaults (its far field included) do not apply
     fixed_loops: bool = False
     #: the Dory variables as read (``read_env``), for the far field's options
@@ -470,13 +470,13 @@ class DoryOptions:
     """Runtime keyword options. ``None`` = not given (the environment variable, then the
     file decide). Values are checked here, so a bad keyword fails before any loading.
 
-    * ``loops``: passes of the recurrent block, 0..16 (``CMF_DORY_LOOPS``; the reference engine
+    * ``loops``: passes of the recurrent block, 0..16 (``CORTIQ_DORY_LOOPS``; the reference engine
       accepts 0 there, which runs the output block on the input block's state).
-    * ``kv_mode``: "per_loop" | "last_loop" (``CMF_DORY_KV``).
-    * ``gate``: early exit -- "auto" | "conf:T" | "recon:FILE:BIAS" (``CMF_DORY_GATE``).
+    * ``kv_mode``: "per_loop" | "last_loop" (``CORTIQ_DORY_KV``).
+    * ``gate``: early exit -- "auto" | "conf:T" | "recon:FILE:BIAS" (``CORTIQ_DORY_GATE``).
     * ``prompt_loops``: passes over prompt chunks whose logits nobody reads, under
-      last_loop; 0 = as many as any chunk (``CMF_DORY_PROMPT_LOOPS``).
-    * ``full_window``: full layers read at most this many keys (``CMF_DORY_FULL_WINDOW``).
+      last_loop; 0 = as many as any chunk (``CORTIQ_DORY_PROMPT_LOOPS``).
+    * ``full_window``: full layers read at most this many keys (``CORTIQ_DORY_FULL_WINDOW``).
     """
     loops: int | None = None
     kv_mode: str | None = None
@@ -499,7 +499,7 @@ class DoryOptions:
         """Apply keyword > environment > turbo defaults > file record, as the reference engine does.
 
         A turbo file runs "turbo" (last_loop, the file's router as gate, prompt loops 1)
-        unless a fixed loop count is asked for (keyword ``loops`` or ``CMF_DORY_LOOPS``);
+        unless a fixed loop count is asked for (keyword ``loops`` or ``CORTIQ_DORY_LOOPS``);
         an explicit kv mode / prompt_loops still wins over the turbo default.
         """
         env = read_env(env)

@@ -6,15 +6,15 @@ head's rows become a ``NystromState`` (sinks + an exact window of ``w`` rows + a
 over ``m`` landmarks), and every later row is read through it at a fixed cost and memory.
 
 With an ``ExactRows`` choice (``dory.exact.weights`` in a turbo file, or
-``CMF_DORY_EXACT=FILE:rows``) a sealed prompt also keeps its rows (in RAM, or in files
+``CORTIQ_DORY_EXACT=FILE:rows``) a sealed prompt also keeps its rows (in RAM, or in files
 under ``spill``) until ``EXACT_TAIL`` rows before its end; there the far field is built
 anew over all of them in the seal order ``[sinks, kept rows, the rest]``, so the rows the
 far field would lose (passwords, codes: keys outside the landmarks' span, large values)
 stay exact for the rest of the conversation.
 
 Options (the reference engine's precedence): ``o1=`` keyword ("m,w,sink,seal", a 4-tuple, a DoryO1
-or "off") > ``CMF_DORY_O1`` > the turbo record's ``o1`` (unless ``CMF_DORY_O1=off``) >
-off. ``spill=`` keyword > ``CMF_O1_SPILL``. The variables come as a mapping (``env``:
+or "off") > ``CORTIQ_DORY_O1`` > the turbo record's ``o1`` (unless ``CORTIQ_DORY_O1=off``) >
+off. ``spill=`` keyword > ``CORTIQ_DORY_O1_SPILL``. The variables come as a mapping (``env``:
 ``ResolvedOptions.env``, read once by ``cortiq.models.dory.config``); none given = none set.
 """
 from __future__ import annotations
@@ -137,7 +137,7 @@ def exact_from_var(value: str, where: str = ENV_EXACT) -> ExactRows | None:
 
 def resolve_o1(keyword: Any = None, turbo=None, env: Mapping[str, str] | None = None
                ) -> DoryO1 | None:
-    """keyword > CMF_DORY_O1 > the turbo record's o1 ("off" anywhere turns it off)."""
+    """keyword > CORTIQ_DORY_O1 > the turbo record's o1 ("off" anywhere turns it off)."""
     env = {} if env is None else env
     if keyword is not None:
         return DoryO1.parse(keyword, "o1")
@@ -158,7 +158,7 @@ def resolve_o1(keyword: Any = None, turbo=None, env: Mapping[str, str] | None = 
 def resolve_exact(o1: DoryO1 | None, turbo=None, load_weights=None,
                   env: Mapping[str, str] | None = None, keyword: Any = None
                   ) -> ExactRows | None:
-    """keyword ExactRows > CMF_DORY_EXACT=FILE:rows > the turbo record's exact_rows with
+    """keyword ExactRows > CORTIQ_DORY_EXACT=FILE:rows > the turbo record's exact_rows with
     ``dory.exact.weights`` (``load_weights()``); then the MAX_NEAR check."""
     env = {} if env is None else env
     exact = keyword
@@ -446,7 +446,7 @@ class O1Runtime:
     def for_model(cls, model, *, o1: Any = None, spill: Any = None, exact: Any = None,
                   turbo_defaults: bool = True, env: Mapping[str, str] | None = None
                   ) -> O1Runtime | None:
-        """From the keyword, CMF_DORY_O1, the turbo record (when ``turbo_defaults``: no
+        """From the keyword, CORTIQ_DORY_O1, the turbo record (when ``turbo_defaults``: no
         fixed loop count); None when the far field is off or there is no full layer."""
         cfg = model.cfg
         turbo = cfg.turbo if turbo_defaults else None
