@@ -229,8 +229,9 @@ _PRECISION_WORDS = {
 }
 
 
-def show_config(file=None) -> None:
-    """Print the active ISA, CPU features, threads and their pool, compiler and version."""
+def config_lines() -> list[str]:
+    """The lines show_config prints about the build, the CPU kernels, threads, precision
+    and preload (the GPU adapters are listed by the layer that knows them, gpu.device)."""
     c = config()
     pool = c["pool"]
     lines = [
@@ -249,12 +250,7 @@ def show_config(file=None) -> None:
          f"cortiq serve: {'on' if preload_default(long_running=True) else 'off'})"),
         f"  compiler:     {c['compiler']}",
     ]
-    from .gpu.device import adapters
-    found = adapters()
-    lines.append(f"  gpu adapters: {len(found) or 'none'}  (LLM(device='gpu'), CORTIQ_DEVICE; "
-                 "needs the wgpu package: cortiq[gpu])")
-    lines += [f"    {a['device']} ({a['backend']}, {a['type']})" for a in found]
-    print("\n".join(lines), file=file)
+    return lines
 
 
 _init()

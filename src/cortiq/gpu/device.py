@@ -69,6 +69,15 @@ def adapters() -> list[dict]:
     return out
 
 
+def adapter_lines() -> list[str]:
+    """The lines cortiq.show_config prints about the GPU adapters wgpu can see."""
+    found = adapters()
+    lines = [(f"  gpu adapters: {len(found) or 'none'}  (LLM(device='gpu'), CORTIQ_DEVICE; "
+              "needs the wgpu package: cortiq[gpu])")]
+    lines += [f"    {a['device']} ({a['backend']}, {a['type']})" for a in found]
+    return lines
+
+
 def resolve_device(device) -> str:
     """"cpu" or "gpu" for LLM(device=...): None reads CORTIQ_DEVICE (default "cpu");
     "auto" takes a hardware GPU when one answers, else the CPU with one log line
