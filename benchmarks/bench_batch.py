@@ -220,9 +220,9 @@ KERNEL_SHAPES = ((2048, 2048), (5632, 2048), (2048, 5632))   # Dory's attention,
 def kernel_figures(B, rounds=7):
     """ms per pass over KERNEL_SHAPES (q8_row): {name: best ms}."""
     from cortiq import _kernels as K
-    from cortiq.tensor import QTensor
+    from cortiq.cmf.testing import qtensor_from_f32
     rng = np.random.default_rng(0)
-    mats = [QTensor.from_f32(rng.standard_normal(s).astype(np.float32), "q8_row")
+    mats = [qtensor_from_f32(rng.standard_normal(s).astype(np.float32), "q8_row")
             for s in KERNEL_SHAPES]
     X = {c: rng.standard_normal((B, c)).astype(np.float32) for c in {s[1] for s in KERNEL_SHAPES}}
 

@@ -41,6 +41,7 @@ import numpy as np
 import cortiq
 from cortiq import _kernels as K
 from cortiq.tensor import I8_DTYPES, QTensor
+from cortiq.cmf.testing import qtensor_from_f32
 
 DTYPES = ("f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp",
           "q8_row+i8", "q8_2f+i8", "q4_block+i8", "q4_tiled+i8", "q4tp+i8", "q2tp+i8")
@@ -85,7 +86,7 @@ def bench_matvec(dtype, shape, threads_list, total, reps, rng, buf):
     dtype, _, mode = dtype.partition("+")
     prec = "int8" if mode == "i8" else "exact"
     w = rng.standard_normal(shape, dtype=np.float32)
-    q = QTensor.from_f32(w, dtype, precision=prec)
+    q = qtensor_from_f32(w, dtype, precision=prec)
     del w
     n = copies_for(q.nbytes, total)
     qs = [q] + [QTensor(q.raw.copy(), dtype, shape, precision=prec) for _ in range(n - 1)]
@@ -124,7 +125,7 @@ def bench_ceiling(dtype, cols, threads_list, reps, rng):
     (at least 96 rows, so two threads and four row streams each have work)."""
     dtype, _, mode = dtype.partition("+")
     rows = max(96, CEIL_BYTES // max(1, K.qmat_nbytes(dtype, 1, cols)))
-    q = QTensor.from_f32(rng.standard_normal((rows, cols), dtype=np.float32), dtype,
+    q = qtensor_from_f32(rng.standard_normal((rows, cols), dtype=np.float32), dtype,
                          precision="int8" if mode == "i8" else "exact")
     x = rng.standard_normal(cols, dtype=np.float32)
     out = np.empty(rows, np.float32)

@@ -15,7 +15,7 @@ import pytest
 from cortiq import _kernels as K
 from cortiq.models import deepseek_v4 as D
 from cortiq.models import rope
-from cortiq.tensor import QTensor
+from cortiq.cmf.testing import qtensor_from_f32
 
 SINK_TOL = 1e-4
 MIX_RTOL = 2e-6
@@ -260,7 +260,7 @@ def test_grouped_projection_of_several_rows_is_each_rows_own(isa, threads, dtype
     decode of DeepSeek-V4 reads wo_a once for all its rows); int8 activations too."""
     groups, per = 3, 64
     rng = np.random.default_rng(n * 7 + lora)
-    T = QTensor.from_f32(f32(rng.standard_normal((groups * lora, per))), dtype)
+    T = qtensor_from_f32(f32(rng.standard_normal((groups * lora, per))), dtype)
     X = f32(rng.standard_normal((n, groups * per)))
     X[0, :5] = [0.0, -0.0, 1e-30, -3e4, 7.5]             # zeros, a denormal, a large value
     for precision in ("exact", "int8"):
@@ -283,7 +283,7 @@ def test_grouped_projection_is_identical_with_any_thread_count(isa, threads, dty
     rng = np.random.default_rng(0)
     W = f32(rng.standard_normal((groups * lora, per)))
     x = f32(np.sin(np.arange(groups * per) * 13 * 0.021))
-    T = QTensor.from_f32(W, dtype)
+    T = qtensor_from_f32(W, dtype)
     got = K.grouped_rows(T, x, groups)
     Wd = T.dequantize().astype(np.float64)
     want = np.concatenate([Wd[g * lora:(g + 1) * lora] @ x[g * per:(g + 1) * per] for g in range(groups)])
@@ -307,7 +307,7 @@ def test_grouped_rows_equal_each_rows_row_dot_across_blocks(isa, threads, dtype,
     still be exactly its own row_dot, whatever the block and thread boundaries."""
     per = 64
     rng = np.random.default_rng(groups * 1000 + lora)
-    T = QTensor.from_f32(f32(rng.standard_normal((groups * lora, per))), dtype)
+    T = qtensor_from_f32(f32(rng.standard_normal((groups * lora, per))), dtype)
     x = f32(rng.standard_normal(groups * per))
     got = K.grouped_rows(T, x, groups)
     want = np.array([T.row_dot(r, x[(r // lora) * per:(r // lora + 1) * per])
@@ -319,7 +319,7 @@ def test_grouped_rows_equal_each_rows_row_dot_across_blocks(isa, threads, dtype,
 @pytest.mark.parametrize("rows", [1, 127, 128, 300])
 def test_rows_sum_across_blocks_is_the_sum_of_matvecs(isa, threads, dtype, rows):
     rng = np.random.default_rng(rows)
-    Ts = [QTensor.from_f32(f32(rng.standard_normal((rows, 64))), dtype) for _ in range(3)]
+    Ts = [qtensor_from_f32(f32(rng.standard_normal((rows, 64))), dtype) for _ in range(3)]
     xs = [f32(rng.standard_normal(64)) for _ in range(3)]
     seq = Ts[0].matvec(xs[0])
     for T, x in zip(Ts[1:], xs[1:]):
@@ -330,7 +330,7 @@ def test_rows_sum_across_blocks_is_the_sum_of_matvecs(isa, threads, dtype, rows)
 @pytest.mark.parametrize("dtype", ["f32", "q8_row", "q4tp", "q2tp"])
 def test_rows_sum_is_the_sum_of_matvecs(isa, threads, dtype):
     rng = np.random.default_rng(1)
-    Ts = [QTensor.from_f32(f32(rng.standard_normal((37, 64))), dtype) for _ in range(5)]
+    Ts = [qtensor_from_f32(f32(rng.standard_normal((37, 64))), dtype) for _ in range(5)]
     xs = [f32(rng.standard_normal(64)) for _ in range(5)]
     got = K.rows_sum(Ts, xs)
     want = sum(T.dequantize().astype(np.float64) @ np.float64(x) for T, x in zip(Ts, xs))
@@ -388,7 +388,7 @@ def test_mix_wrappers_check_arguments():
         x = f32(np.zeros((4, 8)))
         K.hc_expand(f32(np.zeros(8)), x, f32(np.zeros(4)), f32(np.zeros((4, 4))), out=x)
     with pytest.raises(ValueError, match="grouped_rows"):
-        K.grouped_rows(QTensor.from_f32(f32(np.zeros((6, 32))), "f32"), f32(np.zeros(64)), 4)
+        K.grouped_rows(qtensor_from_f32(f32(np.zeros((6, 32))), "f32"), f32(np.zeros(64)), 4)
 
 
 def test_yarn_matches_the_seed_where_they_coincide():

@@ -12,7 +12,7 @@ from arrays import stable_seed
 from cortiq import cmf
 from cortiq.demo import demo_path
 from cortiq.errors import ConfigError
-from cortiq.tensor import QTensor
+from cortiq.cmf.testing import qtensor_from_f32
 
 pytestmark = pytest.mark.gpu
 
@@ -29,7 +29,7 @@ def _qt(rng, dtype, rows, cols):
     w[rng.random((rows, cols)) < 0.05] = 0.0        # some zeros (q2tp's all-zero tiles too)
     if dtype == "q2tp" and rows > 1:
         w[0, :32] = 0.0
-    return QTensor.from_f32(w, dtype)
+    return qtensor_from_f32(w, dtype)
 
 
 # ---- each dtype's decoder: decode matvec and prompt matmat vs the CPU kernel --------------

@@ -19,7 +19,7 @@ from cortiq import cmf
 from cortiq.errors import ConfigError, CortiqError
 from cortiq.models import deepseek_v4 as D
 from cortiq.models import rope
-from cortiq.tensor import QTensor
+from cortiq.cmf.testing import qtensor_from_f32
 
 sys.path.insert(0, os.path.dirname(__file__))
 from reference.dsv4_toy import tokenizer_json, toy_tensors
@@ -51,7 +51,7 @@ def test_gather_matches_cpu(dev, dtype, R, C):
     from cortiq.gpu.kernels import GpuMatrix, ParamArena
     rng = np.random.default_rng(R * C)
     E, ids = 5, np.array([3, 0, 4, 3], np.uint32)
-    qts = [QTensor.from_f32(rng.standard_normal((R, C)).astype(np.float32), dtype)
+    qts = [qtensor_from_f32(rng.standard_normal((R, C)).astype(np.float32), dtype)
            for _ in range(E)]
     g = GpuMatrix(dev, stack(qts, "experts"))
     wts = rng.random(ids.size).astype(np.float32)

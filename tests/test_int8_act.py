@@ -23,6 +23,7 @@ from cortiq import _kernels as K
 import optional
 from cortiq.errors import ConfigError
 from cortiq.tensor import QTensor
+from cortiq.cmf.testing import qtensor_from_f32
 
 I8 = ("q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp")
 LOW = ("q4_block", "q4_tiled", "q4tp", "q2tp")
@@ -97,7 +98,7 @@ def check(q, x):
 
 
 def make(rng, shape, dtype, precision="int8"):
-    return QTensor.from_f32(rng.standard_normal(shape).astype(np.float32), dtype, precision=precision)
+    return qtensor_from_f32(rng.standard_normal(shape).astype(np.float32), dtype, precision=precision)
 
 
 @pytest.mark.parametrize("dtype", I8)
@@ -123,7 +124,7 @@ def test_hypothesis_shapes(isas, rows, groups, dtype, seed):
     cols = 32 * groups
     w = rng.standard_normal((rows, cols)).astype(np.float32)
     w *= np.float32(10.0) ** rng.integers(-3, 3, size=(rows, 1)).astype(np.float32)
-    q = QTensor.from_f32(w, dtype, precision="int8")
+    q = qtensor_from_f32(w, dtype, precision="int8")
     x = (rng.standard_normal(cols) * 10.0 ** rng.integers(-3, 3)).astype(np.float32)
     x[rng.random(cols) < 0.1] = 0.0
     # misaligned x (off a 64-byte line)
@@ -295,7 +296,7 @@ def test_error_is_small_for_gaussian_data(isa):
     w = rng.standard_normal((256, 1024)).astype(np.float32)
     x = rng.standard_normal(1024).astype(np.float32)
     for dtype in I8:
-        qe = QTensor.from_f32(w, dtype)
+        qe = qtensor_from_f32(w, dtype)
         qi = QTensor(qe.raw, dtype, qe.shape, precision="int8")
         ye, yi = qe.matvec(x), qi.matvec(x)
         rel = np.linalg.norm(yi - ye) / np.linalg.norm(ye)
@@ -313,7 +314,7 @@ def test_qtensor_precision_resolves_per_dtype():
     before = cortiq.get_precision()
     try:
         for dtype in ("f32", "f16", "bf16") + I8:
-            q = QTensor.from_f32(w, dtype)
+            q = qtensor_from_f32(w, dtype)
             assert q.precision == "exact" and not q.int8 and not q.int8_prompt  # by hand: exact
             q.precision = "int8"
             assert q.int8 == (dtype in I8)

@@ -101,8 +101,8 @@ def test_fused_argument_errors():
 
 # ---- the Dory decode rows: one sub-layer per call -------------------------------------
 def _qt(rng, rows, cols, dtype):
-    from cortiq.tensor import QTensor
-    return QTensor.from_f32(rng.normal(0, 0.3, (rows, cols)).astype(np.float32), dtype)
+    from cortiq.cmf.testing import qtensor_from_f32
+    return qtensor_from_f32(rng.normal(0, 0.3, (rows, cols)).astype(np.float32), dtype)
 
 
 def _attn_case(seed, dtype, nh=4, nk=2, hd=16, hidden=64):

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cortiq import _kernels as K
-from cortiq.tensor import QTensor
+from cortiq.cmf.testing import qtensor_from_f32
 from test_int8_act import I8, model
 
 MULTI = ("f32", "q8_row")          # dtypes with multi-input rows in the SIMD tables
@@ -48,7 +48,7 @@ def _check(T, X, isa):
 def test_matches_matvec(isas, dtype, rows, groups, odd, t, int8, seed):
     rng = np.random.default_rng(seed)
     cols = 32 * groups + (odd if dtype in ("f32", "f16", "bf16") else 0)
-    T = QTensor.from_f32(rng.standard_normal((rows, cols)).astype(np.float32), dtype)
+    T = qtensor_from_f32(rng.standard_normal((rows, cols)).astype(np.float32), dtype)
     T.precision = "int8" if int8 else "exact"
     X = rng.standard_normal((t, cols)).astype(np.float32)
     before = K.active_isa()
@@ -63,7 +63,7 @@ def test_matches_matvec(isas, dtype, rows, groups, odd, t, int8, seed):
 @pytest.mark.parametrize("dtype", MULTI)
 def test_large_and_threads(isa, threads, dtype):
     rng = np.random.default_rng(3)
-    T = QTensor.from_f32(rng.standard_normal((700, 1056)).astype(np.float32), dtype)
+    T = qtensor_from_f32(rng.standard_normal((700, 1056)).astype(np.float32), dtype)
     X = rng.standard_normal((9, 1056)).astype(np.float32)
     _check(T, X, isa)
     a = K.matvec_batch([T._m], X)[0]
@@ -72,12 +72,12 @@ def test_large_and_threads(isa, threads, dtype):
 
 def test_several_matrices_and_refusals():
     rng = np.random.default_rng(0)
-    A = QTensor.from_f32(rng.standard_normal((40, 64)).astype(np.float32), "q8_row")
-    B = QTensor.from_f32(rng.standard_normal((9, 64)).astype(np.float32), "f16")
+    A = qtensor_from_f32(rng.standard_normal((40, 64)).astype(np.float32), "q8_row")
+    B = qtensor_from_f32(rng.standard_normal((9, 64)).astype(np.float32), "f16")
     X = rng.standard_normal((3, 64)).astype(np.float32)
     a, b = K.matvec_batch([A._m, B._m], X)
     assert np.array_equal(a, A.matvec_batch(X)) and np.array_equal(b, B.matvec_batch(X))
-    C = QTensor.from_f32(rng.standard_normal((9, 96)).astype(np.float32), "f32")
+    C = qtensor_from_f32(rng.standard_normal((9, 96)).astype(np.float32), "f32")
     with pytest.raises(ValueError, match="cols"):
         K.matvec_batch([A._m, C._m], X)
     with pytest.raises(ValueError, match="shape"):
@@ -123,7 +123,7 @@ def test_int8_batch_is_the_int8_matvec_bitwise(isas, dtype, rows, groups, t, spe
     the int8 algorithm (test_int8_act.model) within float32 rounding."""
     rng = np.random.default_rng(seed)
     cols = 32 * groups
-    T = QTensor.from_f32(rng.standard_normal((rows, cols)).astype(np.float32), dtype)
+    T = qtensor_from_f32(rng.standard_normal((rows, cols)).astype(np.float32), dtype)
     T.precision = "int8"
     X = rng.standard_normal((t, cols)).astype(np.float32)
     j, g = int(rng.integers(t)), int(rng.integers(groups))
@@ -150,7 +150,7 @@ def test_int8_batch_threads_and_tall(isa, threads, dtype):
     and 71 groups (scales decoded 64 groups at a time, a last block of three): the same
     bits as one int8 matvec each."""
     rng = np.random.default_rng(7)
-    T = QTensor.from_f32(rng.standard_normal((301, 2272)).astype(np.float32), dtype)
+    T = qtensor_from_f32(rng.standard_normal((301, 2272)).astype(np.float32), dtype)
     T.precision = "int8"
     X = rng.standard_normal((9, 2272)).astype(np.float32)
     for _, hide, (out, one) in _i8_variants(
@@ -163,7 +163,7 @@ def test_int8_batch_several_matrices(isas):
     (q8_2f quantizes col * x), another family (q4_block) or none (f16): each equals
     its own int8 (or float32) matvec."""
     rng = np.random.default_rng(9)
-    Ts = [QTensor.from_f32(rng.standard_normal((r, 320)).astype(np.float32), d)
+    Ts = [qtensor_from_f32(rng.standard_normal((r, 320)).astype(np.float32), d)
           for r, d in ((33, "q8_row"), (17, "q8_2f"), (40, "q8_row"), (9, "q4_block"), (5, "f16"))]
     for T in Ts:
         T.precision = "int8"

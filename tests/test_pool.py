@@ -19,6 +19,7 @@ import pytest
 import cortiq
 from cortiq import _kernels as K
 from cortiq.tensor import QTensor
+from cortiq.cmf.testing import qtensor_from_f32
 
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(cortiq.__file__)))
 
@@ -28,19 +29,19 @@ def _inputs(seed=0):
     f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
     d = {"x": f(512), "X": f(37, 512), "mats": {}}
     for dtype in ("f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp"):
-        d["mats"][dtype] = QTensor.from_f32(f(389, 512), dtype)
+        d["mats"][dtype] = qtensor_from_f32(f(389, 512), dtype)
     d["q"], d["keys"], d["vals"] = f(5, 8, 64), f(300, 2, 64), f(300, 2, 64)
     d["sq"], d["kv"] = f(16, 64), f(400, 64)
     d["idx"] = rng.integers(-1, 400, 300).astype(np.int64)
     d["sink"] = f(16)
     d["hx"], d["hfn"] = f(4, 1024), f(24, 4096)
-    d["grouped"] = QTensor.from_f32(f(8 * 200, 64), "q8_row")
+    d["grouped"] = qtensor_from_f32(f(8 * 200, 64), "q8_row")
     d["gx"] = f(8 * 64)
-    d["sum_mats"] = [QTensor.from_f32(f(300, 128), "q8_row") for _ in range(3)]
+    d["sum_mats"] = [qtensor_from_f32(f(300, 128), "q8_row") for _ in range(3)]
     d["sum_xs"] = [f(128) for _ in range(3)]
     d["w_quant"] = f(300, 256)
     for dtype in ("q8_row", "q4_block", "q4tp", "q2tp"):  # int8 activations
-        d["mats"][f"{dtype} int8"] = QTensor.from_f32(f(389, 512), dtype, precision="int8")
+        d["mats"][f"{dtype} int8"] = qtensor_from_f32(f(389, 512), dtype, precision="int8")
     return d
 
 
@@ -175,9 +176,10 @@ def _run(code, env_extra=None):
 FORK_CHILD = """
 import os, sys, numpy as np, cortiq
 from cortiq.tensor import QTensor
+from cortiq.cmf.testing import qtensor_from_f32
 cortiq.set_num_threads(2)
 rng = np.random.default_rng(0)
-m = QTensor.from_f32(rng.standard_normal((2048, 512)).astype(np.float32), "q8_row")
+m = qtensor_from_f32(rng.standard_normal((2048, 512)).astype(np.float32), "q8_row")
 x = rng.standard_normal(512).astype(np.float32)
 y = m.matvec(x)                       # the parent's pool has started its worker
 pid = os.fork()

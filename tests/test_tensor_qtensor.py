@@ -21,6 +21,7 @@ from cortiq import _kernels as K
 from cortiq.cmf import quant
 from cortiq.errors import FormatError
 from cortiq.tensor import DTYPES, QTensor
+from cortiq.cmf.testing import qtensor_from_f32
 from arrays import misaligned  # tests/arrays.py
 import optional
 
@@ -42,7 +43,7 @@ def make(dtype, rows, cols, seed=0, zero_rows=(), big=False):
     for r in zero_rows:
         if r < rows:
             w[r] = 0
-    q = QTensor.from_f32(w, dtype)
+    q = qtensor_from_f32(w, dtype)
     d = quant.dequantize(quant.quantize(w, dtype), dtype, (rows, cols))
     return q, d
 
@@ -341,7 +342,7 @@ def test_argument_errors():
         with pytest.raises(FormatError, match="vbit_ro"):
             QTensor(bad, "vbit_ro", (2, 64))
     with pytest.raises(ValueError, match="2-D"):
-        QTensor.from_f32(np.ones(5, np.float32), "f32")
+        qtensor_from_f32(np.ones(5, np.float32), "f32")
 
 
 def test_spec_example_q8_row():
@@ -394,12 +395,12 @@ def test_from_cmf():
 def test_qgroup_equals_separate_matvecs():
     from cortiq.tensor import QGroup
     rng = np.random.default_rng(3)
-    ts = [QTensor.from_f32(rng.normal(size=(r, 64)).astype(np.float32), "q8_row") for r in (5, 17, 3)]
+    ts = [qtensor_from_f32(rng.normal(size=(r, 64)).astype(np.float32), "q8_row") for r in (5, 17, 3)]
     x = rng.normal(size=64).astype(np.float32)
     for got, t in zip(QGroup(ts).matvec(x), ts):
         np.testing.assert_array_equal(got, t.matvec(x))
     with pytest.raises(ValueError, match="same number of columns"):
-        QGroup([ts[0], QTensor.from_f32(np.ones((2, 32), np.float32), "f32")])
+        QGroup([ts[0], qtensor_from_f32(np.ones((2, 32), np.float32), "f32")])
     with pytest.raises(ValueError):
         QGroup([])
 

@@ -74,6 +74,7 @@ def matrix_errors(dtypes) -> str:
     from cortiq import cmf
     from cortiq.demo import demo_path
     from cortiq.tensor import QTensor
+    from cortiq.cmf.testing import qtensor_from_f32
     rng = np.random.default_rng(8)
     cases = [("Gaussian 1024x4096", [(rng.standard_normal((1024, 4096)).astype(np.float32),
                                       rng.standard_normal((16, 4096)).astype(np.float32))])]
@@ -91,7 +92,7 @@ def matrix_errors(dtypes) -> str:
             num = [0.0, 0.0, 0.0]
             den = 0.0
             for w, X in pairs:
-                qe = QTensor.from_f32(w, dtype)
+                qe = qtensor_from_f32(w, dtype)
                 qi = QTensor(qe.raw, dtype, qe.shape, precision="int8")
                 for x in X:
                     ref = w.astype(np.float64) @ x.astype(np.float64)

@@ -76,15 +76,6 @@ class QTensor:
 
     # ---- construction -------------------------------------------------------------
     @classmethod
-    def from_f32(cls, array, dtype: str = "f32", precision="exact") -> QTensor:
-        """Quantize a 2-D float array with cortiq.cmf.quant.quantize and wrap it."""
-        from .cmf import quant
-        a = np.ascontiguousarray(array, dtype=np.float32)
-        if a.ndim != 2:
-            raise ValueError(f"QTensor.from_f32: array must be 2-D, got shape {a.shape}")
-        return cls(quant.quantize(a, dtype), dtype, a.shape, precision=precision)
-
-    @classmethod
     def from_cmf(cls, cmf_file, name: str, skill=None) -> QTensor:
         """Wrap tensor `name` of an open CmfFile (zero-copy view of the mapped payload).
         dtypes without a kernel (q1, q1s, q1t, u8, odd shapes) are dequantized once and

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..tensor import QTensor
+from .quant import quantize
+
 
 def tiny_arch(**over) -> dict:
     """A minimal valid `arch` block (§4.1); keyword arguments override/add keys."""
@@ -34,3 +37,14 @@ def tiny_tensors(seed: int = 0, arch: dict | None = None) -> dict:
         t[p + "mlp.down_proj.weight"] = rng.standard_normal((h, f)) * 0.1
     t["lm_head.weight"] = rng.standard_normal((v, h)) * 0.1
     return {k: np.asarray(x, np.float32) for k, x in t.items()}
+
+
+def qtensor_from_f32(array, dtype: str = "f32", precision="exact") -> QTensor:
+    """A QTensor holding a 2-D float array quantized to `dtype` by cmf.quant.quantize.
+
+    It lives in the file-format package, not in QTensor, because quantizing is the
+    format's job: the tensor layer only wraps payloads, and never imports cmf."""
+    a = np.ascontiguousarray(array, dtype=np.float32)
+    if a.ndim != 2:
+        raise ValueError(f"qtensor_from_f32: array must be 2-D, got shape {a.shape}")
+    return QTensor(quantize(a, dtype), dtype, a.shape, precision=precision)
