@@ -2,11 +2,11 @@
 import argparse
 import sys
 
-from . import __version__
+from ._config import __version__
 
 
 def _cmd_config(args) -> int:
-    from . import show_config
+    from .diagnostics import show_config
     show_config()
     return 0
 
