@@ -22,13 +22,13 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 code=$(python - "$dtype" "$rows" "$cols" "$work/payload.bin" <<'PY'
 import sys, numpy as np
-from cortiq.tensor import QTensor
+from cortiq.cmf.quant import quantize
 dt, rows, cols, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 codes = {"f32": 0, "f16": 1, "bf16": 2, "q8_row": 3, "q4_block": 4, "q8_2f": 9, "q4_tiled": 11, "q4tp": 15, "q2tp": 16}
 if dt not in codes:
     sys.exit(f"dtype {dt!r}: one of {', '.join(codes)}")
 w = np.random.default_rng(0).standard_normal((rows, cols), dtype=np.float32)
-np.asarray(QTensor.from_f32(w, dt).raw).tofile(out)
+np.asarray(quantize(w, dt)).tofile(out)
 print(codes[dt])
 PY
 )
