@@ -24,16 +24,14 @@ Which tensors exist decides the operators (docs/cmf-format.md §4.1): ``self_att
 ``mlp.{gate,up,down}_proj.bias``, ``self_attn.{q,k}_norm.weight``; a missing
 ``lm_head.weight`` means the head is the embedding.
 
-Model protocol (``cortiq.session``): ``new_state()``, ``forward(state, ids, want, prompt)``,
-``rollback``/``can_rollback`` (a sliding layer that dropped the keys a position reads
-cannot roll back in place; the Session then re-reads), ``vocab``, ``arch``.
-Prompts run in chunks of ``CHUNK`` rows through the matrix-matrix kernels, marked as
-prompt rows (``matmat(prompt=True)``: precision "auto" multiplies them with int8
-activations for q8 weights too), a chunk of one row included; generated tokens run
-one row through fused multi-matrix matvecs. The caller says which a feed is
-(``prompt``, ``cortiq.session``); the layer functions take it explicitly, False unless
-told, so rows of several sequences' decode steps stacked through them keep decode's
-arithmetic.
+The one forward is `LlamaModel.forward_batch` (``cortiq.models.base``): the rows of
+several sequences stacked through every layer together, one sequence being a batch of
+one. Each sequence's ids run in pieces of ``CHUNK`` rows, and every product picks its
+arithmetic per row (``cortiq.tensor.batch_products``): prompt rows through
+``matmat(prompt=True)`` (precision "auto" multiplies them with int8 activations for q8
+weights too), a piece of one row included; generated tokens through the multi-input
+matvec, bit-identical to a matvec for one row. So a row's bits depend on its kind,
+never on how the feed was cut or batched.
 """
 from __future__ import annotations
 
@@ -44,10 +42,9 @@ import numpy as np
 
 from .. import _kernels as K
 from ..errors import ConfigError, CortiqError, FormatError
-from ..tensor import QGroup, QTensor, batch_products
-from .batch_rows import head_decode, head_rows, prompt_flags
-from .batch_rows import per_sequence
-from .base import Capabilities, ModelBase
+from ..tensor import QTensor, batch_products
+from .base import Capabilities, ModelBase, check_feed
+from .batch_rows import head_decode, head_rows, per_sequence, prompt_flags
 from .kv_cache import KvSlot
 from .rope import RopeTable, inv_freq, yarn_attention_factor, yarn_inv_freq
 
@@ -179,8 +176,8 @@ class Layer:
     window: int
 
     def __post_init__(self):
-        self.qkv = QGroup([self.q, self.k, self.v])       # one pass over x per token
-        self.gate_up = QGroup([self.gate, self.up])
+        self.qkv = (self.q, self.k, self.v)       # products of one input, read in one pass
+        self.gate_up = (self.gate, self.up)
 
 
 # ---- per-sequence state -------------------------------------------------------------
@@ -198,7 +195,7 @@ class LlamaModel(ModelBase):
 
     supports_rollback = True
     takes_prompt = True         # forward / forward_batch take the prompt flag
-    #: the batch scheduler feeds a prompt in pieces of this many rows (forward's chunks)
+    #: the batch scheduler feeds a prompt in pieces of this many rows (the forward's pieces)
     batch_unit = CHUNK
 
     def __init__(self, cmf_file):
@@ -281,207 +278,147 @@ class LlamaModel(ModelBase):
     def kv_bytes(self, st: LlamaState) -> int:
         return sum(2 * c.n * c.k.shape[1] * c.k.shape[2] * 4 for c in st.caches)
 
-    def forward(self, st: LlamaState, ids, want: str = "last", prompt: bool | None = None):
-        """Run `ids` from position st.pos. want: "none" -> None, "last" -> [vocab],
-        "all" -> [len(ids), vocab] (float32). prompt: prompt rows (True) or generated
-        tokens (False); None: prompt rows when there are several."""
-        if want not in ("none", "last", "all"):
-            raise ConfigError(f"want must be 'none', 'last' or 'all', got {want!r}")
-        ids = np.asarray(ids, dtype=np.int64).ravel()
-        if ids.size == 0:
-            return None if want == "none" else np.zeros(
-                (0, self.vocab) if want == "all" else 0, np.float32)
-        bad = (ids < 0) | (ids >= self.vocab)
-        if bad.any():
-            raise ValueError(f"token id {int(ids[bad][0])} is outside the vocabulary "
-                             f"[0, {self.vocab})")
-        prompt = ids.size > 1 if prompt is None else bool(prompt)
-        rows = []
-        for start in range(0, ids.size, CHUNK):
-            chunk = ids[start:start + CHUNK]
-            last = start + chunk.size == ids.size
-            h = np.stack([self.embed.row(int(i)) for i in chunk]).astype(np.float32)
-            self._stack(st, h, prompt)
-            if want == "all":
-                rows.append(self._logits(h, prompt))
-            elif want == "last" and last:
-                rows.append(self._logits(h[-1:])[0])
-        if want == "none":
-            return None
-        return rows[-1] if want == "last" else np.concatenate(rows, axis=0)
+    def matrices(self) -> list[QTensor]:
+        """Every matrix the forward multiplies by: each layer's seven products and the
+        head (the embedding only when the head is tied to it; otherwise it is looked
+        up, never multiplied)."""
+        mats = [m for L in self.layers for m in (L.q, L.k, L.v, L.o, L.gate, L.up, L.down)]
+        return mats + [self.head]
+
+    # -- the forward -----------------------------------------------------------------
+    def forward_batch(self, states, ids_list, wants, prompts=None) -> list:
+        """Run each sequence's ids from its state's position, every sequence's rows
+        through the layers together (one sequence is a batch of one). wants[i]: "none"
+        -> None, "last" -> [vocab], "all" -> [len(ids), vocab] (float32); prompts[i]:
+        prompt rows (True) or generated tokens (False), None: prompt rows when there
+        are several. Each sequence's ids run in pieces of CHUNK rows."""
+        feeds = [check_feed(ids, want, self.vocab) for ids, want in zip(ids_list, wants)]
+        kinds = prompt_flags(prompts, feeds)
+        outs: list[list[np.ndarray]] = [[] for _ in feeds]
+        done = [0] * len(feeds)
+        while True:
+            # the next piece of every sequence not yet through
+            step = [i for i, a in enumerate(feeds) if done[i] < a.size]
+            if not step:
+                break
+            pieces = [feeds[i][done[i]:done[i] + CHUNK] for i in step]
+            h = self._stack([states[i] for i in step], pieces, [kinds[i] for i in step])
+            # the rows the head reads: all of a piece ("all", with its kind) or a
+            # sequence's last row (a generated token's product)
+            picks, r0 = [], 0
+            for i, piece in zip(step, pieces):
+                done[i] += piece.size
+                if wants[i] == "all":
+                    picks.append((i, r0, piece.size, kinds[i]))
+                elif wants[i] == "last" and done[i] == feeds[i].size:
+                    picks.append((i, r0 + piece.size - 1, 1, False))
+                r0 += piece.size
+            if picks:
+                # final norm -> head
+                if len(picks) == 1:      # one sequence's rows: a slice, not a gather
+                    rows = h[picks[0][1]:picks[0][1] + picks[0][2]]
+                else:
+                    rows = h[head_rows(picks)]
+                x = K.rmsnorm(rows, self.norm, self.cfg.eps)
+                decode = head_decode(picks) if any(p[3] for p in picks) else None
+                logits = batch_products((self.head,), x, decode)[0]
+                j = 0
+                for i, _, n, _ in picks:
+                    outs[i].append(logits[j:j + n])
+                    j += n
+        return per_sequence(outs, wants, self.vocab)
 
     def final_hidden(self, st: LlamaState, ids) -> np.ndarray:
         """The final-norm hidden states [len(ids), hidden] of `ids` run from st.pos
         (what the head reads; `cortiq.embeddings` pools them)."""
-        ids = np.asarray(ids, dtype=np.int64).ravel()
-        rows = []
-        for start in range(0, ids.size, CHUNK):
-            h = np.stack([self.embed.row(int(i)) for i in ids[start:start + CHUNK]]
-                         ).astype(np.float32)
-            self._stack(st, h)
-            rows.append(K.rmsnorm(h, self.norm, self.cfg.eps))
-        return np.concatenate(rows, axis=0)
+        a = check_feed(ids, "all", self.vocab)
+        rows = [K.rmsnorm(self._stack([st], [a[s:s + CHUNK]], [False], _hidden_products),
+                          self.norm, self.cfg.eps) for s in range(0, a.size, CHUNK)]
+        return (np.concatenate(rows, axis=0) if rows
+                else np.zeros((0, self.cfg.hidden), np.float32))
 
-    # -- the stack -------------------------------------------------------------------
-    def _stack(self, st: LlamaState, h: np.ndarray, prompt: bool = False) -> None:
-        t = h.shape[0]
+    def _stack(self, sts: list[LlamaState], pieces: list[np.ndarray], kinds: list[bool],
+               products=batch_products) -> np.ndarray:
+        """The residual stream [rows, hidden] after the last layer for the pieces of
+        several sequences stacked in order (pieces[j] runs from sts[j].pos; kinds[j]:
+        prompt rows or generated tokens). Appends to the caches and moves each state
+        past its piece. products(tensors, X, decode): every matrix product."""
         cfg = self.cfg
-        cos, sin = self.rope(st.pos, t)
-        for L, cache in zip(self.layers, st.caches):
-            a = K.rmsnorm(h, L.attn_norm, cfg.eps)
-            h += self._attention(L, cache, a, st.pos, cos, sin, prompt)
-            m = K.rmsnorm(h, L.mlp_norm, cfg.eps)
-            h += self._mlp(L, m, prompt)
-        st.pos += t
-        for L, cache in zip(self.layers, st.caches):
-            if L.window:
-                cache.trim(L.window)
-
-    def _attention(self, L: Layer, cache: KvSlot, x, pos0, cos, sin,
-                   prompt: bool = False) -> np.ndarray:
-        t = x.shape[0]
-        nh, nk, hd = self.cfg.n_heads, self.cfg.n_kv, self.cfg.head_dim
-        if t == 1 and not prompt:
-            q, k, v = L.qkv.matvec(x[0])
-        else:
-            q, k, v = (L.q.matmat(x, prompt=prompt), L.k.matmat(x, prompt=prompt),
-                       L.v.matmat(x, prompt=prompt))
-        for y, b in ((q, L.bq), (k, L.bk), (v, L.bv)):
-            if b is not None:
-                y += b
-        q = q.reshape(t, nh, hd)
-        k = k.reshape(t, nk, hd)
-        if L.q_norm is not None:
-            K.rmsnorm(q, L.q_norm, self.cfg.eps, out=q)
-        if L.k_norm is not None:
-            K.rmsnorm(k, L.k_norm, self.cfg.eps, out=k)
-        K.rope_halfsplit(q, cos, sin)
-        K.rope_halfsplit(k, cos, sin)
-        cache.put(k, v.reshape(t, nk, hd), overwrite=False)
-        y = K.attn_gqa_window(q, cache.k[:cache.n], cache.v[:cache.n], pos0, L.window,
-                              cache.first, self.attn_scale)
-        y = y.reshape(t, nh * hd)
-        out = L.o.matvec(y[0])[None] if t == 1 and not prompt else L.o.matmat(y, prompt=prompt)
-        if L.bo is not None:
-            out += L.bo
-        return out
-
-    def _mlp(self, L: Layer, x, prompt: bool = False) -> np.ndarray:
-        t = x.shape[0]
-        if t == 1 and not prompt:
-            g, u = L.gate_up.matvec(x[0])
-            g, u = g[None], u[None]
-        else:
-            g, u = L.gate.matmat(x, prompt=prompt), L.up.matmat(x, prompt=prompt)
-        if L.bg is not None:
-            g += L.bg
-        if L.bu is not None:
-            u += L.bu
-        K.silu_mul(g, u, self._ones, self._ones)
-        out = L.down.matvec(g[0])[None] if t == 1 and not prompt else L.down.matmat(g, prompt=prompt)
-        if L.bd is not None:
-            out += L.bd
-        return out
-
-    def _logits(self, h: np.ndarray, prompt: bool = False) -> np.ndarray:
-        x = K.rmsnorm(h, self.norm, self.cfg.eps)
-        return (self.head.matvec(x[0])[None] if x.shape[0] == 1 and not prompt
-                else self.head.matmat(x, prompt=prompt))
-
-    # -- several sequences in one pass ------------------------------------------------
-    def forward_batch(self, states, ids_list, wants, prompts=None):
-        """`forward` for several sequences at once: every weight matrix is read once per
-        step for the rows of all of them (matmat), attention runs per sequence. Each
-        sequence's ids are cut into CHUNK pieces exactly as `forward` cuts them, so the
-        caches end up the same; `prompts` (one flag per sequence, as `forward`'s
-        `prompt`) picks each row's products. Returns one result per sequence, shaped
-        as `forward`'s."""
-        ids_list = [_check_ids(np.asarray(ids, np.int64).ravel(), self.vocab)
-                    for ids in ids_list]
-        prompts = prompt_flags(prompts, ids_list)
-        outs = [[] for _ in states]
-        at = [0] * len(states)
-        while True:
-            segs = [(i, ids_list[i][at[i]:at[i] + CHUNK]) for i in range(len(states))
-                    if at[i] < ids_list[i].size]
-            if not segs:
-                break
-            h = np.stack([self.embed.row(int(t)) for _, c in segs for t in c]).astype(np.float32)
-            self._stack_batch([states[i] for i, _ in segs], [c.size for _, c in segs],
-                              [prompts[i] for i, _ in segs], h)
-            picks, r0 = [], 0
-            for i, c in segs:
-                at[i] += c.size
-                if wants[i] == "all":
-                    picks.append((i, r0, c.size, prompts[i]))
-                elif wants[i] == "last" and at[i] == ids_list[i].size:
-                    picks.append((i, r0 + c.size - 1, 1, False))
-                r0 += c.size
-            if picks:
-                x = K.rmsnorm(h[head_rows(picks)], self.norm, self.cfg.eps)
-                lg = batch_products([self.head], x, head_decode(picks))[0]
-                j = 0
-                for i, _, n, _ in picks:
-                    outs[i].append(lg[j:j + n])
-                    j += n
-        return per_sequence(outs, wants, self.vocab)
-
-    def _stack_batch(self, sts, sizes, prompts, h: np.ndarray) -> None:
-        """`_stack` over the rows of several sequences (sizes[j] rows of sts[j], in order;
-        prompts[j]: whether they are prompt rows)."""
-        if len(sts) == 1:
-            return self._stack(sts[0], h, prompts[0])
-        cfg = self.cfg
-        nh, nk, hd = cfg.n_heads, cfg.n_kv, cfg.head_dim
-        T = h.shape[0]
-        starts = np.cumsum([0] + sizes[:-1]).tolist()
-        decode = np.repeat(~np.asarray(prompts, bool), sizes)   # generated tokens: matvec rows
-        ropes = [self.rope(st.pos, t) for st, t in zip(sts, sizes)]
-        y = np.empty((T, nh * hd), np.float32)
+        nh, nk, hd, eps = cfg.n_heads, cfg.n_kv, cfg.head_dim, cfg.eps
+        sizes = [p.size for p in pieces]
+        # per row: a generated token (None: every row is one, the decode step's case)
+        decode = np.repeat(~np.asarray(kinds, bool), sizes) if any(kinds) else None
+        spans, r0 = [], 0                                     # per sequence: rows, rope
+        for st, t in zip(sts, sizes):
+            spans.append((st, r0, r0 + t, *self.rope(st.pos, t)))
+            r0 += t
+        # embed: each id's row of the embedding
+        h = np.empty((r0, cfg.hidden), np.float32)
+        for r, i in enumerate(i for p in pieces for i in p.tolist()):
+            self.embed.row(i, out=h[r])
+        att = np.empty((r0, nh * hd), np.float32)            # attention's output rows
+        att_heads = att.reshape(r0, nh, hd)
         for li, L in enumerate(self.layers):
-            a = K.rmsnorm(h, L.attn_norm, cfg.eps)
-            q, k, v = batch_products((L.q, L.k, L.v), a, decode)
-            for z, b in ((q, L.bq), (k, L.bk), (v, L.bv)):
-                if b is not None:
-                    z += b
-            for st, r0, t, (cos, sin) in zip(sts, starts, sizes, ropes):
-                qs = q[r0:r0 + t].reshape(t, nh, hd)
-                ks = k[r0:r0 + t].reshape(t, nk, hd)
+            # attention norm
+            a = K.rmsnorm(h, L.attn_norm, eps)
+            # q, k, v products (+ biases)
+            q, k, v = products(L.qkv, a, decode)
+            if L.bq is not None:
+                q += L.bq
+            if L.bk is not None:
+                k += L.bk
+            if L.bv is not None:
+                v += L.bv
+            for st, r0, r1, cos, sin in spans:
+                t = r1 - r0
+                qs, ks = q[r0:r1].reshape(t, nh, hd), k[r0:r1].reshape(t, nk, hd)
+                # per-sequence q/k norms (per head)
                 if L.q_norm is not None:
-                    K.rmsnorm(qs, L.q_norm, cfg.eps, out=qs)
+                    K.rmsnorm(qs, L.q_norm, eps, out=qs)
                 if L.k_norm is not None:
-                    K.rmsnorm(ks, L.k_norm, cfg.eps, out=ks)
+                    K.rmsnorm(ks, L.k_norm, eps, out=ks)
+                # rope
                 K.rope_halfsplit(qs, cos, sin)
                 K.rope_halfsplit(ks, cos, sin)
+                # cache append
                 cache = st.caches[li]
-                cache.put(ks, v[r0:r0 + t].reshape(t, nk, hd), overwrite=False)
-                y[r0:r0 + t] = K.attn_gqa_window(
-                    qs, cache.k[:cache.n], cache.v[:cache.n], st.pos, L.window, cache.first,
-                    self.attn_scale).reshape(t, nh * hd)
-            out = batch_products((L.o,), y, decode)[0]
+                cache.put(ks, v[r0:r1].reshape(t, nk, hd), overwrite=False)
+                # windowed GQA attention over the cache
+                K.attn_gqa_window(qs, cache.k[:cache.n], cache.v[:cache.n], st.pos, L.window,
+                                  cache.first, self.attn_scale, out=att_heads[r0:r1])
+            # o product (+ bias), residual
+            o = products((L.o,), att, decode)[0]
             if L.bo is not None:
-                out += L.bo
-            h += out
-            m = K.rmsnorm(h, L.mlp_norm, cfg.eps)
-            g, u = batch_products((L.gate, L.up), m, decode)
+                o += L.bo
+            h += o
+            # mlp norm
+            m = K.rmsnorm(h, L.mlp_norm, eps)
+            # gate/up products (+ biases)
+            g, u = products(L.gate_up, m, decode)
             if L.bg is not None:
                 g += L.bg
             if L.bu is not None:
                 u += L.bu
+            # silu(gate) * up, into g
             K.silu_mul(g, u, self._ones, self._ones)
-            out = batch_products((L.down,), g, decode)[0]
+            # down product (+ bias), residual
+            d = products((L.down,), g, decode)[0]
             if L.bd is not None:
-                out += L.bd
-            h += out
+                d += L.bd
+            h += d
+        # positions advance; sliding layers drop keys no later position reads
         for st, t in zip(sts, sizes):
             st.pos += t
             for L, cache in zip(self.layers, st.caches):
                 if L.window:
                     cache.trim(L.window)
+        return h
 
 
-def _check_ids(ids: np.ndarray, vocab: int) -> np.ndarray:
-    bad = (ids < 0) | (ids >= vocab)
-    if bad.any():
-        raise ValueError(f"token id {int(ids[bad][0])} is outside the vocabulary [0, {vocab})")
-    return ids
+def _hidden_products(tensors, X: np.ndarray, decode) -> list[np.ndarray]:
+    """`final_hidden`'s products, kept as its hidden states have always been computed
+    (their bits are pinned, tests/test_logit_pins.py): a piece of several rows through
+    matmat without the prompt flag, a single row as a matvec."""
+    if X.shape[0] == 1:
+        return batch_products(tensors, X)
+    return [t.matmat(X) for t in tensors]
