@@ -153,31 +153,36 @@ class LlamaConfig:
 
 
 # ---- weights ------------------------------------------------------------------------
+class Products:
+    """Matrices that read one input, each with its bias where the file has one (a
+    layer's q/k/v, o, gate/up, down)."""
+
+    __slots__ = ("biases", "mats")
+
+    def __init__(self, mats: list[QTensor], biases: list[np.ndarray | None]):
+        self.mats, self.biases = tuple(mats), tuple(biases)
+
+    def __call__(self, X: np.ndarray, decode, products=batch_products) -> list[np.ndarray]:
+        """X @ M.T (+ b) per matrix; `decode` says per row whether it is a generated
+        token (`cortiq.tensor.batch_products`)."""
+        ys = products(self.mats, X, decode)
+        for y, b in zip(ys, self.biases):
+            if b is not None:
+                y += b
+        return ys
+
+
 @dataclass
 class Layer:
     attn_norm: np.ndarray
-    q: QTensor
-    k: QTensor
-    v: QTensor
-    o: QTensor
-    bq: np.ndarray | None
-    bk: np.ndarray | None
-    bv: np.ndarray | None
-    bo: np.ndarray | None
-    q_norm: np.ndarray | None
+    qkv: Products
+    q_norm: np.ndarray | None     # per-head q/k norms (Qwen3)
     k_norm: np.ndarray | None
+    o: Products
     mlp_norm: np.ndarray
-    gate: QTensor
-    up: QTensor
-    down: QTensor
-    bg: np.ndarray | None
-    bu: np.ndarray | None
-    bd: np.ndarray | None
-    window: int
-
-    def __post_init__(self):
-        self.qkv = (self.q, self.k, self.v)       # products of one input, read in one pass
-        self.gate_up = (self.gate, self.up)
+    gate_up: Products
+    down: Products
+    window: int                   # 0 (full) or the sliding window in tokens
 
 
 # ---- per-sequence state -------------------------------------------------------------
@@ -231,22 +236,22 @@ class LlamaModel(ModelBase):
                                   f"needs [{rows}, {cols}]")
             return t
 
+        def products(prefix, outs, cols):
+            return Products([mat(f"{prefix}.{n}.weight", rows, cols) for n, rows in outs],
+                            [vec(f"{prefix}.{n}.bias", rows, False) for n, rows in outs])
+
         self.layers: list[Layer] = []
         for i in range(cfg.n_layers):
             p = f"model.layers.{i}"
             a, m = f"{p}.self_attn", f"{p}.mlp"
             self.layers.append(Layer(
                 attn_norm=vec(f"{p}.input_layernorm.weight", H),
-                q=mat(f"{a}.q_proj.weight", nh * hd, H), k=mat(f"{a}.k_proj.weight", nk * hd, H),
-                v=mat(f"{a}.v_proj.weight", nk * hd, H), o=mat(f"{a}.o_proj.weight", H, nh * hd),
-                bq=vec(f"{a}.q_proj.bias", nh * hd, False), bk=vec(f"{a}.k_proj.bias", nk * hd, False),
-                bv=vec(f"{a}.v_proj.bias", nk * hd, False), bo=vec(f"{a}.o_proj.bias", H, False),
+                qkv=products(a, [("q_proj", nh * hd), ("k_proj", nk * hd), ("v_proj", nk * hd)], H),
                 q_norm=vec(f"{a}.q_norm.weight", hd, False), k_norm=vec(f"{a}.k_norm.weight", hd, False),
+                o=products(a, [("o_proj", H)], nh * hd),
                 mlp_norm=vec(f"{p}.post_attention_layernorm.weight", H),
-                gate=mat(f"{m}.gate_proj.weight", F, H), up=mat(f"{m}.up_proj.weight", F, H),
-                down=mat(f"{m}.down_proj.weight", H, F),
-                bg=vec(f"{m}.gate_proj.bias", F, False), bu=vec(f"{m}.up_proj.bias", F, False),
-                bd=vec(f"{m}.down_proj.bias", H, False), window=cfg.windows[i]))
+                gate_up=products(m, [("gate_proj", F), ("up_proj", F)], H),
+                down=products(m, [("down_proj", H)], F), window=cfg.windows[i]))
         self.embed = mat("model.embed_tokens.weight", cfg.vocab, H)
         self.norm = vec("model.norm.weight", H)
         self.head = (mat("lm_head.weight", cfg.vocab, H) if "lm_head.weight" in cf.tensors
@@ -282,8 +287,8 @@ class LlamaModel(ModelBase):
         """Every matrix the forward multiplies by: each layer's seven products and the
         head (the embedding only when the head is tied to it; otherwise it is looked
         up, never multiplied)."""
-        mats = [m for L in self.layers for m in (L.q, L.k, L.v, L.o, L.gate, L.up, L.down)]
-        return mats + [self.head]
+        return [m for L in self.layers for group in (L.qkv, L.o, L.gate_up, L.down)
+                for m in group.mats] + [self.head]
 
     # -- the forward -----------------------------------------------------------------
     def forward_batch(self, states, ids_list, wants, prompts=None) -> list:
@@ -292,6 +297,9 @@ class LlamaModel(ModelBase):
         -> None, "last" -> [vocab], "all" -> [len(ids), vocab] (float32); prompts[i]:
         prompt rows (True) or generated tokens (False), None: prompt rows when there
         are several. Each sequence's ids run in pieces of CHUNK rows."""
+        if not len(states) == len(ids_list) == len(wants):
+            raise ValueError(f"forward_batch: {len(states)} states, {len(ids_list)} id lists "
+                             f"and {len(wants)} wants; one of each per sequence")
         feeds = [check_feed(ids, want, self.vocab) for ids, want in zip(ids_list, wants)]
         kinds = prompt_flags(prompts, feeds)
         outs: list[list[np.ndarray]] = [[] for _ in feeds]
@@ -313,19 +321,17 @@ class LlamaModel(ModelBase):
                 elif wants[i] == "last" and done[i] == feeds[i].size:
                     picks.append((i, r0 + piece.size - 1, 1, False))
                 r0 += piece.size
-            if picks:
-                # final norm -> head
-                if len(picks) == 1:      # one sequence's rows: a slice, not a gather
-                    rows = h[picks[0][1]:picks[0][1] + picks[0][2]]
-                else:
-                    rows = h[head_rows(picks)]
-                x = K.rmsnorm(rows, self.norm, self.cfg.eps)
-                decode = head_decode(picks) if any(p[3] for p in picks) else None
-                logits = batch_products((self.head,), x, decode)[0]
-                j = 0
-                for i, _, n, _ in picks:
-                    outs[i].append(logits[j:j + n])
-                    j += n
+            if not picks:
+                continue
+            _, r, n, _ = picks[0]                 # one sequence's rows: a slice, not a gather
+            rows = h[r:r + n] if len(picks) == 1 else h[head_rows(picks)]
+            x = K.rmsnorm(rows, self.norm, self.cfg.eps)                      # final norm
+            decode = head_decode(picks) if any(p[3] for p in picks) else None
+            logits = batch_products((self.head,), x, decode)[0]              # head
+            j = 0
+            for i, _, n, _ in picks:
+                outs[i].append(logits[j:j + n])
+                j += n
         return per_sequence(outs, wants, self.vocab)
 
     def final_hidden(self, st: LlamaState, ids) -> np.ndarray:
@@ -348,64 +354,37 @@ class LlamaModel(ModelBase):
         sizes = [p.size for p in pieces]
         # per row: a generated token (None: every row is one, the decode step's case)
         decode = np.repeat(~np.asarray(kinds, bool), sizes) if any(kinds) else None
-        spans, r0 = [], 0                                     # per sequence: rows, rope
+        spans, n = [], 0                      # per sequence: its rows, its rope rows
         for st, t in zip(sts, sizes):
-            spans.append((st, r0, r0 + t, *self.rope(st.pos, t)))
-            r0 += t
-        # embed: each id's row of the embedding
-        h = np.empty((r0, cfg.hidden), np.float32)
-        for r, i in enumerate(i for p in pieces for i in p.tolist()):
-            self.embed.row(i, out=h[r])
-        att = np.empty((r0, nh * hd), np.float32)            # attention's output rows
-        att_heads = att.reshape(r0, nh, hd)
+            spans.append((st, n, n + t, *self.rope(st.pos, t)))
+            n += t
+        att = np.empty((n, nh * hd), np.float32)             # attention's output rows
+        att_heads = att.reshape(n, nh, hd)
+        h = np.empty((n, cfg.hidden), np.float32)
+        for r, token in enumerate(i for p in pieces for i in p.tolist()):
+            self.embed.row(token, out=h[r])                   # embed
         for li, L in enumerate(self.layers):
-            # attention norm
-            a = K.rmsnorm(h, L.attn_norm, eps)
-            # q, k, v products (+ biases)
-            q, k, v = products(L.qkv, a, decode)
-            if L.bq is not None:
-                q += L.bq
-            if L.bk is not None:
-                k += L.bk
-            if L.bv is not None:
-                v += L.bv
+            a = K.rmsnorm(h, L.attn_norm, eps)                # attention norm
+            q, k, v = L.qkv(a, decode, products)              # q, k, v products (+ biases)
             for st, r0, r1, cos, sin in spans:
                 t = r1 - r0
                 qs, ks = q[r0:r1].reshape(t, nh, hd), k[r0:r1].reshape(t, nk, hd)
-                # per-sequence q/k norms (per head)
-                if L.q_norm is not None:
+                if L.q_norm is not None:                      # per-head q/k norms
                     K.rmsnorm(qs, L.q_norm, eps, out=qs)
                 if L.k_norm is not None:
                     K.rmsnorm(ks, L.k_norm, eps, out=ks)
-                # rope
-                K.rope_halfsplit(qs, cos, sin)
+                K.rope_halfsplit(qs, cos, sin)                # rope
                 K.rope_halfsplit(ks, cos, sin)
-                # cache append
-                cache = st.caches[li]
+                cache = st.caches[li]                         # cache append
                 cache.put(ks, v[r0:r1].reshape(t, nk, hd), overwrite=False)
-                # windowed GQA attention over the cache
                 K.attn_gqa_window(qs, cache.k[:cache.n], cache.v[:cache.n], st.pos, L.window,
-                                  cache.first, self.attn_scale, out=att_heads[r0:r1])
-            # o product (+ bias), residual
-            o = products((L.o,), att, decode)[0]
-            if L.bo is not None:
-                o += L.bo
-            h += o
-            # mlp norm
-            m = K.rmsnorm(h, L.mlp_norm, eps)
-            # gate/up products (+ biases)
-            g, u = products(L.gate_up, m, decode)
-            if L.bg is not None:
-                g += L.bg
-            if L.bu is not None:
-                u += L.bu
-            # silu(gate) * up, into g
-            K.silu_mul(g, u, self._ones, self._ones)
-            # down product (+ bias), residual
-            d = products((L.down,), g, decode)[0]
-            if L.bd is not None:
-                d += L.bd
-            h += d
+                                  cache.first, self.attn_scale,
+                                  out=att_heads[r0:r1])       # windowed GQA attention
+            h += L.o(att, decode, products)[0]                # o product (+ bias), residual
+            m = K.rmsnorm(h, L.mlp_norm, eps)                 # mlp norm
+            g, u = L.gate_up(m, decode, products)             # gate, up products (+ biases)
+            K.silu_mul(g, u, self._ones, self._ones)          # silu(gate) * up, into g
+            h += L.down(g, decode, products)[0]               # down product (+ bias), residual
         # positions advance; sliding layers drop keys no later position reads
         for st, t in zip(sts, sizes):
             st.pos += t
