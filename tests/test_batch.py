@@ -119,7 +119,7 @@ def test_dory_gate_mixes_exits_and_second_passes(files, kv_mode):
 def test_int8_rows_equal_unbatched(files):
     m = _model(files, "llama", "q8_row")
     m.set_precision("int8")
-    assert m.layers[0].q.int8
+    assert m.layers[0].qkv.mats[0].int8
     _check_model(m, [4, 1, 70], n_dec=3)
 
 

@@ -137,6 +137,26 @@ def test_parity_q8_row(case, tmp_path):
     assert _diff(H.full_logits(model, ids), ref) > 10 * _diff(got, ref)
 
 
+def test_matrices_are_what_the_forward_multiplies(case):
+    """matrices() lists each layer's seven products and the head; the embedding is in
+    it only when the head is tied to it (else it is looked up, never multiplied)."""
+    _name, model, _d, _ids, f32 = case
+    with cortiq.cmf.open(f32) as f:
+        m = L.LlamaModel(f)
+        mats = m.matrices()
+        names = sorted(t.name for t in mats)
+        n = model.config.num_hidden_layers
+        assert len(names) == len(set(names)) == 7 * n + 1
+        assert all(x.endswith("_proj.weight") for x in names if x.startswith("model.layers."))
+        tied = model.config.tie_word_embeddings
+        assert ("model.embed_tokens.weight" in names) is tied
+        assert ("lm_head.weight" in names) is not tied
+        assert m.set_precision("int8") == 7 * n + 1
+        assert all(t.precision == "int8" for t in mats)
+        with pytest.raises(ValueError, match="one of each per sequence"):
+            m.forward_batch([m.new_state()], [[1], [2]], ["last", "last"], [False, False])
+
+
 def test_features_bite():
     """Each feature the cases exercise changes the logits (so the parity tests can fail)."""
     ids = H.sequence(120, 24, seed=2)

@@ -24,16 +24,14 @@ Which tensors exist decides the operators (docs/cmf-format.md §4.1): ``self_att
 ``mlp.{gate,up,down}_proj.bias``, ``self_attn.{q,k}_norm.weight``; a missing
 ``lm_head.weight`` means the head is the embedding.
 
-Model protocol (``cortiq.session``): ``new_state()``, ``forward(state, ids, want, prompt)``,
-``rollback``/``can_rollback`` (a sliding layer that dropped the keys a position reads
-cannot roll back in place; the Session then re-reads), ``vocab``, ``arch``.
-Prompts run in chunks of ``CHUNK`` rows through the matrix-matrix kernels, marked as
-prompt rows (``matmat(prompt=True)``: precision "auto" multiplies them with int8
-activations for q8 weights too), a chunk of one row included; generated tokens run
-one row through fused multi-matrix matvecs. The caller says which a feed is
-(``prompt``, ``cortiq.session``); the layer functions take it explicitly, False unless
-told, so rows of several sequences' decode steps stacked through them keep decode's
-arithmetic.
+The one forward is `LlamaModel.forward_batch` (``cortiq.models.base``): the rows of
+several sequences stacked through every layer together, one sequence being a batch of
+one. Each sequence's ids run in pieces of ``CHUNK`` rows, and every product picks its
+arithmetic per row (``cortiq.tensor.batch_products``): prompt rows through
+``matmat(prompt=True)`` (precision "auto" multiplies them with int8 activations for q8
+weights too), a piece of one row included; generated tokens through the multi-input
+matvec, bit-identical to a matvec for one row. So a row's bits depend on its kind,
+never on how the feed was cut or batched.
 """
 from __future__ import annotations
 
@@ -44,11 +42,10 @@ import numpy as np
 
 from .. import _kernels as K
 from ..errors import ConfigError, CortiqError, FormatError
-from ..tensor import QGroup, QTensor, batch_products
+from ..tensor import QTensor, batch_products
 from . import builtin_spec
-from .batch_rows import head_decode, head_rows, prompt_flags
-from .batch_rows import per_sequence
-from .base import Capabilities, ModelBase
+from .base import Capabilities, ModelBase, check_feed, is_prompt
+from .batch_rows import head_decode, head_rows, per_sequence, prompt_flags
 from .kv_cache import KvSlot
 from .rope import RopeTable, inv_freq, yarn_attention_factor, yarn_inv_freq
 
@@ -157,31 +154,36 @@ class LlamaConfig:
 
 
 # ---- weights ------------------------------------------------------------------------
+class Products:
+    """Matrices that read one input, each with its bias where the file has one (a
+    layer's q/k/v, o, gate/up, down)."""
+
+    __slots__ = ("biases", "mats")
+
+    def __init__(self, mats: list[QTensor], biases: list[np.ndarray | None]):
+        self.mats, self.biases = tuple(mats), tuple(biases)
+
+    def __call__(self, X: np.ndarray, decode) -> list[np.ndarray]:
+        """X @ M.T (+ b) per matrix; `decode` says per row whether it is a generated
+        token (`cortiq.tensor.batch_products`)."""
+        ys = batch_products(self.mats, X, decode)
+        for y, b in zip(ys, self.biases):
+            if b is not None:
+                y += b
+        return ys
+
+
 @dataclass
 class Layer:
     attn_norm: np.ndarray
-    q: QTensor
-    k: QTensor
-    v: QTensor
-    o: QTensor
-    bq: np.ndarray | None
-    bk: np.ndarray | None
-    bv: np.ndarray | None
-    bo: np.ndarray | None
-    q_norm: np.ndarray | None
+    qkv: Products
+    q_norm: np.ndarray | None     # per-head q/k norms (Qwen3)
     k_norm: np.ndarray | None
+    o: Products
     mlp_norm: np.ndarray
-    gate: QTensor
-    up: QTensor
-    down: QTensor
-    bg: np.ndarray | None
-    bu: np.ndarray | None
-    bd: np.ndarray | None
-    window: int
-
-    def __post_init__(self):
-        self.qkv = QGroup([self.q, self.k, self.v])       # one pass over x per token
-        self.gate_up = QGroup([self.gate, self.up])
+    gate_up: Products
+    down: Products
+    window: int                   # 0 (full) or the sliding window in tokens
 
 
 # ---- per-sequence state -------------------------------------------------------------
@@ -197,11 +199,6 @@ class LlamaState:
 class LlamaModel(ModelBase):
     """Weights and forward of a Llama-family file; one instance serves many sequences."""
 
-    supports_rollback = True
-    takes_prompt = True         # forward / forward_batch take the prompt flag
-    #: the batch scheduler feeds a prompt in pieces of this many rows (forward's chunks)
-    batch_unit = CHUNK
-
     def __init__(self, cmf_file):
         cf = self.file = cmf_file
         name = cf.arch.get("arch_name")
@@ -212,6 +209,7 @@ class LlamaModel(ModelBase):
         self.arch = name
         self.vocab = cfg.vocab
         self.max_seq_len = cfg.max_pos or None
+        # the scheduler feeds a prompt in the forward's own pieces
         self.capabilities = Capabilities(rollback=True, batch_unit=CHUNK,
                                          max_seq_len=self.max_seq_len)
         H, nh, nk, hd, F = cfg.hidden, cfg.n_heads, cfg.n_kv, cfg.head_dim, cfg.ffn
@@ -235,22 +233,22 @@ class LlamaModel(ModelBase):
                                   f"needs [{rows}, {cols}]")
             return t
 
+        def products(prefix, outs, cols):
+            return Products([mat(f"{prefix}.{n}.weight", rows, cols) for n, rows in outs],
+                            [vec(f"{prefix}.{n}.bias", rows, False) for n, rows in outs])
+
         self.layers: list[Layer] = []
         for i in range(cfg.n_layers):
             p = f"model.layers.{i}"
             a, m = f"{p}.self_attn", f"{p}.mlp"
             self.layers.append(Layer(
                 attn_norm=vec(f"{p}.input_layernorm.weight", H),
-                q=mat(f"{a}.q_proj.weight", nh * hd, H), k=mat(f"{a}.k_proj.weight", nk * hd, H),
-                v=mat(f"{a}.v_proj.weight", nk * hd, H), o=mat(f"{a}.o_proj.weight", H, nh * hd),
-                bq=vec(f"{a}.q_proj.bias", nh * hd, False), bk=vec(f"{a}.k_proj.bias", nk * hd, False),
-                bv=vec(f"{a}.v_proj.bias", nk * hd, False), bo=vec(f"{a}.o_proj.bias", H, False),
+                qkv=products(a, [("q_proj", nh * hd), ("k_proj", nk * hd), ("v_proj", nk * hd)], H),
                 q_norm=vec(f"{a}.q_norm.weight", hd, False), k_norm=vec(f"{a}.k_norm.weight", hd, False),
+                o=products(a, [("o_proj", H)], nh * hd),
                 mlp_norm=vec(f"{p}.post_attention_layernorm.weight", H),
-                gate=mat(f"{m}.gate_proj.weight", F, H), up=mat(f"{m}.up_proj.weight", F, H),
-                down=mat(f"{m}.down_proj.weight", H, F),
-                bg=vec(f"{m}.gate_proj.bias", F, False), bu=vec(f"{m}.up_proj.bias", F, False),
-                bd=vec(f"{m}.down_proj.bias", H, False), window=cfg.windows[i]))
+                gate_up=products(m, [("gate_proj", F), ("up_proj", F)], H),
+                down=products(m, [("down_proj", H)], F), window=cfg.windows[i]))
         self.embed = mat("model.embed_tokens.weight", cfg.vocab, H)
         self.norm = vec("model.norm.weight", H)
         self.head = (mat("lm_head.weight", cfg.vocab, H) if "lm_head.weight" in cf.tensors
@@ -282,207 +280,113 @@ class LlamaModel(ModelBase):
     def kv_bytes(self, st: LlamaState) -> int:
         return sum(2 * c.n * c.k.shape[1] * c.k.shape[2] * 4 for c in st.caches)
 
-    def forward(self, st: LlamaState, ids, want: str = "last", prompt: bool | None = None):
-        """Run `ids` from position st.pos. want: "none" -> None, "last" -> [vocab],
-        "all" -> [len(ids), vocab] (float32). prompt: prompt rows (True) or generated
-        tokens (False); None: prompt rows when there are several."""
-        if want not in ("none", "last", "all"):
-            raise ConfigError(f"want must be 'none', 'last' or 'all', got {want!r}")
-        ids = np.asarray(ids, dtype=np.int64).ravel()
-        if ids.size == 0:
-            return None if want == "none" else np.zeros(
-                (0, self.vocab) if want == "all" else 0, np.float32)
-        bad = (ids < 0) | (ids >= self.vocab)
-        if bad.any():
-            raise ValueError(f"token id {int(ids[bad][0])} is outside the vocabulary "
-                             f"[0, {self.vocab})")
-        prompt = ids.size > 1 if prompt is None else bool(prompt)
-        rows = []
-        for start in range(0, ids.size, CHUNK):
-            chunk = ids[start:start + CHUNK]
-            last = start + chunk.size == ids.size
-            h = np.stack([self.embed.row(int(i)) for i in chunk]).astype(np.float32)
-            self._stack(st, h, prompt)
-            if want == "all":
-                rows.append(self._logits(h, prompt))
-            elif want == "last" and last:
-                rows.append(self._logits(h[-1:])[0])
-        if want == "none":
-            return None
-        return rows[-1] if want == "last" else np.concatenate(rows, axis=0)
+    def matrices(self) -> list[QTensor]:
+        """Every matrix the forward multiplies by: each layer's seven products and the
+        head (the embedding only when the head is tied to it; otherwise it is looked
+        up, never multiplied)."""
+        return [m for L in self.layers for group in (L.qkv, L.o, L.gate_up, L.down)
+                for m in group.mats] + [self.head]
+
+    # -- the forward -----------------------------------------------------------------
+    def forward_batch(self, states, ids_list, wants, prompts=None) -> list:
+        """Run each sequence's ids from its state's position, every sequence's rows
+        through the layers together (one sequence is a batch of one). wants[i]: "none"
+        -> None, "last" -> [vocab], "all" -> [len(ids), vocab] (float32); prompts[i]:
+        prompt rows (True) or generated tokens (False), None: prompt rows when there
+        are several. Each sequence's ids run in pieces of CHUNK rows."""
+        if not len(states) == len(ids_list) == len(wants):
+            raise ValueError(f"forward_batch: {len(states)} states, {len(ids_list)} id lists "
+                             f"and {len(wants)} wants; one of each per sequence")
+        feeds = [check_feed(ids, want, self.vocab) for ids, want in zip(ids_list, wants)]
+        kinds = prompt_flags(prompts, feeds)
+        outs: list[list[np.ndarray]] = [[] for _ in feeds]
+        done = [0] * len(feeds)
+        while True:
+            # the next piece of every sequence not yet through
+            step = [i for i, a in enumerate(feeds) if done[i] < a.size]
+            if not step:
+                break
+            pieces = [feeds[i][done[i]:done[i] + CHUNK] for i in step]
+            h = self._stack([states[i] for i in step], pieces, [kinds[i] for i in step])
+            # the rows the head reads: all of a piece ("all", with its kind) or a
+            # sequence's last row (a generated token's product)
+            picks, r0 = [], 0
+            for i, piece in zip(step, pieces):
+                done[i] += piece.size
+                if wants[i] == "all":
+                    picks.append((i, r0, piece.size, kinds[i]))
+                elif wants[i] == "last" and done[i] == feeds[i].size:
+                    picks.append((i, r0 + piece.size - 1, 1, False))
+                r0 += piece.size
+            if not picks:
+                continue
+            _, r, n, _ = picks[0]                 # one sequence's rows: a slice, not a gather
+            rows = h[r:r + n] if len(picks) == 1 else h[head_rows(picks)]
+            x = K.rmsnorm(rows, self.norm, self.cfg.eps)                      # final norm
+            decode = head_decode(picks) if any(p[3] for p in picks) else None
+            logits = batch_products((self.head,), x, decode)[0]              # head
+            j = 0
+            for i, _, n, _ in picks:
+                outs[i].append(logits[j:j + n])
+                j += n
+        return per_sequence(outs, wants, self.vocab)
 
     def final_hidden(self, st: LlamaState, ids) -> np.ndarray:
         """The final-norm hidden states [len(ids), hidden] of `ids` run from st.pos
         (what the head reads; `cortiq.embeddings` pools them)."""
-        ids = np.asarray(ids, dtype=np.int64).ravel()
-        rows = []
-        for start in range(0, ids.size, CHUNK):
-            h = np.stack([self.embed.row(int(i)) for i in ids[start:start + CHUNK]]
-                         ).astype(np.float32)
-            self._stack(st, h)
-            rows.append(K.rmsnorm(h, self.norm, self.cfg.eps))
-        return np.concatenate(rows, axis=0)
+        a = check_feed(ids, "all", self.vocab)
+        prompt = is_prompt(None, a.size)
+        rows = [K.rmsnorm(self._stack([st], [a[s:s + CHUNK]], [prompt]), self.norm, self.cfg.eps)
+                for s in range(0, a.size, CHUNK)]
+        return (np.concatenate(rows, axis=0) if rows
+                else np.zeros((0, self.cfg.hidden), np.float32))
 
-    # -- the stack -------------------------------------------------------------------
-    def _stack(self, st: LlamaState, h: np.ndarray, prompt: bool = False) -> None:
-        t = h.shape[0]
+    def _stack(self, sts: list[LlamaState], pieces: list[np.ndarray],
+               kinds: list[bool]) -> np.ndarray:
+        """The residual stream [rows, hidden] after the last layer for the pieces of
+        several sequences stacked in order (pieces[j] runs from sts[j].pos; kinds[j]:
+        prompt rows or generated tokens). Appends to the caches and moves each state
+        past its piece."""
         cfg = self.cfg
-        cos, sin = self.rope(st.pos, t)
-        for L, cache in zip(self.layers, st.caches):
-            a = K.rmsnorm(h, L.attn_norm, cfg.eps)
-            h += self._attention(L, cache, a, st.pos, cos, sin, prompt)
-            m = K.rmsnorm(h, L.mlp_norm, cfg.eps)
-            h += self._mlp(L, m, prompt)
-        st.pos += t
-        for L, cache in zip(self.layers, st.caches):
-            if L.window:
-                cache.trim(L.window)
-
-    def _attention(self, L: Layer, cache: KvSlot, x, pos0, cos, sin,
-                   prompt: bool = False) -> np.ndarray:
-        t = x.shape[0]
-        nh, nk, hd = self.cfg.n_heads, self.cfg.n_kv, self.cfg.head_dim
-        if t == 1 and not prompt:
-            q, k, v = L.qkv.matvec(x[0])
-        else:
-            q, k, v = (L.q.matmat(x, prompt=prompt), L.k.matmat(x, prompt=prompt),
-                       L.v.matmat(x, prompt=prompt))
-        for y, b in ((q, L.bq), (k, L.bk), (v, L.bv)):
-            if b is not None:
-                y += b
-        q = q.reshape(t, nh, hd)
-        k = k.reshape(t, nk, hd)
-        if L.q_norm is not None:
-            K.rmsnorm(q, L.q_norm, self.cfg.eps, out=q)
-        if L.k_norm is not None:
-            K.rmsnorm(k, L.k_norm, self.cfg.eps, out=k)
-        K.rope_halfsplit(q, cos, sin)
-        K.rope_halfsplit(k, cos, sin)
-        cache.put(k, v.reshape(t, nk, hd), overwrite=False)
-        y = K.attn_gqa_window(q, cache.k[:cache.n], cache.v[:cache.n], pos0, L.window,
-                              cache.first, self.attn_scale)
-        y = y.reshape(t, nh * hd)
-        out = L.o.matvec(y[0])[None] if t == 1 and not prompt else L.o.matmat(y, prompt=prompt)
-        if L.bo is not None:
-            out += L.bo
-        return out
-
-    def _mlp(self, L: Layer, x, prompt: bool = False) -> np.ndarray:
-        t = x.shape[0]
-        if t == 1 and not prompt:
-            g, u = L.gate_up.matvec(x[0])
-            g, u = g[None], u[None]
-        else:
-            g, u = L.gate.matmat(x, prompt=prompt), L.up.matmat(x, prompt=prompt)
-        if L.bg is not None:
-            g += L.bg
-        if L.bu is not None:
-            u += L.bu
-        K.silu_mul(g, u, self._ones, self._ones)
-        out = L.down.matvec(g[0])[None] if t == 1 and not prompt else L.down.matmat(g, prompt=prompt)
-        if L.bd is not None:
-            out += L.bd
-        return out
-
-    def _logits(self, h: np.ndarray, prompt: bool = False) -> np.ndarray:
-        x = K.rmsnorm(h, self.norm, self.cfg.eps)
-        return (self.head.matvec(x[0])[None] if x.shape[0] == 1 and not prompt
-                else self.head.matmat(x, prompt=prompt))
-
-    # -- several sequences in one pass ------------------------------------------------
-    def forward_batch(self, states, ids_list, wants, prompts=None):
-        """`forward` for several sequences at once: every weight matrix is read once per
-        step for the rows of all of them (matmat), attention runs per sequence. Each
-        sequence's ids are cut into CHUNK pieces exactly as `forward` cuts them, so the
-        caches end up the same; `prompts` (one flag per sequence, as `forward`'s
-        `prompt`) picks each row's products. Returns one result per sequence, shaped
-        as `forward`'s."""
-        ids_list = [_check_ids(np.asarray(ids, np.int64).ravel(), self.vocab)
-                    for ids in ids_list]
-        prompts = prompt_flags(prompts, ids_list)
-        outs = [[] for _ in states]
-        at = [0] * len(states)
-        while True:
-            segs = [(i, ids_list[i][at[i]:at[i] + CHUNK]) for i in range(len(states))
-                    if at[i] < ids_list[i].size]
-            if not segs:
-                break
-            h = np.stack([self.embed.row(int(t)) for _, c in segs for t in c]).astype(np.float32)
-            self._stack_batch([states[i] for i, _ in segs], [c.size for _, c in segs],
-                              [prompts[i] for i, _ in segs], h)
-            picks, r0 = [], 0
-            for i, c in segs:
-                at[i] += c.size
-                if wants[i] == "all":
-                    picks.append((i, r0, c.size, prompts[i]))
-                elif wants[i] == "last" and at[i] == ids_list[i].size:
-                    picks.append((i, r0 + c.size - 1, 1, False))
-                r0 += c.size
-            if picks:
-                x = K.rmsnorm(h[head_rows(picks)], self.norm, self.cfg.eps)
-                lg = batch_products([self.head], x, head_decode(picks))[0]
-                j = 0
-                for i, _, n, _ in picks:
-                    outs[i].append(lg[j:j + n])
-                    j += n
-        return per_sequence(outs, wants, self.vocab)
-
-    def _stack_batch(self, sts, sizes, prompts, h: np.ndarray) -> None:
-        """`_stack` over the rows of several sequences (sizes[j] rows of sts[j], in order;
-        prompts[j]: whether they are prompt rows)."""
-        if len(sts) == 1:
-            return self._stack(sts[0], h, prompts[0])
-        cfg = self.cfg
-        nh, nk, hd = cfg.n_heads, cfg.n_kv, cfg.head_dim
-        T = h.shape[0]
-        starts = np.cumsum([0] + sizes[:-1]).tolist()
-        decode = np.repeat(~np.asarray(prompts, bool), sizes)   # generated tokens: matvec rows
-        ropes = [self.rope(st.pos, t) for st, t in zip(sts, sizes)]
-        y = np.empty((T, nh * hd), np.float32)
+        nh, nk, hd, eps = cfg.n_heads, cfg.n_kv, cfg.head_dim, cfg.eps
+        sizes = [p.size for p in pieces]
+        # per row: a generated token (None: every row is one, the decode step's case)
+        decode = np.repeat(~np.asarray(kinds, bool), sizes) if any(kinds) else None
+        spans, n = [], 0                      # per sequence: its rows, its rope rows
+        for st, t in zip(sts, sizes):
+            spans.append((st, n, n + t, *self.rope(st.pos, t)))
+            n += t
+        att = np.empty((n, nh * hd), np.float32)             # attention's output rows
+        att_heads = att.reshape(n, nh, hd)
+        h = np.empty((n, cfg.hidden), np.float32)
+        for r, token in enumerate(i for p in pieces for i in p.tolist()):
+            self.embed.row(token, out=h[r])                   # embed
         for li, L in enumerate(self.layers):
-            a = K.rmsnorm(h, L.attn_norm, cfg.eps)
-            q, k, v = batch_products((L.q, L.k, L.v), a, decode)
-            for z, b in ((q, L.bq), (k, L.bk), (v, L.bv)):
-                if b is not None:
-                    z += b
-            for st, r0, t, (cos, sin) in zip(sts, starts, sizes, ropes):
-                qs = q[r0:r0 + t].reshape(t, nh, hd)
-                ks = k[r0:r0 + t].reshape(t, nk, hd)
-                if L.q_norm is not None:
-                    K.rmsnorm(qs, L.q_norm, cfg.eps, out=qs)
+            a = K.rmsnorm(h, L.attn_norm, eps)                # attention norm
+            q, k, v = L.qkv(a, decode)                        # q, k, v products (+ biases)
+            for st, r0, r1, cos, sin in spans:
+                t = r1 - r0
+                qs, ks = q[r0:r1].reshape(t, nh, hd), k[r0:r1].reshape(t, nk, hd)
+                if L.q_norm is not None:                      # per-head q/k norms
+                    K.rmsnorm(qs, L.q_norm, eps, out=qs)
                 if L.k_norm is not None:
-                    K.rmsnorm(ks, L.k_norm, cfg.eps, out=ks)
-                K.rope_halfsplit(qs, cos, sin)
+                    K.rmsnorm(ks, L.k_norm, eps, out=ks)
+                K.rope_halfsplit(qs, cos, sin)                # rope
                 K.rope_halfsplit(ks, cos, sin)
-                cache = st.caches[li]
-                cache.put(ks, v[r0:r0 + t].reshape(t, nk, hd), overwrite=False)
-                y[r0:r0 + t] = K.attn_gqa_window(
-                    qs, cache.k[:cache.n], cache.v[:cache.n], st.pos, L.window, cache.first,
-                    self.attn_scale).reshape(t, nh * hd)
-            out = batch_products((L.o,), y, decode)[0]
-            if L.bo is not None:
-                out += L.bo
-            h += out
-            m = K.rmsnorm(h, L.mlp_norm, cfg.eps)
-            g, u = batch_products((L.gate, L.up), m, decode)
-            if L.bg is not None:
-                g += L.bg
-            if L.bu is not None:
-                u += L.bu
-            K.silu_mul(g, u, self._ones, self._ones)
-            out = batch_products((L.down,), g, decode)[0]
-            if L.bd is not None:
-                out += L.bd
-            h += out
+                cache = st.caches[li]                         # cache append
+                cache.put(ks, v[r0:r1].reshape(t, nk, hd), overwrite=False)
+                K.attn_gqa_window(qs, cache.k[:cache.n], cache.v[:cache.n], st.pos, L.window,
+                                  cache.first, self.attn_scale,
+                                  out=att_heads[r0:r1])       # windowed GQA attention
+            h += L.o(att, decode)[0]                          # o product (+ bias), residual
+            m = K.rmsnorm(h, L.mlp_norm, eps)                 # mlp norm
+            g, u = L.gate_up(m, decode)                       # gate, up products (+ biases)
+            K.silu_mul(g, u, self._ones, self._ones)          # silu(gate) * up, into g
+            h += L.down(g, decode)[0]                         # down product (+ bias), residual
+        # positions advance; sliding layers drop keys no later position reads
         for st, t in zip(sts, sizes):
             st.pos += t
             for L, cache in zip(self.layers, st.caches):
                 if L.window:
                     cache.trim(L.window)
-
-
-def _check_ids(ids: np.ndarray, vocab: int) -> np.ndarray:
-    bad = (ids < 0) | (ids >= vocab)
-    if bad.any():
-        raise ValueError(f"token id {int(ids[bad][0])} is outside the vocabulary [0, {vocab})")
-    return ids
+        return h
