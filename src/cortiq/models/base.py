@@ -162,7 +162,7 @@ class ModelBase:
     def matrices(self) -> list:
         """Every weight matrix (QTensor) the forward multiplies by, for `set_precision`
         (a model without cortiq matrices has none)."""
-        return _held_matrices(self)
+        return []
 
     def set_precision(self, precision) -> int:
         """Give every matrix the activation precision ("exact", "int8", "auto", or None:
@@ -195,29 +195,3 @@ class ModelBase:
         for name, value in self.options.items():
             h.update(f"|{name}={value!r}".encode())
         return h.digest()
-
-
-def _held_matrices(model) -> list:
-    """The distinct kernel matrices (QMat) a model object holds, found by walking its
-    attributes and containers (objects of cortiq's own classes only): the stand-in for
-    `matrices()` in a model that does not list its own."""
-    from .. import _kernels
-    out, seen, stack = [], set(), [model]
-    while stack:
-        o = stack.pop()
-        if id(o) in seen:
-            continue
-        seen.add(id(o))
-        if isinstance(o, _kernels.QMat):
-            out.append(o)
-        elif isinstance(o, (list, tuple, set, frozenset)):
-            stack.extend(o)
-        elif isinstance(o, dict):
-            stack.extend(o.values())
-        elif type(o).__module__.startswith("cortiq.") and not isinstance(o, type):
-            stack.extend(vars(o).values() if hasattr(o, "__dict__") else ())
-            for cls in type(o).__mro__:
-                for slot in getattr(cls, "__slots__", ()):
-                    if hasattr(o, slot):
-                        stack.append(getattr(o, slot))
-    return out
