@@ -1,4 +1,4 @@
-"""Build of the one extension, cortiq._kernels.
+"""Build of the one extension, cortiq.kernels._kernels.
 
 C sources under csrc/ are compiled here, each with the flags its file name asks for:
   *_avx2.c         -> AVX2 + FMA + F16C        (x86-64 only)
@@ -116,14 +116,14 @@ class BuildKernels(build_ext):
 
 
 extension = Extension(
-    "cortiq._kernels",
-    sources=["src/cortiq/_kernels.pyx"],
+    "cortiq.kernels._kernels",
+    sources=["src/cortiq/kernels/_kernels.pyx"],
     include_dirs=[CSRC, np.get_include()],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
 )
 
 setup(
     ext_modules=cythonize([extension], compiler_directives={"language_level": "3"},
-                          include_path=["src/cortiq"]),
+                          include_path=["src/cortiq/kernels"]),
     cmdclass={"build_ext": BuildKernels},
 )

@@ -275,7 +275,7 @@ def touched_bytes(model) -> int:
 
 
 def read_bw(threads, nbytes=1 << 30, reps=3):
-    from cortiq import _kernels as K
+    from cortiq.kernels import _kernels as K
     buf = np.ones(nbytes, np.uint8)
     best = 1e9
     for _ in range(reps):

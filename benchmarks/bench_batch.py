@@ -219,7 +219,7 @@ KERNEL_SHAPES = ((2048, 2048), (5632, 2048), (2048, 5632))   # Dory's attention,
 
 def kernel_figures(B, rounds=7):
     """ms per pass over KERNEL_SHAPES (q8_row): {name: best ms}."""
-    from cortiq import _kernels as K
+    from cortiq.kernels import _kernels as K
     from cortiq.cmf.testing import qtensor_from_f32
     rng = np.random.default_rng(0)
     mats = [qtensor_from_f32(rng.standard_normal(s).astype(np.float32), "q8_row")
@@ -252,7 +252,7 @@ def kernel_figures(B, rounds=7):
 
 def step_figures(path, batches, precisions, rounds=4, steps=3):
     """{(precision, B): (best ms per feed_batch step, share of it in matvec_batch)}."""
-    from cortiq import _kernels as K
+    from cortiq.kernels import _kernels as K
     warnings.simplefilter("ignore", RuntimeWarning)
     llms = {p: cortiq.LLM(path, precision=p, max_batch=max(batches), n_ctx=4096) for p in precisions}
     rng = np.random.default_rng(0)

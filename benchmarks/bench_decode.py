@@ -12,7 +12,7 @@ weights per pass over the stack (hidden 2048, 16/4 heads of 128, MLP 5632,
 (--cache, default $TMPDIR/cortiq-bench). In one run it measures, per thread count and
 per way of loading the weights (--preload off: the file mapping; on: a copy in
 anonymous huge-page memory, cmf.open(preload=True); both, the default: a row each),
-  * the read bandwidth (cortiq._kernels.read_sum over 1 GiB, four streams a thread, at the same thread count)
+  * the read bandwidth (cortiq.kernels._kernels.read_sum over 1 GiB, four streams a thread, at the same thread count)
     right before and right after the decode measurement -- the percentage divides by
     their mean, so a shared machine's drifting bandwidth moves both sides,
   * decode tokens/s (one token at a time after a short prompt) and prefill tokens/s,
@@ -39,9 +39,9 @@ import time
 import numpy as np
 
 import cortiq
-from cortiq import _kernels as K
+from cortiq.kernels import _kernels as K
 from cortiq import cmf
-from cortiq.llm import LLM
+from cortiq.runtime.llm import LLM
 from cortiq.models.dory.config import DoryConfig
 
 RELEASE_LIKE = dict(hidden=2048, heads=16, kv_heads=4, head_dim=128, ffn=5632,

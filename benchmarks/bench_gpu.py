@@ -340,7 +340,7 @@ def torch_decode(host, prompt, tokens, ref_logits):
 
 
 def cpu_decode(path, prompt, tokens):
-    from cortiq.llm import LLM
+    from cortiq.runtime.llm import LLM
     llm = LLM(path, n_threads=os.cpu_count(), device="cpu", precision="exact")
     s = llm.session()
     s.feed(prompt, want="last")

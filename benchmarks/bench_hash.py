@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from cortiq import _kernels as K
+from cortiq.kernels import _kernels as K
 from cortiq.cmf.hash import hash64, hash64_numpy
 
 

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 import cortiq
-from cortiq import _kernels as K
+from cortiq.kernels import _kernels as K
 
 
 def timeit(fn, repeat):

@@ -3,7 +3,7 @@
     python benchmarks/bench_matvec.py [--quick] [--threads 1,2] [--dtypes ...] [--gib 1]
 
 In one run it measures
-  (a) the read bandwidth: a C kernel (cortiq._kernels.read_sum) sums the 64-bit words
+  (a) the read bandwidth: a C kernel (cortiq.kernels._kernels.read_sum) sums the 64-bit words
       of a 1 GiB buffer on 1 and 2 threads (best of several passes), each thread reading
       its part as 1, 2, 4 or 8 far-apart streams side by side; the best pattern
       (READ_STREAMS, 4) is the reference of every percentage below, because on some
@@ -39,8 +39,8 @@ import time
 import numpy as np
 
 import cortiq
-from cortiq import _kernels as K
-from cortiq.tensor import I8_DTYPES, QTensor
+from cortiq.kernels import _kernels as K
+from cortiq.kernels.tensor import I8_DTYPES, QTensor
 from cortiq.cmf.testing import qtensor_from_f32
 
 DTYPES = ("f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp",

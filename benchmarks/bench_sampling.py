@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from cortiq.sampling import Sampler, SamplingParams
+from cortiq.runtime.sampling import Sampler, SamplingParams
 
 
 def best(fn, repeat):

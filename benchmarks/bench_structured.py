@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_decode as BD
 
 import cortiq
-from cortiq import structured
+from cortiq.text import structured
 
 ITEM = {
     "type": "object",

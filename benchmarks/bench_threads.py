@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 import cortiq
-from cortiq import _kernels as K
+from cortiq.kernels import _kernels as K
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_decode  # the bench-size Dory and its cache
@@ -122,7 +122,7 @@ def bench_server(llm, a):
     import httpx
 
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-c", "import sys, cortiq.cli; sys.exit(cortiq.cli.main())",
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, cortiq.serve.cli; sys.exit(cortiq.serve.cli.main())",
                              "serve", "--host", "127.0.0.1", "--port", str(port),
                              "--threads", str(a.threads), "--log-level", "warning"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 import cortiq.cmf as C
-from cortiq import _kernels as K
+from cortiq.kernels import _kernels as K
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_writer import plan

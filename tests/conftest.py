@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import cortiq
-from cortiq import _kernels
+from cortiq.kernels import _kernels
 
 # Helper modules beside the tests (arrays.py, toy_model.py) import by name under
 # --import-mode=importlib.

@@ -3,7 +3,7 @@ model's own `matrices()` list is checked against (a matrix it forgets would keep
 process-default precision when `set_precision` is called)."""
 from __future__ import annotations
 
-from cortiq import _kernels
+from cortiq.kernels import _kernels
 
 
 def held_matrices(model) -> list:

@@ -20,7 +20,7 @@ import batch_models as BM
 from reference.dsv4_toy import write_toy
 
 import cortiq
-from cortiq import _kernels
+from cortiq.kernels import _kernels
 
 PINS = os.path.join(os.path.dirname(__file__), "data", "logit_pins.npz")
 
@@ -62,8 +62,8 @@ def _model(files, arch, quant, opts, precision):
 
 def runs(files) -> dict:
     """name -> float32 array, for every case and precision."""
-    from cortiq.batch import feed_batch
-    from cortiq.session import Session
+    from cortiq.runtime.batch import feed_batch
+    from cortiq.runtime.session import Session
     out = {}
     for name, arch, quant, opts in CASES:
         for precision in PRECISIONS:

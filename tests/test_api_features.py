@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import cortiq
-from cortiq import tool_calls as tc
+from cortiq.text import tool_calls as tc
 from cortiq.errors import ConfigError
-from cortiq.state import StateError
+from cortiq.runtime.state import StateError
 
 sys.path.insert(0, os.path.dirname(__file__))
 import optional
@@ -321,7 +321,7 @@ def test_shipped_template_families_through_the_server(template, family):
                                            max_tokens=4, seed=1)
             assert r2.usage.prompt_tokens > r.usage.prompt_tokens
             c.close()
-        from cortiq.chat import parse_tool_call_arguments
+        from cortiq.text.chat import parse_tool_call_arguments
         prompt = m.apply_chat_template(parse_tool_call_arguments(msgs), tools=TOOLS)
         assert "<tool_response>\nsunny\n</tool_response>" in prompt
         assert call.function.name in prompt.split("<|im_start|>assistant")[-2]
@@ -531,7 +531,7 @@ def test_save_and_load_state(llm, tmp_path):
 # ---------------------------------------------------------------- CLI
 
 def test_cli_json_schema_logprobs_and_embed(tmp_path, capsys, monkeypatch):
-    from cortiq.cli import main
+    from cortiq.serve.cli import main
     schema_file = tmp_path / "s.json"
     schema_file.write_text(json.dumps(SCHEMA))
     assert main(["run", "-p", "Describe a module.", "--json-schema", str(schema_file),

@@ -48,7 +48,7 @@ def test_arm64_kernels_match_reference(tmp_path):
 
 def test_tables_compiled_for_this_machine():
     """The build compiles the ISA files of its target only, and import picks the best."""
-    from cortiq import _kernels as K
+    from cortiq.kernels import _kernels as K
 
     compiled = K.compiled_isas()
     assert compiled[0] == "ref"

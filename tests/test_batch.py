@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 import cortiq
-from cortiq.batch import feed_batch
+from cortiq.runtime.batch import feed_batch
 from cortiq.errors import ConfigError, CortiqError, ModelError
 from cortiq.models.base import ModelBase
-from cortiq.session import Session
+from cortiq.runtime.session import Session
 
 sys.path.insert(0, os.path.dirname(__file__))
 import batch_models as BM
@@ -289,7 +289,7 @@ def test_version_1_states_load_with_the_length_rule(files):
     import hashlib
     import json
 
-    from cortiq import state as S
+    from cortiq.runtime import state as S
     m = _model(files, "llama", "q8_row")
     s = Session(m)
     s.feed([5, 6, 7], "none")
@@ -416,7 +416,7 @@ def test_two_requests_on_one_session_take_turns(files):
 
 
 def test_cli_max_batch(files, capsys, monkeypatch):
-    from cortiq.cli import main
+    from cortiq.serve.cli import main
     assert main(["run", files["llama", "f32"], "-p", "w5 w6", "--greedy", "-n", "3",
                  "--max-batch", "2"]) == 0
     assert main(["run", files["llama", "f32"], "-p", "w5", "-n", "2", "--max-batch", "0"]) == 1

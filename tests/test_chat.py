@@ -1,4 +1,4 @@
-"""cortiq.chat: HF-semantics chat template rendering, ChatML fallback, errors.
+"""cortiq.text.chat: HF-semantics chat template rendering, ChatML fallback, errors.
 
 The real Qwen3 and Nanbeige-4.2 templates (tests/data/) are rendered by cortiq and by
 an independent renderer written here from the description of transformers'
@@ -18,7 +18,7 @@ import jinja2.ext
 import jinja2.sandbox
 import pytest
 
-from cortiq.chat import (
+from cortiq.text.chat import (
     CHATML_TEMPLATE,
     ChatTemplate,
     TemplateRenderError,
@@ -271,7 +271,7 @@ def test_bos_eos_and_undefined_variables():
 def test_tokenizer_special_tokens_reach_the_template():
     import tokenizers
     from tokenizers import models
-    from cortiq.tokenizer import Tokenizer
+    from cortiq.text.tokenizer import Tokenizer
 
     tk = tokenizers.Tokenizer(models.WordLevel({"<unk>": 0, "hi": 1}, unk_token="<unk>"))
     tk.add_special_tokens(["<s>", "</s>", "<|im_end|>"])
@@ -553,7 +553,7 @@ def test_rendering_works_under_a_profiler():
     eval breaker tripped, which hangs a profiled render."""
     import subprocess
     import sys
-    code = ("import cProfile; from cortiq.chat import ChatTemplate; "
+    code = ("import cProfile; from cortiq.text.chat import ChatTemplate; "
             "t = ChatTemplate('{% for i in range(50) %}{{ i }}{% endfor %}'); t.render([]); "
             "p = cProfile.Profile(); p.enable(); t.render([]); p.disable(); print('ok')")
     import cortiq

@@ -17,7 +17,7 @@ The documented differences from transformers, applied here to its output or kept
 of the drawn inputs:
 
 * `enable_thinking=False` with a generation prompt puts an empty think block after the
-  last assistant header when the template wrote no ``</think>`` (cortiq.chat's
+  last assistant header when the template wrote no ``</think>`` (cortiq.text.chat's
   docstring, upstream cortiq's rule) -- the rule is re-applied below from that text;
 * an empty conversation renders in cortiq (transformers refuses it), so none is drawn;
 * cortiq's `bos_token`/`eos_token` are '' where the tokenizer has none (transformers
@@ -31,14 +31,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import optional
-from cortiq.chat import CHATML_TEMPLATE, ChatTemplate, TemplateRenderError
+from cortiq.text.chat import CHATML_TEMPLATE, ChatTemplate, TemplateRenderError
 from cortiq.errors import TemplateError
 
 transformers, tokenizers = optional.need("torch", "transformers", "tokenizers")
 
 import cortiq.cmf  # noqa: E402
 from cortiq.demo import demo_path  # noqa: E402
-from cortiq.tokenizer import Tokenizer  # noqa: E402
+from cortiq.text.tokenizer import Tokenizer  # noqa: E402
 from reference import hf_dsv4, hf_llama, hf_tiny  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(__file__), "data")

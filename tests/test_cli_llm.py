@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import cortiq
-from cortiq.cli import main
+from cortiq.serve.cli import main
 
 sys.path.insert(0, os.path.dirname(__file__))
 import toy_model as T

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cortiq import _kernels as K
+from cortiq.kernels import _kernels as K
 from cortiq.cmf.hash import hash64, hash64_numpy, hex16
 
 VECTORS = [

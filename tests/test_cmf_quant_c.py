@@ -7,7 +7,7 @@ from hypothesis import given
 from arrays import stable_seed
 from hypothesis import strategies as st
 
-from cortiq import _kernels as K
+from cortiq.kernels import _kernels as K
 from cortiq.cmf import quant as Q
 from cortiq.cmf.writer import encode
 from cortiq.errors import KernelError

@@ -1,4 +1,4 @@
-"""Environment variables: every one is read through cortiq._config (env / env_values),
+"""Environment variables: every one is read through cortiq.kernels._config (env / env_values),
 under a CORTIQ_ name; the older names in _config.RENAMED still count, with one
 DeprecationWarning per name and process that names the new variable."""
 import ast
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import cortiq
-from cortiq import _config
+from cortiq.kernels import _config
 from cortiq.errors import ConfigError
 
 SRC = Path(cortiq.__file__).resolve().parent

@@ -17,7 +17,7 @@ import pytest
 import cortiq
 import cortiq.cmf as C
 import optional
-from cortiq.cli import main
+from cortiq.serve.cli import main
 from cortiq.demo import demo_path
 
 SQK = "model.layers.0.mixer.sqk"
@@ -253,7 +253,7 @@ def test_nan_logits_are_a_500_from_the_server(nan_model):
 
 
 def test_finite_check():
-    from cortiq.generation import check_finite as _check_finite
+    from cortiq.runtime.generation import check_finite as _check_finite
     _check_finite(np.full(8, 3e38, np.float32), 0)        # large but finite
     for bad in (np.nan, np.inf, -np.inf):
         x = np.zeros(8, np.float32)

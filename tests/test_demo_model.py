@@ -203,7 +203,7 @@ def f32_copy(demo_file, tmp_path_factory):
 
 
 def test_runtime_matches_training_framework_on_f32_weights(demo_file, reference, f32_copy):
-    from cortiq.llm import LLM
+    from cortiq.runtime.llm import LLM
     with LLM(f32_copy) as llm:
         for ids, rows, want in _torch_logits(demo_file, reference):
             got = np.asarray(llm.session().feed(ids, want="all"))[rows]
@@ -214,7 +214,7 @@ def test_runtime_matches_training_framework_on_f32_weights(demo_file, reference,
 def test_runtime_on_the_q8_file_stays_close(demo_file, reference):
     """The shipped q8 file itself: logits within Q8_TOL of torch on its dequantized weights
     (float32 activations: the default, "auto", takes prompt chunks to int8)."""
-    from cortiq.llm import LLM
+    from cortiq.runtime.llm import LLM
     with LLM(precision="exact") as llm:
         for ids, rows, want in _torch_logits(demo_file, reference):
             got = np.asarray(llm.session().feed(ids, want="all"))[rows]
@@ -222,7 +222,7 @@ def test_runtime_on_the_q8_file_stays_close(demo_file, reference):
 
 
 def _greedy(llm, prompt: str, n: int) -> tuple[list[int], str]:
-    from cortiq.tokenizer import Tokenizer
+    from cortiq.text.tokenizer import Tokenizer
     tok = Tokenizer.from_cmf(llm.file)
     ids = tok.encode(prompt)
     s = llm.session()
@@ -238,7 +238,7 @@ def _greedy(llm, prompt: str, n: int) -> tuple[list[int], str]:
 
 
 def test_greedy_generation_is_deterministic():
-    from cortiq.llm import LLM
+    from cortiq.runtime.llm import LLM
     with LLM() as a, LLM() as b:
         first = _greedy(a, PROMPT, N_NEW)
         assert first[0], "the demo model produced nothing"
@@ -252,7 +252,7 @@ def test_greedy_generation_is_deterministic():
 
 
 def test_cortiq_run_uses_the_demo_model(capsys):
-    from cortiq.cli import main
+    from cortiq.serve.cli import main
     assert main(["run", "--prompt", "What does `sorted` do?", "-n", "24", "--greedy"]) == 0
     out = capsys.readouterr().out.strip()
     assert out and any(w.isalpha() for w in out.split()), out
@@ -262,7 +262,7 @@ def test_greedy_generation_produces_training_words():
     td = _train_demo()
     with gzip.open(TRAIN_WORDS, "rt") as f:
         vocab = set(f.read().split())
-    from cortiq.llm import LLM
+    from cortiq.runtime.llm import LLM
     with LLM() as llm:
         texts = [_greedy(llm, p, N_NEW)[1] for p in
                  (PROMPT, "The default value is", "This module provides")]
@@ -286,7 +286,7 @@ def test_word_check_can_fail():
 
 
 def test_cli_info_and_verify_default_to_the_demo_model(capsys):
-    from cortiq.cli import main
+    from cortiq.serve.cli import main
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "demo.cmf" in out and "dory" in out

@@ -240,7 +240,7 @@ def test_options_read_os_environ_by_default(monkeypatch):
 
 
 def test_older_variable_names_still_count_with_a_deprecation_warning(monkeypatch):
-    from cortiq import _config
+    from cortiq.kernels import _config
     monkeypatch.setattr(_config, "_warned", set())
     with pytest.warns(DeprecationWarning) as rec:
         r = DoryOptions().resolve(CFG, env={"CMF_DORY_LOOPS": "3", "CMF_O1_SPILL": "/s"})

@@ -18,7 +18,7 @@ import pytest
 
 import cortiq
 from cortiq.errors import ConfigError
-from cortiq.llm import LLM
+from cortiq.runtime.llm import LLM
 from cortiq.models import dory as dory_mod
 
 sys.path.insert(0, os.path.dirname(__file__))

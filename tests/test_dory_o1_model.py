@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import cortiq.cmf
-from cortiq._config import RENAMED
+from cortiq.kernels._config import RENAMED
 from cortiq.models import dory
 from cortiq.errors import ConfigError
 from cortiq.models.dory.config import ENV_VARS
@@ -264,7 +264,7 @@ def test_a_state_dropped_before_its_rebuild_leaves_no_files(tiny_path, clean_env
 
 @pytest.mark.filterwarnings("ignore:.*no tokenizer")
 def test_llm_sessions_take_the_option_and_reread_past_a_seal(tiny_path, clean_env):
-    from cortiq.llm import LLM
+    from cortiq.runtime.llm import LLM
     llm = LLM(tiny_path, o1="4,6,0,24")
     s = llm.session()
     s.feed(IDS[:30])
@@ -313,7 +313,7 @@ FAR_IDS = np.random.default_rng(7).integers(0, GEOM["vocab"], 512).tolist()
 
 def generated_logits(path, ids, n_prompt, **opts):
     """Logits of every token after the prompt, fed one at a time as a session decodes."""
-    from cortiq.llm import LLM
+    from cortiq.runtime.llm import LLM
     s = LLM(path, **opts).session()
     s.feed(ids[:n_prompt])
     return np.stack([s.feed([i]) for i in ids[n_prompt:]]).astype(np.float64)

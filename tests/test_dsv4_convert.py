@@ -164,7 +164,7 @@ def test_both_spellings_convert_to_the_same_model(tmp_path, direct, style, tid):
 
 
 def test_cli_convert_quiet(tmp_path, capsys):
-    from cortiq.cli import main
+    from cortiq.serve.cli import main
     d = hf_checkpoint(tmp_path / "hf", "ref")
     assert main(["convert", "--arch", "deepseek_v4", str(d), str(tmp_path / "o.cmf"),
                  "--quant", "q8_row", "--quiet"]) == 0

@@ -319,7 +319,7 @@ def test_payloads_are_checked_by_the_writer(tmp_path):
 def test_experts_quant_option(tmp_path, toy):
     t, cfg = toy
     d, _ = write_release(tmp_path / "rel", t, cfg)
-    from cortiq.cli import main
+    from cortiq.serve.cli import main
     out = tmp_path / "o.cmf"
     assert main(["convert", str(d), str(out), "--quant", "q8_row",
                  "--experts-quant", "q4_block,q8_row", "--quiet"]) == 0

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from cortiq import _kernels as K
+from cortiq.kernels import _kernels as K
 from cortiq.models import deepseek_v4 as D
 from cortiq.models import rope
 from cortiq.cmf.testing import qtensor_from_f32

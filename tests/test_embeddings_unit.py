@@ -1,4 +1,4 @@
-"""cortiq.embeddings on its own: `pool` against NumPy on given hidden rows,
+"""cortiq.runtime.embeddings on its own: `pool` against NumPy on given hidden rows,
 `hidden_states`' checks of what the model returns, and `embed`'s input checks, over
 a model object whose hidden states are a formula of the ids written here.
 
@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import cortiq
-from cortiq.embeddings import POOLINGS, embed, hidden_states, pool
+from cortiq.runtime.embeddings import POOLINGS, embed, hidden_states, pool
 from cortiq.errors import ConfigError, ModelError
 from cortiq.models.base import ModelBase
-from cortiq.tokenizer import Tokenizer
+from cortiq.text.tokenizer import Tokenizer
 
 VEC_ATOL = 1e-6
 HIDDEN = 12

@@ -180,7 +180,7 @@ def test_f32_option_and_k_quant_warning(tmp_path):
 
 
 def test_cli_import_gguf(tmp_path):
-    from cortiq.cli import main
+    from cortiq.serve.cli import main
     _model, _arch, _, _tok, path = _write(tmp_path, "qwen3", lambda n, a: T.F32)
     assert main(["import-gguf", str(path), str(tmp_path / "c.cmf"), "--quiet"]) == 0
     assert cortiq.LLM(tmp_path / "c.cmf").arch == "qwen3"

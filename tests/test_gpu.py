@@ -345,7 +345,7 @@ def test_rollback_on_device(dev, demo_file):
 
 
 def test_llm_sessions_and_chat_reuse(dev):
-    from cortiq.llm import LLM
+    from cortiq.runtime.llm import LLM
     cpu = LLM(device="cpu", seed=1)
     gpu = LLM(device="gpu", seed=1)
     assert gpu.device == "gpu" and type(gpu.model).__name__ == "GpuDoryModel"
@@ -366,7 +366,7 @@ def test_llm_sessions_and_chat_reuse(dev):
 # ---- errors --------------------------------------------------------------------------------
 def test_device_option_errors(monkeypatch):
     from cortiq.gpu.device import resolve_device
-    from cortiq.llm import LLM
+    from cortiq.runtime.llm import LLM
     with pytest.raises(ConfigError, match="device"):
         LLM(device="tpu")
     monkeypatch.setenv("CORTIQ_DEVICE", "cpu")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import cortiq
-from cortiq import _kernels as K
+from cortiq.kernels import _kernels as K
 from cortiq import cmf
 from cortiq.errors import ConfigError, CortiqError
 from cortiq.models import deepseek_v4 as D

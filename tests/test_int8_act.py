@@ -19,10 +19,10 @@ import pytest
 from hypothesis import given, strategies as st
 
 import cortiq
-from cortiq import _kernels as K
+from cortiq.kernels import _kernels as K
 import optional
 from cortiq.errors import ConfigError
-from cortiq.tensor import QTensor
+from cortiq.kernels.tensor import QTensor
 from cortiq.cmf.testing import qtensor_from_f32
 
 I8 = ("q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp")
@@ -499,7 +499,7 @@ def test_cli_precision(q4_demo):
 
 def test_serve_passes_precision(monkeypatch):
     """`cortiq serve --precision` reaches the LLM the server runs."""
-    from cortiq import _cli_llm, cli
+    from cortiq.serve import commands as _cli_llm, cli
     seen = {}
 
     class Stop(Exception):
@@ -509,7 +509,7 @@ def test_serve_passes_precision(monkeypatch):
         seen.update(kw)
         raise Stop
 
-    monkeypatch.setattr("cortiq.llm.LLM", fake_llm)
+    monkeypatch.setattr("cortiq.runtime.llm.LLM", fake_llm)
     with pytest.raises(Stop):
         cli.main(["serve", "model.cmf", "--precision", "exact"])
     assert seen["precision"] == "exact"

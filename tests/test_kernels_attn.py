@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import cortiq
-from cortiq import _kernels as K
+from cortiq.kernels import _kernels as K
 from arrays import misaligned  # tests/arrays.py
 
 U = 2.0 ** -24

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cortiq import _kernels as K
+from cortiq.kernels import _kernels as K
 
 REL = 1e-5
 

@@ -253,7 +253,7 @@ def test_from_hf_refuses_unknown_and_bad_tensors(tmp_path, case):
     with pytest.raises(ConfigError, match="mystery"):
         plan_tensors(arch, bad)
     assert not (tmp_path / "x.cmf").exists()
-    from cortiq.cli import main
+    from cortiq.serve.cli import main
     other = "qwen2" if name != "qwen2" else "llama"
     assert main(["convert", "--arch", other, str(d / "hf"), str(tmp_path / "z.cmf"),
                  "--quiet"]) == 1

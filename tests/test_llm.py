@@ -16,7 +16,7 @@ import pytest
 import cortiq
 from cortiq import ConfigError, SamplingParams
 from cortiq.cmf import Masks, MaskTask
-from cortiq.session import Session
+from cortiq.runtime.session import Session
 
 sys.path.insert(0, os.path.dirname(__file__))
 import toy_model as T
@@ -362,7 +362,7 @@ def test_overlay_file_feeds_qtensor_from_cmf(tmp_path):
     """Models that load with QTensor.from_cmf(cf, name) (DoryModel) see the skill's
     weights through OverlayFile, quantized replacements included."""
     from cortiq.models.overlay import OverlayFile
-    from cortiq.tensor import QTensor
+    from cortiq.kernels.tensor import QTensor
     rng = np.random.default_rng(1)
     base = rng.standard_normal((64, 64)).astype(np.float32)
     a = rng.standard_normal((64, 64)).astype(np.float32)

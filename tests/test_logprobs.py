@@ -1,6 +1,6 @@
 """Log-probabilities: `generation.log_softmax`, the per-token entries a `Generation`
 records (the sampled token's logprob and the top alternatives), and their OpenAI
-shapes (`cortiq.logprobs`) on small hand-built tokenizers.
+shapes (`cortiq.runtime.logprobs`) on small hand-built tokenizers.
 
 References: a float64 NumPy log-sum-exp written here; token bytes from the
 tokenizer's own vocabulary as built below (the byte-level alphabet of GPT-2, a
@@ -19,10 +19,10 @@ import tokenizers as tk
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cortiq.generation import Generation, Options, Result, TokenLogprob, log_softmax
-from cortiq.logprobs import TokenBytes, chat_logprobs, completion_logprobs
-from cortiq.sampling import SamplingParams
-from cortiq.tokenizer import Tokenizer
+from cortiq.runtime.generation import Generation, Options, Result, TokenLogprob, log_softmax
+from cortiq.runtime.logprobs import TokenBytes, chat_logprobs, completion_logprobs
+from cortiq.runtime.sampling import SamplingParams
+from cortiq.text.tokenizer import Tokenizer
 from toy_tokenizers import byte_level
 
 LP_ATOL = 1e-12

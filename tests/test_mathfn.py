@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import cortiq
-from cortiq import _kernels as K
+from cortiq.kernels import _kernels as K
 from arrays import misaligned  # tests/arrays.py
 
 EXP_REL = 2e-7

@@ -4,7 +4,7 @@ Every row must equal the matvec of its input: bit for bit for one input, for int
 activations (also where the integer multi-input tiles load each weight once for
 several inputs: every int8 dtype on AVX2 / AVX-512, every integer path of each
 table) and for the dtypes without a multi-input row kernel; within float32 rounding
-(of sum |w x|, the exactness contract of cortiq.tensor) where a SIMD table decodes
+(of sum |w x|, the exactness contract of cortiq.kernels.tensor) where a SIMD table decodes
 each weight once for all float32 inputs (f32 and q8_row on AVX2 / AVX-512). Shapes
 include odd column and group counts, tiny and tall matrices, misaligned inputs,
 special values and any thread count.
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cortiq import _kernels as K
+from cortiq.kernels import _kernels as K
 from cortiq.cmf.testing import qtensor_from_f32
 from test_int8_act import I8, model
 

@@ -20,7 +20,7 @@ import cortiq
 import cortiq.models
 from cortiq.errors import ConfigError, CortiqError
 from cortiq.models.base import Capabilities, ModelBase, check_model
-from cortiq.session import Session
+from cortiq.runtime.session import Session
 
 sys.path.insert(0, os.path.dirname(__file__))
 import batch_models as BM

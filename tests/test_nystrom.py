@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cortiq import _kernels
+from cortiq.kernels import _kernels
 import optional
 from cortiq.models.dory.nystrom import (AGGREGATE, FM, QT_STRIDE, NystromState, m_eff_for,
                                    ridge_pinv, seg_means)

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import cortiq
-from cortiq import _kernels as K
-from cortiq.tensor import QTensor
+from cortiq.kernels import _kernels as K
+from cortiq.kernels.tensor import QTensor
 from cortiq.cmf.testing import qtensor_from_f32
 
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(cortiq.__file__)))
@@ -175,7 +175,7 @@ def _run(code, env_extra=None):
 
 FORK_CHILD = """
 import os, sys, numpy as np, cortiq
-from cortiq.tensor import QTensor
+from cortiq.kernels.tensor import QTensor
 from cortiq.cmf.testing import qtensor_from_f32
 cortiq.set_num_threads(2)
 rng = np.random.default_rng(0)
@@ -185,7 +185,7 @@ y = m.matvec(x)                       # the parent's pool has started its worker
 pid = os.fork()
 if pid == 0:
     ok = all(np.array_equal(m.matvec(x), y) for _ in range(20))
-    os._exit(0 if ok and cortiq._kernels.pool_workers() == 1 else 3)
+    os._exit(0 if ok and cortiq.kernels._kernels.pool_workers() == 1 else 3)
 _, status = os.waitpid(pid, 0)
 assert np.array_equal(m.matvec(x), y)  # the parent's pool still works
 print("child", os.waitstatus_to_exitcode(status))

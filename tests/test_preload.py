@@ -13,8 +13,8 @@ import pytest
 
 import cortiq
 import cortiq.cmf as C
-from cortiq import _config
-from cortiq.cli import build_parser, main
+from cortiq.kernels import _config
+from cortiq.serve.cli import build_parser, main
 from cortiq.cmf._anon import HUGE_PAGE, anon_copy
 from cortiq.cmf.testing import tiny_arch, tiny_tensors
 from cortiq.demo import demo_path
@@ -184,13 +184,13 @@ def test_cli_preload_flag(tmp_path, capsys, monkeypatch):
     toy = str(tmp_path / "toy.cmf")
     T.write_toy(toy)
     seen = []
-    real_open = cortiq.llm._cmf.open
+    real_open = cortiq.runtime.llm._cmf.open
 
     def spy(path, preload=False, **kw):
         seen.append(preload)
         return real_open(path, preload=preload, **kw)
 
-    monkeypatch.setattr(cortiq.llm._cmf, "open", spy)
+    monkeypatch.setattr(cortiq.runtime.llm._cmf, "open", spy)
     argv = ["run", toy, "-p", "hello world", "--greedy", "-n", "5"]
     outs = []
     for extra in ([], ["--preload"], ["--no-preload"]):

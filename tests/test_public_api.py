@@ -6,7 +6,7 @@ import sys
 import pytest
 
 import cortiq
-from cortiq import _kernels
+from cortiq.kernels import _kernels
 
 # Subprocesses start where the imported cortiq lives, so `-c`/`-m` (which put the
 # working directory first on sys.path) cannot pick up an unbuilt source tree.

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from cortiq.cmf import quant as Q
-from cortiq.tensor import QTensor
+from cortiq.kernels.tensor import QTensor
 from reference import cmf_spec
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")

@@ -30,7 +30,7 @@ httpx, openai, uvicorn = optional.need("extras", "httpx", "openai", "uvicorn")
 ray, serve = optional.need("ray", "ray", "ray.serve")
 
 import cortiq.serve.ray as cray  # noqa: E402
-from cortiq.cli import main  # noqa: E402
+from cortiq.serve.cli import main  # noqa: E402
 from cortiq.demo import demo_path  # noqa: E402
 from cortiq.serve import create_app  # noqa: E402
 
@@ -71,7 +71,7 @@ def ray_address():
 def service(ray_address):
     """The CLI's Ray Serve deployment: (url, process)."""
     port = _free_port()
-    cmd = [sys.executable, "-c", "import sys; from cortiq.cli import main; sys.exit(main())",
+    cmd = [sys.executable, "-c", "import sys; from cortiq.serve.cli import main; sys.exit(main())",
            "serve", "--ray", "--ray-address", ray_address, "--replicas", "2",
            "--threads-per-replica", "1", "--port", str(port)]
     p = subprocess.Popen(cmd, cwd=PKG_PARENT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -461,7 +461,7 @@ def test_open_model_verifies_and_names_host_path_and_error(tmp_path):
 
 
 def test_cortiq_itself_never_imports_ray():
-    code = ("import sys, cortiq, cortiq.serve, cortiq.cli; cortiq.cli.build_parser(); "
+    code = ("import sys, cortiq, cortiq.serve, cortiq.serve.cli; cortiq.serve.cli.build_parser(); "
             "sys.exit(int('ray' in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], cwd=PKG_PARENT, check=False).returncode == 0
 
@@ -493,7 +493,7 @@ def test_cli_reports_a_model_no_replica_can_load(ray_address, tmp_path):
         bad.write_bytes(f.read()[:4096])
     with pytest.raises(cortiq.FormatError) as ref:
         cortiq.cmf.open(str(bad))
-    cmd = [sys.executable, "-c", "import sys; from cortiq.cli import main; sys.exit(main())",
+    cmd = [sys.executable, "-c", "import sys; from cortiq.serve.cli import main; sys.exit(main())",
            "serve", str(bad), "--ray", "--ray-address", ray_address, "--port",
            str(_free_port())]
     p = subprocess.run(cmd, cwd=PKG_PARENT, capture_output=True, text=True, timeout=150,

@@ -160,7 +160,7 @@ def test_convert_runs_the_registered_converter(fake, tmp_path):
 
 
 def test_cli_convert_arch_comes_from_the_registry(fake, tmp_path, capsys):
-    from cortiq.cli import main
+    from cortiq.serve.cli import main
     with pytest.raises(SystemExit):
         main(["convert", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
@@ -175,7 +175,7 @@ def test_cli_convert_arch_comes_from_the_registry(fake, tmp_path, capsys):
 
 
 def test_cli_import_gguf_names_the_llama_family(capsys):
-    from cortiq.cli import main
+    from cortiq.serve.cli import main
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "/".join(M.builtin_spec("llama").names) in capsys.readouterr().out

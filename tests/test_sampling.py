@@ -1,4 +1,4 @@
-"""cortiq.sampling: SamplingParams validation and the Sampler chain (docs/runtime.md §2).
+"""cortiq.runtime.sampling: SamplingParams validation and the Sampler chain (docs/runtime.md §2).
 
 Tolerances:
 * PROB_RTOL = 1e-12 -- the sampler works in float64; the references below compute the
@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cortiq.errors import ConfigError
-from cortiq.sampling import Sampler, SamplingParams
+from cortiq.runtime.sampling import Sampler, SamplingParams
 
 PROB_RTOL = 1e-12
 EMPIRICAL_ATOL = 0.02

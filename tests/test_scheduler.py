@@ -1,4 +1,4 @@
-"""cortiq.scheduler on its own: a model that records every forward (which sessions,
+"""cortiq.runtime.scheduler on its own: a model that records every forward (which sessions,
 which ids) and a stand-in for `Generation` that takes the argmax and stops after a
 set number of tokens, so each request's token stream is known in advance (computed
 here by feeding the same formula serially).
@@ -19,12 +19,12 @@ import time
 import numpy as np
 import pytest
 
-from cortiq import scheduler as S
+from cortiq.runtime import scheduler as S
 from cortiq.errors import CortiqError
-from cortiq.generation import Result
+from cortiq.runtime.generation import Result
 from cortiq.models.base import Capabilities, ModelBase
-from cortiq.scheduler import Request, Scheduler
-from cortiq.session import Session
+from cortiq.runtime.scheduler import Request, Scheduler
+from cortiq.runtime.session import Session
 
 WAIT_S = 10.0
 VOCAB = 50

@@ -25,7 +25,7 @@ import optional
 
 httpx, openai, _, uvicorn = optional.need("extras", "httpx", "openai", "starlette", "uvicorn")
 
-from cortiq.chat import ChatTemplate  # noqa: E402
+from cortiq.text.chat import ChatTemplate  # noqa: E402
 from cortiq.serve import create_app, json_error_protocol  # noqa: E402
 
 import toy_model as T  # noqa: E402
@@ -331,7 +331,7 @@ def test_cli_serve_and_sigterm(toy_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = (f"import sys; sys.path.insert(0, {HERE!r}); import toy_model; "
-            "toy_model.register(); from cortiq.cli import main; "
+            "toy_model.register(); from cortiq.serve.cli import main; "
             f"sys.exit(main(['serve', {toy_path!r}, '--port', '{port}']))")
     env = dict(os.environ, CORTIQ_TOY_DELAY="0.01")
     p = subprocess.Popen([sys.executable, "-c", code], cwd=PKG_PARENT, env=env,
@@ -560,7 +560,7 @@ def _free_port():
 def _spawn_serve(args, delay="0.01"):
     port = _free_port()
     code = (f"import sys; sys.path.insert(0, {HERE!r}); import toy_model; "
-            "toy_model.register(); from cortiq.cli import main; "
+            "toy_model.register(); from cortiq.serve.cli import main; "
             f"sys.exit(main(['serve', *{list(args)!r}, '--port', '{port}']))")
     env = dict(os.environ, CORTIQ_TOY_DELAY=delay)
     p = subprocess.Popen([sys.executable, "-c", code], cwd=PKG_PARENT, env=env,

@@ -1,10 +1,10 @@
-"""cortiq.stopping: EOS ids and stop strings, incremental over streamed pieces."""
+"""cortiq.runtime.stopping: EOS ids and stop strings, incremental over streamed pieces."""
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from cortiq.errors import ConfigError
-from cortiq.stopping import StopChecker, normalize_stop, truncate_at_stop
+from cortiq.runtime.stopping import StopChecker, normalize_stop, truncate_at_stop
 
 
 def run(stop, pieces):
@@ -112,7 +112,7 @@ def test_eos_ids():
 
 
 def test_with_stream_decoder_end_to_end():
-    from cortiq.tokenizer import Tokenizer
+    from cortiq.text.tokenizer import Tokenizer
 
     tok = Tokenizer.bytes_only()
     ids = tok.encode("Grüße 🙂<|end|> never shown")

@@ -1,4 +1,4 @@
-"""cortiq.structured on its own: the token masks and acceptance of compiled grammars on
+"""cortiq.text.structured on its own: the token masks and acceptance of compiled grammars on
 a tiny byte-level tokenizer, against a brute-force reading of finite languages
 written here (a token is allowed iff the text so far plus its bytes is a prefix of a
 string of the language; end-of-sequence iff the text so far is one), and the errors
@@ -19,7 +19,7 @@ import optional
 
 optional.need("extras", "llguidance")
 
-from cortiq import structured as S  # noqa: E402
+from cortiq.text import structured as S  # noqa: E402
 from cortiq.errors import ConfigError  # noqa: E402
 from toy_tokenizers import byte_level  # noqa: E402
 

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, strategies as st
 
 import cortiq
-from cortiq import _kernels as K
+from cortiq.kernels import _kernels as K
 from cortiq.cmf import quant
 from cortiq.errors import FormatError
-from cortiq.tensor import DTYPES, QTensor
+from cortiq.kernels.tensor import DTYPES, QTensor
 from cortiq.cmf.testing import qtensor_from_f32
 from arrays import misaligned  # tests/arrays.py
 import optional
@@ -393,7 +393,7 @@ def test_from_cmf():
 
 
 def test_qgroup_equals_separate_matvecs():
-    from cortiq.tensor import QGroup
+    from cortiq.kernels.tensor import QGroup
     rng = np.random.default_rng(3)
     ts = [qtensor_from_f32(rng.normal(size=(r, 64)).astype(np.float32), "q8_row") for r in (5, 17, 3)]
     x = rng.normal(size=64).astype(np.float32)

@@ -1,4 +1,4 @@
-"""cortiq.tokenizer: Tokenizer over HF tokenizers, special ids, StreamDecoder.
+"""cortiq.text.tokenizer: Tokenizer over HF tokenizers, special ids, StreamDecoder.
 
 Tokenizers are trained in-test (tokenizers' BpeTrainer on a small corpus) so the
 tests need no download: a byte-level BPE (GPT-2 / Qwen style), a SentencePiece-like
@@ -24,7 +24,7 @@ from tokenizers import (
 )
 
 from cortiq.errors import ConfigError, FormatError
-from cortiq.tokenizer import StreamDecoder, Tokenizer
+from cortiq.text.tokenizer import StreamDecoder, Tokenizer
 
 CORPUS = [
     "Hello world, the quick brown fox jumps over the lazy dog.",
@@ -414,7 +414,7 @@ def test_long_texts_are_tokenized_off_the_gil_with_the_same_ids(bl, monkeypatch)
     import threading
     import time
 
-    import cortiq.tokenizer as tokmod
+    import cortiq.text.tokenizer as tokmod
     text = "hello world, the quick brown fox! <|im_end|> " * 2000
     fast = [bl.encode(text, s) for s in (True, False)]
     monkeypatch.setattr(tokmod, "_GIL_FREE_CHARS", 10 ** 9)      # the plain encode path

@@ -1,4 +1,4 @@
-"""The typing surface: src/cortiq/_kernels.pyi matches the compiled module, cortiq.types
+"""The typing surface: src/cortiq/kernels/_kernels.pyi matches the compiled module, cortiq.types
 describes what the API returns, py.typed ships, and mypy passes (when installed)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import typing
 
 
 import cortiq
-from cortiq import _kernels
+from cortiq.kernels import _kernels
 from cortiq import types as T
 import optional
 
@@ -18,7 +18,7 @@ PKG = os.path.dirname(os.path.abspath(cortiq.__file__))
 
 
 def _stub_names() -> set[str]:
-    with open(os.path.join(PKG, "_kernels.pyi")) as f:
+    with open(os.path.join(PKG, "kernels", "_kernels.pyi")) as f:
         tree = ast.parse(f.read())
     names = set()
     for node in tree.body:
@@ -33,7 +33,7 @@ def test_kernel_stub_matches_the_module():
     stub = _stub_names()
     imported = {"np", "KernelError"}             # names the module imports, not defines
     public = {n for n in dir(_kernels) if not n.startswith("_") and n not in imported}
-    assert public - stub == set(), "in cortiq._kernels but not in _kernels.pyi: rerun " \
+    assert public - stub == set(), "in cortiq.kernels._kernels but not in _kernels.pyi: rerun " \
         "tools/gen_kernels_pyi.py"
     assert {n for n in stub if not hasattr(_kernels, n)} == set()
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import tokenizers as tk
 
-from cortiq.tokenizer import Tokenizer
+from cortiq.text.tokenizer import Tokenizer
 
 
 def gpt2_alphabet() -> dict[int, str]:
     """GPT-2's byte -> printable character table (printable Latin-1 bytes map to
     themselves, the other 68 to U+0100 upwards in byte order), written from its
-    definition rather than taken from cortiq.tokenizer."""
+    definition rather than taken from cortiq.text.tokenizer."""
     keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + \
         list(range(0xAE, 0x100))
     out, extra = {}, 0

@@ -1,8 +1,8 @@
-"""Write src/cortiq/_kernels.pyi from the Cython sources (run after adding a kernel).
+"""Write src/cortiq/kernels/_kernels.pyi from the Cython sources (run after adding a kernel).
 
     python tools/gen_kernels_pyi.py
 
-Reads every top-level `def` of src/cortiq/_kernels.pyx and its _k_*.pxi includes and the
+Reads every top-level `def` of src/cortiq/kernels/_kernels.pyx and its _k_*.pxi includes and the
 methods of their `cdef class`es, maps the C argument types to Python ones (size_t,
 int -> int; float, double -> float; bint -> bool; cnp.ndarray -> np.ndarray) and
 types everything else as Any: the kernels check their arrays at run time.
@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent / "src" / "cortiq"
+ROOT = Path(__file__).resolve().parent.parent / "src" / "cortiq" / "kernels"
 C_TYPES = {"size_t": "int", "int": "int", "long": "int", "Py_ssize_t": "int",
            "float": "float", "double": "float", "bint": "bool", "str": "str",
            "list": "list", "cnp.ndarray": "np.ndarray", "QMat": "QMat", "object": "Any"}
@@ -67,7 +67,7 @@ def _defs(src: str, indent: str):
 
 def main() -> int:
     files = [ROOT / "_kernels.pyx", *sorted(ROOT.glob("_k_*.pxi"))]
-    lines = ['"""Type stubs of cortiq._kernels (written by tools/gen_kernels_pyi.py)."""',
+    lines = ['"""Type stubs of cortiq.kernels._kernels (written by tools/gen_kernels_pyi.py)."""',
              "from typing import Any", "", "import numpy as np", ""]
     for f in files:
         src = f.read_text()

@@ -73,7 +73,7 @@ def matrix_errors(dtypes) -> str:
     embeddings, with their outliers, for every matrix of 256 columns)."""
     from cortiq import cmf
     from cortiq.demo import demo_path
-    from cortiq.tensor import QTensor
+    from cortiq.kernels.tensor import QTensor
     from cortiq.cmf.testing import qtensor_from_f32
     rng = np.random.default_rng(8)
     cases = [("Gaussian 1024x4096", [(rng.standard_normal((1024, 4096)).astype(np.float32),

@@ -32,7 +32,7 @@ _CONVERTERS_VERSION = 1   # bump when a converter's output changes for the same 
 def cache_dir(explicit=None) -> Path:
     if explicit is not None:
         return Path(explicit)
-    from ._config import env
+    from .kernels._config import env
     cache = env("CORTIQ_CACHE")
     if cache:
         return Path(cache)

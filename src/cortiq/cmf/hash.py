@@ -50,7 +50,7 @@ def hash64_numpy(data) -> int:
 
 def hash64(data) -> int:
     """hash64 of a bytes-like object via the active C kernel table."""
-    from .._kernels import hash64 as _c_hash64
+    from ..kernels._kernels import hash64 as _c_hash64
     return _c_hash64(data)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tensor import QTensor
+from ..kernels.tensor import QTensor
 from .quant import quantize
 
 

@@ -73,7 +73,7 @@ def encode(array, dtype: str) -> np.ndarray:
         return np.ascontiguousarray(array, np.uint8).reshape(-1)
     a = np.ascontiguousarray(array, dtype=np.float32)
     try:
-        from .. import _kernels as K
+        from ..kernels import _kernels as K
     except ImportError:  # pragma: no cover - source tree without the extension
         return Q.quantize(a, dtype)
     try:

@@ -625,7 +625,7 @@ class GpuDeepSeekV4Model(ModelBase):
 
     def final_hidden(self, st: GpuDsv4State, ids) -> np.ndarray:
         """The folded final-norm hidden states [len(ids), dim] the head reads
-        (`cortiq.embeddings` pools them)."""
+        (`cortiq.runtime.embeddings` pools them)."""
         ids = self._check(ids, "all")
         return np.stack([self._token(st, int(t), "hidden") for t in ids]) if ids.size else \
             np.zeros((0, self.cfg.dim), np.float32)

@@ -15,7 +15,7 @@ from importlib import resources
 
 import numpy as np
 
-from .._config import env
+from ..kernels._config import env
 from ..errors import ConfigError
 
 log = logging.getLogger("cortiq.gpu")

@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from .._config import env
+from ..kernels._config import env
 from ..errors import ConfigError, CortiqError
 from ..models.base import Capabilities, ModelBase, check_feed, is_prompt
 from ..models.dory.model import EPS, HOST_CHUNK, AttnWeights, ExitRate, top_prob

@@ -167,7 +167,7 @@ class ModelBase:
     def set_precision(self, precision) -> int:
         """Give every matrix the activation precision ("exact", "int8", "auto", or None:
         the process default). Returns how many matrices were set."""
-        from .._config import check_precision
+        from ..kernels._config import check_precision
         check_precision(precision)
         mats = {id(m): m for m in (getattr(t, "qmat", t) for t in self.matrices())}
         for m in mats.values():
@@ -176,7 +176,7 @@ class ModelBase:
 
     def fingerprint(self) -> bytes:
         """32 bytes naming the model's weights and numerics, which saved session states
-        (`cortiq.state`) are checked against: its class, vocabulary, `options` and its
+        (`cortiq.runtime.state`) are checked against: its class, vocabulary, `options` and its
         file's architecture record and every tensor's name, type, shape and content
         hash (a model without a file of its own -- built in memory, or on a skill
         overlay, whose blended tensors have no content hash -- the object's identity

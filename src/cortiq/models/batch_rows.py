@@ -23,7 +23,7 @@ def per_sequence(outs: list[list[np.ndarray]], wants: list[str], vocab: int) -> 
 
 def prompt_flags(prompts, ids_list) -> list[bool]:
     """`forward_batch`'s prompt flags, one per sequence: as given, or (None) whether the
-    sequence's piece has several ids (`cortiq.session.is_prompt`)."""
+    sequence's piece has several ids (`cortiq.runtime.session.is_prompt`)."""
     if prompts is None:
         prompts = [None] * len(ids_list)
     if len(prompts) != len(ids_list):

@@ -43,9 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import _kernels as K
+from ..kernels import _kernels as K
 from ..errors import ConfigError, CortiqError, FormatError
-from ..tensor import QTensor, batch_products
+from ..kernels.tensor import QTensor, batch_products
 from .base import Capabilities, ModelBase, check_feed
 from .batch_rows import per_sequence
 from .rope import RopeTable, inv_freq, yarn_inv_freq
@@ -531,7 +531,7 @@ class DeepseekV4Model(ModelBase):
 
     def final_hidden(self, state: Dsv4State, ids) -> np.ndarray:
         """The folded final-norm hidden states [len(ids), dim] the head reads
-        (`cortiq.embeddings` pools them)."""
+        (`cortiq.runtime.embeddings` pools them)."""
         ids = check_feed(ids, "all", self.vocab)
         rows = [self._final_norm(self._step([state], [int(t)]))[0] for t in ids]
         return np.stack(rows) if rows else np.zeros((0, self.cfg.dim), np.float32)

@@ -27,7 +27,7 @@ Which tensors exist decides the operators (docs/cmf-format.md §4.1): ``self_att
 The one forward is `LlamaModel.forward_batch` (``cortiq.models.base``): the rows of
 several sequences stacked through every layer together, one sequence being a batch of
 one. Each sequence's ids run in pieces of ``CHUNK`` rows, and every product picks its
-arithmetic per row (``cortiq.tensor.batch_products``): prompt rows through
+arithmetic per row (``cortiq.kernels.tensor.batch_products``): prompt rows through
 ``matmat(prompt=True)`` (precision "auto" multiplies them with int8 activations for q8
 weights too), a piece of one row included; generated tokens through the multi-input
 matvec, bit-identical to a matvec for one row. So a row's bits depend on its kind,
@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _kernels as K
+from ..kernels import _kernels as K
 from ..errors import ConfigError, CortiqError, FormatError
-from ..tensor import QTensor, batch_products
+from ..kernels.tensor import QTensor, batch_products
 from . import builtin_spec
 from .base import Capabilities, ModelBase, check_feed, is_prompt
 from .batch_rows import head_decode, head_rows, per_sequence, prompt_flags
@@ -165,7 +165,7 @@ class Products:
 
     def __call__(self, X: np.ndarray, decode) -> list[np.ndarray]:
         """X @ M.T (+ b) per matrix; `decode` says per row whether it is a generated
-        token (`cortiq.tensor.batch_products`)."""
+        token (`cortiq.kernels.tensor.batch_products`)."""
         ys = batch_products(self.mats, X, decode)
         for y, b in zip(ys, self.biases):
             if b is not None:
@@ -333,7 +333,7 @@ class LlamaModel(ModelBase):
 
     def final_hidden(self, st: LlamaState, ids) -> np.ndarray:
         """The final-norm hidden states [len(ids), hidden] of `ids` run from st.pos
-        (what the head reads; `cortiq.embeddings` pools them)."""
+        (what the head reads; `cortiq.runtime.embeddings` pools them)."""
         a = check_feed(ids, "all", self.vocab)
         prompt = is_prompt(None, a.size)
         rows = [K.rmsnorm(self._stack([st], [a[s:s + CHUNK]], [prompt]), self.norm, self.cfg.eps)

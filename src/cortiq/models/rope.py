@@ -89,9 +89,9 @@ class RopeTable:
 
     def _table(self, pos0: int, t: int) -> tuple[np.ndarray, np.ndarray]:
         if self.f64:
-            ang = (np.arange(pos0, pos0 + t, dtype=np.float64)[:, None]
-                   * self.inv.astype(np.float64)[None, :])
-            c, s = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+            wide = (np.arange(pos0, pos0 + t, dtype=np.float64)[:, None]
+                    * self.inv.astype(np.float64)[None, :])
+            c, s = np.cos(wide).astype(np.float32), np.sin(wide).astype(np.float32)
         else:
             ang = np.arange(pos0, pos0 + t, dtype=np.float32)[:, None] * self.inv[None, :]
             c, s = np.cos(ang), np.sin(ang)

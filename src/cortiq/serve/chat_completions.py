@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from starlette.responses import Response
 
-from ..chat import parse_tool_call_arguments
+from ..text.chat import parse_tool_call_arguments
 from .errors import BadRequest
 from .generation import GenerationPlan, generation_fields, serve_generation
 from .params import MAX_TOP_LOGPROBS, boolean, max_tokens, number

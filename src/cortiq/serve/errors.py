@@ -8,7 +8,7 @@ import logging
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from ..chat import TemplateRenderError
+from ..text.chat import TemplateRenderError
 from ..errors import ConfigError, CortiqError
 
 # The name applications configure to see the server's failures (kept stable for them).

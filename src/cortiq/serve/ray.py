@@ -133,7 +133,7 @@ def open_model(config: dict, host: str | None = None):
     """A replica's `cortiq.LLM` from its config (model path or None for the demo,
     threads, verify, LLM options); every failure is one ReplicaLoadError naming the
     host, the path and the CMF error."""
-    from ..llm import LLM
+    from ..runtime.llm import LLM
     host = host or socket.gethostname()
     path = config.get("model")
     try:

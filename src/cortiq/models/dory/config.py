@@ -25,7 +25,7 @@ sqrt(hidden_size) (vLLM's rule for null), ``turbo`` absent. Everything else is r
 ``prompt_loops``, ``full_window``); ``DoryOptions.resolve(config, env)`` applies the
 reference engine's precedence: keyword > ``CORTIQ_DORY_*`` environment variable > the
 turbo record's defaults > the file's record. It reads the environment once
-(``read_env``, through ``cortiq._config.env_values``; the variables' older ``CMF_DORY_*``
+(``read_env``, through ``cortiq.kernels._config.env_values``; the variables' older ``CMF_DORY_*``
 / ``CMF_O1_SPILL`` names still count, with a DeprecationWarning), for the far field's
 variables too, which ``ResolvedOptions.env`` carries to ``cortiq.models.dory.far_field``.
 """
@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._config import env_values
+from ...kernels._config import env_values
 from ...errors import ConfigError
 
 ARCH_NAME = "dory"

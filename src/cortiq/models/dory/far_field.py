@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ... import _kernels
+from ...kernels import _kernels
 from ...errors import ConfigError
 from .config import ENV_EXACT, ENV_EXACT_FEATURES, ENV_EXACT_LOG, ENV_O1, ENV_SPILL
 from .nystrom import QT_STRIDE, NystromState

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ... import _kernels as K
+from ...kernels import _kernels as K
 from ...errors import ConfigError, CortiqError
-from ...tensor import QTensor, batch_products
+from ...kernels.tensor import QTensor, batch_products
 from .config import DoryConfig, DoryOptions
 from ..batch_rows import per_sequence, prompt_flags
 from ..base import Capabilities, ModelBase, check_feed, is_prompt
@@ -290,7 +290,7 @@ class DoryModel(ModelBase):
         self.capabilities = Capabilities(
             rollback=True, batch_unit=None if self.o1rt is not None else HOST_CHUNK,
             far_field=self.o1rt is not None)
-        # what a saved state's identity names besides the file (cortiq.state)
+        # what a saved state's identity names besides the file (cortiq.runtime.state)
         self.options = {"loops": self.loops, "kv_mode": self.kv_mode,
                         "prompt_loops": self.prompt_loops}
 
@@ -395,7 +395,7 @@ class DoryModel(ModelBase):
 
     def final_hidden(self, st: DoryState, ids) -> np.ndarray:
         """The hidden states [len(ids), hidden] the head reads, for `ids` run from
-        st.pos through every loop (`cortiq.embeddings` pools them)."""
+        st.pos through every loop (`cortiq.runtime.embeddings` pools them)."""
         a = check_feed(ids, "all", self.vocab)
         rows = []
         for _, h in self._rounds([st], [a], ["all"], [is_prompt(None, a.size)]):

@@ -11,7 +11,7 @@ everything older as a Nyström skeleton over ``m_eff`` landmarks frozen at the s
 
 with the far sums ``T``/``Z`` kept per query landmark under running-max shifts (f32), and
 the landmarks and ``M`` built in f64 at the seal. The arithmetic lives in C
-(``cortiq._kernels``: the ``nystrom`` family for the streaming parts, ``linalg`` for the
+(``cortiq.kernels._kernels``: the ``nystrom`` family for the streaming parts, ``linalg`` for the
 ridge pseudo-inverse); this class owns the buffers and the bookkeeping.
 
 Rows are taken in the caller's order: the first ``sink`` rows stay exact forever, the last
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ... import _kernels
+from ...kernels import _kernels
 
 __all__ = [
     "AGGREGATE",

@@ -2,11 +2,11 @@
 import argparse
 import sys
 
-from ._config import __version__
+from ..kernels._config import __version__
 
 
 def _cmd_config(args) -> int:
-    from .diagnostics import show_config
+    from ..runtime.diagnostics import show_config
     show_config()
     return 0
 
@@ -17,9 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     c = sub.add_parser("config", help="show the kernel ISA, CPU features, threads and build")
     c.set_defaults(func=_cmd_config)
-    from .cmf._cli import add_subcommands as _cmf_subcommands  # info, verify
+    from .cmf_commands import add_subcommands as _cmf_subcommands  # info, verify
     _cmf_subcommands(sub)
-    from ._cli_llm import add_subcommands as _llm_subcommands  # run chat convert bench serve
+    from .commands import add_subcommands as _llm_subcommands  # run chat convert bench serve
     _llm_subcommands(sub)
     return p
 
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # user errors become one line, not a traceback
-        from .errors import CortiqError
+        from ..errors import CortiqError
         if isinstance(e, (CortiqError, OSError)):
             print(f"cortiq: error: {e}", file=sys.stderr)
             return 1

@@ -29,8 +29,8 @@ behaves the same whichever of them runs it.
    cover exactly the tokens whose text is returned, streamed or not;
 2. `logits_processor` hooks (llama-cpp-python's contract: `fn(input_ids, scores) ->
    scores`, a list runs in order), on a float32 copy;
-3. the grammar mask (`cortiq.structured`): forbidden tokens -> -inf;
-4. the sampler chain (`cortiq.sampling`) draws the token;
+3. the grammar mask (`cortiq.text.structured`): forbidden tokens -> -inf;
+4. the sampler chain (`cortiq.runtime.sampling`) draws the token;
 5. `stopping_criteria(input_ids, scores) -> bool` (ids including the new token, the
    scores it was drawn from): True ends the generation after that token ("stop").
 """
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, ModelError
+from ..errors import ConfigError, ModelError
 from .sampling import Sampler, SamplingParams
 from .stopping import StopChecker
 
@@ -101,7 +101,7 @@ class Options:
     """A request's optional per-token rules (see the module docstring).
 
     `logprobs`: None (off) or how many top alternatives to report per token (0-20);
-    `grammar`: a `cortiq.structured.Grammar`; `logits_processor` /
+    `grammar`: a `cortiq.text.structured.Grammar`; `logits_processor` /
     `stopping_criteria`: a callable or a list of them."""
     logprobs: int | None = None
     grammar: Any = None

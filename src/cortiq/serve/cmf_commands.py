@@ -1,4 +1,4 @@
-"""`cortiq info FILE` and `cortiq verify FILE` (registered in src/cortiq/cli.py).
+"""`cortiq info FILE` and `cortiq verify FILE` (registered in src/cortiq/serve/cli.py).
 
 User errors (missing or malformed file) print one line and return 1: never a traceback.
 """
@@ -16,7 +16,7 @@ def _fmt_bytes(n: float) -> str:
 
 
 def _open(path, verify="lazy"):
-    from . import open as cmf_open
+    from ..cmf import open as cmf_open
     if path is None:                       # no file: the bundled demo model
         from ..demo import demo_path
         path = demo_path()
@@ -32,8 +32,8 @@ def _fail(e) -> int:
 def _precision_line(by_dtype: dict) -> str:
     """What the default precision in force (cortiq.get_precision()) does with these
     dtypes: the bytes whose products take int8 activations."""
-    from .._config import get_precision
-    from ..tensor import AUTO_I8_DTYPES, I8_DTYPES
+    from ..kernels._config import get_precision
+    from ..kernels.tensor import AUTO_I8_DTYPES, I8_DTYPES
     p = get_precision()
     takes = {"exact": (), "int8": I8_DTYPES, "auto": AUTO_I8_DTYPES}[p]
     total = sum(b for _, b in by_dtype.values()) or 1

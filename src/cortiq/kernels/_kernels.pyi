@@ -1,4 +1,4 @@
-"""Type stubs of cortiq._kernels (written by tools/gen_kernels_pyi.py)."""
+"""Type stubs of cortiq.kernels._kernels (written by tools/gen_kernels_pyi.py)."""
 from typing import Any
 
 import numpy as np

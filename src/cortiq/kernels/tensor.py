@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _kernels as _K
-from .errors import FormatError
+from ..errors import FormatError
 
 DTYPES = ("f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp",
           "vbit", "vbit_ro")
@@ -109,7 +109,7 @@ class QTensor:
 
     @property
     def qmat(self):
-        """The kernel handle (``cortiq._kernels.QMat``) this tensor wraps: what the fused
+        """The kernel handle (``cortiq.kernels._kernels.QMat``) this tensor wraps: what the fused
         kernels take as a matrix argument (``dory_attn_row``, ``dory_mlp_row``, the lists of
         ``matvec_many`` and ``rows_sum``). It shares this tensor's payload and precision."""
         return self._m

@@ -7,12 +7,12 @@ kernel layer never imports the GPU layer.
 """
 from __future__ import annotations
 
-from ._config import config_lines
+from ..kernels._config import config_lines
 
 
 def show_config(file=None) -> None:
     """Print the active ISA, CPU features, threads and their pool, precision, preload,
     compiler, version and the GPU adapters."""
     # imported here: `import cortiq` does not load the GPU package
-    from .gpu.device import adapter_lines
+    from ..gpu.device import adapter_lines
     print("\n".join(config_lines() + adapter_lines()), file=file)

@@ -20,8 +20,8 @@ from contextlib import ExitStack
 
 import numpy as np
 
-from .errors import ConfigError
-from .models.base import WANTS, check_feed, is_prompt
+from ..errors import ConfigError
+from ..models.base import WANTS, check_feed, is_prompt
 from .session import Session
 
 __all__ = ["feed_batch"]

@@ -25,7 +25,7 @@ import threading
 import time
 
 from .batch import feed_batch
-from .errors import CortiqError
+from ..errors import CortiqError
 
 __all__ = ["Request", "Scheduler"]
 

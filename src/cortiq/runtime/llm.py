@@ -16,9 +16,9 @@ state. Generation (docs/runtime.md §3):
   (and the server) reuse their KV state without the caller managing sessions; pass
   `session=` to use one explicitly. `usage.prompt_tokens_details.cached_tokens` reports
   how many prompt tokens were not re-read.
-* decode: sample with `cortiq.sampling.Sampler` over every id so far; stop on any of
+* decode: sample with `cortiq.runtime.sampling.Sampler` over every id so far; stop on any of
   the tokenizer's EOS ids (finish_reason "stop"), on a stop string -- matched on the
-  text, also across tokens, and cut out of the output (`cortiq.stopping`) -- or at
+  text, also across tokens, and cut out of the output (`cortiq.runtime.stopping`) -- or at
   `max_tokens` / the context size (finish_reason "length").
 * Thread safety: calls from many Python threads run concurrently (each on its own
   session; the kernels release the GIL) and give exactly what serial calls give.
@@ -46,19 +46,19 @@ from typing import cast
 
 import numpy as np
 
-from . import cmf as _cmf
-from ._config import check_precision, get_precision, preload_default, set_num_threads
+from .. import cmf as _cmf
+from ..kernels._config import check_precision, get_precision, preload_default, set_num_threads
 from .batch import feed_batch as _feed_batch
-from .chat import ChatTemplate
-from .errors import ConfigError, FormatError
+from ..text.chat import ChatTemplate
+from ..errors import ConfigError, FormatError
 from .generation import Generation, Options, Result, TokenLogprob, check_finite, log_softmax
-from .models.base import check_model
+from ..models.base import check_model
 from .sampling import SamplingParams
 from .scheduler import Request, Scheduler
 from .session import Session
 from .stopping import normalize_stop
-from .tokenizer import Tokenizer
-from .types import ChatCompletion, ChatCompletionChunk, Completion
+from ..text.tokenizer import Tokenizer
+from ..types import ChatCompletion, ChatCompletionChunk, Completion
 
 __all__ = ["LLM"]
 
@@ -100,7 +100,7 @@ class LLM:
     Logits that are not finite (NaN/inf: a damaged file or a broken model) raise
     `ModelError` naming the position instead of sampling garbage.
     `max_batch`: how many concurrent generations (threads, the server) share one
-    forward (continuous batching, `cortiq.scheduler`): each step reads the weights once
+    forward (continuous batching, `cortiq.runtime.scheduler`): each step reads the weights once
     for all of them; 1 runs every call on its own thread as before.
     `LLM.from_model(model, tokenizer=...)` wraps a model object that is already built;
     `LLM.from_pretrained(dir_or_file)` converts a checkpoint or GGUF file on first use.
@@ -114,10 +114,10 @@ class LLM:
                  max_batch: int = DEFAULT_MAX_BATCH, **model_options):
         self._precision = check_precision(precision)
         self._check_batch(max_batch)
-        from .gpu.device import resolve_device
+        from ..gpu.device import resolve_device
         self.device = resolve_device(device)
         if path is None:  # the bundled demo model (src/cortiq/demo.py)
-            from .demo import demo_path
+            from ..demo import demo_path
             path = demo_path()
         if preload is None:
             preload = preload_default()
@@ -128,8 +128,8 @@ class LLM:
         self.path = os.fspath(path)
         self.file = _cmf.open(self.path, preload=preload, verify=verify)
         try:
-            from .models import model_class
-            from .models.overlay import SkillRouter, normalize_skill
+            from ..models import model_class
+            from ..models.overlay import SkillRouter, normalize_skill
             arch = self.file.arch.get("arch_name")
             self._cls = model_class(arch)
             self._model_options = dict(model_options)
@@ -184,7 +184,7 @@ class LLM:
         """An LLM over a .cmf file, a .gguf file or a Hugging Face checkpoint directory
         (or a Hub repo id when huggingface_hub is installed), converted on first use
         into a cache of CMF files (`cortiq.pretrained`); other keywords go to `LLM`."""
-        from .pretrained import resolve
+        from ..pretrained import resolve
         return cls(resolve(repo_or_path, quant=quant, cache=cache_dir, revision=revision,
                            progress=progress), **kwargs)
 
@@ -197,7 +197,7 @@ class LLM:
         """An LLM over a model object that implements the model protocol
         (`cortiq.models.base.Model`; deriving from `ModelBase` gives most of it):
         ConfigError naming what it lacks otherwise. `tokenizer`: a
-        `cortiq.tokenizer.Tokenizer`, a `tokenizers.Tokenizer`, the bytes of a
+        `cortiq.text.tokenizer.Tokenizer`, a `tokenizers.Tokenizer`, the bytes of a
         tokenizer.json or a path; `tokenizer_config`: a CMF chat bundle."""
         check_model(model)
         self = cls.__new__(cls)
@@ -253,7 +253,7 @@ class LLM:
 
     # -- models and skills ------------------------------------------------------------
     def _build_model(self, overlay):
-        from .models.overlay import OverlayFile
+        from ..models.overlay import OverlayFile
         if not isinstance(overlay, dict) and overlay in self._models:
             return self._models[overlay]
         opts = dict(self._model_options)
@@ -265,7 +265,7 @@ class LLM:
         model = check_model(self._cls(src, **opts))
         model.set_precision(self._precision)
         if self.device == "gpu":
-            from .gpu import to_device
+            from ..gpu import to_device
             model = to_device(model)
         if not isinstance(overlay, dict):
             self._models[overlay] = model
@@ -302,7 +302,7 @@ class LLM:
 
     def skill_errors(self, prompt) -> dict:
         """skill="auto": {skill id: reconstruction error of the prompt's φ}."""
-        from .models.overlay import SkillRouter, mean_embedding
+        from ..models.overlay import SkillRouter, mean_embedding
         router = self._router or (SkillRouter(self.file) if self.file is not None else None)
         if router is None or not router.entries:
             raise ConfigError("skill routing: the model file has no skill selection records")
@@ -525,7 +525,7 @@ class LLM:
         if all(v is None for v in (logprobs, grammar, response_format, logits_processor,
                                    stopping_criteria)):
             return None
-        from . import structured
+        from ..text import structured
         g = None
         if grammar is not None and response_format is not None and \
                 response_format != {"type": "text"}:
@@ -540,14 +540,14 @@ class LLM:
 
     def embed(self, texts: str | list[str] | list[list[int]], pooling: str = "mean"
               ) -> np.ndarray:
-        """Unit-norm embeddings from the final hidden state (`cortiq.embeddings`):
+        """Unit-norm embeddings from the final hidden state (`cortiq.runtime.embeddings`):
         [len(texts), hidden] float32, or [hidden] for one string. `pooling`: "mean"
         over the tokens or the "last" token's."""
         from .embeddings import embed
         return embed(self, texts, pooling)
 
     def load_state(self, data: bytes) -> Session:
-        """A session restored from `Session.save_state()` bytes (`cortiq.state`), on
+        """A session restored from `Session.save_state()` bytes (`cortiq.runtime.state`), on
         whichever of this LLM's models (skills) saved it; StateError when they are
         damaged, truncated or saved on another model."""
         from .state import StateError
@@ -590,9 +590,9 @@ class LLM:
         `stream=True` an iterator of text pieces. Sampling keywords: temperature,
         top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty,
         logit_bias, suppress_tokens, seed (defaults: `SamplingParams`'s). `grammar`:
-        GBNF or Lark text the output must match (`cortiq.structured`);
+        GBNF or Lark text the output must match (`cortiq.text.structured`);
         `logits_processor` / `stopping_criteria`: llama-cpp-python's hooks
-        (`cortiq.generation`)."""
+        (`cortiq.runtime.generation`)."""
         opts = self._options(grammar=grammar, logits_processor=logits_processor,
                              stopping_criteria=stopping_criteria)
         res, gen = self._run(prompt, max_tokens, stop, session, sampling, sampling_kw,
@@ -690,12 +690,12 @@ class LLM:
 
         `tools` / `tool_choice` ("auto", "none", "required" or {"type": "function",
         "function": {"name": ...}}): calls the model writes in its template's syntax
-        come back as `message.tool_calls` (`cortiq.tool_calls`); "required" and a
+        come back as `message.tool_calls` (`cortiq.text.tool_calls`); "required" and a
         named function constrain the output to such calls. `logprobs` /
         `top_logprobs` (0-20): per-token log-probabilities; `response_format`
         ({"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}) or
-        `grammar`: structured output (`cortiq.structured`)."""
-        from . import tool_calls as tc
+        `grammar`: structured output (`cortiq.text.structured`)."""
+        from ..text import tool_calls as tc
         from .logprobs import chat_logprobs
         tools = tc.check_tools(tools)
         choice = tc.check_tool_choice(tool_choice, tools)

@@ -61,7 +61,7 @@ from collections.abc import Mapping, Sequence, Sized
 from datetime import datetime
 from typing import Any
 
-from .errors import TemplateError
+from ..errors import TemplateError
 
 __all__ = [
     "CHATML_TEMPLATE",
@@ -606,7 +606,7 @@ class ChatTemplate:
     @classmethod
     def from_bundle(cls, tokenizer_config: Mapping | None, tokenizer=None) -> ChatTemplate:
         """From a CMF chat bundle (`{"chat_template": str?, ...}`) and the model's
-        `cortiq.tokenizer.Tokenizer` (for `bos_token` / `eos_token`); ChatML when the
+        `cortiq.text.tokenizer.Tokenizer` (for `bos_token` / `eos_token`); ChatML when the
         bundle has no template."""
         if tokenizer_config is not None and not isinstance(tokenizer_config, Mapping):
             raise TemplateError(f"tokenizer_config: expected a JSON object, got "

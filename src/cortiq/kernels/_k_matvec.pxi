@@ -1,5 +1,5 @@
 # matvec: stored CMF matrices times float32 activations (csrc/matvec).
-# QMat is the low-level handle cortiq.tensor.QTensor wraps; see docs/ARCHITECTURE.md.
+# QMat is the low-level handle cortiq.kernels.tensor.QTensor wraps; see docs/ARCHITECTURE.md.
 from libc.stdlib cimport malloc, free
 
 _MV_DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "q8_row": 3, "q4_block": 4, "vbit": 8,

@@ -20,7 +20,7 @@ requests. Without llguidance installed cortiq runs as before and asking for a
 grammar raises ConfigError naming the extra.
 
 `Grammar` is the compiled request (validated once, against the model's tokenizer);
-`Grammar.matcher()` is one generation's state, used by `cortiq.generation`.
+`Grammar.matcher()` is one generation's state, used by `cortiq.runtime.generation`.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = [
     "Grammar",

@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .structured import compact_schema
 
 __all__ = [

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["StopChecker", "normalize_stop", "truncate_at_stop"]
 

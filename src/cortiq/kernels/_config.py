@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from types import FrameType
 
 from . import _kernels
-from .errors import ConfigError
+from ..errors import ConfigError
 
 #: variables renamed to the CORTIQ_ prefix: new name -> the old name, still read when
 #: the new one is unset (a DeprecationWarning, once per process and name)

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["GREEDY_EPS", "Sampler", "SamplingParams"]
 

@@ -24,8 +24,8 @@ from typing import cast
 
 import numpy as np
 
-from .errors import CortiqError
-from .models.base import WANTS, is_prompt
+from ..errors import CortiqError
+from ..models.base import WANTS, is_prompt
 
 
 class Session:
@@ -153,7 +153,7 @@ class Session:
             self._last = None
 
     def save_state(self) -> bytes:
-        """The session's state as bytes (`cortiq.state`); `LLM.load_state` or
+        """The session's state as bytes (`cortiq.runtime.state`); `LLM.load_state` or
         `Session.load_state` restores it on the same model."""
         from .state import pack
         with self._lock:

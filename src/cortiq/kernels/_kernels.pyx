@@ -3,7 +3,7 @@
 
 Each wrapper checks shapes and dtypes while holding the GIL, releases it around the
 C call, and turns a failing status into KernelError("operation: reason"). The
-dispatch table is chosen once, at import (see src/cortiq/_config.py for CORTIQ_ISA).
+dispatch table is chosen once, at import (see src/cortiq/kernels/_config.py for CORTIQ_ISA).
 Kernel families live in the included .pxi files, one per family.
 """
 import numpy as np

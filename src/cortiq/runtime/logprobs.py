@@ -1,6 +1,6 @@
 """Log-probabilities in OpenAI's response shapes.
 
-`cortiq.generation` records, per generated token, its log-probability under the
+`cortiq.runtime.generation` records, per generated token, its log-probability under the
 model's own distribution (the log-softmax of the raw logits, before logit_bias,
 penalties, hooks, the grammar mask and temperature) and the most likely alternatives
 (`TokenLogprob`). This module spells them the way the OpenAI API does:
@@ -32,7 +32,7 @@ _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 def _byte_level_inverse() -> dict[str, int]:
-    from .tokenizer import _bytes_to_unicode
+    from ..text.tokenizer import _bytes_to_unicode
     return {c: b for b, c in _bytes_to_unicode().items()}
 
 

@@ -1,7 +1,7 @@
-"""`cortiq run | chat | embed | convert | import-gguf | bench | serve` (in src/cortiq/cli.py).
+"""`cortiq run | chat | embed | convert | import-gguf | bench | serve` (in src/cortiq/serve/cli.py).
 
 User errors (bad file, bad option value, a missing extra) raise CortiqError / OSError;
-cortiq.cli.main prints them as one line and exits 1.
+cortiq.serve.cli.main prints them as one line and exits 1.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import sys
 import time
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def _add_model_options(p):
@@ -68,7 +68,7 @@ def _skill(spec):
 
 
 def _open(args, **kw):
-    from .llm import LLM
+    from ..runtime.llm import LLM
     if getattr(args, "max_batch", None) is not None:
         kw.setdefault("max_batch", args.max_batch)
     return LLM(args.model, n_threads=args.threads, skill=_skill(args.skill), task=args.task,
@@ -278,12 +278,12 @@ def cmd_chat(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    from .cmf.writer import QUANT_LABEL
+    from ..cmf.writer import QUANT_LABEL
     if args.quant not in QUANT_LABEL:
         raise ConfigError(f"--quant {args.quant!r}: expected one of {', '.join(QUANT_LABEL)}")
     eq = getattr(args, "experts_quant", None)
     try:
-        from .convert import convert_as, from_hf
+        from ..convert import convert_as, from_hf
         if args.arch == "auto":
             from_hf(args.hf_dir, args.out, quant=args.quant, progress=not args.quiet,
                     experts_quant=eq)
@@ -299,7 +299,7 @@ def cmd_convert(args) -> int:
 
 
 def cmd_import_gguf(args) -> int:
-    from .convert.gguf_import import import_gguf
+    from ..convert.gguf_import import import_gguf
     import_gguf(args.gguf, args.out, quant=args.quant, progress=not args.quiet)
     if not args.quiet:
         print(f"wrote {args.out}")
@@ -358,9 +358,9 @@ def cmd_serve(args) -> int:
                         ("--ray-address", args.ray_address), ("--verify", args.verify or None)):
         if given is not None:
             raise ConfigError(f"{flag} needs --ray")
-    from .serve import serve
+    from . import serve  # looked up when called, so a test can patch cortiq.serve.serve
     if args.preload is None:  # a server loads once and decodes for long: copy by default
-        from ._config import preload_default
+        from ..kernels._config import preload_default
         args.preload = preload_default(long_running=True)
     # the generations the server runs at once are the batch the scheduler forms
     batch = args.max_batch if args.max_batch is not None else max(args.max_concurrency, 1)
@@ -388,11 +388,11 @@ def _serve_ray(args) -> int:
     if args.threads is not None and args.threads_per_replica is not None:
         raise ConfigError("give --threads-per-replica (or --threads), not both")
     if args.ray_address is None and args.model is not None:
-        from . import cmf                # a local instance: the file must be here, check now
+        from .. import cmf                # a local instance: the file must be here, check now
         cmf.open(args.model).close()
     preload = args.preload
     if preload is None:  # replicas on one host share the mapped file's page cache
-        from ._config import preload_default
+        from ..kernels._config import preload_default
         preload = preload_default()
     app = cray.deployment(
         args.model, replicas=args.replicas, autoscale=args.autoscale,
@@ -408,8 +408,8 @@ def _serve_ray(args) -> int:
 
 
 def add_subcommands(sub) -> None:
-    from .convert.gguf_import import architectures as gguf_architectures
-    from .models import converter_names
+    from ..convert.gguf_import import architectures as gguf_architectures
+    from ..models import converter_names
     r = sub.add_parser("run", help="generate from a prompt (no --prompt: interactive chat)")
     _add_model_options(r)
     r.add_argument("-p", "--prompt", default=None)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import ConfigError, ModelError
+from ..errors import ConfigError, ModelError
 
 __all__ = ["POOLINGS", "embed", "hidden_states", "pool"]
 

@@ -28,7 +28,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .errors import ConfigError, FormatError
+from ..errors import ConfigError, FormatError
 
 __all__ = ["StreamDecoder", "Tokenizer"]
 
@@ -64,7 +64,7 @@ def _import_tokenizers():
         import tokenizers
     except ImportError as e:  # pragma: no cover - a declared dependency
         raise ImportError(
-            "cortiq.tokenizer needs the 'tokenizers' package: pip install tokenizers") from e
+            "cortiq.text.tokenizer needs the 'tokenizers' package: pip install tokenizers") from e
     return tokenizers
 
 

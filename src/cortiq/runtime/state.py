@@ -28,7 +28,7 @@ import hashlib
 import json
 import struct
 
-from .errors import CortiqError
+from ..errors import CortiqError
 
 __all__ = ["STATE_VERSION", "StateError", "model_identity", "pack", "unpack"]
 
