@@ -392,19 +392,6 @@ def test_from_cmf():
         QTensor.from_cmf(cf, "n")
 
 
-def test_qgroup_equals_separate_matvecs():
-    from cortiq.kernels.tensor import QGroup
-    rng = np.random.default_rng(3)
-    ts = [qtensor_from_f32(rng.normal(size=(r, 64)).astype(np.float32), "q8_row") for r in (5, 17, 3)]
-    x = rng.normal(size=64).astype(np.float32)
-    for got, t in zip(QGroup(ts).matvec(x), ts):
-        np.testing.assert_array_equal(got, t.matvec(x))
-    with pytest.raises(ValueError, match="same number of columns"):
-        QGroup([ts[0], qtensor_from_f32(np.ones((2, 32), np.float32), "f32")])
-    with pytest.raises(ValueError):
-        QGroup([])
-
-
 @pytest.mark.parametrize("dtype", ["q8_row", "q8_2f", "f16", "q4_block"])
 @pytest.mark.parametrize("cols", [9217, 11008 + 37, 16384])
 def test_wide_rows_bit_identical(isa, threads, dtype, cols):

@@ -260,14 +260,9 @@ def slerp(x, out, lr):
     return justnorm(a + lr * (b - a))
 
 
-def rope_inv_freq(hd: int, theta: float):
-    """``1 / theta^(2i/hd)`` built in f32 like the reference engine (and dory_numpy's default)."""
-    e = torch.arange(0, hd, 2, dtype=torch.float32) / hd
-    return 1.0 / torch.pow(torch.tensor(theta, dtype=torch.float32), e)
-
-
 def rope_tables(hd: int, theta: float, t: int, dtype):
-    ang = torch.arange(t, dtype=torch.float64)[:, None] * rope_inv_freq(hd, theta).double()
+    from cortiq.models.rope import inv_freq  # float32, the arithmetic transformers uses
+    ang = torch.arange(t, dtype=torch.float64)[:, None] * torch.from_numpy(inv_freq(hd, theta)).double()
     return torch.cos(ang).to(dtype), torch.sin(ang).to(dtype)
 
 

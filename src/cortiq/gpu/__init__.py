@@ -2,8 +2,8 @@
 
 `LLM(path, device="gpu")` builds the host model (config, options, load-time
 transforms) and hands it to `to_device`, which uploads the weights once in their CMF
-dtypes and returns a model object with the session interface (new_state, forward,
-rollback, can_rollback). Numerics and limits: docs/gpu.md.
+dtypes and returns a model with the protocol of `cortiq.models.base` (its own forward,
+the host's capabilities). Numerics and limits: docs/gpu.md.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def to_device(host_model, device: Device | None = None):
     (`cortiq.models.SPECS`: `gpu_model`); ConfigError for an architecture or option the
     GPU path does not run."""
     from ..models import gpu_names, lookup, resolve
-    arch = getattr(host_model, "arch", None)
+    arch = host_model.arch
     spec = lookup(arch)
     if spec is None or spec.gpu_model is None:
         raise ConfigError(f"device='gpu': the {arch} architecture runs on the CPU only in "

@@ -196,26 +196,6 @@ def _at(name):
     return f" {name!r}" if name else ""
 
 
-class QGroup:
-    """Matrices that share one input, multiplied together in one pass (the fused Q/K/V/G
-    and gate/up of a decode step). Built once at load, so a token pays no per-call
-    list building: `QGroup([A, B]).matvec(x)` == `[A.matvec(x), B.matvec(x)]` bit for bit."""
-
-    def __init__(self, tensors):
-        tensors = list(tensors)
-        if not tensors or any(t.cols != tensors[0].cols for t in tensors):
-            raise ValueError("QGroup: needs one or more tensors with the same number of columns")
-        self.tensors = tensors
-        self._ms = [t.qmat for t in tensors]
-
-    def matvec(self, x, outs=None) -> list:
-        return _K.matvec_many(self._ms, x, outs)
-
-    def matvec_batch(self, X) -> list:
-        """[T.matvec_batch(X) for T in tensors] in one pass."""
-        return _K.matvec_batch(self._ms, X)
-
-
 def batch_products(tensors, X, decode=None) -> list:
     """[X @ T.T for T in tensors] for the rows of several sequences: the rows of
     generated tokens (`decode`, a bool per row; None: all of them) through
