@@ -84,11 +84,8 @@ def write_gguf(path, g):
 
 
 def weight_bytes_cortiq(llm) -> int:
-    m = llm.model
-    n = m.head.nbytes
-    for L in m.layers:
-        n += sum(t.nbytes for t in (L.q, L.k, L.v, L.o, L.gate, L.up, L.down))
-    return n
+    """Bytes a decode step streams: every matrix the forward multiplies by."""
+    return sum(t.nbytes for t in llm.model.matrices())
 
 
 def weight_bytes_gguf(path) -> int:

@@ -89,7 +89,7 @@ class GpuDoryModel(ModelBase):
 
     def __init__(self, host, device: Device | None = None, attn_splits: int | None = None,
                  fuse_residual: bool = True, fuse_qk: bool = True):
-        if host.o1rt is not None:
+        if host.capabilities.far_field:
             raise ConfigError("device='gpu': Dory's o1 far field runs on the CPU only "
                               "(open the model with o1='off' for the GPU)")
         if host.gate is not None and host.gate.kind != "conf":
