@@ -8,7 +8,7 @@
 # Each variant is csrc/matvec/matvec_avx2.c compiled with its FLAGS (knobs the source
 # reads through #ifndef guards, added for the experiment) and its ops renamed, linked
 # with the rest of the current build (`python setup.py build_ext --inplace` first).
-# The payload comes from QTensor.from_f32 on Gaussian weights. Needs gcc, Linux.
+# The payload comes from cmf.quant.quantize on Gaussian weights. Needs gcc, Linux.
 set -euo pipefail
 [ $# -ge 7 ] || { sed -n 2,12p "$0"; exit 2; }
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -48,8 +48,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, CortiqError
-from ..models.base import Capabilities, ModelBase, check_feed
+from ..models.base import Capabilities, check_feed
 from .device import Device
+from .model import GpuModel
 from .kernels import (CHUNK, DTYPE_IDS, MAX_PARTS, NONE, RPW1_SLOTS, Dispatch, GpuMatrix,
                       MatvecOp, ParamArena, _decoder, _matvec_source, _part_tables,
                       _row_bytes_ranges, embed_kinds, embed_pipeline, fixed_pipeline,
@@ -241,7 +242,7 @@ class GpuDsv4State:
         self.programs: dict = {}
 
 
-class GpuDeepSeekV4Model(ModelBase):
+class GpuDeepSeekV4Model(GpuModel):
     """The host DeepseekV4Model's forward on the GPU (see the module docstring), one
     token of one sequence a submission."""
 
@@ -572,17 +573,6 @@ class GpuDeepSeekV4Model(ModelBase):
     # ---- the forward ----------------------------------------------------------------
     def _check(self, ids, want):
         return check_feed(ids, want, self.vocab)
-
-    def matrices(self) -> list:
-        """No matrices: the device's products run on the weights in their stored dtypes,
-        which the activation precision ("exact", "int8", "auto") does not change, so
-        `set_precision` only checks its argument."""
-        return []
-
-    def forward_batch(self, states, ids_list, wants, prompts) -> list:
-        """The sequences' feeds one after the other (the device runs one at a time)."""
-        return [self.forward(st, ids, want, prompt)
-                for st, ids, want, prompt in zip(states, ids_list, wants, prompts)]
 
     def forward(self, st: GpuDsv4State, ids, want: str = "last", prompt: bool | None = None):
         """Run tokens `ids` from position st.pos, one submission a token. want: "none"

@@ -32,9 +32,10 @@ import numpy as np
 
 from ..kernels._config import env
 from ..errors import ConfigError, CortiqError
-from ..models.base import Capabilities, ModelBase, check_feed, is_prompt
+from ..models.base import Capabilities, check_feed, is_prompt
 from ..models.dory.model import EPS, HOST_CHUNK, AttnWeights, ExitRate, top_prob
 from .device import Device
+from .model import GpuModel
 from .kernels import (MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp, ParamArena,
                       embed_kinds, embed_pipeline, fixed_pipeline, resolve, u32s)
 
@@ -80,7 +81,7 @@ class GpuDoryState:
         self.gate_one = 0
 
 
-class GpuDoryModel(ModelBase):
+class GpuDoryModel(GpuModel):
     """The host DoryModel's forward on the GPU (see the module docstring). The device
     runs one sequence at a time; prompt rows and generated tokens are told apart (the
     conf gate exits generated tokens only)."""
@@ -304,18 +305,7 @@ class GpuDoryModel(ModelBase):
         per_row = self.kv_size * 4 * 2
         return sum(min(st.pos, s[2]) * per_row for slots in st.slots for s in slots or ())
 
-    def matrices(self) -> list:
-        """No matrices: the device's products run on the weights in their stored dtypes,
-        which the activation precision ("exact", "int8", "auto") does not change, so
-        `set_precision` only checks its argument."""
-        return []
-
     # ---- the forward ----------------------------------------------------------------
-    def forward_batch(self, states, ids_list, wants, prompts) -> list:
-        """The sequences' feeds one after the other (the device runs one at a time)."""
-        return [self.forward(st, ids, want, prompt)
-                for st, ids, want, prompt in zip(states, ids_list, wants, prompts)]
-
     def forward(self, st: GpuDoryState, ids, want: str = "last", prompt: bool | None = None):
         """Run tokens `ids` from position st.pos. want: "none" -> None, "last" ->
         [vocab], "all" -> [len(ids), vocab] (float32). prompt: whether the rows are

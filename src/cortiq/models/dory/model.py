@@ -571,7 +571,8 @@ class DoryModel(ModelBase):
         one = h.shape[0] == 1 and decode is None and self.fused_rows
         if isinstance(w, MlpWeights):
             if one:
-                K.dory_mlp_row(*w.kernel_mats, h, w.sg, w.su, w.alpha, group[0].st.scratch, EPS)
+                gate, up, down = w.kernel_mats
+                K.dory_mlp_row(gate, up, down, h, w.sg, w.su, w.alpha, group[0].st.scratch, EPS)
                 return
             out = self._mlp(w, h, decode)
         elif one and (w.sliding or self.o1rt is None):
@@ -624,7 +625,8 @@ class DoryModel(ModelBase):
             slot.n -= 1
         slot._reserve(slot.n + 1)
         cos, sin = sg.ropes[0] if w.sliding else sg.ropes[1]
-        K.dory_attn_row(*w.kernel_mats, h, w.sq, w.sg, w.alpha, cos, sin, slot.k, slot.v,
+        q, k, v, g, o = w.kernel_mats
+        K.dory_attn_row(q, k, v, g, o, h, w.sq, w.sg, w.alpha, cos, sin, slot.k, slot.v,
                         slot.n, slot.first, sg.pos0, self._window[li], self.attn_scale,
                         sg.st.scratch, EPS)
         slot.n += 1
