@@ -351,14 +351,14 @@ def main():
               + ", ".join(f"{th} thr {med[th]:.1f}" for th in threads) + ")")
         for dt, c in ceilings.items():
             print(f"    {dt:<11} " + "   ".join(f"{th} thr {c[th]:6.1f} [bound {100 * bound(dt, th) / med[th]:4.0f}%]"
-                                              for th in threads))
+                                                for th in threads))
         print()
     if fails:
         def why(d, t, g):
             b = bound(d, t)
             return "" if b is None or 100 * b / med[t] >= g else f" (bound {100 * b / med[t]:.0f}%)"
         print("below target: " + "; ".join(f"{d} {s[0]}x{s[1]} {t}thr {p:.0f}% < {g}%{why(d, t, g)}"
-                                          for d, s, t, p, g in fails))
+                                           for d, s, t, p, g in fails))
 
 
 if __name__ == "__main__":

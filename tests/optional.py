@@ -89,7 +89,7 @@ def ran(group: str, note: str = "") -> None:
 def summary(tables: list[str], forced: str | None) -> str:
     """One line: the kernel tables the run covered and each group's outcome."""
     cover = f"kernel tables {', '.join(tables)}" + (f" (forced by CORTIQ_ISA={forced})"
-                                                   if forced else "")
+                                                    if forced else "")
     parts = []
     for group in GROUPS:
         notes = sorted(n for n in RAN.get(group, ()) if n)

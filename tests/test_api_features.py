@@ -220,7 +220,7 @@ def test_json_object_and_streamed_schema(llm, client):
         model=llm.model_name, messages=CHAT, seed=4, stream=True, max_tokens=300,
         response_format={"type": "json_schema", "json_schema": {"name": "x",
                                                                 "schema": SCHEMA}})
-        if c.choices)
+                   if c.choices)
     jsonschema.validate(json.loads(text), SCHEMA)
 
 

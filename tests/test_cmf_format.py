@@ -272,7 +272,7 @@ REFUSED = [
     (("skills",), None, "null is not allowed"),
     (("skills",), [{"name": "x"}], "skills\\[0\\].id: missing"),
     (("skills",), [{"id": "a", "selection": {"metric": "mse", "phi_layer": 1, "mean": "",
-                                              "basis": ""}}], "rank: missing"),
+                                             "basis": ""}}], "rank: missing"),
     (("skills",), [{"id": "a", "layers": None}], "null"),
     (("tokenizer_config",), {"eos_token_ids": None}, "null"),
     (("tokenizer_config",), {"bos_token_id": 2**32}, "out of range"),
@@ -284,7 +284,7 @@ REFUSED = [
 
 
 @pytest.mark.parametrize("path,value,msg", REFUSED, ids=[".".join(r[0]) + "=" + repr(r[1])[:20]
-                                                          for r in REFUSED])
+                                                         for r in REFUSED])
 def test_header_typing_is_serde_strict(tmp_path, path, value, msg):
     h = _set(py_writer_header(), path, value)
     e = expect(tmp_path, with_header(h), C.ParseError, msg)
@@ -572,9 +572,9 @@ RICH = rich_file()
 
 @settings(max_examples=150, deadline=None)
 @given(muts=st.lists(st.tuples(st.one_of(st.integers(0, len(RICH) - 1),  # anywhere, or
-                                          st.integers(0, 127),             # the envelope,
-                                          st.integers(128, 4095)),         # header + dir
-                                st.integers(0, 255)),
+                                         st.integers(0, 127),             # the envelope,
+                                         st.integers(128, 4095)),         # header + dir
+                               st.integers(0, 255)),
                      min_size=1, max_size=6),
        cut=st.one_of(st.none(), st.integers(0, len(RICH))))
 def test_random_mutations_only_raise_format_errors(muts, cut):

@@ -350,7 +350,7 @@ def _masks(arch, rows=None):
 
 
 @pytest.mark.parametrize("loops,per_visit,moe", [(1, False, False), (2, True, False),
-                                                  (2, False, True)])
+                                                 (2, False, True)])
 def test_masks_round_trip(tmp_path, loops, per_visit, moe):
     arch = tiny_arch(num_loops=loops, intermediate_size=13, num_attention_heads=5)
     if moe:

@@ -39,7 +39,7 @@ def test_new_name_reads_without_warning_and_wins(fresh_warnings):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert _config.env("CORTIQ_DORY_KV", {"CORTIQ_DORY_KV": "per_loop",
-                                             "CMF_DORY_KV": "last_loop"}) == "per_loop"
+                                              "CMF_DORY_KV": "last_loop"}) == "per_loop"
         assert _config.env("CORTIQ_DORY_KV", {}) is None
         assert _config.env_values(["CORTIQ_DORY_KV", "CORTIQ_DORY_O1"],
                                   {"CORTIQ_DORY_O1": "off"}) == {"CORTIQ_DORY_O1": "off"}

@@ -7,8 +7,8 @@ import pytest
 from cortiq.errors import ConfigError
 from cortiq.models.dory.config import DoryTurbo
 from cortiq.models.dory.far_field import (MAX_NEAR, DoryO1, ExactRows, exact_from_var, far_states,
-                                   pick_exact_rows, rank_share, resolve_exact, resolve_o1,
-                                   seal_order)
+                                          pick_exact_rows, rank_share, resolve_exact, resolve_o1,
+                                          seal_order)
 
 
 def test_exact_rows_take_what_the_landmarks_cannot_span():

@@ -231,7 +231,7 @@ def test_decode_residual_fused_or_not(dev, demo_file):
 
 
 @pytest.mark.parametrize("opts,splits", [({}, None),
-                                          ({"kv_mode": "last_loop", "full_window": 24}, 1)])
+                                         ({"kv_mode": "last_loop", "full_window": 24}, 1)])
 def test_decode_qk_prep_fused_matches_cpu(dev, demo_file, opts, splits):
     """Decode rows whose attention dispatch does qk_prep's work (attention_qk, the
     default) equal the host forward at the first positions (empty splits), across the

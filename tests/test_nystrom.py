@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from cortiq.kernels import _kernels
 import optional
 from cortiq.models.dory.nystrom import (AGGREGATE, FM, QT_STRIDE, NystromState, m_eff_for,
-                                   ridge_pinv, seg_means)
+                                        ridge_pinv, seg_means)
 
 # the reference engine's golden fixture (docs/nystrom.md §8), kept in tests/data
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "nystrom_golden.json")

@@ -68,7 +68,7 @@ def test_preload_is_a_copy_of_every_part(model_file, shards, tmp_path, which):
     else:
         files = shards
     with C.open(files[0], preload=True) as pre, \
-                C.open(files[0], verify="off") as mapped:   # damaged below, on purpose
+    C.open(files[0], verify="off") as mapped:   # damaged below, on purpose
         before = {n: pre.raw(n).copy() for n in pre.names()}
         for f in files:
             part = pre._part(str(f))

@@ -271,7 +271,7 @@ def test_queue_full_is_429_and_disconnect_stops_generation(toy_path):
             "temperature": 1.0, "logit_bias": {str(i): -100 for i in llm.tokenizer.eos_token_ids}}
     with ServerThread(create_app(llm, max_concurrency=1, max_queue=0)) as srv:
         with httpx.Client(timeout=30) as c, c.stream("POST", srv.url + "/v1/completions",
-                                                      json=body) as resp:
+                                                     json=body) as resp:
             assert resp.status_code == 200
             lines = resp.iter_lines()
             first = next(ln for ln in lines if ln.startswith("data: "))

@@ -204,7 +204,7 @@ class GpuDoryModel(GpuModel):
                                         y_off=0, y_stride=H, vbuf=self.vbuf, v_a=w["sg"],
                                         v_b=w["su"], pro=2, eps=EPS)
             w["slerp"] = self.arena.ref(u32s(H, 0, self.rx, NONE, 0, NONE, w["alpha"], 0, 1,
-                                            float(EPS), 0, 0))
+                                             float(EPS), 0, 0))
         self.head_last = MatvecOp(dev, [self.head], self.arena, x=self.hb, x_off=self.rx,
                                   x_stride=H, y=self.logits, y_off=0, y_stride=self.vocab,
                                   vbuf=self.vbuf, v_out=self.v_logit, last_row=True)

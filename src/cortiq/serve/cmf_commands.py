@@ -57,7 +57,7 @@ def cmd_info(args) -> int:
     with cf:
         a = cf.arch
         out = [f"file:        {cf.path}" + (f" ({len(cf.files)} shards)" if len(cf.files) > 1
-                                             else "")]
+                                            else "")]
         out.append(f"arch:        {a['arch_name']}  hidden {a['hidden_size']}, layers "
                    f"{a['num_layers']}, heads {a['num_attention_heads']}/{a['num_kv_heads']} "
                    f"(head_dim {a['head_dim']}), ffn {a['intermediate_size']}, vocab "
