@@ -79,7 +79,8 @@ def test_importing_the_registry_imports_no_model():
     code = ("import sys, cortiq.models as M; M.arch_spec('llama'); "
             "print(sorted(m for m in sys.modules if m.startswith(('cortiq.models.', "
             "'cortiq.convert', 'cortiq.gpu')) and m != 'cortiq.models.base'))")
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    # the cortiq these tests import (the installed wheel in CI, a source tree by hand)
+    env = dict(os.environ, PYTHONPATH=str(Path(cortiq.__file__).resolve().parents[1]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, check=True, timeout=120).stdout
     assert out.strip() == "[]"
