@@ -198,13 +198,18 @@ def _at(name):
 
 def batch_products(tensors, X, decode=None) -> list:
     """[X @ T.T for T in tensors] for the rows of several sequences: the rows of
-    generated tokens (`decode`, a bool per row; None: all of them) through
-    `matvec_batch`, prompt rows through `matmat(prompt=True)`, so every row gets the
-    arithmetic its kind gets when run alone (precision "auto" included: int8 for a
-    q8 prompt row, however few rows its piece has), and each matrix is read once for
-    all the decode rows."""
+    generated tokens through `matvec_batch`, prompt rows through `matmat(prompt=True)`,
+    so every row gets the arithmetic its kind gets when run alone (precision "auto"
+    included: int8 for a q8 prompt row, however few rows its piece has), and each matrix
+    is read once for all the decode rows. `decode`: a bool per row (True: a generated
+    token), or one bool for every row (None: True)."""
     ms = [t.qmat for t in tensors]
-    if decode is None or decode.all():
+    if decode is None or decode is True:
+        return _K.matvec_batch(ms, X)
+    if decode is False:
+        return [m.matmat(X, None, True) for m in ms]
+    decode = np.asarray(decode, bool)
+    if decode.all():
         return _K.matvec_batch(ms, X)
     if not decode.any():
         return [m.matmat(X, None, True) for m in ms]
@@ -217,4 +222,3 @@ def batch_products(tensors, X, decode=None) -> list:
         z[many] = m.matmat(X[many], None, True)
         out.append(z)
     return out
-

@@ -350,8 +350,9 @@ class LlamaModel(ModelBase):
         cfg = self.cfg
         nh, nk, hd, eps = cfg.n_heads, cfg.n_kv, cfg.head_dim, cfg.eps
         sizes = [p.size for p in pieces]
-        # per row: a generated token (None: every row is one, the decode step's case)
-        decode = np.repeat(~np.asarray(kinds, bool), sizes) if any(kinds) else None
+        # per row: a generated token or a prompt row (one flag when every row is of one kind)
+        decode = (not kinds[0] if len(set(kinds)) == 1
+                  else np.repeat(~np.asarray(kinds, bool), sizes))
         spans, n = [], 0                      # per sequence: its rows, its rope rows
         for st, t in zip(sts, sizes):
             spans.append((st, n, n + t, *self.rope(st.pos, t)))

@@ -393,7 +393,7 @@ class DoryModel(ModelBase):
                     decode.append(True)
             if picks:  # the head, once for all of them
                 lg = batch_products([self.head_w], h[rows],
-                                    None if all(decode) else np.asarray(decode))[0]
+                                    True if all(decode) else np.asarray(decode))[0]
                 lg *= self.logit_scale
                 j = 0
                 for i, k in picks:
@@ -550,14 +550,15 @@ class DoryModel(ModelBase):
         order; a proper subset is gathered and put back), each piece at its loop."""
         rows = _rows(group, segs)
         hs = h if rows is None else h[rows]
-        r, prompt = 0, False
+        r = 0
         for sg in group:
             sg.r = r
             r += sg.t
-            prompt = prompt or sg.prompt
-        # per row: a generated token's products (matvec) or a prompt row's (None: all decode)
-        decode = (np.repeat([not sg.prompt for sg in group], [sg.t for sg in group]) if prompt
-                  else None)
+        # per row: a generated token's products (matvec) or a prompt row's (one flag when
+        # every row is of one kind)
+        kinds = {sg.prompt for sg in group}
+        decode = (not kinds.pop() if len(kinds) == 1
+                  else np.repeat([not sg.prompt for sg in group], [sg.t for sg in group]))
         for li in lis:
             self._layer(li, group, hs, decode)
         if rows is not None:
@@ -568,7 +569,7 @@ class DoryModel(ModelBase):
         w = self.layers[li]
         # one generated token: the sub-layer as one fused kernel call (the same bits),
         # but for the far field's layers
-        one = h.shape[0] == 1 and decode is None and self.fused_rows
+        one = h.shape[0] == 1 and decode is True and self.fused_rows
         if isinstance(w, MlpWeights):
             if one:
                 gate, up, down = w.kernel_mats
