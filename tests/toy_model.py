@@ -116,7 +116,8 @@ def _f16_b64(a) -> str:
 
 def write_toy(path, *, arch_name: str = ARCH, seed: int = 0, skills: dict | None = None,
               selections: dict | None = None, template: str | None = CHAT_TEMPLATE,
-              masks=None, max_pos: int = 4096, vocab_json: bytes | None = None) -> dict:
+              masks=None, max_pos: int = 4096, vocab_json: bytes | None = None,
+              generation_defaults: dict | None = None) -> dict:
     """Write a toy CMF file (f32 tensors). `skills`: {id: {tensor name: array}} written
     as skill.{id}.{name}; `selections`: {id: (mean [h], basis [rank, h])}. Returns the
     tensors (plain names) so tests can compute expectations."""
@@ -143,6 +144,8 @@ def write_toy(path, *, arch_name: str = ARCH, seed: int = 0, skills: dict | None
     bundle = {"eos_token_ids": [hf_tiny.SPECIALS.index("<|im_end|>")]}
     if template is not None:
         bundle["chat_template"] = template
+    if generation_defaults is not None:
+        bundle["generation_defaults"] = generation_defaults
     cmf.write(path, items, arch=arch, quant="f32", tokenizer_json=vocab_json,
               tokenizer_config=bundle, skills=records, masks=masks, progress=False)
     return tensors

@@ -373,6 +373,18 @@ def eos_token_ids(hf_dir: str | Path, config: Mapping | None = None,
     return list(dict.fromkeys(ids))
 
 
+# generation_config.json's sampling fields a request that leaves them out samples with
+# (`do_sample` is not read: the fields are taken as the model's advice, as vLLM does).
+_GENERATION_DEFAULT_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+
+
+def generation_defaults(generation_config: Mapping) -> dict:
+    """The sampling fields of a parsed generation_config.json that are numbers."""
+    return {k: v for k in _GENERATION_DEFAULT_FIELDS
+            if isinstance(v := generation_config.get(k), (int, float))
+            and not isinstance(v, bool)}
+
+
 def tokenizer_bundle(hf_dir: str | Path, config: Mapping | None = None) -> dict | None:
     """The header's ``tokenizer_config`` (docs/cmf-format.md §4.4), or None if there is none."""
     d = Path(hf_dir)
@@ -390,6 +402,9 @@ def tokenizer_bundle(hf_dir: str | Path, config: Mapping | None = None) -> dict 
         out["bos_token_id"] = bos
     if pad is not None:
         out["pad_token_id"] = pad
+    defaults = generation_defaults(gen)
+    if defaults:
+        out["generation_defaults"] = defaults
     if template is None and not out["eos_token_ids"] and len(out) == 1:
         return None
     return out

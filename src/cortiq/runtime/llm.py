@@ -49,11 +49,11 @@ import numpy as np
 from .. import cmf as _cmf
 from ..kernels._config import check_precision, get_precision, preload_default, set_num_threads
 from .batch import feed_batch as _feed_batch
-from ..text.chat import ChatTemplate
+from ..text.chat import ChatTemplate, openai_messages
 from ..errors import ConfigError, FormatError
 from .generation import Generation, Options, Result, TokenLogprob, check_finite, log_softmax
 from ..models.base import check_model
-from .sampling import SamplingParams
+from .sampling import SamplingParams, request_defaults
 from .scheduler import Request, Scheduler
 from .session import Session
 from .stopping import normalize_stop
@@ -230,6 +230,10 @@ class LLM:
         if seed is not None:
             SamplingParams(seed=seed)              # validates
         self.seed = seed
+        # What create_completion / create_chat_completion (and so the server) sample with
+        # where a field is left out: OpenAI's defaults, or the model's generation_config.
+        self.request_defaults = request_defaults(
+            (tok.tokenizer_config or {}).get("generation_defaults"))
         if chat_template is not None:
             self.chat_template = chat_template if isinstance(chat_template, ChatTemplate) \
                 else ChatTemplate(chat_template, bos_token=tok.bos_token,
@@ -344,7 +348,11 @@ class LLM:
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True, tools=None,
                             **extra) -> str:
+        """The prompt text of `messages` in OpenAI's shape: text parts joined and the
+        `developer` role understood (`cortiq.text.chat.openai_messages`), then the
+        model's chat template."""
         extra = {k: v for k, v in extra.items() if v is not None}
+        messages = openai_messages(messages, self.chat_template)
         return self.chat_template.render(messages, add_generation_prompt, tools, **extra)
 
     def chat_prompt_ids(self, messages, tools=None, *, enable_thinking=None) -> list[int]:
@@ -422,12 +430,16 @@ class LLM:
             del self._idle[:-self.max_sessions]        # drop the least recently used
 
     # -- sampling parameters ----------------------------------------------------------
-    def _params(self, sampling: SamplingParams | None, kw: dict) -> SamplingParams:
+    def _params(self, sampling: SamplingParams | None, kw: dict,
+                defaults: Mapping | None = None) -> SamplingParams:
+        """`sampling` (else `SamplingParams` of `defaults`, else its own defaults, with the
+        LLM's seed) with the keywords given in `kw` replacing its fields."""
         unknown = set(kw) - set(_SAMPLING_KEYS)
         if unknown:
             raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
         given = {k: v for k, v in kw.items() if v is not None}
-        base = sampling if sampling is not None else SamplingParams(seed=self.seed)
+        base = sampling if sampling is not None else \
+            SamplingParams(seed=self.seed, **(defaults or {}))
         if not isinstance(base, SamplingParams):
             raise TypeError(f"sampling: expected SamplingParams, got {type(base).__name__}")
         return base.replace(**given) if given else base
@@ -508,9 +520,9 @@ class LLM:
         yield from req.pieces()
 
     def _run(self, prompt, max_tokens, stop, session, sampling, kw, cancel=None,
-             options: Options | None = None):
+             options: Options | None = None, defaults: Mapping | None = None):
         ids = self._prompt_ids(prompt)
-        params = self._params(sampling, kw)
+        params = self._params(sampling, kw, defaults)
         max_tokens = self._max_tokens(max_tokens)
         normalize_stop(stop)
         if session is not None and not isinstance(session, Session):
@@ -627,7 +639,7 @@ class LLM:
                              logits_processor=logits_processor,
                              stopping_criteria=stopping_criteria)
         res, gen = self._run(prompt, max_tokens, stop, session, sampling, sampling_kw, cancel,
-                             opts)
+                             opts, self.request_defaults)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = ""
         prompt_lp: list = []
@@ -717,7 +729,7 @@ class LLM:
         if prompt_ids is None:
             prompt_ids = self.chat_prompt_ids(messages, tools, enable_thinking=enable_thinking)
         res, gen = self._run(prompt_ids, max_tokens, stop, session, sampling, sampling_kw,
-                             cancel, opts)
+                             cancel, opts, self.request_defaults)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         include_usage = bool((stream_options or {}).get("include_usage"))
 

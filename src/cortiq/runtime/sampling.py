@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["GREEDY_EPS", "Sampler", "SamplingParams"]
+__all__ = ["GREEDY_EPS", "OPENAI_DEFAULTS", "Sampler", "SamplingParams", "request_defaults"]
 
 GREEDY_EPS = 1e-6          # temperature below this means argmax (upstream's threshold)
 _BIAS_LIMIT = 100.0        # OpenAI's logit_bias range
@@ -157,6 +157,38 @@ class SamplingParams:
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# What an OpenAI client expects when it leaves a sampling field out: plain sampling at
+# temperature 1, every filter and penalty off.
+OPENAI_DEFAULTS: Mapping[str, float] = {
+    "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
+    "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+# The fields of a model's generation defaults (Hugging Face generation_config.json names,
+# kept by the converter in the chat bundle) that override OPENAI_DEFAULTS.
+MODEL_DEFAULT_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+
+
+def request_defaults(model_defaults: Mapping | None) -> dict:
+    """The sampling values of a request that leaves fields out: OPENAI_DEFAULTS, overridden
+    by the model's own `model_defaults` (`tokenizer_config.generation_defaults`, docs/
+    cmf-format.md §4.4) where it has them. A value out of range raises ConfigError naming
+    it; keys other than MODEL_DEFAULT_FIELDS are ignored."""
+    out = dict(OPENAI_DEFAULTS)
+    if model_defaults is None:
+        return out
+    if not isinstance(model_defaults, Mapping):
+        raise ConfigError("tokenizer_config.generation_defaults: expected a JSON object, got "
+                          f"{type(model_defaults).__name__}")
+    given = {k: model_defaults[k] for k in MODEL_DEFAULT_FIELDS
+             if model_defaults.get(k) is not None}
+    try:
+        SamplingParams(**{**out, **given})
+    except ConfigError as e:
+        raise ConfigError(f"tokenizer_config.generation_defaults: {e}") from None
+    out.update(given)
+    return out
 
 
 class Sampler:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from starlette.responses import Response
 
-from ..text.chat import parse_tool_call_arguments
+from ..text.chat import MessageContentError, openai_messages, parse_tool_call_arguments
 from .errors import BadRequest
 from .generation import GenerationPlan, generation_fields, serve_generation
 from .params import MAX_TOP_LOGPROBS, boolean, max_tokens, number
@@ -19,7 +19,7 @@ async def chat_completions(state: ServerState, request) -> Response:
 
 def plan_chat(state: ServerState, body: dict) -> GenerationPlan:
     fields, stop, stream_options = generation_fields(state, body, chat_structured)
-    msgs = chat_messages(body)
+    msgs = chat_messages(body, state.llm.chat_template)
     explicit = max_tokens(body, "max_completion_tokens", "max_tokens")
     max_param = "max_completion_tokens" if body.get("max_completion_tokens") \
         is not None else "max_tokens"
@@ -68,9 +68,11 @@ def chat_structured(body) -> dict:
     return out
 
 
-def chat_messages(body) -> list:
+def chat_messages(body, template) -> list:
     """`messages`: a non-empty array of objects with a string role and text content
-    (a string or text parts); tool calls' JSON-string arguments parsed."""
+    (a string or text parts, joined here as `cortiq.LLM` joins them; a part of another
+    kind or a malformed one is a 400 naming it), the `developer` role as `template`
+    takes it, tool calls' JSON-string arguments parsed."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise BadRequest("'messages' must be a non-empty array", "messages")
@@ -78,18 +80,8 @@ def chat_messages(body) -> list:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest(f"'messages[{i}]' must be an object with a string 'role'",
                              f"messages[{i}]")
-        c = m.get("content")
-        if c is not None and not isinstance(c, (str, list)):
-            raise BadRequest(f"'messages[{i}].content' must be a string or an array of parts",
-                             f"messages[{i}].content")
-        for j, part in enumerate(c if isinstance(c, list) else ()):
-            where = f"messages[{i}].content[{j}]"
-            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                raise BadRequest(f"'{where}' must be an object with a string 'type'", where)
-            if part["type"] != "text":
-                raise BadRequest(f"'{where}': content parts of type {part['type']!r} are not "
-                                 "supported by this server (text only)", where,
-                                 code="unsupported_content")
-            if not isinstance(part.get("text"), str):
-                raise BadRequest(f"'{where}.text' must be a string", f"{where}.text")
+    try:
+        msgs = openai_messages(msgs, template)
+    except MessageContentError as e:
+        raise BadRequest(str(e), e.param, code=e.code) from None
     return parse_tool_call_arguments(msgs)

@@ -61,12 +61,14 @@ from collections.abc import Mapping, Sequence, Sized
 from datetime import datetime
 from typing import Any
 
-from ..errors import TemplateError
+from ..errors import ConfigError, TemplateError
 
 __all__ = [
     "CHATML_TEMPLATE",
     "ChatTemplate",
+    "MessageContentError",
     "TemplateRenderError",
+    "openai_messages",
     "parse_tool_call_arguments",
     "render_chatml",
 ]
@@ -78,6 +80,18 @@ MAX_OUTPUT_CHARS = 8 << 20           # characters of output (and of any value bu
 class TemplateRenderError(TemplateError):
     """The template itself failed (a bug in it, a sandbox violation, a resource limit),
     as opposed to rejecting the conversation with raise_exception()."""
+
+
+class MessageContentError(ConfigError):
+    """A message's content the renderer cannot take: a part that is not text (image,
+    audio, file, ...) or a malformed part. `param` names where, in OpenAI's notation
+    (`messages[i].content[j]`), so the server can point its 400 at it; `code` is
+    "unsupported_content" for a well-formed part of a kind that is not text."""
+
+    def __init__(self, message: str, param: str, code: str | None = None):
+        super().__init__(message)
+        self.param = param
+        self.code = code
 
 # The fallback as a template, so that it goes through the same renderer (and a
 # message's list-of-parts content is flattened the same way everywhere).
@@ -470,6 +484,57 @@ def _check_messages(messages) -> list:
             raise TemplateError(f"chat messages[{i}]: 'role' must be a non-empty string, "
                                 f"got {role!r}")
     return list(messages)
+
+
+def _flat_content(content, i: int):
+    """A message's content with a list of text parts joined (in order, nothing between
+    them: how templates that read parts concatenate them) into one string."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, Mapping) or not isinstance(content, Sequence):
+        raise MessageContentError(
+            f"messages[{i}].content: expected a string or a list of text parts, got "
+            f"{type(content).__name__}", f"messages[{i}].content")
+    texts = []
+    for j, part in enumerate(content):
+        where = f"messages[{i}].content[{j}]"
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if not isinstance(kind, str):
+            raise MessageContentError(f"{where}: expected a part object with a string "
+                                      f"'type', got {part!r:.80}", where)
+        if kind != "text":
+            raise MessageContentError(f"{where}: content parts of type {kind!r} are not "
+                                      "supported (text parts only)", where,
+                                      "unsupported_content")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise MessageContentError(f"{where}.text: expected a string, got "
+                                      f"{type(text).__name__}", f"{where}.text")
+        texts.append(text)
+    return "".join(texts)
+
+
+def openai_messages(messages, template: ChatTemplate) -> list:
+    """`messages` in OpenAI's shape made renderable by any HF `template`: a copy in which
+    every list-of-parts `content` (`[{"type": "text", "text": ...}, ...]`, any role) is
+    one string, so a template renders it the way it renders plain text, and in which
+    the `developer` role (OpenAI's system message for newer models) is `system` when
+    the template never mentions `developer`. Raises `MessageContentError` naming the
+    part for a non-text or malformed part.
+
+    `ChatTemplate.render` itself passes messages through as transformers does; this is
+    the OpenAI layer on top that `cortiq.LLM` (and so the server) applies."""
+    rename_developer = "developer" not in template.source
+    out = []
+    for i, m in enumerate(_check_messages(messages)):
+        content = m.get("content")
+        flat = _flat_content(content, i)
+        if flat is not content:
+            m = {**m, "content": flat}
+        if rename_developer and m["role"] == "developer":
+            m = {**m, "role": "system"}
+        out.append(m)
+    return out
 
 
 def _normalize_messages(messages: list) -> list:
