@@ -630,7 +630,8 @@ class LLM:
         dicts (the last one carries finish_reason and usage). `logprobs=N` (0-20)
         adds each token's log-probability and its N most likely alternatives; `echo`
         puts the prompt in front of the text (and, with logprobs, the prompt tokens'
-        log-probabilities)."""
+        log-probabilities). A sampling keyword left out takes `self.request_defaults`
+        (OpenAI's, or the model's generation_config: docs/api.md)."""
         from .logprobs import completion_logprobs
         if not isinstance(echo, bool):
             raise ConfigError(f"echo: expected a boolean, got {echo!r}")
@@ -706,7 +707,9 @@ class LLM:
         named function constrain the output to such calls. `logprobs` /
         `top_logprobs` (0-20): per-token log-probabilities; `response_format`
         ({"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}) or
-        `grammar`: structured output (`cortiq.text.structured`)."""
+        `grammar`: structured output (`cortiq.text.structured`). Messages are taken in
+        OpenAI's shape (text parts, the developer role: `apply_chat_template`); a
+        sampling keyword left out takes `self.request_defaults` (docs/api.md)."""
         from ..text import tool_calls as tc
         from .logprobs import chat_logprobs
         tools = tc.check_tools(tools)

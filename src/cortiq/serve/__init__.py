@@ -46,8 +46,9 @@ non-streamed request a 503 -- and `serve` returns the number cut (the CLI then e
 Sampling fields: OpenAI's temperature [0, 2], top_p [0, 1], presence_penalty and
 frequency_penalty [-2, 2], logit_bias, seed, stop (up to 4 strings), max_tokens
 (chat: also max_completion_tokens), plus cortiq's top_k, min_p and
-repetition_penalty. A sampling field left out takes `cortiq.SamplingParams`' default
-(upstream cortiq's, e.g. temperature 0.7), not OpenAI's; max_tokens left out is 16 on
+repetition_penalty. A sampling field left out takes OpenAI's default (temperature 1,
+top_p 1, no top_k, min_p or penalties) unless the model's generation_config sets it
+(docs/api.md, "Sampling defaults"); max_tokens left out is 16 on
 /v1/completions (OpenAI's default) and "until EOS or the context is full" on chat.
 `n`, `best_of` other than 1, `suffix` and embeddings' `dimensions` are refused (400)
 rather than silently ignored.
