@@ -29,6 +29,9 @@ PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(cortiq.__file__)))
 GOOD = {
     "/v1/models": (None, lambda r: r["data"][0]["id"] == "demo"),
     "/healthz": (None, lambda r: r["status"] == "ok" and r["running_or_queued"] == 0),
+    "/health": (None, lambda r: r == {"status": "ok"}),
+    "/ready": (None, lambda r: r["status"] == "ready"),
+    "/metrics": (None, None),
     "/v1/completions": ({"prompt": "hello", "max_tokens": 2},
                         lambda r: r["object"] == "text_completion"),
     "/v1/chat/completions": ({"messages": [{"role": "user", "content": "hi"}],
@@ -69,7 +72,10 @@ def test_each_route_module_answers_through_create_app(http, path, method, handle
     body, answered = GOOD[path]
     r = http.request(method, path, json=body)
     assert r.status_code == 200, r.text
-    assert answered(r.json())
+    if path == "/metrics":                 # Prometheus text, not JSON
+        assert r.text.startswith("# HELP")
+    else:
+        assert answered(r.json())
     mounted = {route.path: route.endpoint.__name__ for route in http.app.routes}
     assert mounted[path] == handler.__name__
 

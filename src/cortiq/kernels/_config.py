@@ -10,7 +10,8 @@ silent fallback.
 
 The other variables are read where they apply, through `env` / `env_values` here:
 CORTIQ_DEVICE (gpu.device), CORTIQ_GPU_ATTN_SPLITS (gpu.dory), CORTIQ_CACHE (with
-XDG_CACHE_HOME, pretrained), and Dory's CORTIQ_DORY_* (models.dory.config). Their names
+XDG_CACHE_HOME, pretrained), CORTIQ_API_KEY (the server's keys, `api_keys_from_env`)
+and Dory's CORTIQ_DORY_* (models.dory.config). Their names
 before the CORTIQ_ prefix (`RENAMED`) are still read, with a DeprecationWarning naming
 the new one.
 """
@@ -169,6 +170,12 @@ def set_precision(p: str) -> None:
 
 def get_precision() -> str:
     return _kernels.get_default_precision()
+
+
+def api_keys_from_env(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The server's API keys in CORTIQ_API_KEY (comma-separated; unset or blank: none)."""
+    value = env("CORTIQ_API_KEY", environ) or ""
+    return [k.strip() for k in value.split(",") if k.strip()]
 
 
 def preload_default(long_running: bool = False) -> bool:

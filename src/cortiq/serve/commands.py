@@ -364,12 +364,13 @@ def cmd_serve(args) -> int:
         args.preload = preload_default(long_running=True)
     # the generations the server runs at once are the batch the scheduler forms
     batch = args.max_batch if args.max_batch is not None else max(args.max_concurrency, 1)
+    access = _access_options(args)       # bad flags refused before the model loads
     llm = _open(args, seed=args.seed, max_sessions=args.max_sessions, max_batch=batch)
     try:
         cut = serve(llm, args.host, args.port, max_concurrency=args.max_concurrency,
                     max_queue=args.max_queue, graceful_timeout=args.graceful_timeout,
                     max_prompt_tokens=args.max_prompt_tokens,
-                    log_level=args.log_level)
+                    log_level=args.log_level, **access)
     finally:
         llm.close()
     if cut:
@@ -377,6 +378,39 @@ def cmd_serve(args) -> int:
               f"{args.graceful_timeout:g} s grace period", file=sys.stderr)
         return 1
     return 0
+
+
+def _comma_list(values, flag: str) -> list[str] | None:
+    """A repeatable, comma-separated flag's values as one list (None: not given)."""
+    if values is None:
+        return None
+    items = [v.strip() for value in values for v in value.split(",")]
+    if not all(items):
+        raise ConfigError(f"{flag}: an empty item in {','.join(values)!r}")
+    return items
+
+
+def _access_options(args) -> dict:
+    """create_app's access options from the serve flags: keys (flags, file, then
+    CORTIQ_API_KEY), served names, CORS."""
+    from ..kernels._config import api_keys_from_env
+    from .auth import read_key_file
+    keys = list(args.api_key or [])
+    if any(not k.strip() for k in keys):
+        raise ConfigError("--api-key: an empty key")
+    if args.api_key_file is not None:
+        keys += read_key_file(args.api_key_file)
+    keys += api_keys_from_env()
+    names = args.served_model_name
+    if names is not None and any(not n.strip() for n in names):
+        raise ConfigError("--served-model-name: an empty name")
+    origins = _comma_list(args.cors_origins, "--cors-origins")
+    methods = _comma_list(args.cors_methods, "--cors-methods")
+    headers = _comma_list(args.cors_headers, "--cors-headers")
+    if (methods or headers) and not origins:
+        raise ConfigError("--cors-methods and --cors-headers need --cors-origins")
+    return {"api_keys": keys, "metrics_auth": args.metrics_auth, "model_name": names,
+            "cors_origins": origins, "cors_methods": methods, "cors_headers": headers}
 
 
 def _serve_ray(args) -> int:
@@ -401,7 +435,7 @@ def _serve_ray(args) -> int:
         verify=args.verify, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
         graceful_timeout=args.graceful_timeout, seed=args.seed, skill=_skill(args.skill),
         task=args.task, n_ctx=args.n_ctx, max_sessions=args.max_sessions, preload=preload,
-        max_prompt_tokens=args.max_prompt_tokens)
+        max_prompt_tokens=args.max_prompt_tokens, **_access_options(args))
     cray.serve_until_stopped(app, address=args.ray_address, host=args.host, port=args.port,
                              log_level=args.log_level)
     return 0
@@ -486,6 +520,24 @@ def add_subcommands(sub) -> None:
                    help="longest prompt accepted (default: the context size - 1)")
     s.add_argument("--graceful-timeout", type=float, default=30.0)
     s.add_argument("--log-level", default="warning")
+    a = s.add_argument_group("access (README: production flags)")
+    a.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1/ routes (repeatable; "
+                        "also CORTIQ_API_KEY, comma-separated)")
+    a.add_argument("--api-key-file", default=None, metavar="PATH",
+                   help="accepted keys, one a line")
+    a.add_argument("--metrics-auth", action="store_true",
+                   help="/metrics needs a key too (health routes stay open)")
+    a.add_argument("--served-model-name", action="append", default=None, metavar="NAME",
+                   help="the model id /v1/models lists (repeatable: later names are "
+                        "aliases; default: the model's name)")
+    a.add_argument("--cors-origins", action="append", default=None, metavar="ORIGINS",
+                   help="allow browser requests from these origins (comma-separated or "
+                        "repeatable; '*': any); CORS is off without it")
+    a.add_argument("--cors-methods", action="append", default=None, metavar="METHODS",
+                   help="CORS methods allowed (default GET,POST)")
+    a.add_argument("--cors-headers", action="append", default=None, metavar="HEADERS",
+                   help="CORS request headers allowed (default Authorization,Content-Type)")
     g = s.add_argument_group("Ray Serve (the ray extra; docs/scaling.md)")
     g.add_argument("--ray", action="store_true",
                    help="serve replicas on a Ray cluster behind one endpoint (default "

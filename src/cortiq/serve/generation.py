@@ -91,7 +91,10 @@ async def _answer_whole(state: ServerState, request, plan: GenerationPlan,
                 return error_response(503, msg, param, code, type_)
             if not done and await request.is_disconnected():
                 cancel.set()
-        return JSONResponse(task.result())
+        result = task.result()
+        if state.metrics is not None:
+            state.metrics.count_usage(result.get("usage") if isinstance(result, dict) else None)
+        return JSONResponse(result)
     finally:
         cut.cancel()
         if not task.done():

@@ -57,7 +57,8 @@ _LOAD_ERROR_PREFIX = "cortiq replica on "
 # Options passed through to cortiq.LLM and to cortiq.serve.create_app.
 _LLM_OPTIONS = ("seed", "skill", "task", "n_ctx", "max_sessions", "preload")
 _APP_OPTIONS = ("max_concurrency", "max_queue", "max_body_bytes", "max_prompt_tokens",
-                "model_name")
+                "model_name", "api_keys", "metrics_auth", "cors_origins", "cors_methods",
+                "cors_headers")
 
 
 class ReplicaLoadError(CortiqError):
@@ -248,7 +249,8 @@ def deployment(model=None, *, replicas: int | None = None, autoscale=None,
     `threads_per_replica` kernel threads and reserves as many Ray CPUs.
     `verify=True` checks every hash of the file at replica start (reads it whole).
     Other options: cortiq.LLM's seed, skill, task, n_ctx, max_sessions, preload and
-    cortiq.serve.create_app's max_body_bytes, max_prompt_tokens, model_name.
+    cortiq.serve.create_app's max_body_bytes, max_prompt_tokens, model_name, api_keys,
+    metrics_auth, cors_origins, cors_methods, cors_headers.
     `ray_actor_options` is merged over {"num_cpus": threads_per_replica}, and
     `deployment_options` (Serve's, e.g. health_check_period_s, max_queued_requests) over
     what these arguments set.

@@ -1,13 +1,16 @@
-"""What the route handlers share: the model, the limits, the admission gate, the
-shutdown and the cancel events of the generations running now."""
+"""What the route handlers share: the model and the names it is served under, the
+limits, the admission gate, the shutdown, the cancel events of the generations
+running now and the metrics (None without prometheus_client)."""
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
+from ..errors import ConfigError
 from .admission import AdmissionGate
 from .errors import BadRequest
 from .request_body import read_json
@@ -16,16 +19,64 @@ from .shutdown import Shutdown
 RETRY_AFTER_S = 1               # what a 429 tells the client to wait
 
 
+class ModelNames(str):
+    """The names a served model answers to: its id (the string itself, what
+    /v1/models lists first and responses name) and its aliases. It compares equal to
+    any of them, so a request's `model` is checked against all of them wherever it is
+    compared with the served name."""
+
+    aliases: tuple[str, ...]
+
+    def __new__(cls, names: str | Sequence[str]):
+        listed = [names] if isinstance(names, str) else list(names)
+        if not listed:
+            raise ConfigError("served model name: give at least one name")
+        for n in listed:
+            if not isinstance(n, str) or not n.strip():
+                raise ConfigError(f"served model name: expected a non-empty string, got {n!r}")
+        unique = list(dict.fromkeys(listed))
+        self = super().__new__(cls, unique[0])
+        self.aliases = tuple(unique[1:])
+        return self
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        return (str(self),) + self.aliases
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, str) and (str.__eq__(str(self), other) or other in self.aliases)
+
+    def __ne__(self, other) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = str.__hash__
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+
 @dataclass
 class ServerState:
     llm: Any
-    model_name: str                       # the one name `model` may take in a request
+    model_name: ModelNames                # the names `model` may take in a request
     gate: AdmissionGate
     max_body_bytes: int
     max_prompt_tokens: int | None
     shutdown: Shutdown = field(default_factory=Shutdown)
     created: int = field(default_factory=lambda: int(time.time()))
     active: set[threading.Event] = field(default_factory=set)   # running generations' cancels
+    metrics: Any = None                   # a metrics.ServerMetrics, or None
+
+    @property
+    def ready(self) -> bool:
+        """Whether the server takes new work: a model loaded and no shutdown begun."""
+        return self.llm is not None and not self.shutdown.closing
+
+    def running(self) -> int:
+        return len(self.active)
+
+    def queued(self) -> int:
+        return max(self.gate.admitted - len(self.active), 0)
 
     async def read_body(self, request) -> dict:
         """The request's checked JSON body. Records the event loop first: the shutdown

@@ -43,12 +43,16 @@ def start_stream(state: ServerState, chunks, cancel: threading.Event) -> Streami
             except RuntimeError:             # the loop is gone (shutdown)
                 cancel.set()
 
+    clock = state.metrics.stream_clock() if state.metrics is not None else None
+
     def producer():
         try:
             with gate.sem:
                 state.active.add(cancel)
                 try:
                     for c in chunks:
+                        if clock is not None:
+                            clock.chunk(c)
                         put("data", f"data: {json.dumps(c, ensure_ascii=False)}\n\n")
                         if cancel.is_set():
                             break
