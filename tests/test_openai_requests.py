@@ -194,3 +194,29 @@ def test_server_left_out_fields_get_openai_defaults(client, llm, monkeypatch):
                                                 "temperature": 0.5}).status_code == 200
     assert seen[0] == SamplingParams(seed=3, **OPENAI_DEFAULTS)
     assert seen[1] == SamplingParams(seed=3, **{**OPENAI_DEFAULTS, "temperature": 0.5})
+
+
+@pytest.mark.parametrize("own", [None, {"temperature": 0.4, "top_k": 7}])
+def test_cli_samples_with_cortiqs_defaults_under_the_models_own(tmp_path, monkeypatch, own,
+                                                                capsys):
+    """`cortiq run` keeps SamplingParams' defaults (coherent text from small models), the
+    file's generation defaults over them, a flag over both."""
+    from cortiq.runtime.llm import LLM
+    from cortiq.serve.cli import main
+    path = tmp_path / "toy.cmf"
+    T.write_toy(path, max_pos=512, generation_defaults=own)
+    seen: list = []
+    real = LLM._params
+
+    def params(self, *a, **kw):
+        p = real(self, *a, **kw)
+        seen.append(p)
+        return p
+    monkeypatch.setattr(LLM, "_params", params)
+    assert main(["run", str(path), "--prompt", "x", "-n", "1", "--raw"]) == 0
+    assert main(["run", str(path), "--prompt", "x", "-n", "1", "--raw",
+                 "--top-p", "0.5"]) == 0
+    capsys.readouterr()
+    want = SamplingParams(**(own or {}))
+    assert seen[0].replace(seed=None) == want
+    assert seen[1].replace(seed=None) == want.replace(top_p=0.5)

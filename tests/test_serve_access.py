@@ -162,6 +162,12 @@ def test_aliases_are_listed_and_accepted_and_other_names_are_404(llm):
             r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2,
                                                 "model": name})
             assert r.status_code == 200, (name, r.text)
+            assert r.json()["model"] == "served-id"     # responses name the served id
+        with c.stream("POST", "/v1/completions", json={"prompt": "hi", "max_tokens": 2,
+                                                      "stream": True, "model": "alias-a"}) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: {")]
+        assert events and all(e["model"] == "served-id" for e in events)
         r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2,
                                             "model": llm.model_name})
         assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"

@@ -53,7 +53,7 @@ from ..text.chat import ChatTemplate, openai_messages
 from ..errors import ConfigError, FormatError
 from .generation import Generation, Options, Result, TokenLogprob, check_finite, log_softmax
 from ..models.base import check_model
-from .sampling import SamplingParams, request_defaults
+from .sampling import OPENAI_DEFAULTS, SamplingParams, model_defaults
 from .scheduler import Request, Scheduler
 from .session import Session
 from .stopping import normalize_stop
@@ -230,10 +230,12 @@ class LLM:
         if seed is not None:
             SamplingParams(seed=seed)              # validates
         self.seed = seed
-        # What create_completion / create_chat_completion (and so the server) sample with
-        # where a field is left out: OpenAI's defaults, or the model's generation_config.
-        self.request_defaults = request_defaults(
+        # the sampling fields the model's file names as its own (its generation_config)
+        self.generation_defaults = model_defaults(
             (tok.tokenizer_config or {}).get("generation_defaults"))
+        # What create_completion / create_chat_completion (and so the server) sample with
+        # where a field is left out: OpenAI's defaults, or the model's own.
+        self.request_defaults = {**OPENAI_DEFAULTS, **self.generation_defaults}
         if chat_template is not None:
             self.chat_template = chat_template if isinstance(chat_template, ChatTemplate) \
                 else ChatTemplate(chat_template, bos_token=tok.bos_token,

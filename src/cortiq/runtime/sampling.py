@@ -36,7 +36,8 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["GREEDY_EPS", "OPENAI_DEFAULTS", "Sampler", "SamplingParams", "request_defaults"]
+__all__ = ["GREEDY_EPS", "OPENAI_DEFAULTS", "Sampler", "SamplingParams", "model_defaults",
+           "request_defaults"]
 
 GREEDY_EPS = 1e-6          # temperature below this means argmax (upstream's threshold)
 _BIAS_LIMIT = 100.0        # OpenAI's logit_bias range
@@ -170,25 +171,27 @@ OPENAI_DEFAULTS: Mapping[str, float] = {
 MODEL_DEFAULT_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 
 
-def request_defaults(model_defaults: Mapping | None) -> dict:
-    """The sampling values of a request that leaves fields out: OPENAI_DEFAULTS, overridden
-    by the model's own `model_defaults` (`tokenizer_config.generation_defaults`, docs/
-    cmf-format.md §4.4) where it has them. A value out of range raises ConfigError naming
-    it; keys other than MODEL_DEFAULT_FIELDS are ignored."""
-    out = dict(OPENAI_DEFAULTS)
-    if model_defaults is None:
-        return out
-    if not isinstance(model_defaults, Mapping):
+def model_defaults(raw: Mapping | None) -> dict:
+    """The sampling fields a model file names as its own (`tokenizer_config.
+    generation_defaults`, docs/cmf-format.md §4.4; keys other than MODEL_DEFAULT_FIELDS
+    are ignored). A value out of range raises ConfigError naming it."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
         raise ConfigError("tokenizer_config.generation_defaults: expected a JSON object, got "
-                          f"{type(model_defaults).__name__}")
-    given = {k: model_defaults[k] for k in MODEL_DEFAULT_FIELDS
-             if model_defaults.get(k) is not None}
+                          f"{type(raw).__name__}")
+    given = {k: raw[k] for k in MODEL_DEFAULT_FIELDS if raw.get(k) is not None}
     try:
-        SamplingParams(**{**out, **given})
+        SamplingParams(**{**OPENAI_DEFAULTS, **given})
     except ConfigError as e:
         raise ConfigError(f"tokenizer_config.generation_defaults: {e}") from None
-    out.update(given)
-    return out
+    return given
+
+
+def request_defaults(raw: Mapping | None) -> dict:
+    """The sampling values of a request that leaves fields out: OPENAI_DEFAULTS, overridden
+    by the model's own (`model_defaults`) where it has them."""
+    return {**OPENAI_DEFAULTS, **model_defaults(raw)}
 
 
 class Sampler:

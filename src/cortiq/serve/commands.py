@@ -76,13 +76,18 @@ def _open(args, **kw):
                device=args.device, **kw)
 
 
-def _sampling(args) -> dict:
+def _sampling(args, llm) -> dict:
+    """`cortiq run/chat` sample with cortiq's defaults (SamplingParams', which keep a small
+    model's text coherent), the model's own generation defaults over them where its file
+    has them, and the flags over both (the server takes OpenAI's defaults instead)."""
+    from ..runtime.sampling import SamplingParams
     kw = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
               min_p=args.min_p, repetition_penalty=args.repetition_penalty,
               presence_penalty=args.presence_penalty, seed=args.seed)
     if args.greedy:
         kw.update(temperature=0.0, repetition_penalty=1.0)
-    return {k: v for k, v in kw.items() if v is not None}
+    base = SamplingParams(seed=llm.seed, **llm.generation_defaults)
+    return {"sampling": base, **{k: v for k, v in kw.items() if v is not None}}
 
 
 def _chat_mode(llm, args) -> bool:
@@ -157,7 +162,7 @@ def cmd_run(args) -> int:
         return cmd_chat(args)
     with _open(args) as llm:
         chat = _chat_mode(llm, args)
-        samp = {**_sampling(args), **_structured_options(args, chat)}
+        samp = {**_sampling(args, llm), **_structured_options(args, chat)}
         if args.stream and args.logprobs is not None:
             raise ConfigError("--logprobs: not with --stream")
         think = False if args.no_think else None
@@ -231,7 +236,7 @@ def cmd_chat(args) -> int:
     """Interactive multi-turn chat on one session: each turn re-renders the history and
     re-reads only what follows the longest common prefix. /reset clears, /exit quits."""
     with _open(args, max_sessions=0) as llm:
-        samp = _sampling(args)
+        samp = _sampling(args, llm)
         think = False if args.no_think else None
         session = llm.session()
         system = getattr(args, "system", None)

@@ -62,5 +62,5 @@ async def embeddings(state: ServerState, request) -> Response:
     data = [{"object": "embedding", "index": i,
              "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
              if fmt == "base64" else [float(x) for x in v]} for i, v in enumerate(vecs)]
-    return JSONResponse({"object": "list", "data": data, "model": state.model_name,
+    return JSONResponse({"object": "list", "data": data, "model": state.model_name.id,
                          "usage": {"prompt_tokens": n, "total_tokens": n}})

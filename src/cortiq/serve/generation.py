@@ -92,6 +92,8 @@ async def _answer_whole(state: ServerState, request, plan: GenerationPlan,
             if not done and await request.is_disconnected():
                 cancel.set()
         result = task.result()
+        if isinstance(result, dict) and "model" in result:
+            result["model"] = state.model_name.id      # the served id, not the file's name
         if state.metrics is not None:
             state.metrics.count_usage(result.get("usage") if isinstance(result, dict) else None)
         return JSONResponse(result)

@@ -18,7 +18,7 @@ async def list_models(state: ServerState, request) -> Response:
 
 async def healthz(state: ServerState, request) -> Response:
     return JSONResponse({"status": "shutting_down" if state.shutdown.closing else "ok",
-                         "model": state.model_name, "running_or_queued": state.gate.admitted})
+                         "model": state.model_name.id, "running_or_queued": state.gate.admitted})
 
 
 async def health(state: ServerState, request) -> Response:
@@ -29,7 +29,7 @@ async def health(state: ServerState, request) -> Response:
 async def ready(state: ServerState, request) -> Response:
     """Readiness: 200 while the server takes new requests, 503 once it is draining."""
     if state.ready:
-        return JSONResponse({"status": "ready", "model": state.model_name})
+        return JSONResponse({"status": "ready", "model": state.model_name.id})
     return error_response(503, "the server is shutting down and takes no new requests",
                           None, "server_shutting_down", "server_error")
 

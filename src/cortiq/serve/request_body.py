@@ -11,10 +11,10 @@ from .errors import BadRequest
 MAX_JSON_DEPTH = 64             # deeper request bodies are refused (no request needs 10)
 
 
-async def read_json(request, max_body_bytes: int, model_name: str) -> dict:
+async def read_json(request, max_body_bytes: int, names) -> dict:
     """The body as a dict, or a BadRequest: 413 over `max_body_bytes` (by its
     Content-Length, or counted as it streams in), 400 for what is not a JSON object,
-    404 for a `model` other than `model_name`."""
+    404 for a `model` that is none of `names` (a `state.ModelNames`)."""
     cl = request.headers.get("content-length")
     if cl is not None and cl.isdigit() and int(cl) > max_body_bytes:
         raise BadRequest(f"request body of {cl} bytes exceeds the limit of "
@@ -36,10 +36,11 @@ async def read_json(request, max_body_bytes: int, model_name: str) -> dict:
         raise BadRequest("the JSON body must be an object")
     check_json_tree(body)
     model = body.get("model")
-    if model is not None and model != model_name:
+    if model is not None and model not in names.all:
         shown = model if isinstance(model, str) else json.dumps(model)
+        served = "', '".join(names.all)
         raise BadRequest(f"the model '{shown}' does not exist (this server serves "
-                         f"'{model_name}')", "model", 404, "model_not_found")
+                         f"'{served}')", "model", 404, "model_not_found")
     return body
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
@@ -19,15 +19,15 @@ from .shutdown import Shutdown
 RETRY_AFTER_S = 1               # what a 429 tells the client to wait
 
 
-class ModelNames(str):
-    """The names a served model answers to: its id (the string itself, what
-    /v1/models lists first and responses name) and its aliases. It compares equal to
-    any of them, so a request's `model` is checked against all of them wherever it is
-    compared with the served name."""
+@dataclass(frozen=True, init=False)
+class ModelNames:
+    """The names a served model answers to: its id (what /v1/models lists first and
+    responses name) and its aliases, each accepted as a request's `model`."""
 
+    id: str
     aliases: tuple[str, ...]
 
-    def __new__(cls, names: str | Sequence[str]):
+    def __init__(self, names: str | Sequence[str]):
         listed = [names] if isinstance(names, str) else list(names)
         if not listed:
             raise ConfigError("served model name: give at least one name")
@@ -35,24 +35,15 @@ class ModelNames(str):
             if not isinstance(n, str) or not n.strip():
                 raise ConfigError(f"served model name: expected a non-empty string, got {n!r}")
         unique = list(dict.fromkeys(listed))
-        self = super().__new__(cls, unique[0])
-        self.aliases = tuple(unique[1:])
-        return self
+        object.__setattr__(self, "id", unique[0])
+        object.__setattr__(self, "aliases", tuple(unique[1:]))
 
     @property
     def all(self) -> tuple[str, ...]:
-        return (str(self),) + self.aliases
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, str) and (str.__eq__(str(self), other) or other in self.aliases)
-
-    def __ne__(self, other) -> bool:
-        return not self.__eq__(other)
-
-    __hash__ = str.__hash__
+        return (self.id,) + self.aliases
 
     def __str__(self) -> str:
-        return str.__str__(self)
+        return self.id
 
 
 @dataclass

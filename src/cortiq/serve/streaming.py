@@ -53,6 +53,8 @@ def start_stream(state: ServerState, chunks, cancel: threading.Event) -> Streami
                     for c in chunks:
                         if clock is not None:
                             clock.chunk(c)
+                        if "model" in c:
+                            c["model"] = state.model_name.id   # the served id
                         put("data", f"data: {json.dumps(c, ensure_ascii=False)}\n\n")
                         if cancel.is_set():
                             break
