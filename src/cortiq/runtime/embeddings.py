@@ -15,15 +15,18 @@ the one call that touches the model, so a batched scheduler can take its place.
 """
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 
 import numpy as np
 
 from ..errors import ConfigError, ModelError
+from ..types import EmbeddingList
 
-__all__ = ["POOLINGS", "embed", "hidden_states", "pool"]
+__all__ = ["ENCODING_FORMATS", "POOLINGS", "embed", "embedding_list", "hidden_states", "pool"]
 
 POOLINGS = ("mean", "last")
+ENCODING_FORMATS = ("float", "base64")
 
 
 def hidden_states(model, ids: Sequence[int]) -> np.ndarray:
@@ -68,3 +71,18 @@ def embed(llm, texts, pooling: str = "mean") -> np.ndarray:
         out.append(pool(hidden_states(model, ids), pooling))
     arr = np.stack(out)
     return arr[0] if single else arr
+
+
+def embedding_list(vectors, prompt_tokens: int, model: str,
+                   encoding_format: str = "float") -> EmbeddingList:
+    """OpenAI's embeddings response for `vectors` ([n, hidden]): each vector as a list of
+    floats, or with "base64" the base64 of its little-endian float32 bytes."""
+    if encoding_format not in ENCODING_FORMATS:
+        raise ConfigError(f"encoding_format: expected one of {', '.join(ENCODING_FORMATS)}, "
+                          f"got {encoding_format!r}")
+    data = [{"object": "embedding", "index": i,
+             "embedding": base64.b64encode(np.asarray(v, "<f4").tobytes()).decode("ascii")
+             if encoding_format == "base64" else [float(x) for x in v]}
+            for i, v in enumerate(vectors)]
+    return {"object": "list", "data": data, "model": model,  # type: ignore[typeddict-item]
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}

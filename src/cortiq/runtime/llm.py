@@ -58,7 +58,7 @@ from .scheduler import Request, Scheduler
 from .session import Session
 from .stopping import normalize_stop
 from ..text.tokenizer import Tokenizer
-from ..types import ChatCompletion, ChatCompletionChunk, Completion
+from ..types import ChatCompletion, ChatCompletionChunk, Completion, EmbeddingList
 
 __all__ = ["LLM"]
 
@@ -68,6 +68,36 @@ DEFAULT_MAX_BATCH = 8             # concurrent generations that share one forwar
 _SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
                   "presence_penalty", "frequency_penalty", "logit_bias", "suppress_tokens",
                   "seed")
+
+
+# other libraries' names for a sampling keyword -> cortiq's (llama-cpp-python's)
+_SAMPLING_ALIASES = {"repeat_penalty": "repetition_penalty"}
+
+
+def _resolve_aliases(kw: dict) -> dict:
+    """`kw` with each alias renamed to its sampling keyword; ConfigError when both
+    names are given with different values."""
+    if not any(a in kw for a in _SAMPLING_ALIASES):
+        return kw
+    out = dict(kw)
+    for alias, name in _SAMPLING_ALIASES.items():
+        if alias not in out:
+            continue
+        value = out.pop(alias)
+        if value is None:
+            continue
+        if out.get(name) is not None and out[name] != value:
+            raise ConfigError(f"{alias} and {name}: both given, with different values "
+                              f"({value!r} and {out[name]!r}); give one of them")
+        out[name] = value
+    return out
+
+
+def _is_prompt_list(prompt) -> bool:
+    """Whether `prompt` is a list of prompts (strings or token-id lists) rather than
+    one prompt's token ids."""
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and all(
+        isinstance(p, (str, list, tuple, np.ndarray)) for p in prompt)
 
 
 def _accepts(cls, name: str) -> bool:
@@ -436,6 +466,7 @@ class LLM:
                 defaults: Mapping | None = None) -> SamplingParams:
         """`sampling` (else `SamplingParams` of `defaults`, else its own defaults, with the
         LLM's seed) with the keywords given in `kw` replacing its fields."""
+        kw = _resolve_aliases(kw)
         unknown = set(kw) - set(_SAMPLING_KEYS)
         if unknown:
             raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
@@ -448,7 +479,10 @@ class LLM:
 
     @staticmethod
     def _max_tokens(max_tokens):
-        if max_tokens is None:
+        """The token limit of a call: None or -1 (llama-cpp-python's spelling) mean until
+        the context ends; anything else must be an integer >= 1."""
+        if max_tokens is None or (isinstance(max_tokens, (int, np.integer))
+                                  and not isinstance(max_tokens, bool) and max_tokens == -1):
             return None
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) \
                 or max_tokens < 1:
@@ -595,18 +629,28 @@ class LLM:
             out.append(TokenLogprob(ids[i], float(lp[ids[i]]), tops))
         return out
 
-    def generate(self, prompt: str | list[int], *, max_tokens: int | None = DEFAULT_MAX_TOKENS,
+    def generate(self, prompt: str | list[int] | list[str] | list[list[int]], *,
+                 max_tokens: int | None = DEFAULT_MAX_TOKENS,
                  stop: str | list[str] | None = None, stream: bool = False,
                  session: Session | None = None, sampling: SamplingParams | None = None,
                  grammar: str | None = None, logits_processor=None, stopping_criteria=None,
-                 **sampling_kw) -> str | Iterator[str]:
+                 **sampling_kw) -> str | Iterator[str] | list[str]:
         """The continuation of `prompt` (a string or token ids): a string, or with
-        `stream=True` an iterator of text pieces. Sampling keywords: temperature,
-        top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty,
-        logit_bias, suppress_tokens, seed (defaults: `SamplingParams`'s). `grammar`:
-        GBNF or Lark text the output must match (`cortiq.text.structured`);
-        `logits_processor` / `stopping_criteria`: llama-cpp-python's hooks
-        (`cortiq.runtime.generation`)."""
+        `stream=True` an iterator of text pieces. A list of prompts (strings or token-id
+        lists) gives the list of their continuations, generated concurrently (sharing
+        forwards through the scheduler when `max_batch` > 1). Sampling keywords:
+        temperature, top_k, top_p, min_p, repetition_penalty (alias repeat_penalty),
+        presence_penalty, frequency_penalty, logit_bias, suppress_tokens, seed (-1:
+        fresh entropy; defaults: `SamplingParams`'s). `max_tokens` None or -1: until the
+        context ends. `grammar`: GBNF or Lark text the output must match
+        (`cortiq.text.structured`); `logits_processor` / `stopping_criteria`:
+        llama-cpp-python's hooks (`cortiq.runtime.generation`)."""
+        if _is_prompt_list(prompt):
+            return self._generate_many(
+                list(prompt), stream=stream, session=session, max_tokens=max_tokens,
+                stop=stop, sampling=sampling, grammar=grammar,
+                logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+                **sampling_kw)
         opts = self._options(grammar=grammar, logits_processor=logits_processor,
                              stopping_criteria=stopping_criteria)
         res, gen = self._run(prompt, max_tokens, stop, session, sampling, sampling_kw,
@@ -616,6 +660,53 @@ class LLM:
         for _ in gen:
             pass
         return res.text
+
+    def _generate_many(self, prompts: list, *, stream: bool, session, **kw) -> list[str]:
+        """`generate` over each of `prompts`, up to `max_batch` at a time from worker
+        threads, so the scheduler runs them in shared forwards; results in prompt order."""
+        if stream:
+            raise ConfigError("stream: not with a list of prompts (generate one prompt to "
+                              "stream it)")
+        if session is not None:
+            raise ConfigError("session: not with a list of prompts (each prompt runs on "
+                              "its own session)")
+        for i, p in enumerate(prompts):          # refuse a bad prompt before any runs
+            try:
+                self._prompt_ids(p)
+            except ConfigError as e:
+                raise ConfigError(f"prompt[{i}]: {e}") from None
+        workers = min(len(prompts), self.max_batch)
+        if workers == 1:
+            return [cast(str, self.generate(p, **kw)) for p in prompts]
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=workers,
+                                thread_name_prefix="cortiq-generate") as pool:
+            return [cast(str, r) for r in pool.map(lambda p: self.generate(p, **kw), prompts)]
+
+    def __call__(self, prompt: str | list[int], **kw) -> Completion | Iterator[Completion]:
+        """`create_completion(prompt, **kw)` (llama-cpp-python's `llm(prompt, ...)`)."""
+        return self.create_completion(prompt, **kw)
+
+    def create_embedding(self, input: str | list[str] | list[int] | list[list[int]],
+                         model: str | None = None, *, encoding_format: str = "float",
+                         pooling: str = "mean") -> EmbeddingList:
+        """OpenAI's embeddings response (what POST /v1/embeddings returns) for `input`:
+        a string, token ids, or a list of either. `model`: the name the response
+        carries (default: this LLM's); `encoding_format` "float" or "base64";
+        `pooling` as in `embed`."""
+        from .embeddings import embedding_list
+        items = [input] if isinstance(input, str) or not _is_prompt_list(input) else input
+        ids = []
+        for i, x in enumerate(items):
+            if isinstance(x, str) and not x:
+                raise ConfigError(f"input[{i}]: an empty string")
+            try:
+                ids.append(self._prompt_ids(x))
+            except ConfigError as e:
+                raise ConfigError(f"input[{i}]: {e}") from None
+        vectors = self.embed(ids, pooling=pooling)
+        return embedding_list(vectors, sum(map(len, ids)), model or self.model_name,
+                              encoding_format)
 
     # -- OpenAI shapes ----------------------------------------------------------------
     def create_completion(self, prompt: str | list[int], *,

@@ -87,7 +87,8 @@ class SamplingParams:
       frequency_penalty in [-2, 2] (0 = off), all over `history_ids`.
     * logit_bias {token id: bias in [-100, 100]} added to the logits (string keys, as
       JSON delivers them, are accepted); suppress_tokens: ids that are never chosen.
-    * seed: int in [0, 2**64) or None (fresh entropy).
+    * seed: int in [0, 2**64) or None (fresh entropy); -1 also means fresh entropy
+      (llama.cpp's and llama-cpp-python's spelling of "random"), stored as None.
     """
 
     temperature: float = 0.7
@@ -135,10 +136,13 @@ class SamplingParams:
                 f"SamplingParams.suppress_tokens: expected a list of ids, got {sup!r}")
         s(self, "suppress_tokens", tuple(sorted({_token_id("suppress_tokens", t) for t in sup})))
         seed = self.seed
+        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed == -1:
+            seed = None
+            s(self, "seed", None)
         if seed is not None:
             if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) \
                     or not 0 <= seed < 2**64:
-                raise ConfigError(f"SamplingParams.seed: must be an integer in [0, 2**64) or None, "
+                raise ConfigError(f"SamplingParams.seed: must be an integer in [0, 2**64), -1 or None, "
                                   f"got {seed!r}")
             s(self, "seed", int(seed))
 

@@ -21,12 +21,19 @@ def build_parser() -> argparse.ArgumentParser:
     _cmf_subcommands(sub)
     from .commands import add_subcommands as _llm_subcommands  # run chat convert bench serve
     _llm_subcommands(sub)
+    for sp in sub.choices.values():      # main() reports an unknown flag with its usage
+        sp.set_defaults(subparser=sp)
     return p
 
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # argparse hands a subcommand's unknown flags up to the top parser, whose usage line
+    # says nothing of that subcommand's flags; report them with the subcommand's usage
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        getattr(args, "subparser", parser).error(
+            f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 
@@ -90,6 +91,24 @@ def _sampling(args, llm) -> dict:
     return {"sampling": base, **{k: v for k, v in kw.items() if v is not None}}
 
 
+_FIELD_PREFIX = re.compile(r"^(?:SamplingParams\.)?([a-z_]+): ")
+
+
+def _check_sampling_flags(args) -> None:
+    """Refuse a bad sampling flag before the model loads, the message naming the flag
+    (`--top-p: must be in [0, 1]`) rather than the SamplingParams field it sets."""
+    from ..runtime.llm import LLM
+    from ..runtime.sampling import SamplingParams
+    given = {k: getattr(args, k) for k in ("temperature", "top_p", "top_k", "min_p",
+                                           "repetition_penalty", "presence_penalty", "seed")}
+    try:
+        SamplingParams(**{k: v for k, v in given.items() if v is not None})
+        LLM._max_tokens(args.max_tokens)
+    except ConfigError as e:
+        raise ConfigError(_FIELD_PREFIX.sub(
+            lambda m: f"--{m.group(1).replace('_', '-')}: ", str(e), count=1)) from None
+
+
 def _chat_mode(llm, args) -> bool:
     return not args.raw and not llm.chat_template.is_fallback
 
@@ -160,6 +179,7 @@ def cmd_run(args) -> int:
         if args.json or args.json_schema or args.grammar or args.logprobs is not None:
             raise ConfigError("--json, --json-schema, --grammar and --logprobs need --prompt")
         return cmd_chat(args)
+    _check_sampling_flags(args)
     with _open(args) as llm:
         chat = _chat_mode(llm, args)
         samp = {**_sampling(args, llm), **_structured_options(args, chat)}
@@ -235,6 +255,7 @@ def _fit_history(llm, history, first) -> None:
 def cmd_chat(args) -> int:
     """Interactive multi-turn chat on one session: each turn re-renders the history and
     re-reads only what follows the longest common prefix. /reset clears, /exit quits."""
+    _check_sampling_flags(args)
     with _open(args, max_sessions=0) as llm:
         samp = _sampling(args, llm)
         think = False if args.no_think else None

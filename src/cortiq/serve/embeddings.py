@@ -2,11 +2,10 @@
 base64; cortiq's `pooling`: "mean" or "last"."""
 from __future__ import annotations
 
-import base64
-
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
+from ..runtime.embeddings import embedding_list
 from .errors import BadRequest
 from .state import ServerState
 
@@ -59,8 +58,4 @@ async def embeddings(state: ServerState, request) -> Response:
         finally:
             state.gate.leave()
     n, vecs = await run_in_threadpool(work)
-    data = [{"object": "embedding", "index": i,
-             "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
-             if fmt == "base64" else [float(x) for x in v]} for i, v in enumerate(vecs)]
-    return JSONResponse({"object": "list", "data": data, "model": state.model_name.id,
-                         "usage": {"prompt_tokens": n, "total_tokens": n}})
+    return JSONResponse(embedding_list(vecs, n, state.model_name.id, fmt))
