@@ -79,7 +79,7 @@ def test_user_errors_are_one_line(args, needle):
 def test_bad_sampling_value_is_one_line(toy_path, capsys):
     assert main(["run", toy_path, "-p", "x", "--top-p", "3"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "top_p" in err[0]
+    assert len(err) == 1 and "--top-p: must be in [0, 1]" in err[0]
 
 
 def test_serve_on_a_busy_port_is_one_line(toy_path, capsys):

@@ -68,7 +68,7 @@ def test_defaults_are_upstreams():
     ("logit_bias", [1, 2], "logit_bias: expected a mapping"),
     ("suppress_tokens", [1, -2], "suppress_tokens: token ids must be integers >= 0"),
     ("suppress_tokens", 7, "suppress_tokens: expected a list"),
-    ("seed", -1, r"seed: must be an integer in \[0, 2\*\*64\)"),
+    ("seed", -2, r"seed: must be an integer in \[0, 2\*\*64\)"),
     ("seed", 2**64, r"seed: must be an integer in \[0, 2\*\*64\)"),
     ("seed", 1.5, "seed"),
 ])
