@@ -261,7 +261,7 @@ def _parse_llama3(text: str) -> tuple[str, list[dict]] | None:
         content, at = "", len(text) - len(text.lstrip())
     else:
         return None
-    calls = []
+    calls: list[dict] = []
     while True:
         while at < len(text) and (text[at].isspace() or (calls and text[at] == ";")):
             at += 1
