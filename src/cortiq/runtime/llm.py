@@ -797,12 +797,16 @@ class LLM:
         `tools` / `tool_choice` ("auto", "none", "required" or {"type": "function",
         "function": {"name": ...}}): calls the model writes in its template's syntax
         come back as `message.tool_calls` (`cortiq.text.tool_calls`); "required" and a
-        named function constrain the output to such calls. `logprobs` /
+        named function constrain the output to such calls. With a template that marks
+        thinking, the reply's ``<think>`` block comes back as
+        `message.reasoning_content` (streamed: `delta.reasoning_content`) and the rest
+        as content (`cortiq.text.reasoning`). `logprobs` /
         `top_logprobs` (0-20): per-token log-probabilities; `response_format`
         ({"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}) or
         `grammar`: structured output (`cortiq.text.structured`). Messages are taken in
         OpenAI's shape (text parts, the developer role: `apply_chat_template`); a
         sampling keyword left out takes `self.request_defaults` (docs/api.md)."""
+        from ..text import reasoning
         from ..text import tool_calls as tc
         from .logprobs import chat_logprobs
         tools = tc.check_tools(tools)
@@ -811,7 +815,8 @@ class LLM:
             raise ConfigError(f"logprobs: expected a boolean, got {logprobs!r}")
         if top_logprobs is not None and not logprobs:
             raise ConfigError("top_logprobs: needs logprobs=true")
-        fmt = tc.detect_format(getattr(self.chat_template, "source", None))
+        template_source = getattr(self.chat_template, "source", None)
+        fmt = tc.detect_format(template_source)
         parse_calls = choice not in (None, "none")
         if choice is not None and choice not in ("none", "auto"):
             if grammar is not None or response_format not in (None, {"type": "text"}):
@@ -826,6 +831,12 @@ class LLM:
             prompt_ids = self.chat_prompt_ids(messages, tools, enable_thinking=enable_thinking)
         res, gen = self._run(prompt_ids, max_tokens, stop, session, sampling, sampling_kw,
                              cancel, opts, self.request_defaults)
+        thinks = reasoning.template_thinks(template_source)
+        # a grammar shapes the whole reply, so a constrained reply starts outside any
+        # think block the prompt opened
+        constrained = grammar is not None or response_format not in (None, {"type": "text"})
+        in_think = thinks and not constrained and reasoning.prompt_opens_think(
+            self.detokenize(prompt_ids[-8:]))
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         include_usage = bool((stream_options or {}).get("include_usage"))
 
@@ -835,15 +846,18 @@ class LLM:
         if not stream:
             for _ in gen:
                 pass
-            message: dict = {"role": "assistant", "content": res.text}
+            text = res.text
+            message: dict = {"role": "assistant", "content": text}
+            if thinks:
+                thought, text = reasoning.split(text, in_think)
+                message.update(content=text, reasoning_content=thought)
             finish = res.finish_reason
             if parse_calls:
-                content, calls = tc.parse(res.text, fmt, tools)
+                content, calls = tc.parse(text, fmt, tools)
                 if calls:
                     if parallel_tool_calls is False:
                         calls = calls[:1]
-                    message = {"role": "assistant", "content": content or None,
-                               "tool_calls": calls}
+                    message.update(content=content or None, tool_calls=calls)
                     finish = "tool_calls" if finish == "stop" else finish
             return cast(ChatCompletion, {
                 "id": cid, "object": "chat.completion", "created": created,
@@ -864,15 +878,29 @@ class LLM:
 
         def chunks():
             calls_stream = tc.ToolCallStream(fmt, tools) if parse_calls else None
+            thought_stream = reasoning.ReasoningStream(in_think) if thinks else None
             sent = 0
             yield chunk({"role": "assistant", "content": ""}, None)
             for piece in gen:
                 new = (res.logprobs or [])[sent:]
                 sent += len(new)
+                if thought_stream is not None:
+                    thought, piece = thought_stream.feed(piece)
+                    if thought:
+                        yield chunk({"reasoning_content": thought}, None, entries=new)
+                        new = []
                 if calls_stream is not None:
                     piece = calls_stream.feed(piece)
                 if piece or new:
                     yield chunk({"content": piece}, None, entries=new)
+            if thought_stream is not None:
+                thought, piece = thought_stream.finish()
+                if thought:
+                    yield chunk({"reasoning_content": thought}, None)
+                if calls_stream is not None:
+                    piece = calls_stream.feed(piece)
+                if piece:
+                    yield chunk({"content": piece}, None)
             finish = res.finish_reason
             if calls_stream is not None:
                 rest, calls = calls_stream.finish()

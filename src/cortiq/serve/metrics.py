@@ -105,7 +105,8 @@ def _has_text(choice) -> bool:
     if choice.get("text"):
         return True
     delta = choice.get("delta")
-    return isinstance(delta, dict) and bool(delta.get("content") or delta.get("tool_calls"))
+    return isinstance(delta, dict) and bool(
+        delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"))
 
 
 class CountRequests:

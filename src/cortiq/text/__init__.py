@@ -1,2 +1,2 @@
-"""Text in and out of a model: tokenizer, chat templates, structured output and
-tool-call parsing."""
+"""Text in and out of a model: tokenizer, chat templates, structured output,
+tool-call parsing and the reasoning / content split."""

@@ -27,6 +27,18 @@ the template source (`detect_format`):
       <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>
       {"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 
+* "llama3" (Llama 3.1-3.3: templates with ``<|python_tag|>`` or header-style prompts
+  that ask for a "parameters" JSON); the reply is the call, JSON objects optionally
+  after ``<|python_tag|>`` and separated by ``;``::
+
+      <|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}
+
+* "mistral" (templates with ``[TOOL_CALLS]``), a JSON list or the newer
+  name-``[ARGS]`` form, one per call::
+
+      [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+      [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}
+
 `parse(text, fmt, tools)` -> (content, calls); text that does not parse as a call
 stays content. `ToolCallStream` does the same incrementally: it passes content
 through as it comes and holds text back from the first possible start of a call.
@@ -55,14 +67,23 @@ __all__ = [
     "required_grammar",
 ]
 
-FORMATS = ("hermes", "xml", "deepseek")
+FORMATS = ("hermes", "xml", "deepseek", "llama3", "mistral")
 _DS_CALLS_BEGIN = "<\uff5ctool\u2581calls\u2581begin\uff5c>"
 _DS_CALLS_END = "<\uff5ctool\u2581calls\u2581end\uff5c>"
 _DS_CALL_BEGIN = "<\uff5ctool\u2581call\u2581begin\uff5c>"
 _DS_CALL_END = "<\uff5ctool\u2581call\u2581end\uff5c>"
 _DS_SEP = "<\uff5ctool\u2581sep\uff5c>"
 _MARKERS = {"hermes": ("<tool_call>",), "xml": ("<tool_call>", "<function="),
-            "deepseek": (_DS_CALLS_BEGIN, _DS_CALL_BEGIN, "<tool_call>")}
+            "deepseek": (_DS_CALLS_BEGIN, _DS_CALL_BEGIN, "<tool_call>"),
+            "llama3": ("<|python_tag|>", "<tool_call>"),
+            "mistral": ("[TOOL_CALLS]", "<tool_call>")}
+# Markers that start a call only at the start of the reply (Llama's bare JSON call:
+# a "{" later on is ordinary content)
+_LEADING_MARKERS = {"llama3": ("{",)}
+_PYTHON_TAG = "<|python_tag|>"
+_MISTRAL_CALLS = "[TOOL_CALLS]"
+_MISTRAL_ARGS = "[ARGS]"
+_JSON = json.JSONDecoder()
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _XML_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
@@ -82,6 +103,11 @@ def detect_format(template_source: str | None) -> str:
         return "deepseek"
     if "<function=" in src and "<parameter=" in src:
         return "xml"
+    if _MISTRAL_CALLS in src:
+        return "mistral"
+    if _PYTHON_TAG in src or ("<|start_header_id|>" in src and "parameters" in src
+                              and "tools" in src):
+        return "llama3"
     return "hermes"
 
 
@@ -212,6 +238,81 @@ def _parse_deepseek(text: str) -> tuple[str, list[dict]] | None:
     return (text[:start] + tail).strip(), calls
 
 
+def _named_call(obj) -> dict | None:
+    """A call from {"name", "arguments" or "parameters"}; None for anything else."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return _call(obj["name"], args)
+
+
+def _parse_llama3(text: str) -> tuple[str, list[dict]] | None:
+    start = text.find(_PYTHON_TAG)
+    if start >= 0:
+        content, at = text[:start], start + len(_PYTHON_TAG)
+    elif text.lstrip().startswith("{"):
+        content, at = "", len(text) - len(text.lstrip())
+    else:
+        return None
+    calls: list[dict] = []
+    while True:
+        while at < len(text) and (text[at].isspace() or (calls and text[at] == ";")):
+            at += 1
+        if at >= len(text):
+            break
+        try:
+            obj, at = _JSON.raw_decode(text, at)
+        except ValueError:
+            return None
+        call = _named_call(obj)
+        if call is None:
+            return None
+        calls.append(call)
+    return (content.strip(), calls) if calls else None
+
+
+def _parse_mistral(text: str) -> tuple[str, list[dict]] | None:
+    start = text.find(_MISTRAL_CALLS)
+    if start < 0:
+        return None
+    calls, at = [], start
+    while text.startswith(_MISTRAL_CALLS, at):
+        at += len(_MISTRAL_CALLS)
+        while at < len(text) and text[at].isspace():
+            at += 1
+        try:
+            if text.startswith("[", at):              # a JSON list of calls
+                objs, at = _JSON.raw_decode(text, at)
+                if not isinstance(objs, list) or not objs:
+                    return None
+            else:                                     # name[ARGS]{...}
+                sep = text.find(_MISTRAL_ARGS, at)
+                if sep < 0:
+                    return None
+                name = text[at:sep].strip()
+                args, at = _JSON.raw_decode(text, sep + len(_MISTRAL_ARGS))
+                objs = [{"name": name, "arguments": args}]
+        except ValueError:
+            return None
+        for obj in objs:
+            call = _named_call(obj)
+            if call is None:
+                return None
+            calls.append(call)
+        while at < len(text) and text[at].isspace():
+            at += 1
+    if text[at:].strip():
+        return None
+    return text[:start].strip(), calls
+
+
 def _cut(text: str, spans) -> str:
     out, at = [], 0
     for a, b in spans:
@@ -232,6 +333,10 @@ def parse(text: str, fmt: str = "hermes", tools=None) -> tuple[str, list[dict]]:
             got = _parse_xml(text, tools)
         elif f == "deepseek":
             got = _parse_deepseek(text)
+        elif f == "llama3":
+            got = _parse_llama3(text)
+        elif f == "mistral":
+            got = _parse_mistral(text)
         else:
             got = _parse_hermes(text)
         if got is not None:
@@ -247,6 +352,7 @@ class ToolCallStream:
     def __init__(self, fmt: str = "hermes", tools=None):
         self.fmt, self.tools = fmt, tools
         self._markers = _MARKERS[fmt]
+        self._leading = _LEADING_MARKERS.get(fmt, ())
         self._text = ""
         self._shown = 0
         self._held = False           # a marker was seen: everything from it is held
@@ -257,6 +363,13 @@ class ToolCallStream:
             return ""
         t = self._text
         cut = len(t)
+        if self._shown == 0 and self._leading:
+            head = t.lstrip()
+            if any(head.startswith(mk) for mk in self._leading):
+                self._held = True
+                return ""
+            if not head:                 # only whitespace yet: the call may follow
+                return ""
         for mk in self._markers:
             i = t.find(mk, self._shown)
             if i >= 0:
@@ -300,9 +413,9 @@ def _chosen(tools, choice: str) -> list[dict]:
 def required_grammar(tools, choice: str, fmt: str = "hermes", parallel: bool = True) -> str:
     """Lark grammar text (llguidance) for one or more calls (one when `parallel` is
     False) of the functions `choice` allows ("required": any; "function:NAME": that
-    one), in the template's format. DeepSeek's markers are special tokens that a text
-    grammar cannot spell, so that family is forced in the Hermes form (which `parse`
-    also reads)."""
+    one), in the template's format. DeepSeek's, Llama's and Mistral's markers are
+    special tokens that a text grammar cannot spell, so those families are forced in
+    the Hermes form (which `parse` also reads)."""
     fns = _chosen(tools, choice)
     rules = []
     if fmt == "xml":
