@@ -670,18 +670,19 @@ class LLM:
         if session is not None:
             raise ConfigError("session: not with a list of prompts (each prompt runs on "
                               "its own session)")
+        ids = []
         for i, p in enumerate(prompts):          # refuse a bad prompt before any runs
             try:
-                self._prompt_ids(p)
+                ids.append(self._prompt_ids(p))
             except ConfigError as e:
                 raise ConfigError(f"prompt[{i}]: {e}") from None
-        workers = min(len(prompts), self.max_batch)
+        workers = min(len(ids), self.max_batch)
         if workers == 1:
-            return [cast(str, self.generate(p, **kw)) for p in prompts]
+            return [cast(str, self.generate(p, **kw)) for p in ids]
         from concurrent.futures import ThreadPoolExecutor
         with ThreadPoolExecutor(max_workers=workers,
                                 thread_name_prefix="cortiq-generate") as pool:
-            return [cast(str, r) for r in pool.map(lambda p: self.generate(p, **kw), prompts)]
+            return [cast(str, r) for r in pool.map(lambda p: self.generate(p, **kw), ids)]
 
     def __call__(self, prompt: str | list[int], **kw) -> Completion | Iterator[Completion]:
         """`create_completion(prompt, **kw)` (llama-cpp-python's `llm(prompt, ...)`)."""

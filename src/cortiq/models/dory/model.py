@@ -84,11 +84,6 @@ class AttnWeights:
     alpha: np.ndarray   # |attn_alpha * alpha0 / sigma0|, [hidden]
     sliding: bool
     ordinal: int        # position among the attention layers: the KV slot table's row
-    kernel_mats: tuple = ()   # q, k, v, g, o's kernel handles, for the fused row kernel
-
-    def __post_init__(self):
-        self.kernel_mats = tuple(t.qmat for t in (self.q, self.k, self.v, self.g, self.o))
-
 
 @dataclass
 class MlpWeights:
@@ -98,11 +93,6 @@ class MlpWeights:
     sg: np.ndarray      # suv_gate * sqrt(hidden), [ffn]
     su: np.ndarray      # suv_up * sqrt(hidden), [ffn]
     alpha: np.ndarray   # |mlp_alpha * alpha0 / sigma0|, [hidden]
-    kernel_mats: tuple = ()   # gate, up, down's kernel handles, for the fused row kernel
-
-    def __post_init__(self):
-        self.kernel_mats = (self.gate.qmat, self.up.qmat, self.down.qmat)
-
 
 class Topologies:
     """The reconstruction router of `gate="recon:..."`: two affine subspaces (easy and
@@ -572,8 +562,8 @@ class DoryModel(ModelBase):
         one = h.shape[0] == 1 and decode is True and self.fused_rows
         if isinstance(w, MlpWeights):
             if one:
-                gate, up, down = w.kernel_mats
-                K.dory_mlp_row(gate, up, down, h, w.sg, w.su, w.alpha, group[0].st.scratch, EPS)
+                K.dory_mlp_row(w.gate.qmat, w.up.qmat, w.down.qmat, h, w.sg, w.su, w.alpha,
+                               group[0].st.scratch, EPS)
                 return
             out = self._mlp(w, h, decode)
         elif one and (w.sliding or self.o1rt is None):
@@ -626,10 +616,9 @@ class DoryModel(ModelBase):
             slot.n -= 1
         slot._reserve(slot.n + 1)
         cos, sin = sg.ropes[0] if w.sliding else sg.ropes[1]
-        q, k, v, g, o = w.kernel_mats
-        K.dory_attn_row(q, k, v, g, o, h, w.sq, w.sg, w.alpha, cos, sin, slot.k, slot.v,
-                        slot.n, slot.first, sg.pos0, self._window[li], self.attn_scale,
-                        sg.st.scratch, EPS)
+        K.dory_attn_row(w.q.qmat, w.k.qmat, w.v.qmat, w.g.qmat, w.o.qmat, h, w.sq, w.sg,
+                        w.alpha, cos, sin, slot.k, slot.v, slot.n, slot.first, sg.pos0,
+                        self._window[li], self.attn_scale, sg.st.scratch, EPS)
         slot.n += 1
 
     def _mlp(self, w: MlpWeights, h: np.ndarray, decode) -> np.ndarray:
