@@ -127,7 +127,7 @@ def pick_files(repo: str, files: list[str], selector: str | None,
         return "gguf", _one_set(repo, DEFAULT_GGUF_QUANT, files,
                                 quants[DEFAULT_GGUF_QUANT]), DEFAULT_GGUF_QUANT
     if not quants and len(ggufs) == 1:
-        return "gguf", [ggufs[0]], None
+        return "gguf", _with_parts(files, ggufs[0]), None
     raise ConfigError(f"{repo}: several GGUF files and no {DEFAULT_GGUF_QUANT}; pick one "
                       f"with {repo}:QUANT (quants: {', '.join(sorted(quants)) or 'none'}) "
                       "or --filename NAME")

@@ -159,11 +159,10 @@ def _refuse_split(src: Path) -> None:
     from .hub import split_part
     sp = split_part(src.name)
     if sp is not None:
-        first = f"{sp[0]}-00001-of-{sp[2]:05d}.gguf"
-        raise ConfigError(f"{src}: part {sp[1]} of a GGUF split into {sp[2]} files (all "
-                          f"in {src.parent}); cortiq reads whole GGUF files only: merge "
-                          f"the parts with llama.cpp's `llama-gguf-split --merge {first} "
-                          f"{sp[0]}.gguf` and pass {sp[0]}.gguf")
+        first, whole = src.parent / f"{sp[0]}-00001-of-{sp[2]:05d}.gguf", src.parent / f"{sp[0]}.gguf"
+        raise ConfigError(f"{src}: part {sp[1]} of a GGUF split into {sp[2]} files; cortiq "
+                          f"reads whole GGUF files only: merge the parts with llama.cpp's "
+                          f"`llama-gguf-split --merge {first} {whole}` and pass {whole}")
 
 
 def _touch_if_cached(path: Path, cache) -> None:
