@@ -65,3 +65,58 @@ def test_missing_path_without_hub(tmp_path, monkeypatch):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="config.json"):
         cortiq.LLM.from_pretrained(tmp_path / "empty", cache_dir=tmp_path)
+
+
+def _fake_hub_serving(monkeypatch, repo: str, folder):
+    """huggingface_hub's listing and snapshot download answering `repo` from `folder`."""
+    import shutil
+
+    import huggingface_hub
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    monkeypatch.setattr(huggingface_hub, "list_repo_files",
+                        lambda r, **k: files if r == repo else pytest.fail(r))
+
+    def snapshot(r, *, local_dir, allow_patterns, **k):
+        import fnmatch
+        for f in files:
+            if any(fnmatch.fnmatch(f, p) for p in allow_patterns):
+                (local_dir / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(folder / f, local_dir / f)
+        return str(local_dir)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+
+
+def test_commands_take_a_directory_and_a_hub_id(tmp_path, monkeypatch, capsys):
+    """`cortiq info` and `cortiq run` on a checkpoint directory and on a (faked) Hub id:
+    converted once into the cache, listed by `cortiq models`, removed by `cortiq rm`."""
+    import json
+
+    from cortiq.serve.cli import main
+    pytest.importorskip("huggingface_hub")
+    model = H.build("qwen3", seed=5)
+    hf = H.save(model, tmp_path / "Qwen3-tiny")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CORTIQ_CACHE", str(cache))
+    assert main(["info", str(hf), "--quant", "f32", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "arch:" in out and f"hidden {model.config.hidden_size}," in out
+    with cortiq.LLM.from_pretrained(hf, quant="f32", progress=False) as llm:
+        want = llm.generate("hello", max_tokens=3, temperature=0, repetition_penalty=1.0)
+    assert main(["run", str(hf), "--quant", "f32", "-p", "hello", "--raw", "--greedy",
+                 "-n", "3"]) == 0
+    assert capsys.readouterr().out == want + "\n"
+    _fake_hub_serving(monkeypatch, "tiny-org/Qwen3-tiny", hf)
+    assert main(["run", "tiny-org/Qwen3-tiny", "--quant", "f32", "-p", "hello", "--raw",
+                 "--greedy", "-n", "3", "--no-progress"]) == 0
+    assert capsys.readouterr().out == want + "\n"
+    assert main(["models", "--json"]) == 0
+    rows = {(m["source_kind"], m["format"]): m for m in
+            json.loads(capsys.readouterr().out)["models"]}
+    assert set(rows) == {("dir", "cmf"), ("hub", "cmf"), ("hub", "safetensors")}
+    assert rows[("hub", "cmf")]["source"] == "tiny-org/Qwen3-tiny"
+    assert rows[("dir", "cmf")]["quant"] == "f32"
+    assert main(["rm", rows[("hub", "cmf")]["name"], rows[("hub", "safetensors")]["name"]]) == 0
+    capsys.readouterr()
+    assert main(["models", "--json"]) == 0
+    assert [m["source_kind"] for m in json.loads(capsys.readouterr().out)["models"]] == ["dir"]
+    assert (hf / "config.json").is_file()                  # the source is never touched

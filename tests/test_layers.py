@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("kernels", ("cortiq.kernels",)),
     ("cmf", ("cortiq.cmf",)),
     ("models", ("cortiq.models",)),
-    ("convert", ("cortiq.convert", "cortiq.pretrained")),
+    ("convert", ("cortiq.convert", "cortiq.pretrained", "cortiq.hub", "cortiq.model_cache")),
     ("gpu", ("cortiq.gpu",)),
     ("text", ("cortiq.text",)),
     ("runtime", ("cortiq.runtime",)),

@@ -1,43 +1,55 @@
-"""`LLM.from_pretrained`: open what the user has -- a .cmf file, a .gguf file, a Hugging
-Face checkpoint directory, or (with ``huggingface_hub`` installed) a Hub repo id --
-converting on first use into a cache of CMF files.
+"""The one model argument every front end takes: `resolve` turns a .cmf file, a .gguf
+file, a Hugging Face checkpoint directory or a Hub repo id (``org/name``,
+``org/name:Q4_K_M``, with ``filename=``; `cortiq.hub`) into the local file `LLM` opens.
+`LLM.from_pretrained` and every `cortiq` command that takes a model go through it.
 
-The cache key hashes what the conversion reads (config.json, the tokenizer and
+* A .cmf file is opened as it is; a .gguf file too (files are told apart by their first
+  bytes, so a renamed one still opens). ``quant=`` re-quantizes a GGUF file into a CMF
+  file in the cache (`cortiq import-gguf` does the same to a path of your choice).
+* A checkpoint directory (config.json and safetensors weights) is converted on first
+  use into a CMF file in the cache (`cortiq.model_cache`), ``quant=`` (default q8_row).
+* A Hub id is downloaded into the cache (`cortiq.hub`), then treated as above.
+
+The cache key of a conversion hashes what it reads (config.json, the tokenizer and
 generation files, each weight file's name, size and modification time, or the GGUF
 file's), the quant and the converter, so an edited checkpoint converts again and an
 unchanged one opens straight away. Files appear atomically (the CMF writer renames a
 finished temporary over the name), so a crash or two processes converting at once never
 leave a half-written model behind; the source is only ever read.
 
-Cache directory: ``cache_dir=``, else ``$CORTIQ_CACHE``, else
-``$XDG_CACHE_HOME/cortiq`` (``~/.cache/cortiq``).
+Progress (downloads, conversions) is shown on a terminal: ``progress=None`` shows it
+when stderr is a TTY, True always, False never.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
+import sys
 from pathlib import Path
 
+from . import model_cache
 from .errors import ConfigError
+from .model_cache import cache_dir
+
+__all__ = ["cache_dir", "file_format", "progress_default", "resolve", "source_key"]
 
 #: files of a checkpoint directory whose bytes go into the key (small ones)
 _KEY_FILES = ("config.json", "generation_config.json", "tokenizer.json",
               "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
               "special_tokens_map.json")
 _CONVERTERS_VERSION = 1   # bump when a converter's output changes for the same input
+_CMF_MAGIC = b"CMF\x01"
+_GGUF_MAGIC = b"GGUF"
+_DEFAULT_CHECKPOINT_QUANT = "q8_row"
 
 
-def cache_dir(explicit=None) -> Path:
-    if explicit is not None:
-        return Path(explicit)
-    from .kernels._config import env
-    cache = env("CORTIQ_CACHE")
-    if cache:
-        return Path(cache)
-    base = env("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "cortiq"
+def progress_default(progress: bool | None) -> bool:
+    """Progress on when asked, else when stderr is a terminal."""
+    if progress is None:
+        isatty = getattr(sys.stderr, "isatty", None)
+        return bool(isatty and isatty())
+    return bool(progress)
 
 
 def _stat_line(p: Path) -> str:
@@ -64,34 +76,126 @@ def _safe_name(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("._") or "model"
 
 
-def resolve(repo_or_path, *, quant=None, cache=None, revision=None, progress=False) -> Path:
-    """The path of a CMF file for `repo_or_path`, converting (once) when needed."""
-    src = Path(os.fspath(repo_or_path)).expanduser()
-    if src.is_file() and src.suffix == ".cmf":
+def resolve(repo_or_path, *, quant: str | None = None, cache=None,
+            revision: str | None = None, filename: str | None = None,
+            progress: bool | None = None) -> Path:
+    """The local model file for `repo_or_path`: a .cmf or .gguf path, downloading and
+    converting (once, into the cache) when needed. ConfigError, naming the argument and
+    what would work, for anything else."""
+    from .hub import fetch, parse_hub_id
+    text = os.fspath(repo_or_path)
+    src = Path(text).expanduser()
+    show = progress_default(progress)
+    if src.exists():
+        for name, given in (("filename", filename), ("revision", revision)):
+            if given is not None:
+                raise ConfigError(f"{name}={given!r} picks from a Hub repo; {text} is a "
+                                  "local path")
+        source_kind, source = ("dir" if src.is_dir() else "file"), str(src.resolve())
+    else:
+        hub_id = parse_hub_id(text) if isinstance(repo_or_path, str) else None
+        if hub_id is None:
+            raise ConfigError(f"{text}: no such file or directory (a Hub repo id has the "
+                              "form org/name or org/name:QUANT)")
+        src = fetch(hub_id[0], hub_id[1], filename=filename, revision=revision,
+                    cache=cache, progress=show)
+        source_kind, source = "hub", text
+    kind = _kind_of(src)
+    if kind == "cmf":
         if quant is not None:
             raise ConfigError(f"quant={quant!r}: {src} is already a CMF file")
+        _touch_if_cached(src, cache)
         return src
-    if not src.exists():
-        src = _download(str(repo_or_path), revision)
-    if src.is_file():
-        if src.suffix != ".gguf":
-            raise ConfigError(f"{src}: expected a .cmf or .gguf file or a checkpoint directory")
-        kind = "gguf"
-    elif (src / "config.json").is_file():
-        kind = "hf"
-    else:
-        raise ConfigError(f"{src}: not a Hugging Face checkpoint directory (no config.json)")
-    if kind == "hf":
-        quant = quant or "q8_row"
+    if kind == "gguf":
+        _refuse_split(src)
+        if quant is None:      # LLM opens GGUF files directly; quant= re-quantizes
+            return src
+    return _convert(src, kind, quant or _DEFAULT_CHECKPOINT_QUANT, cache, show,
+                    source_kind, source)
+
+
+def file_format(path) -> str:
+    """"cmf" or "gguf" for a model file `resolve` returned (by its first bytes)."""
+    with open(path, "rb") as f:
+        return "gguf" if f.read(4) == _GGUF_MAGIC else "cmf"
+
+
+def _kind_of(src: Path) -> str:
+    """"cmf", "gguf" or "checkpoint" for a local path; ConfigError naming what to pass."""
+    if src.is_dir():
+        if (src / "config.json").is_file():
+            return "checkpoint"
+        models = sorted(p.name for p in src.iterdir() if p.suffix in (".cmf", ".gguf"))
+        hint = (f"; pass one of its model files: {', '.join(models[:8])}" if models else
+                "; pass a checkpoint directory (config.json and *.safetensors), a .cmf or "
+                ".gguf file, or a Hub id org/name")
+        raise ConfigError(f"{src}: not a Hugging Face checkpoint directory (no "
+                          f"config.json){hint}")
+    try:
+        with open(src, "rb") as f:
+            head = f.read(16)
+    except OSError as e:
+        raise ConfigError(f"{src}: cannot read: {e.strerror or e}") from None
+    if head.startswith(_CMF_MAGIC):
+        return "cmf"
+    if head.startswith(_GGUF_MAGIC):
+        return "gguf"
+    if src.suffix == ".safetensors" or _looks_like_safetensors(head):
+        raise ConfigError(f"{src}: a safetensors weight file; pass the checkpoint directory "
+                          f"that holds it with its config.json ({src.parent})")
+    if src.suffix in (".cmf", ".gguf"):
+        raise ConfigError(f"{src}: not a {src.suffix[1:].upper()} file (bad magic "
+                          f"{head[:4]!r}); the file may be damaged or truncated")
+    raise ConfigError(f"{src}: expected a .cmf or .gguf file, a Hugging Face checkpoint "
+                      "directory or a Hub id org/name")
+
+
+def _looks_like_safetensors(head: bytes) -> bool:
+    """A safetensors file starts with its header's length (8 bytes LE) and then '{'."""
+    return len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 1 << 30
+
+
+def _refuse_split(src: Path) -> None:
+    from .hub import split_part
+    sp = split_part(src.name)
+    if sp is not None:
+        first, whole = src.parent / f"{sp[0]}-00001-of-{sp[2]:05d}.gguf", src.parent / f"{sp[0]}.gguf"
+        raise ConfigError(f"{src}: part {sp[1]} of a GGUF split into {sp[2]} files; cortiq "
+                          f"reads whole GGUF files only: merge the parts with llama.cpp's "
+                          f"`llama-gguf-split --merge {first} {whole}` and pass {whole}")
+
+
+def _touch_if_cached(path: Path, cache) -> None:
+    try:
+        inside = path.resolve().parent == cache_dir(cache).resolve()
+    except OSError:
+        return
+    if inside:
+        model_cache.touch(path)
+
+
+def _convert(src: Path, kind: str, quant: str, cache, progress: bool, source_kind: str,
+             source: str) -> Path:
+    """The cached CMF conversion of `src` (a checkpoint directory or a GGUF file)."""
     key = source_key(src, quant)
     out_dir = cache_dir(cache)
-    out = out_dir / f"{_safe_name(src.stem if kind == 'gguf' else src.name)}-{key[:16]}.cmf"
+    label = source.rsplit("/", 1)[-1].split(":")[0] if source_kind == "hub" else (
+        src.stem if kind == "gguf" else src.name)
+    out = out_dir / f"{_safe_name(label)}-{_safe_name(quant)}-{key[:12]}.cmf"
     if out.is_file():
+        model_cache.touch(out)
         return out
     out_dir.mkdir(parents=True, exist_ok=True)
+    if progress:
+        print(f"cortiq: converting {source} to CMF ({quant}) into {out} (once)",
+              file=sys.stderr)
     if kind == "gguf":
         from .convert.gguf_import import import_gguf
-        import_gguf(src, out, quant=quant, progress=progress)
+        try:
+            import_gguf(src, out, quant=quant, progress=progress)
+        except ImportError as e:
+            raise ConfigError(f"re-quantizing {src} needs the 'gguf' extra (pip install "
+                              f"'cortiq[gguf]'): {e}") from None
     else:
         from .convert import from_hf
         try:
@@ -99,22 +203,6 @@ def resolve(repo_or_path, *, quant=None, cache=None, revision=None, progress=Fal
         except ImportError as e:
             raise ConfigError(f"converting {src} needs the 'convert' extra (pip install "
                               f"'cortiq[convert]'): {e}") from None
-    note = out_dir / (out.name + ".source.json")
-    tmp = note.with_name(f"{note.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"source": str(src.resolve()), "quant": quant, "key": key}))
-    os.replace(tmp, note)
+    model_cache.write_manifest(out, source_kind=source_kind, source=source, format="cmf",
+                               quant=quant, key=key, converted_from=kind)
     return out
-
-
-def _download(repo: str, revision) -> Path:
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise ConfigError(f"{repo!r}: no such file or directory, and huggingface_hub is not "
-                          "installed to fetch it as a Hub repo id (pip install "
-                          "huggingface_hub), so give a local path") from None
-    try:
-        return Path(snapshot_download(repo, revision=revision, allow_patterns=[
-            "*.json", "*.safetensors", "*.jinja", "tokenizer.model"]))
-    except Exception as e:  # noqa: BLE001 -- network/auth errors become one message
-        raise ConfigError(f"{repo!r}: could not fetch from the Hugging Face Hub: {e}") from None

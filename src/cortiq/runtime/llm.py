@@ -133,7 +133,7 @@ class LLM:
     forward (continuous batching, `cortiq.runtime.scheduler`): each step reads the weights once
     for all of them; 1 runs every call on its own thread as before.
     `LLM.from_model(model, tokenizer=...)` wraps a model object that is already built;
-    `LLM.from_pretrained(dir_or_file)` converts a checkpoint or GGUF file on first use.
+    `LLM.from_pretrained(path_or_hub_id)` also takes a checkpoint directory or a Hub id.
     """
 
     def __init__(self, path: str | os.PathLike | None = None, *, n_threads: int | None = None,
@@ -209,14 +209,17 @@ class LLM:
 
     @classmethod
     def from_pretrained(cls, repo_or_path, *, quant: str | None = None, cache_dir=None,
-                        revision: str | None = None, progress: bool = False,
-                        **kwargs) -> LLM:
-        """An LLM over a .cmf file, a .gguf file or a Hugging Face checkpoint directory
-        (or a Hub repo id when huggingface_hub is installed), converted on first use
-        into a cache of CMF files (`cortiq.pretrained`); other keywords go to `LLM`."""
+                        revision: str | None = None, filename: str | None = None,
+                        progress: bool | None = None, **kwargs) -> LLM:
+        """An LLM over a .cmf file, a .gguf file, a Hugging Face checkpoint directory
+        (converted on first use into a cache of CMF files) or a Hub repo id (with
+        huggingface_hub installed: ``"org/name"``, ``"org/name:Q4_K_M"`` for that quant
+        of a GGUF repo, or ``filename=`` for one exact file), downloaded into the cache
+        (`cortiq.pretrained.resolve`). `progress`: None shows download and conversion
+        progress when stderr is a terminal. Other keywords go to `LLM`."""
         from ..pretrained import resolve
         return cls(resolve(repo_or_path, quant=quant, cache=cache_dir, revision=revision,
-                           progress=progress), **kwargs)
+                           filename=filename, progress=progress), **kwargs)
 
     @classmethod
     def from_model(cls, model, *, tokenizer, tokenizer_config: Mapping | None = None,

@@ -12,7 +12,7 @@ def _cmd_config(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cortiq", description="Run CMF language models on the CPU.")
+    p = argparse.ArgumentParser(prog="cortiq", description="Run language models (CMF, GGUF, Hugging Face checkpoints) on the CPU.")
     p.add_argument("--version", action="version", version=f"cortiq {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     c = sub.add_parser("config", help="show the kernel ISA, CPU features, threads and build")
@@ -21,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     _cmf_subcommands(sub)
     from .commands import add_subcommands as _llm_subcommands  # run chat convert bench serve
     _llm_subcommands(sub)
+    from .cache_commands import add_subcommands as _cache_subcommands  # models, rm
+    _cache_subcommands(sub)
     for sp in sub.choices.values():      # main() reports an unknown flag with its usage
         sp.set_defaults(subparser=sp)
     return p

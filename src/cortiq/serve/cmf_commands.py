@@ -1,10 +1,15 @@
-"""`cortiq info FILE` and `cortiq verify FILE` (registered in src/cortiq/serve/cli.py).
+"""`cortiq info MODEL` and `cortiq verify MODEL` (registered in src/cortiq/serve/cli.py).
+
+MODEL is any model argument (`cortiq.serve.model_arg`): a checkpoint directory or Hub id
+is described (or checked) as the CMF file it converts to in the cache.
 
 User errors (missing or malformed file) print one line and return 1: never a traceback.
 """
 from __future__ import annotations
 
 import sys
+
+from .model_arg import add_model_argument, model_path
 
 
 def _fmt_bytes(n: float) -> str:
@@ -15,11 +20,24 @@ def _fmt_bytes(n: float) -> str:
     return f"{n}"
 
 
-def _open(path, verify="lazy"):
+_GGUF_SAYS = {
+    "info": "cortiq info describes CMF files; run it as it is (cortiq run {p}), or "
+            "convert it with cortiq import-gguf {p} OUT.cmf and describe that",
+    "verify": "GGUF files carry no hashes to check; cortiq verify checks CMF files "
+              "(cortiq import-gguf {p} OUT.cmf writes one, hashed)",
+}
+
+
+def _open(args, command: str, verify="lazy"):
     from ..cmf import open as cmf_open
+    from ..errors import ConfigError
+    from ..pretrained import file_format
+    path = model_path(args)
     if path is None:                       # no file: the bundled demo model
         from ..demo import demo_path
         path = demo_path()
+    elif file_format(path) == "gguf":
+        raise ConfigError(f"{path}: a GGUF file: " + _GGUF_SAYS[command].format(p=path))
     return cmf_open(path, verify=verify)
 
 
@@ -49,7 +67,7 @@ def _precision_line(by_dtype: dict) -> str:
 
 def cmd_info(args) -> int:
     try:
-        cf = _open(args.file)
+        cf = _open(args, "info")
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 -- one line, never a traceback
@@ -103,7 +121,7 @@ def cmd_info(args) -> int:
 
 def cmd_verify(args) -> int:
     try:
-        cf = _open(args.file, verify="off")      # verify() itself lists every problem
+        cf = _open(args, "verify", verify="off")      # verify() itself lists every problem
         with cf:
             problems = cf.verify()
             n = len(cf.tensors)
@@ -122,8 +140,8 @@ def cmd_verify(args) -> int:
 def add_subcommands(sub) -> None:
     p = sub.add_parser("info", help="describe a CMF file (architecture, dtypes, tokenizer, "
                                     "skills, masks, shards)")
-    p.add_argument("file", nargs="?", help="default: the bundled demo model")
+    add_model_argument(p)
     p.set_defaults(func=cmd_info)
     p = sub.add_parser("verify", help="check every hash of a CMF file; exit 1 on problems")
-    p.add_argument("file", nargs="?", help="default: the bundled demo model")
+    add_model_argument(p)
     p.set_defaults(func=cmd_verify)

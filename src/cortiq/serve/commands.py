@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
 
 from ..errors import ConfigError
+from .model_arg import add_model_argument, model_path
 
 
 def _add_model_options(p):
-    p.add_argument("model", metavar="MODEL", nargs="?", default=None,
-                   help="the .cmf model file (default: the bundled demo model)")
+    add_model_argument(p)
     p.add_argument("--threads", type=int, default=None, help="kernel threads")
     p.add_argument("--skill", default=None,
                    help="skill id, 'auto', or a blend 'a=0.7,b=0.3'")
@@ -72,7 +73,7 @@ def _open(args, **kw):
     from ..runtime.llm import LLM
     if getattr(args, "max_batch", None) is not None:
         kw.setdefault("max_batch", args.max_batch)
-    return LLM(args.model, n_threads=args.threads, skill=_skill(args.skill), task=args.task,
+    return LLM(model_path(args), n_threads=args.threads, skill=_skill(args.skill), task=args.task,
                n_ctx=args.n_ctx, preload=args.preload, precision=args.precision,
                device=args.device, **kw)
 
@@ -303,8 +304,51 @@ def cmd_chat(args) -> int:
     return 0
 
 
+def _magic(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4)
+    except OSError:
+        return b""
+
+
+def _check_convert_source(path: str) -> None:
+    """`cortiq convert` reads a checkpoint directory: a model file given instead is told
+    which command takes it."""
+    if not os.path.isfile(path):
+        return                           # a directory (or nothing): the converter says
+    magic = _magic(path)
+    if magic == b"GGUF":
+        raise ConfigError(f"{path}: a GGUF file; cortiq convert reads Hugging Face "
+                          f"checkpoint directories. Run it as it is (cortiq run {path}) or "
+                          f"convert it with cortiq import-gguf {path} OUT.cmf")
+    if magic == b"CMF\x01":
+        raise ConfigError(f"{path}: already a CMF file (cortiq info {path} describes it)")
+    raise ConfigError(f"{path}: a file; cortiq convert reads a checkpoint directory: pass "
+                      f"the directory holding config.json and the *.safetensors weights "
+                      f"({os.path.dirname(os.path.abspath(path))})")
+
+
+def _check_gguf_source(path: str) -> None:
+    """`cortiq import-gguf` reads a GGUF file: anything else is told which command fits."""
+    if os.path.isdir(path):
+        raise ConfigError(f"{path}: a directory; cortiq import-gguf needs a .gguf file "
+                          f"(a Hugging Face checkpoint directory converts with cortiq "
+                          f"convert {path} OUT.cmf)")
+    if not os.path.exists(path):
+        raise ConfigError(f"{path}: no such file")
+    magic = _magic(path)
+    if magic == b"CMF\x01":
+        raise ConfigError(f"{path}: already a CMF file; cortiq import-gguf needs a .gguf file")
+    if magic != b"GGUF":
+        raise ConfigError(f"{path}: not a GGUF file (it starts {magic!r}); cortiq "
+                          "import-gguf needs a .gguf file (a checkpoint directory converts "
+                          "with cortiq convert DIR OUT.cmf)")
+
+
 def cmd_convert(args) -> int:
     from ..cmf.writer import QUANT_LABEL
+    _check_convert_source(args.hf_dir)
     if args.quant not in QUANT_LABEL:
         raise ConfigError(f"--quant {args.quant!r}: expected one of {', '.join(QUANT_LABEL)}")
     eq = getattr(args, "experts_quant", None)
@@ -325,6 +369,7 @@ def cmd_convert(args) -> int:
 
 
 def cmd_import_gguf(args) -> int:
+    _check_gguf_source(args.gguf)
     from ..convert.gguf_import import import_gguf
     import_gguf(args.gguf, args.out, quant=args.quant, progress=not args.quiet)
     if not args.quiet:
@@ -447,15 +492,20 @@ def _serve_ray(args) -> int:
         raise ConfigError(str(e)) from None
     if args.threads is not None and args.threads_per_replica is not None:
         raise ConfigError("give --threads-per-replica (or --threads), not both")
-    if args.ray_address is None and args.model is not None:
-        from .. import cmf                # a local instance: the file must be here, check now
-        cmf.open(args.model).close()
+    # the replicas open the resolved local file (downloaded or converted here, once):
+    # every host must see it at that path (docs/scaling.md)
+    model = model_path(args)
+    if args.ray_address is None and model is not None:
+        from ..pretrained import file_format
+        if file_format(model) == "cmf":   # a local instance: the file must open, check now
+            from .. import cmf
+            cmf.open(model).close()
     preload = args.preload
     if preload is None:  # replicas on one host share the mapped file's page cache
         from ..kernels._config import preload_default
         preload = preload_default()
     app = cray.deployment(
-        args.model, replicas=args.replicas, autoscale=args.autoscale,
+        model, replicas=args.replicas, autoscale=args.autoscale,
         threads_per_replica=next((t for t in (args.threads_per_replica, args.threads)
                                   if t is not None), 1),
         verify=args.verify, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
