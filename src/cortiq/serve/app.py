@@ -23,6 +23,7 @@ from .embeddings import embeddings
 from .errors import failure_response, http_exception_handler
 from .metrics import CountRequests, ServerMetrics, prometheus_available
 from .models_and_health import health, healthz, list_models, metrics, ready
+from .openapi import openapi
 from .state import ModelNames, ServerState
 
 Handler = Callable[[ServerState, Request], Awaitable[Response]]
@@ -37,6 +38,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("/health", "GET", health),
     ("/ready", "GET", ready),
     ("/metrics", "GET", metrics),
+    ("/openapi.json", "GET", openapi),
 )
 
 CORS_METHODS = ("GET", "POST")                       # what the routes take
