@@ -89,6 +89,9 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
     if prometheus_available():
         state.metrics = ServerMetrics((path for path, _, _ in ROUTES), state.running,
                                       state.queued)
+        watch = getattr(llm, "watch_batches", None)     # a cortiq.LLM's batching steps
+        if watch is not None:
+            watch(state.metrics)
         middleware.append(Middleware(CountRequests, metrics=state.metrics))
     if cors_origins:
         middleware.append(Middleware(
