@@ -220,3 +220,49 @@ def test_cli_samples_with_cortiqs_defaults_under_the_models_own(tmp_path, monkey
     want = SamplingParams(**(own or {}))
     assert seen[0].replace(seed=None) == want
     assert seen[1].replace(seed=None) == want.replace(top_p=0.5)
+
+
+@pytest.mark.parametrize("route,body", [
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1}),
+    ("/v1/chat/completions", {"messages": PLAIN, "max_tokens": 1}),
+])
+def test_server_seed_minus_one_draws_fresh_entropy_as_the_python_api(client, llm, monkeypatch,
+                                                                      route, body):
+    seen = _recording(llm, monkeypatch)
+    assert client.post(route, json=dict(body, seed=-1)).status_code == 200
+    assert client.post(route, json=dict(body, seed=2**64 - 1)).status_code == 200
+    assert seen[0].seed is None                      # -1: fresh entropy, not the LLM's 3
+    assert seen[1].seed == 2**64 - 1
+    r = client.post(route, json=dict(body, seed=-2))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed"
+
+
+@pytest.mark.parametrize("route,prompt_field", [
+    ("/v1/completions", {"prompt": [5] * 480}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello " * 240}]}),
+])
+def test_server_max_tokens_minus_one_or_null_runs_to_the_end_of_the_context(
+        client, llm, route, prompt_field):
+    never_end = {str(i): -100 for i in llm.tokenizer.eos_token_ids}
+    body = dict(prompt_field, temperature=1.0, logit_bias=never_end)
+    names = ["max_tokens"] + (["max_completion_tokens"] if "chat" in route else [])
+    for name in names:
+        for value in (-1, None):
+            r = client.post(route, json=dict(body, **{name: value}))
+            assert r.status_code == 200, r.text
+            usage = r.json()["usage"]
+            assert usage["prompt_tokens"] + usage["completion_tokens"] == llm.n_ctx
+            assert r.json()["choices"][0]["finish_reason"] == "length"
+        r = client.post(route, json=dict(body, **{name: 0}))
+        assert r.status_code == 400 and r.json()["error"]["param"] == name
+    if route == "/v1/completions":                   # left out: OpenAI's 16
+        assert client.post(route, json=body).json()["usage"]["completion_tokens"] == 16
+
+
+def test_server_ignores_unknown_fields(client):
+    r = client.post("/v1/chat/completions", json={"messages": PLAIN, "max_tokens": 1,
+                                                  "vendor_extension": {"x": 1}})
+    assert r.status_code == 200, r.text
+    r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1,
+                                             "not_openai": True})
+    assert r.status_code == 200, r.text

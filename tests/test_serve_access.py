@@ -203,6 +203,7 @@ def _samples(text):
 
 def test_metrics_count_exactly_the_requests_and_tokens_sent(llm):
     usage = {"prompt_tokens": 0, "completion_tokens": 0}
+    steps, rows = llm._scheduler.steps, llm._scheduler.rows    # the batching loop's own count
     with _client(llm) as c:
         for _ in range(2):
             r = c.post("/v1/completions", json={"prompt": "hello", "max_tokens": 3})
@@ -229,6 +230,13 @@ def test_metrics_count_exactly_the_requests_and_tokens_sent(llm):
     assert s[("cortiq_time_to_first_token_seconds_count", ())] == 1
     assert s[("cortiq_time_per_output_token_seconds_count", ())] >= 1
     assert s[("cortiq_requests_running", ())] == 0 and s[("cortiq_requests_queued", ())] == 0
+    # every batched forward observed: one request each (the requests ran one at a time)
+    steps, rows = llm._scheduler.steps - steps, llm._scheduler.rows - rows
+    assert steps >= usage["completion_tokens"] - 3          # a forward per token but the last
+    assert s[("cortiq_batch_requests_count", ())] == steps
+    assert s[("cortiq_batch_requests_sum", ())] == steps
+    assert s[("cortiq_batch_rows_count", ())] == steps
+    assert s[("cortiq_batch_rows_sum", ())] == rows >= steps
 
 
 def test_each_app_has_its_own_registry(llm):

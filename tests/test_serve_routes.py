@@ -32,6 +32,8 @@ GOOD = {
     "/health": (None, lambda r: r == {"status": "ok"}),
     "/ready": (None, lambda r: r["status"] == "ready"),
     "/metrics": (None, None),
+    "/openapi.json": (None, lambda r: r["openapi"].startswith("3.")
+                      and "/v1/chat/completions" in r["paths"]),
     "/v1/completions": ({"prompt": "hello", "max_tokens": 2},
                         lambda r: r["object"] == "text_completion"),
     "/v1/chat/completions": ({"messages": [{"role": "user", "content": "hi"}],

@@ -290,6 +290,15 @@ class LLM:
         self.max_batch = int(max_batch)
         self._scheduler = Scheduler(self.max_batch) if self.max_batch > 1 else None
 
+    def watch_batches(self, watcher) -> bool:
+        """Have `watcher.batch_step(requests, rows)` called after each batched forward,
+        from the batching thread (requests in the step, token rows it carried). Held
+        weakly. False when this LLM does not batch (max_batch=1)."""
+        if self._scheduler is None:
+            return False
+        self._scheduler.watchers.add(watcher)
+        return True
+
     # -- models and skills ------------------------------------------------------------
     def _build_model(self, overlay):
         from ..models.overlay import OverlayFile

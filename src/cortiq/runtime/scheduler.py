@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+import weakref
 
 from .batch import feed_batch
 from ..errors import CortiqError
@@ -112,6 +113,10 @@ class Scheduler:
         self._closed = False
         self.steps = 0                  # forwards run (for tests and benchmarks)
         self.rows = 0                   # request rows they carried
+        # Watchers of each step (a server's metrics): objects with a
+        # `batch_step(requests, rows)` method, held weakly so that a watcher gone (an app
+        # closed) needs no unregistering.
+        self.watchers: weakref.WeakSet = weakref.WeakSet()
 
     def submit(self, req: Request) -> Request:
         with self._cv:
@@ -207,7 +212,10 @@ class Scheduler:
                 prompts.append(False)
         outs = feed_batch([r.session for r in batch], ids, wants, prompts)
         self.steps += 1
-        self.rows += sum(len(x) for x in ids)
+        rows = sum(len(x) for x in ids)
+        self.rows += rows
+        for w in list(self.watchers):
+            w.batch_step(len(batch), rows)
         for r, out, want in zip(batch, outs, wants):
             if want == "none":
                 continue

@@ -23,6 +23,7 @@ from .embeddings import embeddings
 from .errors import failure_response, http_exception_handler
 from .metrics import CountRequests, ServerMetrics, prometheus_available
 from .models_and_health import health, healthz, list_models, metrics, ready
+from .openapi import openapi
 from .state import ModelNames, ServerState
 
 Handler = Callable[[ServerState, Request], Awaitable[Response]]
@@ -37,6 +38,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("/health", "GET", health),
     ("/ready", "GET", ready),
     ("/metrics", "GET", metrics),
+    ("/openapi.json", "GET", openapi),
 )
 
 CORS_METHODS = ("GET", "POST")                       # what the routes take
@@ -87,6 +89,9 @@ def create_app(llm, *, max_concurrency: int = 2, max_queue: int = 8,
     if prometheus_available():
         state.metrics = ServerMetrics((path for path, _, _ in ROUTES), state.running,
                                       state.queued)
+        watch = getattr(llm, "watch_batches", None)     # a cortiq.LLM's batching steps
+        if watch is not None:
+            watch(state.metrics)
         middleware.append(Middleware(CountRequests, metrics=state.metrics))
     if cors_origins:
         middleware.append(Middleware(

@@ -12,7 +12,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from .errors import error_response
-from .params import boolean, refuse_unimplemented, sampling
 from .state import ServerState
 from .streaming import start_stream
 
@@ -21,22 +20,11 @@ class GenerationPlan(NamedTuple):
     """What a generation request asks for, checked without the tokenizer or the
     template (on the event loop): `create(**kwargs, **prepare(), stream=..., cancel=...)`
     runs it, where `prepare()` runs in a worker thread and returns the prompt to
-    generate from, checked against the context."""
+    generate from, checked against the context; `stream`: answer as server-sent events."""
     create: Callable
     kwargs: dict
     prepare: Callable[[], dict]
-
-
-def generation_fields(state: ServerState, body: dict, structured: Callable[[dict], dict]):
-    """The sampling fields, the refusal of unimplemented parameters and the route's own
-    structured-output fields (`structured(body)`), in that order of checking:
-    -> (sampling kwargs, stop, stream_options)."""
-    fields = sampling(body, state.llm.vocab_size)
-    refuse_unimplemented(body)
-    fields.update(structured(body))
-    stop = fields.pop("stop", None)
-    stream_options = fields.pop("stream_options", None)
-    return fields, stop, stream_options
+    stream: bool
 
 
 async def serve_generation(state: ServerState, request,
@@ -44,11 +32,10 @@ async def serve_generation(state: ServerState, request,
                            ) -> Response:
     """One generation request, planned by `plan_request(state, body)`."""
     body = await state.read_body(request)
-    stream = boolean(body, "stream")
     plan = plan_request(state, body)
     state.admit()                                 # before any tokenizing or rendering
     cancel = threading.Event()
-    if stream:
+    if plan.stream:
         try:
             chunks = await run_in_threadpool(
                 lambda: plan.create(**plan.kwargs, **plan.prepare(), stream=True,

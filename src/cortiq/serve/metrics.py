@@ -1,6 +1,7 @@
 """Prometheus metrics of one server app (`prometheus_client`, in the serve extra):
 requests by route and status, prompt and completion tokens, time to first token and
-time per output token of streamed generations, requests running and queued. Each app
+time per output token of streamed generations, requests running and queued, and the
+size of each batched forward step (requests and token rows). Each app
 has its own registry, so several apps in one process (tests, one per model) never
 share or collide on a metric."""
 from __future__ import annotations
@@ -20,6 +21,10 @@ UNMATCHED_ROUTE = "unmatched"     # every path outside the route table: bounded 
 # behind a long prompt or a queue can take tens of seconds.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# Requests per batched forward (max_batch is 8 by default) and token rows per forward
+# (a prompt chunk adds up to 64 rows).
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
+ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
 def prometheus_available() -> bool:
@@ -51,6 +56,12 @@ class ServerMetrics:
         self.time_per_output_token = Histogram(
             "cortiq_time_per_output_token_seconds", "time between the generated pieces "
             "of a streamed generation", buckets=TOKEN_BUCKETS, registry=r)
+        self.batch_requests = Histogram(
+            "cortiq_batch_requests", "requests sharing each batched forward step",
+            buckets=BATCH_BUCKETS, registry=r)
+        self.batch_rows = Histogram(
+            "cortiq_batch_rows", "token rows of each batched forward step (a decoding "
+            "request adds one, a prompt chunk its length)", buckets=ROWS_BUCKETS, registry=r)
         Gauge("cortiq_requests_running", "generations running now",
               registry=r).set_function(running)
         Gauge("cortiq_requests_queued", "admitted requests waiting for a running place",
@@ -68,6 +79,11 @@ class ServerMetrics:
             return
         self.prompt_tokens.inc(int(usage.get("prompt_tokens") or 0))
         self.completion_tokens.inc(int(usage.get("completion_tokens") or 0))
+
+    def batch_step(self, requests: int, rows: int) -> None:
+        """One batched forward of the model (`LLM.watch_batches` calls it)."""
+        self.batch_requests.observe(requests)
+        self.batch_rows.observe(rows)
 
     def stream_clock(self) -> StreamClock:
         return StreamClock(self)

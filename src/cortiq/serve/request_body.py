@@ -61,7 +61,7 @@ def check_json_tree(body) -> None:
         v, path, depth = stack.pop()
         if isinstance(v, str):
             if not _utf8_ok(v):
-                name = _path_name(path)
+                name = path_name(path)
                 raise BadRequest(f"'{name}' contains a lone UTF-16 surrogate: not valid "
                                  "Unicode text", name, code="invalid_unicode")
             continue
@@ -74,10 +74,10 @@ def check_json_tree(body) -> None:
             continue
         if depth >= MAX_JSON_DEPTH:
             raise BadRequest(f"the JSON body is nested deeper than {MAX_JSON_DEPTH} levels",
-                             _path_name(path[:1]) or None, code="invalid_json")
+                             path_name(path[:1]) or None, code="invalid_json")
         for k, x in items:
             if isinstance(k, str) and not _utf8_ok(k):
-                name = _path_name(path)
+                name = path_name(path)
                 raise BadRequest(f"a key in '{name or 'the body'}' contains a lone UTF-16 "
                                  "surrogate: not valid Unicode text", name or None,
                                  code="invalid_unicode")
@@ -85,9 +85,9 @@ def check_json_tree(body) -> None:
                 stack.append((x, path + (k,), depth + 1))
 
 
-def _path_name(path) -> str:
+def path_name(path) -> str:
     """A field's path as OpenAI's `param` spells it: messages[0].content."""
     out = ""
     for k in path:
-        out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else k)
+        out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else str(k))
     return out
