@@ -64,11 +64,11 @@ def abs_weights(raw, dtype, rows, cols):
     return gguf_decode(b.reshape(-1), dtype, rows, cols).astype(np.float64)
 
 
-def with_isa(isa, fn):
+def with_isa(isa, fn, *args):
     before = K.active_isa()
     try:
         K.set_isa(isa)
-        return fn()
+        return fn(*args)
     finally:
         K.set_isa(before)
 
@@ -189,14 +189,14 @@ def test_simd_twins_agree_with_reference():
         for precision in ("exact", "int8"):
             q, raw = make(rng, dtype, rows, cols, precision=precision)
             x = rng.standard_normal(cols).astype(np.float32)
-            y_ref = with_isa("ref", lambda: q.matvec(x)).astype(np.float64)
+            y_ref = with_isa("ref", q.matvec, x).astype(np.float64)
             tol = 2 * (cols // 32 + 16) * 4 * U * (abs_weights(raw, dtype, rows, cols) @ (np.abs(x) * 1.1))
             for isa in K.usable_isas():
                 variants = []
                 for hide in ([], ["avx512vnni"]):
                     K._hide_cpu_features(hide)
                     try:
-                        variants.append(with_isa(isa, lambda: q.matvec(x)))
+                        variants.append(with_isa(isa, q.matvec, x))
                     finally:
                         K._hide_cpu_features([])
                 assert (np.abs(variants[0] - y_ref) <= tol).all(), (dtype, precision, isa)
