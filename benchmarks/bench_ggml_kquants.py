@@ -32,12 +32,12 @@ def random_blocks(rng, dtype, rows, cols):
     return raw.reshape(-1)
 
 
-def best(fn, reps):
-    fn()
+def best(fn, reps, *args):
+    fn(*args)
     t = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
-        fn()
+        fn(*args)
         t = min(t, time.perf_counter() - t0)
     return t
 
@@ -74,7 +74,7 @@ def main():
                     t2 = time.perf_counter()
                     rd, mv = min(rd, t1 - t0), min(mv, t2 - t1)
                 gbs, rbw = n * raw.size / mv / 1e9, buf.size / rd / 1e9
-                ceil = small.nbytes / best(lambda: small.matvec(x), 10 * a.reps) / 1e9
+                ceil = small.nbytes / best(small.matvec, 10 * a.reps, x) / 1e9
                 print(f"{dtype:7s} {prec:5s} {th}T  {gbs:6.1f} GB/s  read {rbw:6.1f} GB/s  "
                       f"{100 * gbs / rbw:5.1f} %   in-cache {ceil:6.1f} GB/s")
             del qs
