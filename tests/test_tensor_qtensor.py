@@ -20,10 +20,16 @@ import cortiq
 from cortiq.kernels import _kernels as K
 from cortiq.cmf import quant
 from cortiq.errors import FormatError
-from cortiq.kernels.tensor import DTYPES, QTensor
+from cortiq.cmf.ggml_blocks import FORMATS as GGML_FORMATS
+from cortiq.kernels.tensor import DTYPES as ALL_DTYPES, QTensor
+
 from cortiq.cmf.testing import qtensor_from_f32
 from arrays import misaligned  # tests/arrays.py
 import optional
+
+# cortiq's own encodable dtypes (the ggml block formats have no encoder here: they are
+# imported from GGUF files; tests/test_ggml_kquants.py covers them)
+DTYPES = tuple(d for d in ALL_DTYPES if d not in GGML_FORMATS)
 
 U = 2.0 ** -24
 DOT_ULPS = 2

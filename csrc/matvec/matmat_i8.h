@@ -48,7 +48,8 @@ static int i8mm_offset(int dtype) { return dtype == CQ_DT_Q8_ROW || dtype == CQ_
 static int i8mm_cpu(void);
 static void i8mm_tiles(size_t nv, size_t nr, const uint8_t *w, const float *sc, const uint8_t *xp, size_t wd,
                        size_t n, float *part, size_t ldp, int first, int rowscale);
-static int i8_mm_takes(const cq_qmat *m) { return i8_takes(m) && i8mm_cpu(); }
+/* (the K-quants have no integer matmat here: their matmat reads float32 x) */
+static int i8_mm_takes(const cq_qmat *m) { return i8_takes(m) && !kq_is(m->dtype) && i8mm_cpu(); }
 
 static size_t i8_mm_pack_bytes(const cq_qmat *m, size_t t) {
     const size_t ng = m->cols / CQ_GROUP, np = (t + I8MM_PW - 1) / I8MM_PW;

@@ -274,7 +274,12 @@ static float i8_row_q2(const cq_qmat *m, size_t r, const cq_xq *xq) {
     return cq_hsum8(_mm256_add_ps(f0, f1));
 }
 
+#include "ggml_kq_avx2.h"
 static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
+    if (kq_is(m->dtype)) {
+        kq_i8_rows(m, r0, nr, xq, out);
+        return;
+    }
     switch (m->dtype) {
     case CQ_DT_Q8_ROW:
     case CQ_DT_Q8_2F:

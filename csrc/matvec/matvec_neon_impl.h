@@ -344,7 +344,12 @@ static float i8_row_grouped(const cq_qmat *m, size_t r, const cq_xq *xq) {
 }
 
 #define CQ_HAVE_I8_ROWS
+#include "ggml_kq_neon.h"
 static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
+    if (kq_is(m->dtype)) {
+        kq_i8_rows(m, r0, nr, xq, out);
+        return;
+    }
     const int q8 = m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F;
     for (size_t j = 0; j < nr; j++) out[j] = q8 ? i8_row_q8(m, r0 + j, xq) : i8_row_grouped(m, r0 + j, xq);
 }

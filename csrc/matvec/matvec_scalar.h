@@ -4,6 +4,7 @@
 #ifndef CQ_MATVEC_SCALAR_H
 #define CQ_MATVEC_SCALAR_H
 #include "qmat.h"
+#include "ggml_kq_scalar.h"
 
 /* 5-bit tile code g of a q4tp/q2tp row (LSB-first, may straddle two bytes). */
 static inline unsigned tp_code(const uint8_t *cb, size_t stride, size_t g) {
@@ -110,7 +111,7 @@ static float ref_row(const cq_qmat *m, size_t r, const float *x, float *out) {
         }
         break;
     }
-    default: break;
+    default: return kq_is(m->dtype) ? kq_ref_row(m, r, x, out) : 0.0f;
     }
 #undef EMIT
     return acc;
@@ -162,6 +163,7 @@ static inline int32_t xq_at(const cq_xq *xq, size_t g, int k) {
 static float ref_i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
     const size_t gpr = m->cols / CQ_GROUP;
     float acc = 0.0f;
+    if (kq_is(m->dtype)) return kq_ref_i8_row(m, r, xq);
     switch (m->dtype) {
     case CQ_DT_Q8_ROW:
     case CQ_DT_Q8_2F: {

@@ -1,5 +1,6 @@
 /* qmat.c -- payload sizes and the decoded side tables of cq_qmat (ISA-independent). */
 #include "qmat.h"
+#include "ggml_kq_scalar.h"
 #include <math.h>
 
 size_t cq_qmat_nbytes(int dtype, size_t rows, size_t cols) {
@@ -16,7 +17,7 @@ size_t cq_qmat_nbytes(int dtype, size_t rows, size_t cols) {
     case CQ_DT_Q2TP:
         if (cols % CQ_GROUP) return 0;
         return rows * cq_tp_gpr(cols) * cq_tp_tile(dtype) + 4 * rows + rows * cq_tp_stride(cols);
-    default: return 0;
+    default: return kq_is(dtype) ? kq_nbytes(dtype, rows, cols) : 0;
     }
 }
 

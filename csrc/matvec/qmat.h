@@ -138,6 +138,8 @@ static inline int cq_xq_family(int dtype) {
     switch (dtype) {
     case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP: return CQ_XQ_Q4;
     case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: return CQ_XQ_Q8;
+    case CQ_DT_Q2_K: case CQ_DT_Q3_K: case CQ_DT_Q4_K: case CQ_DT_Q5_K: case CQ_DT_Q6_K: case CQ_DT_IQ4_XS:
+        return CQ_XQ_Q8; /* ggml_kq_scalar.h: kq_ref_i8_row */
     case CQ_DT_Q2TP: return CQ_XQ_Q2;
     default: return -1;
     }

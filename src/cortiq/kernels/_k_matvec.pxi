@@ -3,12 +3,14 @@
 from libc.stdlib cimport malloc, free
 
 _MV_DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "q8_row": 3, "q4_block": 4, "vbit": 8,
-              "q8_2f": 9, "vbit_ro": 10, "q4_tiled": 11, "q4tp": 15, "q2tp": 16}
+              "q8_2f": 9, "vbit_ro": 10, "q4_tiled": 11, "q4tp": 15, "q2tp": 16,
+              "q2_k": 74, "q3_k": 75, "q4_k": 76, "q5_k": 77, "q6_k": 78, "iq4_xs": 87}
 _MV_VARIABLE = ("vbit", "vbit_ro")  # payload size depends on the data
 # dtypes with integer kernels for int8 activations; "auto" takes the 4-bit-and-below ones
 # in every product, and all of them in the matmat of a prompt chunk (matmat(prompt=True))
-I8_DTYPES = ("q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp")
-AUTO_I8_DTYPES = ("q4_block", "q4_tiled", "q4tp", "q2tp")
+_KQ_DTYPES = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")  # ggml K-quant blocks
+I8_DTYPES = ("q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp") + _KQ_DTYPES
+AUTO_I8_DTYPES = ("q4_block", "q4_tiled", "q4tp", "q2tp") + _KQ_DTYPES
 
 
 def qmat_nbytes(str dtype, size_t rows, size_t cols):

@@ -15,7 +15,9 @@ Exactness contract (see docs/ARCHITECTURE.md, "matvec"):
 
 All of that holds for ``precision="exact"`` (the default of a QTensor made by hand).
 With ``precision="int8"`` (or ``"auto"`` for the 4-bit-and-below dtypes) the products of
-q8_row, q8_2f, q4_block, q4_tiled, q4tp and q2tp quantize x to int8 per group of 32 and
+q8_row, q8_2f, q4_block, q4_tiled, q4tp, q2tp and the ggml K-quants (q2_k, q3_k, q4_k,
+q5_k, q6_k, iq4_xs; ``"auto"`` takes these to int8 too, as llama.cpp does, except in
+matmat, which reads float32 x for them) quantize x to int8 per group of 32 and
 sum in integers: deterministic and still bit-identical across matvec / row_dot /
 rows_dot / matvec_many and thread counts, within a documented error of the exact
 product (docs/ARCHITECTURE.md, "int8 activations"). ``"auto"`` also takes q8_row and
@@ -35,7 +37,7 @@ from . import _kernels as _K
 from ..errors import FormatError
 
 DTYPES = ("f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp",
-          "vbit", "vbit_ro")
+          "vbit", "vbit_ro", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")
 VARIABLE = ("vbit", "vbit_ro")  # payload size depends on the data (validated on wrap)
 I8_DTYPES = _K.I8_DTYPES            # dtypes with integer kernels (precision "int8")
 AUTO_I8_DTYPES = _K.AUTO_I8_DTYPES  # ... of which "auto" takes the 4-bit-and-below ones
@@ -66,7 +68,7 @@ class QTensor:
             need = _K.qmat_nbytes(dtype, rows, cols)
             if need == 0 and rows * cols:
                 raise FormatError(f"QTensor{_at(name)}: {dtype} cannot hold shape {shape} "
-                                  f"(cols % 32 != 0)")
+                                  f"(cols % 32 != 0, or not whole blocks)")
             if raw.size != need:
                 raise FormatError(f"QTensor{_at(name)}: {dtype} {shape} payload must be {need} "
                                   f"bytes, got {raw.size}")

@@ -1,0 +1,219 @@
+"""The ggml K-quant block formats (q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs) as QTensor
+dtypes, multiplied in place from llama.cpp's own block bytes.
+
+The decode is checked bit for bit against the ``gguf`` package's dequantizer (an
+independent implementation); products against a float64 dot of those weights; the int8
+path (x quantized per group of 32, csrc/matvec/ggml_kq_scalar.h: kq_ref_i8_row) against
+the quantization bound; every entry point and thread count against matvec bit for bit;
+every ISA against the scalar reference table.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import cortiq
+from cortiq.cmf.ggml_blocks import FORMATS
+from cortiq.errors import FormatError
+from cortiq.kernels import _kernels as K
+from cortiq.kernels.tensor import QTensor
+
+gguf_quants = pytest.importorskip("gguf.quants")
+from gguf import GGMLQuantizationType  # noqa: E402
+
+KQ = ("q4_k", "q6_k", "q5_k", "q2_k", "q3_k", "iq4_xs")
+U = 2.0 ** -24
+#: byte offsets of each format's f16 super-block scales: (d, dmin or None)
+SCALES = {"q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208, None), "q2_k": (80, 82),
+          "q3_k": (108, None), "iq4_xs": (0, None)}
+
+
+def gguf_decode(raw, dtype, rows, cols):
+    t = GGMLQuantizationType(FORMATS[dtype].ggml_type)
+    with np.errstate(all="ignore"):  # inf/NaN scales: inf/NaN weights, as intended
+        return gguf_quants.dequantize(raw.reshape(rows, -1), t).astype(np.float32).reshape(rows, cols)
+
+
+def blocks(rng, dtype, rows, cols, special=None):
+    """Random block bytes; d / dmin as normal halves of either sign (or `special`)."""
+    f = FORMATS[dtype]
+    nb = rows * cols // f.block_elems
+    raw = rng.integers(0, 256, size=(nb, f.block_bytes), dtype=np.uint8)
+    for off in SCALES[dtype]:
+        if off is None:
+            continue
+        v = (rng.uniform(2.0 ** -12, 2.0 ** -4, nb) * rng.choice([-1.0, 1.0], nb)).astype(np.float16)
+        if special is not None:
+            pick = rng.random(nb) < 0.3
+            v[pick] = np.float16(special)
+        raw[:, off:off + 2] = v.view(np.uint8).reshape(nb, 2)
+    return raw.reshape(-1)
+
+
+def abs_weights(raw, dtype, rows, cols):
+    """|d * sc * q| + |dmin * mn| per weight: the magnitudes the products' rounding
+    scales with (the mins cancel against the rest)."""
+    off_d, off_m = SCALES[dtype]
+    b = raw.reshape(-1, FORMATS[dtype].block_bytes).copy()
+    d = b[:, off_d:off_d + 2].copy().view(np.float16)
+    b[:, off_d:off_d + 2] = np.abs(d).view(np.uint8)
+    if off_m is None:
+        return np.abs(gguf_decode(b.reshape(-1), dtype, rows, cols)).astype(np.float64)
+    m = b[:, off_m:off_m + 2].copy().view(np.float16)
+    b[:, off_m:off_m + 2] = (-np.abs(m)).view(np.uint8)
+    # with d >= 0 and dmin <= 0: d*sc*q - dmin*mn = |d*sc*q| + |dmin*mn| (sc, mn, q >= 0)
+    return gguf_decode(b.reshape(-1), dtype, rows, cols).astype(np.float64)
+
+
+def with_isa(isa, fn, *args):
+    before = K.active_isa()
+    try:
+        K.set_isa(isa)
+        return fn(*args)
+    finally:
+        K.set_isa(before)
+
+
+@pytest.mark.parametrize("dtype", KQ)
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), nblk=st.integers(1, 3), rows=st.integers(1, 5))
+def test_decode_equals_gguf(dtype, seed, nblk, rows):
+    rng = np.random.default_rng(seed)
+    cols = 256 * nblk
+    raw = blocks(rng, dtype, rows, cols)
+    want = gguf_decode(raw, dtype, rows, cols)
+    for isa in K.usable_isas():
+        got = with_isa(isa, lambda: QTensor(raw, dtype, (rows, cols)).dequantize())
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{dtype} {isa}")
+
+
+@pytest.mark.parametrize("dtype", KQ)
+@pytest.mark.parametrize("special", [0.0, 6e-8, np.inf, -np.inf, np.nan])
+def test_decode_special_scales(dtype, special):
+    """Zero and subnormal scales decode as the gguf package does, bit for bit; inf and
+    NaN scales give inf/NaN weights at the same places (NaN payloads aside)."""
+    rng = np.random.default_rng(7)
+    raw = blocks(rng, dtype, 4, 512, special=special)
+    want = gguf_decode(raw, dtype, 4, 512)
+    with np.errstate(invalid="ignore"):
+        got = QTensor(raw, dtype, (4, 512)).dequantize()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_array_equal(got[ok].view(np.uint32), want[ok].view(np.uint32))
+
+
+def make(rng, dtype, rows, cols, precision="exact"):
+    raw = blocks(rng, dtype, rows, cols)
+    return QTensor(raw, dtype, (rows, cols), precision=precision), raw
+
+
+@pytest.mark.parametrize("dtype", KQ)
+def test_exact_products_within_float32_rounding(isa, dtype):
+    rng = np.random.default_rng(1)
+    rows, cols = 13, 768
+    q, raw = make(rng, dtype, rows, cols)
+    w = gguf_decode(raw, dtype, rows, cols).astype(np.float64)
+    x = rng.standard_normal(cols).astype(np.float32)
+    X = rng.standard_normal((5, cols)).astype(np.float32)
+    bound = lambda xx: (cols + 4) * U * (np.abs(w) @ np.abs(xx.astype(np.float64)).T)  # noqa: E731
+    assert (np.abs(q.matvec(x) - w @ x) <= bound(x)).all()
+    assert (np.abs(q.matmat(X) - X.astype(np.float64) @ w.T) <= bound(X).T).all()
+    assert (np.abs(q.matvec_batch(X) - X.astype(np.float64) @ w.T) <= bound(X).T).all()
+
+
+def i8_bound(raw, dtype, rows, cols, x):
+    """|int8 product - float64 product| allowance: x's rounding to d * xq (half a step
+    of its group's d per weight) plus float32 rounding of the combination."""
+    w = gguf_decode(raw, dtype, rows, cols).astype(np.float64)
+    a = abs_weights(raw, dtype, rows, cols)
+    xg = x.astype(np.float64).reshape(-1, 32)
+    d = np.abs(xg).max(axis=1) / 127.0
+    step = np.repeat(d, 32)
+    quant = np.abs(w) @ (step / 2)
+    groups = cols // 32
+    rounding = (groups + 16) * 4 * U * (a @ (np.abs(x.astype(np.float64)) + step))
+    return w @ x.astype(np.float64), quant + rounding
+
+
+@pytest.mark.parametrize("dtype", KQ)
+def test_int8_within_bound_and_entry_points_bit_identical(isa, dtype):
+    rng = np.random.default_rng(2)
+    rows, cols = 37, 1280
+    q, raw = make(rng, dtype, rows, cols, precision="int8")
+    assert q.int8
+    x = rng.standard_normal(cols).astype(np.float32)
+    x[rng.random(cols) < 0.05] = 0.0
+    want, bound = i8_bound(raw, dtype, rows, cols, x)
+    y = q.matvec(x)
+    assert (np.abs(y - want) <= bound).all(), np.max(np.abs(y - want) / bound)
+    # the other entry points, a misaligned x, odd row ranges
+    buf = np.empty(cols * 4 + 128, np.uint8)
+    off = (-buf.ctypes.data) % 64 + 4
+    xm = buf[off:off + cols * 4].view(np.float32)
+    xm[:] = x
+    np.testing.assert_array_equal(q.matvec(xm), y)
+    np.testing.assert_array_equal(q.rows_dot(3, 7, x), y[3:10])
+    assert q.row_dot(rows - 1, x) == y[-1]
+    other, _ = make(rng, dtype, 5, cols, precision="int8")
+    many = QTensor.matvec_many([q, other], x)
+    np.testing.assert_array_equal(many[0], y)
+    np.testing.assert_array_equal(many[1], other.matvec(x))
+    X = np.stack([x, rng.standard_normal(cols).astype(np.float32)])
+    np.testing.assert_array_equal(q.matvec_batch(X)[0], y)
+
+
+@pytest.mark.parametrize("dtype", KQ)
+def test_threads_bit_identical(isa, threads, dtype):
+    rng = np.random.default_rng(3)
+    rows, cols = 301, 512
+    for precision in ("exact", "int8"):
+        q, _ = make(rng, dtype, rows, cols, precision=precision)
+        x = rng.standard_normal(cols).astype(np.float32)
+        X = rng.standard_normal((3, cols)).astype(np.float32)
+        y, Yb, Y = q.matvec(x), q.matvec_batch(X), q.matmat(X)
+        before = cortiq.get_num_threads()
+        cortiq.set_num_threads(1)
+        try:
+            np.testing.assert_array_equal(q.matvec(x), y)
+            np.testing.assert_array_equal(q.matvec_batch(X), Yb)
+            np.testing.assert_array_equal(q.matmat(X), Y)
+        finally:
+            cortiq.set_num_threads(before)
+
+
+def test_simd_twins_agree_with_reference():
+    """Every usable ISA (AVX-512 with and without VNNI) against the scalar reference,
+    int8 and exact; the VNNI and vpmaddubsw kernels compute the same bits."""
+    rng = np.random.default_rng(11)
+    rows, cols = 29, 2304
+    for dtype in KQ:
+        for precision in ("exact", "int8"):
+            q, raw = make(rng, dtype, rows, cols, precision=precision)
+            x = rng.standard_normal(cols).astype(np.float32)
+            y_ref = with_isa("ref", q.matvec, x).astype(np.float64)
+            tol = 2 * (cols // 32 + 16) * 4 * U * (abs_weights(raw, dtype, rows, cols) @ (np.abs(x) * 1.1))
+            for isa in K.usable_isas():
+                variants = []
+                for hide in ([], ["avx512vnni"]):
+                    K._hide_cpu_features(hide)
+                    try:
+                        variants.append(with_isa(isa, q.matvec, x))
+                    finally:
+                        K._hide_cpu_features([])
+                assert (np.abs(variants[0] - y_ref) <= tol).all(), (dtype, precision, isa)
+                np.testing.assert_array_equal(variants[1], variants[0])
+
+
+@pytest.mark.parametrize("dtype", KQ)
+def test_auto_precision_takes_int8(dtype):
+    q, _ = make(np.random.default_rng(4), dtype, 2, 256, precision="auto")
+    assert q.int8
+
+
+@pytest.mark.parametrize("dtype", KQ)
+def test_bad_shapes_refused(dtype):
+    f = FORMATS[dtype]
+    with pytest.raises(FormatError, match="cannot hold"):
+        QTensor(np.zeros(f.block_bytes, np.uint8), dtype, (1, 128))
+    with pytest.raises(FormatError, match="payload must be"):
+        QTensor(np.zeros(f.block_bytes - 1, np.uint8), dtype, (1, 256))
+    assert K.qmat_nbytes(dtype, 3, 512) == f.nbytes(3, 512)
