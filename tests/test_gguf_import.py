@@ -12,7 +12,6 @@ checkpoints open in cortiq and match.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -31,8 +30,8 @@ from reference import hf_tiny  # noqa: E402
 import cortiq  # noqa: E402
 import cortiq.cmf  # noqa: E402
 from cortiq.convert import hf_llama  # noqa: E402
-from cortiq.convert.gguf_import import (Meta, import_gguf, tokenizer_from_gguf,  # noqa: E402
-                                        unpermute_rows)
+from cortiq.convert.gguf_import import import_gguf  # noqa: E402
+from cortiq.gguf.llama_meta import Meta, tokenizer_from_gguf, unpermute_rows  # noqa: E402
 from cortiq.errors import ConfigError, FormatError  # noqa: E402
 
 T = gguf.GGMLQuantizationType
@@ -55,21 +54,11 @@ def _tokenizer(vocab):
                  "merges": merges, "eos": tokens.index("<|im_end|>"), "add_bos": False}
 
 
-#: GGUF has no per-layer sliding schedule: the Qwen2 case runs without its sliding layer
-OVER = {"qwen2": dict(use_sliding_window=False)}
+OVER = G.CASE_OVERRIDES
 
 
 def _write(tmp_path, case, types, name="m.gguf"):
-    model = H.build(case, seed=4, **OVER.get(case, {}))
-    hf = H.save(model, tmp_path / "hf")
-    arch = hf_llama.arch_from_hf_config(json.loads((hf / "config.json").read_text()))
-    state = _state(model)
-    if arch["tie_word_embeddings"]:
-        state.pop("lm_head.weight", None)
-    tok, spec = _tokenizer(model.config.vocab_size)
-    path = tmp_path / name
-    G.write(path, state, arch, types=types, tokenizer=spec, chat_template=H.CHATML)
-    return model, arch, state, tok, path
+    return G.write_case(tmp_path, case, types, name)
 
 
 def _hf_on(case, f):
@@ -219,13 +208,10 @@ def test_sentencepiece_vocabulary():
             "\u2581c": 5.0}
     scores = [0.0] * len(pieces) + [best.get(w, -1.0) for w in words]
     tokens = pieces + words
-    class FakeMeta(Meta):
-        def __init__(self, values):
-            self.values = values
-    meta = FakeMeta({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
-                     "tokenizer.ggml.scores": scores,
-                     "tokenizer.ggml.token_type": types + [1] * len(words),
-                     "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2})
+    meta = Meta({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+                 "tokenizer.ggml.scores": scores,
+                 "tokenizer.ggml.token_type": types + [1] * len(words),
+                 "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2})
     doc, bundle = tokenizer_from_gguf(meta)
     from tokenizers import Tokenizer
     t = Tokenizer.from_str(doc.decode())

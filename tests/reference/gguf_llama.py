@@ -2,7 +2,7 @@
 
 ``write(path, tensors, arch, ...)`` takes HF-named float32 arrays and the CMF-style
 arch facts (arch_name, sizes, eps, rope) and lays them out the way llama.cpp's
-converter does: ggml names, q/k rows permuted for ``llama`` (interleaved rope),
+converter does: ggml names, q/k rows (weights and biases) permuted for ``llama`` (interleaved rope),
 ``rope_freqs.weight`` for Llama-3 scaling, one GGML type per matrix (``types``: a
 name -> type function), 1-D tensors F32, and a tokenizer (``gpt2`` byte-level BPE from
 a ``tokenizers`` BPE tokenizer, or raw ``llama`` SentencePiece pieces/scores/types).
@@ -115,7 +115,8 @@ def write(path, tensors: dict, arch: dict, *, types=None, tokenizer: dict | None
         w.add_tensor("rope_freqs.weight", np.asarray(arch["rope_freq_factors"], np.float32))
     for name, a in tensors.items():
         a = np.ascontiguousarray(a, np.float32)
-        if g == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if g == "llama" and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias",
+                                           "k_proj.bias")):
             heads = arch["num_attention_heads"] if "q_proj" in name else arch["num_kv_heads"]
             a = permute(a, heads)
         t = T.F32 if a.ndim == 1 or types is None else types(name, a)
@@ -128,3 +129,31 @@ def write(path, tensors: dict, arch: dict, *, types=None, tokenizer: dict | None
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+#: GGUF has no per-layer sliding schedule: the Qwen2 case runs without its sliding layer
+CASE_OVERRIDES = {"qwen2": dict(use_sliding_window=False)}
+
+
+def write_case(tmp_path, case: str, types, name: str = "m.gguf", seed: int = 4):
+    """A tiny random transformers model of `case` (tests/reference/hf_llama.py) written
+    as GGUF with a trained byte-level BPE vocabulary and ChatML. Returns (model, arch,
+    HF state dict as float32, tokenizers.Tokenizer, path)."""
+    from cortiq.convert import hf_llama
+
+    from . import hf_llama as H
+    from . import hf_tiny
+    model = H.build(case, seed=seed, **CASE_OVERRIDES.get(case, {}))
+    hf = H.save(model, tmp_path / f"hf-{name}")
+    arch = hf_llama.arch_from_hf_config(json.loads((hf / "config.json").read_text()))
+    state = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()
+             if not k.endswith("inv_freq")}
+    if arch["tie_word_embeddings"]:
+        state.pop("lm_head.weight", None)
+    tok = hf_tiny.train_tokenizer(model.config.vocab_size)
+    tokens, types_, merges = gpt2_vocab(tok.to_str(), model.config.vocab_size)
+    spec = {"model": "gpt2", "pre": "qwen2", "tokens": tokens, "types": types_,
+            "merges": merges, "eos": tokens.index("<|im_end|>"), "add_bos": False}
+    path = tmp_path / name
+    write(path, state, arch, types=types, tokenizer=spec, chat_template=H.CHATML)
+    return model, arch, state, tok, path

@@ -1,4 +1,5 @@
-"""`cortiq info FILE` and `cortiq verify FILE` (registered in src/cortiq/serve/cli.py).
+"""`cortiq info FILE` and `cortiq verify FILE` (registered in src/cortiq/serve/cli.py),
+for CMF and GGUF files (told apart by their magic).
 
 User errors (missing or malformed file) print one line and return 1: never a traceback.
 """
@@ -16,11 +17,11 @@ def _fmt_bytes(n: float) -> str:
 
 
 def _open(path, verify="lazy"):
-    from ..cmf import open as cmf_open
+    from ..runtime.model_file import open_model_file
     if path is None:                       # no file: the bundled demo model
         from ..demo import demo_path
         path = demo_path()
-    return cmf_open(path, verify=verify)
+    return open_model_file(path, verify=verify)
 
 
 def _fail(e) -> int:
@@ -66,7 +67,16 @@ def cmd_info(args) -> int:
             m = cf.moe
             out.append(f"moe:         {m['num_experts']} experts, top {m['top_k']}, ffn "
                        f"{m['moe_intermediate_size']}")
-        out.append(f"quant_type:  {cf.quant_type}   features 0x{cf.features:x}")
+        gguf = getattr(cf, "layout", None)          # a GgufFile's parsed container
+        if gguf is not None:
+            kinds: dict = {}
+            for t in gguf.tensors.values():
+                kinds[t.type.name] = kinds.get(t.type.name, 0) + 1
+            out.append(f"format:      GGUF v{gguf.version} ({cf.gguf_architecture}), "
+                       f"{_fmt_bytes(int(cf.buf.size))}; ggml types: " + ", ".join(
+                           f"{k} {n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])))
+        else:
+            out.append(f"quant_type:  {cf.quant_type}   features 0x{cf.features:x}")
         by: dict = {}
         for t in cf.tensors.values():
             c, b = by.get(t.dtype, (0, 0))
@@ -77,7 +87,8 @@ def cmd_info(args) -> int:
             out.append(f"  {d:<10} {c:>6} tensors  {_fmt_bytes(b):>12}")
         out.append(_precision_line(by))
         n_tok = cf.sections()["vocab"][1]
-        out.append(f"tokenizer:   {'tokenizer.json, ' + _fmt_bytes(n_tok) if n_tok else 'none'}")
+        kind = "GGUF tokenizer metadata" if gguf is not None else "tokenizer.json"
+        out.append(f"tokenizer:   {kind + ', ' + _fmt_bytes(n_tok) if n_tok else 'none'}")
         tc = cf.tokenizer_config
         if tc:
             tpl = tc.get("chat_template")
@@ -115,15 +126,21 @@ def cmd_verify(args) -> int:
         for p in problems:
             print(p)
         return 1
+    if getattr(cf, "layout", None) is not None:
+        print(f"ok: {n} tensors; GGUF structure checked (header, metadata, tensor types, "
+              "shapes, alignment and extents). A GGUF file stores no hashes: its weights' "
+              "bytes cannot be checked")
+        return 0
     print(f"ok: {n} tensors, header, directory and section hashes match")
     return 0
 
 
 def add_subcommands(sub) -> None:
-    p = sub.add_parser("info", help="describe a CMF file (architecture, dtypes, tokenizer, "
-                                    "skills, masks, shards)")
+    p = sub.add_parser("info", help="describe a CMF or GGUF file (architecture, dtypes, "
+                                    "tokenizer, skills, masks, shards)")
     p.add_argument("file", nargs="?", help="default: the bundled demo model")
     p.set_defaults(func=cmd_info)
-    p = sub.add_parser("verify", help="check every hash of a CMF file; exit 1 on problems")
+    p = sub.add_parser("verify", help="check every hash of a CMF file (a GGUF file: its "
+                                      "structure); exit 1 on problems")
     p.add_argument("file", nargs="?", help="default: the bundled demo model")
     p.set_defaults(func=cmd_verify)

@@ -16,7 +16,7 @@ from ..errors import ConfigError
 
 def _add_model_options(p):
     p.add_argument("model", metavar="MODEL", nargs="?", default=None,
-                   help="the .cmf model file (default: the bundled demo model)")
+                   help="the .cmf or .gguf model file (default: the bundled demo model)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads")
     p.add_argument("--skill", default=None,
                    help="skill id, 'auto', or a blend 'a=0.7,b=0.3'")
@@ -448,8 +448,8 @@ def _serve_ray(args) -> int:
     if args.threads is not None and args.threads_per_replica is not None:
         raise ConfigError("give --threads-per-replica (or --threads), not both")
     if args.ray_address is None and args.model is not None:
-        from .. import cmf                # a local instance: the file must be here, check now
-        cmf.open(args.model).close()
+        from ..runtime.model_file import open_model_file  # local: the file must be here
+        open_model_file(args.model).close()
     preload = args.preload
     if preload is None:  # replicas on one host share the mapped file's page cache
         from ..kernels._config import preload_default
@@ -468,7 +468,7 @@ def _serve_ray(args) -> int:
 
 
 def add_subcommands(sub) -> None:
-    from ..convert.gguf_import import architectures as gguf_architectures
+    from ..gguf.llama_meta import architectures as gguf_architectures
     from ..models import converter_names
     r = sub.add_parser("run", help="generate from a prompt (no --prompt: interactive chat)")
     _add_model_options(r)
@@ -516,7 +516,7 @@ def add_subcommands(sub) -> None:
     v.set_defaults(func=cmd_convert)
 
     g = sub.add_parser("import-gguf", help=f"convert a {'/'.join(gguf_architectures())} "
-                                           "GGUF file to CMF (needs the 'gguf' extra)")
+                                           "GGUF file to CMF, every tensor's bytes kept")
     g.add_argument("gguf", metavar="FILE.gguf")
     g.add_argument("out", metavar="OUT.cmf")
     g.add_argument("--quant", default=None,
