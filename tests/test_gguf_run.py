@@ -38,12 +38,11 @@ def _diff(a, b):
     return float(np.abs(np.asarray(a, np.float64) - b).max())
 
 
-def _hf_on_gguf(case, path):
+def _hf_on_gguf(case, path, **over):
     """transformers with exactly the values the GGUF holds, q/k rows back in HF order
     (decoded by the gguf package, independently of cortiq's reader)."""
     reader = gguf.GGUFReader(str(path))
-    arch = dict(G.CASE_OVERRIDES.get(case, {}))
-    m = H.build(case, seed=0, **arch)
+    m = H.build(case, seed=0, **{**G.CASE_OVERRIDES.get(case, {}), **over})
     cfg = m.config
     heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads}
     to_ggml = {G.ggml_name(n): n for n in m.state_dict() if not n.endswith("inv_freq")}
@@ -148,3 +147,25 @@ def test_cli_run_info_verify_on_gguf(tmp_path, capsys):
     (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03\x00\x00\x00\x01")
     assert main(["info", str(tmp_path / "bad.gguf")]) == 1
     assert "GGUF" in capsys.readouterr().err
+
+
+def _k_quants(name, a):
+    """Q4_K_M-like: Q6_K for v/down, Q4_K for the other matrices whose rows are whole
+    256-value super-blocks, IQ2_XXS for the gate (no CMF layout), F32 for the rest."""
+    if a.ndim != 2 or a.shape[1] % 256:
+        return T.F32
+    if "gate_proj" in name:
+        return T.IQ2_XXS
+    return T.Q6_K if ("v_proj" in name or "down_proj" in name) else T.Q4_K
+
+
+@pytest.mark.parametrize("case", ["llama3", "qwen3"])
+def test_k_quant_file_runs_as_it_is(tmp_path, case):
+    sizes = dict(hidden_size=256, intermediate_size=512)
+    model, _arch, _st, _tok, path = G.write_case(tmp_path, case, _k_quants, **sizes)
+    ids = H.sequence(model.config.vocab_size, 12, seed=5)
+    ref = H.full_logits(_hf_on_gguf(case, path, **sizes), ids)
+    with cortiq.LLM(path, precision="exact") as llm:
+        kinds = {t.dtype for t in llm.file.tensors.values()}
+        assert {"q4_k", "q6_k", "iq2_xxs"} <= kinds
+        assert _diff(llm.session().feed(ids, want="all"), ref) <= 1e-4

@@ -60,6 +60,34 @@ def gpt2_vocab(tokenizer_json: str | bytes, vocab_size: int):
     return tokens, types, merges
 
 
+#: byte offsets of the f16 super-block scales (d, dmin) in the block types the gguf
+#: package cannot quantize
+_F16_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+               "Q6_K": (208,), "IQ4_XS": (0,), "IQ2_XXS": (0,), "IQ2_XS": (0,),
+               "IQ3_XXS": (0,)}
+
+
+def random_blocks(qtype, rows: int, cols: int, seed: int = 0,
+                  peak: float = 0.1) -> np.ndarray:
+    """Random [rows, bytes per row] blocks of ggml type `qtype` whose f16 scales are set
+    so that the largest decoded weight is about `peak` (random codes and sub-scales;
+    the gguf package decodes them)."""
+    import gguf
+    elems, size = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, (rows, cols // elems, size), dtype=np.uint8)
+    fields = _F16_FIELDS[qtype.name]
+
+    def set_scale(v):
+        for off in fields:
+            b[..., off:off + 2] = np.full(b.shape[:2], v, np.float16).view(np.uint8).reshape(
+                *b.shape[:2], 2)
+    set_scale(1.0)
+    top = float(np.abs(gguf.quants.dequantize(b.reshape(rows, -1), qtype)).max())
+    set_scale(peak / top)
+    return b.reshape(rows, -1)
+
+
 def write(path, tensors: dict, arch: dict, *, types=None, tokenizer: dict | None = None,
           chat_template: str | None = None) -> None:
     """Write a GGUF file. `tensors`: HF name -> float32 array; `arch`: arch_name,
@@ -123,7 +151,10 @@ def write(path, tensors: dict, arch: dict, *, types=None, tokenizer: dict | None
         if t in (T.F32, T.F16):
             w.add_tensor(ggml_name(name), a.astype(np.float32 if t == T.F32 else np.float16))
         else:
-            q = gguf.quants.quantize(a, t)
+            try:
+                q = gguf.quants.quantize(a, t)
+            except NotImplementedError:          # K-quants, IQ*: random blocks instead
+                q = random_blocks(t, a.shape[0], a.shape[1], seed=len(name))
             w.add_tensor(ggml_name(name), q, raw_dtype=t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -135,7 +166,7 @@ def write(path, tensors: dict, arch: dict, *, types=None, tokenizer: dict | None
 CASE_OVERRIDES = {"qwen2": dict(use_sliding_window=False)}
 
 
-def write_case(tmp_path, case: str, types, name: str = "m.gguf", seed: int = 4):
+def write_case(tmp_path, case: str, types, name: str = "m.gguf", seed: int = 4, **over):
     """A tiny random transformers model of `case` (tests/reference/hf_llama.py) written
     as GGUF with a trained byte-level BPE vocabulary and ChatML. Returns (model, arch,
     HF state dict as float32, tokenizers.Tokenizer, path)."""
@@ -143,7 +174,7 @@ def write_case(tmp_path, case: str, types, name: str = "m.gguf", seed: int = 4):
 
     from . import hf_llama as H
     from . import hf_tiny
-    model = H.build(case, seed=seed, **CASE_OVERRIDES.get(case, {}))
+    model = H.build(case, seed=seed, **{**CASE_OVERRIDES.get(case, {}), **over})
     hf = H.save(model, tmp_path / f"hf-{name}")
     arch = hf_llama.arch_from_hf_config(json.loads((hf / "config.json").read_text()))
     state = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()
