@@ -181,7 +181,7 @@ def _cases(walk, size):
 @pytest.mark.parametrize("which", range(17))
 def test_corrupt_field(tiny, tmp_path, which):
     data, walk, _ = tiny
-    name, at, fmt, value, pattern = _cases(walk, len(data))[which]
+    _what, at, fmt, value, pattern = _cases(walk, len(data))[which]
     with pytest.raises(FormatError, match=pattern):
         _open_damaged(tmp_path, _patch(data, at, fmt, value))
 
