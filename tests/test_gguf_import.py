@@ -12,7 +12,6 @@ checkpoints open in cortiq and match.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -31,8 +30,8 @@ from reference import hf_tiny  # noqa: E402
 import cortiq  # noqa: E402
 import cortiq.cmf  # noqa: E402
 from cortiq.convert import hf_llama  # noqa: E402
-from cortiq.convert.gguf_import import (Meta, import_gguf, tokenizer_from_gguf,  # noqa: E402
-                                        unpermute_rows)
+from cortiq.convert.gguf_import import import_gguf  # noqa: E402
+from cortiq.gguf.llama_meta import Meta, tokenizer_from_gguf, unpermute_rows  # noqa: E402
 from cortiq.errors import ConfigError, FormatError  # noqa: E402
 
 T = gguf.GGMLQuantizationType
@@ -55,21 +54,11 @@ def _tokenizer(vocab):
                  "merges": merges, "eos": tokens.index("<|im_end|>"), "add_bos": False}
 
 
-#: GGUF has no per-layer sliding schedule: the Qwen2 case runs without its sliding layer
-OVER = {"qwen2": dict(use_sliding_window=False)}
+OVER = G.CASE_OVERRIDES
 
 
 def _write(tmp_path, case, types, name="m.gguf"):
-    model = H.build(case, seed=4, **OVER.get(case, {}))
-    hf = H.save(model, tmp_path / "hf")
-    arch = hf_llama.arch_from_hf_config(json.loads((hf / "config.json").read_text()))
-    state = _state(model)
-    if arch["tie_word_embeddings"]:
-        state.pop("lm_head.weight", None)
-    tok, spec = _tokenizer(model.config.vocab_size)
-    path = tmp_path / name
-    G.write(path, state, arch, types=types, tokenizer=spec, chat_template=H.CHATML)
-    return model, arch, state, tok, path
+    return G.write_case(tmp_path, case, types, name)
 
 
 def _hf_on(case, f):
@@ -219,13 +208,10 @@ def test_sentencepiece_vocabulary():
             "\u2581c": 5.0}
     scores = [0.0] * len(pieces) + [best.get(w, -1.0) for w in words]
     tokens = pieces + words
-    class FakeMeta(Meta):
-        def __init__(self, values):
-            self.values = values
-    meta = FakeMeta({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
-                     "tokenizer.ggml.scores": scores,
-                     "tokenizer.ggml.token_type": types + [1] * len(words),
-                     "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2})
+    meta = Meta({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+                 "tokenizer.ggml.scores": scores,
+                 "tokenizer.ggml.token_type": types + [1] * len(words),
+                 "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2})
     doc, bundle = tokenizer_from_gguf(meta)
     from tokenizers import Tokenizer
     t = Tokenizer.from_str(doc.decode())
@@ -244,3 +230,72 @@ def test_from_pretrained_takes_a_gguf_file(tmp_path):
     mtime = os.path.getmtime(first)
     with cortiq.LLM.from_pretrained(path, cache_dir=tmp_path / "cache") as llm:
         assert llm.path == first and os.path.getmtime(first) == mtime
+
+
+def _k_mix(name, a):
+    if a.ndim != 2 or a.shape[1] % 256:
+        return T.F16 if a.ndim == 2 else T.F32
+    return T.Q6_K if "down_proj" in name else (T.Q4_0 if "up_proj" in name else T.Q4_K)
+
+
+@pytest.mark.parametrize("case", ["llama_tied_bias", "qwen3"])
+def test_import_keeps_every_tensors_bytes(tmp_path, case):
+    """Float tensors (and block tensors, where the CMF writer knows their dtype) are the
+    GGUF's bytes, q/k rows moved whole into HF's order; the CMF file is no larger than
+    the GGUF (+1 %) when every block type has its CMF dtype."""
+    from cortiq.cmf import quant as Q
+    from cortiq.gguf import open as gguf_open
+    sizes = dict(hidden_size=256, intermediate_size=512)
+    _m, arch, _st, _tok, path = G.write_case(tmp_path, case, _k_mix, **sizes)
+    out = tmp_path / "m.cmf"
+    with pytest.warns(RuntimeWarning) if "q4_k" not in Q.DTYPES else _no_warning():
+        import_gguf(path, out, progress=False)
+    reader = gguf.GGUFReader(str(path))
+    src = {t.name: t for t in reader.tensors}
+    kept = 0
+    with gguf_open(path) as gf, cortiq.cmf.open(out) as f:
+        for name, t in gf.tensors.items():
+            got = f.tensors[name]
+            want = np.asarray(src[t.gguf_name].data).view(np.uint8).reshape(t.shape[0], -1)
+            values = gf.tensor(name).reshape(t.shape[0], -1)
+            proj = name.split(".")[-2]
+            if arch["arch_name"] == "llama" and proj in ("q_proj", "k_proj"):
+                heads = arch["num_attention_heads"] if proj == "q_proj" else arch["num_kv_heads"]
+                want, values = unpermute_rows(want, heads), unpermute_rows(values, heads)
+            if t.dtype in ("f32", "f16", "bf16") or t.dtype in Q.DTYPES:
+                assert got.dtype == t.dtype, name
+                np.testing.assert_array_equal(f.raw(name), want.ravel(), err_msg=name)
+                kept += 1
+            elif t.dtype == "q4_0":                 # re-packed: the same values
+                assert got.dtype == "q4_tiled"
+                np.testing.assert_array_equal(f.tensor(name).reshape(values.shape), values)
+        assert kept >= sum(1 for t in gf.tensors.values() if t.dtype in ("f32", "f16"))
+        if all(t.dtype in Q.DTYPES for t in gf.tensors.values()):
+            assert os.path.getsize(out) / os.path.getsize(path) <= 1.01
+
+
+class _no_warning:
+    def __enter__(self):
+        import warnings
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.simplefilter("error", RuntimeWarning)
+
+    def __exit__(self, *exc):
+        return self._w.__exit__(*exc)
+
+
+def test_import_size_with_exact_layouts(tmp_path):
+    """F16 / F32 / Q4_0 files: every tensor kept (re-packed Q4_0 is the same size): the
+    payloads add up to the GGUF's exactly, and the file (4 KiB-aligned big tensors, a
+    tokenizer.json for the vocabulary) is within 1 % of the GGUF's size."""
+    sizes = dict(hidden_size=512, intermediate_size=1536, vocab_size=512)
+    _m, _arch, _st, _tok, path = G.write_case(
+        tmp_path, "llama3", lambda n, a: T.Q4_0 if "mlp" in n else T.F16, **sizes)
+    out = tmp_path / "m.cmf"
+    import_gguf(path, out, progress=False)
+    from cortiq.gguf import open as gguf_open
+    with gguf_open(path) as gf, cortiq.cmf.open(out) as f:
+        assert sum(t.nbytes for t in f.tensors.values()) == sum(
+            t.nbytes for t in gf.tensors.values())
+    assert os.path.getsize(out) / os.path.getsize(path) <= 1.01

@@ -20,6 +20,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("kernels", ("cortiq.kernels",)),
     ("cmf", ("cortiq.cmf",)),
     ("models", ("cortiq.models",)),
+    # GGUF files as models: the Llama family's names come from the models' registry
+    ("gguf", ("cortiq.gguf",)),
     ("convert", ("cortiq.convert", "cortiq.pretrained", "cortiq.hub", "cortiq.model_cache")),
     ("gpu", ("cortiq.gpu",)),
     ("text", ("cortiq.text",)),

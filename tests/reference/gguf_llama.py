@@ -2,7 +2,7 @@
 
 ``write(path, tensors, arch, ...)`` takes HF-named float32 arrays and the CMF-style
 arch facts (arch_name, sizes, eps, rope) and lays them out the way llama.cpp's
-converter does: ggml names, q/k rows permuted for ``llama`` (interleaved rope),
+converter does: ggml names, q/k rows (weights and biases) permuted for ``llama`` (interleaved rope),
 ``rope_freqs.weight`` for Llama-3 scaling, one GGML type per matrix (``types``: a
 name -> type function), 1-D tensors F32, and a tokenizer (``gpt2`` byte-level BPE from
 a ``tokenizers`` BPE tokenizer, or raw ``llama`` SentencePiece pieces/scores/types).
@@ -60,6 +60,34 @@ def gpt2_vocab(tokenizer_json: str | bytes, vocab_size: int):
     return tokens, types, merges
 
 
+#: byte offsets of the f16 super-block scales (d, dmin) in the block types the gguf
+#: package cannot quantize
+_F16_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+               "Q6_K": (208,), "IQ4_XS": (0,), "IQ2_XXS": (0,), "IQ2_XS": (0,),
+               "IQ3_XXS": (0,)}
+
+
+def random_blocks(qtype, rows: int, cols: int, seed: int = 0,
+                  peak: float = 0.1) -> np.ndarray:
+    """Random [rows, bytes per row] blocks of ggml type `qtype` whose f16 scales are set
+    so that the largest decoded weight is about `peak` (random codes and sub-scales;
+    the gguf package decodes them)."""
+    import gguf
+    elems, size = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, (rows, cols // elems, size), dtype=np.uint8)
+    fields = _F16_FIELDS[qtype.name]
+
+    def set_scale(v):
+        for off in fields:
+            b[..., off:off + 2] = np.full(b.shape[:2], v, np.float16).view(np.uint8).reshape(
+                *b.shape[:2], 2)
+    set_scale(1.0)
+    top = float(np.abs(gguf.quants.dequantize(b.reshape(rows, -1), qtype)).max())
+    set_scale(peak / top)
+    return b.reshape(rows, -1)
+
+
 def write(path, tensors: dict, arch: dict, *, types=None, tokenizer: dict | None = None,
           chat_template: str | None = None) -> None:
     """Write a GGUF file. `tensors`: HF name -> float32 array; `arch`: arch_name,
@@ -115,16 +143,48 @@ def write(path, tensors: dict, arch: dict, *, types=None, tokenizer: dict | None
         w.add_tensor("rope_freqs.weight", np.asarray(arch["rope_freq_factors"], np.float32))
     for name, a in tensors.items():
         a = np.ascontiguousarray(a, np.float32)
-        if g == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if g == "llama" and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias",
+                                           "k_proj.bias")):
             heads = arch["num_attention_heads"] if "q_proj" in name else arch["num_kv_heads"]
             a = permute(a, heads)
         t = T.F32 if a.ndim == 1 or types is None else types(name, a)
         if t in (T.F32, T.F16):
             w.add_tensor(ggml_name(name), a.astype(np.float32 if t == T.F32 else np.float16))
         else:
-            q = gguf.quants.quantize(a, t)
+            try:
+                q = gguf.quants.quantize(a, t)
+            except NotImplementedError:          # K-quants, IQ*: random blocks instead
+                q = random_blocks(t, a.shape[0], a.shape[1], seed=len(name))
             w.add_tensor(ggml_name(name), q, raw_dtype=t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+#: GGUF has no per-layer sliding schedule: the Qwen2 case runs without its sliding layer
+CASE_OVERRIDES = {"qwen2": dict(use_sliding_window=False)}
+
+
+def write_case(tmp_path, case: str, types, name: str = "m.gguf", seed: int = 4, **over):
+    """A tiny random transformers model of `case` (tests/reference/hf_llama.py) written
+    as GGUF with a trained byte-level BPE vocabulary and ChatML. Returns (model, arch,
+    HF state dict as float32, tokenizers.Tokenizer, path)."""
+    from cortiq.convert import hf_llama
+
+    from . import hf_llama as H
+    from . import hf_tiny
+    model = H.build(case, seed=seed, **{**CASE_OVERRIDES.get(case, {}), **over})
+    hf = H.save(model, tmp_path / f"hf-{name}")
+    arch = hf_llama.arch_from_hf_config(json.loads((hf / "config.json").read_text()))
+    state = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()
+             if not k.endswith("inv_freq")}
+    if arch["tie_word_embeddings"]:
+        state.pop("lm_head.weight", None)
+    tok = hf_tiny.train_tokenizer(model.config.vocab_size)
+    tokens, types_, merges = gpt2_vocab(tok.to_str(), model.config.vocab_size)
+    spec = {"model": "gpt2", "pre": "qwen2", "tokens": tokens, "types": types_,
+            "merges": merges, "eos": tokens.index("<|im_end|>"), "add_bos": False}
+    path = tmp_path / name
+    write(path, state, arch, types=types, tokenizer=spec, chat_template=H.CHATML)
+    return model, arch, state, tok, path

@@ -71,6 +71,10 @@ ARCH = _obj(
     logit_multiplier=("num", OPT), g3n=(G3N, OPT), kda_gate_lower_bound=("num", OPT),
 )
 
+#: End-of-turn markers of common chat formats, added to the stop ids when the template
+#: uses them and the tokenizer knows them.
+CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|end_of_turn|>",
+                   "<|endoftext|>", "</s>")
 TOKENIZER_CONFIG = _obj(chat_template=("str", OPT), eos_token_ids=(("list", "u32"), DEF),
                         bos_token_id=("u32", OPT), pad_token_id=("u32", OPT))
 SELECTION = _obj(metric=("str", REQ), phi_layer=("u64", REQ), mean=("str", REQ),

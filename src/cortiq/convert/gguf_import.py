@@ -1,322 +1,48 @@
 """GGUF (llama.cpp) file -> CMF v2 file, for the Llama family (``cortiq import-gguf``).
 
-Reads the file with the ``gguf`` package (the ``gguf`` extra) and writes what
-``cortiq.models.llama`` runs:
+Reads the file with cortiq's own GGUF reader (`cortiq.gguf`: the same metadata -> arch
+record, ggml -> HF names and tokenizer.json as running the GGUF directly) and writes
+what ``cortiq.models.llama`` runs. llama.cpp stores Llama's q/k rows (weights and
+biases) permuted for its interleaved rope; the CMF file gets them back in HF's
+half-split order by moving whole rows (of blocks, for a quantized matrix: exact), so
+it runs the usual way, with no ``rope_interleaved`` flag.
 
-* metadata -> the CMF ``arch`` record: ``general.architecture`` ``llama`` (Llama and
-  Mistral files), ``qwen2``, ``qwen3``; ``{arch}.embedding_length``, ``block_count``,
-  ``feed_forward_length``, ``attention.head_count(_kv)``, ``attention.key_length``,
-  ``attention.layer_norm_rms_epsilon``, ``attention.sliding_window``,
-  ``rope.freq_base``, ``rope.scaling.{type,factor,original_context_length}`` and the
-  ``rope_freqs.weight`` tensor (Llama-3's per-frequency divisors) -> ``rope_freq_factors``.
-* tensors -> HF names. llama.cpp stores Llama's q/k rows permuted for its interleaved
-  rope; they are put back in HF's half-split order (a row permutation, so it applies to
-  quantized rows as they are).
-* the tokenizer -> a ``tokenizers`` tokenizer.json: ``tokenizer.ggml.model`` ``gpt2``
-  (byte-level BPE from ``tokens`` + ``merges``, the pre-tokenizer regex chosen by
-  ``tokenizer.ggml.pre``) or ``llama`` (SentencePiece BPE with byte fallback; merges
-  rebuilt from ``tokens`` + ``scores``, the way HF converts SentencePiece models);
-  control and user-defined tokens become added tokens; BOS is prepended when
-  ``tokenizer.ggml.add_bos_token`` says so; ``tokenizer.chat_template`` and the
-  BOS/EOS/EOT/padding ids go into the chat bundle.
+Tensor types (``quant=None``, the default, keeps every tensor's bytes where CMF has
+the layout):
 
-Tensor types (``quant=None``, the default, keeps the values where a CMF layout can):
-
-=========  =========================================================================
-GGUF       CMF
-=========  =========================================================================
-F32        f32 (exact)
-F16, BF16  f16, bf16 (exact)
-Q4_0       q4_tiled (exact: the same f16 scale and 4-bit codes per 32 weights; only
-           the nibble order within a block differs, so the bytes are re-packed)
-Q8_0       q8_row, re-quantized from the exact Q8_0 values. CMF has no int8 layout
-           with a scale per 32 weights; q8_row keeps one f16 scale per row, so each
-           weight moves by at most half a q8_row step. ``quant="f32"`` keeps them exact.
-other      (Q4_K, Q6_K, Q5_*, ...) dequantized by ``gguf`` and re-quantized to q8_row,
-           with a warning naming the types
-=========  =========================================================================
+===========  =======================================================================
+GGUF         CMF
+===========  =======================================================================
+F32          f32 (the bytes as they are)
+F16, BF16    f16, bf16 (the bytes as they are)
+Q4_0 ...     the ggml block formats of `cortiq.cmf.ggml_blocks` (Q4_0, Q4_1, Q5_0,
+             Q5_1, Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS) as the CMF dtype of the same
+             name (q4_0 ... q6_k, iq4_nl, iq4_xs): the GGUF bytes copied as they are,
+             so the CMF file is the GGUF's size. Where this build's CMF writer does
+             not know those dtypes yet, Q4_0 is re-packed into q4_tiled (the same
+             scale and codes: exact), Q8_0 re-quantized to q8_row (each weight moves by
+             at most half a q8_row step) and the rest dequantized and re-quantized to
+             q8_row with a warning naming the types
+other        (IQ1_*, IQ2_*, IQ3_*, TQ*, ...) dequantized and re-quantized to q8_row,
+             with a warning naming the types
+===========  =======================================================================
 
 Any other ``quant`` re-quantizes every matrix from its dequantized values (``f32``:
 every value exact).
 """
 from __future__ import annotations
 
-import json
-import math
-import os
-import re
 import warnings
 from pathlib import Path
-from typing import Any, cast
 
 import numpy as np
 
-from ..errors import ConfigError, FormatError
-from ..models import builtin_spec
-from .hf_dory import CHAT_END_TOKENS
+from ..errors import ConfigError
+from ..gguf.llama_meta import permuted_heads, unpermute_rows
 
 CONVERTER = "cortiq.convert.gguf_import"
-#: archs whose q/k rows llama.cpp's converter permutes (interleaved rope)
-PERMUTED = ("llama", "mistral")
-
-_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",
-           "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
-_LAYER = {"attn_norm.weight": "input_layernorm.weight",
-          "ffn_norm.weight": "post_attention_layernorm.weight",
-          "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
-          "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
-          "attn_v.weight": "self_attn.v_proj.weight", "attn_v.bias": "self_attn.v_proj.bias",
-          "attn_output.weight": "self_attn.o_proj.weight",
-          "attn_output.bias": "self_attn.o_proj.bias",
-          "attn_q_norm.weight": "self_attn.q_norm.weight",
-          "attn_k_norm.weight": "self_attn.k_norm.weight",
-          "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
-          "ffn_down.weight": "mlp.down_proj.weight", "ffn_gate.bias": "mlp.gate_proj.bias",
-          "ffn_up.bias": "mlp.up_proj.bias", "ffn_down.bias": "mlp.down_proj.bias"}
-_BLK = re.compile(r"blk\.(\d+)\.(.+)")
-
-#: pre-tokenizer regexes by tokenizer.ggml.pre (llama.cpp's names)
-_GPT2_RE = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+")
-_LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
-              r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
-             r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_PRE = {"default": _GPT2_RE, "gpt-2": _GPT2_RE, "gpt2": _GPT2_RE, "llama-bpe": _LLAMA3_RE,
-        "llama3": _LLAMA3_RE, "smaug-bpe": _LLAMA3_RE, "qwen2": _QWEN2_RE,
-        "deepseek-r1-qwen": _QWEN2_RE}
-_TOKEN_CONTROL, _TOKEN_USER = 3, 4
-
-
-def architectures() -> tuple[str, ...]:
-    """The GGUF ``general.architecture`` values imported: the Llama family's arch_names
-    (the registry's, `cortiq.models.SPECS`); a file keeps its name as its arch_name."""
-    return builtin_spec("llama").names
-
-
-def _gguf():
-    try:
-        import gguf
-    except ImportError as e:
-        raise ConfigError("cortiq import-gguf needs the 'gguf' extra (pip install "
-                          f"'cortiq[gguf]'): {e}") from None
-    return gguf
-
-
-# ---- metadata -----------------------------------------------------------------------
-class Meta:
-    """The key/value section of a GGUF file as Python values."""
-
-    def __init__(self, reader):
-        self.reader = reader
-        self.values = {}
-        for name, field in reader.fields.items():
-            if name.startswith("GGUF."):
-                continue
-            try:
-                self.values[name] = field.contents()
-            except (ValueError, UnicodeDecodeError, IndexError) as e:
-                raise FormatError(f"GGUF metadata {name}: unreadable ({e})") from None
-
-    def get(self, key, default=None):
-        return self.values.get(key, default)
-
-    def need(self, key):
-        v = self.values.get(key)
-        if v is None:
-            raise ConfigError(f"GGUF metadata {key}: missing (required)")
-        return v
-
-
-def arch_from_gguf(meta: Meta, tensors: dict) -> tuple[dict, str]:
-    """(CMF arch record, the GGUF architecture name)."""
-    g = meta.get("general.architecture")
-    if g not in architectures():
-        raise ConfigError(f"GGUF metadata general.architecture: {g!r}; cortiq imports "
-                          f"{', '.join(architectures())}")
-    p = f"{g}."
-
-    def pos_int(key, default=None):
-        v = meta.get(p + key, default)
-        if v is None:
-            raise ConfigError(f"GGUF metadata {p}{key}: missing (required)")
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"GGUF metadata {p}{key}: {v!r} is not a positive integer")
-        return int(v)
-
-    hidden, n = pos_int("embedding_length"), pos_int("block_count")
-    nh = pos_int("attention.head_count")
-    nk = pos_int("attention.head_count_kv", nh)
-    hd = pos_int("attention.key_length", hidden // nh)
-    if pos_int("attention.value_length", hd) != hd:
-        raise ConfigError(f"GGUF metadata {p}attention.value_length: differs from key_length")
-    rd = meta.get(p + "rope.dimension_count", hd)
-    if rd != hd:
-        raise ConfigError(f"GGUF metadata {p}rope.dimension_count: {rd}; cortiq rotates "
-                          f"whole heads ({hd})")
-    emb = tensors.get("token_embd.weight")
-    if emb is None:
-        raise FormatError("GGUF: tensor token_embd.weight missing")
-    vocab = int(meta.get(p + "vocab_size") or emb[1][0])
-    window = meta.get(p + "attention.sliding_window")
-    arch = {"arch_name": g, "hidden_size": hidden,
-            "intermediate_size": pos_int("feed_forward_length"), "num_layers": n,
-            "num_attention_heads": nh, "num_kv_heads": nk, "head_dim": hd, "vocab_size": vocab,
-            "max_position_embeddings": pos_int("context_length", 4096),
-            "layer_types": ["SlidingAttention" if window else "FullAttention"] * n,
-            "rms_norm_eps": float(meta.get(p + "attention.layer_norm_rms_epsilon", 1e-6)),
-            "rope_theta": float(meta.get(p + "rope.freq_base", 10000.0)),
-            "tie_word_embeddings": "output.weight" not in tensors}
-    if window:
-        arch["sliding_window"] = int(window)
-    kind = meta.get(p + "rope.scaling.type", "none")
-    factor = float(meta.get(p + "rope.scaling.factor", 1.0) or 1.0)
-    if kind == "linear" and factor != 1.0:
-        arch["rope_freq_factors"] = [factor] * (hd // 2)
-    elif kind == "yarn":
-        orig = meta.get(p + "rope.scaling.original_context_length")
-        if not orig:
-            raise ConfigError(f"GGUF metadata {p}rope.scaling.original_context_length: "
-                              "missing (required for yarn)")
-        af = meta.get(p + "rope.scaling.attn_factor")
-        arch["yarn"] = {"factor": factor, "original_max_position_embeddings": int(orig),
-                        "beta_fast": float(meta.get(p + "rope.scaling.yarn_beta_fast", 32.0)),
-                        "beta_slow": float(meta.get(p + "rope.scaling.yarn_beta_slow", 1.0)),
-                        "attention_factor": float(af) if af else
-                        (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)}
-    elif kind not in ("none", "linear", None):
-        raise ConfigError(f"GGUF metadata {p}rope.scaling.type: {kind!r}; cortiq supports "
-                          "none, linear and yarn")
-    return arch, g
-
-
-# ---- tokenizer ----------------------------------------------------------------------
-def _spm_merges(tokens: list[str], scores, skip=()) -> list[list[str]]:
-    """Merges of a SentencePiece BPE vocabulary: every split of a piece into two pieces,
-    ranked by the merged piece's score (higher first), then by the ids involved. Ids in
-    `skip` (control, user-defined and byte tokens) take no part."""
-    skip = set(skip)
-    vocab = {t: i for i, t in enumerate(tokens) if i not in skip}
-    found = []
-    for piece, pid in vocab.items():
-        for k in range(1, len(piece)):
-            a, b = piece[:k], piece[k:]
-            if a in vocab and b in vocab:
-                found.append((-float(scores[pid]) if scores is not None else pid, pid,
-                              vocab[a], vocab[b], a, b))
-    found.sort()
-    return [[a, b] for *_, a, b in found]
-
-
-def tokenizer_from_gguf(meta: Meta) -> tuple[bytes | None, dict | None]:
-    """(tokenizer.json bytes, chat bundle) from the tokenizer.* metadata, or (None, None)
-    when the file carries no vocabulary."""
-    model = meta.get("tokenizer.ggml.model")
-    tokens = meta.get("tokenizer.ggml.tokens")
-    if model is None or tokens is None:
-        return None, None
-    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    scores = meta.get("tokenizer.ggml.scores")
-    bos = meta.get("tokenizer.ggml.bos_token_id")
-    eos = meta.get("tokenizer.ggml.eos_token_id")
-    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": types[i] == _TOKEN_CONTROL}
-             for i, t in enumerate(tokens) if types[i] in (_TOKEN_CONTROL, _TOKEN_USER)]
-    tok: dict[str, Any]
-    if model == "gpt2":
-        merges = meta.get("tokenizer.ggml.merges") or []
-        pre = meta.get("tokenizer.ggml.pre", "default")
-        regex = _PRE.get(pre)
-        if regex is None:
-            warnings.warn(f"GGUF tokenizer.ggml.pre {pre!r}: not a pre-tokenizer cortiq "
-                          "knows; using GPT-2's split", RuntimeWarning, stacklevel=3)
-            regex = _GPT2_RE
-        tok = {"normalizer": None,
-               "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-                   {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated",
-                    "invert": False},
-                   {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-                    "use_regex": False}]},
-               "decoder": {"type": "ByteLevel", "add_prefix_space": False,
-                           "trim_offsets": False, "use_regex": False},
-               "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                         "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                         "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                         "vocab": {t: i for i, t in enumerate(tokens)},
-                         "merges": [m.split(" ", 1) for m in merges]}}
-        add_bos_default = False
-    elif model == "llama":
-        unk = meta.get("tokenizer.ggml.unknown_token_id", 0)
-        special = [i for i, ty in enumerate(types) if ty in (_TOKEN_CONTROL, _TOKEN_USER, 6)]
-        tok = {"normalizer": {"type": "Sequence", "normalizers": [
-                   {"type": "Prepend", "prepend": "\u2581"},
-                   {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
-               "pre_tokenizer": None,
-               "decoder": {"type": "Sequence", "decoders": [
-                   {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
-                   {"type": "ByteFallback"}, {"type": "Fuse"},
-                   {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
-               "model": {"type": "BPE", "dropout": None,
-                         "unk_token": tokens[unk] if 0 <= unk < len(tokens) else None,
-                         "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                         "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
-                         "vocab": {t: i for i, t in enumerate(tokens)},
-                         "merges": _spm_merges(tokens, scores, special)}}
-        add_bos_default = True
-    else:
-        raise ConfigError(f"GGUF metadata tokenizer.ggml.model: {model!r}; cortiq imports "
-                          "gpt2 (BPE) and llama (SentencePiece) vocabularies")
-    add_bos = meta.get("tokenizer.ggml.add_bos_token", add_bos_default)
-    post = None
-    if add_bos and bos is not None:
-        b = tokens[bos]
-        post = {"type": "TemplateProcessing",
-                "single": [{"SpecialToken": {"id": b, "type_id": 0}},
-                           {"Sequence": {"id": "A", "type_id": 0}}],
-                "pair": [{"SpecialToken": {"id": b, "type_id": 0}},
-                         {"Sequence": {"id": "A", "type_id": 0}},
-                         {"Sequence": {"id": "B", "type_id": 1}}],
-                "special_tokens": {b: {"id": b, "ids": [bos], "tokens": [b]}}}
-    doc = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-           "post_processor": post, **tok}
-    template = meta.get("tokenizer.chat_template")
-    bundle: dict = {}
-    if template:
-        bundle["chat_template"] = template
-    eos_ids = [int(eos)] if eos is not None else []
-    eot = meta.get("tokenizer.ggml.eot_token_id")
-    if eot is not None:
-        eos_ids.append(int(eot))
-    index = {t: i for i, t in enumerate(tokens)}
-    for t in CHAT_END_TOKENS:
-        if template and t in template and t in index:
-            eos_ids.append(index[t])
-    bundle["eos_token_ids"] = list(dict.fromkeys(eos_ids))
-    if bos is not None:
-        bundle["bos_token_id"] = int(bos)
-    pad = meta.get("tokenizer.ggml.padding_token_id")
-    if pad is not None:
-        bundle["pad_token_id"] = int(pad)
-    return json.dumps(doc, ensure_ascii=False).encode("utf-8"), bundle
-
-
-# ---- tensors ------------------------------------------------------------------------
-def hf_name(gguf_name: str) -> str | None:
-    """The HF/CMF name of a GGUF tensor; None for ones the model recomputes."""
-    if gguf_name in _GLOBAL:
-        return _GLOBAL[gguf_name]
-    if gguf_name == "rope_freqs.weight":
-        return None
-    m = _BLK.fullmatch(gguf_name)
-    if m and m.group(2) in _LAYER:
-        return f"model.layers.{m.group(1)}.{_LAYER[m.group(2)]}"
-    raise ConfigError(f"GGUF tensor {gguf_name}: not a Llama-family tensor cortiq knows")
-
-
-def unpermute_rows(a: np.ndarray, n_heads: int) -> np.ndarray:
-    """llama.cpp's q/k row order (pairs interleaved per head) back to HF's (halves)."""
-    rows = a.shape[0]
-    hd = rows // n_heads
-    return a.reshape(n_heads, hd // 2, 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+#: the plain float types, copied as they are
+_FLOATS = ("f32", "f16", "bf16")
 
 
 def q4_0_to_q4_tiled(blocks: np.ndarray) -> np.ndarray:
@@ -330,80 +56,59 @@ def q4_0_to_q4_tiled(blocks: np.ndarray) -> np.ndarray:
     return np.concatenate([b[:, :2], packed], axis=1)
 
 
+def _rows_in_hf_order(raw: np.ndarray, shape: tuple, heads: int | None) -> np.ndarray:
+    """A payload as [rows, row bytes], q/k rows moved back to HF's order when `heads`."""
+    rows = raw.reshape(shape[0], -1)
+    return unpermute_rows(rows, heads) if heads else rows
+
+
 def import_gguf(path, out_path, quant: str | None = None, progress: bool = True) -> None:
     """Convert a Llama/Mistral/Qwen2/Qwen3 GGUF file into one CMF v2 file."""
-    gguf = _gguf()
     from .. import cmf
+    from ..cmf import quant as Q
     from ..cmf.writer import QUANT_LABEL
+    from ..gguf.file import GgufFile
     if quant is not None and quant not in QUANT_LABEL:
         raise ConfigError(f"quant {quant!r} is not one of {', '.join(QUANT_LABEL)}")
     path = Path(path)
-    try:
-        reader = gguf.GGUFReader(os.fspath(path), "r")
-    except (ValueError, OSError, KeyError) as e:
-        if isinstance(e, FileNotFoundError):
-            raise
-        raise FormatError(f"{path}: not a readable GGUF file: {e}") from None
-    T = gguf.GGMLQuantizationType
-    meta = Meta(reader)
-    # name -> (tensor, HF-order shape [rows, cols] or [n])
-    tensors = {t.name: (t, tuple(int(d) for d in reversed(t.shape.tolist()))) for t in reader.tensors}
-    arch, g = arch_from_gguf(meta, tensors)
-    if "rope_freqs.weight" in tensors:
-        ff = np.asarray(gguf.quants.dequantize(tensors["rope_freqs.weight"][0].data,
-                                               tensors["rope_freqs.weight"][0].tensor_type),
-                        np.float64).ravel()
-        if ff.size != arch["head_dim"] // 2:
-            raise FormatError(f"{path}: rope_freqs.weight has {ff.size} values, head_dim "
-                              f"{arch['head_dim']} needs {arch['head_dim'] // 2}")
-        arch["rope_freq_factors"] = [float(x) for x in ff]
-    from .hf_llama import plan_tensors
-    names = {cast(str, hf_name(n)): n for n in tensors if hf_name(n) is not None}
-    order = plan_tensors(arch, {h: tensors[n][1] for h, n in names.items()})
-    tok_json, bundle = tokenizer_from_gguf(meta)
-    lossy: dict[str, list[str]] = {}
-    base = quant or "q8_row"
-
-    def values(t, shape):
-        a = gguf.quants.dequantize(t.data, t.tensor_type)
-        return np.ascontiguousarray(a, np.float32).reshape(shape)
-
-    provenance = {"converter": CONVERTER, "source": path.name, "gguf_architecture": g,
-                  "quant": quant or "nearest"}
-    w = cmf.Writer(out_path, arch=arch, quant=base, tokenizer_json=tok_json,
-                   tokenizer_config=bundle, provenance=provenance, progress=progress,
-                   total=len(order))
-    with w:
-        for h in order:
-            t, shape = tensors[names[h]]
-            kind = T(t.tensor_type)
-            qk = arch["num_attention_heads"] if h.endswith("q_proj.weight") else (
-                arch["num_kv_heads"] if h.endswith("k_proj.weight") else None)
-            permuted = g in PERMUTED and qk is not None
-            if quant is None and kind == T.Q4_0 and len(shape) == 2:
-                blocks = np.asarray(t.data, np.uint8).reshape(shape[0], -1)
-                if permuted:
-                    assert qk is not None                     # permuted implies qk
-                    blocks = unpermute_rows(blocks, qk)
-                w.add_encoded(h, q4_0_to_q4_tiled(blocks), "q4_tiled", shape)
-                continue
-            a = values(t, shape)
-            if permuted:
-                assert qk is not None                         # permuted implies qk
-                a = unpermute_rows(a, qk)
-            if quant is not None:
-                dtype = None                                  # the file quant's §8 rule
-            elif len(shape) == 1 or kind == T.F32:
-                dtype = "f32"
-            elif kind == T.F16:
-                dtype = "f16"
-            elif kind == T.BF16:
-                dtype = "bf16"
-            else:
-                dtype = "q8_row"
-                if kind != T.Q8_0:
-                    lossy.setdefault(kind.name, []).append(h)
-            w.add(h, a, dtype)
+    with GgufFile(path) as gf:
+        arch = {k: v for k, v in gf.arch.items() if k != "rope_interleaved"}
+        g = gf.gguf_architecture
+        from .hf_llama import plan_tensors
+        order = plan_tensors(arch, {h: t.shape for h, t in gf.tensors.items()})
+        tok_json, bundle = gf.tokenizer_json(), gf.tokenizer_config
+        lossy: dict[str, list[str]] = {}
+        provenance = {"converter": CONVERTER, "source": path.name, "gguf_architecture": g,
+                      "quant": quant or "nearest"}
+        w = cmf.Writer(out_path, arch=arch, quant=quant or "q8_row", tokenizer_json=tok_json,
+                       tokenizer_config=bundle, provenance=provenance, progress=progress,
+                       total=len(order))
+        with w:
+            for h in order:
+                t = gf.tensors[h]
+                heads = permuted_heads(g, arch, h)
+                shape = tuple(t.shape)
+                if quant is None and (t.dtype in _FLOATS or t.dtype in Q.DTYPES):
+                    # the GGUF bytes as they are (rows moved whole)
+                    w.add_encoded(h, _rows_in_hf_order(gf.raw(h), shape, heads).ravel(),
+                                  t.dtype, shape)
+                    continue
+                if quant is None and t.dtype == "q4_0":
+                    blocks = _rows_in_hf_order(gf.raw(h), shape, heads)
+                    w.add_encoded(h, q4_0_to_q4_tiled(blocks), "q4_tiled", shape)
+                    continue
+                a = np.ascontiguousarray(gf.tensor(h), np.float32).reshape(shape)
+                if heads:
+                    a = unpermute_rows(a, heads)
+                if quant is not None:
+                    dtype = None                              # the file quant's §8 rule
+                elif len(shape) == 1:
+                    dtype = "f32"
+                else:
+                    dtype = "q8_row"
+                    if t.dtype != "q8_0":
+                        lossy.setdefault(t.ggml_type.name, []).append(h)
+                w.add(h, a, dtype)
     if lossy:
         warnings.warn("GGUF tensor types with no exact CMF layout were dequantized and "
                       "re-quantized to q8_row: " + ", ".join(

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cmf.schema import CHAT_END_TOKENS
 from ..errors import ConfigError
 from ..models.dory.config import ARCH_NAME, EPS, DoryConfig
 from ._safetensors import SafetensorsShard, open_checkpoint
@@ -86,10 +87,6 @@ HF_KEY = {
     "gate_logit_scale_init": "attention_output_gate_logit_scale_init",
 }
 
-#: End-of-turn markers of common chat formats, added to the stop ids when the template
-#: uses them and the tokenizer knows them.
-CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|end_of_turn|>",
-                   "<|endoftext|>", "</s>")
 
 
 # ------------------------------------------------------------------ config

@@ -8,7 +8,8 @@ the file, not from the name:
         a = rmsnorm(h) * w_in
         q, k, v = a Wq (+ bq), a Wk (+ bk), a Wv (+ bv)     (biases: Qwen2)
         q, k = rmsnorm_head(q) * w_q, rmsnorm_head(k) * w_k  (q/k norms: Qwen3)
-        q, k = rope(q), rope(k)                              (halves rotated, HF layout)
+        q, k = rope(q), rope(k)                              (halves rotated, HF layout;
+                                                              pairs with rope_interleaved)
         o = softmax(q.k / sqrt(hd)) v over the window        (GQA; window: Mistral)
         h = h + o Wo (+ bo)
         m = rmsnorm(h) * w_post
@@ -18,7 +19,10 @@ the file, not from the name:
 The rotary frequencies are HF's default ``1 / theta^(2i/hd)``, divided per frequency
 by ``arch.rope_freq_factors`` when present (the converter writes Llama-3's and linear
 scaling's divisors there), or replaced by YaRN's (``arch.yarn``, whose
-``attention_factor`` scales cos and sin).
+``attention_factor`` scales cos and sin). ``arch.rope_interleaved`` (a Llama/Mistral
+GGUF file run as it is, `cortiq.gguf`) rotates adjacent pairs (2i, 2i+1) of each head
+instead of its halves (i, i + hd/2): llama.cpp stores those files' q/k rows in that
+order, and q.k is the same under the same permutation of both.
 
 Which tensors exist decides the operators (docs/cmf-format.md §4.1): ``self_attn.{q,k,v,o}_proj.bias``,
 ``mlp.{gate,up,down}_proj.bias``, ``self_attn.{q,k}_norm.weight``; a missing
@@ -72,6 +76,7 @@ class LlamaConfig:
     windows: list          # per layer: 0 (full) or the sliding window in tokens
     rope_freq_factors: list | None = None
     yarn: dict | None = None
+    rope_interleaved: bool = False     # q/k rows in llama.cpp's pair order (GGUF)
 
     @classmethod
     def from_arch(cls, arch) -> LlamaConfig:
@@ -133,7 +138,7 @@ class LlamaConfig:
                    rope_theta=float(arch.get("rope_theta") or 10000.0),
                    max_pos=int(arch.get("max_position_embeddings") or 0), windows=windows,
                    rope_freq_factors=None if ff is None else [float(x) for x in ff],
-                   yarn=yarn)
+                   yarn=yarn, rope_interleaved=bool(arch.get("rope_interleaved", False)))
 
     def inv_freq(self) -> tuple[np.ndarray, float]:
         """(inverse frequencies, cos/sin scale) of this model's rotary profile."""
@@ -255,8 +260,14 @@ class LlamaModel(ModelBase):
                      else self.embed)
         inv, scale = cfg.inv_freq()
         self.rope = RopeTable(inv, scale)
+        self._rotate = (self._rope_pairs if cfg.rope_interleaved
+                        else K.rope_halfsplit)          # how q/k rows hold each head
         self.attn_scale = float(hd ** -0.5)
         self._ones = np.ones(F, np.float32)          # silu_mul's unit column scales
+
+    def _rope_pairs(self, x, cos, sin):
+        """Rope on adjacent pairs of whole heads (llama.cpp's q/k row order)."""
+        return K.rope_interleaved_tail(x, cos, sin, self.cfg.head_dim)
 
     # -- sequences -------------------------------------------------------------------
     def new_state(self) -> LlamaState:
@@ -372,8 +383,8 @@ class LlamaModel(ModelBase):
                     K.rmsnorm(qs, L.q_norm, eps, out=qs)
                 if L.k_norm is not None:
                     K.rmsnorm(ks, L.k_norm, eps, out=ks)
-                K.rope_halfsplit(qs, cos, sin)                # rope
-                K.rope_halfsplit(ks, cos, sin)
+                self._rotate(qs, cos, sin)                    # rope
+                self._rotate(ks, cos, sin)
                 cache = st.caches[li]                         # cache append
                 cache.put(ks, v[r0:r1].reshape(t, nk, hd), overwrite=False)
                 K.attn_gqa_window(qs, cache.k[:cache.n], cache.v[:cache.n], st.pos, L.window,

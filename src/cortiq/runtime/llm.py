@@ -156,7 +156,8 @@ class LLM:
         if n_threads is not None:
             set_num_threads(n_threads)
         self.path = os.fspath(path)
-        self.file = _cmf.open(self.path, preload=preload, verify=verify)
+        from .model_file import open_model_file
+        self.file = open_model_file(self.path, preload=preload, verify=verify)
         try:
             from ..models import model_class
             from ..models.overlay import SkillRouter, normalize_skill

@@ -1,4 +1,5 @@
-"""`cortiq info MODEL` and `cortiq verify MODEL` (registered in src/cortiq/serve/cli.py).
+"""`cortiq info MODEL` and `cortiq verify MODEL` (registered in src/cortiq/serve/cli.py),
+for CMF and GGUF files (told apart by their magic).
 
 MODEL is any model argument (`cortiq.serve.model_arg`): a checkpoint directory or Hub id
 is described (or checked) as the CMF file it converts to in the cache.
@@ -20,25 +21,13 @@ def _fmt_bytes(n: float) -> str:
     return f"{n}"
 
 
-_GGUF_SAYS = {
-    "info": "cortiq info describes CMF files; run it as it is (cortiq run {p}), or "
-            "convert it with cortiq import-gguf {p} OUT.cmf and describe that",
-    "verify": "GGUF files carry no hashes to check; cortiq verify checks CMF files "
-              "(cortiq import-gguf {p} OUT.cmf writes one, hashed)",
-}
-
-
-def _open(args, command: str, verify="lazy"):
-    from ..cmf import open as cmf_open
-    from ..errors import ConfigError
-    from ..pretrained import file_format
+def _open(args, verify="lazy"):
+    from ..runtime.model_file import open_model_file
     path = model_path(args)
     if path is None:                       # no file: the bundled demo model
         from ..demo import demo_path
         path = demo_path()
-    elif file_format(path) == "gguf":
-        raise ConfigError(f"{path}: a GGUF file: " + _GGUF_SAYS[command].format(p=path))
-    return cmf_open(path, verify=verify)
+    return open_model_file(path, verify=verify)
 
 
 def _fail(e) -> int:
@@ -67,7 +56,7 @@ def _precision_line(by_dtype: dict) -> str:
 
 def cmd_info(args) -> int:
     try:
-        cf = _open(args, "info")
+        cf = _open(args)
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 -- one line, never a traceback
@@ -84,7 +73,16 @@ def cmd_info(args) -> int:
             m = cf.moe
             out.append(f"moe:         {m['num_experts']} experts, top {m['top_k']}, ffn "
                        f"{m['moe_intermediate_size']}")
-        out.append(f"quant_type:  {cf.quant_type}   features 0x{cf.features:x}")
+        gguf = getattr(cf, "layout", None)          # a GgufFile's parsed container
+        if gguf is not None:
+            kinds: dict = {}
+            for t in gguf.tensors.values():
+                kinds[t.type.name] = kinds.get(t.type.name, 0) + 1
+            out.append(f"format:      GGUF v{gguf.version} ({cf.gguf_architecture}), "
+                       f"{_fmt_bytes(int(cf.buf.size))}; ggml types: " + ", ".join(
+                           f"{k} {n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])))
+        else:
+            out.append(f"quant_type:  {cf.quant_type}   features 0x{cf.features:x}")
         by: dict = {}
         for t in cf.tensors.values():
             c, b = by.get(t.dtype, (0, 0))
@@ -95,7 +93,8 @@ def cmd_info(args) -> int:
             out.append(f"  {d:<10} {c:>6} tensors  {_fmt_bytes(b):>12}")
         out.append(_precision_line(by))
         n_tok = cf.sections()["vocab"][1]
-        out.append(f"tokenizer:   {'tokenizer.json, ' + _fmt_bytes(n_tok) if n_tok else 'none'}")
+        kind = "GGUF tokenizer metadata" if gguf is not None else "tokenizer.json"
+        out.append(f"tokenizer:   {kind + ', ' + _fmt_bytes(n_tok) if n_tok else 'none'}")
         tc = cf.tokenizer_config
         if tc:
             tpl = tc.get("chat_template")
@@ -121,7 +120,7 @@ def cmd_info(args) -> int:
 
 def cmd_verify(args) -> int:
     try:
-        cf = _open(args, "verify", verify="off")      # verify() itself lists every problem
+        cf = _open(args, verify="off")      # verify() itself lists every problem
         with cf:
             problems = cf.verify()
             n = len(cf.tensors)
@@ -133,15 +132,21 @@ def cmd_verify(args) -> int:
         for p in problems:
             print(p)
         return 1
+    if getattr(cf, "layout", None) is not None:
+        print(f"ok: {n} tensors; GGUF structure checked (header, metadata, tensor types, "
+              "shapes, alignment and extents). A GGUF file stores no hashes: its weights' "
+              "bytes cannot be checked")
+        return 0
     print(f"ok: {n} tensors, header, directory and section hashes match")
     return 0
 
 
 def add_subcommands(sub) -> None:
-    p = sub.add_parser("info", help="describe a CMF file (architecture, dtypes, tokenizer, "
-                                    "skills, masks, shards)")
+    p = sub.add_parser("info", help="describe a CMF or GGUF file (architecture, dtypes, "
+                                    "tokenizer, skills, masks, shards)")
     add_model_argument(p)
     p.set_defaults(func=cmd_info)
-    p = sub.add_parser("verify", help="check every hash of a CMF file; exit 1 on problems")
+    p = sub.add_parser("verify", help="check every hash of a CMF file (a GGUF file: its "
+                                      "structure); exit 1 on problems")
     add_model_argument(p)
     p.set_defaults(func=cmd_verify)

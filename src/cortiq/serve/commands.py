@@ -496,10 +496,8 @@ def _serve_ray(args) -> int:
     # every host must see it at that path (docs/scaling.md)
     model = model_path(args)
     if args.ray_address is None and model is not None:
-        from ..pretrained import file_format
-        if file_format(model) == "cmf":   # a local instance: the file must open, check now
-            from .. import cmf
-            cmf.open(model).close()
+        from ..runtime.model_file import open_model_file  # local: the file must open here
+        open_model_file(model).close()
     preload = args.preload
     if preload is None:  # replicas on one host share the mapped file's page cache
         from ..kernels._config import preload_default
@@ -518,7 +516,7 @@ def _serve_ray(args) -> int:
 
 
 def add_subcommands(sub) -> None:
-    from ..convert.gguf_import import architectures as gguf_architectures
+    from ..gguf.llama_meta import architectures as gguf_architectures
     from ..models import converter_names
     r = sub.add_parser("run", help="generate from a prompt (no --prompt: interactive chat)")
     _add_model_options(r)
@@ -566,7 +564,7 @@ def add_subcommands(sub) -> None:
     v.set_defaults(func=cmd_convert)
 
     g = sub.add_parser("import-gguf", help=f"convert a {'/'.join(gguf_architectures())} "
-                                           "GGUF file to CMF (needs the 'gguf' extra)")
+                                           "GGUF file to CMF, every tensor's bytes kept")
     g.add_argument("gguf", metavar="FILE.gguf")
     g.add_argument("out", metavar="OUT.cmf")
     g.add_argument("--quant", default=None,

@@ -1,0 +1,10 @@
+"""GGUF (llama.cpp) model files, run in place: a strict parser of the container
+(`parser`), what a Llama-family file's metadata and tensor names mean (`llama_meta`),
+and the model file object `LLM` and the models read (`file.GgufFile`).
+
+    cortiq.gguf.open(path) -> GgufFile      mmap-backed, the GGUF bytes as they are
+    cortiq.gguf.is_gguf(path)               whether the file starts with b"GGUF"
+"""
+from .file import MAGIC, GgufFile, GgufTensorInfo, dtype_of, is_gguf, open
+
+__all__ = ["MAGIC", "GgufFile", "GgufTensorInfo", "dtype_of", "is_gguf", "open"]

@@ -1,0 +1,316 @@
+"""A Llama-family GGUF file opened as a model: what `cortiq.LLM` and the models read
+from a `cortiq.cmf.CmfFile`, taken from the GGUF itself.
+
+    gf = cortiq.gguf.open("model.gguf")
+    gf.arch["hidden_size"]; gf.tensors["lm_head.weight"].dtype   # "q4_k", "f16", ...
+    gf.raw("lm_head.weight")      # uint8 view into the map: exactly the GGUF bytes
+    gf.tensor("model.norm.weight")  # float32
+
+Tensors carry HF names (``model.layers.0.self_attn.q_proj.weight``) and row-major
+shapes ([rows, cols] for GGUF ne = [cols, rows]). Their dtype is cortiq's name of the
+ggml type: ``f32``, ``f16``, ``bf16``, and the ggml block formats by their
+`cortiq.cmf.ggml_blocks` names (``q4_k``, ``q8_0``, ...; other ggml types by their
+lower-case ggml name). `QTensor.from_cmf` multiplies a dtype its kernels know in place
+from the mapped bytes and dequantizes any other once to float32 (through `tensor`).
+
+Llama and Mistral files keep llama.cpp's q/k row order (each head's rotary pairs
+interleaved, `llama_meta.PERMUTED`): the arch record says ``rope_interleaved: True``
+and `cortiq.models.llama` rotates adjacent pairs (2i, 2i+1) instead of halves. q.k
+is the same sum under the same permutation of both, so nothing is copied or re-ordered.
+
+The file is mapped read-only and never written. It has no hashes: `verify` reports the
+structure checks that opening already made (`cortiq.gguf.parser`).
+"""
+from __future__ import annotations
+
+import builtins
+import mmap
+import os
+
+import numpy as np
+
+from ..cmf import quant as Q
+from ..cmf._anon import anon_copy
+from ..cmf.errors import CmfFileNotFound, MissingTensor
+from ..cmf.ggml_blocks import BY_GGML_TYPE
+from ..cmf.hash import hash64
+from ..errors import ConfigError, FormatError
+from .llama_meta import (PERMUTED, Meta, architectures, arch_from_gguf, hf_name,
+                         tokenizer_from_gguf)
+from .parser import GgmlType, GgufLayout, parse
+
+MAGIC = b"GGUF"
+VERIFY_MODES = ("lazy", "full", "off")
+#: ggml's plain float types -> cortiq dtype
+_FLOAT_DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+
+
+def dtype_of(t: GgmlType) -> str:
+    """cortiq's dtype name of a ggml type."""
+    if t.name in _FLOAT_DTYPES:
+        return _FLOAT_DTYPES[t.name]
+    if t.number in BY_GGML_TYPE:
+        return BY_GGML_TYPE[t.number].name
+    return t.name.lower()
+
+
+class GgufTensorInfo:
+    """One tensor of a GGUF model under its HF name. `offset` is absolute in `file`;
+    `hash` is the payload's hash64, computed on first use (GGUF stores none)."""
+
+    __slots__ = ("_buf", "_hash", "dtype", "file", "ggml_type", "gguf_name", "name", "nbytes",
+                 "offset", "shape")
+
+    def __init__(self, name, gguf_name, ggml_type: GgmlType, shape, offset, nbytes, file,
+                 buf):
+        self.name, self.gguf_name, self.ggml_type = name, gguf_name, ggml_type
+        self.dtype = dtype_of(ggml_type)
+        self.shape, self.offset, self.nbytes, self.file = tuple(shape), offset, nbytes, file
+        self._buf = buf
+        self._hash: int | None = None
+
+    @property
+    def numel(self) -> int:
+        return Q.numel(self.shape)
+
+    @property
+    def hash(self) -> int:
+        if self._hash is None:
+            self._hash = int(hash64(self._buf[self.offset:self.offset + self.nbytes]))
+        return self._hash
+
+    def __repr__(self):
+        return (f"GgufTensorInfo({self.name!r} <- {self.gguf_name!r}, {self.dtype} "
+                f"{self.shape}, {self.nbytes} bytes at {self.offset})")
+
+
+def dequantize(raw: np.ndarray, t: GgmlType, shape, where: str) -> np.ndarray:
+    """float32 values of a GGUF payload. The float types and the layouts cortiq's own
+    reference knows are decoded here; any other ggml type through the ``gguf``
+    package's reference decoder (the ``gguf`` extra)."""
+    shape = tuple(int(d) for d in shape)
+    dtype = dtype_of(t)
+    if dtype == "f32":
+        return raw.view("<f4").reshape(shape).astype(np.float32)
+    if dtype == "f16":
+        return raw.view("<f2").reshape(shape).astype(np.float32)
+    if dtype == "bf16":
+        return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    if dtype in Q.DTYPES:
+        return Q.dequantize(raw, dtype, shape)
+    try:
+        import gguf
+    except ImportError:
+        raise ConfigError(f"{where}: decoding {t.name} needs the 'gguf' package (pip install "
+                          "'cortiq[gguf]')") from None
+    rows = raw.reshape(-1, t.nbytes(shape[-1]) if shape else raw.size)
+    with np.errstate(all="ignore"):       # garbage scales may decode to inf/nan
+        out = gguf.quants.dequantize(rows, gguf.GGMLQuantizationType(t.number))
+    return np.ascontiguousarray(out, np.float32).reshape(shape)
+
+
+def is_gguf(path) -> bool:
+    """Whether the file at `path` starts with the GGUF magic."""
+    try:
+        with builtins.open(os.fspath(path), "rb") as fh:
+            return fh.read(4) == MAGIC
+    except (IsADirectoryError, FileNotFoundError):
+        return False
+
+
+class GgufFile:
+    """An open Llama-family GGUF model (see the module docstring)."""
+
+    preload: bool
+    verify_mode: str
+
+    def __init__(self, path, preload: bool = False, verify: str = "lazy"):
+        if verify not in VERIFY_MODES:
+            raise ConfigError(f"verify: expected one of {', '.join(map(repr, VERIFY_MODES))}, "
+                              f"got {verify!r}")
+        self.path = p = os.fspath(path)
+        self.preload, self.verify_mode = bool(preload), verify
+        self._mm = None
+        try:
+            fh = builtins.open(p, "rb")  # noqa: SIM115 -- the with below closes it
+        except FileNotFoundError:
+            raise CmfFileNotFound(f"{p}: no such file") from None
+        except IsADirectoryError:
+            raise FormatError(f"{p}: is a directory, not a GGUF file") from None
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size == 0:
+                raise FormatError(f"{p}: empty file (a GGUF file starts with {MAGIC!r})")
+            if preload:
+                self.buf, self._mm = anon_copy(fh, size, p)
+            else:
+                self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                self.buf = np.frombuffer(self._mm, dtype=np.uint8)
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self) -> None:
+        p = self.path
+        self.layout: GgufLayout = parse(self.buf, p)
+        self.meta = Meta(self.layout.metadata, p)
+        g = self.meta.need("general.architecture")
+        if g not in architectures():
+            raise ConfigError(f"{p}: GGUF general.architecture {g!r}; cortiq runs "
+                              f"{', '.join(architectures())}")
+        gts = self.layout.tensors
+        arch, g = arch_from_gguf(self.meta, {n: t.shape for n, t in gts.items()})
+        if "rope_freqs.weight" in gts:
+            t = gts["rope_freqs.weight"]
+            ff = dequantize(self._bytes(t.offset, t.nbytes), t.type, t.shape,
+                            f"{p}: tensor rope_freqs.weight").ravel()
+            if ff.size != arch["head_dim"] // 2:
+                raise FormatError(f"{p}: GGUF tensor rope_freqs.weight has {ff.size} values, "
+                                  f"head_dim {arch['head_dim']} needs {arch['head_dim'] // 2}")
+            arch["rope_freq_factors"] = [float(x) for x in ff]
+        if g in PERMUTED:
+            arch["rope_interleaved"] = True
+        self.arch = arch
+        self.gguf_architecture = g
+        self.tensors: dict[str, GgufTensorInfo] = {}
+        for name, t in gts.items():
+            try:
+                h = hf_name(name)
+            except ConfigError as e:
+                raise FormatError(f"{p}: {e}") from None
+            if h is not None:
+                self.tensors[h] = GgufTensorInfo(h, name, t.type, t.shape, t.offset,
+                                                 t.nbytes, p, self.buf)
+        self._tokenizer: tuple | None = None
+
+    def _bytes(self, offset: int, nbytes: int) -> np.ndarray:
+        if self.buf is None:
+            raise ValueError(f"{self.path}: file is closed")
+        return self.buf[offset:offset + nbytes]
+
+    # ---- what CmfFile offers ------------------------------------------------------
+    masks = None
+    sparse_index = None
+    moe = None
+    shard = None
+    features = 0
+
+    @property
+    def skills(self) -> list:
+        return []
+
+    @property
+    def files(self) -> list:
+        return [self.path]
+
+    @property
+    def quant_type(self) -> str:
+        """The dtype holding most of the matrix bytes (a GGUF mixes several)."""
+        by: dict = {}
+        for t in self.tensors.values():
+            if len(t.shape) == 2:
+                by[t.dtype] = by.get(t.dtype, 0) + t.nbytes
+        return max(by, key=lambda d: by[d]) if by else "f32"
+
+    @property
+    def provenance(self) -> dict:
+        return {"format": "gguf", "gguf_version": self.layout.version,
+                "gguf_architecture": self.gguf_architecture,
+                "name": self.meta.get("general.name")}
+
+    @property
+    def tokenizer_config(self):
+        return self._tokenizer_parts()[1]
+
+    chat_bundle = tokenizer_config
+
+    def tokenizer_json(self) -> bytes | None:
+        """A tokenizer.json built from the tokenizer.* metadata, or None."""
+        return self._tokenizer_parts()[0]
+
+    def _tokenizer_parts(self) -> tuple:
+        if self._tokenizer is None:
+            try:
+                self._tokenizer = tokenizer_from_gguf(self.meta)
+            except (IndexError, TypeError, ValueError, KeyError) as e:
+                raise FormatError(f"{self.path}: GGUF tokenizer metadata is inconsistent "
+                                  f"({type(e).__name__}: {e})") from None
+        return self._tokenizer
+
+    def sections(self, file=None) -> dict:
+        """{region: (offset, length)}: ``metadata`` (header, keys and tensor directory),
+        ``data`` (the tensor payloads) and ``vocab`` (the tokenizer.ggml.tokens value;
+        (0, 0) when the file has no vocabulary)."""
+        size = int(self.buf.size) if self.buf is not None else 0
+        d = self.layout.data_offset
+        return {"metadata": (0, d), "data": (d, size - d),
+                "vocab": self.layout.key_spans.get("tokenizer.ggml.tokens", (0, 0))}
+
+    def names(self) -> list:
+        return list(self.tensors)
+
+    def __contains__(self, name) -> bool:
+        return name in self.tensors
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def info(self, name: str) -> GgufTensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise MissingTensor(f"{self.path}: no tensor {name!r}") from None
+
+    def resolve(self, name: str, skill=None) -> str:
+        if skill is not None:
+            raise MissingTensor(f"{self.path}: unknown skill {skill!r}; a GGUF file has no "
+                                "skills")
+        return name
+
+    def skill_tensors(self, skill) -> list:
+        return []
+
+    def raw(self, name: str) -> np.ndarray:
+        """Zero-copy read-only uint8 view of the payload of `name` (the GGUF bytes)."""
+        t = self.info(name)
+        return self._bytes(t.offset, t.nbytes)
+
+    def tensor(self, name: str, skill=None) -> np.ndarray:
+        """`name` decoded to float32."""
+        t = self.info(self.resolve(name, skill))
+        return dequantize(self.raw(t.name), t.ggml_type, t.shape,
+                          f"{self.path}: tensor {t.name} ({t.gguf_name})")
+
+    def verify(self, strict: bool = False) -> list:
+        """GGUF stores no hashes: the structure (header, every key, every tensor's type,
+        shape, alignment and extent) was checked on open, so there is nothing more to
+        find; always []."""
+        return []
+
+    def close(self) -> None:
+        self.buf = None
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:  # views handed out are still alive; GC closes it later
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return (f"GgufFile({self.path!r}, arch={self.arch.get('arch_name')!r}, "
+                f"tensors={len(self.tensors)})")
+
+
+def open(path, preload: bool = False, verify: str = "lazy") -> GgufFile:
+    """Open a Llama-family GGUF file read-only (mmap; preload=True copies it into
+    anonymous memory). `verify` is accepted for symmetry with `cortiq.cmf.open`: a
+    GGUF has no hashes to check."""
+    return GgufFile(path, preload, verify)

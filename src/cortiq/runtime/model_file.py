@@ -1,0 +1,28 @@
+"""Open a model file by what it holds, not by its name: a CMF file (magic ``CMF\\x01``)
+through `cortiq.cmf.open`, a GGUF file (magic ``GGUF``) through `cortiq.gguf.open`."""
+from __future__ import annotations
+
+import builtins
+import os
+
+from .. import cmf as _cmf
+from .. import gguf as _gguf
+from ..errors import FormatError
+
+
+def open_model_file(path, preload: bool = False,
+                    verify: str = "lazy") -> _cmf.CmfFile | _gguf.GgufFile:
+    """The open `CmfFile` or `GgufFile` at `path`; FormatError naming both accepted
+    formats for a file that is neither (a missing file: `cmf.CmfFileNotFound`)."""
+    p = os.fspath(path)
+    try:
+        with builtins.open(p, "rb") as fh:
+            magic = fh.read(4)
+    except (FileNotFoundError, IsADirectoryError):
+        return _cmf.open(p, preload=preload, verify=verify)   # its own clear error
+    if magic == _cmf.reader.MAGIC:
+        return _cmf.open(p, preload=preload, verify=verify)
+    if magic == _gguf.MAGIC:
+        return _gguf.open(p, preload=preload, verify=verify)
+    raise FormatError(f"{p}: bad magic {magic!r} at offset 0: neither a CMF file "
+                      f"({_cmf.reader.MAGIC!r}) nor a GGUF file ({_gguf.MAGIC!r})")
