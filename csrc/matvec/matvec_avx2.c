@@ -348,8 +348,10 @@ static inline __m256 q4_fold8(__m256 f, __m256i ab, __m256i cd, __m256 sc, const
                              : _mm256_maskload_ps(d, _mm256_loadu_si256((const __m256i *)(Q4_FIRST8 + 8 - n)));
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), _mm256_mul_ps(sc, dv), f);
 }
-/* groups g and g+1 (the second only if two) of a row, nibbles at p, gs bytes apart */
+/* groups g and g+1 (the second only if two) of a row, nibbles at p, gs bytes apart
+ * (contiguous for q4_block and q4tp: one load) */
 static inline __m256i q4_nibbles2(const uint8_t *p, size_t gs, int two) {
+    if (gs == 16 && two) return _mm256_loadu_si256((const __m256i *)p);
     return _mm256_set_m128i(two ? _mm_loadu_si128((const __m128i *)(p + gs)) : _mm_setzero_si128(),
                             _mm_loadu_si128((const __m128i *)p));
 }
