@@ -423,7 +423,9 @@ __attribute__((target("avx512vbmi"))) static inline __m512 tp_code16_vbmi(const 
  * loops carry unroll pragmas: GCC left the row loop rolled, its sums spilled. Variants:
  * DOT (vpdpbusd or vpmaddubsw + vpmaddwd: the same integers) and VBMI (q4tp's codes
  * decoded by tp_code16_vbmi: the same scales). */
+#ifndef Q4I8_R /* (overridable for an A/B build: -DQ4I8_R=1, 2 or 4) */
 #define Q4I8_R 4
+#endif
 #define Q4I8_VARIANT(SUF, TARGET, DOT, VBMI)                                                               \
     static inline __attribute__((always_inline, target(TARGET))) __m512 q4i8_scales_##SUF(                 \
         const cq_qmat *m, size_t r, size_t g) {                                                           \
@@ -451,13 +453,13 @@ __attribute__((target("avx512vbmi"))) static inline __m512 tp_code16_vbmi(const 
         const size_t gs = tiled ? 18 : 16;                                                                \
         const uint8_t *nb = m->data + gs * r * gpr + (tiled ? 2 : 0);                                     \
         const __m512i m0f = _mm512_set1_epi8(0x0F);                                                       \
-        __m512 f[Q4I8_R];                                                                                 \
+        __m512 f[4];                                                                                       \
         _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) f[i] = _mm512_setzero_ps();                                           \
         for (size_t g0 = 0; g0 < gpr; g0 += 16) {                                                         \
             const size_t n = gpr - g0;                                                                    \
-            __m512i P[Q4I8_R][2]; /* [row][blocks 0-1, 2-3] paired */                                     \
+            __m512i P[4][2];       /* [row][blocks 0-1, 2-3] paired */                                     \
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {                                         \
-                __m512i s[Q4I8_R][2];                                                                     \
+                __m512i s[4][2];                                                                           \
                 _Pragma("GCC unroll 2") for (int b = 0; b < 2; b++) {                                     \
                     const size_t gb = 8 * (size_t)h + 4 * (size_t)b, blk = (g0 + gb) / 4;                 \
                     if (gb >= n) {                                                                        \
@@ -495,8 +497,8 @@ __attribute__((target("avx512vbmi"))) static inline __m512 tp_code16_vbmi(const 
     __attribute__((target(TARGET))) static void q4i8_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr,  \
                                                                 const cq_xq *xq, float *out) {            \
         size_t j = 0;                                                                                     \
-        for (; j + 4 <= nr; j += 4) q4i8_tile_##SUF(m, r0 + j, xq, out + j, 4);                           \
-        for (; j + 2 <= nr; j += 2) q4i8_tile_##SUF(m, r0 + j, xq, out + j, 2);                           \
+        for (; Q4I8_R >= 4 && j + 4 <= nr; j += 4) q4i8_tile_##SUF(m, r0 + j, xq, out + j, 4);                           \
+        for (; Q4I8_R >= 2 && j + 2 <= nr; j += 2) q4i8_tile_##SUF(m, r0 + j, xq, out + j, 2);                           \
         for (; j < nr; j++) q4i8_tile_##SUF(m, r0 + j, xq, out + j, 1);                                   \
     }
 
