@@ -25,6 +25,9 @@ In one run it measures
       figure and n times the one-thread one (cores do not compute faster together, and
       a second vCPU's figure is the noisier), as % of the median read of (b) on n
       threads; a target above it is bound by the core's arithmetic, not by the reads.
+  (g) the matvecs of (b) again as a Markdown table, the rows docs/PERFORMANCE.md keeps
+      (§1.6: GB/s, % of the read measured alternately with it, the read, per thread
+      count, with the kernel table), ready to paste beside an earlier run's.
 Each matvec GB/s figure is printed with its percentage of the read bandwidth measured
 alternately with it (same thread count; best of each), since on a shared machine the
 available bandwidth drifts, and with the target. --quick: 256 MiB buffers, one shape, fewer dtypes.
@@ -233,6 +236,17 @@ def bench_numpy(shape, threads, total, reps):
     return run_numpy(NUMPY_SNIPPET, threads, shape[0], shape[1], total, reps)
 
 
+def print_table(isa, threads, table):
+    """(g): the rows of (b) as Markdown, one line a dtype and shape."""
+    print(f"(g) Markdown table of (b), {isa} kernel table, load average {os.getloadavg()[0]:.2f}")
+    print("| table | dtype | shape | " + " | ".join(f"{th} thr GB/s (% of read) [read GB/s]" for th in threads) + " |")
+    print("|---|---|---|" + "---|" * len(threads))
+    for dt, shape, cells in table:
+        print(f"| {isa} | {dt} | {shape[0]}x{shape[1]} | "
+              + " | ".join("{:.1f} ({:.0f} %) [{:.1f}]".format(*cells[th]) for th in threads) + " |")
+    print()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="short run: 256 MiB, one shape")
@@ -284,6 +298,7 @@ def main():
     prefill = {}
     ceilings = {}
     reads = {th: [] for th in threads}  # the adjacent read references of (b)
+    table = []  # (g): (dtype, shape, {threads: (GB/s, % of read, read GB/s)})
     for shape in shapes:
         for dt in dtypes:
             res, qs = bench_matvec(dt, shape, threads, total, reps, rng, buf)
@@ -299,6 +314,7 @@ def main():
                     fails.append((dt, shape, th, pct, tgt))
                 cells.append(f"{g:6.1f} ({pct:3.0f}%{mark}) [{rd:4.1f}]")
             print(f"    {dt:<9} {shape[0]:>5}x{shape[1]:<6}" + "".join(f"  {c:>32}" for c in cells))
+            table.append((dt, shape, {th: (res[th][0], 100 * res[th][0] / res[th][1], res[th][1]) for th in threads}))
             if shape == shapes[0] and not a.no_ceiling:
                 ceilings[dt] = bench_ceiling(dt, shape[1], threads, reps, rng)
             if not a.no_prefill and shape == shapes[0]:
@@ -353,6 +369,7 @@ def main():
             print(f"    {dt:<11} " + "   ".join(f"{th} thr {c[th]:6.1f} [bound {100 * bound(dt, th) / med[th]:4.0f}%]"
                                                 for th in threads))
         print()
+    print_table(cfg["isa"], threads, table)
     if fails:
         def why(d, t, g):
             b = bound(d, t)

@@ -24,7 +24,7 @@ def output():
 
 def test_every_section_printed(output):
     for head in ("(a) read bandwidth", "(b) cortiq matvec", "(d) prefill", "(e) int8 activations",
-                 "(f) ceilings"):
+                 "(f) ceilings", "(g) Markdown table"):
         assert head in output, head
 
 
@@ -58,3 +58,12 @@ def test_int8_matmat_beside_exact(output):
     exact, int8, ratio = float(f[2]), float(f[4]), float(f[6].rstrip("x"))
     assert exact > 0 and int8 > 0 and "target >= 2.5x" in line
     assert abs(ratio - int8 / exact) <= 0.005 + (int8 / exact) * (0.05 / int8 + 0.05 / exact) + 1e-9
+
+
+def test_markdown_table_has_a_row_per_matvec(output):
+    """(g): one Markdown row per dtype of (b), a cell per thread count, with the table's name."""
+    rows = [line for line in output.splitlines() if line.startswith("| ") and "96x64" in line]
+    assert sorted(r.split(" | ")[1] for r in rows) == sorted(["q8_row", "q4_block", "q4tp+i8", "q8_row+i8"])
+    for r in rows:
+        assert r.split(" | ")[0] in ("| avx512", "| avx2", "| ref", "| neon", "| neon_dotprod"), r
+        assert len(re.findall(r"\d+\.\d \(\d+ %\) \[\d+\.\d\]", r)) == 2, r

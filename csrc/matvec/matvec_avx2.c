@@ -121,93 +121,9 @@ static float dot_row(const cq_qmat *m, size_t r, const float *x) {
 #define CQ_HAVE_XQ_BUILD
 #define xq_build avx2_xq_build
 #define CQ_HAVE_I8_ROWS
-/* int8 activations (spec: ref_i8_row), one row. Two groups per 256-bit register: their
- * 32 nibble bytes split into low and high nibbles meet xq's evens and odds of the same
- * two groups (qmat.h: a block of four keeps each half contiguous); maddubs + madd sum
- * per 4-byte lane from xq's bias, lanes 0-3 hold group g and 4-7 group g+1, scaled by
- * scale * d in float, into two accumulators (by g & 2). Scales are decoded 64 groups
- * at a time. (Read as four lanes side by side these rows ran slower: drv_streams
- * reads every int8 row in row order.) */
-static float i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
-    const size_t gpr = m->cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;
-    const uint8_t *nb = m->data + gs * r * gpr + (gs == 18 ? 2 : 0);
-    const __m256i m0f = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    float sw[64 + 1];
-    __m256 f0 = _mm256_setzero_ps(), f1 = f0;
-    for (size_t g0 = 0; g0 < gpr; g0 += 64) {
-        const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;
-        avx2_group_scales(m, r, g0, ng, sw);
-        sw[ng] = 0.0f;
-        for (size_t gi = 0; gi < ng; gi += 2) {
-            const size_t g = g0 + gi;
-            const uint8_t *p = nb + gs * g;
-            const int two = gi + 1 < ng;
-            CQ_STREAM_PF(p);
-            __m128i n0 = _mm_loadu_si128((const __m128i *)p);
-            __m128i n1 = two ? _mm_loadu_si128((const __m128i *)(p + gs)) : _mm_setzero_si128();
-            __m256i v = _mm256_set_m128i(n1, n0);
-            __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
-            const int8_t *qe = xq->q + 128 * (g / 4) + 16 * (g % 4);
-            __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i *)qe)),
-                                           _mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i *)(qe + 64))));
-            __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(p16, ones),
-                                            _mm256_load_si256((const __m256i *)(xq->bias + 4 * g)));
-            __m256 sc = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(sw[gi + 1]), _mm_set1_ps(sw[gi])),
-                                      _mm256_load_ps(xq->dl + 4 * g));
-            if (g & 2) f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f1);
-            else f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, f0);
-        }
-    }
-    return cq_hsum8(_mm256_add_ps(f0, f1));
-}
-/* Two rows of i8_row at once: each row's operations are i8_row's in its order (bit for
- * bit its result); the pair shares xq's loads (evens, odds, bias, d), which with the
- * loop bound the one-row code in cache. */
-static void i8_rows2(const cq_qmat *m, size_t r, const cq_xq *xq, float *out) {
-    const size_t gpr = m->cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;
-    const uint8_t *nb0 = m->data + gs * r * gpr + (gs == 18 ? 2 : 0), *nb1 = nb0 + gs * gpr;
-    const __m256i m0f = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    float sw0[64 + 1], sw1[64 + 1];
-    __m256 f0 = _mm256_setzero_ps(), f1 = f0, e0 = f0, e1 = f0;
-    for (size_t g0 = 0; g0 < gpr; g0 += 64) {
-        const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;
-        avx2_group_scales(m, r, g0, ng, sw0);
-        avx2_group_scales(m, r + 1, g0, ng, sw1);
-        sw0[ng] = sw1[ng] = 0.0f;
-        for (size_t gi = 0; gi < ng; gi += 2) {
-            const size_t g = g0 + gi;
-            const uint8_t *p0 = nb0 + gs * g, *p1 = nb1 + gs * g;
-            const int two = gi + 1 < ng;
-            CQ_STREAM_PF(p0);
-            CQ_STREAM_PF(p1);
-            const __m256i v0 = _mm256_set_m128i(two ? _mm_loadu_si128((const __m128i *)(p0 + gs)) : _mm_setzero_si128(),
-                                                _mm_loadu_si128((const __m128i *)p0));
-            const __m256i v1 = _mm256_set_m128i(two ? _mm_loadu_si128((const __m128i *)(p1 + gs)) : _mm_setzero_si128(),
-                                                _mm_loadu_si128((const __m128i *)p1));
-            const int8_t *qe = xq->q + 128 * (g / 4) + 16 * (g % 4);
-            const __m256i xe = _mm256_load_si256((const __m256i *)qe), xo = _mm256_load_si256((const __m256i *)(qe + 64));
-            const __m256i bias = _mm256_load_si256((const __m256i *)(xq->bias + 4 * g));
-            const __m256 dl = _mm256_load_ps(xq->dl + 4 * g);
-            const __m256i q0 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v0, m0f), xe),
-                                                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m0f), xo));
-            const __m256i q1 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v1, m0f), xe),
-                                                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v1, 4), m0f), xo));
-            const __m256i s0 = _mm256_add_epi32(_mm256_madd_epi16(q0, ones), bias);
-            const __m256i s1 = _mm256_add_epi32(_mm256_madd_epi16(q1, ones), bias);
-            const __m256 c0 = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(sw0[gi + 1]), _mm_set1_ps(sw0[gi])), dl);
-            const __m256 c1 = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(sw1[gi + 1]), _mm_set1_ps(sw1[gi])), dl);
-            if (g & 2) {
-                f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), c0, f1);
-                e1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), c1, e1);
-            } else {
-                f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), c0, f0);
-                e0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), c1, e0);
-            }
-        }
-    }
-    out[0] = cq_hsum8(_mm256_add_ps(f0, f1));
-    out[1] = cq_hsum8(_mm256_add_ps(e0, e1));
-}
+/* int8 activations (spec: ref_i8_row): the q4 rows (q4_block, q4_tiled, q4tp) are
+ * q4_i8_rows, after the int8 matmat tiles whose CPU dispatch (i8mm_cpu) it shares. */
+static void q4_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out);
 
 /* q8_row / q8_2f, one group of 32 a step: |w| (u8) times xq carrying w's sign
  * (vpsignb), so the u8 x s8 pairs stay within int16 (|w| <= 128, |xq| <= 127); per
@@ -288,11 +204,7 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
     case CQ_DT_Q2TP:
         for (size_t j = 0; j < nr; j++) out[j] = i8_row_q2(m, r0 + j, xq);
         break;
-    default: {
-        size_t j = 0;
-        for (; j + 2 <= nr; j += 2) i8_rows2(m, r0 + j, xq, out + j);
-        for (; j < nr; j++) out[j] = i8_row(m, r0 + j, xq);
-    }
+    default: q4_i8_rows(m, r0, nr, xq, out);
     }
 }
 
@@ -412,37 +324,95 @@ Q8M2_VARIANT(vex, "avxvnni", _mm256_dpbusd_avx_epi32, 1, 1)
 Q8M2_VARIANT(evex, "avx512vnni,avx512vl", _mm256_dpbusd_epi32, 1, 2)
 #endif
 
-/* q4_block, q4_tiled, q4tp with int8 x, several inputs: i8_row's steps of two groups,
- * each row's nibbles split and its two scales set once per step and met by every
- * input's xq, bias and d (i8_row's operations per input, in its order: vpdpbusd twice
- * from the bias gives the integers of its vpmaddubsw pair + vpmaddwd + bias). */
-#define Q4M2_STEP(DOT2, gi, F)                                                                            \
-    do {                                                                                                  \
-        const size_t g_ = g0 + (gi);                                                                      \
-        const int two_ = (gi) + 1 < ng;                                                                   \
-        __m256i lo_[2], hi_[2];                                                                           \
-        __m256 d_[2];                                                                                     \
-        for (int i = 0; i < R; i++) {                                                                     \
-            const uint8_t *p_ = nb + i * gs * gpr + gs * g_;                                              \
-            CQ_STREAM_PF(p_);                                                                             \
-            const __m256i v_ = _mm256_set_m128i(two_ ? _mm_loadu_si128((const __m128i *)(p_ + gs)) : _mm_setzero_si128(), \
-                                                _mm_loadu_si128((const __m128i *)p_));                    \
-            lo_[i] = _mm256_and_si256(v_, m0f);                                                           \
-            hi_[i] = _mm256_and_si256(_mm256_srli_epi16(v_, 4), m0f);                                     \
-            d_[i] = _mm256_set_m128(_mm_set1_ps(sw[i][(gi) + 1]), _mm_set1_ps(sw[i][gi]));                \
-        }                                                                                                 \
-        for (int k = 0; k < J; k++) {                                                                     \
-            const int8_t *qe_ = xq[k]->q + 128 * (g_ / 4) + 16 * (g_ % 4);                               \
-            const __m256i xe_ = _mm256_load_si256((const __m256i *)qe_);                                  \
-            const __m256i xo_ = _mm256_load_si256((const __m256i *)(qe_ + 64));                           \
-            const __m256i bias_ = _mm256_load_si256((const __m256i *)(xq[k]->bias + 4 * g_));             \
-            const __m256 dl_ = _mm256_load_ps(xq[k]->dl + 4 * g_);                                        \
+/* q4_block, q4_tiled, q4tp with int8 x, one or two rows (the row kernels of
+ * i8_dot_rows). Two groups per 256-bit register: their 32 nibble bytes split into low
+ * and high nibbles meet xq's evens and odds of the same two groups (qmat.h: a block of
+ * four keeps each half contiguous); DOT2 sums the u8 x s8 products per 4-byte lane from
+ * xq's bias (vpdpbusd where the CPU has one, else vpmaddubsw + vpmaddwd: the same
+ * integers), lanes 0-3 holding group g and 4-7 group g+1. Four such steps (8 groups)
+ * are folded at a time: two rounds of unpack + add sum each group's four lanes (exact
+ * integers), one vpermd puts the 8 groups in column order, and one convert, scale
+ * multiply (scale * d) and FMA per 8 groups replace the per-step scale broadcast,
+ * multiply, convert and FMA. Chunks start at multiples of 8 groups of the row, the
+ * accumulator is one register and the row ends with its horizontal sum: the same float
+ * operations in the same order in every variant, in the two-row kernel and in the
+ * multi-input tiles (q4m2), so they agree bit for bit. Scales are decoded 64 groups at
+ * a time. (Read as four lanes side by side these rows ran slower: drv_streams reads
+ * every int8 row in row order.) */
+static const int32_t Q4_GROUP_ORDER8[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+static const int32_t Q4_FIRST8[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+static inline __m256i q4_pair8(__m256i a, __m256i b) {
+    return _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+}
+/* f + (the 8 groups' integer sums) * (sc * d), n of them valid (sc is zero past n) */
+static inline __m256 q4_fold8(__m256 f, __m256i ab, __m256i cd, __m256 sc, const float *d, size_t n) {
+    const __m256i u = _mm256_permutevar8x32_epi32(
+        _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd)),
+        _mm256_loadu_si256((const __m256i *)Q4_GROUP_ORDER8));
+    const __m256 dv = n >= 8 ? _mm256_loadu_ps(d)
+                             : _mm256_maskload_ps(d, _mm256_loadu_si256((const __m256i *)(Q4_FIRST8 + 8 - n)));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), _mm256_mul_ps(sc, dv), f);
+}
+/* groups g and g+1 (the second only if two) of a row, nibbles at p, gs bytes apart
+ * (contiguous for q4_block and q4tp: one load) */
+static inline __m256i q4_nibbles2(const uint8_t *p, size_t gs, int two) {
+    if (gs == 16 && two) return _mm256_loadu_si256((const __m256i *)p);
+    return _mm256_set_m128i(two ? _mm_loadu_si128((const __m128i *)(p + gs)) : _mm_setzero_si128(),
+                            _mm_loadu_si128((const __m128i *)p));
+}
+#define Q4R_SUM(DOT2, v, qe, bias)                                                                        \
+    DOT2(bias, _mm256_and_si256(v, m0f), _mm256_load_si256((const __m256i *)(qe)),                        \
+         _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f), _mm256_load_si256((const __m256i *)((qe) + 64)))
+#define Q4R_VARIANT(SUF, TARGET, DOT2)                                                                     \
+    static inline __attribute__((always_inline, target(TARGET))) void q4r_tile_##SUF(                      \
+        const cq_qmat *m, size_t r, const cq_xq *xq, float *out, const int R) {                           \
+        const size_t gpr = m->cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;                 \
+        const uint8_t *nb = m->data + gs * r * gpr + (gs == 18 ? 2 : 0);                                  \
+        const __m256i m0f = _mm256_set1_epi8(0x0F);                                                       \
+        float sw[2][64 + 8];                                                                              \
+        __m256 f[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};                                         \
+        for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                                         \
+            const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                                              \
             for (int i = 0; i < R; i++) {                                                                 \
-                const __m256i s_ = DOT2(bias_, lo_[i], xe_, hi_[i], xo_);                                 \
-                F[i][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_), _mm256_mul_ps(d_[i], dl_), F[i][k]);    \
+                avx2_group_scales(m, r + i, g0, ng, sw[i]);                                               \
+                _mm256_storeu_ps(sw[i] + ng, _mm256_setzero_ps());                                        \
+            }                                                                                             \
+            for (size_t gi = 0; gi < ng; gi += 8) {                                                       \
+                __m256i s[2][4];                                                                          \
+                for (int k = 0; k < 4; k++) {                                                             \
+                    const size_t gk = gi + 2 * (size_t)k, g = g0 + gk;                                    \
+                    if (gk >= ng) {                                                                       \
+                        s[0][k] = s[1][k] = _mm256_setzero_si256();                                       \
+                        continue;                                                                         \
+                    }                                                                                     \
+                    const int8_t *qe = xq->q + 128 * (g / 4) + 16 * (g % 4);                             \
+                    const __m256i bias = _mm256_load_si256((const __m256i *)(xq->bias + 4 * g));          \
+                    for (int i = 0; i < R; i++) {                                                         \
+                        const uint8_t *p = nb + i * gs * gpr + gs * g;                                    \
+                        CQ_STREAM_PF(p);                                                                  \
+                        const __m256i v = q4_nibbles2(p, gs, gk + 1 < ng);                                \
+                        s[i][k] = Q4R_SUM(DOT2, v, qe, bias);                                             \
+                    }                                                                                     \
+                }                                                                                         \
+                for (int i = 0; i < R; i++)                                                               \
+                    f[i] = q4_fold8(f[i], q4_pair8(s[i][0], s[i][1]), q4_pair8(s[i][2], s[i][3]),         \
+                                    _mm256_loadu_ps(sw[i] + gi), xq->d + g0 + gi, ng - gi);               \
             }                                                                                             \
         }                                                                                                 \
-    } while (0)
+        for (int i = 0; i < R; i++) out[i] = cq_hsum8(f[i]);                                              \
+    }                                                                                                     \
+    __attribute__((target(TARGET))) static void q4r_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr,   \
+                                                               const cq_xq *xq, float *out) {             \
+        size_t j = 0;                                                                                     \
+        for (; j + 2 <= nr; j += 2) q4r_tile_##SUF(m, r0 + j, xq, out + j, 2);                            \
+        for (; j < nr; j++) q4r_tile_##SUF(m, r0 + j, xq, out + j, 1);                                    \
+    }
+
+/* q4_block, q4_tiled, q4tp with int8 x, several inputs: q4r_tile's chunks of 8 groups,
+ * each row's nibbles loaded once per step of two groups and met by every input's xq
+ * and bias, each input's chunk folded as q4r_tile folds it (its operations per input,
+ * in its order: vpdpbusd twice from the bias gives the integers of its vpmaddubsw pair
+ * + vpmaddwd + bias). */
 #define Q4M2_VARIANT(SUF, TARGET, DOT2, RMAX)                                                              \
     static inline __attribute__((always_inline, target(TARGET))) void q4m2_tile_##SUF(                     \
         const cq_qmat *m, size_t r, const cq_xq *const *xq, const int32_t *const *corr, float *Y, size_t ldy, \
@@ -450,24 +420,52 @@ Q8M2_VARIANT(evex, "avx512vnni,avx512vl", _mm256_dpbusd_epi32, 1, 2)
         const size_t gpr = m->cols / CQ_GROUP, gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;                 \
         const uint8_t *nb = m->data + gs * r * gpr + (gs == 18 ? 2 : 0);                                  \
         const __m256i m0f = _mm256_set1_epi8(0x0F);                                                       \
-        __m256 f0[2][4], f1[2][4];                                                                        \
-        float sw[2][64 + 1];                                                                              \
+        __m256 F[2][4];                                                                                   \
+        float sw[2][64 + 8];                                                                              \
         (void)corr;                                                                                       \
         for (int i = 0; i < R; i++)                                                                       \
-            for (int k = 0; k < J; k++) f0[i][k] = f1[i][k] = _mm256_setzero_ps();                        \
+            for (int k = 0; k < J; k++) F[i][k] = _mm256_setzero_ps();                                    \
         for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                                         \
             const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                                              \
             for (int i = 0; i < R; i++) {                                                                 \
                 avx2_group_scales(m, r + i, g0, ng, sw[i]);                                               \
-                sw[i][ng] = 0.0f;                                                                         \
+                _mm256_storeu_ps(sw[i] + ng, _mm256_setzero_ps());                                        \
             }                                                                                             \
-            for (size_t gi = 0; gi < ng; gi += 4) {                                                       \
-                Q4M2_STEP(DOT2, gi, f0);                                                                  \
-                if (gi + 2 < ng) Q4M2_STEP(DOT2, gi + 2, f1);                                             \
+            for (size_t gi = 0; gi < ng; gi += 8) {                                                       \
+                __m256i P[2][4][2]; /* [row][input][steps 0-1, 2-3] paired */                             \
+                for (int h = 0; h < 2; h++) {                                                             \
+                    __m256i s_[2][4][2];                                                                  \
+                    for (int b = 0; b < 2; b++) {                                                         \
+                        const size_t gk = gi + 4 * (size_t)h + 2 * (size_t)b, g_ = g0 + gk;               \
+                        if (gk >= ng) {                                                                   \
+                            for (int i = 0; i < R; i++)                                                   \
+                                for (int k = 0; k < J; k++) s_[i][k][b] = _mm256_setzero_si256();         \
+                            continue;                                                                     \
+                        }                                                                                 \
+                        __m256i v_[2];                                                                    \
+                        for (int i = 0; i < R; i++) {                                                     \
+                            const uint8_t *p_ = nb + i * gs * gpr + gs * g_;                              \
+                            CQ_STREAM_PF(p_);                                                             \
+                            v_[i] = q4_nibbles2(p_, gs, gk + 1 < ng);                                     \
+                        }                                                                                 \
+                        for (int k = 0; k < J; k++) {                                                     \
+                            const int8_t *qe_ = xq[k]->q + 128 * (g_ / 4) + 16 * (g_ % 4);               \
+                            const __m256i bias_ = _mm256_load_si256((const __m256i *)(xq[k]->bias + 4 * g_)); \
+                            for (int i = 0; i < R; i++) s_[i][k][b] = Q4R_SUM(DOT2, v_[i], qe_, bias_);   \
+                        }                                                                                 \
+                    }                                                                                     \
+                    for (int i = 0; i < R; i++)                                                           \
+                        for (int k = 0; k < J; k++) P[i][k][h] = q4_pair8(s_[i][k][0], s_[i][k][1]);      \
+                }                                                                                         \
+                for (int i = 0; i < R; i++) {                                                             \
+                    const __m256 sc_ = _mm256_loadu_ps(sw[i] + gi);                                       \
+                    for (int k = 0; k < J; k++)                                                           \
+                        F[i][k] = q4_fold8(F[i][k], P[i][k][0], P[i][k][1], sc_, xq[k]->d + g0 + gi, ng - gi); \
+                }                                                                                         \
             }                                                                                             \
         }                                                                                                 \
         for (int i = 0; i < R; i++)                                                                       \
-            for (int k = 0; k < J; k++) Y[k * ldy + r + i] = cq_hsum8(_mm256_add_ps(f0[i][k], f1[i][k])); \
+            for (int k = 0; k < J; k++) Y[k * ldy + r + i] = cq_hsum8(F[i][k]);                           \
     }                                                                                                     \
     __attribute__((target(TARGET))) static void q4m2_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr,  \
                                                                 const cq_xq *const *xq,                   \
@@ -490,6 +488,24 @@ Q4M2_VARIANT(vex, "avxvnni", Q4M2_VEX, 1)
 #ifdef CQ_HAVE_VNNI256_FN
 Q4M2_VARIANT(evex, "avx512vnni,avx512vl", Q4M2_EVEX, 2)
 #endif
+Q4R_VARIANT(madd, "avx2", Q4M2_MADD)
+#ifdef CQ_HAVE_AVXVNNI_FN
+Q4R_VARIANT(vex, "avxvnni", Q4M2_VEX)
+#endif
+#ifdef CQ_HAVE_VNNI256_FN
+Q4R_VARIANT(evex, "avx512vnni,avx512vl", Q4M2_EVEX)
+#endif
+static void q4_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
+    switch (i8mm_cpu()) {
+#ifdef CQ_HAVE_AVXVNNI_FN
+    case 1: q4r_rows_vex(m, r0, nr, xq, out); return;
+#endif
+#ifdef CQ_HAVE_VNNI256_FN
+    case 2: q4r_rows_evex(m, r0, nr, xq, out); return;
+#endif
+    default: q4r_rows_madd(m, r0, nr, xq, out);
+    }
+}
 
 /* q2tp with int8 x, several inputs: i8_row_q2's steps of four groups, each row's four
  * phases and scales made once per step and met by every input's xq, bias and d

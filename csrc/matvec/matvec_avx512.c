@@ -352,101 +352,169 @@ static void xq_build_q8(const float *x, size_t cols, void *buf, cq_xq *xq) {
     }
 }
 
-#define I8_BODY(DOT)                                                                            \
-    const size_t gpr = m->cols / CQ_GROUP;                                                       \
-    const int tiled = m->dtype == CQ_DT_Q4_TILED;                                                \
-    const size_t gs = tiled ? 18 : 16;                                                           \
-    const uint8_t *nb = m->data + gs * r * gpr + (tiled ? 2 : 0);                                \
-    const __m512i m0f = _mm512_set1_epi8(0x0F);                                                  \
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);    \
-    __m512 f0 = _mm512_setzero_ps(), f1 = f0;                                                    \
-    float sw[64 + 4];                                                                            \
-    for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                                    \
-        const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                                         \
-        group_scales(m, r, g0, ng, sw);                                                             \
-        for (int k = 0; k < 4; k++) sw[ng + k] = 0.0f;                                           \
-        for (size_t gi = 0; gi < ng; gi += 4) {                                                  \
-            const size_t g = g0 + gi, blk = g / 4;                                               \
-            const uint8_t *p = nb + gs * g;                                                      \
-            if (tiled) CQ_STREAM_PF_SPAN(p, 72);                                                 \
-            else CQ_STREAM_PF(p);                                                                \
-            __m512i v = q4_nibbles4(p, gs, ng - gi);                                             \
-            __m512i lo = _mm512_and_si512(v, m0f);                                               \
-            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);                         \
-            const int8_t *q = xq->q + 128 * blk;                                                 \
-            __m512i isum = DOT(_mm512_load_si512((const void *)(xq->bias + 16 * blk)), lo,       \
-                               _mm512_load_si512((const void *)q));                              \
-            isum = DOT(isum, hi, _mm512_load_si512((const void *)(q + 64)));                     \
-            __m512 sc = _mm512_mul_ps(_mm512_permutexvar_ps(spread, _mm512_castps128_ps512(      \
-                                          _mm_loadu_ps(sw + gi))),                               \
-                                      _mm512_load_ps(xq->dl + 16 * blk));                        \
-            if (gi & 4) f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, f1);                  \
-            else f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, f0);                         \
-        }                                                                                        \
-    }                                                                                            \
-    return _mm512_reduce_add_ps(_mm512_add_ps(f0, f1))
+/* The int8 q4 rows fold four blocks (16 groups) at a time: each block's integer sums
+ * (lanes 4j..4j+3 of block b: group 4b + j) are added across their four lanes by two
+ * rounds of unpack + add (exact integers), which leaves lane 4j + b holding group
+ * 4b + j whole; one vpermd puts the 16 groups in column order, and a single convert,
+ * scale multiply (scale * d, 16 groups) and FMA per 16 groups replace the per-block
+ * spread, multiply, convert and FMA over lanes that repeated each group four times.
+ * Chunks start at multiples of 16 groups of the row; the accumulator is one register
+ * and the row ends with its horizontal sum. Every AVX-512 int8 q4 kernel (q4i8_tile on
+ * 1, 2 or 4 rows, the VBMI q4_tiled rows, the multi-input tiles) does these float
+ * operations in this order, so they agree bit for bit. */
+static const int32_t Q4_GROUP_ORDER[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+static inline __m512i q4_pair(__m512i a, __m512i b) {
+    return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+}
+static inline __m512i q4_quad(__m512i ab, __m512i cd) {
+    return _mm512_permutexvar_epi32(_mm512_loadu_si512((const void *)Q4_GROUP_ORDER),
+                                    _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd)));
+}
+/* f + (the 16 groups' integer sums) * (sc * d), n of them valid (the rest are zero) */
+static inline __m512 q4_fold16(__m512 f, __m512i ab, __m512i cd, __m512 sc, const float *d, size_t n) {
+    const __mmask16 k = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q4_quad(ab, cd)), _mm512_mul_ps(sc, _mm512_maskz_loadu_ps(k, d)), f);
+}
+static inline __m512 q4_scales16(const float *sw, size_t n) {
+    return _mm512_maskz_loadu_ps(n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1), sw);
+}
 
-/* Two rows of q4_block / q4tp (nibbles contiguous, 16 bytes a group) at once: for each
- * row I8_BODY's operations in its order, so bit for bit its result; the pair shares
- * xq's loads (integers, bias, d) and the loop, which bound the one-row code in cache. */
-#define I8_BODY2(DOT)                                                                           \
-    const size_t gpr = m->cols / CQ_GROUP;                                                       \
-    const uint8_t *n0 = m->data + 16 * r * gpr, *n1 = n0 + 16 * gpr;                             \
-    const __m512i m0f = _mm512_set1_epi8(0x0F);                                                  \
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);    \
-    __m512 f0 = _mm512_setzero_ps(), f1 = f0, e0 = f0, e1 = f0;                                  \
-    float sw0[64 + 4], sw1[64 + 4];                                                              \
-    for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                                    \
-        const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                                         \
-        group_scales(m, r, g0, ng, sw0);                                                         \
-        group_scales(m, r + 1, g0, ng, sw1);                                                     \
-        for (int k = 0; k < 4; k++) sw0[ng + k] = sw1[ng + k] = 0.0f;                            \
-        for (size_t gi = 0; gi < ng; gi += 4) {                                                  \
-            const size_t g = g0 + gi, blk = g / 4;                                               \
-            const uint8_t *p0 = n0 + 16 * g, *p1 = n1 + 16 * g;                                  \
-            CQ_STREAM_PF(p0);                                                                    \
-            CQ_STREAM_PF(p1);                                                                    \
-            const __m512i v0 = q4_nibbles4(p0, 16, ng - gi), v1 = q4_nibbles4(p1, 16, ng - gi);  \
-            const int8_t *q = xq->q + 128 * blk;                                                 \
-            const __m512i xa = _mm512_load_si512((const void *)q);                               \
-            const __m512i xb = _mm512_load_si512((const void *)(q + 64));                        \
-            const __m512i bias = _mm512_load_si512((const void *)(xq->bias + 16 * blk));         \
-            const __m512 dl = _mm512_load_ps(xq->dl + 16 * blk);                                 \
-            __m512i s0 = DOT(bias, _mm512_and_si512(v0, m0f), xa);                               \
-            __m512i s1 = DOT(bias, _mm512_and_si512(v1, m0f), xa);                               \
-            s0 = DOT(s0, _mm512_and_si512(_mm512_srli_epi16(v0, 4), m0f), xb);                   \
-            s1 = DOT(s1, _mm512_and_si512(_mm512_srli_epi16(v1, 4), m0f), xb);                   \
-            const __m512 c0 = _mm512_mul_ps(_mm512_permutexvar_ps(spread, _mm512_castps128_ps512( \
-                                                _mm_loadu_ps(sw0 + gi))), dl);                   \
-            const __m512 c1 = _mm512_mul_ps(_mm512_permutexvar_ps(spread, _mm512_castps128_ps512( \
-                                                _mm_loadu_ps(sw1 + gi))), dl);                   \
-            if (gi & 4) {                                                                        \
-                f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), c0, f1);                            \
-                e1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), c1, e1);                            \
-            } else {                                                                             \
-                f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), c0, f0);                            \
-                e0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), c1, e0);                            \
-            }                                                                                    \
-        }                                                                                        \
-    }                                                                                            \
-    out[0] = _mm512_reduce_add_ps(_mm512_add_ps(f0, f1));                                        \
-    out[1] = _mm512_reduce_add_ps(_mm512_add_ps(e0, e1))
+/* One block of four groups of one row against xq: the integer sums (bias included). */
+#define Q4_BLOCK_SUM(DOT, v, xa, xb, bias)                                                        \
+    DOT(DOT(bias, _mm512_and_si512(v, m0f), xa), _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f), xb)
+
+/* The scales of the 16 groups g .. g+15 of row r, decoded in registers (no store and
+ * reload through a scale row): q4_block's 16 halves are contiguous; q4tp's 16 codes
+ * fill 10 bytes (tp_code16, tp_code16_vbmi); q4_tiled's halves are gathered (the VBMI
+ * kernels spread them from the tiles instead). */
+static inline __m512 tp_code16(const uint8_t *p, __m512 l0, __m512 l1) {
+    const __m512i sh = _mm512_setr_epi64(0, 5, 10, 15, 20, 25, 30, 35), m31 = _mm512_set1_epi64(31);
+    uint32_t w0, w1; /* 4 + 1 byte loads: a 5-byte memcpy into a stack qword stalled on store forwarding */
+    memcpy(&w0, p, 4);
+    memcpy(&w1, p + 5, 4);
+    const uint64_t v0 = w0 | (uint64_t)p[4] << 32, v1 = w1 | (uint64_t)p[9] << 32;
+    const __m256i c0 = _mm512_cvtepi64_epi32(_mm512_and_si512(_mm512_srlv_epi64(_mm512_set1_epi64((long long)v0), sh), m31));
+    const __m256i c1 = _mm512_cvtepi64_epi32(_mm512_and_si512(_mm512_srlv_epi64(_mm512_set1_epi64((long long)v1), sh), m31));
+    return _mm512_permutex2var_ps(l0, _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1), l1);
+}
+#ifdef CQ_HAVE_VBMI_CODES
+/* tp_scales_vbmi's step for one 16 codes */
+__attribute__((target("avx512vbmi"))) static inline __m512 tp_code16_vbmi(const uint8_t *p, __m512 l0, __m512 l1) {
+    static const uint8_t place[64] = {0, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 8,
+                                      2, 3, 4, 5, 6, 7, 8, 9, 3, 4, 5, 6, 7, 8, 9, 10,
+                                      5, 6, 7, 8, 9, 10, 11, 12, 6, 7, 8, 9, 10, 11, 12, 13,
+                                      7, 8, 9, 10, 11, 12, 13, 14, 8, 9, 10, 11, 12, 13, 14, 15};
+    const __m512i shift = _mm512_set_epi64(0x0000000b00000006LL, 0x0000000900000004LL, 0x0000000700000002LL,
+                                           0x0000000500000000LL, 0x0000000b00000006LL, 0x0000000900000004LL,
+                                           0x0000000700000002LL, 0x0000000500000000LL);
+    uint16_t tail;
+    memcpy(&tail, p + 8, 2);
+    const __m512i raw = _mm512_zextsi128_si512(_mm_insert_epi16(_mm_loadl_epi64((const __m128i *)p), tail, 4));
+    const __m512i c = _mm512_multishift_epi64_epi8(shift, _mm512_permutexvar_epi8(_mm512_loadu_si512((const void *)place), raw));
+    return _mm512_permutex2var_ps(l0, c, l1);
+}
+#endif
+
+/* Rows r .. r+R-1 (R <= Q4I8_R) of q4_block / q4_tiled / q4tp against one xq: per chunk
+ * of 16 groups, each block's xq and bias loads are shared by the R rows (R weight
+ * streams side by side: on the Zen 4 VM four rows a tile computed 3-16 % more in
+ * cache than two, and one core reads DRAM fastest as four streams, bench_matvec (a)),
+ * and each row folds its chunk with q4_fold16, its scales decoded in registers. The
+ * loops carry unroll pragmas: GCC left the row loop rolled, its sums spilled. Variants:
+ * DOT (vpdpbusd or vpmaddubsw + vpmaddwd: the same integers) and VBMI (q4tp's codes
+ * decoded by tp_code16_vbmi: the same scales). */
+#ifndef Q4I8_R /* (overridable for an A/B build: -DQ4I8_R=1, 2 or 4) */
+#define Q4I8_R 4
+#endif
+#define Q4I8_VARIANT(SUF, TARGET, DOT, VBMI)                                                               \
+    static inline __attribute__((always_inline, target(TARGET))) __m512 q4i8_scales_##SUF(                 \
+        const cq_qmat *m, size_t r, size_t g) {                                                           \
+        const size_t gpr = m->cols / CQ_GROUP;                                                            \
+        switch (m->dtype) {                                                                               \
+        case CQ_DT_Q4_BLOCK: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)q4b_scale_at(m, r, g))); \
+        case CQ_DT_Q4_TILED: {                                                                            \
+            const __m512i at = _mm512_mullo_epi32(                                                        \
+                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(18)); \
+            const __m512i h = _mm512_i32gather_epi32(at, (const void *)(m->data + 18 * (r * gpr + g)), 1);  \
+            return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));                                             \
+        }                                                                                                 \
+        default: {                                                                                        \
+            const uint8_t *cb = m->data + m->rows * gpr * 16 + 4 * m->rows + r * cq_tp_stride(m->cols) + 5 * (g / 8); \
+            const float *ladder = m->aux + 32 * r;                                                        \
+            const __m512 l0 = _mm512_loadu_ps(ladder), l1 = _mm512_loadu_ps(ladder + 16);                 \
+            return VBMI ? Q4I8_TP_VBMI(cb, l0, l1) : tp_code16(cb, l0, l1);                               \
+        }                                                                                                 \
+        }                                                                                                 \
+    }                                                                                                     \
+    static inline __attribute__((always_inline, target(TARGET))) void q4i8_tile_##SUF(                     \
+        const cq_qmat *m, size_t r, const cq_xq *xq, float *out, const int R) {                           \
+        const size_t gpr = m->cols / CQ_GROUP;                                                            \
+        const int tiled = m->dtype == CQ_DT_Q4_TILED;                                                     \
+        const size_t gs = tiled ? 18 : 16;                                                                \
+        const uint8_t *nb = m->data + gs * r * gpr + (tiled ? 2 : 0);                                     \
+        const __m512i m0f = _mm512_set1_epi8(0x0F);                                                       \
+        __m512 f[4];                                                                                       \
+        _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) f[i] = _mm512_setzero_ps();                                           \
+        for (size_t g0 = 0; g0 < gpr; g0 += 16) {                                                         \
+            const size_t n = gpr - g0;                                                                    \
+            __m512i P[4][2];       /* [row][blocks 0-1, 2-3] paired */                                     \
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {                                         \
+                __m512i s[4][2];                                                                           \
+                _Pragma("GCC unroll 2") for (int b = 0; b < 2; b++) {                                     \
+                    const size_t gb = 8 * (size_t)h + 4 * (size_t)b, blk = (g0 + gb) / 4;                 \
+                    if (gb >= n) {                                                                        \
+                        _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) s[i][b] = _mm512_setzero_si512(); \
+                        continue;                                                                         \
+                    }                                                                                     \
+                    const int8_t *q = xq->q + 128 * blk;                                                  \
+                    const __m512i xa = _mm512_load_si512((const void *)q);                                \
+                    const __m512i xb = _mm512_load_si512((const void *)(q + 64));                         \
+                    const __m512i bias = _mm512_load_si512((const void *)(xq->bias + 16 * blk));          \
+                    _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) {                                 \
+                        const uint8_t *p = nb + gs * (i * gpr + g0 + gb);                                 \
+                        if (tiled) CQ_STREAM_PF_SPAN(p, 72);                                              \
+                        else CQ_STREAM_PF(p);                                                             \
+                        const __m512i v = VBMI && tiled && n - gb >= 4 ? q4_tiles4(p) : q4_nibbles4(p, gs, n - gb); \
+                        s[i][b] = Q4_BLOCK_SUM(DOT, v, xa, xb, bias);                                     \
+                    }                                                                                     \
+                }                                                                                         \
+                _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) P[i][h] = q4_pair(s[i][0], s[i][1]);  \
+            }                                                                                             \
+            _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) {                                                                 \
+                __m512 sc;                                                                                \
+                if (n >= 16) {                                                                            \
+                    sc = q4i8_scales_##SUF(m, r + i, g0);                                                 \
+                } else {                                                                                  \
+                    float sw[16] = {0};                                                                   \
+                    group_scales(m, r + i, g0, n, sw);                                                    \
+                    sc = _mm512_loadu_ps(sw);                                                             \
+                }                                                                                         \
+                f[i] = q4_fold16(f[i], P[i][0], P[i][1], sc, xq->d + g0, n);                              \
+            }                                                                                             \
+        }                                                                                                 \
+        _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) out[i] = _mm512_reduce_add_ps(f[i]);                                  \
+    }                                                                                                     \
+    __attribute__((target(TARGET))) static void q4i8_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr,  \
+                                                                const cq_xq *xq, float *out) {            \
+        size_t j = 0;                                                                                     \
+        for (; Q4I8_R >= 4 && j + 4 <= nr; j += 4) q4i8_tile_##SUF(m, r0 + j, xq, out + j, 4);                           \
+        for (; Q4I8_R >= 2 && j + 2 <= nr; j += 2) q4i8_tile_##SUF(m, r0 + j, xq, out + j, 2);                           \
+        for (; j < nr; j++) q4i8_tile_##SUF(m, r0 + j, xq, out + j, 1);                                   \
+    }
 
 static inline __m512i dot_bw(__m512i acc, __m512i u8, __m512i s8) {
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u8, s8), _mm512_set1_epi16(1)));
 }
-static float q4_i8_row_bw(const cq_qmat *m, size_t r, const cq_xq *xq) { I8_BODY(dot_bw); }
-static void q4_i8_rows2_bw(const cq_qmat *m, size_t r, const cq_xq *xq, float *out) { I8_BODY2(dot_bw); }
-
+#define Q4I8_TP_VBMI(cb, l0, l1) tp_code16(cb, l0, l1)
+Q4I8_VARIANT(bw, "avx512bw", dot_bw, 0)
 #if defined(__GNUC__) || defined(__clang__)
 #define CQ_HAVE_VNNI_FN 1
-__attribute__((target("avx512vnni"))) static float q4_i8_row_vnni(const cq_qmat *m, size_t r, const cq_xq *xq) {
-    I8_BODY(_mm512_dpbusd_epi32);
-}
-__attribute__((target("avx512vnni"))) static void q4_i8_rows2_vnni(const cq_qmat *m, size_t r, const cq_xq *xq,
-                                                                   float *out) {
-    I8_BODY2(_mm512_dpbusd_epi32);
-}
+Q4I8_VARIANT(vnni, "avx512vnni", _mm512_dpbusd_epi32, 0)
+#ifdef CQ_HAVE_VBMI_CODES
+#undef Q4I8_TP_VBMI
+#define Q4I8_TP_VBMI(cb, l0, l1) tp_code16_vbmi(cb, l0, l1)
+Q4I8_VARIANT(vbmi, "avx512vnni,avx512vbmi", _mm512_dpbusd_epi32, 1)
+#endif
 #endif
 
 /* q8_row / q8_2f with int8 x, two groups (64 bytes) a step: |w| (u8) against xq with
@@ -525,48 +593,67 @@ __attribute__((target("avx512vnni"))) static float q2_i8_row_vnni(const cq_qmat 
 
 #ifdef CQ_HAVE_VNNI_FN
 /* q4_tiled with VBMI: the four halves of a block of four tiles lie in its first 64
- * bytes (offsets 0, 18, 36, 54), so one vpermb spreads them to the lanes of their
- * groups, and q4_tiles4 blends the nibbles out of four loads; without VBMI a row of
- * scales is gathered first (group_scales) and the rest is the same. The same integers,
- * scales and float operations in the same order as I8_BODY: bit for bit its result. */
-/* the four halves spread four words each, for the lanes of their groups */
-static const uint8_t TILE_SCALE_SPREAD[64] = {0, 1, 0, 1, 0, 1, 0, 1, 18, 19, 18, 19, 18, 19, 18, 19,
-                                              36, 37, 36, 37, 36, 37, 36, 37, 54, 55, 54, 55, 54, 55, 54, 55};
+ * bytes (offsets 0, 18, 36, 54), so one masked vpermb moves them to words 4b..4b+3 of
+ * the chunk's 16 halves, and q4_tiles4 blends the nibbles out of four loads; without
+ * VBMI a row of scales is gathered first (group_scales) and the rest is the same. The
+ * same integers, scales and float operations in the same order as q4i8_tile: bit for bit
+ * its result. A chunk that runs past the row's end (cols % 512 != 0) takes its scales
+ * one at a time and its nibbles from q4_nibbles4, which reads no byte past the row. */
+/* byte 8b + 2k + e of the halves from byte 18k + e of block b's first 64 */
+static const uint8_t TILE_HALVES[64] = {0, 1, 18, 19, 36, 37, 54, 55, 0, 1, 18, 19, 36, 37, 54, 55,
+                                        0, 1, 18, 19, 36, 37, 54, 55, 0, 1, 18, 19, 36, 37, 54, 55};
+
+/* The scales of a partial chunk of q4_tiled (n < 16 groups from tile p), zero past n. */
+static inline __m512 q4t_tail_scales(const uint8_t *p, size_t n) {
+    float s[16] = {0};
+    for (size_t k = 0; k < n; k++) s[k] = h2f_hw(p + 18 * k);
+    return _mm512_loadu_ps(s);
+}
+
+/* f folded with row r's last chunk, groups g0 .. gpr-1 (fewer than 16, from tile tl) */
+__attribute__((target("avx512vnni"))) static __m512 q4t_i8_tail(const cq_qmat *m, const uint8_t *tl, size_t g0,
+                                                                const cq_xq *xq, __m512 f) {
+    const size_t n = m->cols / CQ_GROUP - g0;
+    const __m512i m0f = _mm512_set1_epi8(0x0F);
+    __m512i s[4];
+    for (size_t b = 0; b < 4; b++) {
+        const size_t blk = (g0 + 4 * b) / 4;
+        if (4 * b >= n) {
+            s[b] = _mm512_setzero_si512();
+            continue;
+        }
+        const int8_t *q = xq->q + 128 * blk;
+        s[b] = Q4_BLOCK_SUM(_mm512_dpbusd_epi32, q4_nibbles4(tl + 18 * (g0 + 4 * b) + 2, 18, n - 4 * b),
+                            _mm512_load_si512((const void *)q), _mm512_load_si512((const void *)(q + 64)),
+                            _mm512_load_si512((const void *)(xq->bias + 16 * blk)));
+    }
+    return q4_fold16(f, q4_pair(s[0], s[1]), q4_pair(s[2], s[3]), q4t_tail_scales(tl + 18 * g0, n), xq->d + g0, n);
+}
 
 __attribute__((target("avx512vnni,avx512vbmi"))) static float q4t_i8_row_vbmi(const cq_qmat *m, size_t r,
                                                                              const cq_xq *xq) {
-    const size_t gpr = m->cols / CQ_GROUP;
+    const size_t gpr = m->cols / CQ_GROUP, full = gpr / 16 * 16;
     const uint8_t *tl = m->data + 18 * r * gpr;
     const __m512i m0f = _mm512_set1_epi8(0x0F);
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m512i sidx = _mm512_loadu_si512((const void *)TILE_SCALE_SPREAD);
-    __m512 f0 = _mm512_setzero_ps(), f1 = f0;
-    for (size_t g = 0; g < gpr; g += 4) {
-        const size_t n = gpr - g < 4 ? gpr - g : 4, blk = g / 4;
-        const uint8_t *p = tl + 18 * g;
-        CQ_STREAM_PF_SPAN(p, 72);
-        __m512i v;
-        __m512 d;
-        if (n == 4) {
-            v = q4_tiles4(p + 2);
-            d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(sidx, _mm512_loadu_si512((const void *)p))));
-        } else { /* the row's last 1-3 groups */
-            float s[4] = {0, 0, 0, 0};
-            for (size_t k = 0; k < n; k++) s[k] = h2f_hw(p + 18 * k);
-            v = q4_nibbles4(p + 2, 18, n);
-            d = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(s)));
+    const __m512i hidx = _mm512_loadu_si512((const void *)TILE_HALVES);
+    __m512 f = _mm512_setzero_ps();
+    for (size_t g0 = 0; g0 < full; g0 += 16) {
+        __m512i s[4], h = _mm512_setzero_si512();
+        for (int b = 0; b < 4; b++) {
+            const size_t blk = g0 / 4 + (size_t)b;
+            const uint8_t *p = tl + 72 * blk;
+            CQ_STREAM_PF_SPAN(p, 72);
+            h = _mm512_mask_permutexvar_epi8(h, 0xFFull << (8 * b), hidx, _mm512_loadu_si512((const void *)p));
+            const int8_t *q = xq->q + 128 * blk;
+            s[b] = Q4_BLOCK_SUM(_mm512_dpbusd_epi32, q4_tiles4(p + 2), _mm512_load_si512((const void *)q),
+                                _mm512_load_si512((const void *)(q + 64)),
+                                _mm512_load_si512((const void *)(xq->bias + 16 * blk)));
         }
-        __m512i lo = _mm512_and_si512(v, m0f);
-        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
-        const int8_t *q = xq->q + 128 * blk;
-        __m512i isum = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(xq->bias + 16 * blk)), lo,
-                                           _mm512_load_si512((const void *)q));
-        isum = _mm512_dpbusd_epi32(isum, hi, _mm512_load_si512((const void *)(q + 64)));
-        __m512 sc = _mm512_mul_ps(d, _mm512_load_ps(xq->dl + 16 * blk));
-        if (g & 4) f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, f1);
-        else f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, f0);
+        f = q4_fold16(f, q4_pair(s[0], s[1]), q4_pair(s[2], s[3]), _mm512_cvtph_ps(_mm512_castsi512_si256(h)),
+                      xq->d + g0, 16);
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(f0, f1));
+    if (full < gpr) f = q4t_i8_tail(m, tl, full, xq, f);
+    return _mm512_reduce_add_ps(f);
 }
 #endif
 
@@ -581,53 +668,53 @@ static const uint8_t TILE_NIB_AB[64] = {
     38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53,
     56, 57, 58, 59, 60, 61, 62, 63, 64 + 56, 64 + 57, 64 + 58, 64 + 59, 64 + 60, 64 + 61, 64 + 62, 64 + 63};
 
-/* Two rows of q4_tiled with VBMI at once, as I8_BODY2 for the others: each row's
+/* Two rows of q4_tiled with VBMI at once, as q4i8_tile for the others: each row's
  * operations are q4t_i8_row_vbmi's in its order (bit for bit), xq's loads are shared;
- * the rows' last 1-3 groups (cols % 128 != 0) go through the one-row code. */
+ * each row's last partial chunk (cols % 512 != 0) is q4t_i8_tail's. */
 __attribute__((target("avx512vnni,avx512vbmi"))) static void q4t_i8_rows2_vbmi(const cq_qmat *m, size_t r,
                                                                               const cq_xq *xq, float *out) {
-    const size_t gpr = m->cols / CQ_GROUP;
-    if (gpr % 4) {
-        out[0] = q4t_i8_row_vbmi(m, r, xq);
-        out[1] = q4t_i8_row_vbmi(m, r + 1, xq);
-        return;
-    }
+    const size_t gpr = m->cols / CQ_GROUP, full = gpr / 16 * 16;
     const uint8_t *t0 = m->data + 18 * r * gpr, *t1 = t0 + 18 * gpr;
     const __m512i m0f = _mm512_set1_epi8(0x0F);
-    const __m512i sidx = _mm512_loadu_si512((const void *)TILE_SCALE_SPREAD);
+    const __m512i hidx = _mm512_loadu_si512((const void *)TILE_HALVES);
     const __m512i nidx = _mm512_loadu_si512((const void *)TILE_NIB_AB);
-    __m512 f0 = _mm512_setzero_ps(), f1 = f0, e0 = f0, e1 = f0;
-    for (size_t g = 0; g < gpr; g += 4) {
-        const size_t blk = g / 4;
-        const uint8_t *p0 = t0 + 18 * g, *p1 = t1 + 18 * g;
-        CQ_STREAM_PF_SPAN(p0, 72);
-        CQ_STREAM_PF_SPAN(p1, 72);
-        const __m512i a0 = _mm512_loadu_si512((const void *)p0), a1 = _mm512_loadu_si512((const void *)p1);
-        const __m512i v0 = _mm512_permutex2var_epi8(a0, nidx, _mm512_loadu_si512((const void *)(p0 + 8)));
-        const __m512i v1 = _mm512_permutex2var_epi8(a1, nidx, _mm512_loadu_si512((const void *)(p1 + 8)));
-        const __m512 d0 = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(sidx, a0)));
-        const __m512 d1 = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(sidx, a1)));
-        const int8_t *q = xq->q + 128 * blk;
-        const __m512i xa = _mm512_load_si512((const void *)q), xb = _mm512_load_si512((const void *)(q + 64));
-        const __m512i bias = _mm512_load_si512((const void *)(xq->bias + 16 * blk));
-        const __m512 dl = _mm512_load_ps(xq->dl + 16 * blk);
-        __m512i s0 = _mm512_dpbusd_epi32(bias, _mm512_and_si512(v0, m0f), xa);
-        __m512i s1 = _mm512_dpbusd_epi32(bias, _mm512_and_si512(v1, m0f), xa);
-        s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(_mm512_srli_epi16(v0, 4), m0f), xb);
-        s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(v1, 4), m0f), xb);
-        const __m512 c0 = _mm512_mul_ps(d0, dl), c1 = _mm512_mul_ps(d1, dl);
-        if (g & 4) {
-            f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), c0, f1);
-            e1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), c1, e1);
-        } else {
-            f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), c0, f0);
-            e0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), c1, e0);
+    __m512 f = _mm512_setzero_ps(), e = f;
+    for (size_t g0 = 0; g0 < full; g0 += 16) {
+        __m512i s[4], t[4], h0 = _mm512_setzero_si512(), h1 = h0;
+        for (int b = 0; b < 4; b++) {
+            const size_t blk = g0 / 4 + (size_t)b;
+            const uint8_t *p0 = t0 + 72 * blk, *p1 = t1 + 72 * blk;
+            CQ_STREAM_PF_SPAN(p0, 72);
+            CQ_STREAM_PF_SPAN(p1, 72);
+            const __m512i a0 = _mm512_loadu_si512((const void *)p0), a1 = _mm512_loadu_si512((const void *)p1);
+            const __m512i v0 = _mm512_permutex2var_epi8(a0, nidx, _mm512_loadu_si512((const void *)(p0 + 8)));
+            const __m512i v1 = _mm512_permutex2var_epi8(a1, nidx, _mm512_loadu_si512((const void *)(p1 + 8)));
+            h0 = _mm512_mask_permutexvar_epi8(h0, 0xFFull << (8 * b), hidx, a0);
+            h1 = _mm512_mask_permutexvar_epi8(h1, 0xFFull << (8 * b), hidx, a1);
+            const int8_t *q = xq->q + 128 * blk;
+            const __m512i xa = _mm512_load_si512((const void *)q), xb = _mm512_load_si512((const void *)(q + 64));
+            const __m512i bias = _mm512_load_si512((const void *)(xq->bias + 16 * blk));
+            s[b] = Q4_BLOCK_SUM(_mm512_dpbusd_epi32, v0, xa, xb, bias);
+            t[b] = Q4_BLOCK_SUM(_mm512_dpbusd_epi32, v1, xa, xb, bias);
         }
+        f = q4_fold16(f, q4_pair(s[0], s[1]), q4_pair(s[2], s[3]), _mm512_cvtph_ps(_mm512_castsi512_si256(h0)),
+                      xq->d + g0, 16);
+        e = q4_fold16(e, q4_pair(t[0], t[1]), q4_pair(t[2], t[3]), _mm512_cvtph_ps(_mm512_castsi512_si256(h1)),
+                      xq->d + g0, 16);
     }
-    out[0] = _mm512_reduce_add_ps(_mm512_add_ps(f0, f1));
-    out[1] = _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+    if (full < gpr) {
+        f = q4t_i8_tail(m, t0, full, xq, f);
+        e = q4t_i8_tail(m, t1, full, xq, e);
+    }
+    out[0] = _mm512_reduce_add_ps(f);
+    out[1] = _mm512_reduce_add_ps(e);
 }
 #endif
+
+/* the four halves of a block of four q4_tiled tiles spread four words each, for the
+ * lanes of their groups */
+static const uint8_t TILE_SCALE_SPREAD[64] = {0, 1, 0, 1, 0, 1, 0, 1, 18, 19, 18, 19, 18, 19, 18, 19,
+                                              36, 37, 36, 37, 36, 37, 36, 37, 54, 55, 54, 55, 54, 55, 54, 55};
 
 #ifdef CQ_HAVE_VNNI_FN
 /* q4_tiled, float32 x, with VBMI: q4_dot512 with each block's scales spread by one
@@ -742,18 +829,18 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
         for (; j < nr; j++) out[j] = q4t_i8_row_vbmi(m, r0 + j, xq);
         return;
     }
-    const int pairs = m->dtype != CQ_DT_Q4_TILED; /* I8_BODY2: contiguous nibbles */
-    size_t j = 0;
-    if (vnni) {
-        if (pairs)
-            for (; j + 2 <= nr; j += 2) q4_i8_rows2_vnni(m, r0 + j, xq, out + j);
-        for (; j < nr; j++) out[j] = q4_i8_row_vnni(m, r0 + j, xq);
+#ifdef CQ_HAVE_VBMI_CODES
+    if (vnni && (f & CQ_CPU_AVX512VBMI)) {
+        q4i8_rows_vbmi(m, r0, nr, xq, out);
         return;
     }
 #endif
-    if (pairs)
-        for (; j + 2 <= nr; j += 2) q4_i8_rows2_bw(m, r0 + j, xq, out + j);
-    for (; j < nr; j++) out[j] = q4_i8_row_bw(m, r0 + j, xq);
+    if (vnni) {
+        q4i8_rows_vnni(m, r0, nr, xq, out);
+        return;
+    }
+#endif
+    q4i8_rows_bw(m, r0, nr, xq, out);
 }
 
 /* ---- matvec_batch with int8 x: q8 rows against several inputs at once ----
@@ -824,37 +911,11 @@ Q8M_VARIANT(bw, "avx512bw", dot_bw, 0)
 Q8M_VARIANT(vnni, "avx512vnni", _mm512_dpbusd_epi32, 1)
 #endif
 
-/* q4_block, q4_tiled, q4tp with int8 x, several inputs: I8_BODY's blocks of four
- * groups, each row's nibbles split and its scales spread once per block and met by
- * every input's xq, bias and d (I8_BODY's operations per input, in its order; the
- * rows2 and VBMI row kernels are bit for bit I8_BODY's too). */
+/* q4_block, q4_tiled, q4tp with int8 x, several inputs: q4i8_tile's chunks of 16 groups,
+ * each row's nibbles loaded once per block and met by every input's xq and bias, each
+ * input's chunk folded as q4i8_tile folds it (its operations per input, in its order; the
+ * VBMI q4_tiled row kernels are bit for bit q4i8_tile's too). */
 #define Q4M_R 2
-#define Q4M_STEP(DOT, gi, F)                                                                              \
-    do {                                                                                                  \
-        const size_t g_ = g0 + (gi), blk_ = g_ / 4;                                                       \
-        __m512i lo_[Q4M_R], hi_[Q4M_R];                                                                   \
-        __m512 d_[Q4M_R];                                                                                 \
-        for (int i = 0; i < R; i++) {                                                                     \
-            const uint8_t *p_ = nb + i * gs * gpr + gs * g_;                                              \
-            if (tiled) CQ_STREAM_PF_SPAN(p_, 72);                                                         \
-            else CQ_STREAM_PF(p_);                                                                        \
-            const __m512i v_ = q4_nibbles4(p_, gs, ng - (gi));                                            \
-            lo_[i] = _mm512_and_si512(v_, m0f);                                                           \
-            hi_[i] = _mm512_and_si512(_mm512_srli_epi16(v_, 4), m0f);                                     \
-            d_[i] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(sw[i] + (gi))));    \
-        }                                                                                                 \
-        for (int k = 0; k < J; k++) {                                                                     \
-            const int8_t *q_ = xq[k]->q + 128 * blk_;                                                     \
-            const __m512i xa_ = _mm512_load_si512((const void *)q_);                                      \
-            const __m512i xb_ = _mm512_load_si512((const void *)(q_ + 64));                               \
-            const __m512i bias_ = _mm512_load_si512((const void *)(xq[k]->bias + 16 * blk_));             \
-            const __m512 dl_ = _mm512_load_ps(xq[k]->dl + 16 * blk_);                                     \
-            for (int i = 0; i < R; i++) {                                                                 \
-                const __m512i s_ = DOT(DOT(bias_, lo_[i], xa_), hi_[i], xb_);                             \
-                F[i][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s_), _mm512_mul_ps(d_[i], dl_), F[i][k]);    \
-            }                                                                                             \
-        }                                                                                                 \
-    } while (0)
 #define Q4M_VARIANT(SUF, TARGET, DOT)                                                                      \
     static inline __attribute__((always_inline, target(TARGET))) void q4m_tile_##SUF(                      \
         const cq_qmat *m, size_t r, const cq_xq *const *xq, const int32_t *const *corr, float *Y, size_t ldy, \
@@ -864,25 +925,52 @@ Q8M_VARIANT(vnni, "avx512vnni", _mm512_dpbusd_epi32, 1)
         const size_t gs = tiled ? 18 : 16;                                                                \
         const uint8_t *nb = m->data + gs * r * gpr + (tiled ? 2 : 0);                                     \
         const __m512i m0f = _mm512_set1_epi8(0x0F);                                                       \
-        const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);         \
-        __m512 f0[Q4M_R][4], f1[Q4M_R][4];                                                                \
-        float sw[Q4M_R][64 + 4];                                                                          \
+        __m512 F[Q4M_R][4];                                                                               \
+        float sw[Q4M_R][64];                                                                              \
         (void)corr;                                                                                       \
         for (int i = 0; i < R; i++)                                                                       \
-            for (int k = 0; k < J; k++) f0[i][k] = f1[i][k] = _mm512_setzero_ps();                        \
+            for (int k = 0; k < J; k++) F[i][k] = _mm512_setzero_ps();                                    \
         for (size_t g0 = 0; g0 < gpr; g0 += 64) {                                                         \
             const size_t ng = gpr - g0 < 64 ? gpr - g0 : 64;                                              \
-            for (int i = 0; i < R; i++) {                                                                 \
-                group_scales(m, r + i, g0, ng, sw[i]);                                                    \
-                for (int k = 0; k < 4; k++) sw[i][ng + k] = 0.0f;                                         \
-            }                                                                                             \
-            for (size_t gi = 0; gi < ng; gi += 8) {                                                       \
-                Q4M_STEP(DOT, gi, f0);                                                                    \
-                if (gi + 4 < ng) Q4M_STEP(DOT, gi + 4, f1);                                               \
+            for (int i = 0; i < R; i++) group_scales(m, r + i, g0, ng, sw[i]);                            \
+            for (size_t gi = 0; gi < ng; gi += 16) {                                                      \
+                __m512i P[Q4M_R][4][2]; /* [row][input][blocks 0-1, 2-3] paired */                        \
+                for (int h = 0; h < 2; h++) {                                                             \
+                    __m512i s_[Q4M_R][4][2];                                                              \
+                    for (int b = 0; b < 2; b++) {                                                         \
+                        const size_t gb = gi + 8 * (size_t)h + 4 * (size_t)b, g_ = g0 + gb, blk_ = g_ / 4; \
+                        if (gb >= ng) {                                                                   \
+                            for (int i = 0; i < R; i++)                                                   \
+                                for (int k = 0; k < J; k++) s_[i][k][b] = _mm512_setzero_si512();         \
+                            continue;                                                                     \
+                        }                                                                                 \
+                        __m512i v_[Q4M_R];                                                                \
+                        for (int i = 0; i < R; i++) {                                                     \
+                            const uint8_t *p_ = nb + i * gs * gpr + gs * g_;                              \
+                            if (tiled) CQ_STREAM_PF_SPAN(p_, 72);                                         \
+                            else CQ_STREAM_PF(p_);                                                        \
+                            v_[i] = q4_nibbles4(p_, gs, ng - gb);                                         \
+                        }                                                                                 \
+                        for (int k = 0; k < J; k++) {                                                     \
+                            const int8_t *q_ = xq[k]->q + 128 * blk_;                                     \
+                            const __m512i xa_ = _mm512_load_si512((const void *)q_);                      \
+                            const __m512i xb_ = _mm512_load_si512((const void *)(q_ + 64));               \
+                            const __m512i bias_ = _mm512_load_si512((const void *)(xq[k]->bias + 16 * blk_)); \
+                            for (int i = 0; i < R; i++) s_[i][k][b] = Q4_BLOCK_SUM(DOT, v_[i], xa_, xb_, bias_); \
+                        }                                                                                 \
+                    }                                                                                     \
+                    for (int i = 0; i < R; i++)                                                           \
+                        for (int k = 0; k < J; k++) P[i][k][h] = q4_pair(s_[i][k][0], s_[i][k][1]);       \
+                }                                                                                         \
+                for (int i = 0; i < R; i++) {                                                             \
+                    const __m512 sc_ = q4_scales16(sw[i] + gi, ng - gi);                                  \
+                    for (int k = 0; k < J; k++)                                                           \
+                        F[i][k] = q4_fold16(F[i][k], P[i][k][0], P[i][k][1], sc_, xq[k]->d + g0 + gi, ng - gi); \
+                }                                                                                         \
             }                                                                                             \
         }                                                                                                 \
         for (int i = 0; i < R; i++)                                                                       \
-            for (int k = 0; k < J; k++) Y[k * ldy + r + i] = _mm512_reduce_add_ps(_mm512_add_ps(f0[i][k], f1[i][k])); \
+            for (int k = 0; k < J; k++) Y[k * ldy + r + i] = _mm512_reduce_add_ps(F[i][k]);               \
     }                                                                                                     \
     __attribute__((target(TARGET))) static void q4m_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr,   \
                                                                const cq_xq *const *xq,                    \
