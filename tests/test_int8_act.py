@@ -510,8 +510,9 @@ def test_serve_passes_precision(monkeypatch):
         raise Stop
 
     monkeypatch.setattr("cortiq.runtime.llm.LLM", fake_llm)
+    from cortiq.demo import demo_path
     with pytest.raises(Stop):
-        cli.main(["serve", "model.cmf", "--precision", "exact"])
+        cli.main(["serve", str(demo_path()), "--precision", "exact"])
     assert seen["precision"] == "exact"
     assert _cli_llm is not None
 
