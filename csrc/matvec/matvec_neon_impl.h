@@ -343,8 +343,13 @@ static float i8_row_grouped(const cq_qmat *m, size_t r, const cq_xq *xq) {
     return acc;
 }
 
+#include "ggml_q32_neon.h"
 #define CQ_HAVE_I8_ROWS
 static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
+    if (ggml_q32_block_bytes(m->dtype)) {
+        ggml_q32_i8_rows(m, r0, nr, xq, out);
+        return;
+    }
     const int q8 = m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F;
     for (size_t j = 0; j < nr; j++) out[j] = q8 ? i8_row_q8(m, r0 + j, xq) : i8_row_grouped(m, r0 + j, xq);
 }
