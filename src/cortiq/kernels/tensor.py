@@ -72,7 +72,7 @@ class QTensor:
             need = _K.qmat_nbytes(dtype, rows, cols)
             if need == 0 and rows * cols:
                 raise FormatError(f"QTensor{_at(name)}: {dtype} cannot hold shape {shape} "
-                                  f"(cols % 32 != 0)")
+                                  f"(cols is not a whole number of its 32-weight groups or blocks)")
             if raw.size != need:
                 raise FormatError(f"QTensor{_at(name)}: {dtype} {shape} payload must be {need} "
                                   f"bytes, got {raw.size}")
