@@ -188,9 +188,9 @@ def test_magic_version_features(tmp_path):
     expect(tmp_path, b"GGUF" + d[4:], C.InvalidMagic, "bad magic")
     for v in (0, 1, 3, 2**32 - 1):
         expect(tmp_path, patch(d, 4, "<I", v), C.UnsupportedVersion, f"version {v}")
-    for bit in [3, 4] + list(range(7, 32)):
+    for bit in [3, 4] + list(range(8, 32)):
         expect(tmp_path, patch(d, 12, "<I", 1 | (1 << bit)), C.UnsupportedFeature, "0x")
-    for ok in (0, 1, 2, 4, 0x20, 0x40, 0x67):
+    for ok in (0, 1, 2, 4, 0x20, 0x40, 0x80, 0xE7):  # 0x80: GGML_BLOCKS (§7.9)
         p = write(tmp_path, patch(d, 12, "<I", ok))
         C.open(p).close()
     # magic is checked before version, version before features
