@@ -1,7 +1,13 @@
-/* ggml_q32_avx2.h -- AVX2 int8-activation rows of the 32-weight ggml block formats
- * (spec: ggml_q32_ref_i8_row in ggml_q32_scalar.h). Included by matvec_avx2.c.
+/* ggml_q32_avx2.h -- AVX2 rows of the 32-weight ggml block formats. Included by
+ * matvec_avx2_impl.h, so the AVX2 and AVX-512 tables share the exact (float32 x) row;
+ * the int8 row is the AVX2 table's (the AVX-512 one has its own, ggml_q32_avx512.h).
  *
- * One block (32 weights) a step against 32 bytes of CQ_XQ_G32's xq: the codes as
+ * Exact (spec: ggml_q32_ref_row): a block's codes widened to float32 eight at a time,
+ * the weights d * q (or (d * q) + m) rounded as the reference rounds them, then FMAs
+ * against x into four accumulators (one per 8 columns of a block): the weights'
+ * bits, summed in another order.
+ *
+ * int8 (spec: ggml_q32_ref_i8_row): one block (32 weights) a step against 32 bytes of CQ_XQ_G32's xq: the codes as
  * signed bytes (q8_0 as stored, iq4_nl's level by vpshufb, q4_0/q5_0 the value less
  * its offset) meet xq as |q| (u8) times xq with q's sign (vpsignb), summed per 4-byte
  * lane by maddubs + madd; the min formats (q4_1, q5_1) take their unsigned codes
@@ -29,6 +35,43 @@ static inline __m256i g32_high_bits(const uint8_t *qh) {
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
     const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), spread), bit);
     return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(16));
+}
+
+/* A block's 32 codes as signed bytes in column order (the min formats' codes are
+ * unsigned, at most 31). */
+static inline __m256i g32_codes(int dt, const uint8_t *p) {
+    switch (dt) {
+    case CQ_DT_GGML_Q8_0: return _mm256_loadu_si256((const __m256i *)(p + 2));
+    case CQ_DT_GGML_IQ4_NL:
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)GGML_IQ4NL_LEVELS)),
+                                   g32_nibbles(p + 2));
+    case CQ_DT_GGML_Q4_0: return _mm256_sub_epi8(g32_nibbles(p + 2), _mm256_set1_epi8(8));
+    case CQ_DT_GGML_Q4_1: return g32_nibbles(p + 4);
+    case CQ_DT_GGML_Q5_0:
+        return _mm256_sub_epi8(_mm256_or_si256(g32_nibbles(p + 6), g32_high_bits(p + 2)), _mm256_set1_epi8(16));
+    default: return _mm256_or_si256(g32_nibbles(p + 8), g32_high_bits(p + 4)); /* q5_1 */
+    }
+}
+
+static float g32_dot_avx2(const cq_qmat *m, size_t r, const float *x) {
+    const int dt = m->dtype, min = ggml_q32_has_min(dt);
+    const size_t gpr = m->cols / CQ_GROUP, bb = ggml_q32_block_bytes(dt);
+    const uint8_t *p = m->data + r * gpr * bb;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t g = 0; g < gpr; g++, p += bb, x += CQ_GROUP) {
+        CQ_STREAM_PF(p);
+        const __m256i v = g32_codes(dt, p);
+        const __m256 d = _mm256_set1_ps(g32_h2f(p)), mn = _mm256_set1_ps(min ? g32_h2f(p + 2) : 0.0f);
+        const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+#define G32_W(q8) (min ? _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8))), mn) \
+                       : _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8))))
+        a0 = _mm256_fmadd_ps(G32_W(lo), _mm256_loadu_ps(x), a0);
+        a1 = _mm256_fmadd_ps(G32_W(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), a1);
+        a2 = _mm256_fmadd_ps(G32_W(hi), _mm256_loadu_ps(x + 16), a2);
+        a3 = _mm256_fmadd_ps(G32_W(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), a3);
+#undef G32_W
+    }
+    return cq_hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
 
 static float g32_i8_row_avx2(const cq_qmat *m, size_t r, const cq_xq *xq) {
@@ -67,7 +110,4 @@ static float g32_i8_row_avx2(const cq_qmat *m, size_t r, const cq_xq *xq) {
     return cq_hsum8(_mm256_add_ps(f0, f1));
 }
 
-static void ggml_q32_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
-    for (size_t j = 0; j < nr; j++) out[j] = g32_i8_row_avx2(m, r0 + j, xq);
-}
 #endif

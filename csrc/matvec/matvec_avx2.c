@@ -121,7 +121,6 @@ static float dot_row(const cq_qmat *m, size_t r, const float *x) {
 #define CQ_HAVE_XQ_BUILD
 #define xq_build avx2_xq_build
 #define CQ_HAVE_I8_ROWS
-#include "ggml_q32_avx2.h"
 /* int8 activations (spec: ref_i8_row), one row. Two groups per 256-bit register: their
  * 32 nibble bytes split into low and high nibbles meet xq's evens and odds of the same
  * two groups (qmat.h: a block of four keeps each half contiguous); maddubs + madd sum
@@ -277,7 +276,7 @@ static float i8_row_q2(const cq_qmat *m, size_t r, const cq_xq *xq) {
 
 static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
     if (ggml_q32_block_bytes(m->dtype)) {
-        ggml_q32_i8_rows(m, r0, nr, xq, out);
+        for (size_t j = 0; j < nr; j++) out[j] = g32_i8_row_avx2(m, r0 + j, xq);
         return;
     }
     switch (m->dtype) {

@@ -281,6 +281,8 @@ static float grouped_dot(const cq_qmat *m, size_t r, const float *x) {
     return m->dtype == CQ_DT_Q2TP ? acc * 0.5f : acc;
 }
 
+#include "ggml_q32_avx2.h"
+
 static float avx2_dot_row(const cq_qmat *m, size_t r, const float *x) {
     const size_t cols = m->cols;
     float acc = 0.0f;
@@ -302,6 +304,7 @@ static float avx2_dot_row(const cq_qmat *m, size_t r, const float *x) {
     }
     default: break; /* q8: q8_row_dot (q8_rows.h) in each ISA file */
     }
+    if (ggml_q32_block_bytes(m->dtype)) return g32_dot_avx2(m, r, x);
     if (!grouped_fast(m)) return ref_row(m, r, x, NULL);
     return grouped_dot(m, r, x);
 }

@@ -72,7 +72,8 @@ class QTensor:
             need = _K.qmat_nbytes(dtype, rows, cols)
             if need == 0 and rows * cols:
                 raise FormatError(f"QTensor{_at(name)}: {dtype} cannot hold shape {shape} "
-                                  f"(cols is not a whole number of its 32-weight groups or blocks)")
+                                  + ("(cols is not a whole number of its blocks)" if dtype in GGML_DTYPES
+                                     else "(cols % 32 != 0)"))
             if raw.size != need:
                 raise FormatError(f"QTensor{_at(name)}: {dtype} {shape} payload must be {need} "
                                   f"bytes, got {raw.size}")
