@@ -53,8 +53,8 @@ static inline __m256i g32_codes(int dt, const uint8_t *p) {
     }
 }
 
-static float g32_dot_avx2(const cq_qmat *m, size_t r, const float *x) {
-    const int dt = m->dtype, min = ggml_q32_has_min(dt);
+static inline __attribute__((always_inline)) float g32_dot_t(const cq_qmat *m, size_t r, const float *x, const int dt) {
+    const int min = ggml_q32_has_min(dt);
     const size_t gpr = m->cols / CQ_GROUP, bb = ggml_q32_block_bytes(dt);
     const uint8_t *p = m->data + r * gpr * bb;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -74,8 +74,20 @@ static float g32_dot_avx2(const cq_qmat *m, size_t r, const float *x) {
     return cq_hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
 
-static float g32_i8_row_avx2(const cq_qmat *m, size_t r, const cq_xq *xq) {
-    const int dt = m->dtype, min = ggml_q32_has_min(dt);
+static float g32_dot_avx2(const cq_qmat *m, size_t r, const float *x) {
+    switch (m->dtype) {
+    case CQ_DT_GGML_Q8_0: return g32_dot_t(m, r, x, CQ_DT_GGML_Q8_0);
+    case CQ_DT_GGML_Q4_0: return g32_dot_t(m, r, x, CQ_DT_GGML_Q4_0);
+    case CQ_DT_GGML_Q4_1: return g32_dot_t(m, r, x, CQ_DT_GGML_Q4_1);
+    case CQ_DT_GGML_Q5_0: return g32_dot_t(m, r, x, CQ_DT_GGML_Q5_0);
+    case CQ_DT_GGML_Q5_1: return g32_dot_t(m, r, x, CQ_DT_GGML_Q5_1);
+    default: return g32_dot_t(m, r, x, CQ_DT_GGML_IQ4_NL);
+    }
+}
+
+static inline __attribute__((always_inline)) float g32_i8_row_t(const cq_qmat *m, size_t r, const cq_xq *xq,
+                                                               const int dt) {
+    const int min = ggml_q32_has_min(dt);
     const size_t gpr = m->cols / CQ_GROUP, bb = ggml_q32_block_bytes(dt);
     const uint8_t *p = m->data + r * gpr * bb;
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
@@ -110,4 +122,15 @@ static float g32_i8_row_avx2(const cq_qmat *m, size_t r, const cq_xq *xq) {
     return cq_hsum8(_mm256_add_ps(f0, f1));
 }
 
+/* The format a constant in each instance, so its branches fold away. */
+static float g32_i8_row_avx2(const cq_qmat *m, size_t r, const cq_xq *xq) {
+    switch (m->dtype) {
+    case CQ_DT_GGML_Q8_0: return g32_i8_row_t(m, r, xq, CQ_DT_GGML_Q8_0);
+    case CQ_DT_GGML_Q4_0: return g32_i8_row_t(m, r, xq, CQ_DT_GGML_Q4_0);
+    case CQ_DT_GGML_Q4_1: return g32_i8_row_t(m, r, xq, CQ_DT_GGML_Q4_1);
+    case CQ_DT_GGML_Q5_0: return g32_i8_row_t(m, r, xq, CQ_DT_GGML_Q5_0);
+    case CQ_DT_GGML_Q5_1: return g32_i8_row_t(m, r, xq, CQ_DT_GGML_Q5_1);
+    default: return g32_i8_row_t(m, r, xq, CQ_DT_GGML_IQ4_NL);
+    }
+}
 #endif

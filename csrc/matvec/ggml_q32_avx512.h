@@ -38,8 +38,8 @@ static inline uint32_t g32_ld32(const uint8_t *p) {
     return v;
 }
 
-#define G32_BODY(DOT)                                                                              \
-    const int dt = m->dtype, min = ggml_q32_has_min(dt);                                           \
+#define G32_BODY(DOT, DT)                                                                          \
+    const int dt = (DT), min = ggml_q32_has_min(dt);                                               \
     const size_t gpr = m->cols / CQ_GROUP, bb = ggml_q32_block_bytes(dt);                          \
     const uint8_t *row = m->data + r * gpr * bb;                                                   \
     const __m512i zero = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);                       \
@@ -91,20 +91,51 @@ static inline uint32_t g32_ld32(const uint8_t *p) {
     }                                                                                              \
     return _mm512_reduce_add_ps(_mm512_add_ps(f0, f1))
 
-static float g32_i8_row_bw(const cq_qmat *m, size_t r, const cq_xq *xq) { G32_BODY(dot_bw); }
+/* One function per format (the format a constant, so its branches fold away) and per
+ * dot product instruction. */
 #ifdef CQ_HAVE_VNNI_FN
-__attribute__((target("avx512vnni"))) static float g32_i8_row_vnni(const cq_qmat *m, size_t r, const cq_xq *xq) {
-    G32_BODY(_mm512_dpbusd_epi32);
-}
+#define G32_FNS(SUF, DT)                                                                           \
+    static float g32_##SUF##_bw(const cq_qmat *m, size_t r, const cq_xq *xq) { G32_BODY(dot_bw, DT); } \
+    __attribute__((target("avx512vnni"))) static float g32_##SUF##_vnni(const cq_qmat *m, size_t r,   \
+                                                                       const cq_xq *xq) {             \
+        G32_BODY(_mm512_dpbusd_epi32, DT);                                                         \
+    }
+#else
+#define G32_FNS(SUF, DT)                                                                           \
+    static float g32_##SUF##_bw(const cq_qmat *m, size_t r, const cq_xq *xq) { G32_BODY(dot_bw, DT); }
 #endif
+G32_FNS(q8_0, CQ_DT_GGML_Q8_0)
+G32_FNS(q4_0, CQ_DT_GGML_Q4_0)
+G32_FNS(q4_1, CQ_DT_GGML_Q4_1)
+G32_FNS(q5_0, CQ_DT_GGML_Q5_0)
+G32_FNS(q5_1, CQ_DT_GGML_Q5_1)
+G32_FNS(iq4_nl, CQ_DT_GGML_IQ4_NL)
 
+typedef float (*g32_row_fn)(const cq_qmat *, size_t, const cq_xq *);
 static void ggml_q32_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
+    g32_row_fn f;
 #ifdef CQ_HAVE_VNNI_FN
     if (cq_cpu_features() & CQ_CPU_AVX512VNNI) {
-        for (size_t j = 0; j < nr; j++) out[j] = g32_i8_row_vnni(m, r0 + j, xq);
+        switch (m->dtype) {
+        case CQ_DT_GGML_Q8_0: f = g32_q8_0_vnni; break;
+        case CQ_DT_GGML_Q4_0: f = g32_q4_0_vnni; break;
+        case CQ_DT_GGML_Q4_1: f = g32_q4_1_vnni; break;
+        case CQ_DT_GGML_Q5_0: f = g32_q5_0_vnni; break;
+        case CQ_DT_GGML_Q5_1: f = g32_q5_1_vnni; break;
+        default: f = g32_iq4_nl_vnni; break;
+        }
+        for (size_t j = 0; j < nr; j++) out[j] = f(m, r0 + j, xq);
         return;
     }
 #endif
-    for (size_t j = 0; j < nr; j++) out[j] = g32_i8_row_bw(m, r0 + j, xq);
+    switch (m->dtype) {
+    case CQ_DT_GGML_Q8_0: f = g32_q8_0_bw; break;
+    case CQ_DT_GGML_Q4_0: f = g32_q4_0_bw; break;
+    case CQ_DT_GGML_Q4_1: f = g32_q4_1_bw; break;
+    case CQ_DT_GGML_Q5_0: f = g32_q5_0_bw; break;
+    case CQ_DT_GGML_Q5_1: f = g32_q5_1_bw; break;
+    default: f = g32_iq4_nl_bw; break;
+    }
+    for (size_t j = 0; j < nr; j++) out[j] = f(m, r0 + j, xq);
 }
 #endif
