@@ -38,8 +38,69 @@ static inline uint32_t g32_ld32(const uint8_t *p) {
     return v;
 }
 
+/* The 4-bit and 5-bit formats four blocks a step: the four blocks' 16 nibble bytes in
+ * one register, split into low nibbles (columns 0-15 of each block) and high ones
+ * (16-31), meeting xq's halves gathered the same way (two vshufi64x2); lanes 4b..4b+3
+ * hold block g+b. The q5 fifth bits go in by two 64-bit masks built from the four qh
+ * words. Leaves g at the first block it did not take. */
+#define G32_NIBBLES4(DOT)                                                                          \
+    do {                                                                                           \
+        const size_t qo = 2 + 2 * min + (q5 ? 4 : 0);                                              \
+        const __m512i m0f = _mm512_set1_epi8(0x0F);                                                \
+        const __m512i spread4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3); \
+        for (; g + 4 <= gpr; g += 4) {                                                             \
+            const uint8_t *p = row + g * bb;                                                       \
+            CQ_STREAM_PF(p);                                                                       \
+            CQ_STREAM_PF(p + 64);                                                                  \
+            const __m256i v01 = _mm256_inserti128_si256(                                           \
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + qo))),                 \
+                _mm_loadu_si128((const __m128i *)(p + bb + qo)), 1);                               \
+            const __m256i v23 = _mm256_inserti128_si256(                                           \
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + 2 * bb + qo))),        \
+                _mm_loadu_si128((const __m128i *)(p + 3 * bb + qo)), 1);                           \
+            const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(v01), v23, 1);             \
+            __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f); \
+            if (q5) {                                                                              \
+                const uint64_t h0 = g32_ld32(p + qo - 4), h1 = g32_ld32(p + bb + qo - 4);           \
+                const uint64_t h2 = g32_ld32(p + 2 * bb + qo - 4), h3 = g32_ld32(p + 3 * bb + qo - 4); \
+                const uint64_t ml = (h0 & 0xFFFF) | (h1 & 0xFFFF) << 16 | (h2 & 0xFFFF) << 32 | (h3 & 0xFFFF) << 48; \
+                const uint64_t mh = (h0 >> 16) | (h1 >> 16) << 16 | (h2 >> 16) << 32 | (h3 >> 16) << 48; \
+                lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8((__mmask64)ml, _mm512_set1_epi8(16))); \
+                hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8((__mmask64)mh, _mm512_set1_epi8(16))); \
+            }                                                                                      \
+            const __m512i xa = _mm512_load_si512((const void *)(xq->q + CQ_GROUP * g));            \
+            const __m512i xb = _mm512_load_si512((const void *)(xq->q + CQ_GROUP * g + 64));       \
+            const __m512i xl = _mm512_shuffle_i64x2(xa, xb, _MM_SHUFFLE(2, 0, 2, 0));              \
+            const __m512i xh = _mm512_shuffle_i64x2(xa, xb, _MM_SHUFFLE(3, 1, 3, 1));              \
+            __m512i isum;                                                                          \
+            if (dt == CQ_DT_GGML_IQ4_NL) {                                                         \
+                lo = _mm512_shuffle_epi8(lv, lo);                                                  \
+                hi = _mm512_shuffle_epi8(lv, hi);                                                  \
+                isum = DOT(zero, _mm512_abs_epi8(lo), _mm512_mask_sub_epi8(xl, _mm512_movepi8_mask(lo), zero, xl)); \
+                isum = DOT(isum, _mm512_abs_epi8(hi), _mm512_mask_sub_epi8(xh, _mm512_movepi8_mask(hi), zero, xh)); \
+            } else {                                                                               \
+                isum = DOT(DOT(zero, lo, xl), hi, xh);                                             \
+                if (!min) isum = _mm512_sub_epi32(isum, DOT(DOT(zero, off, xl), off, xh));         \
+            }                                                                                      \
+            const __m128 dx = _mm_loadu_ps(xq->d + g);                                             \
+            const __m128 dw = _mm_cvtph_ps(_mm_setr_epi16((short)cq_ld16(p), (short)cq_ld16(p + bb),   \
+                (short)cq_ld16(p + 2 * bb), (short)cq_ld16(p + 3 * bb), 0, 0, 0, 0));              \
+            const __m512 sc = _mm512_permutexvar_ps(spread4, _mm512_castps128_ps512(_mm_mul_ps(dw, dx))); \
+            __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), sc);                                \
+            if (min) {                                                                             \
+                const __m128 mw = _mm_cvtph_ps(_mm_setr_epi16((short)cq_ld16(p + 2), (short)cq_ld16(p + bb + 2), \
+                    (short)cq_ld16(p + 2 * bb + 2), (short)cq_ld16(p + 3 * bb + 2), 0, 0, 0, 0));  \
+                const __m512 mx = _mm512_permutexvar_ps(spread4, _mm512_castps128_ps512(_mm_mul_ps(mw, dx))); \
+                t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(DOT(DOT(zero, ones, xl), ones, xh)), mx, t); \
+            }                                                                                      \
+            if (g & 4) f1 = _mm512_add_ps(f1, t);                                                  \
+            else f0 = _mm512_add_ps(f0, t);                                                        \
+        }                                                                                          \
+    } while (0)
+
 #define G32_BODY(DOT, DT)                                                                          \
     const int dt = (DT), min = ggml_q32_has_min(dt);                                               \
+    const int q5 = dt == CQ_DT_GGML_Q5_0 || dt == CQ_DT_GGML_Q5_1;                                 \
     const size_t gpr = m->cols / CQ_GROUP, bb = ggml_q32_block_bytes(dt);                          \
     const uint8_t *row = m->data + r * gpr * bb;                                                   \
     const __m512i zero = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);                       \
@@ -47,7 +108,9 @@ static inline uint32_t g32_ld32(const uint8_t *p) {
     const __m512i lv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)GGML_IQ4NL_LEVELS)); \
     __m512 f0 = _mm512_setzero_ps(), f1 = f0;                                                      \
     static const uint8_t zblk[34] = {0};                                                           \
-    for (size_t g = 0; g < gpr; g += 2) {                                                          \
+    size_t g = 0;                                                                                  \
+    if (dt != CQ_DT_GGML_Q8_0) G32_NIBBLES4(DOT);                                                  \
+    for (; g < gpr; g += 2) {                                                                      \
         const uint8_t *p0 = row + g * bb, *p1 = g + 1 < gpr ? p0 + bb : zblk;                      \
         CQ_STREAM_PF(p0);                                                                          \
         const __m512i x = _mm512_load_si512((const void *)(xq->q + CQ_GROUP * g));                 \
