@@ -587,3 +587,19 @@ def test_random_mutations_only_raise_format_errors(muts, cut):
         with builtins.open(p, "wb") as fh:
             fh.write(data)
         open_fully(p)  # anything but FormatError fails the test
+
+
+def test_ggml_block_records(tmp_path):
+    """§7.9: a ggml block format's record must hold whole blocks per row and exactly
+    numel / block_elems * block_bytes bytes; a good one opens with its bytes as given."""
+    raw = bytes(range(18)) * 2                      # two q4_0 blocks
+    ok = write(tmp_path, compose(py_writer_header(), [("w", "q4_0", (1, 64), raw)], features=0x81))
+    cf = C.open(ok)
+    assert cf.tensors["w"].dtype == "q4_0" and bytes(cf.raw("w")) == raw
+    cf.close()
+    expect(tmp_path, compose(py_writer_header(), [("w", "q4_0", (2, 16), raw)], features=0x81),
+           C.BoundsError, "multiple of 32")
+    expect(tmp_path, compose(py_writer_header(), [("w", "q4_0", (1, 96), raw)], features=0x81),
+           C.BoundsError, "needs 54 bytes")
+    expect(tmp_path, compose(py_writer_header(), [("w", "q4_k", (1, 64), raw)], features=0x81),
+           C.BoundsError, "multiple of 256")
