@@ -406,7 +406,7 @@ static qm qm_new(int dt, size_t rows, size_t cols, size_t off) {
     }
     case CQ_DT_GGML_Q8_0: case CQ_DT_GGML_Q4_0: case CQ_DT_GGML_Q4_1: case CQ_DT_GGML_Q5_0:
     case CQ_DT_GGML_Q5_1: case CQ_DT_GGML_IQ4_NL: { /* random codes; finite f16 scale (and min) per block */
-        const size_t bb = nb / (rows * gpr ? rows * gpr : 1);
+        const size_t nblk = rows * gpr, bb = nblk ? nb / nblk : 0;
         const int min = dt == CQ_DT_GGML_Q4_1 || dt == CQ_DT_GGML_Q5_1;
         for (size_t b = 0; b < rows * gpr; b++) {
             put16(d + bb * b, f2h_trunc(scale_for()));
