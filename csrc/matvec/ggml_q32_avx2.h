@@ -74,6 +74,24 @@ static inline __attribute__((always_inline)) float g32_dot_t(const cq_qmat *m, s
     return cq_hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
 
+/* Blocks [ga, gb) of row r as float32 weights into out: the reference's bits. */
+static void g32_decode_avx2(const cq_qmat *m, size_t r, size_t ga, size_t gb, float *out) {
+    const int dt = m->dtype, min = ggml_q32_has_min(dt);
+    const size_t bb = ggml_q32_block_bytes(dt);
+    const uint8_t *p = m->data + (r * (m->cols / CQ_GROUP) + ga) * bb;
+    for (size_t g = ga; g < gb; g++, p += bb, out += CQ_GROUP) {
+        const __m256i v = g32_codes(dt, p);
+        const __m256 d = _mm256_set1_ps(g32_h2f(p)), mn = _mm256_set1_ps(min ? g32_h2f(p + 2) : 0.0f);
+        const __m128i q16[2] = {_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)};
+        for (int k = 0; k < 4; k++) {
+            const __m128i q8 = k & 1 ? _mm_srli_si128(q16[k / 2], 8) : q16[k / 2];
+            __m256 w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)));
+            if (min) w = _mm256_add_ps(w, mn);
+            _mm256_storeu_ps(out + 8 * k, w);
+        }
+    }
+}
+
 static float g32_dot_avx2(const cq_qmat *m, size_t r, const float *x) {
     switch (m->dtype) {
     case CQ_DT_GGML_Q8_0: return g32_dot_t(m, r, x, CQ_DT_GGML_Q8_0);

@@ -352,6 +352,10 @@ static void avx2_dequant_span(const cq_qmat *m, size_t r, size_t c0, size_t c1, 
     }
     default: break;
     }
+    if (ggml_q32_block_bytes(m->dtype)) { /* whole blocks: c0, c1 multiples of 32 */
+        g32_decode_avx2(m, r, c0 / CQ_GROUP, c1 / CQ_GROUP, out);
+        return;
+    }
     if (!grouped_fast(m)) { /* odd shapes, vbit: whole rows only (matmat asks no less) */
         (void)ref_row(m, r, NULL, out);
         return;
