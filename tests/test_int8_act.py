@@ -248,7 +248,7 @@ def test_matmat_matches_model(isa, dtype, t):
     for i in range(t):
         exp, b = model(q, X[i])
         assert (np.abs(Y[i].astype(np.float64) - exp) <= b).all(), i
-    if isa == "ref" or dtype in GGML:  # (the ggml formats: t int8 matvecs on every table)
+    if isa == "ref" or dtype in ("q4_1", "q5_1"):  # (these two: t int8 matvecs everywhere)
         np.testing.assert_array_equal(Y, np.stack([q.matvec(x) for x in X]))
 
 
