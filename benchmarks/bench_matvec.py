@@ -11,6 +11,8 @@ In one run it measures
   (b) cortiq QTensor.matvec for each dtype at 4096x4096, 11008x4096 and 4096x11008 on
       1 and 2 threads, in GB/s of payload (weight) bytes; it cycles through enough
       copies of the payload (>= --gib GiB) that the weights come from DRAM, not cache;
+      the ggml block formats (q8_0+i8, q4_0+i8, ...: those with kernels) have no encoder,
+      so they get random blocks with normal scales;
   (c) numpy float32 W @ x on the same shapes (OpenBLAS, OPENBLAS_NUM_THREADS = the
       thread count, in a subprocess), also cycling copies;
   (d) prefill: QTensor.matmat with t = 64 inputs against 64 separate matvecs, with the
@@ -44,10 +46,12 @@ import numpy as np
 import cortiq
 from cortiq.kernels import _kernels as K
 from cortiq.kernels.tensor import I8_DTYPES, QTensor
-from cortiq.cmf.testing import qtensor_from_f32
+from cortiq.cmf.ggml_blocks import FORMATS as GGML_FORMATS
+from cortiq.cmf.testing import ggml_random_payload, qtensor_from_f32
 
 DTYPES = ("f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp",
-          "q8_row+i8", "q8_2f+i8", "q4_block+i8", "q4_tiled+i8", "q4tp+i8", "q2tp+i8")
+          "q8_row+i8", "q8_2f+i8", "q4_block+i8", "q4_tiled+i8", "q4tp+i8", "q2tp+i8") + tuple(
+    f"{d}+i8" for d in K.GGML_DTYPES)
 # "<dtype>+i8": the same weights with int8 activations (QTensor precision="int8")
 SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008))
 # The matvec targets, % of read bandwidth: {threads: {dtype: pct}}
@@ -55,7 +59,7 @@ TARGETS = {2: {"q8_row": 90, "q8_2f": 90, "q4_block": 85, "q4_tiled": 85, "q4tp"
                "f16": 85, "bf16": 85},
            1: {"q8_row": 85}}
 # int8 activations (issue: >= 85 % of the read bandwidth at 2 threads, AVX2 and AVX-512)
-for _d in ("q8_row", "q4_block", "q4_tiled", "q4tp"):
+for _d in ("q8_row", "q4_block", "q4_tiled", "q4tp", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"):
     TARGETS[2][_d + "+i8"] = 85
 MM_I8_TARGET = {"q8_row": 2.5}  # int8 matmat / exact matmat GMAC/s at t = 64
 
@@ -82,15 +86,21 @@ def copies_for(nbytes, total):
     return max(2, -(-total // nbytes))
 
 
+def make_tensor(rng, shape, dtype, precision):
+    """A QTensor of `dtype`: normal weights quantized, or for a ggml block format (no
+    encoder: GGUF files bring their own bytes) random blocks with normal scales."""
+    if dtype in GGML_FORMATS:
+        return QTensor(ggml_random_payload(rng, dtype, *shape), dtype, shape, precision=precision)
+    return qtensor_from_f32(rng.standard_normal(shape, dtype=np.float32), dtype, precision=precision)
+
+
 def bench_matvec(dtype, shape, threads_list, total, reps, rng, buf):
     """{threads: (matvec GB/s, read GB/s measured alternately with it)}: on a shared
     machine the bandwidth drifts, so each figure gets its own adjacent reference."""
     rows, cols = shape
     dtype, _, mode = dtype.partition("+")
     prec = "int8" if mode == "i8" else "exact"
-    w = rng.standard_normal(shape, dtype=np.float32)
-    q = qtensor_from_f32(w, dtype, precision=prec)
-    del w
+    q = make_tensor(rng, shape, dtype, prec)
     n = copies_for(q.nbytes, total)
     qs = [q] + [QTensor(q.raw.copy(), dtype, shape, precision=prec) for _ in range(n - 1)]
     x = rng.standard_normal(cols, dtype=np.float32)
@@ -128,8 +138,7 @@ def bench_ceiling(dtype, cols, threads_list, reps, rng):
     (at least 96 rows, so two threads and four row streams each have work)."""
     dtype, _, mode = dtype.partition("+")
     rows = max(96, CEIL_BYTES // max(1, K.qmat_nbytes(dtype, 1, cols)))
-    q = qtensor_from_f32(rng.standard_normal((rows, cols), dtype=np.float32), dtype,
-                         precision="int8" if mode == "i8" else "exact")
+    q = make_tensor(rng, (rows, cols), dtype, "int8" if mode == "i8" else "exact")
     x = rng.standard_normal(cols, dtype=np.float32)
     out = np.empty(rows, np.float32)
     res = {}

@@ -141,8 +141,10 @@ enum {
     CQ_DT_F32 = 0, CQ_DT_F16 = 1, CQ_DT_BF16 = 2, CQ_DT_Q8_ROW = 3, CQ_DT_Q4_BLOCK = 4,
     CQ_DT_VBIT = 8, CQ_DT_Q8_2F = 9, CQ_DT_VBIT_RO = 10, CQ_DT_Q4_TILED = 11, CQ_DT_Q4TP = 15,
     CQ_DT_Q2TP = 16,
-    /* ggml K-quant blocks (64 + ggml type number; csrc/matvec/ggml_kq_scalar.h) */
-    CQ_DT_Q2_K = 74, CQ_DT_Q3_K = 75, CQ_DT_Q4_K = 76, CQ_DT_Q5_K = 77, CQ_DT_Q6_K = 78, CQ_DT_IQ4_XS = 87,
+    /* ggml block formats (docs/cmf-format.md §7.9): id = 64 + ggml type number */
+    CQ_DT_GGML_Q4_0 = 66, CQ_DT_GGML_Q4_1 = 67, CQ_DT_GGML_Q5_0 = 70, CQ_DT_GGML_Q5_1 = 71,
+    CQ_DT_GGML_Q8_0 = 72, CQ_DT_GGML_Q2_K = 74, CQ_DT_GGML_Q3_K = 75, CQ_DT_GGML_Q4_K = 76,
+    CQ_DT_GGML_Q5_K = 77, CQ_DT_GGML_Q6_K = 78, CQ_DT_GGML_IQ4_NL = 84, CQ_DT_GGML_IQ4_XS = 87,
 };
 typedef struct cq_qmat {
     const uint8_t *data; /* the payload bytes as stored in the file */

@@ -188,9 +188,9 @@ def test_magic_version_features(tmp_path):
     expect(tmp_path, b"GGUF" + d[4:], C.InvalidMagic, "bad magic")
     for v in (0, 1, 3, 2**32 - 1):
         expect(tmp_path, patch(d, 4, "<I", v), C.UnsupportedVersion, f"version {v}")
-    for bit in [3, 4] + list(range(7, 32)):
+    for bit in [3, 4] + list(range(8, 32)):
         expect(tmp_path, patch(d, 12, "<I", 1 | (1 << bit)), C.UnsupportedFeature, "0x")
-    for ok in (0, 1, 2, 4, 0x20, 0x40, 0x67):
+    for ok in (0, 1, 2, 4, 0x20, 0x40, 0x80, 0xE7):  # 0x80: GGML_BLOCKS (§7.9)
         p = write(tmp_path, patch(d, 12, "<I", ok))
         C.open(p).close()
     # magic is checked before version, version before features
@@ -587,3 +587,19 @@ def test_random_mutations_only_raise_format_errors(muts, cut):
         with builtins.open(p, "wb") as fh:
             fh.write(data)
         open_fully(p)  # anything but FormatError fails the test
+
+
+def test_ggml_block_records(tmp_path):
+    """§7.9: a ggml block format's record must hold whole blocks per row and exactly
+    numel / block_elems * block_bytes bytes; a good one opens with its bytes as given."""
+    raw = bytes(range(18)) * 2                      # two q4_0 blocks
+    ok = write(tmp_path, compose(py_writer_header(), [("w", "q4_0", (1, 64), raw)], features=0x81))
+    cf = C.open(ok)
+    assert cf.tensors["w"].dtype == "q4_0" and bytes(cf.raw("w")) == raw
+    cf.close()
+    expect(tmp_path, compose(py_writer_header(), [("w", "q4_0", (2, 16), raw)], features=0x81),
+           C.BoundsError, "multiple of 32")
+    expect(tmp_path, compose(py_writer_header(), [("w", "q4_0", (1, 96), raw)], features=0x81),
+           C.BoundsError, "needs 54 bytes")
+    expect(tmp_path, compose(py_writer_header(), [("w", "q4_k", (1, 64), raw)], features=0x81),
+           C.BoundsError, "multiple of 256")

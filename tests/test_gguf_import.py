@@ -29,7 +29,6 @@ from reference import hf_tiny  # noqa: E402
 
 import cortiq  # noqa: E402
 import cortiq.cmf  # noqa: E402
-from cortiq.convert import hf_llama  # noqa: E402
 from cortiq.convert.gguf_import import import_gguf  # noqa: E402
 from cortiq.gguf.llama_meta import Meta, tokenizer_from_gguf, unpermute_rows  # noqa: E402
 from cortiq.errors import ConfigError, FormatError  # noqa: E402
@@ -61,11 +60,11 @@ def _write(tmp_path, case, types, name="m.gguf"):
     return G.write_case(tmp_path, case, types, name)
 
 
-def _hf_on(case, f):
+def _hf_on(case, f, **sizes):
     """HF with exactly the weights the CMF file holds."""
     sd = {n: torch.from_numpy(np.ascontiguousarray(f.tensor(n), np.float32).reshape(
         tuple(f.tensors[n].shape))) for n in f.tensors}
-    m = H.build(case, seed=0, **OVER.get(case, {}))
+    m = H.build(case, seed=0, **{**OVER.get(case, {}), **sizes})
     m.load_state_dict(sd, strict=False)
     m.tie_weights()
     return m
@@ -104,7 +103,9 @@ def test_float_round_trip(tmp_path, case, kind):
 
 
 @pytest.mark.parametrize("case", ["llama3", "qwen2"])
-def test_q4_0_is_exact_and_q8_0_close(tmp_path, case):
+def test_q4_0_and_q8_0_keep_their_bytes(tmp_path, case):
+    """Q4_0 and Q8_0 tensors are stored as CMF's q4_0 / q8_0 (the GGUF's blocks, q/k rows
+    moved whole): the same values, and logits of float32 arithmetic on them."""
     def types(name, a):
         return T.Q4_0 if "mlp" in name or "k_proj" in name else (
             T.Q8_0 if a.ndim == 2 else T.F32)
@@ -115,8 +116,8 @@ def test_q4_0_is_exact_and_q8_0_close(tmp_path, case):
     import_gguf(path, out, progress=False)
     ids = H.sequence(model.config.vocab_size, N_TOK, seed=9)
     with cortiq.cmf.open(out) as f:
-        assert f.tensors["model.layers.0.mlp.up_proj.weight"].dtype == "q4_tiled"
-        assert f.tensors["model.layers.0.self_attn.v_proj.weight"].dtype == "q8_row"
+        assert f.tensors["model.layers.0.mlp.up_proj.weight"].dtype == "q4_0"
+        assert f.tensors["model.layers.0.self_attn.v_proj.weight"].dtype == "q8_0"
         up = f.tensor("model.layers.0.mlp.up_proj.weight")
         np.testing.assert_array_equal(up.reshape(src["blk.0.ffn_up.weight"].shape),
                                       src["blk.0.ffn_up.weight"])
@@ -126,13 +127,11 @@ def test_q4_0_is_exact_and_q8_0_close(tmp_path, case):
             kk = unpermute_rows(kk, arch["num_kv_heads"])
         np.testing.assert_array_equal(k, kk.reshape(k.shape))
         v = f.tensor("model.layers.0.self_attn.v_proj.weight")
-        vv = src["blk.0.attn_v.weight"].reshape(v.shape)
-        step = np.abs(vv).max(axis=1, keepdims=True) / 127
-        assert (np.abs(v - vv) <= 0.5 * step * (1 + 1e-3) + 1e-7).all()
+        np.testing.assert_array_equal(v, src["blk.0.attn_v.weight"].reshape(v.shape))
         ref = H.full_logits(_hf_on(case, f), ids)
     with cortiq.LLM(out, precision="exact") as llm:  # against float32 arithmetic
         got = llm.session().feed(ids, want="all")
-    assert _diff(got, ref) <= 1e-3
+    assert _diff(got, ref) <= 1e-4
 
 
 def test_f32_option_and_k_quant_warning(tmp_path):
@@ -146,24 +145,25 @@ def test_f32_option_and_k_quant_warning(tmp_path):
         assert f.tensors["model.layers.0.mlp.down_proj.weight"].dtype == "f32"
         np.testing.assert_array_equal(f.tensor("model.layers.0.mlp.down_proj.weight").reshape(
             src["blk.0.ffn_down.weight"].shape), src["blk.0.ffn_down.weight"])
-    # a type with no CMF layout (Q5_0 here; Q4_K/Q6_K take the same path, but the gguf
-    # package cannot write them): dequantized, re-quantized to q8_row, with a warning
-    m = H.build("qwen3", seed=2)
-    st = _state(m)
-    a = hf_llama.arch_from_hf_config(m.config.to_dict())
-    p = tmp_path / "k.gguf"
-    G.write(p, st, a, types=lambda n, x: T.Q5_0 if "mlp" in n else T.F32,
-            tokenizer=_tokenizer(m.config.vocab_size)[1])
-    with pytest.warns(RuntimeWarning, match="Q5_0"):
+    # a type with no CMF layout (IQ2_XXS: random blocks, the gguf package decodes them):
+    # dequantized, re-quantized to q8_row, with a warning naming it
+    def iq2(n, a):
+        if a.ndim != 2:
+            return T.F32
+        return T.IQ2_XXS if "mlp" in n and a.shape[1] % 256 == 0 else T.F16
+    m, _arch, _st, _tok, p = G.write_case(tmp_path, "qwen3", iq2, name="k.gguf",
+                                         hidden_size=256, intermediate_size=512)
+    with pytest.warns(RuntimeWarning, match="IQ2_XXS"):
         import_gguf(p, tmp_path / "k.cmf", progress=False)
     ids = H.sequence(m.config.vocab_size, 12, seed=1)
-    q5 = {t.name: gguf.quants.dequantize(t.data, t.tensor_type)
+    iq = {t.name: gguf.quants.dequantize(t.data, t.tensor_type)
           for t in gguf.GGUFReader(str(p)).tensors}["blk.1.ffn_gate.weight"]
     with cortiq.cmf.open(tmp_path / "k.cmf") as f:
-        got = f.tensor("model.layers.1.mlp.gate_proj.weight").reshape(q5.shape)
-        step = np.abs(q5).max(axis=1, keepdims=True) / 127
-        assert (np.abs(got - q5) <= 0.5 * step * (1 + 1e-3) + 1e-7).all()
-        ref = H.full_logits(_hf_on("qwen3", f), ids)
+        assert f.tensors["model.layers.1.mlp.gate_proj.weight"].dtype == "q8_row"
+        got = f.tensor("model.layers.1.mlp.gate_proj.weight").reshape(iq.shape)
+        step = np.abs(iq).max(axis=1, keepdims=True) / 127
+        assert (np.abs(got - iq) <= 0.5 * step * (1 + 1e-3) + 1e-7).all()
+        ref = H.full_logits(_hf_on("qwen3", f, hidden_size=256, intermediate_size=512), ids)
     with cortiq.LLM(tmp_path / "k.cmf", precision="exact") as llm:
         assert _diff(llm.session().feed(ids, want="all"), ref) <= 1e-3
 
@@ -271,7 +271,14 @@ def test_import_keeps_every_tensors_bytes(tmp_path, case):
                 np.testing.assert_array_equal(f.tensor(name).reshape(values.shape), values)
         assert kept >= sum(1 for t in gf.tensors.values() if t.dtype in ("f32", "f16"))
         if all(t.dtype in Q.DTYPES for t in gf.tensors.values()):
-            assert os.path.getsize(out) / os.path.getsize(path) <= 1.01
+            # the payloads are the GGUF's bytes, no more; the files differ by their fixed
+            # parts (CMF's 4 KiB data alignment, 64-byte tensor alignment, header), which
+            # a tiny model feels and a real one does not (benchmarks/bench_gguf.py)
+            payload = sum(t.nbytes for t in f.tensors.values())
+            assert payload == sum(int(t.n_bytes) for t in reader.tensors
+                                  if t.name != "rope_freqs.weight")
+            fixed = 64 * len(f.tensors) + 2 * 4096 + os.path.getsize(path) - payload
+            assert os.path.getsize(out) <= 1.01 * os.path.getsize(path) + fixed
 
 
 class _no_warning:

@@ -1,5 +1,6 @@
 """int8 activations (precision "int8" / "auto") for q8_row, q8_2f, q4_block, q4_tiled,
-q4tp and q2tp, and the `precision` setting that chooses them.
+q4tp, q2tp and the 32-weight ggml block formats with kernels (q8_0, q4_0, ...: random
+blocks, having no encoder), and the `precision` setting that chooses them.
 
 The reference here is an independent NumPy model of the algorithm the C code promises
 (csrc/matvec/qmat.h and ref_i8_row): per group of 32, d = max|x| / 127 and
@@ -23,9 +24,13 @@ from cortiq.kernels import _kernels as K
 import optional
 from cortiq.errors import ConfigError
 from cortiq.kernels.tensor import QTensor
-from cortiq.cmf.testing import qtensor_from_f32
+from cortiq.cmf.ggml_blocks import FORMATS as GGML
+from cortiq.cmf.testing import ggml_random_payload, qtensor_from_f32
 
-I8 = ("q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp")
+OWN = ("q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp")
+# the ggml block formats with kernels (tests/test_ggml_blocks.py has their own tests too)
+GGML_I8 = tuple(d for d in K.GGML_DTYPES if GGML[d].block_elems == 32)
+I8 = OWN + GGML_I8
 LOW = ("q4_block", "q4_tiled", "q4tp", "q2tp")
 U = 2.0 ** -24
 CWD = os.path.dirname(os.path.dirname(os.path.abspath(cortiq.__file__)))
@@ -98,6 +103,8 @@ def check(q, x):
 
 
 def make(rng, shape, dtype, precision="int8"):
+    if dtype in GGML:  # no encoder: random blocks with normal scales
+        return QTensor(ggml_random_payload(rng, dtype, *shape), dtype, shape, precision=precision)
     return qtensor_from_f32(rng.standard_normal(shape).astype(np.float32), dtype, precision=precision)
 
 
@@ -124,7 +131,7 @@ def test_hypothesis_shapes(isas, rows, groups, dtype, seed):
     cols = 32 * groups
     w = rng.standard_normal((rows, cols)).astype(np.float32)
     w *= np.float32(10.0) ** rng.integers(-3, 3, size=(rows, 1)).astype(np.float32)
-    q = qtensor_from_f32(w, dtype, precision="int8")
+    q = make(rng, (rows, cols), dtype) if dtype in GGML else qtensor_from_f32(w, dtype, precision="int8")
     x = (rng.standard_normal(cols) * 10.0 ** rng.integers(-3, 3)).astype(np.float32)
     x[rng.random(cols) < 0.1] = 0.0
     # misaligned x (off a 64-byte line)
@@ -233,7 +240,7 @@ def test_matmat_matches_model(isa, dtype, t):
     X = rng.standard_normal((t, cols)).astype(np.float32)
     X[0, :32] *= 300.0
     Y = q.matmat(X)
-    integer = isa == "ref" or integer_matmat(isa)
+    integer = isa == "ref" or dtype in GGML or integer_matmat(isa)
     if not integer:
         q.precision = "exact"
         np.testing.assert_array_equal(Y, q.matmat(X))
@@ -241,7 +248,7 @@ def test_matmat_matches_model(isa, dtype, t):
     for i in range(t):
         exp, b = model(q, X[i])
         assert (np.abs(Y[i].astype(np.float64) - exp) <= b).all(), i
-    if isa == "ref":
+    if isa == "ref" or dtype in ("q4_1", "q5_1"):  # (these two: t int8 matvecs everywhere)
         np.testing.assert_array_equal(Y, np.stack([q.matvec(x) for x in X]))
 
 
@@ -295,7 +302,7 @@ def test_error_is_small_for_gaussian_data(isa):
     rng = np.random.default_rng(8)
     w = rng.standard_normal((256, 1024)).astype(np.float32)
     x = rng.standard_normal(1024).astype(np.float32)
-    for dtype in I8:
+    for dtype in OWN:  # (the ggml formats have no encoder: bench_matvec's (e) reports theirs)
         qe = qtensor_from_f32(w, dtype)
         qi = QTensor(qe.raw, dtype, qe.shape, precision="int8")
         ye, yi = qe.matvec(x), qi.matvec(x)
@@ -314,18 +321,18 @@ def test_qtensor_precision_resolves_per_dtype():
     before = cortiq.get_precision()
     try:
         for dtype in ("f32", "f16", "bf16") + I8:
-            q = qtensor_from_f32(w, dtype)
+            q = make(rng, w.shape, dtype, "exact") if dtype in GGML else qtensor_from_f32(w, dtype)
             assert q.precision == "exact" and not q.int8 and not q.int8_prompt  # by hand: exact
             q.precision = "int8"
             assert q.int8 == (dtype in I8)
             assert q.int8_prompt == q.int8
             q.precision = "auto"
-            assert q.int8 == (dtype in LOW)
+            assert q.int8 == (dtype in LOW + GGML_I8)         # ggml formats: int8 throughout
             assert q.int8_prompt == (dtype in I8)             # prompt chunks: q8 too
             q.precision = None                                # the process default
             for p in ("exact", "int8", "auto"):
                 cortiq.set_precision(p)
-                assert q.int8 == (dtype in {"exact": (), "int8": I8, "auto": LOW}[p])
+                assert q.int8 == (dtype in {"exact": (), "int8": I8, "auto": LOW + GGML_I8}[p])
                 assert q.int8_prompt == (dtype in {"exact": (), "int8": I8, "auto": I8}[p])
         for bad in ("fast", 8, True):
             with pytest.raises(ConfigError):
@@ -373,7 +380,7 @@ def test_auto_takes_prompt_chunks_to_int8(isa, dtype):
     assert not np.array_equal(i8_mm, ex_mm)
     q.precision = "auto"
     np.testing.assert_array_equal(q.matmat(X, prompt=True), i8_mm)
-    low = dtype in LOW
+    low = dtype in LOW + GGML_I8  # "auto" takes these to int8 in every product
     np.testing.assert_array_equal(q.matmat(X), i8_mm if low else ex_mm)
     np.testing.assert_array_equal(q.matvec(X[0]), i8_mv if low else ex_mv)
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from cortiq.kernels import _kernels as K
 from cortiq.cmf.testing import qtensor_from_f32
-from test_int8_act import I8, model
+from test_int8_act import I8, make, model
 
 MULTI = ("f32", "q8_row")          # dtypes with multi-input rows in the SIMD tables
 # the integer paths of each table: VNNI (AVX-512; AVX-VNNI or AVX-512 VL for AVX2) and
@@ -123,8 +123,7 @@ def test_int8_batch_is_the_int8_matvec_bitwise(isas, dtype, rows, groups, t, spe
     the int8 algorithm (test_int8_act.model) within float32 rounding."""
     rng = np.random.default_rng(seed)
     cols = 32 * groups
-    T = qtensor_from_f32(rng.standard_normal((rows, cols)).astype(np.float32), dtype)
-    T.precision = "int8"
+    T = make(rng, (rows, cols), dtype)  # (int8; the ggml formats: random blocks)
     X = rng.standard_normal((t, cols)).astype(np.float32)
     j, g = int(rng.integers(t)), int(rng.integers(groups))
     if special != "none":
@@ -150,8 +149,7 @@ def test_int8_batch_threads_and_tall(isa, threads, dtype):
     and 71 groups (scales decoded 64 groups at a time, a last block of three): the same
     bits as one int8 matvec each."""
     rng = np.random.default_rng(7)
-    T = qtensor_from_f32(rng.standard_normal((301, 2272)).astype(np.float32), dtype)
-    T.precision = "int8"
+    T = make(rng, (301, 2272), dtype)
     X = rng.standard_normal((9, 2272)).astype(np.float32)
     for _, hide, (out, one) in _i8_variants(
             [isa], lambda: (K.matvec_batch([T.qmat], X)[0], np.stack([T.matvec(x) for x in X]))):
@@ -165,6 +163,8 @@ def test_int8_batch_several_matrices(isas):
     rng = np.random.default_rng(9)
     Ts = [qtensor_from_f32(rng.standard_normal((r, 320)).astype(np.float32), d)
           for r, d in ((33, "q8_row"), (17, "q8_2f"), (40, "q8_row"), (9, "q4_block"), (5, "f16"))]
+    # two ggml block formats sharing their family's x (CQ_XQ_G32)
+    Ts += [make(rng, (r, 320), d) for r, d in ((11, "q8_0"), (13, "q4_0"))]
     for T in Ts:
         T.precision = "int8"
     X = rng.standard_normal((6, 320)).astype(np.float32)

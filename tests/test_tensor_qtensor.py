@@ -20,16 +20,14 @@ import cortiq
 from cortiq.kernels import _kernels as K
 from cortiq.cmf import quant
 from cortiq.errors import FormatError
-from cortiq.cmf.ggml_blocks import FORMATS as GGML_FORMATS
-from cortiq.kernels.tensor import DTYPES as ALL_DTYPES, QTensor
-
-from cortiq.cmf.testing import qtensor_from_f32
+from cortiq.kernels.tensor import DTYPES, QTensor
+from cortiq.cmf.ggml_blocks import FORMATS as GGML
+from cortiq.cmf.testing import GGML_F16_AT, ggml_random_payload, qtensor_from_f32
 from arrays import misaligned  # tests/arrays.py
 import optional
 
 # cortiq's own encodable dtypes (the ggml block formats have no encoder here: they are
 # imported from GGUF files; tests/test_ggml_kquants.py covers them)
-DTYPES = tuple(d for d in ALL_DTYPES if d not in GGML_FORMATS)
 
 U = 2.0 ** -24
 DOT_ULPS = 2
@@ -38,11 +36,42 @@ GROUPED_ROWS = ("q4tp", "q2tp", "vbit", "vbit_ro")  # need cols % 32 == 0
 
 
 def _ok_shape(dtype, cols):
+    if dtype in GGML:  # rows of whole blocks
+        return cols % GGML[dtype].block_elems == 0
     return not (dtype in GROUPED_ROWS and cols % 32)
+
+
+def _cols_unit(dtype):
+    return GGML[dtype].block_elems if dtype in GGML else 32
+
+
+def _whole(dtype, cols):
+    """cols, rounded up to whole blocks of a ggml format (256 for the K-quants)."""
+    unit = GGML[dtype].block_elems if dtype in GGML else 1
+    return -(-cols // unit) * unit
+
+
+def make_ggml(dtype, rows, cols, rng, zero_rows=(), big=False):
+    """A ggml block format has no encoder: random blocks, f16 scales from a normal (big:
+    times 10^-4 .. 10^2 per block), zero rows by zero scales and mins."""
+    f = GGML[dtype]
+    raw = ggml_random_payload(rng, dtype, rows, cols)
+    blocks = raw.reshape(rows, cols // f.block_elems, f.block_bytes)
+    for at in GGML_F16_AT[dtype]:
+        field = blocks[:, :, at:at + 2].copy().view("<f2").astype(np.float32)
+        if big:
+            field *= np.float32(10.0) ** rng.integers(-4, 3, size=field.shape).astype(np.float32)
+        for r in zero_rows:
+            if r < rows:
+                field[r] = 0
+        blocks[:, :, at:at + 2] = field.astype("<f2").view(np.uint8)
+    return QTensor(raw, dtype, (rows, cols)), quant.dequantize(raw, dtype, (rows, cols))
 
 
 def make(dtype, rows, cols, seed=0, zero_rows=(), big=False):
     rng = np.random.default_rng(seed)
+    if dtype in GGML:
+        return make_ggml(dtype, rows, cols, rng, zero_rows, big)
     w = rng.standard_normal((rows, cols)).astype(np.float32)
     if big:  # mixed magnitudes inside rows and groups
         w *= np.float32(10.0) ** rng.integers(-4, 3, size=w.shape).astype(np.float32)
@@ -94,8 +123,9 @@ def test_decode_and_matvec(isa, dtype, shape):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_matches_reference_table(isa, dtype):
-    q, d = make(dtype, 45, 160, seed=3, big=True)
-    x = np.random.default_rng(4).standard_normal(160).astype(np.float32)
+    cols = _whole(dtype, 160)
+    q, d = make(dtype, 45, cols, seed=3, big=True)
+    x = np.random.default_rng(4).standard_normal(cols).astype(np.float32)
     y = q.matvec(x)
     K.set_isa("ref")
     try:
@@ -110,7 +140,7 @@ def test_matches_reference_table(isa, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_matmat(isa, dtype):
-    rows, cols, t = 37, 96, 11
+    rows, cols, t = 37, _whole(dtype, 96), 11
     q, d = make(dtype, rows, cols, seed=5, zero_rows=(0,))
     X = np.random.default_rng(6).standard_normal((t, cols)).astype(np.float32)
     Y = q.matmat(X)
@@ -275,7 +305,7 @@ def test_matvec_many_bit_identical(isa, threads):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_zero_extreme_and_misaligned(isa, dtype):
-    rows, cols = 12, 128
+    rows, cols = 12, _whole(dtype, 128)
     rng = np.random.default_rng(11)
     w = rng.standard_normal((rows, cols)).astype(np.float32)
     w[0] = 0                          # an all-zero row
@@ -283,7 +313,10 @@ def test_zero_extreme_and_misaligned(isa, dtype):
     w[2] *= 1e4                       # large
     w[3] *= 1e-5                      # tiny (scales floored at 2**-14)
     w[4, 5] = 3e4                     # one outlier in a group
-    raw = quant.quantize(w, dtype)
+    if dtype in GGML:  # no encoder: blocks of mixed magnitude, row 0 all zero
+        raw = make_ggml(dtype, rows, cols, rng, zero_rows=(0,), big=True)[0].raw
+    else:
+        raw = quant.quantize(w, dtype)
     d = quant.dequantize(raw, dtype, (rows, cols))
     q = QTensor(misaligned(raw), dtype, (rows, cols))
     x = misaligned(rng.standard_normal(cols).astype(np.float32))
@@ -307,7 +340,7 @@ def test_nan_in_x_propagates(isa):
        dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31))
 def test_hypothesis_shapes(isas, rows, cols, dtype, seed):
     if not _ok_shape(dtype, cols):
-        cols = 32 * max(1, cols // 32)
+        cols = _cols_unit(dtype) * max(1, cols // _cols_unit(dtype))
     q, d = make(dtype, rows, cols, seed=seed)
     x = np.random.default_rng(seed + 1).standard_normal(cols).astype(np.float32)
     X = np.random.default_rng(seed + 2).standard_normal((3, cols)).astype(np.float32)

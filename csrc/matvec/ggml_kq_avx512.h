@@ -118,11 +118,11 @@ static void kq_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, 
     float (*row)(const cq_qmat *, size_t, const cq_xq *) = NULL;
 #ifdef CQ_HAVE_VNNI_FN
     const int vnni = (cq_cpu_features() & CQ_CPU_AVX512VNNI) != 0;
-    if (m->dtype == CQ_DT_Q4_K) row = vnni ? kq_q4k_row_vnni : kq_q4k_row_bw;
-    if (m->dtype == CQ_DT_Q6_K) row = vnni ? kq_q6k_row_vnni : kq_q6k_row_bw;
+    if (m->dtype == CQ_DT_GGML_Q4_K) row = vnni ? kq_q4k_row_vnni : kq_q4k_row_bw;
+    if (m->dtype == CQ_DT_GGML_Q6_K) row = vnni ? kq_q6k_row_vnni : kq_q6k_row_bw;
 #else
-    if (m->dtype == CQ_DT_Q4_K) row = kq_q4k_row_bw;
-    if (m->dtype == CQ_DT_Q6_K) row = kq_q6k_row_bw;
+    if (m->dtype == CQ_DT_GGML_Q4_K) row = kq_q4k_row_bw;
+    if (m->dtype == CQ_DT_GGML_Q6_K) row = kq_q6k_row_bw;
 #endif
     if (!row) row = kq_ref_i8_row;
     for (size_t j = 0; j < nr; j++) out[j] = row(m, r0 + j, xq);

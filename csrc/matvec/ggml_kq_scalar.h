@@ -1,5 +1,5 @@
 /* ggml_kq_scalar.h -- the ggml K-quant block formats (q2_k, q3_k, q4_k, q5_k, q6_k,
- * iq4_xs: 256 weights a block, in llama.cpp's byte layout, docs/ggml-kquants.md): the
+ * iq4_xs: 256 weights a block, in llama.cpp's byte layout, docs/cmf-format.md §7.9): the
  * scalar decoder, the reference row of the float32 path and of the int8 path. Shared by
  * the reference and the scalar fallbacks of the SIMD twins; every file is compiled with
  * -ffp-contract=off, so these float operations give the same bits in every ISA file.
@@ -19,20 +19,20 @@
 
 static inline int kq_is(int dtype) {
     switch (dtype) {
-    case CQ_DT_Q2_K: case CQ_DT_Q3_K: case CQ_DT_Q4_K: case CQ_DT_Q5_K: case CQ_DT_Q6_K: case CQ_DT_IQ4_XS: return 1;
+    case CQ_DT_GGML_Q2_K: case CQ_DT_GGML_Q3_K: case CQ_DT_GGML_Q4_K: case CQ_DT_GGML_Q5_K: case CQ_DT_GGML_Q6_K: case CQ_DT_GGML_IQ4_XS: return 1;
     default: return 0;
     }
 }
-static inline int kq_has_min(int dtype) { return dtype == CQ_DT_Q2_K || dtype == CQ_DT_Q4_K || dtype == CQ_DT_Q5_K; }
+static inline int kq_has_min(int dtype) { return dtype == CQ_DT_GGML_Q2_K || dtype == CQ_DT_GGML_Q4_K || dtype == CQ_DT_GGML_Q5_K; }
 
 static inline size_t kq_block_bytes(int dtype) {
     switch (dtype) {
-    case CQ_DT_Q2_K: return 84;
-    case CQ_DT_Q3_K: return 110;
-    case CQ_DT_Q4_K: return 144;
-    case CQ_DT_Q5_K: return 176;
-    case CQ_DT_Q6_K: return 210;
-    case CQ_DT_IQ4_XS: return 136;
+    case CQ_DT_GGML_Q2_K: return 84;
+    case CQ_DT_GGML_Q3_K: return 110;
+    case CQ_DT_GGML_Q4_K: return 144;
+    case CQ_DT_GGML_Q5_K: return 176;
+    case CQ_DT_GGML_Q6_K: return 210;
+    case CQ_DT_GGML_IQ4_XS: return 136;
     default: return 0;
     }
 }
@@ -68,11 +68,11 @@ static void kq_block_ints(int dtype, const uint8_t *b, kq_ints *o) {
     o->dmin = 0.0f;
     for (int s = 0; s < 16; s++) o->mn[s] = 0;
     switch (dtype) {
-    case CQ_DT_Q4_K:
-    case CQ_DT_Q5_K: { /* d, dmin, scales[12], (q5_k: qh[32]), qs[128] */
+    case CQ_DT_GGML_Q4_K:
+    case CQ_DT_GGML_Q5_K: { /* d, dmin, scales[12], (q5_k: qh[32]), qs[128] */
         o->d = cq_h2f(cq_ld16(b));
         o->dmin = cq_h2f(cq_ld16(b + 2));
-        const uint8_t *qh = b + 16, *qs = b + (dtype == CQ_DT_Q5_K ? 48 : 16);
+        const uint8_t *qh = b + 16, *qs = b + (dtype == CQ_DT_GGML_Q5_K ? 48 : 16);
         for (int j = 0; j < 8; j++) {
             int sc, mn;
             kq_scale_min6(b + 4, j, &sc, &mn);
@@ -84,12 +84,12 @@ static void kq_block_ints(int dtype, const uint8_t *b, kq_ints *o) {
                 o->q[64 * i + k] = qs[32 * i + k] & 15;
                 o->q[64 * i + 32 + k] = qs[32 * i + k] >> 4;
             }
-        if (dtype == CQ_DT_Q5_K) /* bit j of qh[k]: weight 32j + k's fifth bit */
+        if (dtype == CQ_DT_GGML_Q5_K) /* bit j of qh[k]: weight 32j + k's fifth bit */
             for (int j = 0; j < 8; j++)
                 for (int k = 0; k < 32; k++) o->q[32 * j + k] |= (int16_t)(((qh[k] >> j) & 1) << 4);
         break;
     }
-    case CQ_DT_Q6_K: { /* ql[128], qh[64], scales[16] (int8), d */
+    case CQ_DT_GGML_Q6_K: { /* ql[128], qh[64], scales[16] (int8), d */
         const uint8_t *ql = b, *qh = b + 128;
         o->d = cq_h2f(cq_ld16(b + 208));
         for (int s = 0; s < 16; s++) o->sc[s] = (int8_t)b[192 + s];
@@ -106,7 +106,7 @@ static void kq_block_ints(int dtype, const uint8_t *b, kq_ints *o) {
                 }
         break;
     }
-    case CQ_DT_Q2_K: { /* scales[16] (low nibble scale, high min), qs[64], d, dmin */
+    case CQ_DT_GGML_Q2_K: { /* scales[16] (low nibble scale, high min), qs[64], d, dmin */
         const uint8_t *qs = b + 16;
         o->d = cq_h2f(cq_ld16(b + 80));
         o->dmin = cq_h2f(cq_ld16(b + 82));
@@ -119,7 +119,7 @@ static void kq_block_ints(int dtype, const uint8_t *b, kq_ints *o) {
                 for (int k = 0; k < 32; k++) o->q[128 * h + 32 * s + k] = (qs[32 * h + k] >> (2 * s)) & 3;
         break;
     }
-    case CQ_DT_Q3_K: { /* hmask[32], qs[64], scales[12] (6-bit, - 32), d */
+    case CQ_DT_GGML_Q3_K: { /* hmask[32], qs[64], scales[12] (6-bit, - 32), d */
         const uint8_t *hm = b, *qs = b + 32, *sp = b + 96;
         o->d = cq_h2f(cq_ld16(b + 108));
         for (int s = 0; s < 16; s++) {

@@ -55,7 +55,7 @@ static size_t i8_many_bytes(const cq_qmat *ms, size_t n) {
 
 /* Fills xv[i].q for every matrix that takes int8 (buf: i8_many_bytes, 64-aligned). */
 static void i8_many_build(const cq_qmat *ms, size_t n, const float *x, uint8_t *buf, drv_x *xv) {
-    cq_xq fam_xq[3];
+    cq_xq fam_xq[CQ_XQ_FAMILIES];
     int built = 0;
     for (size_t i = 0; i < n; i++) {
         if (!i8_takes(&ms[i])) continue;
@@ -74,28 +74,34 @@ static void i8_many_build(const cq_qmat *ms, size_t n, const float *x, uint8_t *
     }
 }
 
-#ifndef CQ_HAVE_I8_MM
-/* The portable int8 matmat: X quantized input by input in the matvec layout, and
+/* The portable int8 matmat (the hooks where a table has none, and the ggml block
+ * formats' in every table): X quantized input by input in the matvec layout, and
  * Y[i][j] the int8 row of input i, so matmat equals t int8 matvecs bit for bit. */
-static int i8_mm_takes(const cq_qmat *m) { return i8_takes(m); }
-static size_t i8_mm_pack_bytes(const cq_qmat *m, size_t t) {
+static int i8pm_takes(const cq_qmat *m) { return i8_takes(m); }
+static size_t i8pm_pack_bytes(const cq_qmat *m, size_t t) {
     return t * i8_x_bytes(m) + i8_up64(t * sizeof(cq_xq));
 }
-static void i8_mm_pack(const cq_qmat *m, const float *X, size_t t, uint8_t *buf) {
+static void i8pm_pack(const cq_qmat *m, const float *X, size_t t, uint8_t *buf) {
     const size_t per = i8_x_bytes(m);
     cq_xq *xqs = (cq_xq *)(void *)(buf + t * per);
     for (size_t i = 0; i < t; i++) i8_x_build(m, X + i * m->cols, buf + i * per, &xqs[i]);
 }
-static size_t i8_mm_scratch_bytes(const cq_qmat *m, size_t t) {
+static size_t i8pm_scratch_bytes(const cq_qmat *m, size_t t) {
     (void)m;
     (void)t;
     return 64;
 }
-static void i8_mm_block(const cq_qmat *m, size_t r0, size_t nr, const uint8_t *buf, size_t t, float *Y, size_t ldy,
-                        float *scratch) {
+static void i8pm_block(const cq_qmat *m, size_t r0, size_t nr, const uint8_t *buf, size_t t, float *Y, size_t ldy,
+                       float *scratch) {
     const cq_xq *xqs = (const cq_xq *)(const void *)(buf + t * i8_x_bytes(m));
     (void)scratch;
     for (size_t i = 0; i < t; i++) i8_dot_rows(m, r0, nr, &xqs[i], Y + i * ldy);
 }
+#ifndef CQ_HAVE_I8_MM
+#define i8_mm_takes i8pm_takes
+#define i8_mm_pack_bytes i8pm_pack_bytes
+#define i8_mm_pack i8pm_pack
+#define i8_mm_scratch_bytes i8pm_scratch_bytes
+#define i8_mm_block i8pm_block
 #endif
 #endif

@@ -43,20 +43,47 @@ static size_t i8mm_wd(size_t t, size_t p) {
     return n >= I8MM_PW ? I8MM_PW : i8mm_upv(n);
 }
 static size_t i8mm_panel_at(size_t ng, size_t p) { return p * I8MM_PW * 40 * ng; }
-static int i8mm_offset(int dtype) { return dtype == CQ_DT_Q8_ROW || dtype == CQ_DT_Q8_2F ? 128 : dtype == CQ_DT_Q2TP ? 3 : 8; }
+static int i8mm_offset(int dtype) {
+    switch (dtype) {
+    case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: case CQ_DT_GGML_Q8_0: case CQ_DT_GGML_IQ4_NL: return 128;
+    case CQ_DT_Q2TP: return 3;
+    case CQ_DT_GGML_Q5_0: return 16;
+    default: return 8; /* q4 and q4_0 */
+    }
+}
 
 static int i8mm_cpu(void);
 static void i8mm_tiles(size_t nv, size_t nr, const uint8_t *w, const float *sc, const uint8_t *xp, size_t wd,
                        size_t n, float *part, size_t ldp, int first, int rowscale);
-/* (the K-quants have no integer matmat here: their matmat reads float32 x) */
-static int i8_mm_takes(const cq_qmat *m) { return i8_takes(m) && !kq_is(m->dtype) && i8mm_cpu(); }
+/* The ggml formats whose weight is d * code go through the tiles (u = code + offset,
+ * the block's d as the group scale); the others (a min, or the K-quants' sub-block
+ * scales) take i8_x.h's portable int8 matmat (t int8 matvecs), as all do without a
+ * vpdpbusd. */
+static int i8mm_ggml_tiles(const cq_qmat *m) {
+    switch (m->dtype) {
+    case CQ_DT_GGML_Q8_0: case CQ_DT_GGML_Q4_0: case CQ_DT_GGML_Q5_0: case CQ_DT_GGML_IQ4_NL: return 1;
+    default: return 0;
+    }
+}
+static size_t i8pm_pack_bytes(const cq_qmat *m, size_t t);
+static void i8pm_pack(const cq_qmat *m, const float *X, size_t t, uint8_t *buf);
+static size_t i8pm_scratch_bytes(const cq_qmat *m, size_t t);
+static void i8pm_block(const cq_qmat *m, size_t r0, size_t nr, const uint8_t *buf, size_t t, float *Y, size_t ldy,
+                       float *scratch);
+static int i8mm_portable(const cq_qmat *m) { return cq_dt_ggml(m->dtype) && !(i8mm_ggml_tiles(m) && i8mm_cpu()); }
+static int i8_mm_takes(const cq_qmat *m) { return i8_takes(m) && (i8mm_portable(m) || i8mm_cpu()); }
 
 static size_t i8_mm_pack_bytes(const cq_qmat *m, size_t t) {
+    if (i8mm_portable(m)) return i8pm_pack_bytes(m, t);
     const size_t ng = m->cols / CQ_GROUP, np = (t + I8MM_PW - 1) / I8MM_PW;
     return i8mm_panel_at(ng, np - 1) + 40 * ng * i8mm_wd(t, np - 1) + i8mm_up64(m->cols * sizeof(float));
 }
 
 static void i8_mm_pack(const cq_qmat *m, const float *X, size_t t, uint8_t *buf) {
+    if (i8mm_portable(m)) {
+        i8pm_pack(m, X, t, buf);
+        return;
+    }
     const size_t cols = m->cols, ng = cols / CQ_GROUP, np = (t + I8MM_PW - 1) / I8MM_PW;
     const int32_t B = i8mm_offset(m->dtype);
     float *xs = (float *)(void *)(buf + i8_mm_pack_bytes(m, t) - i8mm_up64(cols * sizeof(float)));
@@ -93,7 +120,7 @@ static void i8_mm_pack(const cq_qmat *m, const float *X, size_t t, uint8_t *buf)
 }
 
 static size_t i8_mm_scratch_bytes(const cq_qmat *m, size_t t) {
-    (void)m;
+    if (i8mm_portable(m)) return i8pm_scratch_bytes(m, t);
     return CQ_MM_ROWS * I8MM_KC + CQ_MM_ROWS * I8MM_KG * sizeof(float) + CQ_MM_ROWS * i8mm_upv(t) * sizeof(float) + 128;
 }
 
@@ -127,6 +154,16 @@ static void i8mm_decode(const cq_qmat *m, size_t r, size_t ga, size_t n, uint8_t
         }
         return;
     }
+    case CQ_DT_GGML_Q8_0: case CQ_DT_GGML_Q4_0: case CQ_DT_GGML_Q5_0: case CQ_DT_GGML_IQ4_NL: {
+        const size_t bb = ggml_q32_block_bytes(m->dtype);
+        const uint8_t *p = m->data + bb * (r * gpr + ga);
+        const __m256i off = _mm256_set1_epi8((char)i8mm_offset(m->dtype));
+        for (size_t g = 0; g < n; g++, p += bb) {
+            _mm256_store_si256((__m256i *)(u + 32 * g), _mm256_add_epi8(g32_codes(m->dtype, p), off));
+            sc[g] = g32_h2f(p);
+        }
+        return;
+    }
     default: { /* q4: nibbles (element 2k low, 2k+1 high of byte k) into column order */
         const size_t gs = m->dtype == CQ_DT_Q4_TILED ? 18 : 16;
         const uint8_t *p = m->data + gs * (r * gpr + ga) + (gs == 18 ? 2 : 0);
@@ -145,6 +182,10 @@ static void i8mm_decode(const cq_qmat *m, size_t r, size_t ga, size_t n, uint8_t
 /* Y[i * ldy + j] = row r0 + j . X[i] for j < nr <= CQ_MM_ROWS, i < t (buf: i8_mm_pack). */
 static void i8_mm_block(const cq_qmat *m, size_t r0, size_t nr, const uint8_t *buf, size_t t, float *Y, size_t ldy,
                         float *scratch) {
+    if (i8mm_portable(m)) {
+        i8pm_block(m, r0, nr, buf, t, Y, ldy, scratch);
+        return;
+    }
     const size_t cols = m->cols, ng = cols / CQ_GROUP, ldp = i8mm_upv(t), np = (t + I8MM_PW - 1) / I8MM_PW;
     const int rowscale = m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F;
     uint8_t *w = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);

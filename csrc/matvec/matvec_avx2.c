@@ -196,6 +196,10 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
         kq_i8_rows(m, r0, nr, xq, out);
         return;
     }
+    if (ggml_q32_block_bytes(m->dtype)) {
+        for (size_t j = 0; j < nr; j++) out[j] = g32_i8_row_avx2(m, r0 + j, xq);
+        return;
+    }
     switch (m->dtype) {
     case CQ_DT_Q8_ROW:
     case CQ_DT_Q8_2F:

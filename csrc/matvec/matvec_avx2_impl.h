@@ -281,6 +281,8 @@ static float grouped_dot(const cq_qmat *m, size_t r, const float *x) {
     return m->dtype == CQ_DT_Q2TP ? acc * 0.5f : acc;
 }
 
+#include "ggml_q32_avx2.h"
+
 static float avx2_dot_row(const cq_qmat *m, size_t r, const float *x) {
     const size_t cols = m->cols;
     float acc = 0.0f;
@@ -302,6 +304,7 @@ static float avx2_dot_row(const cq_qmat *m, size_t r, const float *x) {
     }
     default: break; /* q8: q8_row_dot (q8_rows.h) in each ISA file */
     }
+    if (ggml_q32_block_bytes(m->dtype)) return g32_dot_avx2(m, r, x);
     if (!grouped_fast(m)) return ref_row(m, r, x, NULL);
     return grouped_dot(m, r, x);
 }
@@ -348,6 +351,10 @@ static void avx2_dequant_span(const cq_qmat *m, size_t r, size_t c0, size_t c1, 
         return;
     }
     default: break;
+    }
+    if (ggml_q32_block_bytes(m->dtype)) { /* whole blocks: c0, c1 multiples of 32 */
+        g32_decode_avx2(m, r, c0 / CQ_GROUP, c1 / CQ_GROUP, out);
+        return;
     }
     if (!grouped_fast(m)) { /* odd shapes, vbit: whole rows only (matmat asks no less) */
         (void)ref_row(m, r, NULL, out);

@@ -790,11 +790,16 @@ static float dot_row(const cq_qmat *m, size_t r, const float *x) {
 }
 
 #include "ggml_kq_avx512.h"
+#include "ggml_q32_avx512.h"
 
 #define CQ_HAVE_I8_ROWS
 static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
     if (kq_is(m->dtype)) {
         kq_i8_rows(m, r0, nr, xq, out);
+        return;
+    }
+    if (ggml_q32_block_bytes(m->dtype)) {
+        ggml_q32_i8_rows(m, r0, nr, xq, out);
         return;
     }
     const uint32_t f = cq_cpu_features();

@@ -48,6 +48,8 @@ static cq_status drv_check(const cq_qmat *m) {
     switch (m->dtype) {
     case CQ_DT_F32: case CQ_DT_F16: case CQ_DT_BF16: case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F:
     case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP: case CQ_DT_Q2TP: break;
+    case CQ_DT_GGML_Q4_0: case CQ_DT_GGML_Q4_1: case CQ_DT_GGML_Q5_0: case CQ_DT_GGML_Q5_1:
+    case CQ_DT_GGML_Q8_0: case CQ_DT_GGML_IQ4_NL: break;
     default:
         if (!kq_is(m->dtype)) return CQ_ERR_UNSUPPORTED;
     }

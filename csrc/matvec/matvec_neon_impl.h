@@ -176,6 +176,8 @@ static float grouped_dot(const cq_qmat *m, size_t r, const float *x) {
     return q2 ? acc * 0.5f : acc;
 }
 
+#include "ggml_q32_neon.h"
+
 static float dot_row(const cq_qmat *m, size_t r, const float *x) {
     const size_t cols = m->cols;
     float acc = 0.0f;
@@ -200,6 +202,7 @@ static float dot_row(const cq_qmat *m, size_t r, const float *x) {
         return q8_dot(m->data + r * cols, x, cols) * m->aux[r];
     default: break;
     }
+    if (ggml_q32_block_bytes(m->dtype)) return g32_dot_neon(m, r, x);
     if (!grouped_fast(m)) return ref_row(m, r, x, NULL);
     return grouped_dot(m, r, x);
 }
@@ -348,6 +351,10 @@ static float i8_row_grouped(const cq_qmat *m, size_t r, const cq_xq *xq) {
 static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
     if (kq_is(m->dtype)) {
         kq_i8_rows(m, r0, nr, xq, out);
+        return;
+    }
+    if (ggml_q32_block_bytes(m->dtype)) {
+        ggml_q32_i8_rows(m, r0, nr, xq, out);
         return;
     }
     const int q8 = m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F;

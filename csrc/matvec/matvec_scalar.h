@@ -5,6 +5,7 @@
 #define CQ_MATVEC_SCALAR_H
 #include "qmat.h"
 #include "ggml_kq_scalar.h"
+#include "ggml_q32_scalar.h"
 
 /* 5-bit tile code g of a q4tp/q2tp row (LSB-first, may straddle two bytes). */
 static inline unsigned tp_code(const uint8_t *cb, size_t stride, size_t g) {
@@ -111,6 +112,8 @@ static float ref_row(const cq_qmat *m, size_t r, const float *x, float *out) {
         }
         break;
     }
+    case CQ_DT_GGML_Q4_0: case CQ_DT_GGML_Q4_1: case CQ_DT_GGML_Q5_0: case CQ_DT_GGML_Q5_1:
+    case CQ_DT_GGML_Q8_0: case CQ_DT_GGML_IQ4_NL: return ggml_q32_ref_row(m, r, x, out);
     default: return kq_is(m->dtype) ? kq_ref_row(m, r, x, out) : 0.0f;
     }
 #undef EMIT
@@ -147,7 +150,7 @@ static inline int i8_takes(const cq_qmat *m) {
 static inline int32_t xq_at(const cq_xq *xq, size_t g, int k) {
     switch (xq->family) {
     case CQ_XQ_Q4: return xq->q[128 * (g / 4) + 64 * (k & 1) + 16 * (g % 4) + k / 2];
-    case CQ_XQ_Q8: return xq->q[32 * g + k];
+    case CQ_XQ_Q8: case CQ_XQ_G32: return xq->q[32 * g + k];
     default: return xq->q[256 * (g / 8) + 64 * (k & 3) + 8 * (g % 8) + k / 4];
     }
 }
@@ -163,6 +166,7 @@ static inline int32_t xq_at(const cq_xq *xq, size_t g, int k) {
 static float ref_i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
     const size_t gpr = m->cols / CQ_GROUP;
     float acc = 0.0f;
+    if (ggml_q32_block_bytes(m->dtype)) return ggml_q32_ref_i8_row(m, r, xq);
     if (kq_is(m->dtype)) return kq_ref_i8_row(m, r, xq);
     switch (m->dtype) {
     case CQ_DT_Q8_ROW:

@@ -326,16 +326,22 @@ static void test_quant(void) {
 
 /* ================================================================ matvec ==== */
 static const int DTYPES[] = {CQ_DT_F32, CQ_DT_F16, CQ_DT_BF16, CQ_DT_Q8_ROW, CQ_DT_Q8_2F, CQ_DT_Q4_BLOCK,
-                             CQ_DT_Q4_TILED, CQ_DT_Q4TP, CQ_DT_Q2TP, CQ_DT_VBIT, CQ_DT_VBIT_RO};
+                             CQ_DT_Q4_TILED, CQ_DT_Q4TP, CQ_DT_Q2TP, CQ_DT_VBIT, CQ_DT_VBIT_RO,
+                             CQ_DT_GGML_Q8_0, CQ_DT_GGML_Q4_0, CQ_DT_GGML_Q4_1, CQ_DT_GGML_Q5_0,
+                             CQ_DT_GGML_Q5_1, CQ_DT_GGML_IQ4_NL};
 static const char *dt_name(int dt) {
     switch (dt) {
     case CQ_DT_F32: return "f32"; case CQ_DT_F16: return "f16"; case CQ_DT_BF16: return "bf16";
     case CQ_DT_Q8_ROW: return "q8_row"; case CQ_DT_Q8_2F: return "q8_2f"; case CQ_DT_Q4_BLOCK: return "q4_block";
     case CQ_DT_Q4_TILED: return "q4_tiled"; case CQ_DT_Q4TP: return "q4tp"; case CQ_DT_Q2TP: return "q2tp";
-    case CQ_DT_VBIT: return "vbit"; default: return "vbit_ro";
+    case CQ_DT_VBIT: return "vbit"; case CQ_DT_VBIT_RO: return "vbit_ro";
+    case CQ_DT_GGML_Q8_0: return "q8_0"; case CQ_DT_GGML_Q4_0: return "q4_0"; case CQ_DT_GGML_Q4_1: return "q4_1";
+    case CQ_DT_GGML_Q5_0: return "q5_0"; case CQ_DT_GGML_Q5_1: return "q5_1"; default: return "iq4_nl";
     }
 }
-static int dt_grouped_only(int dt) { return dt == CQ_DT_Q4TP || dt == CQ_DT_Q2TP || dt == CQ_DT_VBIT || dt == CQ_DT_VBIT_RO; }
+static int dt_grouped_only(int dt) {
+    return dt == CQ_DT_Q4TP || dt == CQ_DT_Q2TP || dt == CQ_DT_VBIT || dt == CQ_DT_VBIT_RO || dt >= 64;
+}
 
 /* A random, valid payload of dtype dt (at `off` bytes past an aligned address) with its
  * aux and rowoff; m->act left EXACT. */
@@ -395,6 +401,16 @@ static qm qm_new(int dt, size_t rows, size_t cols, size_t off) {
         for (size_t r = 0; r < rows; r++) {
             put16(params + 4 * r, f2h_trunc((float)(-10.0 + 4.0 * urand())));
             put16(params + 4 * r + 2, f2h_trunc((float)(0.05 + 0.2 * urand())));
+        }
+        break;
+    }
+    case CQ_DT_GGML_Q8_0: case CQ_DT_GGML_Q4_0: case CQ_DT_GGML_Q4_1: case CQ_DT_GGML_Q5_0:
+    case CQ_DT_GGML_Q5_1: case CQ_DT_GGML_IQ4_NL: { /* random codes; finite f16 scale (and min) per block */
+        const size_t nblk = rows * gpr, bb = nblk ? nb / nblk : 0;
+        const int min = dt == CQ_DT_GGML_Q4_1 || dt == CQ_DT_GGML_Q5_1;
+        for (size_t b = 0; b < rows * gpr; b++) {
+            put16(d + bb * b, f2h_trunc(scale_for()));
+            if (min) put16(d + bb * b + 2, f2h_trunc(scale_for() * (urand() < 0.5 ? -4 : 4)));
         }
         break;
     }

@@ -15,11 +15,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import FormatError
+from . import ggml_dequant
+from .ggml_blocks import FORMATS as GGML_FORMATS
 
 DTYPES = {
     "f32": 0, "f16": 1, "bf16": 2, "q8_row": 3, "q4_block": 4, "mix8_4": 5, "u8": 6,
     "q4_col": 7, "vbit": 8, "q8_2f": 9, "vbit_ro": 10, "q4_tiled": 11, "q1": 12, "q1s": 13,
     "q1t": 14, "q4tp": 15, "q2tp": 16,
+    # the ggml block formats, GGUF bytes kept as they are (§7.9): id = 64 + ggml type
+    **{f.name: f.cmf_id for f in GGML_FORMATS.values()},
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
@@ -69,9 +73,23 @@ def _f16_from(b: bytes, count: int) -> np.ndarray:
     return np.frombuffer(b, dtype="<f2", count=count).astype(np.float32)
 
 
+def ggml_shape_error(dtype: str, shape) -> str | None:
+    """Why `shape` cannot hold ggml format `dtype` (None when it can): rows of whole
+    blocks, so the last dimension must be a multiple of the block's weights."""
+    f = GGML_FORMATS[dtype]
+    if len(shape) == 0 or int(shape[-1]) % f.block_elems:
+        return (f"{dtype} stores rows of whole {f.block_elems}-weight blocks; shape "
+                f"{tuple(shape)} has a last dimension that is not a multiple of {f.block_elems}")
+    return None
+
+
 def expected_nbytes(dtype: str, shape) -> int | None:
-    """Exact payload size of a fixed-size dtype, None when it depends on the data."""
+    """Exact payload size of a fixed-size dtype, None when it depends on the data (a ggml
+    format's shape must also pass ggml_shape_error)."""
     n = numel(shape)
+    if dtype in GGML_FORMATS:
+        f = GGML_FORMATS[dtype]
+        return n // f.block_elems * f.block_bytes
     rows, cols = rows_cols(shape)
     g = -(-n // GROUP)
     if dtype == "f32":
@@ -570,4 +588,9 @@ def dequantize(payload, dtype: str, shape) -> np.ndarray:
         if len(shape) != 2:
             raise FormatError(f"q1t needs a 2-D shape, got {shape}")
         return _dq_q1t(buf, rows, cols, n)
+    if dtype in GGML_FORMATS:
+        why = ggml_shape_error(dtype, shape)
+        if why:
+            raise FormatError(why)
+        return ggml_dequant.dequantize(buf, dtype, n).reshape(shape)
     raise FormatError(f"dtype {dtype!r} cannot be decoded")

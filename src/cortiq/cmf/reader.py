@@ -62,8 +62,9 @@ FEAT_DELTA_MASKS = 0x08
 FEAT_HOT_PACKS = 0x10
 FEAT_LOOP_MASKS = 0x20
 FEAT_SKILL_FILE = 0x40
+FEAT_GGML_BLOCKS = 0x80  # some tensor is a ggml block format (ids 64 + ggml type, §7.9)
 SUPPORTED_FEATURES = (FEAT_TENSOR_DIR | FEAT_BINARY_MASKS | FEAT_QUANT_2F | FEAT_LOOP_MASKS
-                      | FEAT_SKILL_FILE)
+                      | FEAT_SKILL_FILE | FEAT_GGML_BLOCKS)
 
 SECTIONS = ("header", "dir", "data", "masks", "vocab", "index")
 #: envelope byte offset of each section's (off, len) pair
@@ -260,6 +261,8 @@ class _Part:
                                   f"{data_len}-byte weight blob")
             if Q.numel(shape) >= 2 ** 64:
                 raise BoundsError(f"{where}: shape {shape} overflows")
+            if dtype in Q.GGML_FORMATS and Q.ggml_shape_error(dtype, shape):
+                raise BoundsError(f"{where}: {Q.ggml_shape_error(dtype, shape)}")
             if dtype not in _NOT_SIZE_CHECKED:
                 want = Q.expected_nbytes(dtype, shape)
                 if want is not None and want != nb:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.tensor import QTensor
+from .ggml_blocks import FORMATS as GGML_FORMATS
 from .quant import quantize
 
 
@@ -48,3 +49,22 @@ def qtensor_from_f32(array, dtype: str = "f32", precision="exact") -> QTensor:
     if a.ndim != 2:
         raise ValueError(f"qtensor_from_f32: array must be 2-D, got shape {a.shape}")
     return QTensor(quantize(a, dtype), dtype, a.shape, precision=precision)
+
+
+#: byte offsets of each ggml block format's f16 fields in a block (§7.9: the scale d,
+#: then the min or dmin where the format has one)
+GGML_F16_AT = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,),
+               "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2),
+               "q6_k": (208,), "iq4_nl": (0,), "iq4_xs": (0,)}
+
+
+def ggml_random_payload(rng, dtype: str, rows: int, cols: int, scale: float = 0.01) -> np.ndarray:
+    """A [rows, cols] payload of ggml format `dtype` (cols a multiple of its block):
+    random code bytes, f16 scales (and mins) drawn from a normal of that size."""
+    f = GGML_FORMATS[dtype]
+    nblk = rows * cols // f.block_elems
+    raw = rng.integers(0, 256, nblk * f.block_bytes, dtype=np.uint8).reshape(nblk, f.block_bytes)
+    for i, at in enumerate(GGML_F16_AT[dtype]):
+        v = (rng.standard_normal(nblk) * (scale if i == 0 else 4 * scale)).astype("<f2")
+        raw[:, at:at + 2] = v.view(np.uint8).reshape(nblk, 2)
+    return raw.reshape(-1)

@@ -27,7 +27,7 @@ from . import quant as Q
 from .hash import hash64, hex16
 from .masks import Masks
 from .reader import (DATA_ALIGN, ENVELOPE, ENVELOPE_SIZE, FEAT_BINARY_MASKS, FEAT_LOOP_MASKS,
-                     FEAT_QUANT_2F, FEAT_SKILL_FILE, FEAT_TENSOR_DIR, MAGIC, MAX_NDIM,
+                     FEAT_GGML_BLOCKS, FEAT_QUANT_2F, FEAT_SKILL_FILE, FEAT_TENSOR_DIR, MAGIC, MAX_NDIM,
                      TENSOR_ALIGN, VERSION, shard_file_name)
 from .schema import HEADER, SchemaError, check
 
@@ -301,6 +301,8 @@ class Writer:
             raise ValueError(f"tensor {name!r}: unknown dtype {p.dtype!r}")
         if len(p.shape) > MAX_NDIM:
             raise ValueError(f"tensor {name!r}: {len(p.shape)}-D shape {p.shape} (max 6 dims)")
+        if p.dtype in Q.GGML_FORMATS and Q.ggml_shape_error(p.dtype, p.shape):
+            raise ValueError(f"tensor {name!r}: {Q.ggml_shape_error(p.dtype, p.shape)}")
         if p.dtype in ("vbit", "vbit_ro"):
             try:
                 Q.validate_vbit(p.data, p.shape, p.dtype)
@@ -415,6 +417,8 @@ class Writer:
                 feats |= FEAT_BINARY_MASKS | (FEAT_LOOP_MASKS if loops > 1 else 0)
             if dids & {Q.DTYPES["vbit"], Q.DTYPES["q8_2f"]}:
                 feats |= FEAT_QUANT_2F
+            if dids & {f.cmf_id for f in Q.GGML_FORMATS.values()}:
+                feats |= FEAT_GGML_BLOCKS
             if k == 1 and any(isinstance(s, dict) and s.get("base_dir_hash")
                               for s in self.skills):
                 feats |= FEAT_SKILL_FILE

@@ -8,9 +8,17 @@ _MV_DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "q8_row": 3, "q4_block": 4, "vbit":
 _MV_VARIABLE = ("vbit", "vbit_ro")  # payload size depends on the data
 # dtypes with integer kernels for int8 activations; "auto" takes the 4-bit-and-below ones
 # in every product, and all of them in the matmat of a prompt chunk (matmat(prompt=True))
-_KQ_DTYPES = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")  # ggml K-quant blocks
-I8_DTYPES = ("q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp") + _KQ_DTYPES
-AUTO_I8_DTYPES = ("q4_block", "q4_tiled", "q4tp", "q2tp") + _KQ_DTYPES
+# The ggml block formats (docs/cmf-format.md §7.9), name -> CMF id (64 + ggml type): the
+# same table as cortiq.cmf.ggml_blocks.FORMATS, a layer above (tests/test_ggml_blocks.py
+# checks the two agree). The C side decides which have kernels (a nonzero payload size);
+# those are matvec dtypes and take int8 activations under "int8" and "auto" alike, as
+# llama.cpp quantizes x for them; the rest are read dequantized (QTensor.from_cmf).
+_GGML_IDS = {"q4_0": 66, "q4_1": 67, "q5_0": 70, "q5_1": 71, "q8_0": 72, "q2_k": 74, "q3_k": 75,
+             "q4_k": 76, "q5_k": 77, "q6_k": 78, "iq4_nl": 84, "iq4_xs": 87}
+GGML_DTYPES = tuple(n for n, i in _GGML_IDS.items() if cq_qmat_nbytes(i, 1, 256) != 0)
+_MV_DTYPES.update({n: _GGML_IDS[n] for n in GGML_DTYPES})
+I8_DTYPES = ("q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp") + GGML_DTYPES
+AUTO_I8_DTYPES = ("q4_block", "q4_tiled", "q4tp", "q2tp") + GGML_DTYPES
 
 
 def qmat_nbytes(str dtype, size_t rows, size_t cols):

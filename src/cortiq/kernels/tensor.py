@@ -28,6 +28,11 @@ exact for q8. Models call ``matmat(prompt=True)`` for every prompt row, a piece 
 row included, so a row's arithmetic depends on whether it is a prompt row or a
 generated token, never on how the prompt was cut. ``precision=None`` follows the
 process default (``cortiq.set_precision``), which is what ``LLM`` gives its matrices.
+
+The ggml block formats with kernels (``GGML_DTYPES``: q8_0, q4_0, ... read from a GGUF
+file's own bytes, docs/cmf-format.md §7.9) take int8 activations under ``"auto"`` in
+every product, q8_0 included, as llama.cpp quantizes x for all of them; under
+``"exact"`` they decode each block to float32 (the values of ``gguf``'s dequantizers).
 """
 from __future__ import annotations
 
@@ -36,8 +41,9 @@ import numpy as np
 from . import _kernels as _K
 from ..errors import FormatError
 
+GGML_DTYPES = _K.GGML_DTYPES        # the ggml block formats the C side has kernels for
 DTYPES = ("f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp",
-          "vbit", "vbit_ro", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")
+          "vbit", "vbit_ro") + GGML_DTYPES
 VARIABLE = ("vbit", "vbit_ro")  # payload size depends on the data (validated on wrap)
 I8_DTYPES = _K.I8_DTYPES            # dtypes with integer kernels (precision "int8")
 AUTO_I8_DTYPES = _K.AUTO_I8_DTYPES  # ... of which "auto" takes the 4-bit-and-below ones
@@ -68,7 +74,8 @@ class QTensor:
             need = _K.qmat_nbytes(dtype, rows, cols)
             if need == 0 and rows * cols:
                 raise FormatError(f"QTensor{_at(name)}: {dtype} cannot hold shape {shape} "
-                                  f"(cols % 32 != 0, or not whole blocks)")
+                                  + ("(cols is not a whole number of its blocks)" if dtype in GGML_DTYPES
+                                     else "(cols % 32 != 0)"))
             if raw.size != need:
                 raise FormatError(f"QTensor{_at(name)}: {dtype} {shape} payload must be {need} "
                                   f"bytes, got {raw.size}")

@@ -1,0 +1,154 @@
+/* ggml_q32_avx2.h -- AVX2 rows of the 32-weight ggml block formats. Included by
+ * matvec_avx2_impl.h, so the AVX2 and AVX-512 tables share the exact (float32 x) row;
+ * the int8 row is the AVX2 table's (the AVX-512 one has its own, ggml_q32_avx512.h).
+ *
+ * Exact (spec: ggml_q32_ref_row): a block's codes widened to float32 eight at a time,
+ * the weights d * q (or (d * q) + m) rounded as the reference rounds them, then FMAs
+ * against x into four accumulators (one per 8 columns of a block): the weights'
+ * bits, summed in another order.
+ *
+ * int8 (spec: ggml_q32_ref_i8_row): one block (32 weights) a step against 32 bytes of CQ_XQ_G32's xq: the codes as
+ * signed bytes (q8_0 as stored, iq4_nl's level by vpshufb, q4_0/q5_0 the value less
+ * its offset) meet xq as |q| (u8) times xq with q's sign (vpsignb), summed per 4-byte
+ * lane by maddubs + madd; the min formats (q4_1, q5_1) take their unsigned codes
+ * directly and add m * (the lane's xq sum) in float. Per lane the float term is
+ * isum * (d_w * d_x), into two accumulators by block parity; the row is their sum.
+ * The integers equal the reference's; the float sums run in another order. */
+#ifndef CQ_GGML_Q32_AVX2_H
+#define CQ_GGML_Q32_AVX2_H
+#include "ggml_q32_scalar.h"
+
+static inline float g32_h2f(const uint8_t *p) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(cq_ld16(p)))); }
+
+/* A block's 16 nibble bytes as 32 u8 codes in column order. */
+static inline __m256i g32_nibbles(const uint8_t *qs) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
+}
+
+/* qh's 32 bits as bytes 16 (bit set) or 0, column k from bit k. */
+static inline __m256i g32_high_bits(const uint8_t *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), spread), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(16));
+}
+
+/* A block's 32 codes as signed bytes in column order (the min formats' codes are
+ * unsigned, at most 31). */
+static inline __m256i g32_codes(int dt, const uint8_t *p) {
+    switch (dt) {
+    case CQ_DT_GGML_Q8_0: return _mm256_loadu_si256((const __m256i *)(p + 2));
+    case CQ_DT_GGML_IQ4_NL:
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)GGML_IQ4NL_LEVELS)),
+                                   g32_nibbles(p + 2));
+    case CQ_DT_GGML_Q4_0: return _mm256_sub_epi8(g32_nibbles(p + 2), _mm256_set1_epi8(8));
+    case CQ_DT_GGML_Q4_1: return g32_nibbles(p + 4);
+    case CQ_DT_GGML_Q5_0:
+        return _mm256_sub_epi8(_mm256_or_si256(g32_nibbles(p + 6), g32_high_bits(p + 2)), _mm256_set1_epi8(16));
+    default: return _mm256_or_si256(g32_nibbles(p + 8), g32_high_bits(p + 4)); /* q5_1 */
+    }
+}
+
+static inline __attribute__((always_inline)) float g32_dot_t(const cq_qmat *m, size_t r, const float *x, const int dt) {
+    const int min = ggml_q32_has_min(dt);
+    const size_t gpr = m->cols / CQ_GROUP, bb = ggml_q32_block_bytes(dt);
+    const uint8_t *p = m->data + r * gpr * bb;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t g = 0; g < gpr; g++, p += bb, x += CQ_GROUP) {
+        CQ_STREAM_PF(p);
+        const __m256i v = g32_codes(dt, p);
+        const __m256 d = _mm256_set1_ps(g32_h2f(p)), mn = _mm256_set1_ps(min ? g32_h2f(p + 2) : 0.0f);
+        const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+#define G32_W(q8) (min ? _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8))), mn) \
+                       : _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8))))
+        a0 = _mm256_fmadd_ps(G32_W(lo), _mm256_loadu_ps(x), a0);
+        a1 = _mm256_fmadd_ps(G32_W(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), a1);
+        a2 = _mm256_fmadd_ps(G32_W(hi), _mm256_loadu_ps(x + 16), a2);
+        a3 = _mm256_fmadd_ps(G32_W(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), a3);
+#undef G32_W
+    }
+    return cq_hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+/* Blocks [ga, gb) of row r as float32 weights into out: the reference's bits. */
+static void g32_decode_avx2(const cq_qmat *m, size_t r, size_t ga, size_t gb, float *out) {
+    const int dt = m->dtype, min = ggml_q32_has_min(dt);
+    const size_t bb = ggml_q32_block_bytes(dt);
+    const uint8_t *p = m->data + (r * (m->cols / CQ_GROUP) + ga) * bb;
+    for (size_t g = ga; g < gb; g++, p += bb, out += CQ_GROUP) {
+        const __m256i v = g32_codes(dt, p);
+        const __m256 d = _mm256_set1_ps(g32_h2f(p)), mn = _mm256_set1_ps(min ? g32_h2f(p + 2) : 0.0f);
+        const __m128i q16[2] = {_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)};
+        for (int k = 0; k < 4; k++) {
+            const __m128i q8 = k & 1 ? _mm_srli_si128(q16[k / 2], 8) : q16[k / 2];
+            __m256 w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)));
+            if (min) w = _mm256_add_ps(w, mn);
+            _mm256_storeu_ps(out + 8 * k, w);
+        }
+    }
+}
+
+static float g32_dot_avx2(const cq_qmat *m, size_t r, const float *x) {
+    switch (m->dtype) {
+    case CQ_DT_GGML_Q8_0: return g32_dot_t(m, r, x, CQ_DT_GGML_Q8_0);
+    case CQ_DT_GGML_Q4_0: return g32_dot_t(m, r, x, CQ_DT_GGML_Q4_0);
+    case CQ_DT_GGML_Q4_1: return g32_dot_t(m, r, x, CQ_DT_GGML_Q4_1);
+    case CQ_DT_GGML_Q5_0: return g32_dot_t(m, r, x, CQ_DT_GGML_Q5_0);
+    case CQ_DT_GGML_Q5_1: return g32_dot_t(m, r, x, CQ_DT_GGML_Q5_1);
+    default: return g32_dot_t(m, r, x, CQ_DT_GGML_IQ4_NL);
+    }
+}
+
+static inline __attribute__((always_inline)) float g32_i8_row_t(const cq_qmat *m, size_t r, const cq_xq *xq,
+                                                               const int dt) {
+    const int min = ggml_q32_has_min(dt);
+    const size_t gpr = m->cols / CQ_GROUP, bb = ggml_q32_block_bytes(dt);
+    const uint8_t *p = m->data + r * gpr * bb;
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    const __m256i lv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)GGML_IQ4NL_LEVELS));
+    __m256 f0 = _mm256_setzero_ps(), f1 = f0;
+    for (size_t g = 0; g < gpr; g++, p += bb) {
+        CQ_STREAM_PF(p);
+        const __m256i x = _mm256_load_si256((const __m256i *)(xq->q + CQ_GROUP * g));
+        const __m256 dl = _mm256_load_ps(xq->dl + 8 * g);
+        __m256i v;
+        switch (dt) {
+        case CQ_DT_GGML_Q8_0: v = _mm256_loadu_si256((const __m256i *)(p + 2)); break;
+        case CQ_DT_GGML_IQ4_NL: v = _mm256_shuffle_epi8(lv, g32_nibbles(p + 2)); break;
+        case CQ_DT_GGML_Q4_0: v = _mm256_sub_epi8(g32_nibbles(p + 2), _mm256_set1_epi8(8)); break;
+        case CQ_DT_GGML_Q4_1: v = g32_nibbles(p + 4); break;
+        case CQ_DT_GGML_Q5_0:
+            v = _mm256_sub_epi8(_mm256_or_si256(g32_nibbles(p + 6), g32_high_bits(p + 2)), _mm256_set1_epi8(16));
+            break;
+        default: /* q5_1 */ v = _mm256_or_si256(g32_nibbles(p + 8), g32_high_bits(p + 4)); break;
+        }
+        __m256i isum;
+        if (min) isum = _mm256_madd_epi16(_mm256_maddubs_epi16(v, x), ones16);
+        else isum = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(x, v)), ones16);
+        __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(_mm256_set1_ps(g32_h2f(p)), dl));
+        if (min) {
+            const __m256i xs = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x), ones16);
+            t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(xs), _mm256_mul_ps(_mm256_set1_ps(g32_h2f(p + 2)), dl), t);
+        }
+        if (g & 1) f1 = _mm256_add_ps(f1, t);
+        else f0 = _mm256_add_ps(f0, t);
+    }
+    return cq_hsum8(_mm256_add_ps(f0, f1));
+}
+
+/* The format a constant in each instance, so its branches fold away. */
+static float g32_i8_row_avx2(const cq_qmat *m, size_t r, const cq_xq *xq) {
+    switch (m->dtype) {
+    case CQ_DT_GGML_Q8_0: return g32_i8_row_t(m, r, xq, CQ_DT_GGML_Q8_0);
+    case CQ_DT_GGML_Q4_0: return g32_i8_row_t(m, r, xq, CQ_DT_GGML_Q4_0);
+    case CQ_DT_GGML_Q4_1: return g32_i8_row_t(m, r, xq, CQ_DT_GGML_Q4_1);
+    case CQ_DT_GGML_Q5_0: return g32_i8_row_t(m, r, xq, CQ_DT_GGML_Q5_0);
+    case CQ_DT_GGML_Q5_1: return g32_i8_row_t(m, r, xq, CQ_DT_GGML_Q5_1);
+    default: return g32_i8_row_t(m, r, xq, CQ_DT_GGML_IQ4_NL);
+    }
+}
+#endif

@@ -1,0 +1,204 @@
+/* ggml_q32_avx512.h -- AVX-512 int8-activation rows of the 32-weight ggml block formats
+ * (spec: ggml_q32_ref_i8_row in ggml_q32_scalar.h). Included by matvec_avx512.c.
+ *
+ * Two blocks (64 weights) a step, in column order against 64 bytes of CQ_XQ_G32's xq
+ * (lanes 0-7 block g, 8-15 block g+1): the codes as u8 (the nibble, the 5-bit value
+ * with its fifth bit set from qh through a 64-bit mask, or for q8_0 and iq4_nl |q|
+ * against xq carrying q's sign), summed per 4-byte lane by vpdpbusd (or maddubs +
+ * madd without VNNI); the offset formats subtract off * (the lane's xq sum), the min
+ * formats add m * (the lane's xq sum) in float. Per lane the float term is
+ * isum * (d_w * d_x), into two accumulators by step parity; the row is their sum.
+ * A row with an odd block count ends on a half step whose upper block reads as zero
+ * (xq's padding group is zero). The integers equal the reference's; the float sums
+ * run in another order. */
+#ifndef CQ_GGML_Q32_AVX512_H
+#define CQ_GGML_Q32_AVX512_H
+#include "ggml_q32_scalar.h"
+
+/* Two f16 scales to 16 lanes: lanes 0-7 a, 8-15 b. */
+static inline __m512 g32_scales2(uint16_t a, uint16_t b) {
+    const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)a | ((uint32_t)b << 16))));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                 _mm512_castps128_ps512(f));
+}
+
+/* 16 nibble bytes of each of two blocks as 64 u8 codes in column order (low nibbles
+ * are columns 0-15 of a block, high ones 16-31). */
+static inline __m512i g32_nibbles2(const uint8_t *q0, const uint8_t *q1) {
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q0)),
+                                              _mm_loadu_si128((const __m128i *)q1), 1);
+    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
+    z = _mm512_and_si512(z, _mm512_set1_epi8(0x0F)); /* lo0 lo1 hi0 hi1 */
+    return _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+static inline uint32_t g32_ld32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* The 4-bit and 5-bit formats four blocks a step: the four blocks' 16 nibble bytes in
+ * one register, split into low nibbles (columns 0-15 of each block) and high ones
+ * (16-31), meeting xq's halves gathered the same way (two vshufi64x2); lanes 4b..4b+3
+ * hold block g+b. The q5 fifth bits go in by two 64-bit masks built from the four qh
+ * words. Leaves g at the first block it did not take. */
+#define G32_NIBBLES4(DOT)                                                                          \
+    do {                                                                                           \
+        const size_t qo = 2 + 2 * min + (q5 ? 4 : 0);                                              \
+        const __m512i m0f = _mm512_set1_epi8(0x0F);                                                \
+        const __m512i spread4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3); \
+        for (; g + 4 <= gpr; g += 4) {                                                             \
+            const uint8_t *p = row + g * bb;                                                       \
+            CQ_STREAM_PF(p);                                                                       \
+            CQ_STREAM_PF(p + 64);                                                                  \
+            const __m256i v01 = _mm256_inserti128_si256(                                           \
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + qo))),                 \
+                _mm_loadu_si128((const __m128i *)(p + bb + qo)), 1);                               \
+            const __m256i v23 = _mm256_inserti128_si256(                                           \
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + 2 * bb + qo))),        \
+                _mm_loadu_si128((const __m128i *)(p + 3 * bb + qo)), 1);                           \
+            const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(v01), v23, 1);             \
+            __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f); \
+            if (q5) {                                                                              \
+                const uint64_t h0 = g32_ld32(p + qo - 4), h1 = g32_ld32(p + bb + qo - 4);           \
+                const uint64_t h2 = g32_ld32(p + 2 * bb + qo - 4), h3 = g32_ld32(p + 3 * bb + qo - 4); \
+                const uint64_t ml = (h0 & 0xFFFF) | (h1 & 0xFFFF) << 16 | (h2 & 0xFFFF) << 32 | (h3 & 0xFFFF) << 48; \
+                const uint64_t mh = (h0 >> 16) | (h1 >> 16) << 16 | (h2 >> 16) << 32 | (h3 >> 16) << 48; \
+                lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8((__mmask64)ml, _mm512_set1_epi8(16))); \
+                hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8((__mmask64)mh, _mm512_set1_epi8(16))); \
+            }                                                                                      \
+            const __m512i xa = _mm512_load_si512((const void *)(xq->q + CQ_GROUP * g));            \
+            const __m512i xb = _mm512_load_si512((const void *)(xq->q + CQ_GROUP * g + 64));       \
+            const __m512i xl = _mm512_shuffle_i64x2(xa, xb, _MM_SHUFFLE(2, 0, 2, 0));              \
+            const __m512i xh = _mm512_shuffle_i64x2(xa, xb, _MM_SHUFFLE(3, 1, 3, 1));              \
+            __m512i isum;                                                                          \
+            if (dt == CQ_DT_GGML_IQ4_NL) {                                                         \
+                lo = _mm512_shuffle_epi8(lv, lo);                                                  \
+                hi = _mm512_shuffle_epi8(lv, hi);                                                  \
+                isum = DOT(zero, _mm512_abs_epi8(lo), _mm512_mask_sub_epi8(xl, _mm512_movepi8_mask(lo), zero, xl)); \
+                isum = DOT(isum, _mm512_abs_epi8(hi), _mm512_mask_sub_epi8(xh, _mm512_movepi8_mask(hi), zero, xh)); \
+            } else {                                                                               \
+                isum = DOT(DOT(zero, lo, xl), hi, xh);                                             \
+                if (!min) isum = _mm512_sub_epi32(isum, DOT(DOT(zero, off, xl), off, xh));         \
+            }                                                                                      \
+            const __m128 dx = _mm_loadu_ps(xq->d + g);                                             \
+            const __m128 dw = _mm_cvtph_ps(_mm_setr_epi16((short)cq_ld16(p), (short)cq_ld16(p + bb),   \
+                (short)cq_ld16(p + 2 * bb), (short)cq_ld16(p + 3 * bb), 0, 0, 0, 0));              \
+            const __m512 sc = _mm512_permutexvar_ps(spread4, _mm512_castps128_ps512(_mm_mul_ps(dw, dx))); \
+            __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), sc);                                \
+            if (min) {                                                                             \
+                const __m128 mw = _mm_cvtph_ps(_mm_setr_epi16((short)cq_ld16(p + 2), (short)cq_ld16(p + bb + 2), \
+                    (short)cq_ld16(p + 2 * bb + 2), (short)cq_ld16(p + 3 * bb + 2), 0, 0, 0, 0));  \
+                const __m512 mx = _mm512_permutexvar_ps(spread4, _mm512_castps128_ps512(_mm_mul_ps(mw, dx))); \
+                t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(DOT(DOT(zero, ones, xl), ones, xh)), mx, t); \
+            }                                                                                      \
+            if (g & 4) f1 = _mm512_add_ps(f1, t);                                                  \
+            else f0 = _mm512_add_ps(f0, t);                                                        \
+        }                                                                                          \
+    } while (0)
+
+#define G32_BODY(DOT, DT)                                                                          \
+    const int dt = (DT), min = ggml_q32_has_min(dt);                                               \
+    const int q5 = dt == CQ_DT_GGML_Q5_0 || dt == CQ_DT_GGML_Q5_1;                                 \
+    const size_t gpr = m->cols / CQ_GROUP, bb = ggml_q32_block_bytes(dt);                          \
+    const uint8_t *row = m->data + r * gpr * bb;                                                   \
+    const __m512i zero = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);                       \
+    const __m512i off = _mm512_set1_epi8(dt == CQ_DT_GGML_Q4_0 ? 8 : 16);                          \
+    const __m512i lv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)GGML_IQ4NL_LEVELS)); \
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0;                                                      \
+    static const uint8_t zblk[34] = {0};                                                           \
+    size_t g = 0;                                                                                  \
+    if (dt != CQ_DT_GGML_Q8_0) G32_NIBBLES4(DOT);                                                  \
+    for (; g < gpr; g += 2) {                                                                      \
+        const uint8_t *p0 = row + g * bb, *p1 = g + 1 < gpr ? p0 + bb : zblk;                      \
+        CQ_STREAM_PF(p0);                                                                          \
+        const __m512i x = _mm512_load_si512((const void *)(xq->q + CQ_GROUP * g));                 \
+        __m512i isum, u;                                                                           \
+        switch (dt) {                                                                              \
+        case CQ_DT_GGML_Q8_0:                                                                      \
+        case CQ_DT_GGML_IQ4_NL: {                                                                  \
+            const __m512i v = dt == CQ_DT_GGML_Q8_0                                                \
+                                  ? _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(  \
+                                                           (const __m256i *)(p0 + 2))),            \
+                                                       _mm256_loadu_si256((const __m256i *)(p1 + 2)), 1) \
+                                  : _mm512_shuffle_epi8(lv, g32_nibbles2(p0 + 2, p1 + 2));         \
+            const __m512i xs = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(v), zero, x);           \
+            isum = DOT(zero, _mm512_abs_epi8(v), xs);                                              \
+            break;                                                                                 \
+        }                                                                                          \
+        case CQ_DT_GGML_Q4_0:                                                                      \
+        case CQ_DT_GGML_Q4_1:                                                                      \
+            u = g32_nibbles2(p0 + 2 + 2 * min, p1 + 2 + 2 * min);                                  \
+            isum = DOT(zero, u, x);                                                                \
+            if (!min) isum = _mm512_sub_epi32(isum, DOT(zero, off, x));                            \
+            break;                                                                                 \
+        default: { /* q5_0, q5_1 */                                                                \
+            const uint8_t *h0 = p0 + 2 + 2 * min, *h1 = p1 + 2 + 2 * min;                          \
+            u = g32_nibbles2(h0 + 4, h1 + 4);                                                      \
+            const __mmask64 hb = (__mmask64)g32_ld32(h0) | ((__mmask64)g32_ld32(h1) << 32);        \
+            u = _mm512_or_si512(u, _mm512_maskz_mov_epi8(hb, _mm512_set1_epi8(16)));                    \
+            isum = DOT(zero, u, x);                                                                \
+            if (!min) isum = _mm512_sub_epi32(isum, DOT(zero, off, x));                            \
+        }                                                                                          \
+        }                                                                                          \
+        const __m512 dl = _mm512_load_ps(xq->dl + CQ_GROUP * g / 4);                               \
+        const __m512 sc = _mm512_mul_ps(g32_scales2(cq_ld16(p0), cq_ld16(p1)), dl);                \
+        __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), sc);                                    \
+        if (min) {                                                                                 \
+            const __m512 mx = _mm512_mul_ps(g32_scales2(cq_ld16(p0 + 2), cq_ld16(p1 + 2)), dl);    \
+            t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(DOT(zero, ones, x)), mx, t);                    \
+        }                                                                                          \
+        if (g & 2) f1 = _mm512_add_ps(f1, t);                                                      \
+        else f0 = _mm512_add_ps(f0, t);                                                            \
+    }                                                                                              \
+    return _mm512_reduce_add_ps(_mm512_add_ps(f0, f1))
+
+/* One function per format (the format a constant, so its branches fold away) and per
+ * dot product instruction. */
+#ifdef CQ_HAVE_VNNI_FN
+#define G32_FNS(SUF, DT)                                                                           \
+    static float g32_##SUF##_bw(const cq_qmat *m, size_t r, const cq_xq *xq) { G32_BODY(dot_bw, DT); } \
+    __attribute__((target("avx512vnni"))) static float g32_##SUF##_vnni(const cq_qmat *m, size_t r,   \
+                                                                       const cq_xq *xq) {             \
+        G32_BODY(_mm512_dpbusd_epi32, DT);                                                         \
+    }
+#else
+#define G32_FNS(SUF, DT)                                                                           \
+    static float g32_##SUF##_bw(const cq_qmat *m, size_t r, const cq_xq *xq) { G32_BODY(dot_bw, DT); }
+#endif
+G32_FNS(q8_0, CQ_DT_GGML_Q8_0)
+G32_FNS(q4_0, CQ_DT_GGML_Q4_0)
+G32_FNS(q4_1, CQ_DT_GGML_Q4_1)
+G32_FNS(q5_0, CQ_DT_GGML_Q5_0)
+G32_FNS(q5_1, CQ_DT_GGML_Q5_1)
+G32_FNS(iq4_nl, CQ_DT_GGML_IQ4_NL)
+
+typedef float (*g32_row_fn)(const cq_qmat *, size_t, const cq_xq *);
+static void ggml_q32_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
+    g32_row_fn f;
+#ifdef CQ_HAVE_VNNI_FN
+    if (cq_cpu_features() & CQ_CPU_AVX512VNNI) {
+        switch (m->dtype) {
+        case CQ_DT_GGML_Q8_0: f = g32_q8_0_vnni; break;
+        case CQ_DT_GGML_Q4_0: f = g32_q4_0_vnni; break;
+        case CQ_DT_GGML_Q4_1: f = g32_q4_1_vnni; break;
+        case CQ_DT_GGML_Q5_0: f = g32_q5_0_vnni; break;
+        case CQ_DT_GGML_Q5_1: f = g32_q5_1_vnni; break;
+        default: f = g32_iq4_nl_vnni; break;
+        }
+        for (size_t j = 0; j < nr; j++) out[j] = f(m, r0 + j, xq);
+        return;
+    }
+#endif
+    switch (m->dtype) {
+    case CQ_DT_GGML_Q8_0: f = g32_q8_0_bw; break;
+    case CQ_DT_GGML_Q4_0: f = g32_q4_0_bw; break;
+    case CQ_DT_GGML_Q4_1: f = g32_q4_1_bw; break;
+    case CQ_DT_GGML_Q5_0: f = g32_q5_0_bw; break;
+    case CQ_DT_GGML_Q5_1: f = g32_q5_1_bw; break;
+    default: f = g32_iq4_nl_bw; break;
+    }
+    for (size_t j = 0; j < nr; j++) out[j] = f(m, r0 + j, xq);
+}
+#endif
