@@ -55,7 +55,7 @@ static size_t i8_many_bytes(const cq_qmat *ms, size_t n) {
 
 /* Fills xv[i].q for every matrix that takes int8 (buf: i8_many_bytes, 64-aligned). */
 static void i8_many_build(const cq_qmat *ms, size_t n, const float *x, uint8_t *buf, drv_x *xv) {
-    cq_xq fam_xq[3];
+    cq_xq fam_xq[CQ_XQ_FAMILIES];
     int built = 0;
     for (size_t i = 0; i < n; i++) {
         if (!i8_takes(&ms[i])) continue;

@@ -147,7 +147,7 @@ static inline int i8_takes(const cq_qmat *m) {
 static inline int32_t xq_at(const cq_xq *xq, size_t g, int k) {
     switch (xq->family) {
     case CQ_XQ_Q4: return xq->q[128 * (g / 4) + 64 * (k & 1) + 16 * (g % 4) + k / 2];
-    case CQ_XQ_Q8: return xq->q[32 * g + k];
+    case CQ_XQ_Q8: case CQ_XQ_G32: return xq->q[32 * g + k];
     default: return xq->q[256 * (g / 8) + 64 * (k & 3) + 8 * (g % 8) + k / 4];
     }
 }

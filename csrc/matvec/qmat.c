@@ -100,7 +100,9 @@ cq_status cq_qmat_prepare_rows(const cq_qmat *m, uint64_t *rowoff) {
 /* ---- int8 activations (see qmat.h) ---- */
 /* Groups a family's block holds, and the bytes of each of its four sections (q, bias,
  * dl, d; every section a multiple of 64 bytes). */
-static size_t xq_per_block(int family) { return family == CQ_XQ_Q2 ? 8 : family == CQ_XQ_Q8 ? 2 : 4; }
+static size_t xq_per_block(int family) {
+    return family == CQ_XQ_Q2 ? 8 : (family == CQ_XQ_Q8 || family == CQ_XQ_G32) ? 2 : 4;
+}
 static size_t xq_blocks(int family, size_t cols) {
     const size_t nb = (cols / CQ_GROUP + xq_per_block(family) - 1) / xq_per_block(family);
     return nb ? nb : 1;
@@ -165,8 +167,15 @@ void cq_xq_put(const cq_xq *xq, size_t g, const int8_t *q, float d) {
         break;
     }
     case CQ_XQ_Q8:
+    case CQ_XQ_G32:
         memcpy(xb + 32 * g, q, 32);
         for (int j = 0; j < 8; j++) dl[8 * g + j] = d;
+        if (xq->family == CQ_XQ_G32)
+            for (int h = 0; h < 2; h++) {
+                int s = 0;
+                for (int i = 0; i < 16; i++) s += q[16 * h + i];
+                bias[2 * g + h] = s;
+            }
         break;
     default: { /* CQ_XQ_Q2 */
         int8_t *p = xb + 256 * (g / 8) + 8 * (g % 8);

@@ -125,8 +125,16 @@ static inline size_t cq_row_span(const cq_qmat *m, size_t r, size_t c0, size_t c
  *   so phase j meets (codes >> 2j) & 3 of the block's 64 code bytes lane by lane.
  *   Per 4-byte lane L (0..15): bias[16b + L] = -3 * (the sum over the four phases of
  *   lane L's bytes: xq of the half group 16 (L % 2) .. of group 8b + L/2),
- *   dl[16b + L] = d[8b + L/2]. */
-enum { CQ_XQ_Q4 = 0, CQ_XQ_Q8 = 1, CQ_XQ_Q2 = 2 };
+ *   dl[16b + L] = d[8b + L/2].
+ * CQ_XQ_G32 (the ggml block formats, ggml_q32_*.h and ggml_kq_*.h): the CQ_XQ_Q8 layout
+ *   (natural order, q[c] = xq of column c, padded to pairs of groups; dl[c/4] =
+ *   d[c/32]) plus the sums a weight offset or min needs: per half group h (16
+ *   columns) bias[2g + h] = sum of xq over columns 32g + 16h .. 32g + 16h + 15, so a
+ *   group's sum is bias[2g] + bias[2g + 1]. x is quantized per 32 columns, which is
+ *   the sub-block of the 32-weight formats and divides the K-quants' 256-weight
+ *   superblocks (their 16- and 32-weight scale groups read d[c/32] and the sums). */
+enum { CQ_XQ_Q4 = 0, CQ_XQ_Q8 = 1, CQ_XQ_Q2 = 2, CQ_XQ_G32 = 3 };
+#define CQ_XQ_FAMILIES 4
 typedef struct cq_xq {
     const int8_t *q;
     const int32_t *bias; /* NULL for CQ_XQ_Q8 */
@@ -139,7 +147,7 @@ static inline int cq_xq_family(int dtype) {
     case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP: return CQ_XQ_Q4;
     case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: return CQ_XQ_Q8;
     case CQ_DT_Q2_K: case CQ_DT_Q3_K: case CQ_DT_Q4_K: case CQ_DT_Q5_K: case CQ_DT_Q6_K: case CQ_DT_IQ4_XS:
-        return CQ_XQ_Q8; /* ggml_kq_scalar.h: kq_ref_i8_row */
+        return CQ_XQ_G32; /* ggml_kq_scalar.h: kq_ref_i8_row */
     case CQ_DT_Q2TP: return CQ_XQ_Q2;
     default: return -1;
     }
