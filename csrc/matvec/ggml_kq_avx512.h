@@ -1,18 +1,18 @@
 /* ggml_kq_avx512.h -- AVX-512 int8-activation rows of the K-quants q4_k, q5_k and q6_k
- * (x in the CQ_XQ_G32 layout; spec: kq_ref_i8_row). The other K-quants, and the float32
- * path of all of them, are the scalar decoder's. Included by matvec_avx512.c.
+ * (x in the CQ_XQ_G32 layout; spec: kq_ref_i8_row, whose bits they give). The other
+ * K-quants, and the float32 path of all of them, are the scalar decoder's. Included by
+ * matvec_avx512.c.
  *
- * One 64-weight step meets 64 contiguous xq bytes: lanes 0-7 hold group 2i, lanes 8-15
- * group 2i + 1. Each lane's integer sum (4 weights) is exact; it is converted and
- * multiplied by its weight scale times d_g (xq's dl) in float. What depends on x alone
- * is formed once per block for all the rows that share it: the xq loads, the mins' group
- * sums (from xq's per-half sums, times d_g) and q6_k's offset (-32 * each lane's xq sum,
- * the start of the integer sums). Rows run two at a time; each row's operations are
- * those of the one-row code in the same order, so a row has the same bits whichever row
- * it is paired with (matvec, rows_dot, matvec_many and every thread count agree). VNNI
- * (vpdpbusd) where present, else vpmaddubsw + vpmaddwd: u8 weights <= 63 times xq <= 127
- * fit the int16 pair sums, so both give the same integers and the same bits. A row
- * equals kq_ref_i8_row up to the order of float additions. */
+ * A block is four 64-weight steps, each meeting 64 contiguous xq bytes: vpdpbusd (or
+ * vpmaddubsw + vpmaddwd without VNNI: u8 weights <= 63 times xq <= 127 fit the int16
+ * pair sums, so the same integers) gives 16 lanes of 4-weight sums, each within int16.
+ * The integers are then reduced before any float work: narrowed to int16, multiplied
+ * by the 6- or 8-bit scales and pair-summed by one vpmaddwd per two steps, and added
+ * across lanes down to the block's eight group sums isum. The spec's float operations
+ * run once per group, on 16 lanes: eight groups of two rows. Rows go two at a time;
+ * x's side of a block (its loads, the mins' group sums from xq's per-half sums, q6_k's
+ * offset) is formed once for both, and a lone row runs the same lanes, so a row has the
+ * same bits wherever it falls (matvec, rows_dot, matvec_many, any thread count). */
 #ifndef CQ_GGML_KQ_AVX512_H
 #define CQ_GGML_KQ_AVX512_H
 
@@ -23,62 +23,113 @@ static inline void kq_pf(const uint8_t *a, size_t n) {
     for (uintptr_t l = ((uintptr_t)a + 63) & ~(uintptr_t)63; l < end; l += 64) CQ_STREAM_PF((const uint8_t *)l);
 }
 
-/* q4_k / q5_k's 12 scale bytes as 16 bytes: sc[0..7], mn[0..7] (kq_scale_min6). */
+/* q4_k / q5_k's 12 scale bytes (at s, with 4 more readable bytes after them) as 16
+ * bytes: sc[0..7], mn[0..7] (kq_scale_min6). With a, b, c the three 4-byte words:
+ * sc0-3 = a & 63, sc4-7 = (c & 15) | (a >> 6) << 4, mn0-3 = b & 63,
+ * mn4-7 = (c >> 4 & 15) | (b >> 6) << 4, per byte. */
 static inline __m128i kq_scales16(const uint8_t *s) {
-    uint32_t a, b, c;
-    memcpy(&a, s, 4), memcpy(&b, s + 4, 4), memcpy(&c, s + 8, 4);
-    const uint32_t lo6 = 0x3F3F3F3Fu, lo4 = 0x0F0F0F0Fu, top2 = 0x03030303u;
-    const uint32_t sc03 = a & lo6, mn03 = b & lo6;
-    const uint32_t sc47 = (c & lo4) | (((a >> 6) & top2) << 4);
-    const uint32_t mn47 = ((c >> 4) & lo4) | (((b >> 6) & top2) << 4);
-    return _mm_setr_epi32((int)sc03, (int)sc47, (int)mn03, (int)mn47);
+    const __m128i v = _mm_loadu_si128((const __m128i *)s);
+    const __m128i acbc = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(acbc, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)), 2),
+                                     _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
 }
 
-/* lanes 0-7 -> 0, 8-15 -> 1: the two groups of a 64-weight step */
-#define kq_half8 _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+/* The one or two half floats at p in the low lanes (F16C converts every value
+ * exactly, as cq_h2f does). */
+static inline __m128 kq_h2f_2(const uint8_t *p) {
+    uint32_t w;
+    memcpy(&w, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)w));
+}
+static inline __m128 kq_h2f_1(const uint8_t *p) { return _mm_cvtph_ps(_mm_cvtsi32_si128((int)cq_ld16(p))); }
 
-/* Block b's eight group sums of xq times their d_g (the mins' x side): the per-half sums
- * bias[16b + 2j + h] added in pairs (lane 2j of each 64-bit pair), narrowed, converted. */
-static inline __m256 kq_xsum_d8(const cq_xq *xq, size_t b) {
+/* The loops over rows and steps must unroll: their per-row values stay in registers. */
+#define KQ_UNROLL _Pragma("GCC unroll 8")
+
+/* Block b's eight group sums of xq (the mins' x side: the per-half sums bias[16b + 2j + h]
+ * added in pairs), as int32 in both 256-bit halves. */
+static inline __m512i kq_xsum16(const cq_xq *xq, size_t b) {
     const __m512i hs = _mm512_load_si512((const void *)(xq->bias + 16 * b));
     const __m256i gs = _mm512_cvtepi64_epi32(_mm512_add_epi64(hs, _mm512_srli_epi64(hs, 32)));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(gs), _mm256_loadu_ps(xq->d + 8 * b));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(gs), gs, 1);
 }
 
-/* q4_k (Q5 = 0) and q5_k (Q5 = 1), R rows from r: step i of a block is qs bytes
- * 32i..32i+31, low nibbles weights 64i + 0..31 (group 2i), high ones 64i + 32..63
+/* A block's four steps y0..y3 (step k: 16 lanes of 4-weight integer sums, chunk c of
+ * 4 lanes = weights 64k + 16c .. + 15, each within int16) scaled by their sub-block
+ * scales and summed per chunk: narrowed to int16 in pairs of steps, vpmaddwd by the
+ * scales (sc01: chunk c words 0-3 the scale of (y0, c), 4-7 of (y1, c); sc23 likewise),
+ * pairs of lanes added. Chunk c of the result: (y0, c), (y2, c), (y1, c), (y3, c). */
+static inline __m512i kq_scaled_chunks(__m512i y0, __m512i y1, __m512i y2, __m512i y3, __m512i sc01, __m512i sc23) {
+    const __m512i z01 = _mm512_madd_epi16(_mm512_packs_epi32(y0, y1), sc01);
+    const __m512i z23 = _mm512_madd_epi16(_mm512_packs_epi32(y2, y3), sc23);
+    const __m512i s01 = _mm512_add_epi32(z01, _mm512_shuffle_epi32(z01, _MM_PERM_CDAB));
+    const __m512i s23 = _mm512_add_epi32(z23, _mm512_shuffle_epi32(z23, _MM_PERM_CDAB));
+    return _mm512_mask_blend_epi32(0xAAAA, s01, s23);
+}
+
+/* Two rows' kq_scaled_chunks (qa, qb) as the eight group sums isum of each, in group
+ * order: lanes 0-7 row a, 8-15 row b. (Chunks 2j, 2j+1 are the two halves of a group:
+ * added, the lanes hold groups 0, 4, 2, 6, 1, 5, 3, 7; the permutation is its own
+ * inverse.) */
+static inline __m512i kq_group_isums(__m512i qa, __m512i qb) {
+    const __m512i g = _mm512_add_epi32(_mm512_shuffle_i64x2(qa, qb, _MM_SHUFFLE(2, 0, 2, 0)),
+                                       _mm512_shuffle_i64x2(qa, qb, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7, 8, 12, 10, 14, 9, 13, 11, 15), g);
+}
+
+/* kq_ref_i8_row's final sum of its eight lane accumulators, from a ymm. */
+static inline float kq_lanes8_sum(__m256 v) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+/* The word indices of sc01 / sc23 (kq_scaled_chunks, steps k0 and k1) in a vector of
+ * 16 int16 scales: per 32 weights (q4_k, q5_k: step k chunk c is group 2k + c/2) or
+ * per 16 (q6_k: sub-block 4k + c). */
+static inline __m512i kq_sc_idx(int per16, int k0, int k1) {
+    int16_t w[32];
+    for (int c = 0; c < 4; c++)
+        for (int i = 0; i < 8; i++) {
+            const int k = i < 4 ? k0 : k1;
+            w[8 * c + i] = (int16_t)(per16 ? 4 * k + c : 2 * k + c / 2);
+        }
+    return _mm512_loadu_si512((const void *)w);
+}
+
+/* q4_k (Q5 = 0) and q5_k (Q5 = 1), R (1 or 2) rows from r: step i of a block is qs
+ * bytes 32i..32i+31, low nibbles weights 64i + 0..31 (group 2i), high ones 64i + 32..63
  * (group 2i + 1): one broadcast load shifted by 0 in the low half, 4 in the high.
  * q5_k's fifth bit of weight 32j + k is bit j of qh[k]: a 64-bit rotate brings bit 2i
- * (low half) or 2i + 1 (high half) of every byte to bit 4. Per lane:
- * isum * (d * sc_j) * d_g; per block, the eight groups' (-dmin * mn_j) * (xsum_g * d_g). */
+ * (low half) or 2i + 1 (high half) of every byte to bit 4. Then per group, as the spec:
+ * d_g * (d * isum - dmin * msum) into lane j (the group's place in its block). */
 #define KQ_Q45K_ROWS(DOT, Q5, R)                                                                   \
     const size_t nb = m->cols / CQ_KQ_BLOCK, bb = (Q5) ? 176 : 144;                                  \
     const uint8_t *rows = m->data + r * nb * bb;                                                     \
     const __m512i m0f = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10), zero = _mm512_setzero_si512(); \
     const __m512i nib_shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);                            \
-    __m512 f[R];                                                                                     \
-    __m256 fm[R];                                                                                    \
-    for (int k = 0; k < (R); k++) f[k] = _mm512_setzero_ps(), fm[k] = _mm256_setzero_ps();          \
+    const __m512i i01 = kq_sc_idx(0, 0, 1), i23 = kq_sc_idx(0, 2, 3);                                \
+    const __m512i lo8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);          \
+    const __m512i hi8 = _mm512_add_epi32(lo8, _mm512_set1_epi32(1));                                 \
+    __m512 acc = _mm512_setzero_ps();                                                                \
     for (size_t b = 0; b < nb; b++) {                                                                \
-        __m512i xv[4];                                                                               \
-        __m512 dl[4];                                                                                \
-        for (int i = 0; i < 4; i++) {                                                                \
-            xv[i] = _mm512_load_si512((const void *)(xq->q + 256 * b + 64 * i));                    \
-            dl[i] = _mm512_load_ps(xq->dl + 64 * b + 16 * i);                                        \
-        }                                                                                            \
-        const __m256 xsd = kq_xsum_d8(xq, b);                                                        \
-        for (int k = 0; k < (R); k++) {                                                              \
+        __m512i xv[4], q[2];                                                                         \
+        __m128i sc[2];                                                                               \
+        __m128 dm[2];                                                                                \
+        KQ_UNROLL for (int i = 0; i < 4; i++) xv[i] = _mm512_load_si512((const void *)(xq->q + 256 * b + 64 * i)); \
+        KQ_UNROLL for (int k = 0; k < (R); k++) {                                                              \
             const uint8_t *blk = rows + (k * nb + b) * bb;                                           \
             kq_pf(blk, bb);                                                                          \
-            const __m512 dd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(cq_h2f(cq_ld16(blk))),     \
-                                                   _mm512_set1_ps(-cq_h2f(cq_ld16(blk + 2))));        \
-            /* lanes 0-7: d * sc_j, 8-15: -dmin * mn_j */                                            \
-            const __m512 wsm = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(kq_scales16(blk + 4))), dd); \
-            fm[k] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(wsm, 1), xsd, fm[k]);                     \
+            dm[k] = kq_h2f_2(blk); /* d, dmin */                                                     \
+            sc[k] = kq_scales16(blk + 4);                                                            \
+            const __m512i scw = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sc[k]));                \
             const uint8_t *qs = blk + ((Q5) ? 48 : 16);                                              \
-            __m512i qh = zero;                                                                       \
+            __m512i qh = zero, y[4];                                                                 \
             if (Q5) qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)));   \
-            for (int i = 0; i < 4; i++) {                                                            \
+            KQ_UNROLL for (int i = 0; i < 4; i++) {                                                            \
                 __m512i u = _mm512_srlv_epi64(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * i))), \
                                               nib_shift);                                            \
                 if (Q5) {                                                                            \
@@ -88,57 +139,70 @@ static inline __m256 kq_xsum_d8(const cq_xq *xq, size_t b) {
                     u = _mm512_ternarylogic_epi32(u, m0f, _mm512_and_si512(_mm512_rolv_epi64(qh, rot), m10), 0xEA); \
                 } else                                                                               \
                     u = _mm512_and_si512(u, m0f);                                                    \
-                const __m512i isum = DOT(zero, u, xv[i]);                                            \
-                const __m512 ws = _mm512_permutexvar_ps(_mm512_add_epi32(kq_half8, _mm512_set1_epi32(2 * i)), wsm); \
-                f[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(ws, dl[i]), f[k]);   \
+                y[i] = DOT(zero, u, xv[i]);                                                          \
             }                                                                                        \
+            q[k] = kq_scaled_chunks(y[0], y[1], y[2], y[3], _mm512_permutexvar_epi16(i01, scw),     \
+                                    _mm512_permutexvar_epi16(i23, scw));                             \
         }                                                                                            \
+        if ((R) == 1) q[1] = q[0], sc[1] = sc[0], dm[1] = dm[0];                                     \
+        const __m512 isum = _mm512_cvtepi32_ps(kq_group_isums(q[0], q[1]));                          \
+        const __m512 msum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(                                   \
+            _mm512_cvtepu8_epi32(_mm_unpackhi_epi64(sc[0], sc[1])), kq_xsum16(xq, b)));              \
+        const __m512 dd = _mm512_castps128_ps512(_mm_movelh_ps(dm[0], dm[1])); /* d_a, dmin_a, d_b, dmin_b */ \
+        const __m512 dg = _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq->d + 8 * b)))); \
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(dg, _mm512_sub_ps(_mm512_mul_ps(_mm512_permutexvar_ps(lo8, dd), isum),  \
+                                                                 _mm512_mul_ps(_mm512_permutexvar_ps(hi8, dd), msum)))); \
     }                                                                                                \
-    for (int k = 0; k < (R); k++) out[k] = _mm512_reduce_add_ps(_mm512_add_ps(f[k], _mm512_zextps256_ps512(fm[k])))
+    out[0] = kq_lanes8_sum(_mm512_castps512_ps256(acc));                                             \
+    if ((R) == 2) out[1] = kq_lanes8_sum(_mm512_extractf32x8_ps(acc, 1))
 
-/* q6_k, R rows from r: per half h of a block, ql's 64 bytes give the low nibbles of
- * weights 128h + 0..63 and the high ones of 128h + 64..127; qh's 32 bytes give bits 4-5
- * of weights 128h + 32s + k at (qh[k] >> 2s) & 3. u = q + 32 (0..63) meets xq from a
- * start of -32 * the lane's xq sum (x's side, once per step for all R rows); each
- * 4-byte lane lies in one 16-weight sub-block, scaled by d * sc, times d_g. */
+/* q6_k, R (1 or 2) rows from r: per half h of a block, ql's 64 bytes give the low
+ * nibbles of weights 128h + 0..63 and the high ones of 128h + 64..127; qh's 32 bytes
+ * give bits 4-5 of weights 128h + 32s + k at (qh[k] >> 2s) & 3. u = q + 32 (0..63) meets
+ * xq from a start of -32 * the lane's xq sum (x's side, once per step for the rows), so
+ * the lanes hold q * xq sums; scaled per 16 weights; per group (d * d_g) * isum. */
 #define KQ_Q6K_ROWS(DOT, R)                                                                          \
     const size_t nb = m->cols / CQ_KQ_BLOCK;                                                         \
     const uint8_t *rows = m->data + r * nb * 210;                                                    \
     const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);                        \
     const __m512i c32 = _mm512_set1_epi8(32), zero = _mm512_setzero_si512();                         \
     const __m512i sh_lo = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), sh_hi = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2); \
-    const __m512i sub4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);          \
-    __m512 f[R];                                                                                     \
-    for (int k = 0; k < (R); k++) f[k] = _mm512_setzero_ps();                                        \
+    const __m512i i01 = kq_sc_idx(1, 0, 1), i23 = kq_sc_idx(1, 2, 3);                                \
+    const __m512i lo8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);          \
+    __m512 acc = _mm512_setzero_ps();                                                                \
     for (size_t b = 0; b < nb; b++) {                                                                \
-        __m512i xv[4], off[4];                                                                       \
-        __m512 dl[4];                                                                                \
-        for (int t = 0; t < 4; t++) {                                                                \
+        __m512i xv[4], off[4], q[2];                                                                 \
+        __m128 d[2];                                                                                 \
+        KQ_UNROLL for (int t = 0; t < 4; t++) {                                                                \
             xv[t] = _mm512_load_si512((const void *)(xq->q + 256 * b + 64 * t));                    \
             off[t] = _mm512_sub_epi32(zero, DOT(zero, c32, xv[t]));                                  \
-            dl[t] = _mm512_load_ps(xq->dl + 64 * b + 16 * t);                                        \
         }                                                                                            \
-        for (int k = 0; k < (R); k++) {                                                              \
+        KQ_UNROLL for (int k = 0; k < (R); k++) {                                                              \
             const uint8_t *blk = rows + (k * nb + b) * 210;                                          \
             kq_pf(blk, 210);                                                                         \
-            const __m512 scf = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)))), \
-                                             _mm512_set1_ps(cq_h2f(cq_ld16(blk + 208))));            \
-            for (int h = 0; h < 2; h++) {                                                            \
+            d[k] = kq_h2f_1(blk + 208);                                                              \
+            const __m512i scw = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)))); \
+            __m512i y[4];                                                                            \
+            KQ_UNROLL for (int h = 0; h < 2; h++) {                                                            \
                 const __m512i L = _mm512_loadu_si512((const void *)(blk + 64 * h));                  \
                 const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h))); \
                 const __m512i u01 = _mm512_ternarylogic_epi32(L, m0f, _mm512_and_si512(_mm512_sllv_epi64(H, sh_lo), m30), 0xEA); \
                 const __m512i u23 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), m0f,         \
                                                               _mm512_and_si512(_mm512_srlv_epi64(H, sh_hi), m30), 0xEA); \
-                for (int v = 0; v < 2; v++) {                                                        \
-                    const int t = 2 * h + v; /* the step: groups 2t, 2t + 1 of the block */          \
-                    const __m512i isum = DOT(off[t], v ? u23 : u01, xv[t]);                          \
-                    const __m512 sc = _mm512_permutexvar_ps(_mm512_add_epi32(sub4, _mm512_set1_epi32(4 * t)), scf); \
-                    f[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(sc, dl[t]), f[k]); \
-                }                                                                                    \
+                y[2 * h] = DOT(off[2 * h], u01, xv[2 * h]);                                          \
+                y[2 * h + 1] = DOT(off[2 * h + 1], u23, xv[2 * h + 1]);                              \
             }                                                                                        \
+            q[k] = kq_scaled_chunks(y[0], y[1], y[2], y[3], _mm512_permutexvar_epi16(i01, scw),     \
+                                    _mm512_permutexvar_epi16(i23, scw));                             \
         }                                                                                            \
+        if ((R) == 1) q[1] = q[0], d[1] = d[0];                                                      \
+        const __m512 isum = _mm512_cvtepi32_ps(kq_group_isums(q[0], q[1]));                          \
+        const __m512 dd = _mm512_permutexvar_ps(lo8, _mm512_castps128_ps512(_mm_unpacklo_ps(d[0], d[1]))); \
+        const __m512 dg = _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq->d + 8 * b)))); \
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(dd, dg), isum));                        \
     }                                                                                                \
-    for (int k = 0; k < (R); k++) out[k] = _mm512_reduce_add_ps(f[k])
+    out[0] = kq_lanes8_sum(_mm512_castps512_ps256(acc));                                             \
+    if ((R) == 2) out[1] = kq_lanes8_sum(_mm512_extractf32x8_ps(acc, 1))
 
 #define KQ_ROW_FNS(SUF, DOT, ATTR)                                                                     \
     ATTR static void kq_q4k_rows1_##SUF(const cq_qmat *m, size_t r, const cq_xq *xq, float *out) { KQ_Q45K_ROWS(DOT, 0, 1); } \
