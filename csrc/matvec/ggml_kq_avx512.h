@@ -57,27 +57,44 @@ static inline __m512i kq_xsum16(const cq_xq *xq, size_t b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(gs), gs, 1);
 }
 
-/* A block's four steps y0..y3 (step k: 16 lanes of 4-weight integer sums, chunk c of
- * 4 lanes = weights 64k + 16c .. + 15, each within int16) scaled by their sub-block
+/* A block's four steps y0..y3 (16 lanes of 4-weight integer sums each, within int16;
+ * chunk c = lanes 4c..4c+3 lies in one 16-weight sub-block) scaled by their sub-block
  * scales and summed per chunk: narrowed to int16 in pairs of steps, vpmaddwd by the
  * scales (sc01: chunk c words 0-3 the scale of (y0, c), 4-7 of (y1, c); sc23 likewise),
- * pairs of lanes added. Chunk c of the result: (y0, c), (y2, c), (y1, c), (y3, c). */
+ * pairs of lanes added. Chunk c of the result: (y0, c), (y1, c), (y2, c), (y3, c). */
 static inline __m512i kq_scaled_chunks(__m512i y0, __m512i y1, __m512i y2, __m512i y3, __m512i sc01, __m512i sc23) {
-    const __m512i z01 = _mm512_madd_epi16(_mm512_packs_epi32(y0, y1), sc01);
-    const __m512i z23 = _mm512_madd_epi16(_mm512_packs_epi32(y2, y3), sc23);
-    const __m512i s01 = _mm512_add_epi32(z01, _mm512_shuffle_epi32(z01, _MM_PERM_CDAB));
-    const __m512i s23 = _mm512_add_epi32(z23, _mm512_shuffle_epi32(z23, _MM_PERM_CDAB));
-    return _mm512_mask_blend_epi32(0xAAAA, s01, s23);
+    const __m512 z01 = _mm512_castsi512_ps(_mm512_madd_epi16(_mm512_packs_epi32(y0, y1), sc01));
+    const __m512 z23 = _mm512_castsi512_ps(_mm512_madd_epi16(_mm512_packs_epi32(y2, y3), sc23));
+    return _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(z01, z23, _MM_SHUFFLE(2, 0, 2, 0))),
+                            _mm512_castps_si512(_mm512_shuffle_ps(z01, z23, _MM_SHUFFLE(3, 1, 3, 1))));
 }
 
 /* Two rows' kq_scaled_chunks (qa, qb) as the eight group sums isum of each, in group
- * order: lanes 0-7 row a, 8-15 row b. (Chunks 2j, 2j+1 are the two halves of a group:
- * added, the lanes hold groups 0, 4, 2, 6, 1, 5, 3, 7; the permutation is its own
- * inverse.) */
-static inline __m512i kq_group_isums(__m512i qa, __m512i qb) {
+ * order: lanes 0-7 row a, 8-15 row b. Chunks 0 + 1 and 2 + 3 are added (each pair is
+ * one group of every step); perm puts the groups in order. */
+static inline __m512i kq_group_isums(__m512i qa, __m512i qb, __m512i perm) {
     const __m512i g = _mm512_add_epi32(_mm512_shuffle_i64x2(qa, qb, _MM_SHUFFLE(2, 0, 2, 0)),
                                        _mm512_shuffle_i64x2(qa, qb, _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7, 8, 12, 10, 14, 9, 13, 11, 15), g);
+    return _mm512_permutexvar_epi32(perm, g);
+}
+
+/* Where a step's chunk lies: the group of (step s, chunk c) is 4 (s / 2) + s % 2 +
+ * 2 (c / 2) for q4_k and q5_k (steps: low and high nibbles of qs bytes 0..63, then
+ * 64..127), 2s + c / 2 for q6_k (step s: weights 64s..64s+63), whose 16-weight
+ * sub-block is 4s + c. */
+static inline int kq_q4_group(int s, int c) { return 4 * (s / 2) + s % 2 + 2 * (c / 2); }
+static inline int kq_q6_group(int s, int c) { return 2 * s + c / 2; }
+
+/* perm of kq_group_isums: after the chunk pairs are added, lane 4h + s of a row holds
+ * the group of (s, 2h). */
+static inline __m512i kq_group_perm(int q6) {
+    int32_t p[16];
+    for (int h = 0; h < 2; h++)
+        for (int s = 0; s < 4; s++) {
+            const int g = q6 ? kq_q6_group(s, 2 * h) : kq_q4_group(s, 2 * h);
+            p[g] = 4 * h + s, p[8 + g] = 8 + 4 * h + s;
+        }
+    return _mm512_loadu_si512((const void *)p);
 }
 
 /* kq_ref_i8_row's final sum of its eight lane accumulators, from a ymm. */
@@ -87,31 +104,29 @@ static inline float kq_lanes8_sum(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-/* The word indices of sc01 / sc23 (kq_scaled_chunks, steps k0 and k1) in a vector of
- * 16 int16 scales: per 32 weights (q4_k, q5_k: step k chunk c is group 2k + c/2) or
- * per 16 (q6_k: sub-block 4k + c). */
-static inline __m512i kq_sc_idx(int per16, int k0, int k1) {
+/* The word indices of sc01 / sc23 (kq_scaled_chunks, steps s0 and s1) in a vector of
+ * 16 int16 scales: q4_k / q5_k's eight (per group), q6_k's sixteen (per 16 weights). */
+static inline __m512i kq_sc_idx(int q6, int s0, int s1) {
     int16_t w[32];
     for (int c = 0; c < 4; c++)
         for (int i = 0; i < 8; i++) {
-            const int k = i < 4 ? k0 : k1;
-            w[8 * c + i] = (int16_t)(per16 ? 4 * k + c : 2 * k + c / 2);
+            const int s = i < 4 ? s0 : s1;
+            w[8 * c + i] = (int16_t)(q6 ? 4 * s + c : kq_q4_group(s, c));
         }
     return _mm512_loadu_si512((const void *)w);
 }
 
-/* q4_k (Q5 = 0) and q5_k (Q5 = 1), R (1 or 2) rows from r: step i of a block is qs
- * bytes 32i..32i+31, low nibbles weights 64i + 0..31 (group 2i), high ones 64i + 32..63
- * (group 2i + 1): one broadcast load shifted by 0 in the low half, 4 in the high.
- * q5_k's fifth bit of weight 32j + k is bit j of qh[k]: a 64-bit rotate brings bit 2i
- * (low half) or 2i + 1 (high half) of every byte to bit 4. Then per group, as the spec:
- * d_g * (d * isum - dmin * msum) into lane j (the group's place in its block). */
+/* q4_k (Q5 = 0) and q5_k (Q5 = 1), R (1 or 2) rows from r. qs bytes 32i + k hold
+ * weight 64i + k (low nibble, group 2i) and 64i + 32 + k (high, group 2i + 1): a 64-byte
+ * load's low nibbles are groups 0 and 2 (4 and 6), its high ones 1 and 3 (5 and 7), met
+ * by x's groups paired the same way (x's side). q5_k's fifth bit of weight 32g + k is
+ * bit g of qh[k]: a 64-bit rotate brings bit g of every byte to bit 4. Then per group,
+ * as the spec: d_g * (d * isum - dmin * msum) into lane g. */
 #define KQ_Q45K_ROWS(DOT, Q5, R)                                                                   \
     const size_t nb = m->cols / CQ_KQ_BLOCK, bb = (Q5) ? 176 : 144;                                  \
     const uint8_t *rows = m->data + r * nb * bb;                                                     \
     const __m512i m0f = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10), zero = _mm512_setzero_si512(); \
-    const __m512i nib_shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);                            \
-    const __m512i i01 = kq_sc_idx(0, 0, 1), i23 = kq_sc_idx(0, 2, 3);                                \
+    const __m512i i01 = kq_sc_idx(0, 0, 1), i23 = kq_sc_idx(0, 2, 3), perm = kq_group_perm(0);      \
     const __m512i lo8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);          \
     const __m512i hi8 = _mm512_add_epi32(lo8, _mm512_set1_epi32(1));                                 \
     __m512 acc = _mm512_setzero_ps();                                                                \
@@ -119,8 +134,13 @@ static inline __m512i kq_sc_idx(int per16, int k0, int k1) {
         __m512i xv[4], q[2];                                                                         \
         __m128i sc[2];                                                                               \
         __m128 dm[2];                                                                                \
-        KQ_UNROLL for (int i = 0; i < 4; i++) xv[i] = _mm512_load_si512((const void *)(xq->q + 256 * b + 64 * i)); \
-        KQ_UNROLL for (int k = 0; k < (R); k++) {                                                              \
+        KQ_UNROLL for (int h = 0; h < 2; h++) { /* x's groups (4h, 4h+2) and (4h+1, 4h+3) */        \
+            const __m512i a = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h));         \
+            const __m512i c = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h + 64));    \
+            xv[2 * h] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(1, 0, 1, 0));                         \
+            xv[2 * h + 1] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 2, 3, 2));                     \
+        }                                                                                            \
+        KQ_UNROLL for (int k = 0; k < (R); k++) {                                                    \
             const uint8_t *blk = rows + (k * nb + b) * bb;                                           \
             kq_pf(blk, bb);                                                                          \
             dm[k] = kq_h2f_2(blk); /* d, dmin */                                                     \
@@ -129,23 +149,25 @@ static inline __m512i kq_sc_idx(int per16, int k0, int k1) {
             const uint8_t *qs = blk + ((Q5) ? 48 : 16);                                              \
             __m512i qh = zero, y[4];                                                                 \
             if (Q5) qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)));   \
-            KQ_UNROLL for (int i = 0; i < 4; i++) {                                                            \
-                __m512i u = _mm512_srlv_epi64(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * i))), \
-                                              nib_shift);                                            \
-                if (Q5) {                                                                            \
-                    const __m512i rot = _mm512_setr_epi64(4 - 2 * i, 4 - 2 * i, 4 - 2 * i, 4 - 2 * i,  \
-                                                          (67 - 2 * i) & 63, (67 - 2 * i) & 63,      \
-                                                          (67 - 2 * i) & 63, (67 - 2 * i) & 63);     \
-                    u = _mm512_ternarylogic_epi32(u, m0f, _mm512_and_si512(_mm512_rolv_epi64(qh, rot), m10), 0xEA); \
-                } else                                                                               \
-                    u = _mm512_and_si512(u, m0f);                                                    \
-                y[i] = DOT(zero, u, xv[i]);                                                          \
+            KQ_UNROLL for (int h = 0; h < 2; h++) {                                                  \
+                const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * h));                   \
+                __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f); \
+                if (Q5) { /* groups (4h, 4h+2) in lo, (4h+1, 4h+3) in hi: bit g to bit 4 */          \
+                    const long long g = 4 * h;                                                       \
+                    const __m512i rl = _mm512_setr_epi64(4 - g, 4 - g, 4 - g, 4 - g, (66 - g) & 63, (66 - g) & 63, \
+                                                         (66 - g) & 63, (66 - g) & 63);              \
+                    lo = _mm512_ternarylogic_epi32(lo, _mm512_rolv_epi64(qh, rl), m10, 0xF8);       \
+                    hi = _mm512_ternarylogic_epi32(hi, _mm512_rolv_epi64(qh, _mm512_sub_epi64(rl, _mm512_set1_epi64(1))), \
+                                                   m10, 0xF8);                                       \
+                }                                                                                    \
+                y[2 * h] = DOT(zero, lo, xv[2 * h]);                                                 \
+                y[2 * h + 1] = DOT(zero, hi, xv[2 * h + 1]);                                         \
             }                                                                                        \
             q[k] = kq_scaled_chunks(y[0], y[1], y[2], y[3], _mm512_permutexvar_epi16(i01, scw),     \
                                     _mm512_permutexvar_epi16(i23, scw));                             \
         }                                                                                            \
         if ((R) == 1) q[1] = q[0], sc[1] = sc[0], dm[1] = dm[0];                                     \
-        const __m512 isum = _mm512_cvtepi32_ps(kq_group_isums(q[0], q[1]));                          \
+        const __m512 isum = _mm512_cvtepi32_ps(kq_group_isums(q[0], q[1], perm));                    \
         const __m512 msum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(                                   \
             _mm512_cvtepu8_epi32(_mm_unpackhi_epi64(sc[0], sc[1])), kq_xsum16(xq, b)));              \
         const __m512 dd = _mm512_castps128_ps512(_mm_movelh_ps(dm[0], dm[1])); /* d_a, dmin_a, d_b, dmin_b */ \
@@ -167,7 +189,7 @@ static inline __m512i kq_sc_idx(int per16, int k0, int k1) {
     const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);                        \
     const __m512i c32 = _mm512_set1_epi8(32), zero = _mm512_setzero_si512();                         \
     const __m512i sh_lo = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), sh_hi = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2); \
-    const __m512i i01 = kq_sc_idx(1, 0, 1), i23 = kq_sc_idx(1, 2, 3);                                \
+    const __m512i i01 = kq_sc_idx(1, 0, 1), i23 = kq_sc_idx(1, 2, 3), perm = kq_group_perm(1);                                \
     const __m512i lo8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);          \
     __m512 acc = _mm512_setzero_ps();                                                                \
     for (size_t b = 0; b < nb; b++) {                                                                \
@@ -196,7 +218,7 @@ static inline __m512i kq_sc_idx(int per16, int k0, int k1) {
                                     _mm512_permutexvar_epi16(i23, scw));                             \
         }                                                                                            \
         if ((R) == 1) q[1] = q[0], d[1] = d[0];                                                      \
-        const __m512 isum = _mm512_cvtepi32_ps(kq_group_isums(q[0], q[1]));                          \
+        const __m512 isum = _mm512_cvtepi32_ps(kq_group_isums(q[0], q[1], perm));                          \
         const __m512 dd = _mm512_permutexvar_ps(lo8, _mm512_castps128_ps512(_mm_unpacklo_ps(d[0], d[1]))); \
         const __m512 dg = _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq->d + 8 * b)))); \
         acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(dd, dg), isum));                        \
