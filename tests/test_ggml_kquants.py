@@ -264,7 +264,8 @@ def test_int8_kernels_equal_spec_bit_for_bit(dtype, seed, nblk, rows, xkind, spe
 @pytest.mark.parametrize("dtype", ["q4_k", "q5_k", "q6_k"])
 def test_int8_rows_bit_identical_across_entry_points_and_threads(isa, dtype):
     """A row's bits do not depend on which row it is paired with (rows_dot from odd and
-    even starts, row_dot), the thread count, matvec_many or matvec_batch."""
+    even starts, row_dot), the thread count, matvec_many or matvec_batch (its tiles of
+    up to four inputs)."""
     rng = np.random.default_rng(12)
     rows, cols = 23, 768
     q, _ = make(rng, dtype, rows, cols, precision="int8")
@@ -278,10 +279,10 @@ def test_int8_rows_bit_identical_across_entry_points_and_threads(isa, dtype):
         for th in (1, 2, 3):
             cortiq.set_num_threads(th)
             np.testing.assert_array_equal(q.matvec(x), y)
-            X = np.stack([x, -x, 2 * x])
+            X = np.stack([x, -x, 2 * x, x * x, x + 1, 3 * x])  # a tile of four inputs, then two
             Y = q.matvec_batch(X)
-            np.testing.assert_array_equal(Y[0], y)
-            np.testing.assert_array_equal(Y[2], q.matvec(2 * x))
+            for j in range(len(X)):
+                np.testing.assert_array_equal(Y[j], q.matvec(X[j]))
     finally:
         cortiq.set_num_threads(before)
     other, _ = make(rng, "q4_k" if dtype != "q4_k" else "q6_k", 3, cols, precision="int8")

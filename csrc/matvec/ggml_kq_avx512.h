@@ -116,38 +116,36 @@ static inline __m512i kq_sc_idx(int q6, int s0, int s1) {
     return _mm512_loadu_si512((const void *)w);
 }
 
-/* q4_k (Q5 = 0) and q5_k (Q5 = 1), R (1 or 2) rows from r. qs bytes 32i + k hold
- * weight 64i + k (low nibble, group 2i) and 64i + 32 + k (high, group 2i + 1): a 64-byte
- * load's low nibbles are groups 0 and 2 (4 and 6), its high ones 1 and 3 (5 and 7), met
- * by x's groups paired the same way (x's side). q5_k's fifth bit of weight 32g + k is
- * bit g of qh[k]: a 64-bit rotate brings bit g of every byte to bit 4. Then per group,
- * as the spec: d_g * (d * isum - dmin * msum) into lane g. */
-#define KQ_Q45K_ROWS(DOT, Q5, R)                                                                   \
+/* q4_k (Q5 = 0) and q5_k (Q5 = 1): a tile of R (1 or 2) rows from r by J (1..4) inputs
+ * xqs[j], row k of input j to Y[j * ldy + k]. qs bytes 32i + k hold weight 64i + k (low
+ * nibble, group 2i) and 64i + 32 + k (high, group 2i + 1): a 64-byte load's low nibbles
+ * are groups 0 and 2 (4 and 6), its high ones 1 and 3 (5 and 7), met by x's groups
+ * paired the same way (x's side). q5_k's fifth bit of weight 32g + k is bit g of qh[k]:
+ * a 64-bit rotate brings bit g of every byte to bit 4. The weights of a block are
+ * unpacked once for the J inputs; each input's operations are those of J = 1. Then per
+ * group, as the spec: d_g * (d * isum - dmin * msum) into lane g. */
+#define KQ_Q45K_TILE(DOT, Q5, R, J)                                                                \
     const size_t nb = m->cols / CQ_KQ_BLOCK, bb = (Q5) ? 176 : 144;                                  \
     const uint8_t *rows = m->data + r * nb * bb;                                                     \
     const __m512i m0f = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10), zero = _mm512_setzero_si512(); \
     const __m512i i01 = kq_sc_idx(0, 0, 1), i23 = kq_sc_idx(0, 2, 3), perm = kq_group_perm(0);      \
     const __m512i lo8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);          \
     const __m512i hi8 = _mm512_add_epi32(lo8, _mm512_set1_epi32(1));                                 \
-    __m512 acc = _mm512_setzero_ps();                                                                \
+    __m512 acc[J];                                                                                   \
+    KQ_UNROLL for (int j = 0; j < (J); j++) acc[j] = _mm512_setzero_ps();                            \
     for (size_t b = 0; b < nb; b++) {                                                                \
-        __m512i xv[4], q[2];                                                                         \
+        __m512i w[2][4], s01[2], s23[2];                                                             \
         __m128i sc[2];                                                                               \
         __m128 dm[2];                                                                                \
-        KQ_UNROLL for (int h = 0; h < 2; h++) { /* x's groups (4h, 4h+2) and (4h+1, 4h+3) */        \
-            const __m512i a = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h));         \
-            const __m512i c = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h + 64));    \
-            xv[2 * h] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(1, 0, 1, 0));                         \
-            xv[2 * h + 1] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 2, 3, 2));                     \
-        }                                                                                            \
         KQ_UNROLL for (int k = 0; k < (R); k++) {                                                    \
             const uint8_t *blk = rows + (k * nb + b) * bb;                                           \
             kq_pf(blk, bb);                                                                          \
             dm[k] = kq_h2f_2(blk); /* d, dmin */                                                     \
             sc[k] = kq_scales16(blk + 4);                                                            \
             const __m512i scw = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sc[k]));                \
+            s01[k] = _mm512_permutexvar_epi16(i01, scw), s23[k] = _mm512_permutexvar_epi16(i23, scw); \
             const uint8_t *qs = blk + ((Q5) ? 48 : 16);                                              \
-            __m512i qh = zero, y[4];                                                                 \
+            __m512i qh = zero;                                                                       \
             if (Q5) qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)));   \
             KQ_UNROLL for (int h = 0; h < 2; h++) {                                                  \
                 const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * h));                   \
@@ -160,115 +158,151 @@ static inline __m512i kq_sc_idx(int q6, int s0, int s1) {
                     hi = _mm512_ternarylogic_epi32(hi, _mm512_rolv_epi64(qh, _mm512_sub_epi64(rl, _mm512_set1_epi64(1))), \
                                                    m10, 0xF8);                                       \
                 }                                                                                    \
-                y[2 * h] = DOT(zero, lo, xv[2 * h]);                                                 \
-                y[2 * h + 1] = DOT(zero, hi, xv[2 * h + 1]);                                         \
+                w[k][2 * h] = lo, w[k][2 * h + 1] = hi;                                              \
             }                                                                                        \
-            q[k] = kq_scaled_chunks(y[0], y[1], y[2], y[3], _mm512_permutexvar_epi16(i01, scw),     \
-                                    _mm512_permutexvar_epi16(i23, scw));                             \
         }                                                                                            \
-        if ((R) == 1) q[1] = q[0], sc[1] = sc[0], dm[1] = dm[0];                                     \
-        const __m512 isum = _mm512_cvtepi32_ps(kq_group_isums(q[0], q[1], perm));                    \
-        const __m512 msum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(                                   \
-            _mm512_cvtepu8_epi32(_mm_unpackhi_epi64(sc[0], sc[1])), kq_xsum16(xq, b)));              \
+        if ((R) == 1) sc[1] = sc[0], dm[1] = dm[0];                                                  \
+        const __m512i mn = _mm512_cvtepu8_epi32(_mm_unpackhi_epi64(sc[0], sc[1]));                   \
         const __m512 dd = _mm512_castps128_ps512(_mm_movelh_ps(dm[0], dm[1])); /* d_a, dmin_a, d_b, dmin_b */ \
-        const __m512 dg = _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq->d + 8 * b)))); \
-        acc = _mm512_add_ps(acc, _mm512_mul_ps(dg, _mm512_sub_ps(_mm512_mul_ps(_mm512_permutexvar_ps(lo8, dd), isum),  \
-                                                                 _mm512_mul_ps(_mm512_permutexvar_ps(hi8, dd), msum)))); \
+        const __m512 d16 = _mm512_permutexvar_ps(lo8, dd), dmin16 = _mm512_permutexvar_ps(hi8, dd);  \
+        KQ_UNROLL for (int j = 0; j < (J); j++) {                                                    \
+            const cq_xq *xq = xqs[j];                                                                \
+            __m512i xv[4], q[2];                                                                     \
+            KQ_UNROLL for (int h = 0; h < 2; h++) { /* x's groups (4h, 4h+2) and (4h+1, 4h+3) */    \
+                const __m512i a = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h));     \
+                const __m512i c = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h + 64)); \
+                xv[2 * h] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(1, 0, 1, 0));                     \
+                xv[2 * h + 1] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 2, 3, 2));                 \
+            }                                                                                        \
+            KQ_UNROLL for (int k = 0; k < (R); k++)                                                  \
+                q[k] = kq_scaled_chunks(DOT(zero, w[k][0], xv[0]), DOT(zero, w[k][1], xv[1]),        \
+                                        DOT(zero, w[k][2], xv[2]), DOT(zero, w[k][3], xv[3]), s01[k], s23[k]); \
+            if ((R) == 1) q[1] = q[0];                                                               \
+            const __m512 isum = _mm512_cvtepi32_ps(kq_group_isums(q[0], q[1], perm));                \
+            const __m512 msum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(mn, kq_xsum16(xq, b)));       \
+            const __m512 dg = _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq->d + 8 * b)))); \
+            acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(dg, _mm512_sub_ps(_mm512_mul_ps(d16, isum), _mm512_mul_ps(dmin16, msum)))); \
+        }                                                                                            \
     }                                                                                                \
-    out[0] = kq_lanes8_sum(_mm512_castps512_ps256(acc));                                             \
-    if ((R) == 2) out[1] = kq_lanes8_sum(_mm512_extractf32x8_ps(acc, 1))
+    KQ_UNROLL for (int j = 0; j < (J); j++) {                                                        \
+        Y[j * ldy] = kq_lanes8_sum(_mm512_castps512_ps256(acc[j]));                                  \
+        if ((R) == 2) Y[j * ldy + 1] = kq_lanes8_sum(_mm512_extractf32x8_ps(acc[j], 1));             \
+    }
 
-/* q6_k, R (1 or 2) rows from r: per half h of a block, ql's 64 bytes give the low
+/* q6_k, a tile as KQ_Q45K_TILE's: per half h of a block, ql's 64 bytes give the low
  * nibbles of weights 128h + 0..63 and the high ones of 128h + 64..127; qh's 32 bytes
  * give bits 4-5 of weights 128h + 32s + k at (qh[k] >> 2s) & 3. u = q + 32 (0..63) meets
  * xq from a start of -32 * the lane's xq sum (x's side, once per step for the rows), so
  * the lanes hold q * xq sums; scaled per 16 weights; per group (d * d_g) * isum. */
-#define KQ_Q6K_ROWS(DOT, R)                                                                          \
+#define KQ_Q6K_TILE(DOT, R, J)                                                                       \
     const size_t nb = m->cols / CQ_KQ_BLOCK;                                                         \
     const uint8_t *rows = m->data + r * nb * 210;                                                    \
     const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);                        \
     const __m512i c32 = _mm512_set1_epi8(32), zero = _mm512_setzero_si512();                         \
     const __m512i sh_lo = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), sh_hi = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2); \
-    const __m512i i01 = kq_sc_idx(1, 0, 1), i23 = kq_sc_idx(1, 2, 3), perm = kq_group_perm(1);                                \
+    const __m512i i01 = kq_sc_idx(1, 0, 1), i23 = kq_sc_idx(1, 2, 3), perm = kq_group_perm(1);      \
     const __m512i lo8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);          \
-    __m512 acc = _mm512_setzero_ps();                                                                \
+    __m512 acc[J];                                                                                   \
+    KQ_UNROLL for (int j = 0; j < (J); j++) acc[j] = _mm512_setzero_ps();                            \
     for (size_t b = 0; b < nb; b++) {                                                                \
-        __m512i xv[4], off[4], q[2];                                                                 \
+        __m512i w[2][4], s01[2], s23[2];                                                             \
         __m128 d[2];                                                                                 \
-        KQ_UNROLL for (int t = 0; t < 4; t++) {                                                                \
-            xv[t] = _mm512_load_si512((const void *)(xq->q + 256 * b + 64 * t));                    \
-            off[t] = _mm512_sub_epi32(zero, DOT(zero, c32, xv[t]));                                  \
-        }                                                                                            \
-        KQ_UNROLL for (int k = 0; k < (R); k++) {                                                              \
+        KQ_UNROLL for (int k = 0; k < (R); k++) {                                                    \
             const uint8_t *blk = rows + (k * nb + b) * 210;                                          \
             kq_pf(blk, 210);                                                                         \
             d[k] = kq_h2f_1(blk + 208);                                                              \
             const __m512i scw = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)))); \
-            __m512i y[4];                                                                            \
-            KQ_UNROLL for (int h = 0; h < 2; h++) {                                                            \
+            s01[k] = _mm512_permutexvar_epi16(i01, scw), s23[k] = _mm512_permutexvar_epi16(i23, scw); \
+            KQ_UNROLL for (int h = 0; h < 2; h++) {                                                  \
                 const __m512i L = _mm512_loadu_si512((const void *)(blk + 64 * h));                  \
                 const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h))); \
-                const __m512i u01 = _mm512_ternarylogic_epi32(L, m0f, _mm512_and_si512(_mm512_sllv_epi64(H, sh_lo), m30), 0xEA); \
-                const __m512i u23 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), m0f,         \
-                                                              _mm512_and_si512(_mm512_srlv_epi64(H, sh_hi), m30), 0xEA); \
-                y[2 * h] = DOT(off[2 * h], u01, xv[2 * h]);                                          \
-                y[2 * h + 1] = DOT(off[2 * h + 1], u23, xv[2 * h + 1]);                              \
+                w[k][2 * h] = _mm512_ternarylogic_epi32(L, m0f, _mm512_and_si512(_mm512_sllv_epi64(H, sh_lo), m30), 0xEA); \
+                w[k][2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), m0f,           \
+                                                            _mm512_and_si512(_mm512_srlv_epi64(H, sh_hi), m30), 0xEA); \
             }                                                                                        \
-            q[k] = kq_scaled_chunks(y[0], y[1], y[2], y[3], _mm512_permutexvar_epi16(i01, scw),     \
-                                    _mm512_permutexvar_epi16(i23, scw));                             \
         }                                                                                            \
-        if ((R) == 1) q[1] = q[0], d[1] = d[0];                                                      \
-        const __m512 isum = _mm512_cvtepi32_ps(kq_group_isums(q[0], q[1], perm));                          \
+        if ((R) == 1) d[1] = d[0];                                                                   \
         const __m512 dd = _mm512_permutexvar_ps(lo8, _mm512_castps128_ps512(_mm_unpacklo_ps(d[0], d[1]))); \
-        const __m512 dg = _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq->d + 8 * b)))); \
-        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(dd, dg), isum));                        \
+        KQ_UNROLL for (int j = 0; j < (J); j++) {                                                    \
+            const cq_xq *xq = xqs[j];                                                                \
+            __m512i xv[4], off[4], q[2];                                                             \
+            KQ_UNROLL for (int t = 0; t < 4; t++) {                                                  \
+                xv[t] = _mm512_load_si512((const void *)(xq->q + 256 * b + 64 * t));                \
+                off[t] = _mm512_sub_epi32(zero, DOT(zero, c32, xv[t]));                              \
+            }                                                                                        \
+            KQ_UNROLL for (int k = 0; k < (R); k++)                                                  \
+                q[k] = kq_scaled_chunks(DOT(off[0], w[k][0], xv[0]), DOT(off[1], w[k][1], xv[1]),    \
+                                        DOT(off[2], w[k][2], xv[2]), DOT(off[3], w[k][3], xv[3]), s01[k], s23[k]); \
+            if ((R) == 1) q[1] = q[0];                                                               \
+            const __m512 isum = _mm512_cvtepi32_ps(kq_group_isums(q[0], q[1], perm));                \
+            const __m512 dg = _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq->d + 8 * b)))); \
+            acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_mul_ps(dd, dg), isum));              \
+        }                                                                                            \
     }                                                                                                \
-    out[0] = kq_lanes8_sum(_mm512_castps512_ps256(acc));                                             \
-    if ((R) == 2) out[1] = kq_lanes8_sum(_mm512_extractf32x8_ps(acc, 1))
+    KQ_UNROLL for (int j = 0; j < (J); j++) {                                                        \
+        Y[j * ldy] = kq_lanes8_sum(_mm512_castps512_ps256(acc[j]));                                  \
+        if ((R) == 2) Y[j * ldy + 1] = kq_lanes8_sum(_mm512_extractf32x8_ps(acc[j], 1));             \
+    }
 
-#define KQ_ROW_FNS(SUF, DOT, ATTR)                                                                     \
-    ATTR static void kq_q4k_rows1_##SUF(const cq_qmat *m, size_t r, const cq_xq *xq, float *out) { KQ_Q45K_ROWS(DOT, 0, 1); } \
-    ATTR static void kq_q4k_rows2_##SUF(const cq_qmat *m, size_t r, const cq_xq *xq, float *out) { KQ_Q45K_ROWS(DOT, 0, 2); } \
-    ATTR static void kq_q5k_rows1_##SUF(const cq_qmat *m, size_t r, const cq_xq *xq, float *out) { KQ_Q45K_ROWS(DOT, 1, 1); } \
-    ATTR static void kq_q5k_rows2_##SUF(const cq_qmat *m, size_t r, const cq_xq *xq, float *out) { KQ_Q45K_ROWS(DOT, 1, 2); } \
-    ATTR static void kq_q6k_rows1_##SUF(const cq_qmat *m, size_t r, const cq_xq *xq, float *out) { KQ_Q6K_ROWS(DOT, 1); }    \
-    ATTR static void kq_q6k_rows2_##SUF(const cq_qmat *m, size_t r, const cq_xq *xq, float *out) { KQ_Q6K_ROWS(DOT, 2); }
+typedef void (*kq_tile_fn)(const cq_qmat *, size_t, const cq_xq *const *, float *, size_t);
+#define KQ_Q4K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 0, R, J)
+#define KQ_Q5K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 1, R, J)
+#define KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, R, J)                                                 \
+    ATTR static void NAME##_##R##J##_##SUF(const cq_qmat *m, size_t r, const cq_xq *const *xqs, float *Y, size_t ldy) { \
+        BODY(DOT, R, J)                                                                              \
+    }
+#define KQ_TILE_FNS8(SUF, DOT, ATTR, NAME, BODY)                                                     \
+    KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, 1, 1) KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, 1, 2)        \
+    KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, 1, 3) KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, 1, 4)        \
+    KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, 2, 1) KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, 2, 2)        \
+    KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, 2, 3) KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, 2, 4)
+#define KQ_TILE_TABLE(NAME, SUF)                                                                     \
+    {{NAME##_11_##SUF, NAME##_12_##SUF, NAME##_13_##SUF, NAME##_14_##SUF},                          \
+     {NAME##_21_##SUF, NAME##_22_##SUF, NAME##_23_##SUF, NAME##_24_##SUF}}
+/* Every tile of a DOT: [dtype: q4_k, q5_k, q6_k][R - 1][J - 1]. */
+#define KQ_TILES(SUF, DOT, ATTR)                                                                     \
+    KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q4k, KQ_Q4K_TILE)                                                \
+    KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q5k, KQ_Q5K_TILE)                                                \
+    KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q6k, KQ_Q6K_TILE)                                                \
+    static const kq_tile_fn kq_tiles_##SUF[3][2][4] = {KQ_TILE_TABLE(kq_q4k, SUF), KQ_TILE_TABLE(kq_q5k, SUF), \
+                                                       KQ_TILE_TABLE(kq_q6k, SUF)};
 
-KQ_ROW_FNS(bw, dot_bw, )
+KQ_TILES(bw, dot_bw, )
 #ifdef CQ_HAVE_VNNI_FN
-KQ_ROW_FNS(vnni, _mm512_dpbusd_epi32, __attribute__((target("avx512vnni"))))
+KQ_TILES(vnni, _mm512_dpbusd_epi32, __attribute__((target("avx512vnni"))))
 #endif
 
-typedef void (*kq_rows_fn)(const cq_qmat *, size_t, const cq_xq *, float *);
+/* The tiles of m's dtype for this CPU, NULL for the K-quants without an integer kernel. */
+static const kq_tile_fn (*kq_tiles_for(const cq_qmat *m))[4] {
+    const int i = m->dtype == CQ_DT_Q4_K ? 0 : m->dtype == CQ_DT_Q5_K ? 1 : m->dtype == CQ_DT_Q6_K ? 2 : -1;
+    if (i < 0) return NULL;
+#ifdef CQ_HAVE_VNNI_FN
+    if (cq_cpu_features() & CQ_CPU_AVX512VNNI) return kq_tiles_vnni[i];
+#endif
+    return kq_tiles_bw[i];
+}
 
 static void kq_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
-    kq_rows_fn one = NULL, two = NULL;
-#ifdef CQ_HAVE_VNNI_FN
-    const int vnni = (cq_cpu_features() & CQ_CPU_AVX512VNNI) != 0;
-#else
-    const int vnni = 0;
-#endif
-#define KQ_PICK(DT, NAME)                                                                              \
-    if (m->dtype == (DT)) {                                                                            \
-        one = vnni ? KQ_VNNI(NAME##_rows1) : NAME##_rows1_bw;                                          \
-        two = vnni ? KQ_VNNI(NAME##_rows2) : NAME##_rows2_bw;                                          \
-    }
-#ifdef CQ_HAVE_VNNI_FN
-#define KQ_VNNI(F) F##_vnni
-#else
-#define KQ_VNNI(F) F##_bw
-#endif
-    KQ_PICK(CQ_DT_Q4_K, kq_q4k)
-    KQ_PICK(CQ_DT_Q5_K, kq_q5k)
-    KQ_PICK(CQ_DT_Q6_K, kq_q6k)
-#undef KQ_PICK
-#undef KQ_VNNI
-    if (!one) {
+    const kq_tile_fn(*tiles)[4] = kq_tiles_for(m);
+    if (!tiles) {
         for (size_t j = 0; j < nr; j++) out[j] = kq_ref_i8_row(m, r0 + j, xq);
         return;
     }
     size_t j = 0;
-    for (; j + 2 <= nr; j += 2) two(m, r0 + j, xq, out + j);
-    if (j < nr) one(m, r0 + j, xq, out + j);
+    for (; j + 2 <= nr; j += 2) tiles[1][0](m, r0 + j, &xq, out + j, 0);
+    if (j < nr) tiles[0][0](m, r0 + j, &xq, out + j, 0);
+}
+
+/* matvec_batch's rows (CQ_HAVE_I8_MULTI): inputs four at a time, rows two at a time. */
+static int kq_multi_takes(const cq_qmat *m) { return kq_tiles_for(m) != NULL; }
+static void kq_i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *const *xqs, size_t t, float *Y,
+                             size_t ldy) {
+    const kq_tile_fn(*tiles)[4] = kq_tiles_for(m);
+    for (size_t j0 = 0; j0 < t; j0 += 4) {
+        const size_t nj = t - j0 < 4 ? t - j0 : 4;
+        size_t r = r0;
+        for (; r + 2 <= r0 + nr; r += 2) tiles[1][nj - 1](m, r, xqs + j0, Y + j0 * ldy + r, ldy);
+        if (r < r0 + nr) tiles[0][nj - 1](m, r, xqs + j0, Y + j0 * ldy + r, ldy);
+    }
 }
 #endif
