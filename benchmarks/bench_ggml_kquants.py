@@ -6,7 +6,10 @@ together exceed the last-level cache (4096 x 11008 each, blocks of random bytes 
 normal half-precision scales), beside the read probe (K.read_sum, 4 streams a thread)
 measured alternately with it, and the in-cache ceiling (one 4 MiB block repeated). The
 machine's other load shows up as noise: best of `--reps`; run it on a quiet machine.
+It ends with the docs/PERFORMANCE.md table (markdown). `CORTIQ_ISA=avx2` runs the AVX2
+table on an AVX-512 machine.
     PYTHONPATH=src python benchmarks/bench_ggml_kquants.py [--dtypes q4_k,q6_k] [--threads 1,2]
+        [--precisions int8,exact]
 """
 import argparse
 import time
@@ -48,18 +51,20 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--total-mib", type=int, default=512)
+    ap.add_argument("--precisions", default="int8,exact")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     buf = np.ones(a.total_mib << 20, np.uint8)
     rows, cols = 11008, 4096
     print(f"isa {K.active_isa()}; matrices {rows}x{cols}, about {a.total_mib} MiB of weights a pass")
+    table = []
     for dtype in a.dtypes.split(","):
         raw = random_blocks(rng, dtype, rows, cols)
         n = max(2, (a.total_mib << 20) // raw.size)
         x = rng.standard_normal(cols).astype(np.float32)
         out = np.empty(rows, np.float32)
         ceil_rows = max(96, (4 << 20) // K.qmat_nbytes(dtype, 1, cols))
-        for prec in ("int8", "exact"):
+        for prec in a.precisions.split(","):
             qs = [QTensor(raw if i == 0 else raw.copy(), dtype, (rows, cols), precision=prec) for i in range(n)]
             small = QTensor(random_blocks(rng, dtype, ceil_rows, cols), dtype, (ceil_rows, cols), precision=prec)
             for th in (int(t) for t in a.threads.split(",")):
@@ -77,7 +82,12 @@ def main():
                 ceil = small.nbytes / best(small.matvec, 10 * a.reps, x) / 1e9
                 print(f"{dtype:7s} {prec:5s} {th}T  {gbs:6.1f} GB/s  read {rbw:6.1f} GB/s  "
                       f"{100 * gbs / rbw:5.1f} %   in-cache {ceil:6.1f} GB/s")
+                table.append(f"| {dtype} | {prec} | {K.active_isa()} | {th} | {gbs:.1f} | {100 * gbs / rbw:.0f} % "
+                             f"| {rbw:.1f} | {ceil:.1f} |")
             del qs
+    print("\n| dtype | precision | ISA table | threads | GB/s from DRAM | % of read | read GB/s | in-cache GB/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    print("\n".join(table))
 
 
 if __name__ == "__main__":

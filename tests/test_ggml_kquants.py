@@ -181,15 +181,16 @@ def test_threads_bit_identical(isa, threads, dtype):
 
 
 def test_simd_twins_agree_with_reference():
-    """Every usable ISA (AVX-512 with and without VNNI) against the scalar reference,
-    int8 and exact; the VNNI and vpmaddubsw kernels compute the same bits."""
+    """Every usable ISA (AVX-512 with and without VNNI) against the scalar reference:
+    the int8 path bit for bit (its spec fixes the float order), the exact path within
+    float32 rounding."""
     rng = np.random.default_rng(11)
     rows, cols = 29, 2304
     for dtype in KQ:
         for precision in ("exact", "int8"):
             q, raw = make(rng, dtype, rows, cols, precision=precision)
             x = rng.standard_normal(cols).astype(np.float32)
-            y_ref = with_isa("ref", q.matvec, x).astype(np.float64)
+            y_ref = with_isa("ref", q.matvec, x)
             tol = 2 * (cols // 32 + 16) * 4 * U * (abs_weights(raw, dtype, rows, cols) @ (np.abs(x) * 1.1))
             for isa in K.usable_isas():
                 variants = []
@@ -199,8 +200,94 @@ def test_simd_twins_agree_with_reference():
                         variants.append(with_isa(isa, q.matvec, x))
                     finally:
                         K._hide_cpu_features([])
-                assert (np.abs(variants[0] - y_ref) <= tol).all(), (dtype, precision, isa)
+                if precision == "int8":
+                    assert_same_bits(variants[0], y_ref)
+                else:
+                    assert (np.abs(variants[0] - y_ref.astype(np.float64)) <= tol).all(), (dtype, precision, isa)
                 np.testing.assert_array_equal(variants[1], variants[0])
+
+
+def assert_same_bits(got, want):
+    """Equal bit for bit, NaN anywhere matching NaN (its payload aside)."""
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+def int8_everywhere(q, x):
+    """The int8 matvec of q on every usable ISA, with and without VNNI, with the ref's."""
+    out = {"ref": with_isa("ref", q.matvec, x)}
+    for isa in K.usable_isas():
+        for hide in ([], ["avx512vnni"]):
+            K._hide_cpu_features(hide)
+            try:
+                out[(isa, tuple(hide))] = with_isa(isa, q.matvec, x)
+            finally:
+                K._hide_cpu_features([])
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["q4_k", "q5_k", "q6_k"])
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), nblk=st.integers(1, 6), rows=st.integers(1, 7),
+       xkind=st.sampled_from(["normal", "sparse", "huge", "tiny", "inf", "nan"]),
+       special=st.sampled_from([None, 0.0, 65504.0, 6e-8]))
+def test_int8_kernels_equal_spec_bit_for_bit(dtype, seed, nblk, rows, xkind, special):
+    """The SIMD int8 rows of q4_k / q5_k / q6_k give kq_ref_i8_row's bits: odd row
+    counts (a lone row after the pairs), one to six blocks, x with zeros, extremes and
+    non-finite values, zero / largest / subnormal block scales, x misaligned."""
+    rng = np.random.default_rng(seed)
+    cols = 256 * nblk
+    raw = blocks(rng, dtype, rows, cols, special=special)
+    q = QTensor(raw, dtype, (rows, cols), precision="int8")
+    x = rng.standard_normal(cols).astype(np.float32)
+    if xkind == "sparse":
+        x[rng.random(cols) < 0.7] = 0.0
+    elif xkind == "huge":
+        x *= np.float32(1e30)
+    elif xkind == "tiny":
+        x *= np.float32(1e-40)
+    elif xkind in ("inf", "nan"):
+        x[rng.integers(0, cols)] = np.inf if xkind == "inf" else np.nan
+    buf = np.empty(cols * 4 + 128, np.uint8)
+    off = (-buf.ctypes.data) % 64 + 4 * int(rng.integers(1, 16))
+    xm = buf[off:off + cols * 4].view(np.float32)
+    xm[:] = x
+    got = int8_everywhere(q, xm)
+    for key, y in got.items():
+        try:
+            assert_same_bits(y, got["ref"])
+        except AssertionError as e:
+            raise AssertionError(f"{dtype} on {key}") from e
+
+
+@pytest.mark.parametrize("dtype", ["q4_k", "q5_k", "q6_k"])
+def test_int8_rows_bit_identical_across_entry_points_and_threads(isa, dtype):
+    """A row's bits do not depend on which row it is paired with (rows_dot from odd and
+    even starts, row_dot), the thread count, matvec_many or matvec_batch (its tiles of
+    up to four inputs)."""
+    rng = np.random.default_rng(12)
+    rows, cols = 23, 768
+    q, _ = make(rng, dtype, rows, cols, precision="int8")
+    x = rng.standard_normal(cols).astype(np.float32)
+    y = q.matvec(x)
+    for start, n in ((0, 1), (1, 1), (1, 4), (2, 5), (3, 20)):
+        np.testing.assert_array_equal(q.rows_dot(start, n, x), y[start:start + n])
+    assert all(q.row_dot(r, x) == y[r] for r in range(rows))
+    before = cortiq.get_num_threads()
+    try:
+        for th in (1, 2, 3):
+            cortiq.set_num_threads(th)
+            np.testing.assert_array_equal(q.matvec(x), y)
+            X = np.stack([x, -x, 2 * x, x * x, x + 1, 3 * x])  # a tile of four inputs, then two
+            Y = q.matvec_batch(X)
+            for j in range(len(X)):
+                np.testing.assert_array_equal(Y[j], q.matvec(X[j]))
+    finally:
+        cortiq.set_num_threads(before)
+    other, _ = make(rng, "q4_k" if dtype != "q4_k" else "q6_k", 3, cols, precision="int8")
+    many = QTensor.matvec_many([q, other], x)
+    np.testing.assert_array_equal(many[0], y)
 
 
 @pytest.mark.parametrize("dtype", KQ)

@@ -1,8 +1,159 @@
-/* ggml_kq_avx2.h -- the K-quants' int8-activation rows of the AVX2 table: the scalar
- * spec (kq_ref_i8_row) for now. Included by matvec_avx2.c. */
+/* ggml_kq_avx2.h -- AVX2 int8-activation rows of the K-quants q4_k, q5_k and q6_k (x in
+ * the CQ_XQ_G32 layout; spec: kq_ref_i8_row, whose bits they give); the other K-quants
+ * run the spec. Included by matvec_avx2.c.
+ *
+ * One 32-weight group a step: its u8 weights (u = q, or q + 32 for q6_k) meet its 32
+ * xq bytes in vpmaddubsw (u <= 63 times |xq| <= 127: the int16 pair sums are exact) and
+ * vpmaddwd by ones, 8 lanes of 4-weight sums, lanes 0-3 one 16-weight half, 4-7 the
+ * other. Three rounds of vphaddd bring a block's eight groups to two vectors of half
+ * sums, (group 0..3, half a | half b) and (4..7, a | b); q6_k's offset comes off there
+ * (32 * the xq half sums of CQ_XQ_G32), the 16-weight scales multiply them, and the
+ * halves are added into the eight group sums in order. The spec's float operations then
+ * run on the eight lanes. */
 #ifndef CQ_GGML_KQ_AVX2_H
 #define CQ_GGML_KQ_AVX2_H
+
+static inline void kq2_pf(const uint8_t *a, size_t n) {
+    const uintptr_t end = (uintptr_t)a + n;
+    for (uintptr_t l = ((uintptr_t)a + 63) & ~(uintptr_t)63; l < end; l += 64) CQ_STREAM_PF((const uint8_t *)l);
+}
+
+/* q4_k / q5_k's 12 scale bytes (at s, 4 more readable bytes after them) as 16 bytes:
+ * sc[0..7], mn[0..7] (kq_scale_min6), per byte as in ggml_kq_avx512.h. */
+static inline __m128i kq2_scales16(const uint8_t *s) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)s);
+    const __m128i acbc = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(acbc, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)), 2),
+                                     _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
+}
+
+static inline __m128 kq2_h2f(const uint8_t *p) { return _mm_cvtph_ps(_mm_cvtsi32_si128((int)cq_ld16(p))); }
+
+/* kq_ref_i8_row's final sum of its eight lane accumulators. */
+static inline float kq2_lanes8_sum(__m256 v) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+/* Four groups' lane sums y0..y3 as their half sums: (y0a, y1a, y2a, y3a | y0b, .., y3b). */
+static inline __m256i kq2_halves(__m256i y0, __m256i y1, __m256i y2, __m256i y3) {
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(y0, y1), _mm256_hadd_epi32(y2, y3));
+}
+
+/* The eight group sums, in order, from the scaled half sums of groups 0-3 (a) and 4-7 (b). */
+static inline __m256i kq2_groups(__m256i a, __m256i b) {
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* The xq half sums of block b (bias[16b + 2g + h]) in kq2_halves' order, groups 0-3 and 4-7. */
+static inline void kq2_xhalves(const cq_xq *xq, size_t b, __m256i *a, __m256i *c) {
+    const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    *a = _mm256_permutevar8x32_epi32(_mm256_load_si256((const __m256i *)(xq->bias + 16 * b)), order);
+    *c = _mm256_permutevar8x32_epi32(_mm256_load_si256((const __m256i *)(xq->bias + 16 * b + 8)), order);
+}
+
+#define KQ2_DOT(u, x) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (x)), ones)
+
+/* q4_k (Q5 = 0) and q5_k (Q5 = 1): qs bytes 32i + k, low nibble weight 64i + k (group
+ * 2i), high 64i + 32 + k (group 2i + 1); q5_k's fifth bit of weight 32g + k is bit g of
+ * qh[k] (a 16-bit shift brings it to bit 4 of its byte). Group scales, per half alike. */
+static float kq2_q45k_row(const cq_qmat *m, size_t r, const cq_xq *xq, int q5) {
+    const size_t nb = m->cols / CQ_KQ_BLOCK, bb = q5 ? 176 : 144;
+    const uint8_t *row = m->data + r * nb * bb;
+    const __m256i m0f = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
+    const __m128i dup4 = _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7);
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bb, *qs = blk + (q5 ? 48 : 16);
+        const int8_t *xb = xq->q + 256 * b;
+        kq2_pf(blk, bb);
+        const __m128i sc = kq2_scales16(blk + 4);
+        const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+        __m256i y[8];
+        for (int i = 0; i < 4; i++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
+            __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+            if (q5) {
+                const int g = 2 * i; /* bit g, bit g + 1 of each qh byte to bit 4 */
+                const __m256i bl = g <= 4 ? _mm256_slli_epi16(qh, 4 - g) : _mm256_srli_epi16(qh, g - 4);
+                const __m256i bh = g + 1 <= 4 ? _mm256_slli_epi16(qh, 3 - g) : _mm256_srli_epi16(qh, g - 3);
+                lo = _mm256_or_si256(lo, _mm256_and_si256(bl, m10));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(bh, m10));
+            }
+            y[2 * i] = KQ2_DOT(lo, _mm256_load_si256((const __m256i *)(xb + 64 * i)));
+            y[2 * i + 1] = KQ2_DOT(hi, _mm256_load_si256((const __m256i *)(xb + 64 * i + 32)));
+        }
+        const __m128i scd = _mm_shuffle_epi8(sc, dup4); /* sc0-3, sc0-3, sc4-7, sc4-7 */
+        const __m256i a = _mm256_mullo_epi32(kq2_halves(y[0], y[1], y[2], y[3]), _mm256_cvtepu8_epi32(scd));
+        const __m256i c = _mm256_mullo_epi32(kq2_halves(y[4], y[5], y[6], y[7]),
+                                             _mm256_cvtepu8_epi32(_mm_srli_si128(scd, 8)));
+        const __m256 isum = _mm256_cvtepi32_ps(kq2_groups(a, c));
+        const __m256i xs = _mm256_permute4x64_epi64(
+            _mm256_hadd_epi32(_mm256_load_si256((const __m256i *)(xq->bias + 16 * b)),
+                              _mm256_load_si256((const __m256i *)(xq->bias + 16 * b + 8))),
+            _MM_SHUFFLE(3, 1, 2, 0));
+        const __m256 msum = _mm256_cvtepi32_ps(_mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(sc, 8)), xs));
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(cq_ld16(blk) | (uint32_t)cq_ld16(blk + 2) << 16)));
+        const __m256 d = _mm256_broadcastss_ps(dm), dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+        const __m256 dg = _mm256_loadu_ps(xq->d + 8 * b);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(dg, _mm256_sub_ps(_mm256_mul_ps(d, isum), _mm256_mul_ps(dmin, msum))));
+    }
+    return kq2_lanes8_sum(acc);
+}
+
+/* q6_k: weight 128h + 32s + k has low bits from ql[64h + 32(s & 1) + k] (low nibble for
+ * s < 2, high for s >= 2) and bits 4-5 from (qh[32h + k] >> 2s) & 3; u = q + 32. */
+static float kq2_q6k_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
+    const size_t nb = m->cols / CQ_KQ_BLOCK;
+    const uint8_t *row = m->data + r * nb * 210;
+    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    const __m128i evod = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * 210;
+        const int8_t *xb = xq->q + 256 * b;
+        kq2_pf(blk, 210);
+        __m256i y[8];
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+            for (int s = 0; s < 4; s++) {
+                const __m256i l = s & 1 ? l1 : l0;
+                const __m256i low = _mm256_and_si256(s < 2 ? l : _mm256_srli_epi16(l, 4), m0f);
+                const __m256i high = _mm256_and_si256(s < 2 ? _mm256_slli_epi16(qh, 4 - 2 * s) : s == 2 ? qh
+                                                                                                   : _mm256_srli_epi16(qh, 2),
+                                                      m30);
+                y[4 * h + s] = KQ2_DOT(_mm256_or_si256(low, high),
+                                       _mm256_load_si256((const __m256i *)(xb + 32 * (4 * h + s))));
+            }
+        }
+        __m256i xa, xc;
+        kq2_xhalves(xq, b, &xa, &xc);
+        const __m128i sc = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(blk + 192)), evod);
+        const __m256i a = _mm256_mullo_epi32(_mm256_sub_epi32(kq2_halves(y[0], y[1], y[2], y[3]), _mm256_slli_epi32(xa, 5)),
+                                             _mm256_cvtepi8_epi32(sc));
+        const __m256i c = _mm256_mullo_epi32(_mm256_sub_epi32(kq2_halves(y[4], y[5], y[6], y[7]), _mm256_slli_epi32(xc, 5)),
+                                             _mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)));
+        const __m256 isum = _mm256_cvtepi32_ps(kq2_groups(a, c));
+        const __m256 d = _mm256_broadcastss_ps(kq2_h2f(blk + 208));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xq->d + 8 * b)), isum));
+    }
+    return kq2_lanes8_sum(acc);
+}
+
 static void kq_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
-    for (size_t j = 0; j < nr; j++) out[j] = kq_ref_i8_row(m, r0 + j, xq);
+    for (size_t j = 0; j < nr; j++) {
+        switch (m->dtype) {
+        case CQ_DT_GGML_Q4_K: out[j] = kq2_q45k_row(m, r0 + j, xq, 0); break;
+        case CQ_DT_GGML_Q5_K: out[j] = kq2_q45k_row(m, r0 + j, xq, 1); break;
+        case CQ_DT_GGML_Q6_K: out[j] = kq2_q6k_row(m, r0 + j, xq); break;
+        default: out[j] = kq_ref_i8_row(m, r0 + j, xq);
+        }
+    }
 }
 #endif

@@ -1,12 +1,18 @@
-/* ggml_kq_avx512.h -- AVX-512 int8-activation rows of the K-quants q4_k and q6_k (x
- * in the CQ_XQ_Q8 layout; spec: kq_ref_i8_row). The other K-quants, and the float32
- * path of all of them, are the scalar decoder's. Included by matvec_avx512.c.
+/* ggml_kq_avx512.h -- AVX-512 int8-activation rows of the K-quants q4_k, q5_k and q6_k
+ * (x in the CQ_XQ_G32 layout; spec: kq_ref_i8_row, whose bits they give). The other
+ * K-quants, and the float32 path of all of them, are the scalar decoder's. Included by
+ * matvec_avx512.c.
  *
- * One 64-weight step meets 64 contiguous xq bytes: lanes 0-7 hold group 2i, lanes 8-15
- * group 2i + 1, like I8_Q8_BODY's. The integer sums per lane are the spec's integers
- * split over lanes, so a row equals kq_ref_i8_row up to the order of float additions.
- * VNNI (vpdpbusd) where present, else vpmaddubsw + vpmaddwd (u8 weights <= 63 times
- * xq <= 127 fit the int16 pair sums). */
+ * A block is four 64-weight steps, each meeting 64 contiguous xq bytes: vpdpbusd (or
+ * vpmaddubsw + vpmaddwd without VNNI: u8 weights <= 63 times xq <= 127 fit the int16
+ * pair sums, so the same integers) gives 16 lanes of 4-weight sums, each within int16.
+ * The integers are then reduced before any float work: narrowed to int16, multiplied
+ * by the 6- or 8-bit scales and pair-summed by one vpmaddwd per two steps, and added
+ * across lanes down to the block's eight group sums isum. The spec's float operations
+ * run once per group, on 16 lanes: eight groups of two rows. Rows go two at a time;
+ * x's side of a block (its loads, the mins' group sums from xq's per-half sums, q6_k's
+ * offset) is formed once for both, and a lone row runs the same lanes, so a row has the
+ * same bits wherever it falls (matvec, rows_dot, matvec_many, any thread count). */
 #ifndef CQ_GGML_KQ_AVX512_H
 #define CQ_GGML_KQ_AVX512_H
 
@@ -17,114 +23,286 @@ static inline void kq_pf(const uint8_t *a, size_t n) {
     for (uintptr_t l = ((uintptr_t)a + 63) & ~(uintptr_t)63; l < end; l += 64) CQ_STREAM_PF((const uint8_t *)l);
 }
 
-/* q4_k / q5_k's 12 scale bytes as 16 bytes: sc[0..7], mn[0..7] (kq_scale_min6). */
+/* q4_k / q5_k's 12 scale bytes (at s, with 4 more readable bytes after them) as 16
+ * bytes: sc[0..7], mn[0..7] (kq_scale_min6). With a, b, c the three 4-byte words:
+ * sc0-3 = a & 63, sc4-7 = (c & 15) | (a >> 6) << 4, mn0-3 = b & 63,
+ * mn4-7 = (c >> 4 & 15) | (b >> 6) << 4, per byte. */
 static inline __m128i kq_scales16(const uint8_t *s) {
-    uint32_t a, b, c;
-    memcpy(&a, s, 4), memcpy(&b, s + 4, 4), memcpy(&c, s + 8, 4);
-    const uint32_t lo6 = 0x3F3F3F3Fu, lo4 = 0x0F0F0F0Fu, top2 = 0x03030303u;
-    const uint32_t sc03 = a & lo6, mn03 = b & lo6;
-    const uint32_t sc47 = (c & lo4) | (((a >> 6) & top2) << 4);
-    const uint32_t mn47 = ((c >> 4) & lo4) | (((b >> 6) & top2) << 4);
-    return _mm_setr_epi32((int)sc03, (int)sc47, (int)mn03, (int)mn47);
+    const __m128i v = _mm_loadu_si128((const __m128i *)s);
+    const __m128i acbc = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(acbc, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)), 2),
+                                     _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
 }
 
-/* lanes 0-7 -> 0, 8-15 -> 1: the two groups of a 64-weight step */
-#define kq_half8 _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+/* The one or two half floats at p in the low lanes (F16C converts every value
+ * exactly, as cq_h2f does). */
+static inline __m128 kq_h2f_2(const uint8_t *p) {
+    uint32_t w;
+    memcpy(&w, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)w));
+}
+static inline __m128 kq_h2f_1(const uint8_t *p) { return _mm_cvtph_ps(_mm_cvtsi32_si128((int)cq_ld16(p))); }
 
-/* q4_k: step i of a block is its qs bytes 32i..32i+31, low nibbles weights 64i + 0..31
- * (group 2i), high ones 64i + 32..63 (group 2i + 1): one broadcast load shifted by 0
- * in the low half, 4 in the high. Per lane: isum * d*sc*dl - xsum * dmin*mn*dl. */
-#define KQ_Q4K_BODY(DOT)                                                                            \
-    const size_t nb = m->cols / CQ_KQ_BLOCK;                                                         \
-    const uint8_t *row = m->data + r * nb * 144;                                                     \
-    const __m512i m0f = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1), zero = _mm512_setzero_si512(); \
-    const __m512i nib_shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);                            \
-    __m512 f0 = _mm512_setzero_ps(), f1 = f0;                                                        \
+/* The loops over rows and steps must unroll: their per-row values stay in registers. */
+#define KQ_UNROLL _Pragma("GCC unroll 8")
+
+/* Block b's eight group sums of xq (the mins' x side: the per-half sums bias[16b + 2j + h]
+ * added in pairs), as int32 in both 256-bit halves. */
+static inline __m512i kq_xsum16(const cq_xq *xq, size_t b) {
+    const __m512i hs = _mm512_load_si512((const void *)(xq->bias + 16 * b));
+    const __m256i gs = _mm512_cvtepi64_epi32(_mm512_add_epi64(hs, _mm512_srli_epi64(hs, 32)));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(gs), gs, 1);
+}
+
+/* A block's four steps y0..y3 (16 lanes of 4-weight integer sums each, within int16;
+ * chunk c = lanes 4c..4c+3 lies in one 16-weight sub-block) scaled by their sub-block
+ * scales and summed per chunk: narrowed to int16 in pairs of steps, vpmaddwd by the
+ * scales (sc01: chunk c words 0-3 the scale of (y0, c), 4-7 of (y1, c); sc23 likewise),
+ * pairs of lanes added. Chunk c of the result: (y0, c), (y1, c), (y2, c), (y3, c). */
+static inline __m512i kq_scaled_chunks(__m512i y0, __m512i y1, __m512i y2, __m512i y3, __m512i sc01, __m512i sc23) {
+    const __m512 z01 = _mm512_castsi512_ps(_mm512_madd_epi16(_mm512_packs_epi32(y0, y1), sc01));
+    const __m512 z23 = _mm512_castsi512_ps(_mm512_madd_epi16(_mm512_packs_epi32(y2, y3), sc23));
+    return _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(z01, z23, _MM_SHUFFLE(2, 0, 2, 0))),
+                            _mm512_castps_si512(_mm512_shuffle_ps(z01, z23, _MM_SHUFFLE(3, 1, 3, 1))));
+}
+
+/* Two rows' kq_scaled_chunks (qa, qb) as the eight group sums isum of each, in group
+ * order: lanes 0-7 row a, 8-15 row b. Chunks 0 + 1 and 2 + 3 are added (each pair is
+ * one group of every step); perm puts the groups in order. */
+static inline __m512i kq_group_isums(__m512i qa, __m512i qb, __m512i perm) {
+    const __m512i g = _mm512_add_epi32(_mm512_shuffle_i64x2(qa, qb, _MM_SHUFFLE(2, 0, 2, 0)),
+                                       _mm512_shuffle_i64x2(qa, qb, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_permutexvar_epi32(perm, g);
+}
+
+/* Where a step's chunk lies: the group of (step s, chunk c) is 4 (s / 2) + s % 2 +
+ * 2 (c / 2) for q4_k and q5_k (steps: low and high nibbles of qs bytes 0..63, then
+ * 64..127), 2s + c / 2 for q6_k (step s: weights 64s..64s+63), whose 16-weight
+ * sub-block is 4s + c. */
+static inline int kq_q4_group(int s, int c) { return 4 * (s / 2) + s % 2 + 2 * (c / 2); }
+static inline int kq_q6_group(int s, int c) { return 2 * s + c / 2; }
+
+/* perm of kq_group_isums: after the chunk pairs are added, lane 4h + s of a row holds
+ * the group of (s, 2h). */
+static inline __m512i kq_group_perm(int q6) {
+    int32_t p[16];
+    for (int h = 0; h < 2; h++)
+        for (int s = 0; s < 4; s++) {
+            const int g = q6 ? kq_q6_group(s, 2 * h) : kq_q4_group(s, 2 * h);
+            p[g] = 4 * h + s, p[8 + g] = 8 + 4 * h + s;
+        }
+    return _mm512_loadu_si512((const void *)p);
+}
+
+/* kq_ref_i8_row's final sum of its eight lane accumulators, from a ymm. */
+static inline float kq_lanes8_sum(__m256 v) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+/* The word indices of sc01 / sc23 (kq_scaled_chunks, steps s0 and s1) in a vector of
+ * 16 int16 scales: q4_k / q5_k's eight (per group), q6_k's sixteen (per 16 weights). */
+static inline __m512i kq_sc_idx(int q6, int s0, int s1) {
+    int16_t w[32];
+    for (int c = 0; c < 4; c++)
+        for (int i = 0; i < 8; i++) {
+            const int s = i < 4 ? s0 : s1;
+            w[8 * c + i] = (int16_t)(q6 ? 4 * s + c : kq_q4_group(s, c));
+        }
+    return _mm512_loadu_si512((const void *)w);
+}
+
+/* q4_k (Q5 = 0) and q5_k (Q5 = 1): a tile of R (1 or 2) rows from r by J (1..4) inputs
+ * xqs[j], row k of input j to Y[j * ldy + k]. qs bytes 32i + k hold weight 64i + k (low
+ * nibble, group 2i) and 64i + 32 + k (high, group 2i + 1): a 64-byte load's low nibbles
+ * are groups 0 and 2 (4 and 6), its high ones 1 and 3 (5 and 7), met by x's groups
+ * paired the same way (x's side). q5_k's fifth bit of weight 32g + k is bit g of qh[k]:
+ * a 64-bit rotate brings bit g of every byte to bit 4. The weights of a block are
+ * unpacked once for the J inputs; each input's operations are those of J = 1. Then per
+ * group, as the spec: d_g * (d * isum - dmin * msum) into lane g. */
+#define KQ_Q45K_TILE(DOT, Q5, R, J)                                                                \
+    const size_t nb = m->cols / CQ_KQ_BLOCK, bb = (Q5) ? 176 : 144;                                  \
+    const uint8_t *rows = m->data + r * nb * bb;                                                     \
+    const __m512i m0f = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10), zero = _mm512_setzero_si512(); \
+    const __m512i i01 = kq_sc_idx(0, 0, 1), i23 = kq_sc_idx(0, 2, 3), perm = kq_group_perm(0);      \
+    const __m512i lo8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);          \
+    const __m512i hi8 = _mm512_add_epi32(lo8, _mm512_set1_epi32(1));                                 \
+    __m512 acc[J];                                                                                   \
+    KQ_UNROLL for (int j = 0; j < (J); j++) acc[j] = _mm512_setzero_ps();                            \
     for (size_t b = 0; b < nb; b++) {                                                                \
-        const uint8_t *blk = row + 144 * b;                                                          \
-        kq_pf(blk, 144);                                                                 \
-        const __m512 dd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(cq_h2f(cq_ld16(blk))),         \
-                                               _mm512_set1_ps(-cq_h2f(cq_ld16(blk + 2))));            \
-        /* lanes 0-7: d * sc_j, 8-15: -dmin * mn_j */                                                \
-        const __m512 wsm = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(kq_scales16(blk + 4))), dd); \
-        const int8_t *xb = xq->q + 256 * b;                                                          \
-        const float *dl = xq->dl + 64 * b;                                                           \
-        for (int i = 0; i < 4; i++) {                                                                \
-            const __m512i u = _mm512_and_si512(                                                     \
-                _mm512_srlv_epi64(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * i))), nib_shift), \
-                m0f);                                                                                \
-            const __m512i xv = _mm512_load_si512((const void *)(xb + 64 * i));                      \
-            const __m512i isum = DOT(zero, u, xv), xs = DOT(zero, ones, xv);                         \
-            const __m512i idx = _mm512_add_epi32(kq_half8, _mm512_set1_epi32(2 * i));                \
-            const __m512 d = _mm512_load_ps(dl + 16 * i);                                            \
-            const __m512 ws = _mm512_mul_ps(_mm512_permutexvar_ps(idx, wsm), d);                     \
-            const __m512 wm = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(8)), wsm), d); \
-            f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ws, f0);                                  \
-            f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(xs), wm, f1);                                    \
+        __m512i w[2][4], s01[2], s23[2];                                                             \
+        __m128i sc[2];                                                                               \
+        __m128 dm[2];                                                                                \
+        KQ_UNROLL for (int k = 0; k < (R); k++) {                                                    \
+            const uint8_t *blk = rows + (k * nb + b) * bb;                                           \
+            kq_pf(blk, bb);                                                                          \
+            dm[k] = kq_h2f_2(blk); /* d, dmin */                                                     \
+            sc[k] = kq_scales16(blk + 4);                                                            \
+            const __m512i scw = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sc[k]));                \
+            s01[k] = _mm512_permutexvar_epi16(i01, scw), s23[k] = _mm512_permutexvar_epi16(i23, scw); \
+            const uint8_t *qs = blk + ((Q5) ? 48 : 16);                                              \
+            __m512i qh = zero;                                                                       \
+            if (Q5) qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)));   \
+            KQ_UNROLL for (int h = 0; h < 2; h++) {                                                  \
+                const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * h));                   \
+                __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f); \
+                if (Q5) { /* groups (4h, 4h+2) in lo, (4h+1, 4h+3) in hi: bit g to bit 4 */          \
+                    const long long g = 4 * h;                                                       \
+                    const __m512i rl = _mm512_setr_epi64(4 - g, 4 - g, 4 - g, 4 - g, (66 - g) & 63, (66 - g) & 63, \
+                                                         (66 - g) & 63, (66 - g) & 63);              \
+                    lo = _mm512_ternarylogic_epi32(lo, _mm512_rolv_epi64(qh, rl), m10, 0xF8);       \
+                    hi = _mm512_ternarylogic_epi32(hi, _mm512_rolv_epi64(qh, _mm512_sub_epi64(rl, _mm512_set1_epi64(1))), \
+                                                   m10, 0xF8);                                       \
+                }                                                                                    \
+                w[k][2 * h] = lo, w[k][2 * h + 1] = hi;                                              \
+            }                                                                                        \
+        }                                                                                            \
+        if ((R) == 1) sc[1] = sc[0], dm[1] = dm[0];                                                  \
+        const __m512i mn = _mm512_cvtepu8_epi32(_mm_unpackhi_epi64(sc[0], sc[1]));                   \
+        const __m512 dd = _mm512_castps128_ps512(_mm_movelh_ps(dm[0], dm[1])); /* d_a, dmin_a, d_b, dmin_b */ \
+        const __m512 d16 = _mm512_permutexvar_ps(lo8, dd), dmin16 = _mm512_permutexvar_ps(hi8, dd);  \
+        KQ_UNROLL for (int j = 0; j < (J); j++) {                                                    \
+            const cq_xq *xq = xqs[j];                                                                \
+            __m512i xv[4], q[2];                                                                     \
+            KQ_UNROLL for (int h = 0; h < 2; h++) { /* x's groups (4h, 4h+2) and (4h+1, 4h+3) */    \
+                const __m512i a = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h));     \
+                const __m512i c = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h + 64)); \
+                xv[2 * h] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(1, 0, 1, 0));                     \
+                xv[2 * h + 1] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 2, 3, 2));                 \
+            }                                                                                        \
+            KQ_UNROLL for (int k = 0; k < (R); k++)                                                  \
+                q[k] = kq_scaled_chunks(DOT(zero, w[k][0], xv[0]), DOT(zero, w[k][1], xv[1]),        \
+                                        DOT(zero, w[k][2], xv[2]), DOT(zero, w[k][3], xv[3]), s01[k], s23[k]); \
+            if ((R) == 1) q[1] = q[0];                                                               \
+            const __m512 isum = _mm512_cvtepi32_ps(kq_group_isums(q[0], q[1], perm));                \
+            const __m512 msum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(mn, kq_xsum16(xq, b)));       \
+            const __m512 dg = _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq->d + 8 * b)))); \
+            acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(dg, _mm512_sub_ps(_mm512_mul_ps(d16, isum), _mm512_mul_ps(dmin16, msum)))); \
         }                                                                                            \
     }                                                                                                \
-    return _mm512_reduce_add_ps(_mm512_add_ps(f0, f1))
+    KQ_UNROLL for (int j = 0; j < (J); j++) {                                                        \
+        Y[j * ldy] = kq_lanes8_sum(_mm512_castps512_ps256(acc[j]));                                  \
+        if ((R) == 2) Y[j * ldy + 1] = kq_lanes8_sum(_mm512_extractf32x8_ps(acc[j], 1));             \
+    }
 
-/* q6_k: per half h of a block, ql's 64 bytes give the low nibbles of weights
- * 128h + 0..63 and the high ones of 128h + 64..127; qh's 32 bytes give bits 4-5 of
- * weights 128h + 32s + k at (qh[k] >> 2s) & 3. u = q + 32 (0..63) meets xq, and 32 * the
- * xq sums come off; each 4-byte lane lies in one 16-weight sub-block, scaled by d * sc. */
-#define KQ_Q6K_BODY(DOT)                                                                            \
+/* q6_k, a tile as KQ_Q45K_TILE's: per half h of a block, ql's 64 bytes give the low
+ * nibbles of weights 128h + 0..63 and the high ones of 128h + 64..127; qh's 32 bytes
+ * give bits 4-5 of weights 128h + 32s + k at (qh[k] >> 2s) & 3. u = q + 32 (0..63) meets
+ * xq from a start of -32 * the lane's xq sum (x's side, once per step for the rows), so
+ * the lanes hold q * xq sums; scaled per 16 weights; per group (d * d_g) * isum. */
+#define KQ_Q6K_TILE(DOT, R, J)                                                                       \
     const size_t nb = m->cols / CQ_KQ_BLOCK;                                                         \
-    const uint8_t *row = m->data + r * nb * 210;                                                     \
+    const uint8_t *rows = m->data + r * nb * 210;                                                    \
     const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);                        \
     const __m512i c32 = _mm512_set1_epi8(32), zero = _mm512_setzero_si512();                         \
     const __m512i sh_lo = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), sh_hi = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2); \
-    const __m512i sub4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);          \
-    __m512 f0 = _mm512_setzero_ps(), f1 = f0;                                                        \
+    const __m512i i01 = kq_sc_idx(1, 0, 1), i23 = kq_sc_idx(1, 2, 3), perm = kq_group_perm(1);      \
+    const __m512i lo8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);          \
+    __m512 acc[J];                                                                                   \
+    KQ_UNROLL for (int j = 0; j < (J); j++) acc[j] = _mm512_setzero_ps();                            \
     for (size_t b = 0; b < nb; b++) {                                                                \
-        const uint8_t *blk = row + 210 * b;                                                          \
-        kq_pf(blk, 210);                                                                 \
-        const __m512 scf = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)))), \
-                                         _mm512_set1_ps(cq_h2f(cq_ld16(blk + 208))));                \
-        const int8_t *xb = xq->q + 256 * b;                                                          \
-        const float *dl = xq->dl + 64 * b;                                                           \
-        for (int h = 0; h < 2; h++) {                                                                \
-            const __m512i L = _mm512_loadu_si512((const void *)(blk + 64 * h));                      \
-            const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h))); \
-            const __m512i u01 = _mm512_ternarylogic_epi32(L, m0f, _mm512_and_si512(_mm512_sllv_epi64(H, sh_lo), m30), 0xEA); \
-            const __m512i u23 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), m0f,             \
-                                                          _mm512_and_si512(_mm512_srlv_epi64(H, sh_hi), m30), 0xEA); \
-            for (int v = 0; v < 2; v++) {                                                            \
-                const int s = 4 * h + 2 * v; /* first 32-weight group of the step, in the block */  \
-                const __m512i xv = _mm512_load_si512((const void *)(xb + 32 * s));                  \
-                const __m512i isum = _mm512_sub_epi32(DOT(zero, v ? u23 : u01, xv), DOT(zero, c32, xv)); \
-                const __m512 sc = _mm512_permutexvar_ps(_mm512_add_epi32(sub4, _mm512_set1_epi32(2 * s)), scf); \
-                const __m512 w = _mm512_mul_ps(sc, _mm512_load_ps(dl + 8 * s));                      \
-                if (v) f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), w, f1);                        \
-                else f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), w, f0);                          \
+        __m512i w[2][4], s01[2], s23[2];                                                             \
+        __m128 d[2];                                                                                 \
+        KQ_UNROLL for (int k = 0; k < (R); k++) {                                                    \
+            const uint8_t *blk = rows + (k * nb + b) * 210;                                          \
+            kq_pf(blk, 210);                                                                         \
+            d[k] = kq_h2f_1(blk + 208);                                                              \
+            const __m512i scw = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)))); \
+            s01[k] = _mm512_permutexvar_epi16(i01, scw), s23[k] = _mm512_permutexvar_epi16(i23, scw); \
+            KQ_UNROLL for (int h = 0; h < 2; h++) {                                                  \
+                const __m512i L = _mm512_loadu_si512((const void *)(blk + 64 * h));                  \
+                const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h))); \
+                w[k][2 * h] = _mm512_ternarylogic_epi32(L, m0f, _mm512_and_si512(_mm512_sllv_epi64(H, sh_lo), m30), 0xEA); \
+                w[k][2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), m0f,           \
+                                                            _mm512_and_si512(_mm512_srlv_epi64(H, sh_hi), m30), 0xEA); \
             }                                                                                        \
         }                                                                                            \
+        if ((R) == 1) d[1] = d[0];                                                                   \
+        const __m512 dd = _mm512_permutexvar_ps(lo8, _mm512_castps128_ps512(_mm_unpacklo_ps(d[0], d[1]))); \
+        KQ_UNROLL for (int j = 0; j < (J); j++) {                                                    \
+            const cq_xq *xq = xqs[j];                                                                \
+            __m512i xv[4], off[4], q[2];                                                             \
+            KQ_UNROLL for (int t = 0; t < 4; t++) {                                                  \
+                xv[t] = _mm512_load_si512((const void *)(xq->q + 256 * b + 64 * t));                \
+                off[t] = _mm512_sub_epi32(zero, DOT(zero, c32, xv[t]));                              \
+            }                                                                                        \
+            KQ_UNROLL for (int k = 0; k < (R); k++)                                                  \
+                q[k] = kq_scaled_chunks(DOT(off[0], w[k][0], xv[0]), DOT(off[1], w[k][1], xv[1]),    \
+                                        DOT(off[2], w[k][2], xv[2]), DOT(off[3], w[k][3], xv[3]), s01[k], s23[k]); \
+            if ((R) == 1) q[1] = q[0];                                                               \
+            const __m512 isum = _mm512_cvtepi32_ps(kq_group_isums(q[0], q[1], perm));                \
+            const __m512 dg = _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq->d + 8 * b)))); \
+            acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_mul_ps(dd, dg), isum));              \
+        }                                                                                            \
     }                                                                                                \
-    return _mm512_reduce_add_ps(_mm512_add_ps(f0, f1))
+    KQ_UNROLL for (int j = 0; j < (J); j++) {                                                        \
+        Y[j * ldy] = kq_lanes8_sum(_mm512_castps512_ps256(acc[j]));                                  \
+        if ((R) == 2) Y[j * ldy + 1] = kq_lanes8_sum(_mm512_extractf32x8_ps(acc[j], 1));             \
+    }
 
-static float kq_q4k_row_bw(const cq_qmat *m, size_t r, const cq_xq *xq) { KQ_Q4K_BODY(dot_bw); }
-static float kq_q6k_row_bw(const cq_qmat *m, size_t r, const cq_xq *xq) { KQ_Q6K_BODY(dot_bw); }
+typedef void (*kq_tile_fn)(const cq_qmat *, size_t, const cq_xq *const *, float *, size_t);
+#define KQ_Q4K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 0, R, J)
+#define KQ_Q5K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 1, R, J)
+#define KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, R, J)                                                 \
+    ATTR static void NAME##_##R##J##_##SUF(const cq_qmat *m, size_t r, const cq_xq *const *xqs, float *Y, size_t ldy) { \
+        BODY(DOT, R, J)                                                                              \
+    }
+#define KQ_TILE_FNS8(SUF, DOT, ATTR, NAME, BODY)                                                     \
+    KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, 1, 1) KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, 1, 2)        \
+    KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, 1, 3) KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, 1, 4)        \
+    KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, 2, 1) KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, 2, 2)        \
+    KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, 2, 3) KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, 2, 4)
+#define KQ_TILE_TABLE(NAME, SUF)                                                                     \
+    {{NAME##_11_##SUF, NAME##_12_##SUF, NAME##_13_##SUF, NAME##_14_##SUF},                          \
+     {NAME##_21_##SUF, NAME##_22_##SUF, NAME##_23_##SUF, NAME##_24_##SUF}}
+/* Every tile of a DOT: [dtype: q4_k, q5_k, q6_k][R - 1][J - 1]. */
+#define KQ_TILES(SUF, DOT, ATTR)                                                                     \
+    KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q4k, KQ_Q4K_TILE)                                                \
+    KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q5k, KQ_Q5K_TILE)                                                \
+    KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q6k, KQ_Q6K_TILE)                                                \
+    static const kq_tile_fn kq_tiles_##SUF[3][2][4] = {KQ_TILE_TABLE(kq_q4k, SUF), KQ_TILE_TABLE(kq_q5k, SUF), \
+                                                       KQ_TILE_TABLE(kq_q6k, SUF)};
+
+KQ_TILES(bw, dot_bw, )
 #ifdef CQ_HAVE_VNNI_FN
-__attribute__((target("avx512vnni"))) static float kq_q4k_row_vnni(const cq_qmat *m, size_t r, const cq_xq *xq) {
-    KQ_Q4K_BODY(_mm512_dpbusd_epi32);
-}
-__attribute__((target("avx512vnni"))) static float kq_q6k_row_vnni(const cq_qmat *m, size_t r, const cq_xq *xq) {
-    KQ_Q6K_BODY(_mm512_dpbusd_epi32);
-}
+KQ_TILES(vnni, _mm512_dpbusd_epi32, __attribute__((target("avx512vnni"))))
 #endif
+
+/* The tiles of m's dtype for this CPU, NULL for the K-quants without an integer kernel. */
+static const kq_tile_fn (*kq_tiles_for(const cq_qmat *m))[4] {
+    const int i = m->dtype == CQ_DT_GGML_Q4_K ? 0 : m->dtype == CQ_DT_GGML_Q5_K ? 1 : m->dtype == CQ_DT_GGML_Q6_K ? 2 : -1;
+    if (i < 0) return NULL;
+#ifdef CQ_HAVE_VNNI_FN
+    if (cq_cpu_features() & CQ_CPU_AVX512VNNI) return kq_tiles_vnni[i];
+#endif
+    return kq_tiles_bw[i];
+}
 
 static void kq_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
-    float (*row)(const cq_qmat *, size_t, const cq_xq *) = NULL;
-#ifdef CQ_HAVE_VNNI_FN
-    const int vnni = (cq_cpu_features() & CQ_CPU_AVX512VNNI) != 0;
-    if (m->dtype == CQ_DT_GGML_Q4_K) row = vnni ? kq_q4k_row_vnni : kq_q4k_row_bw;
-    if (m->dtype == CQ_DT_GGML_Q6_K) row = vnni ? kq_q6k_row_vnni : kq_q6k_row_bw;
-#else
-    if (m->dtype == CQ_DT_GGML_Q4_K) row = kq_q4k_row_bw;
-    if (m->dtype == CQ_DT_GGML_Q6_K) row = kq_q6k_row_bw;
-#endif
-    if (!row) row = kq_ref_i8_row;
-    for (size_t j = 0; j < nr; j++) out[j] = row(m, r0 + j, xq);
+    const kq_tile_fn(*tiles)[4] = kq_tiles_for(m);
+    if (!tiles) {
+        for (size_t j = 0; j < nr; j++) out[j] = kq_ref_i8_row(m, r0 + j, xq);
+        return;
+    }
+    size_t j = 0;
+    for (; j + 2 <= nr; j += 2) tiles[1][0](m, r0 + j, &xq, out + j, 0);
+    if (j < nr) tiles[0][0](m, r0 + j, &xq, out + j, 0);
+}
+
+/* matvec_batch's rows (CQ_HAVE_I8_MULTI): inputs four at a time, rows two at a time. */
+static int kq_multi_takes(const cq_qmat *m) { return kq_tiles_for(m) != NULL; }
+static void kq_i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *const *xqs, size_t t, float *Y,
+                             size_t ldy) {
+    const kq_tile_fn(*tiles)[4] = kq_tiles_for(m);
+    for (size_t j0 = 0; j0 < t; j0 += 4) {
+        const size_t nj = t - j0 < 4 ? t - j0 : 4;
+        size_t r = r0;
+        for (; r + 2 <= r0 + nr; r += 2) tiles[1][nj - 1](m, r, xqs + j0, Y + j0 * ldy + r, ldy);
+        if (r < r0 + nr) tiles[0][nj - 1](m, r, xqs + j0, Y + j0 * ldy + r, ldy);
+    }
 }
 #endif

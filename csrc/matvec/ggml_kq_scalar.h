@@ -180,20 +180,22 @@ static float kq_ref_row(const cq_qmat *m, size_t r, const float *x, float *out) 
     return acc;
 }
 
-/* The int8-activation row (x in the CQ_XQ_Q8 layout: natural order, d per group of
+/* The int8-activation row (x in the CQ_XQ_G32 layout: natural order, d per group of
  * 32), the spec of the SIMD twins. Per group g of 32 (halves a, b of 16 weights), in
  * exact integers:
  *   isum = sc_a * sum_a q*xq + sc_b * sum_b q*xq,   msum = mn_a * sum_a xq + mn_b * sum_b xq
- * then, in group order,
- *   with mins:    acc += d_g * (d * isum - dmin * msum)
- *   without:      acc += (d * d_g) * isum
- * (|isum| < 2^24, so each converts to float32 exactly). The SIMD kernels compute the
- * same integers per lane and combine them in another order. */
+ * (|isum| < 2^24, so each converts to float32 exactly), then the group's term
+ *   with mins:    d_g * (d * isum - dmin * msum)
+ *   without:      (d * d_g) * isum
+ * is added to lane j = g % 8 (the group's place in its 256-weight block), block after
+ * block, and the row is ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)): the order of
+ * eight float lanes, so the SIMD kernels, which form the same integers in any order,
+ * give these bits. */
 static float kq_ref_i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
     const size_t nb = m->cols / CQ_KQ_BLOCK, bb = kq_block_bytes(m->dtype);
     const uint8_t *row = m->data + r * nb * bb;
     const int mins = kq_has_min(m->dtype);
-    float acc = 0.0f;
+    float l[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     kq_ints t;
     for (size_t i = 0; i < nb; i++) {
         kq_block_ints(m->dtype, row + i * bb, &t);
@@ -210,10 +212,10 @@ static float kq_ref_i8_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
                 isum += t.sc[2 * j + h] * qs;
                 msum += t.mn[2 * j + h] * xs;
             }
-            if (mins) acc += xq->d[g] * (t.d * (float)isum - t.dmin * (float)msum);
-            else acc += (t.d * xq->d[g]) * (float)isum;
+            if (mins) l[j] += xq->d[g] * (t.d * (float)isum - t.dmin * (float)msum);
+            else l[j] += (t.d * xq->d[g]) * (float)isum;
         }
     }
-    return acc;
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
 #endif

@@ -1056,7 +1056,7 @@ static int i8_multi_takes(const cq_qmat *m) {
     switch (m->dtype) {
     case CQ_DT_Q8_ROW: case CQ_DT_Q8_2F: case CQ_DT_Q4_BLOCK: case CQ_DT_Q4_TILED: case CQ_DT_Q4TP:
     case CQ_DT_Q2TP: return 1;
-    default: return 0;
+    default: return kq_multi_takes(m);
     }
 }
 /* The correction of the q8 VNNI tiles: out[L] = -128 * (xq bytes 4L .. 4L + 3 summed)
@@ -1074,6 +1074,10 @@ static void i8_multi_prep(const cq_qmat *m, const cq_xq *xq, int32_t *out) {
 }
 static void i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *const *xq,
                           const int32_t *const *corr, size_t t, float *Y, size_t ldy) {
+    if (kq_is(m->dtype)) { /* ggml_kq_avx512.h: no prep words */
+        kq_i8_rows_multi(m, r0, nr, xq, t, Y, ldy);
+        return;
+    }
     const int q8 = m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F;
     const int q2 = m->dtype == CQ_DT_Q2TP;
 #ifdef CQ_HAVE_VNNI_FN
