@@ -6,7 +6,11 @@ together exceed the last-level cache (4096 x 11008 each, blocks of random bytes 
 normal half-precision scales), beside the read probe (K.read_sum, 4 streams a thread)
 measured alternately with it, and the in-cache ceiling (one 4 MiB block repeated). The
 machine's other load shows up as noise: best of `--reps`; run it on a quiet machine.
+With --matmat: the prefill product instead, a prompt chunk's matmat(X, prompt=True) of
+512 x 2048 inputs against 5632 x 2048 weights (int8 activations), in GMAC/s and its
+tokens/s, for each dtype and for q8_row's int8 matmat as the yardstick.
     PYTHONPATH=src python benchmarks/bench_ggml_kquants.py [--dtypes q4_k,q6_k] [--threads 1,2]
+    PYTHONPATH=src python benchmarks/bench_ggml_kquants.py --matmat [--threads 1,2]
 """
 import argparse
 import time
@@ -15,6 +19,7 @@ import numpy as np
 
 import cortiq
 from cortiq.cmf.ggml_blocks import FORMATS
+from cortiq.cmf.quant import quantize
 from cortiq.kernels import _kernels as K
 from cortiq.kernels.tensor import QTensor
 
@@ -42,14 +47,35 @@ def best(fn, reps, *args):
     return t
 
 
+def bench_matmat(a, rng):
+    t, cols, rows = 512, 2048, 5632
+    X = rng.standard_normal((t, cols)).astype(np.float32)
+    print(f"isa {K.active_isa()}; matmat(prompt=True) of {t} x {cols} inputs, {rows} x {cols} weights")
+    for dtype in a.dtypes.split(",") + ["q8_row"]:
+        if dtype == "q8_row":
+            w = rng.standard_normal((rows, cols)).astype(np.float32)
+            q = QTensor(quantize(w, "q8_row"), "q8_row", (rows, cols), precision="auto")
+        else:
+            q = QTensor(random_blocks(rng, dtype, rows, cols), dtype, (rows, cols), precision="auto")
+        for th in (int(n) for n in a.threads.split(",")):
+            cortiq.set_num_threads(th)
+            sec = best(q.matmat, a.reps, X, None, True)
+            print(f"{dtype:7s} {th}T  {t * cols * rows / sec / 1e9:6.1f} GMAC/s  {t / sec:7.1f} tokens/s "
+                  f"(one {rows}x{cols} matrix)")
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--matmat", action="store_true", help="the prefill product instead of matvec")
     ap.add_argument("--dtypes", default="q4_k,q6_k,q5_k")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--total-mib", type=int, default=512)
     a = ap.parse_args()
     rng = np.random.default_rng(0)
+    if a.matmat:
+        bench_matmat(a, rng)
+        return
     buf = np.ones(a.total_mib << 20, np.uint8)
     rows, cols = 11008, 4096
     print(f"isa {K.active_isa()}; matrices {rows}x{cols}, about {a.total_mib} MiB of weights a pass")

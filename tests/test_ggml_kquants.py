@@ -161,6 +161,61 @@ def test_int8_within_bound_and_entry_points_bit_identical(isa, dtype):
     np.testing.assert_array_equal(q.matvec_batch(X)[0], y)
 
 
+#: the K-quants whose prompt matmat takes int8 activations (ggml_kq_matmat.h); the others
+#: multiply a prompt chunk in float32 (test_exact_products_within_float32_rounding)
+KQ_MM = ("q4_k", "q5_k", "q6_k")
+
+
+@pytest.mark.parametrize("dtype", KQ_MM)
+def test_prompt_matmat_equals_int8_matvecs(isa, dtype):
+    """A prompt chunk's matmat (int8 activations: on the x86 tables with vpdpbusd the
+    integer matmat of ggml_kq_matmat.h, elsewhere t int8 matvecs) equals t int8 matvecs
+    within float32 rounding of the int8 combination, for odd t and a misaligned X, and
+    stays within the int8 bound of the float64 product."""
+    rng = np.random.default_rng(6)
+    rows, cols = 29, 768
+    q, raw = make(rng, dtype, rows, cols, precision="auto")
+    a = abs_weights(raw, dtype, rows, cols)
+    for t in (1, 2, 3, 5, 8, 9, 15, 16, 17, 33, 71):
+        X = rng.standard_normal((t, cols)).astype(np.float32)
+        X[rng.random((t, cols)) < 0.05] = 0.0
+        X[0, :32] *= 1e3  # one loud group
+        buf = np.empty(X.nbytes + 128, np.uint8)
+        off = (-buf.ctypes.data) % 64 + 4
+        Xm = buf[off:off + X.nbytes].view(np.float32).reshape(t, cols)
+        Xm[:] = X
+        Y = q.matmat(Xm, prompt=True)
+        np.testing.assert_array_equal(q.matmat(X, prompt=True), Y)
+        for i in range(t):
+            y = q.matvec(X[i])
+            want, bound = i8_bound(raw, dtype, rows, cols, X[i])
+            step = np.repeat(np.abs(X[i].astype(np.float64)).reshape(-1, 32).max(axis=1) / 127.0, 32)
+            rounding = 2 * (cols // 32 + 16) * 4 * U * (a @ (np.abs(X[i].astype(np.float64)) + step))
+            assert (np.abs(Y[i] - y) <= rounding).all(), (t, i, np.max(np.abs(Y[i] - y) / rounding))
+            assert (np.abs(Y[i] - want) <= bound).all(), (t, i)
+
+
+@pytest.mark.parametrize("dtype", KQ_MM)
+def test_prompt_matmat_special_values(isa, dtype):
+    """inf/NaN in x or in a block's scales make the rows they touch non-finite, as the
+    int8 matvec does; the other rows stay finite and equal to it within rounding."""
+    rng = np.random.default_rng(7)
+    rows, cols = 26, 512
+    raw = blocks(rng, dtype, rows, cols)
+    nbb = FORMATS[dtype].block_bytes
+    off_d = SCALES[dtype][0]
+    raw.reshape(-1, nbb)[3, off_d:off_d + 2] = np.array([np.inf], np.float16).view(np.uint8)  # row 1
+    q = QTensor(raw, dtype, (rows, cols), precision="auto")
+    X = rng.standard_normal((5, cols)).astype(np.float32)
+    X[2, 100] = np.nan
+    Y = q.matmat(X, prompt=True)
+    V = np.stack([q.matvec(x) for x in X])
+    np.testing.assert_array_equal(np.isfinite(Y), np.isfinite(V))
+    assert not np.isfinite(Y[2]).any() and not np.isfinite(Y[:, 1]).any()
+    ok = np.isfinite(V)
+    assert np.allclose(Y[ok], V[ok], rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("dtype", KQ)
 def test_threads_bit_identical(isa, threads, dtype):
     rng = np.random.default_rng(3)

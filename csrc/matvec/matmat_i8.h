@@ -48,15 +48,21 @@ static int i8mm_offset(int dtype) { return dtype == CQ_DT_Q8_ROW || dtype == CQ_
 static int i8mm_cpu(void);
 static void i8mm_tiles(size_t nv, size_t nr, const uint8_t *w, const float *sc, const uint8_t *xp, size_t wd,
                        size_t n, float *part, size_t ldp, int first, int rowscale);
-/* (the K-quants have no integer matmat here: their matmat reads float32 x) */
-static int i8_mm_takes(const cq_qmat *m) { return i8_takes(m) && !kq_is(m->dtype) && i8mm_cpu(); }
+#include "ggml_kq_matmat.h" /* the K-quants' own pack, decode and tiles (kq_mm_*) */
+/* (the K-quants without an integer matmat there read float32 x in matmat) */
+static int i8_mm_takes(const cq_qmat *m) { return i8_takes(m) && (!kq_is(m->dtype) || kq_mm_has(m->dtype)) && i8mm_cpu(); }
 
 static size_t i8_mm_pack_bytes(const cq_qmat *m, size_t t) {
+    if (kq_is(m->dtype)) return kq_mm_pack_bytes(m, t);
     const size_t ng = m->cols / CQ_GROUP, np = (t + I8MM_PW - 1) / I8MM_PW;
     return i8mm_panel_at(ng, np - 1) + 40 * ng * i8mm_wd(t, np - 1) + i8mm_up64(m->cols * sizeof(float));
 }
 
 static void i8_mm_pack(const cq_qmat *m, const float *X, size_t t, uint8_t *buf) {
+    if (kq_is(m->dtype)) {
+        kq_mm_pack(m, X, t, buf);
+        return;
+    }
     const size_t cols = m->cols, ng = cols / CQ_GROUP, np = (t + I8MM_PW - 1) / I8MM_PW;
     const int32_t B = i8mm_offset(m->dtype);
     float *xs = (float *)(void *)(buf + i8_mm_pack_bytes(m, t) - i8mm_up64(cols * sizeof(float)));
@@ -93,7 +99,7 @@ static void i8_mm_pack(const cq_qmat *m, const float *X, size_t t, uint8_t *buf)
 }
 
 static size_t i8_mm_scratch_bytes(const cq_qmat *m, size_t t) {
-    (void)m;
+    if (kq_is(m->dtype)) return kq_mm_scratch_bytes(m, t);
     return CQ_MM_ROWS * I8MM_KC + CQ_MM_ROWS * I8MM_KG * sizeof(float) + CQ_MM_ROWS * i8mm_upv(t) * sizeof(float) + 128;
 }
 
@@ -145,6 +151,10 @@ static void i8mm_decode(const cq_qmat *m, size_t r, size_t ga, size_t n, uint8_t
 /* Y[i * ldy + j] = row r0 + j . X[i] for j < nr <= CQ_MM_ROWS, i < t (buf: i8_mm_pack). */
 static void i8_mm_block(const cq_qmat *m, size_t r0, size_t nr, const uint8_t *buf, size_t t, float *Y, size_t ldy,
                         float *scratch) {
+    if (kq_is(m->dtype)) {
+        kq_mm_block(m, r0, nr, buf, t, Y, ldy, scratch);
+        return;
+    }
     const size_t cols = m->cols, ng = cols / CQ_GROUP, ldp = i8mm_upv(t), np = (t + I8MM_PW - 1) / I8MM_PW;
     const int rowscale = m->dtype == CQ_DT_Q8_ROW || m->dtype == CQ_DT_Q8_2F;
     uint8_t *w = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);

@@ -1104,6 +1104,7 @@ static void mm_decode_sc(const cq_qmat *m, size_t r, size_t c0, size_t c1, float
 
 #include "matmat_packed.h"
 #include "matmat_i8_avx512.h"
+#include "ggml_kq_matmat_avx512.h"
 
 /* matvec_batch's multi-input rows: 16 lanes, four rows a tile (rows_multi.h). */
 #define CQ_MULTI_R 4

@@ -1,0 +1,158 @@
+/* ggml_kq_matmat.h -- matmat with int8 activations for the K-quants q4_k, q5_k and q6_k
+ * (the kq_mm_* hooks that matmat_i8.h's i8_mm_* functions hand these dtypes to), for
+ * the x86 tables with a u8 x s8 dot product (vpdpbusd). Included by matmat_i8.h, which
+ * defines I8MM_PW / I8MM_VW (inputs per panel and per vector); the including ISA file
+ * then defines the register tiles (ggml_kq_matmat_tile.h, instantiated by
+ * ggml_kq_matmat_avx512.h / ggml_kq_matmat_avx2.h):
+ *   static void kq_mm_tiles(int dtype, nv, nr, w, S, M, xp, wd, n, part, ldp, first)
+ *
+ * The integers are those of the int8 matvec (kq_ref_i8_row), with x quantized the same
+ * way (cq_xq_quant32 per group of 32):
+ *   u   = the weight's integer as u8: q4_k the nibble, q5_k the 5-bit code, q6_k q + 32
+ *   per 16-weight half h of group g: isum_h = sum u*xq - B * sum xq  (B = 0, 0, 32)
+ *                                           = sum q*xq exactly
+ * and the float combination, per input i and row j,
+ *   q4_k, q5_k (one scale and min per 32 weights):
+ *     Y += (isum * d_ig) * (d * sc_g) + (d_ig * sum_g xq) * (-(dmin * mn_g))
+ *   q6_k (a scale per 16):  Y += (isum_h * d_ig) * (d * sc_h), for both halves
+ * so a row equals the int8 matvec within float32 rounding (not bitwise: another order
+ * and grouping of the float operations; tests/test_ggml_kquants.py). The other
+ * K-quants keep the float32 matmat (kq_mm_has).
+ *
+ * X is packed once per call into panels of up to I8MM_PW inputs; per group g of a
+ * panel of width wd (48 * wd bytes):
+ *   [xq: 8 steps of (wd inputs x 4 bytes)][bias_a: wd int32][bias_b: wd int32]
+ *   [d: wd floats][xd = d * sum xq: wd floats]
+ * with zero inputs past t. A thread decodes CQ_MM_ROWS weight rows one 256-weight
+ * block at a time into u8 rows in L1 (with each row's 16 half scales S and 8 group
+ * mins M as floats) and runs the tiles over every panel before the next block. */
+#ifndef CQ_GGML_KQ_MATMAT_H
+#define CQ_GGML_KQ_MATMAT_H
+
+#define KQ_MM_XG 48 /* packed bytes per group and input */
+
+static int kq_mm_has(int dtype) { return dtype == CQ_DT_Q4_K || dtype == CQ_DT_Q5_K || dtype == CQ_DT_Q6_K; }
+static int kq_mm_offset(int dtype) { return dtype == CQ_DT_Q6_K ? 32 : 0; }
+static size_t kq_mm_panel_at(size_t ng, size_t p) { return p * I8MM_PW * KQ_MM_XG * ng; }
+
+static void kq_mm_tiles(int dtype, size_t nv, size_t nr, const uint8_t *w, const float *S, const float *M,
+                        const uint8_t *xp, size_t wd, size_t n, float *part, size_t ldp, int first);
+
+static size_t kq_mm_pack_bytes(const cq_qmat *m, size_t t) {
+    const size_t ng = m->cols / CQ_GROUP, np = (t + I8MM_PW - 1) / I8MM_PW;
+    return kq_mm_panel_at(ng, np - 1) + KQ_MM_XG * ng * i8mm_wd(t, np - 1);
+}
+
+static void kq_mm_pack(const cq_qmat *m, const float *X, size_t t, uint8_t *buf) {
+    const size_t cols = m->cols, ng = cols / CQ_GROUP, np = (t + I8MM_PW - 1) / I8MM_PW;
+    const int32_t B = kq_mm_offset(m->dtype);
+    memset(buf + kq_mm_panel_at(ng, np - 1), 0, KQ_MM_XG * ng * i8mm_wd(t, np - 1));
+    for (size_t i = 0; i < t; i++) {
+        const size_t p = i / I8MM_PW, li = i % I8MM_PW, wd = i8mm_wd(t, p);
+        const float *x = X + i * cols;
+        uint8_t *pb = buf + kq_mm_panel_at(ng, p);
+        for (size_t g = 0; g < ng; g++) {
+            int32_t qi[32];
+            int8_t q[32];
+            float d;
+            if (avx2_quant32(x + CQ_GROUP * g, qi, &d)) {
+                for (int k = 0; k < 32; k++) q[k] = (int8_t)qi[k];
+            } else {
+                d = cq_xq_quant32(x + CQ_GROUP * g, q);
+            }
+            int32_t sa = 0, sb = 0;
+            for (int k = 0; k < 16; k++) sa += q[k], sb += q[16 + k];
+            uint8_t *gb = pb + KQ_MM_XG * wd * g;
+            for (int k4 = 0; k4 < 8; k4++) memcpy(gb + 4 * wd * k4 + 4 * li, q + 4 * k4, 4);
+            const int32_t ba = -B * sa, bbias = -B * sb;
+            const float xd = d * (float)(sa + sb);
+            memcpy(gb + 32 * wd + 4 * li, &ba, 4);
+            memcpy(gb + 36 * wd + 4 * li, &bbias, 4);
+            memcpy(gb + 40 * wd + 4 * li, &d, 4);
+            memcpy(gb + 44 * wd + 4 * li, &xd, 4);
+        }
+    }
+}
+
+static size_t kq_mm_scratch_bytes(const cq_qmat *m, size_t t) {
+    (void)m;
+    return CQ_MM_ROWS * (CQ_KQ_BLOCK + 24 * sizeof(float)) + CQ_MM_ROWS * i8mm_upv(t) * sizeof(float) + 128;
+}
+
+/* Block b of row r: its 256 weights as u8 (column order), the float scale of each half
+ * (S[2g + h]) and the min term of each group (M[g] = -(dmin * mn_g); 0 for q6_k). */
+static void kq_mm_decode(const cq_qmat *m, size_t r, size_t b, uint8_t *u, float *S, float *M) {
+    const size_t bb = kq_block_bytes(m->dtype);
+    const uint8_t *blk = m->data + (r * (m->cols / CQ_KQ_BLOCK) + b) * bb;
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    if (m->dtype == CQ_DT_Q6_K) {
+        const float d = cq_h2f(cq_ld16(blk + 208));
+        for (int s = 0; s < 16; s++) S[s] = d * (float)(int8_t)blk[192 + s];
+        for (int g = 0; g < 8; g++) M[g] = 0.0f;
+        const __m256i m3 = _mm256_set1_epi8(3);
+        for (int h = 0; h < 2; h++) { /* weights 128h + 32s + k: nibble of ql, bits 2s.. of qh */
+            const __m256i L0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+            const __m256i L1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+            const __m256i H = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+            const __m256i lo[4] = {_mm256_and_si256(L0, m0f), _mm256_and_si256(L1, m0f),
+                                   _mm256_and_si256(_mm256_srli_epi16(L0, 4), m0f),
+                                   _mm256_and_si256(_mm256_srli_epi16(L1, 4), m0f)};
+            const __m256i hi[4] = {_mm256_and_si256(H, m3), _mm256_and_si256(_mm256_srli_epi16(H, 2), m3),
+                                   _mm256_and_si256(_mm256_srli_epi16(H, 4), m3),
+                                   _mm256_and_si256(_mm256_srli_epi16(H, 6), m3)};
+            for (int s = 0; s < 4; s++)
+                _mm256_store_si256((__m256i *)(u + 128 * h + 32 * s), _mm256_or_si256(lo[s], _mm256_slli_epi16(hi[s], 4)));
+        }
+        return;
+    }
+    /* q4_k, q5_k: d, dmin, scales[12], (q5_k: qh[32]), qs[128] */
+    const float d = cq_h2f(cq_ld16(blk)), dmin = cq_h2f(cq_ld16(blk + 2));
+    for (int j = 0; j < 8; j++) {
+        int sc, mn;
+        kq_scale_min6(blk + 4, j, &sc, &mn);
+        S[2 * j] = S[2 * j + 1] = d * (float)sc;
+        M[j] = -(dmin * (float)mn);
+    }
+    const int q5 = m->dtype == CQ_DT_Q5_K;
+    const uint8_t *qs = blk + (q5 ? 48 : 16);
+    const __m256i one = _mm256_set1_epi8(1), H = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) { /* 32 bytes: low nibbles weights 64i.., high 64i + 32.. */
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
+        __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+        if (q5) { /* bit j of qh[k]: weight 32j + k's fifth bit */
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 2 * i), one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 2 * i + 1), one), 4));
+        }
+        _mm256_store_si256((__m256i *)(u + 64 * i), lo);
+        _mm256_store_si256((__m256i *)(u + 64 * i + 32), hi);
+    }
+}
+
+/* Y[i * ldy + j] = row r0 + j . X[i] for j < nr <= CQ_MM_ROWS, i < t (buf: kq_mm_pack). */
+static void kq_mm_block(const cq_qmat *m, size_t r0, size_t nr, const uint8_t *buf, size_t t, float *Y, size_t ldy,
+                        float *scratch) {
+    const size_t ng = m->cols / CQ_GROUP, nb = m->cols / CQ_KQ_BLOCK, ldp = i8mm_upv(t);
+    const size_t np = (t + I8MM_PW - 1) / I8MM_PW, bb = kq_block_bytes(m->dtype);
+    uint8_t *w = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    float *S = (float *)(void *)(w + CQ_MM_ROWS * CQ_KQ_BLOCK), *M = S + 16 * CQ_MM_ROWS, *part = M + 8 * CQ_MM_ROWS;
+    /* rows past nr: zeros the tiles multiply and nobody reads */
+    memset(w + nr * CQ_KQ_BLOCK, 0, (CQ_MM_ROWS - nr) * CQ_KQ_BLOCK);
+    memset(S, 0, 24 * CQ_MM_ROWS * sizeof(float));
+    for (size_t b = 0; b < nb; b++) {
+        for (size_t j = 0; j < nr; j++) {
+            kq_mm_decode(m, r0 + j, b, w + j * CQ_KQ_BLOCK, S + 16 * j, M + 8 * j);
+            if (b + 1 < nb) { /* the row's next block into L1 while the tiles run */
+                const uint8_t *nx = m->data + ((r0 + j) * nb + b + 1) * bb;
+                for (size_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)(nx + o), _MM_HINT_T0);
+            }
+        }
+        for (size_t p = 0; p < np; p++) {
+            const size_t wd = i8mm_wd(t, p);
+            const uint8_t *xp = buf + kq_mm_panel_at(ng, p) + KQ_MM_XG * wd * 8 * b;
+            kq_mm_tiles(m->dtype, wd / I8MM_VW, nr, w, S, M, xp, wd, 8, part + I8MM_PW * p, ldp, b == 0);
+        }
+    }
+    for (size_t i = 0; i < t; i++)
+        for (size_t j = 0; j < nr; j++) Y[i * ldy + j] = part[j * ldp + i];
+}
+#endif
