@@ -31,8 +31,9 @@
 
 #define KQ_MM_XG 48 /* packed bytes per group and input */
 
-static int kq_mm_has(int dtype) { return dtype == CQ_DT_Q4_K || dtype == CQ_DT_Q5_K || dtype == CQ_DT_Q6_K; }
-static int kq_mm_offset(int dtype) { return dtype == CQ_DT_Q6_K ? 32 : 0; }
+/* the dtypes with a u8 decoder (ggml_kq_decode_avx2.h: kq_u8_block) */
+static int kq_mm_has(int dtype) { return kq_u8_has(dtype); }
+static int kq_mm_offset(int dtype) { return kq_u8_offset(dtype); }
 static size_t kq_mm_panel_at(size_t ng, size_t p) { return p * I8MM_PW * KQ_MM_XG * ng; }
 
 static void kq_mm_tiles(int dtype, size_t nv, size_t nr, const uint8_t *w, const float *S, const float *M,
@@ -79,53 +80,9 @@ static size_t kq_mm_scratch_bytes(const cq_qmat *m, size_t t) {
     return CQ_MM_ROWS * (CQ_KQ_BLOCK + 24 * sizeof(float)) + CQ_MM_ROWS * i8mm_upv(t) * sizeof(float) + 128;
 }
 
-/* Block b of row r: its 256 weights as u8 (column order), the float scale of each half
- * (S[2g + h]) and the min term of each group (M[g] = -(dmin * mn_g); 0 for q6_k). */
+/* Block b of row r as u8 weights and float scales (kq_u8_block, ggml_kq_decode_avx2.h). */
 static void kq_mm_decode(const cq_qmat *m, size_t r, size_t b, uint8_t *u, float *S, float *M) {
-    const size_t bb = kq_block_bytes(m->dtype);
-    const uint8_t *blk = m->data + (r * (m->cols / CQ_KQ_BLOCK) + b) * bb;
-    const __m256i m0f = _mm256_set1_epi8(0x0F);
-    if (m->dtype == CQ_DT_Q6_K) {
-        const float d = cq_h2f(cq_ld16(blk + 208));
-        for (int s = 0; s < 16; s++) S[s] = d * (float)(int8_t)blk[192 + s];
-        for (int g = 0; g < 8; g++) M[g] = 0.0f;
-        const __m256i m3 = _mm256_set1_epi8(3);
-        for (int h = 0; h < 2; h++) { /* weights 128h + 32s + k: nibble of ql, bits 2s.. of qh */
-            const __m256i L0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
-            const __m256i L1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
-            const __m256i H = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
-            const __m256i lo[4] = {_mm256_and_si256(L0, m0f), _mm256_and_si256(L1, m0f),
-                                   _mm256_and_si256(_mm256_srli_epi16(L0, 4), m0f),
-                                   _mm256_and_si256(_mm256_srli_epi16(L1, 4), m0f)};
-            const __m256i hi[4] = {_mm256_and_si256(H, m3), _mm256_and_si256(_mm256_srli_epi16(H, 2), m3),
-                                   _mm256_and_si256(_mm256_srli_epi16(H, 4), m3),
-                                   _mm256_and_si256(_mm256_srli_epi16(H, 6), m3)};
-            for (int s = 0; s < 4; s++)
-                _mm256_store_si256((__m256i *)(u + 128 * h + 32 * s), _mm256_or_si256(lo[s], _mm256_slli_epi16(hi[s], 4)));
-        }
-        return;
-    }
-    /* q4_k, q5_k: d, dmin, scales[12], (q5_k: qh[32]), qs[128] */
-    const float d = cq_h2f(cq_ld16(blk)), dmin = cq_h2f(cq_ld16(blk + 2));
-    for (int j = 0; j < 8; j++) {
-        int sc, mn;
-        kq_scale_min6(blk + 4, j, &sc, &mn);
-        S[2 * j] = S[2 * j + 1] = d * (float)sc;
-        M[j] = -(dmin * (float)mn);
-    }
-    const int q5 = m->dtype == CQ_DT_Q5_K;
-    const uint8_t *qs = blk + (q5 ? 48 : 16);
-    const __m256i one = _mm256_set1_epi8(1), H = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
-    for (int i = 0; i < 4; i++) { /* 32 bytes: low nibbles weights 64i.., high 64i + 32.. */
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
-        __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
-        if (q5) { /* bit j of qh[k]: weight 32j + k's fifth bit */
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 2 * i), one), 4));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 2 * i + 1), one), 4));
-        }
-        _mm256_store_si256((__m256i *)(u + 64 * i), lo);
-        _mm256_store_si256((__m256i *)(u + 64 * i + 32), hi);
-    }
+    kq_u8_block(m->dtype, m->data + (r * (m->cols / CQ_KQ_BLOCK) + b) * kq_block_bytes(m->dtype), u, S, M);
 }
 
 /* Y[i * ldy + j] = row r0 + j . X[i] for j < nr <= CQ_MM_ROWS, i < t (buf: kq_mm_pack). */
