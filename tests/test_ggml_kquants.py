@@ -168,12 +168,7 @@ def test_int8_within_bound_and_entry_points_bit_identical(isa, dtype):
     np.testing.assert_array_equal(q.matvec_batch(X)[0], y)
 
 
-#: the K-quants whose prompt matmat takes int8 activations (ggml_kq_matmat.h); the others
-#: multiply a prompt chunk in float32 (test_exact_products_within_float32_rounding)
-KQ_MM = ("q4_k", "q5_k", "q6_k")
-
-
-@pytest.mark.parametrize("dtype", KQ_MM)
+@pytest.mark.parametrize("dtype", KQ)
 def test_prompt_matmat_equals_int8_matvecs(isa, dtype):
     """A prompt chunk's matmat (int8 activations: on the x86 tables with vpdpbusd the
     integer matmat of ggml_kq_matmat.h, elsewhere t int8 matvecs) equals t int8 matvecs
@@ -202,7 +197,7 @@ def test_prompt_matmat_equals_int8_matvecs(isa, dtype):
             assert (np.abs(Y[i] - want) <= bound).all(), (t, i)
 
 
-@pytest.mark.parametrize("dtype", KQ_MM)
+@pytest.mark.parametrize("dtype", KQ)
 def test_prompt_matmat_special_values(isa, dtype):
     """inf/NaN in x or in a block's scales make the rows they touch non-finite, as the
     int8 matvec does; the other rows stay finite and equal to it within rounding."""

@@ -15,14 +15,14 @@ static int kq_u8_offset(int dtype) { return dtype == CQ_DT_Q6_K ? 32 : 0; }
 
 /* One q4_k, q5_k or q6_k block at blk: its 256 weights as u8 u = q + kq_u8_offset
  * (column order; u 32-byte aligned), the float scale of each 16 weights S[s] = d * sc_s
- * and the min term of each 32 M[g] = -(dmin * mn_g) (0 for q6_k): the float32 products
- * kq_decode_block forms, so S[s] * q + M[s / 2] is its weight bit for bit. */
+ * and their min term M[s] = -(dmin * mn_s) (0 for q6_k): the float32 products
+ * kq_decode_block forms, so S[s] * q + M[s] is its weight bit for bit. */
 static void kq_u8_block(int dtype, const uint8_t *blk, uint8_t *u, float *S, float *M) {
     const __m256i m0f = _mm256_set1_epi8(0x0F);
     if (dtype == CQ_DT_Q6_K) {
         const float d = cq_h2f(cq_ld16(blk + 208));
         for (int s = 0; s < 16; s++) S[s] = d * (float)(int8_t)blk[192 + s];
-        for (int g = 0; g < 8; g++) M[g] = 0.0f;
+        for (int k = 0; k < 16; k++) M[k] = 0.0f;
         const __m256i m3 = _mm256_set1_epi8(3);
         for (int h = 0; h < 2; h++) { /* weights 128h + 32s + k: nibble of ql, bits 2s.. of qh */
             const __m256i L0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
@@ -45,7 +45,7 @@ static void kq_u8_block(int dtype, const uint8_t *blk, uint8_t *u, float *S, flo
         int sc, mn;
         kq_scale_min6(blk + 4, j, &sc, &mn);
         S[2 * j] = S[2 * j + 1] = d * (float)sc;
-        M[j] = -(dmin * (float)mn);
+        M[2 * j] = M[2 * j + 1] = -(dmin * (float)mn);
     }
     const int q5 = dtype == CQ_DT_Q5_K;
     const uint8_t *qs = blk + (q5 ? 48 : 16);
@@ -67,11 +67,11 @@ static void kq_decode_block_avx2(int dtype, const uint8_t *blk, float *out) {
     const int mins = kq_has_min(dtype);
     if (kq_u8_has(dtype)) {
         _Alignas(32) uint8_t u[CQ_KQ_BLOCK];
-        float S[16], M[8];
+        float S[16], M[16];
         kq_u8_block(dtype, blk, u, S, M);
         const __m256i off = _mm256_set1_epi32(kq_u8_offset(dtype));
         for (int s = 0; s < 16; s++) {
-            const __m256 ds = _mm256_set1_ps(S[s]), mn = _mm256_set1_ps(M[s / 2]);
+            const __m256 ds = _mm256_set1_ps(S[s]), mn = _mm256_set1_ps(M[s]);
             for (int h = 0; h < 2; h++) {
                 const __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 16 * s + 8 * h))), off);
                 __m256 w = _mm256_mul_ps(ds, _mm256_cvtepi32_ps(q));

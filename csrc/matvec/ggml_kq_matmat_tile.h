@@ -44,70 +44,80 @@ KQT_CAT(KQT_TILE, _span)(KQT_VF *f, KQT_VI *acc, const uint8_t *w, const float *
     }
 }
 
+/* f += xd * M[r * 16 + mi] per row r and vector (the mins' term), xd at byte offset
+ * xo * wd of the group. */
+static inline __attribute__((always_inline, target(KQT_TARGET))) void
+KQT_CAT(KQT_TILE, _mins)(KQT_VF *f, const float *M, const uint8_t *xg, size_t wd, int xo, int mi, const int MR,
+                         const int NV) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) {
+        const KQT_VF xd = KQT_LOADF((const float *)(const void *)(xg + xo * wd + 4 * KQT_VW * v));
+#pragma GCC unroll 12
+        for (int r = 0; r < MR; r++) f[r * NV + v] = KQT_FMA(xd, KQT_SET1F(M[r * 16 + mi]), f[r * NV + v]);
+    }
+}
+
 /* One MR x NV tile over n groups: u8 weights w[r * 256 + 32 g + k], half scales
- * S[r * 16 + 2 g + h], group mins M[r * 8 + g], the panel's groups at xp (48 * wd bytes
- * each), partial sums part[r * ldp + KQT_VW v + lane]. HALVES: a scale per 16 weights
- * (q6_k: the bias per half starts each sum); else one per 32 and the mins. */
+ * S[r * 16 + 2 g + h] and mins M[r * 16 + 2 g + h], the panel's groups at xp (XG * wd
+ * bytes each), partial sums part[r * ldp + KQT_VW v + lane]. HALVES: a scale per 16
+ * weights, each half's sum starting from its bias (q6_k, q3_k, iq4_xs; with MINS, q2_k,
+ * whose halves have mins too); else one scale and min per 32 (q4_k, q5_k). */
 static inline __attribute__((always_inline, target(KQT_TARGET))) void
 KQT_TILE(const uint8_t *w, const float *S, const float *M, const uint8_t *xp, size_t wd, size_t n, float *part,
-         size_t ldp, int first, const int MR, const int NV, const int HALVES) {
+         size_t ldp, int first, const int MR, const int NV, const int HALVES, const int MINS, const int XG) {
     KQT_VF f[12];
     KQT_VI acc[12];
 #pragma GCC unroll 12
     for (int k = 0; k < MR * NV; k++) f[k] = first ? KQT_ZEROF() : KQT_LOADUF(part + (k / NV) * ldp + KQT_VW * (k % NV));
     for (size_t g = 0; g < n; g++) {
-        const uint8_t *xg = xp + KQ_MM_XG * wd * g;
+        const uint8_t *xg = xp + XG * wd * g;
         if (HALVES) {
 #pragma GCC unroll 12
             for (int k = 0; k < MR * NV; k++) acc[k] = KQT_LOADI(xg + 32 * wd + 4 * KQT_VW * (k % NV));
             KQT_CAT(KQT_TILE, _span)(f, acc, w, S, xg, wd, (int)g, 0, 2 * (int)g, MR, NV, 4);
+            if (MINS) KQT_CAT(KQT_TILE, _mins)(f, M, xg, wd, 44, 2 * (int)g, MR, NV);
 #pragma GCC unroll 12
             for (int k = 0; k < MR * NV; k++) acc[k] = KQT_LOADI(xg + 36 * wd + 4 * KQT_VW * (k % NV));
             KQT_CAT(KQT_TILE, _span)(f, acc, w, S, xg, wd, (int)g, 4, 2 * (int)g + 1, MR, NV, 4);
+            if (MINS) KQT_CAT(KQT_TILE, _mins)(f, M, xg, wd, 48, 2 * (int)g + 1, MR, NV);
         } else {
 #pragma GCC unroll 12
             for (int k = 0; k < MR * NV; k++) acc[k] = KQT_ZEROI();
             KQT_CAT(KQT_TILE, _span)(f, acc, w, S, xg, wd, (int)g, 0, 2 * (int)g, MR, NV, 8);
-#pragma GCC unroll 4
-            for (int v = 0; v < NV; v++) {
-                const KQT_VF xd = KQT_LOADF((const float *)(const void *)(xg + 44 * wd + 4 * KQT_VW * v));
-#pragma GCC unroll 12
-                for (int r = 0; r < MR; r++) f[r * NV + v] = KQT_FMA(xd, KQT_SET1F(M[r * 8 + g]), f[r * NV + v]);
-            }
+            KQT_CAT(KQT_TILE, _mins)(f, M, xg, wd, 44, 2 * (int)g, MR, NV);
         }
     }
 #pragma GCC unroll 12
     for (int k = 0; k < MR * NV; k++) KQT_STOREUF(part + (k / NV) * ldp + KQT_VW * (k % NV), f[k]);
 }
 
-#define KQT_FN(MR, NV)                                                                                           \
-    __attribute__((target(KQT_TARGET))) static void KQT_CAT(KQT_TILE, _##MR##x##NV##_h)(                         \
+/* the three variants: _h halves (q6_k, q3_k, iq4_xs), _m groups with mins (q4_k,
+ * q5_k), _hm halves with mins (q2_k) */
+#define KQT_FN1(MR, NV, SUF, HALVES, MINS, XG)                                                                   \
+    __attribute__((target(KQT_TARGET))) static void KQT_CAT(KQT_TILE, _##MR##x##NV##SUF)(                        \
         const uint8_t *w, const float *S, const float *M, const uint8_t *xp, size_t wd, size_t n, float *part,   \
         size_t ldp, int first) {                                                                                 \
-        KQT_TILE(w, S, M, xp, wd, n, part, ldp, first, MR, NV, 1);                                            \
-    }                                                                                                            \
-    __attribute__((target(KQT_TARGET))) static void KQT_CAT(KQT_TILE, _##MR##x##NV##_m)(                         \
-        const uint8_t *w, const float *S, const float *M, const uint8_t *xp, size_t wd, size_t n, float *part,   \
-        size_t ldp, int first) {                                                                                 \
-        KQT_TILE(w, S, M, xp, wd, n, part, ldp, first, MR, NV, 0);                                            \
+        KQT_TILE(w, S, M, xp, wd, n, part, ldp, first, MR, NV, HALVES, MINS, XG);                                \
     }
+#define KQT_FN(MR, NV) KQT_FN1(MR, NV, _h, 1, 0, 48) KQT_FN1(MR, NV, _m, 0, 1, 48) KQT_FN1(MR, NV, _hm, 1, 1, 52)
 KQT_SHAPES(KQT_FN)
 #undef KQT_FN
+#undef KQT_FN1
 
 static void KQT_CAT(kq_mm_tiles_, KQT_SUF)(int dtype, size_t nv, size_t nr, const uint8_t *w, const float *S,
                                            const float *M, const uint8_t *xp, size_t wd, size_t n, float *part,
                                            size_t ldp, int first) {
-    const int halves = dtype == CQ_DT_Q6_K;
+    const int kind = dtype == CQ_DT_Q4_K || dtype == CQ_DT_Q5_K ? 1 : dtype == CQ_DT_Q2_K ? 2 : 0;
     switch (nv) {
 #define KQT_CASE(MR, NV)                                                                                         \
     case NV:                                                                                                     \
         for (size_t r = 0; r < nr; r += MR) {                                                                    \
-            if (halves)                                                                                          \
-                KQT_CAT(KQT_TILE, _##MR##x##NV##_h)(w + r * CQ_KQ_BLOCK, S + 16 * r, M + 8 * r, xp, wd, n,       \
-                                                    part + r * ldp, ldp, first);                                 \
-            else                                                                                                 \
-                KQT_CAT(KQT_TILE, _##MR##x##NV##_m)(w + r * CQ_KQ_BLOCK, S + 16 * r, M + 8 * r, xp, wd, n,       \
-                                                    part + r * ldp, ldp, first);                                 \
+            const uint8_t *wr = w + r * CQ_KQ_BLOCK;                                                             \
+            const float *Sr = S + 16 * r, *Mr = M + 16 * r;                                                      \
+            float *pr = part + r * ldp;                                                                          \
+            if (kind == 1) KQT_CAT(KQT_TILE, _##MR##x##NV##_m)(wr, Sr, Mr, xp, wd, n, pr, ldp, first);           \
+            else if (kind == 2) KQT_CAT(KQT_TILE, _##MR##x##NV##_hm)(wr, Sr, Mr, xp, wd, n, pr, ldp, first);     \
+            else KQT_CAT(KQT_TILE, _##MR##x##NV##_h)(wr, Sr, Mr, xp, wd, n, pr, ldp, first);                     \
         }                                                                                                        \
         break;
         KQT_SHAPES(KQT_CASE)

@@ -1,5 +1,6 @@
 /* matmat_i8.h -- matmat with int8 activations (the CQ_HAVE_I8_MM hooks of i8_x.h) for
- * q8_row, q8_2f, q4_block, q4_tiled, q4tp and q2tp, written once for the SIMD tables
+ * q8_row, q8_2f, q4_block, q4_tiled, q4tp and q2tp (the ggml K-quants: ggml_kq_matmat.h,
+ * behind the same hooks), written once for the SIMD tables
  * whose CPU has a u8 x s8 dot product instruction (vpdpbusd: AVX-512 VNNI, AVX-VNNI or
  * AVX-512 VNNI on 256 bits). Included after matmat_packed.h by a file that defines
  *   I8MM_PW, I8MM_VW  inputs per panel and per vector (AVX-512: 64, 16; AVX2: 24, 8)
@@ -49,8 +50,7 @@ static int i8mm_cpu(void);
 static void i8mm_tiles(size_t nv, size_t nr, const uint8_t *w, const float *sc, const uint8_t *xp, size_t wd,
                        size_t n, float *part, size_t ldp, int first, int rowscale);
 #include "ggml_kq_matmat.h" /* the K-quants' own pack, decode and tiles (kq_mm_*) */
-/* (the K-quants without an integer matmat there read float32 x in matmat) */
-static int i8_mm_takes(const cq_qmat *m) { return i8_takes(m) && (!kq_is(m->dtype) || kq_mm_has(m->dtype)) && i8mm_cpu(); }
+static int i8_mm_takes(const cq_qmat *m) { return i8_takes(m) && i8mm_cpu(); }
 
 static size_t i8_mm_pack_bytes(const cq_qmat *m, size_t t) {
     if (kq_is(m->dtype)) return kq_mm_pack_bytes(m, t);
