@@ -197,6 +197,32 @@ def test_prompt_matmat_equals_int8_matvecs(isa, dtype):
             assert (np.abs(Y[i] - want) <= bound).all(), (t, i)
 
 
+@settings(max_examples=30, deadline=None)
+@given(dtype=st.sampled_from(KQ), seed=st.integers(0, 2 ** 32 - 1), rows=st.integers(1, 53),
+       nblk=st.integers(1, 3), t=st.integers(1, 70), off=st.integers(0, 15))
+def test_prompt_matmat_shapes(dtype, seed, rows, nblk, t, off):
+    """Every usable table's prompt matmat against its own int8 matvecs within float32
+    rounding, over row counts around the 24-row blocks and the tile heights, 1-3 blocks
+    a row, input counts around the 8/16-lane vectors and 24/64-input panels, and X at
+    any 4-byte offset."""
+    rng = np.random.default_rng(seed)
+    cols = 256 * nblk
+    raw = blocks(rng, dtype, rows, cols)
+    a = abs_weights(raw, dtype, rows, cols)
+    X = rng.standard_normal((t, cols)).astype(np.float32) * rng.uniform(0.01, 100, (t, 1)).astype(np.float32)
+    buf = np.empty(X.nbytes + 128, np.uint8)
+    start = (-buf.ctypes.data) % 64 + 4 * off
+    Xm = buf[start:start + X.nbytes].view(np.float32).reshape(t, cols)
+    Xm[:] = X
+    q = QTensor(raw, dtype, (rows, cols), precision="auto")
+    step = np.repeat(np.abs(X.astype(np.float64)).reshape(t, -1, 32).max(axis=2) / 127.0, 32, axis=1)
+    rounding = 2 * (cols // 32 + 16) * 4 * U * ((np.abs(X.astype(np.float64)) + step) @ a.T)
+    for isa in K.usable_isas():
+        Y = with_isa(isa, q.matmat, Xm, None, True)
+        V = np.stack([with_isa(isa, q.matvec, x) for x in X])
+        assert (np.abs(Y - V) <= rounding).all(), (isa, np.max(np.abs(Y - V) / rounding))
+
+
 @pytest.mark.parametrize("dtype", KQ)
 def test_prompt_matmat_special_values(isa, dtype):
     """inf/NaN in x or in a block's scales make the rows they touch non-finite, as the
