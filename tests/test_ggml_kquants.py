@@ -224,6 +224,31 @@ def test_prompt_matmat_shapes(dtype, seed, rows, nblk, t, off):
 
 
 @pytest.mark.parametrize("dtype", KQ)
+def test_prompt_matmat_without_vnni_same_bits(isa, dtype):
+    """Without vpdpbusd the tiles form the same integers by vpmaddubsw + vpmaddwd (all but
+    iq4_xs, whose u8 weights could overflow their int16 pairs: it multiplies in float32
+    there), so the prompt matmat keeps its bits."""
+    if isa == "ref":
+        pytest.skip("no tiles in the reference table")
+    rng = np.random.default_rng(8)
+    rows, cols, t = 31, 512, 19
+    q, raw = make(rng, dtype, rows, cols, precision="auto")
+    X = rng.standard_normal((t, cols)).astype(np.float32)
+    Y = q.matmat(X, prompt=True)
+    K._hide_cpu_features(["avx512vnni", "avxvnni"])
+    try:
+        Y2 = q.matmat(X, prompt=True)
+    finally:
+        K._hide_cpu_features([])
+    if dtype == "iq4_xs":
+        w = gguf_decode(raw, dtype, rows, cols).astype(np.float64)
+        bound = (cols + 4) * U * (np.abs(X.astype(np.float64)) @ np.abs(w).T)
+        assert (np.abs(Y2 - X.astype(np.float64) @ w.T) <= bound).all()
+    else:
+        np.testing.assert_array_equal(Y2, Y)
+
+
+@pytest.mark.parametrize("dtype", KQ)
 def test_prompt_matmat_special_values(isa, dtype):
     """inf/NaN in x or in a block's scales make the rows they touch non-finite, as the
     int8 matvec does; the other rows stay finite and equal to it within rounding."""

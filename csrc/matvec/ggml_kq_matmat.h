@@ -1,10 +1,15 @@
 /* ggml_kq_matmat.h -- matmat with int8 activations for the ggml K-quants (the kq_mm_*
- * hooks that matmat_i8.h's i8_mm_* functions hand these dtypes to), for the x86 tables
- * with a u8 x s8 dot product (vpdpbusd). Included by matmat_i8.h, which defines
+ * hooks that matmat_i8.h's i8_mm_* functions hand these dtypes to), for the x86 tables:
+ * u8 x s8 products by vpdpbusd where the CPU has it, else by vpmaddubsw + vpmaddwd (the
+ * u8 weights are at most 63, so a pair of products fits int16: every K-quant but
+ * iq4_xs, whose u reaches 241). Included by matmat_i8.h, which defines
  * I8MM_PW / I8MM_VW (inputs per panel and per vector); the including ISA file then
  * defines the register tiles (ggml_kq_matmat_tile.h, instantiated by
  * ggml_kq_matmat_avx512.h / ggml_kq_matmat_avx2.h):
  *   static void kq_mm_tiles(int dtype, nv, nr, w, S, M, xp, wd, n, part, ldp, first)
+ *   static int kq_mm_cpu(int dtype)
+ * Every variant forms the same integers and float operations, so they give the same
+ * bits.
  *
  * The integers are those of the int8 matvec (kq_ref_i8_row), with x quantized the same
  * way (cq_xq_quant32 per group of 32):
@@ -46,6 +51,8 @@ static size_t kq_mm_panel_at(int dtype, size_t ng, size_t p) { return p * I8MM_P
 
 static void kq_mm_tiles(int dtype, size_t nv, size_t nr, const uint8_t *w, const float *S, const float *M,
                         const uint8_t *xp, size_t wd, size_t n, float *part, size_t ldp, int first);
+/* nonzero where a tile variant runs dtype on this CPU (else the float32 matmat) */
+static int kq_mm_cpu(int dtype);
 
 static size_t kq_mm_pack_bytes(const cq_qmat *m, size_t t) {
     const size_t ng = m->cols / CQ_GROUP, np = (t + I8MM_PW - 1) / I8MM_PW;

@@ -50,7 +50,7 @@ static int i8mm_cpu(void);
 static void i8mm_tiles(size_t nv, size_t nr, const uint8_t *w, const float *sc, const uint8_t *xp, size_t wd,
                        size_t n, float *part, size_t ldp, int first, int rowscale);
 #include "ggml_kq_matmat.h" /* the K-quants' own pack, decode and tiles (kq_mm_*) */
-static int i8_mm_takes(const cq_qmat *m) { return i8_takes(m) && i8mm_cpu(); }
+static int i8_mm_takes(const cq_qmat *m) { return i8_takes(m) && (kq_is(m->dtype) ? kq_mm_cpu(m->dtype) : i8mm_cpu()); }
 
 static size_t i8_mm_pack_bytes(const cq_qmat *m, size_t t) {
     if (kq_is(m->dtype)) return kq_mm_pack_bytes(m, t);
