@@ -106,6 +106,17 @@ def test_decode_special_scales(dtype, special):
             got = with_isa(isa, QTensor(raw, dtype, (4, 512)).dequantize)
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=isa)
         np.testing.assert_array_equal(got[ok].view(np.uint32), want[ok].view(np.uint32), err_msg=isa)
+    # the row dots: non-finite exactly where the reference's are, else within rounding
+    x = np.random.default_rng(8).standard_normal(512).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y_ref = with_isa("ref", QTensor(raw, dtype, (4, 512)).matvec, x)
+        w = np.where(np.isfinite(want), want, 0.0).astype(np.float64)
+        for isa in K.usable_isas():
+            y = with_isa(isa, QTensor(raw, dtype, (4, 512)).matvec, x)
+            np.testing.assert_array_equal(np.isfinite(y), np.isfinite(y_ref), err_msg=isa)
+            fin = np.isfinite(y_ref)
+            bound = 516 * U * (np.abs(w) @ np.abs(x.astype(np.float64)))
+            assert (np.abs(y[fin] - y_ref[fin]) <= 2 * bound[fin]).all(), isa
 
 
 def make(rng, dtype, rows, cols, precision="exact"):
