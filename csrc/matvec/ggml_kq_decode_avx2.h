@@ -1,5 +1,6 @@
 /* ggml_kq_decode_avx2.h -- the K-quants' float32 path on 8 lanes (the AVX2 and AVX-512
- * tables' dot_row and dequant_row): one 256-weight block decoded to float32 bit for bit
+ * tables' dequant_row, the AVX2 table's dot_row; AVX-512's row dot is
+ * ggml_kq_decode_avx512.h): one 256-weight block decoded to float32 bit for bit
  * as kq_decode_block does (the same float32 products d * sc and dmin * mn, then per
  * weight (d * sc) * q and, with mins, minus dmin * mn: a multiply and a subtract, never
  * fused: every file is compiled with -ffp-contract=off), and the dot with x by FMA in
