@@ -81,9 +81,15 @@ def test_decode_equals_gguf(dtype, seed, nblk, rows):
     cols = 256 * nblk
     raw = blocks(rng, dtype, rows, cols)
     want = gguf_decode(raw, dtype, rows, cols)
+    # the payload also at an odd address: the SIMD decoders load blocks unaligned
+    buf = np.empty(raw.size + 128, np.uint8)
+    off = (-buf.ctypes.data) % 64 + 1 + seed % 31
+    moved = buf[off:off + raw.size]
+    moved[:] = raw
     for isa in K.usable_isas():
-        got = with_isa(isa, lambda: QTensor(raw, dtype, (rows, cols)).dequantize())
-        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{dtype} {isa}")
+        for payload in (raw, moved):
+            got = with_isa(isa, lambda p=payload: QTensor(p, dtype, (rows, cols)).dequantize())
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{dtype} {isa}")
 
 
 @pytest.mark.parametrize("dtype", KQ)
@@ -94,11 +100,23 @@ def test_decode_special_scales(dtype, special):
     rng = np.random.default_rng(7)
     raw = blocks(rng, dtype, 4, 512, special=special)
     want = gguf_decode(raw, dtype, 4, 512)
-    with np.errstate(invalid="ignore"):
-        got = QTensor(raw, dtype, (4, 512)).dequantize()
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     ok = ~np.isnan(want)
-    np.testing.assert_array_equal(got[ok].view(np.uint32), want[ok].view(np.uint32))
+    for isa in K.usable_isas():
+        with np.errstate(invalid="ignore"):
+            got = with_isa(isa, QTensor(raw, dtype, (4, 512)).dequantize)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=isa)
+        np.testing.assert_array_equal(got[ok].view(np.uint32), want[ok].view(np.uint32), err_msg=isa)
+    # the row dots: non-finite exactly where the reference's are, else within rounding
+    x = np.random.default_rng(8).standard_normal(512).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y_ref = with_isa("ref", QTensor(raw, dtype, (4, 512)).matvec, x)
+        w = np.where(np.isfinite(want), want, 0.0).astype(np.float64)
+        for isa in K.usable_isas():
+            y = with_isa(isa, QTensor(raw, dtype, (4, 512)).matvec, x)
+            np.testing.assert_array_equal(np.isfinite(y), np.isfinite(y_ref), err_msg=isa)
+            fin = np.isfinite(y_ref)
+            bound = 516 * U * (np.abs(w) @ np.abs(x.astype(np.float64)))
+            assert (np.abs(y[fin] - y_ref[fin]) <= 2 * bound[fin]).all(), isa
 
 
 def make(rng, dtype, rows, cols, precision="exact"):
@@ -159,6 +177,106 @@ def test_int8_within_bound_and_entry_points_bit_identical(isa, dtype):
     np.testing.assert_array_equal(many[1], other.matvec(x))
     X = np.stack([x, rng.standard_normal(cols).astype(np.float32)])
     np.testing.assert_array_equal(q.matvec_batch(X)[0], y)
+
+
+@pytest.mark.parametrize("dtype", KQ)
+def test_prompt_matmat_equals_int8_matvecs(isa, dtype):
+    """A prompt chunk's matmat (int8 activations: on the x86 tables with vpdpbusd the
+    integer matmat of ggml_kq_matmat.h, elsewhere t int8 matvecs) equals t int8 matvecs
+    within float32 rounding of the int8 combination, for odd t and a misaligned X, and
+    stays within the int8 bound of the float64 product."""
+    rng = np.random.default_rng(6)
+    rows, cols = 29, 768
+    q, raw = make(rng, dtype, rows, cols, precision="auto")
+    a = abs_weights(raw, dtype, rows, cols)
+    for t in (1, 2, 3, 5, 8, 9, 15, 16, 17, 33, 71):
+        X = rng.standard_normal((t, cols)).astype(np.float32)
+        X[rng.random((t, cols)) < 0.05] = 0.0
+        X[0, :32] *= 1e3  # one loud group
+        buf = np.empty(X.nbytes + 128, np.uint8)
+        off = (-buf.ctypes.data) % 64 + 4
+        Xm = buf[off:off + X.nbytes].view(np.float32).reshape(t, cols)
+        Xm[:] = X
+        Y = q.matmat(Xm, prompt=True)
+        np.testing.assert_array_equal(q.matmat(X, prompt=True), Y)
+        for i in range(t):
+            y = q.matvec(X[i])
+            want, bound = i8_bound(raw, dtype, rows, cols, X[i])
+            step = np.repeat(np.abs(X[i].astype(np.float64)).reshape(-1, 32).max(axis=1) / 127.0, 32)
+            rounding = 2 * (cols // 32 + 16) * 4 * U * (a @ (np.abs(X[i].astype(np.float64)) + step))
+            assert (np.abs(Y[i] - y) <= rounding).all(), (t, i, np.max(np.abs(Y[i] - y) / rounding))
+            assert (np.abs(Y[i] - want) <= bound).all(), (t, i)
+
+
+@settings(max_examples=30, deadline=None)
+@given(dtype=st.sampled_from(KQ), seed=st.integers(0, 2 ** 32 - 1), rows=st.integers(1, 53),
+       nblk=st.integers(1, 3), t=st.integers(1, 70), off=st.integers(0, 15))
+def test_prompt_matmat_shapes(dtype, seed, rows, nblk, t, off):
+    """Every usable table's prompt matmat against its own int8 matvecs within float32
+    rounding, over row counts around the 24-row blocks and the tile heights, 1-3 blocks
+    a row, input counts around the 8/16-lane vectors and 24/64-input panels, and X at
+    any 4-byte offset."""
+    rng = np.random.default_rng(seed)
+    cols = 256 * nblk
+    raw = blocks(rng, dtype, rows, cols)
+    a = abs_weights(raw, dtype, rows, cols)
+    X = rng.standard_normal((t, cols)).astype(np.float32) * rng.uniform(0.01, 100, (t, 1)).astype(np.float32)
+    buf = np.empty(X.nbytes + 128, np.uint8)
+    start = (-buf.ctypes.data) % 64 + 4 * off
+    Xm = buf[start:start + X.nbytes].view(np.float32).reshape(t, cols)
+    Xm[:] = X
+    q = QTensor(raw, dtype, (rows, cols), precision="auto")
+    step = np.repeat(np.abs(X.astype(np.float64)).reshape(t, -1, 32).max(axis=2) / 127.0, 32, axis=1)
+    rounding = 2 * (cols // 32 + 16) * 4 * U * ((np.abs(X.astype(np.float64)) + step) @ a.T)
+    for isa in K.usable_isas():
+        Y = with_isa(isa, q.matmat, Xm, None, True)
+        V = np.stack([with_isa(isa, q.matvec, x) for x in X])
+        assert (np.abs(Y - V) <= rounding).all(), (isa, np.max(np.abs(Y - V) / rounding))
+
+
+@pytest.mark.parametrize("dtype", KQ)
+def test_prompt_matmat_without_vnni_same_bits(isa, dtype):
+    """Without vpdpbusd the tiles form the same integers by vpmaddubsw + vpmaddwd (all but
+    iq4_xs, whose u8 weights could overflow their int16 pairs: it takes the portable int8
+    matmat there, t int8 matvecs), so the prompt matmat keeps its bits."""
+    if isa == "ref":
+        pytest.skip("no tiles in the reference table")
+    rng = np.random.default_rng(8)
+    rows, cols, t = 31, 512, 19
+    q, _raw = make(rng, dtype, rows, cols, precision="auto")
+    X = rng.standard_normal((t, cols)).astype(np.float32)
+    Y = q.matmat(X, prompt=True)
+    K._hide_cpu_features(["avx512vnni", "avxvnni"])
+    try:
+        Y2 = q.matmat(X, prompt=True)
+        V = np.stack([q.matvec(X[i]) for i in range(t)])
+    finally:
+        K._hide_cpu_features([])
+    if dtype == "iq4_xs":
+        np.testing.assert_array_equal(Y2, V)
+    else:
+        np.testing.assert_array_equal(Y2, Y)
+
+
+@pytest.mark.parametrize("dtype", KQ)
+def test_prompt_matmat_special_values(isa, dtype):
+    """inf/NaN in x or in a block's scales make the rows they touch non-finite, as the
+    int8 matvec does; the other rows stay finite and equal to it within rounding."""
+    rng = np.random.default_rng(7)
+    rows, cols = 26, 512
+    raw = blocks(rng, dtype, rows, cols)
+    nbb = FORMATS[dtype].block_bytes
+    off_d = SCALES[dtype][0]
+    raw.reshape(-1, nbb)[3, off_d:off_d + 2] = np.array([np.inf], np.float16).view(np.uint8)  # row 1
+    q = QTensor(raw, dtype, (rows, cols), precision="auto")
+    X = rng.standard_normal((5, cols)).astype(np.float32)
+    X[2, 100] = np.nan
+    Y = q.matmat(X, prompt=True)
+    V = np.stack([q.matvec(x) for x in X])
+    np.testing.assert_array_equal(np.isfinite(Y), np.isfinite(V))
+    assert not np.isfinite(Y[2]).any() and not np.isfinite(Y[:, 1]).any()
+    ok = np.isfinite(V)
+    assert np.allclose(Y[ok], V[ok], rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("dtype", KQ)

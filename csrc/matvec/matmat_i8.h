@@ -1,5 +1,6 @@
 /* matmat_i8.h -- matmat with int8 activations (the CQ_HAVE_I8_MM hooks of i8_x.h) for
- * q8_row, q8_2f, q4_block, q4_tiled, q4tp and q2tp, written once for the SIMD tables
+ * q8_row, q8_2f, q4_block, q4_tiled, q4tp and q2tp (the ggml K-quants: ggml_kq_matmat.h,
+ * behind the same hooks), written once for the SIMD tables
  * whose CPU has a u8 x s8 dot product instruction (vpdpbusd: AVX-512 VNNI, AVX-VNNI or
  * AVX-512 VNNI on 256 bits). Included after matmat_packed.h by a file that defines
  *   I8MM_PW, I8MM_VW  inputs per panel and per vector (AVX-512: 64, 16; AVX2: 24, 8)
@@ -71,15 +72,23 @@ static size_t i8pm_scratch_bytes(const cq_qmat *m, size_t t);
 static void i8pm_block(const cq_qmat *m, size_t r0, size_t nr, const uint8_t *buf, size_t t, float *Y, size_t ldy,
                        float *scratch);
 static int i8mm_portable(const cq_qmat *m) { return cq_dt_ggml(m->dtype) && !(i8mm_ggml_tiles(m) && i8mm_cpu()); }
-static int i8_mm_takes(const cq_qmat *m) { return i8_takes(m) && (i8mm_portable(m) || i8mm_cpu()); }
+#include "ggml_kq_matmat.h" /* the K-quants' own pack, decode and tiles (kq_mm_*) */
+/* The K-quants take their own tiles where this CPU has them (else the portable path). */
+static int i8mm_kq(const cq_qmat *m) { return kq_is(m->dtype) && kq_mm_cpu(m->dtype); }
+static int i8_mm_takes(const cq_qmat *m) { return i8_takes(m) && (i8mm_kq(m) || i8mm_portable(m) || i8mm_cpu()); }
 
 static size_t i8_mm_pack_bytes(const cq_qmat *m, size_t t) {
+    if (i8mm_kq(m)) return kq_mm_pack_bytes(m, t);
     if (i8mm_portable(m)) return i8pm_pack_bytes(m, t);
     const size_t ng = m->cols / CQ_GROUP, np = (t + I8MM_PW - 1) / I8MM_PW;
     return i8mm_panel_at(ng, np - 1) + 40 * ng * i8mm_wd(t, np - 1) + i8mm_up64(m->cols * sizeof(float));
 }
 
 static void i8_mm_pack(const cq_qmat *m, const float *X, size_t t, uint8_t *buf) {
+    if (i8mm_kq(m)) {
+        kq_mm_pack(m, X, t, buf);
+        return;
+    }
     if (i8mm_portable(m)) {
         i8pm_pack(m, X, t, buf);
         return;
@@ -120,6 +129,7 @@ static void i8_mm_pack(const cq_qmat *m, const float *X, size_t t, uint8_t *buf)
 }
 
 static size_t i8_mm_scratch_bytes(const cq_qmat *m, size_t t) {
+    if (i8mm_kq(m)) return kq_mm_scratch_bytes(m, t);
     if (i8mm_portable(m)) return i8pm_scratch_bytes(m, t);
     return CQ_MM_ROWS * I8MM_KC + CQ_MM_ROWS * I8MM_KG * sizeof(float) + CQ_MM_ROWS * i8mm_upv(t) * sizeof(float) + 128;
 }
@@ -182,6 +192,10 @@ static void i8mm_decode(const cq_qmat *m, size_t r, size_t ga, size_t n, uint8_t
 /* Y[i * ldy + j] = row r0 + j . X[i] for j < nr <= CQ_MM_ROWS, i < t (buf: i8_mm_pack). */
 static void i8_mm_block(const cq_qmat *m, size_t r0, size_t nr, const uint8_t *buf, size_t t, float *Y, size_t ldy,
                         float *scratch) {
+    if (i8mm_kq(m)) {
+        kq_mm_block(m, r0, nr, buf, t, Y, ldy, scratch);
+        return;
+    }
     if (i8mm_portable(m)) {
         i8pm_block(m, r0, nr, buf, t, Y, ldy, scratch);
         return;

@@ -259,6 +259,7 @@ static size_t mm_column(const cq_qmat *m, size_t c) { (void)m; return c; } /* na
 /* int8 matmat where the CPU has a 256-bit vpdpbusd (AVX-VNNI, or AVX-512 VNNI + VL) */
 #define group_scales avx2_group_scales
 #include "matmat_i8_avx2.h"
+#include "ggml_kq_matmat_avx2.h"
 
 /* matvec_batch with int8 x (CQ_HAVE_I8_MULTI in matvec_drivers.h): q8 rows against
  * several inputs at once, each 32-byte group of a row loaded and prepared once for

@@ -9,6 +9,7 @@
 #include "qmat.h"
 #include "matvec_scalar.h"
 #include "../simd_avx2.h"
+#include "ggml_kq_decode_avx2.h"
 
 static inline __m256 ld_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 static inline __m256 ld_bf16x8(const uint8_t *p) {
@@ -304,6 +305,7 @@ static float avx2_dot_row(const cq_qmat *m, size_t r, const float *x) {
     }
     default: break; /* q8: q8_row_dot (q8_rows.h) in each ISA file */
     }
+    if (kq_is(m->dtype)) return kq_dot_row_avx2(m, r, x);
     if (ggml_q32_block_bytes(m->dtype)) return g32_dot_avx2(m, r, x);
     if (!grouped_fast(m)) return ref_row(m, r, x, NULL);
     return grouped_dot(m, r, x);
@@ -351,6 +353,10 @@ static void avx2_dequant_span(const cq_qmat *m, size_t r, size_t c0, size_t c1, 
         return;
     }
     default: break;
+    }
+    if (kq_is(m->dtype)) { /* whole rows (matmat asks no less) */
+        kq_dequant_row_avx2(m, r, out);
+        return;
     }
     if (ggml_q32_block_bytes(m->dtype)) { /* whole blocks: c0, c1 multiples of 32 */
         g32_decode_avx2(m, r, c0 / CQ_GROUP, c1 / CQ_GROUP, out);

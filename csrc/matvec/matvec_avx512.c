@@ -768,6 +768,7 @@ static inline float q8_finish(const float *acc, const uint8_t *p, const float *x
     return r;
 }
 #include "q8_rows.h"
+#include "ggml_kq_decode_avx512.h"
 
 static float dot_row(const cq_qmat *m, size_t r, const float *x) {
     switch (m->dtype) {
@@ -785,7 +786,9 @@ static float dot_row(const cq_qmat *m, size_t r, const float *x) {
     case CQ_DT_Q2TP:
         if (grouped_fast(m)) return q2_dot512(m, r, x);
         return avx2_dot_row(m, r, x);
-    default: return avx2_dot_row(m, r, x); /* f32/f16/bf16 measured faster on 8 lanes */
+    default:
+        if (kq_is(m->dtype)) return kq_dot_row_avx512(m, r, x);
+        return avx2_dot_row(m, r, x); /* f32/f16/bf16 measured faster on 8 lanes */
     }
 }
 
@@ -1201,6 +1204,7 @@ static void mm_decode_sc(const cq_qmat *m, size_t r, size_t c0, size_t c1, float
 
 #include "matmat_packed.h"
 #include "matmat_i8_avx512.h"
+#include "ggml_kq_matmat_avx512.h"
 
 /* matvec_batch's multi-input rows: 16 lanes, four rows a tile (rows_multi.h). */
 #define CQ_MULTI_R 4

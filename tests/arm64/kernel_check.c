@@ -325,6 +325,14 @@ static void test_quant(void) {
 }
 
 /* ================================================================ matvec ==== */
+/* the ggml K-quants (256-weight blocks: cols a multiple of 256) */
+static const int KQ_DTYPES[] = {CQ_DT_GGML_Q4_K, CQ_DT_GGML_Q5_K, CQ_DT_GGML_Q6_K, CQ_DT_GGML_Q2_K, CQ_DT_GGML_Q3_K, CQ_DT_GGML_IQ4_XS};
+static const char *kq_name(int dt) {
+    switch (dt) {
+    case CQ_DT_GGML_Q4_K: return "q4_k"; case CQ_DT_GGML_Q5_K: return "q5_k"; case CQ_DT_GGML_Q6_K: return "q6_k";
+    case CQ_DT_GGML_Q2_K: return "q2_k"; case CQ_DT_GGML_Q3_K: return "q3_k"; default: return "iq4_xs";
+    }
+}
 static const int DTYPES[] = {CQ_DT_F32, CQ_DT_F16, CQ_DT_BF16, CQ_DT_Q8_ROW, CQ_DT_Q8_2F, CQ_DT_Q4_BLOCK,
                              CQ_DT_Q4_TILED, CQ_DT_Q4TP, CQ_DT_Q2TP, CQ_DT_VBIT, CQ_DT_VBIT_RO,
                              CQ_DT_GGML_Q8_0, CQ_DT_GGML_Q4_0, CQ_DT_GGML_Q4_1, CQ_DT_GGML_Q5_0,
@@ -332,6 +340,8 @@ static const int DTYPES[] = {CQ_DT_F32, CQ_DT_F16, CQ_DT_BF16, CQ_DT_Q8_ROW, CQ_
 static const char *dt_name(int dt) {
     switch (dt) {
     case CQ_DT_F32: return "f32"; case CQ_DT_F16: return "f16"; case CQ_DT_BF16: return "bf16";
+    case CQ_DT_GGML_Q4_K: case CQ_DT_GGML_Q5_K: case CQ_DT_GGML_Q6_K: case CQ_DT_GGML_Q2_K: case CQ_DT_GGML_Q3_K: case CQ_DT_GGML_IQ4_XS:
+        return kq_name(dt);
     case CQ_DT_Q8_ROW: return "q8_row"; case CQ_DT_Q8_2F: return "q8_2f"; case CQ_DT_Q4_BLOCK: return "q4_block";
     case CQ_DT_Q4_TILED: return "q4_tiled"; case CQ_DT_Q4TP: return "q4tp"; case CQ_DT_Q2TP: return "q2tp";
     case CQ_DT_VBIT: return "vbit"; case CQ_DT_VBIT_RO: return "vbit_ro";
@@ -393,6 +403,17 @@ static qm qm_new(int dt, size_t rows, size_t cols, size_t off) {
         const size_t G = (n + 31) / 32;
         for (size_t g = 0; g < G; g++)
             put16(dt == CQ_DT_Q4_TILED ? d + 18 * g : d + 16 * G + 2 * g, f2h_trunc(scale_for() * 10));
+        break;
+    }
+    case CQ_DT_GGML_Q4_K: case CQ_DT_GGML_Q5_K: case CQ_DT_GGML_Q6_K: case CQ_DT_GGML_Q2_K: case CQ_DT_GGML_Q3_K: case CQ_DT_GGML_IQ4_XS: {
+        /* d (and dmin) of every block: finite halves of either sign (d, dmin offsets) */
+        const size_t bb = nb / (n / 256);
+        const size_t od = dt == CQ_DT_GGML_Q6_K ? 208 : dt == CQ_DT_GGML_Q2_K ? 80 : dt == CQ_DT_GGML_Q3_K ? 108 : 0;
+        const int has_min = dt == CQ_DT_GGML_Q4_K || dt == CQ_DT_GGML_Q5_K || dt == CQ_DT_GGML_Q2_K;
+        for (size_t b = 0; b < n / 256; b++) {
+            put16(d + b * bb + od, f2h_trunc(scale_for() * (irand(2) ? 0.1f : -0.1f)));
+            if (has_min) put16(d + b * bb + od + 2, f2h_trunc(scale_for() * (irand(2) ? 0.1f : -0.1f)));
+        }
         break;
     }
     case CQ_DT_Q4TP:
@@ -580,6 +601,15 @@ static void test_matvec(void) {
             matvec_case(t, dt, 150, 512, CQ_ACT_EXACT, 0);
             if (cq_xq_family(dt) >= 0) matvec_case(t, dt, 150, 512, CQ_ACT_INT8, 0);
         }
+    /* the K-quants: whole 256-weight blocks; the int8 rows bit for bit against the spec */
+    static const size_t KQ_COLS[] = {256, 512, 768, 2304};
+    for (int t = 0; t < NSIMD; t++)
+        for (size_t di = 0; di < sizeof KQ_DTYPES / sizeof KQ_DTYPES[0]; di++)
+            for (size_t ci = 0; ci < sizeof KQ_COLS / sizeof KQ_COLS[0]; ci++) {
+                const size_t cols = KQ_COLS[ci], rows = ci == 1 ? 150 : 1 + irand(30);
+                matvec_case(t, KQ_DTYPES[di], rows, cols, CQ_ACT_EXACT, (int)(ci % 3));
+                matvec_case(t, KQ_DTYPES[di], rows, cols, CQ_ACT_INT8, (int)(ci % 3));
+            }
 }
 
 /* ================================================================== attn ==== */
