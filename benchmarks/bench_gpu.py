@@ -368,7 +368,7 @@ def main():
     ap.add_argument("--out", help="also write the JSON here, after each part")
     ap.add_argument("--no-kernels", action="store_true",
                     help="skip the dispatch-floor, matvec-variant and 8B-chain measurements")
-    ap.add_argument("--ab", default="sg=0,unroll=1,rows=32,splits=8",
+    ap.add_argument("--ab", default="sg=0,unroll=1,rows=32,stage=0",
                     help="variants measured beside the default, comma-separated: splits=N "
                          "(attention key splits), fuse=1|0 (each residual in the next "
                          "product's input stage, or a rownorm pass), qk=1|0 (qk_prep's "
@@ -376,7 +376,8 @@ def main():
                          "slots=N (rows a decode-matvec workgroup takes, 256/N lanes a row), "
                          "rows=N (the same under subgroups: rows a workgroup), sg=0 (the "
                          "decode matvec's shared-memory reduction, no subgroupAdd), unroll=N "
-                         "(16-byte loads a matvec lane issues at once: 1 or 4)")
+                         "(16-byte loads a matvec lane issues at once: 1 or 4), stage=0 (a "
+                         "plain product's lanes read its input themselves, unstaged)")
     a = ap.parse_args()
     phases = {}
     t_phase = time.perf_counter()
@@ -453,17 +454,21 @@ def main():
         kw = {"splits": {"attn_splits": int(val or 1)},
               "fuse": {"fuse_residual": val not in ("0", "off")},
               "qk": {"fuse_qk": val not in ("0", "off")}}.get(key, {})
-        keep = (kernels.RPW1_SLOTS, kernels.MATVEC_SUBGROUPS, kernels.MATVEC_UNROLL)
+        keep = (kernels.RPW1_SLOTS, kernels.MATVEC_SUBGROUPS, kernels.MATVEC_UNROLL,
+                kernels.MATVEC_STAGE_PLAIN)
         if key in ("slots", "rows"):  # rows (lane groups) a decode-matvec workgroup takes
             kernels.RPW1_SLOTS = int(val)
         elif key == "sg":
             kernels.MATVEC_SUBGROUPS = None if val not in ("0", "off") else False
         elif key == "unroll":
             kernels.MATVEC_UNROLL = int(val)
+        elif key == "stage":
+            kernels.MATVEC_STAGE_PLAIN = val not in ("0", "off")
         try:
             r = gpu_decode(GpuDoryModel(host, dev, **kw), prompt, a.tokens)
         finally:
-            kernels.RPW1_SLOTS, kernels.MATVEC_SUBGROUPS, kernels.MATVEC_UNROLL = keep
+            (kernels.RPW1_SLOTS, kernels.MATVEC_SUBGROUPS, kernels.MATVEC_UNROLL,
+             kernels.MATVEC_STAGE_PLAIN) = keep
         ab[v] = {k: r[k] for k in ("chained_tok_s", "greedy_tok_s", "record_ms_per_token",
                                    "dispatches_per_token", "gpu_ms_per_token",
                                    "gpu_ms_by_kernel")}
