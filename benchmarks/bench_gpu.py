@@ -23,7 +23,10 @@ one run it measures
     the same model on the same GPU (benchmark-only code below), with the largest
     relative logit difference of its first token against cortiq's.
 Then the same decode measurements for the DeepSeek-V4 bench model (benchmarks/_bench_dsv4.py's
-default geometry, q8_row; --tiny: a small one) under "deepseek_v4". It prints one JSON object.
+default geometry, q8_row; --tiny: a small one) under "deepseek_v4", and (unless
+--no-kernels) benchmarks/_bench_gpu_kernels.py's kernel measurements: the per-dispatch
+floor, the decode matvec's GB/s per variant, and the matvec stream of a Llama-3-8B-shaped
+token (8.5 GB, q8_row). "phase_s" says how long each part took. It prints one JSON object.
 """
 import argparse
 import json
@@ -362,18 +365,35 @@ def main():
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "cortiq-bench"))
     ap.add_argument("--no-cpu", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--ab", default="splits=1,splits=8,fuse=0,qk=0,slots=8",
+    ap.add_argument("--out", help="also write the JSON here, after each part")
+    ap.add_argument("--no-kernels", action="store_true",
+                    help="skip the dispatch-floor, matvec-variant and 8B-chain measurements")
+    ap.add_argument("--ab", default="sg=0,unroll=1,rows=32,stage=0",
                     help="variants measured beside the default, comma-separated: splits=N "
                          "(attention key splits), fuse=1|0 (each residual in the next "
                          "product's input stage, or a rownorm pass), qk=1|0 (qk_prep's "
                          "work in the decode attention dispatch, or a qk_prep pass), "
-                         "slots=N (rows a decode-matvec workgroup takes, 256/N lanes a row)")
+                         "slots=N (rows a decode-matvec workgroup takes, 256/N lanes a row), "
+                         "rows=N (the same under subgroups: rows a workgroup), sg=0 (the "
+                         "decode matvec's shared-memory reduction, no subgroupAdd), unroll=N "
+                         "(16-byte loads a matvec lane issues at once: 1 or 4), stage=0 (a "
+                         "plain product's lanes read its input themselves, unstaged)")
     a = ap.parse_args()
+    phases = {}
+    t_phase = time.perf_counter()
+
+    def phase(name):
+        nonlocal t_phase
+        now = time.perf_counter()
+        phases[name] = round(now - t_phase, 2)
+        t_phase = now
+
     p = TINY if a.tiny else (QUICK if a.quick else RELEASE_LIKE)
     tag = "tiny" if a.tiny else ("quick" if a.quick else "release_like")
     path = build_dory(os.path.join(a.cache, f"dory-{tag}-q8_row.cmf"), p, "q8_row")
     from cortiq.gpu import Device, to_device
     dev = Device.get()
+    phase("dory_build")
     f = cmf.open(path)
     host = DoryModel(f, o1="off")
     t0 = time.perf_counter()
@@ -386,9 +406,10 @@ def main():
     res = gpu_decode(g, prompt, a.tokens)
     bw1 = read_bandwidth(dev)
     bw = (bw0 + bw1) / 2
+    phase("dory_decode")
     out = {"bench": "gpu_decode", "model": tag, "dtype": "q8_row",
            "weight_gb_per_token": per_token / 1e9, "device": dev.name,
-           "backend": dev.backend, "gpu_load_s": load_s,
+           "backend": dev.backend, "subgroups": dev.subgroups, "gpu_load_s": load_s,
            "device_read_gb_s": bw, "device_read_gb_s_before_after": [bw0, bw1],
            "cortiq_gpu": res}
     for k in ("session_tok_s", "greedy_tok_s", "chained_tok_s"):
@@ -398,6 +419,33 @@ def main():
     out["attn_splits"] = g.splits
     out["fused_residual"] = g.fuse_residual
     out["fused_qk_prep"] = g.fuse_qk
+    out["phase_s"] = phases
+
+    def save():
+        """The results so far to --out (atomically), so a run cut short keeps them."""
+        if a.out:
+            tmp = a.out + ".tmp"
+            with open(tmp, "w") as fh:
+                json.dump(out, fh, indent=1)
+            os.replace(tmp, a.out)
+
+    save()
+    if not a.no_kernels:
+        import _bench_gpu_kernels as K
+        chain = {}
+        if a.tiny:       # shapes a software adapter measures in seconds
+            K.SHAPES = [("tiny 96x256", 96, 256, 0), ("tiny swiglu 64x512", 64, 512, 2)]
+            chain = dict(layers=2, hidden=256, ffn=512, heads=4, kv_heads=2, head_dim=64,
+                         vocab=1000)
+        out["dispatch_floor"] = K.dispatch_floor(dev)
+        save()
+        out["matvec_variants"] = K.matvec_variants(dev, bw, **({"l2_bytes": 1 << 16}
+                                                                if a.tiny else {}))
+        phase("matvec_variants")
+        save()
+        out["llama8b_matvec_chain"] = K.llama8b_chain(dev, bw, **chain)
+        phase("llama8b_chain")
+        save()
     ab = {}
     for v in [v.strip() for v in a.ab.split(",") if v.strip()]:
         from cortiq.gpu.dory import GpuDoryModel
@@ -406,16 +454,28 @@ def main():
         kw = {"splits": {"attn_splits": int(val or 1)},
               "fuse": {"fuse_residual": val not in ("0", "off")},
               "qk": {"fuse_qk": val not in ("0", "off")}}.get(key, {})
-        keep = kernels.RPW1_SLOTS
-        if key == "slots":          # rows (lane groups) a decode-matvec workgroup takes
+        keep = (kernels.RPW1_SLOTS, kernels.MATVEC_SUBGROUPS, kernels.MATVEC_UNROLL,
+                kernels.MATVEC_STAGE_PLAIN)
+        if key in ("slots", "rows"):  # rows (lane groups) a decode-matvec workgroup takes
             kernels.RPW1_SLOTS = int(val)
-        r = gpu_decode(GpuDoryModel(host, dev, **kw), prompt, a.tokens)
-        kernels.RPW1_SLOTS = keep
+        elif key == "sg":
+            kernels.MATVEC_SUBGROUPS = None if val not in ("0", "off") else False
+        elif key == "unroll":
+            kernels.MATVEC_UNROLL = int(val)
+        elif key == "stage":
+            kernels.MATVEC_STAGE_PLAIN = val not in ("0", "off")
+        try:
+            r = gpu_decode(GpuDoryModel(host, dev, **kw), prompt, a.tokens)
+        finally:
+            (kernels.RPW1_SLOTS, kernels.MATVEC_SUBGROUPS, kernels.MATVEC_UNROLL,
+             kernels.MATVEC_STAGE_PLAIN) = keep
         ab[v] = {k: r[k] for k in ("chained_tok_s", "greedy_tok_s", "record_ms_per_token",
                                    "dispatches_per_token", "gpu_ms_per_token",
                                    "gpu_ms_by_kernel")}
     if ab:
         out["variants"] = ab
+    phase("dory_variants")
+    save()
     st = g.new_state()
     ref = g.forward(st, prompt, "last")
     if not a.no_cpu:
@@ -428,7 +488,11 @@ def main():
                 out["gpu_over_torch"] = best / out["torch_eager_bf16"]["tok_s"]
         except ImportError:
             out["torch_eager_bf16"] = {"skipped": "torch is not installed"}
+    phase("dory_cpu_torch")
+    save()
     out["deepseek_v4"] = dsv4_decode(dev, a.cache, a.tiny, a.prompt, a.tokens, bw, not a.no_cpu)
+    phase("deepseek_v4")
+    save()
     print(json.dumps(out, indent=1))
 
 

@@ -409,3 +409,44 @@ def test_unsupported_architecture_and_options(dev, demo_file, tmp_path):
         to_device(DoryModel(demo_file, gate="conf:0.5", kv_mode="per_loop"), dev)
     with pytest.raises(ConfigError, match="recon early-exit gate"):
         to_device(DoryModel(demo_file, gate=f"recon:{router}:0.0"), dev)
+
+
+# ---- the decode matvec's reduction and load variants ------------------------------------
+@pytest.mark.parametrize("dtype,subgroups,unroll,stage",
+                         [(d, False, 4, True) for d in DTYPES]
+                         + [("q8_row", False, 1, True), ("q8_row", None, 1, True),
+                            ("q8_row", None, 4, False), ("q8_row", False, 4, False)])
+def test_decode_matvec_reductions_and_unroll(dev, dtype, subgroups, unroll, stage,
+                                             monkeypatch):
+    """subgroupAdd (where the adapter offers subgroups) and the shared-memory tree, with
+    and without a lane's four loads in flight, on rows long enough for the unrolled loop
+    and its remainder, and a row count that leaves a workgroup part-empty, the plain
+    product's input staged or read by each lane (the other tests run the default:
+    subgroups where offered, four loads, staged)."""
+    from cortiq.gpu import kernels
+    monkeypatch.setattr(kernels, "MATVEC_SUBGROUPS", subgroups)
+    monkeypatch.setattr(kernels, "MATVEC_UNROLL", unroll)
+    monkeypatch.setattr(kernels, "MATVEC_STAGE_PLAIN", stage)
+    rng = np.random.default_rng(stable_seed(dtype, unroll))
+    qt = _qt(rng, dtype, 19, 2080)     # 130 q8 chunks a row: 4 * lanes a row does not divide it
+    x = rng.standard_normal((1, 2080)).astype(np.float32)
+    x[0, 7] = 0.0
+    got = kernels.matvec_once(dev, [kernels.GpuMatrix(dev, qt)], x)[0]
+    assert _rel(got, qt.matvec(x[0])) < 1e-5
+    gate = rng.standard_normal((1, 2080)).astype(np.float32)
+    s = rng.standard_normal(2080).astype(np.float32)
+    y = x[0] / (1 + np.exp(-gate[0] * s))
+    want = qt.matvec(y / np.sqrt((y * y).sum() + 1e-6))
+    assert _rel(kernels.matvec_once(dev, [kernels.GpuMatrix(dev, qt)], x, pro=1, x2=gate,
+                                    va=s)[0], want) < 1e-5
+
+
+def test_subgroups_setting(monkeypatch):
+    from cortiq.gpu import device as gd
+    monkeypatch.setenv("CORTIQ_GPU_SUBGROUPS", "0")
+    assert gd._subgroups_wanted() is False
+    monkeypatch.setenv("CORTIQ_GPU_SUBGROUPS", "on")
+    assert gd._subgroups_wanted() is True
+    monkeypatch.setenv("CORTIQ_GPU_SUBGROUPS", "sometimes")
+    with pytest.raises(ConfigError, match="CORTIQ_GPU_SUBGROUPS"):
+        gd._subgroups_wanted()

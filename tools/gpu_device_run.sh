@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Run the GPU checks and benchmark on a machine with a GPU, from a checkout that carries
 # the Vulkan loader .debs in .gl/, the wgpu wheels in .whl/ and the source in .gpu/src
-# (see docs/gpu.md, "Measuring on a GPU"). Results go to $OUT (default ./gpu-out).
+# (see docs/gpu.md, "Measuring on a GPU"). Results go to $OUT (default ./gpu-out):
+# check.txt (GPU against CPU logits, every architecture the GPU runs), bench_gpu.json
+# (written after each part of the benchmark, so a run cut short keeps what it measured),
+# timing.txt (seconds each step took). Each step has its own time limit so that the
+# whole run ends within 8 minutes; extra arguments go to bench_gpu.py.
 set -uo pipefail
+start=$(date +%s)
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 if ! ldconfig -p | grep -q libvulkan; then
@@ -19,10 +24,18 @@ SRC="$PWD/.gpu/src"
 t0=$(date +%s)
 (cd "$SRC" && python3 -m pip install -q --no-build-isolation --no-deps . ) > "$OUT/build.log" 2>&1 \
     || { tail -30 "$OUT/build.log"; exit 1; }
-echo "built cortiq in $(( $(date +%s) - t0 )) s"
+echo "build $(( $(date +%s) - t0 )) s" | tee "$OUT/timing.txt"
 cd /tmp
 python3 -c "import cortiq; cortiq.show_config()"
-PYTHONUNBUFFERED=1 python3 "$SRC/tools/gpu_check.py" 2>&1 | tee "$OUT/check.txt"
-PYTHONUNBUFFERED=1 python3 "$SRC/benchmarks/bench_gpu.py" --cache /tmp/cortiq-bench "$@" \
-    > "$OUT/bench_gpu.json" 2> "$OUT/bench_gpu.err"
+t0=$(date +%s)
+PYTHONUNBUFFERED=1 timeout 150 python3 "$SRC/tools/gpu_check.py" 2>&1 | tee "$OUT/check.txt"
+echo "check $(( $(date +%s) - t0 )) s" | tee -a "$OUT/timing.txt"
+t0=$(date +%s)
+budget=$(( 440 - $(date +%s) + start ))   # what is left of ~7.5 minutes, at least 60 s
+[ "$budget" -lt 60 ] && budget=60
+PYTHONUNBUFFERED=1 timeout "$budget" python3 "$SRC/benchmarks/bench_gpu.py" \
+    --cache /tmp/cortiq-bench --tokens 64 --no-torch --out "$OUT/bench_gpu.json" "$@" \
+    > /dev/null 2> "$OUT/bench_gpu.err"
+rc=$?
+echo "bench $(( $(date +%s) - t0 )) s (limit ${budget} s, rc $rc)" | tee -a "$OUT/timing.txt"
 cat "$OUT/bench_gpu.json"; tail -5 "$OUT/bench_gpu.err"

@@ -100,6 +100,17 @@ def resolve_device(device) -> str:
     return "gpu"
 
 
+def _subgroups_wanted() -> bool:
+    """CORTIQ_GPU_SUBGROUPS: 0/off keeps shaders off subgroup operations even where the
+    adapter offers them (the shared-memory reductions run instead); default on."""
+    raw = (env("CORTIQ_GPU_SUBGROUPS") or "").strip().lower()
+    if raw in ("", "1", "on", "true", "yes"):
+        return True
+    if raw in ("0", "off", "false", "no"):
+        return False
+    raise ConfigError(f"CORTIQ_GPU_SUBGROUPS: expected 1/on or 0/off, got {raw!r}")
+
+
 _RAW: list = []
 
 
@@ -145,8 +156,11 @@ class Device:
         self.software = str(info.get("adapter_type", "")).lower() == "cpu"
         have = dict(adapter.limits)
         want = {k: have[k] for k in _LIMITS if k in have}
+        #: whether shaders may use subgroup operations (the decode matvec's reduction)
+        self.subgroups = "subgroup" in adapter.features and _subgroups_wanted()
         try:
-            self.dev = adapter.request_device_sync(required_limits=want)
+            self.dev = adapter.request_device_sync(
+                required_limits=want, required_features=["subgroup"] if self.subgroups else [])
         except Exception as e:  # noqa: BLE001 -- wgpu's errors have no common base
             raise ConfigError(f"device='gpu': {self.name} refused a device: {e}") from None
         lim = dict(self.dev.limits)

@@ -262,6 +262,14 @@ NX = 32768
 #: of 32 and 4 of 64 (half the workgroups, each staging the input once), and 4 rows a
 #: slot measured slower than 1 (fewer workgroups in flight)
 RPW1_SLOTS, RPW1_ROWS = 16, 1
+#: the decode matvec's row reduction: None takes subgroupAdd where the device was opened
+#: with the `subgroup` feature (`Device.subgroups`), False the shared-memory tree
+MATVEC_SUBGROUPS: bool | None = None
+#: 16-byte loads a decode-matvec lane issues before it decodes the first (1 or 4)
+MATVEC_UNROLL = 4
+#: whether a decode product with no input stage (PRO 0) stages its input in shared
+#: memory too (False: each lane reads the input where it needs it, no barrier)
+MATVEC_STAGE_PLAIN = True
 #: weights per 16-byte chunk of the decode matvec (the tiled dtypes: one 32-weight tile)
 CHUNK = {"f32": 4, "f16": 8, "bf16": 8, "q8_row": 16, "q8_2f": 16, "q4_block": 32,
          "q4_tiled": 32, "q4tp": 32, "q2tp": 32}
@@ -283,9 +291,15 @@ def matvec1_staging(dev: Device, cols: int) -> int:
     return xs if (xs + 512 + 256) * 4 <= dev.max_workgroup_storage else 0
 
 
+def matvec1_subgroups(dev: Device) -> bool:
+    """Whether the decode matvec reduces its rows with subgroupAdd."""
+    return dev.subgroups and MATVEC_SUBGROUPS is not False
+
+
 def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
-    xs = matvec1_staging(dev, cols)
-    key = ("matvec1", dtypes, pro, xs, RPW1_SLOTS, RPW1_ROWS)
+    xs = matvec1_staging(dev, cols) if pro != 0 or MATVEC_STAGE_PLAIN else 0
+    sg = matvec1_subgroups(dev)
+    key = ("matvec1", dtypes, pro, xs, RPW1_SLOTS, RPW1_ROWS, sg, MATVEC_UNROLL)
     if key in dev._pipelines:
         return dev._pipelines[key]
     n = len(dtypes)
@@ -298,6 +312,11 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
     code = (_matvec_source(dev, "matvec1.wgsl", n, fns, "lane", x_writable=pro == 4)
             .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
             .replace("$RWu", f"{RPW1_ROWS}u")
+            .replace("$SGARGS", ", @builtin(subgroup_size) sgs: u32, "
+                     "@builtin(subgroup_invocation_id) sgi: u32" if sg else "")
+            .replace("$SGLANES", "    tpr = sgs; lane = sgi; slot = lid / sgs;" if sg else "")
+            .replace("$SG", "true" if sg else "false")
+            .replace("$UNROLLu", f"{MATVEC_UNROLL}u")
             .replace("$PROu", f"{pro}u").replace("$XSu", f"{xs}u")
             .replace("$XSN", str(max(xs, 4))).replace("$WTSN", "256" if pro == 3 else "1")
             .replace("$XWRITE", "X[P.v_b + c] = xs[c + (c >> 5u)] * inv;" if pro == 4 else ""))

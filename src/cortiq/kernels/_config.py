@@ -9,8 +9,9 @@ precision=..., preload=...)). A forced ISA that cannot run here is an error, nev
 silent fallback.
 
 The other variables are read where they apply, through `env` / `env_values` here:
-CORTIQ_DEVICE (gpu.device), CORTIQ_GPU_ATTN_SPLITS (gpu.dory), CORTIQ_CACHE (with
-XDG_CACHE_HOME, model_cache), CORTIQ_API_KEY (the server's keys, `api_keys_from_env`)
+CORTIQ_DEVICE and CORTIQ_GPU_SUBGROUPS (gpu.device), CORTIQ_GPU_ATTN_SPLITS (gpu.dory),
+CORTIQ_CACHE (with XDG_CACHE_HOME, model_cache), CORTIQ_API_KEY (the server's keys,
+`api_keys_from_env`)
 and Dory's CORTIQ_DORY_* (models.dory.config). Their names
 before the CORTIQ_ prefix (`RENAMED`) are still read, with a DeprecationWarning naming
 the new one.

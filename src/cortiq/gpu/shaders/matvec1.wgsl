@@ -13,6 +13,11 @@
 // o = X2[x2_off..], alpha = V[v_a..], x^ = justnorm(x); the first workgroup also writes
 // xin to X[v_b..] (another region of the hidden-state buffer) for the next sub-layer
 // (X is read_write in that variant only: XWRITE is empty in the others).
+// SG (the adapter's `subgroup` feature): a row is one subgroup's, its lanes' partial
+// sums added by subgroupAdd with no shared memory and no barrier; the workgroup's
+// RPW * RW rows go round its 256 / subgroup_size subgroups, whatever that size is.
+// Otherwise a row is TPR lanes', added by a tree in shared memory. UNROLL > 1: a lane
+// issues that many 16-byte loads of its row before it uses the first.
 
 $MATVEC_IO
 
@@ -21,6 +26,8 @@ const RW: u32 = $RWu;     // rows each slot takes in turn (the staged input is s
 const TPR: u32 = $TPRu;
 const PRO: u32 = $PROu;
 const XS: u32 = $XSu;
+const SG: bool = $SG;
+const UNROLL: u32 = $UNROLLu;
 
 var<private> pd: f32;
 var<private> ps: f32;
@@ -28,6 +35,7 @@ var<private> xb: u32;
 var<private> x2b: u32;
 var<private> ixn: f32;   // PRO 4: 1 / |x| and 1 / |o|
 var<private> ion: f32;
+var<private> tpr: u32;   // lanes a row: TPR, or the subgroup size under SG
 var<workgroup> red: array<f32, 512>;
 var<workgroup> xs: array<f32, $XSN>;
 var<workgroup> wts: array<f32, $WTSN>;
@@ -76,9 +84,11 @@ fn mac4(w: vec4<f32>, c: u32) {
 $PARTFNS
 
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let slot = lid / TPR;
-    let lane = lid % TPR;
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32$SGARGS) {
+    var slot = lid / TPR;
+    var lane = lid % TPR;
+    tpr = TPR;
+$SGLANES
     let base = (wid.x + wid.y * P.nx) * RPW * RW;
     xb = P.x_off;
     if (P.last_row != 0u) { xb = P.x_off + (S.t - 1u) * P.x_stride; }
@@ -140,6 +150,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (PRO == 4u && wid.x + wid.y == 0u) {
             for (var c = lid; c < P.cols; c += 256u) { $XWRITE }
         }
+    }
+    if (SG) {
+        for (var rr = slot; rr < RPW * RW; rr += 256u / tpr) {
+            let row = base + rr;
+            pd = 0.0;
+            ps = 0.0;
+            if (row < P.total_rows) {
+$DISPATCH
+            }
+            let d = subgroupAdd(pd);
+            var q = 0.0;
+            if (XS == 0u && PRO != 0u) { q = subgroupAdd(ps); }
+            if (lane == 0u && row < P.total_rows) {
+                var v = d * rs;
+                if (XS > 0u) { v = v * inv; } else if (PRO != 0u) { v = v / sqrt(q + P.eps); }
+                if (P.v_out != 0xffffffffu) { v = v * V[P.v_out + row]; }
+                Y[P.y_off + row] = v;
+            }
+        }
+        return;
     }
     for (var rr = 0u; rr < RW; rr++) {
     let row = base + rr * RPW + slot;

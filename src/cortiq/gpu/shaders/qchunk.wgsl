@@ -100,3 +100,24 @@ fn $W_chunk(r: u32, k: u32, R: u32, C: u32) {
         default: {}
     }
 }
+
+// Chunks k, k + s, k + 2s, k + 3s of row r: for q8_row the four 16-byte loads are all
+// issued before the first is decoded (more of a lane's reads in flight); the other
+// dtypes go through $W_chunk one at a time.
+fn $W_chunk4(r: u32, k: u32, s: u32, R: u32, C: u32) {
+    if ($DTYPE == 3u) {
+        let b = (r * C) / 16u;
+        let v = array<vec4<u32>, 4>($W[b + k], $W[b + k + s], $W[b + k + 2u * s],
+                                    $W[b + k + 3u * s]);
+        for (var j = 0u; j < 4u; j++) {
+            let c = 16u * (k + j * s);
+            mac4($W_q8x4(v[j].x), c); mac4($W_q8x4(v[j].y), c + 4u);
+            mac4($W_q8x4(v[j].z), c + 8u); mac4($W_q8x4(v[j].w), c + 12u);
+        }
+        return;
+    }
+    $W_chunk(r, k, R, C);
+    $W_chunk(r, k + s, R, C);
+    $W_chunk(r, k + 2u * s, R, C);
+    $W_chunk(r, k + 3u * s, R, C);
+}

@@ -1,0 +1,195 @@
+"""Kernel-level GPU measurements for bench_gpu.py (benchmark-only code):
+
+  * the per-dispatch floor: one compute pass of N one-workgroup dispatches that each
+    write the same buffer (so each waits for the one before, as a forward's do), timed
+    at the submission's boundaries against a pass of one dispatch;
+  * the decode matvec's streaming rate per variant (subgroupAdd or the shared-memory
+    tree, 1 or 4 loads in flight a lane, rows a workgroup) on q8_row matrices of
+    Llama-8B and bench-Dory shapes, each shape as enough distinct copies that the set
+    exceeds the GPU's L2, as GB/s and % of the read bandwidth;
+  * the matvec stream of one Llama-3-8B-shaped token (hidden 4096, 32 layers, FFN
+    14336, 32/8 heads of 128, vocab 128256, q8_row: Q|K|V, O, gate|up, down per layer
+    and the head, 8.5 GB): every product of a token in one pass, each layer's own
+    buffers (one layer's matrices are uploaded and bound 32 times: each layer reads
+    218 MB between two reads of the same bytes, more than any L2 holds).
+The weights are random q8_row payloads (the streaming rate does not depend on values).
+"""
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+
+_FENCE: dict = {}
+
+
+def _finish(dev):
+    """Wait for the work submitted so far: a 16-byte copy behind it, read back."""
+    if dev not in _FENCE:
+        _FENCE[dev] = (dev.buffer(16, copy_src=True), dev.staging(16))
+    src, st = _FENCE[dev]
+    enc = dev.dev.create_command_encoder()
+    enc.copy_buffer_to_buffer(src, 0, st, 0, 16)
+    dev.queue.submit([enc.finish()])
+    dev.read(st, 4)
+
+
+def _time_pass(dev, dispatches, rounds=5):
+    """Best wall seconds of one submission of one compute pass over `dispatches`."""
+    best = None
+    for r in range(rounds + 1):
+        cb = dev.record(dispatches).finish()
+        t0 = time.perf_counter()
+        dev.queue.submit([cb])
+        _finish(dev)
+        dt = time.perf_counter() - t0
+        if r and (best is None or dt < best):
+            best = dt
+    return best
+
+
+def q8_row(rng, rows, cols, name="w"):
+    """A random q8_row payload in the shape GpuMatrix takes (int8 plane, f16 row scales)."""
+    plane = np.frombuffer(rng.bytes(rows * cols), np.uint8)
+    scales = np.full(rows, 1.0 / 127, np.float16).view(np.uint8)
+    return SimpleNamespace(dtype="q8_row", rows=rows, cols=cols, name=name,
+                           raw=np.concatenate([plane, scales]))
+
+
+def dispatch_floor(dev, n=2000):
+    from cortiq.gpu.kernels import FIXED, Dispatch, ParamArena, fixed_pipeline, resolve, u32s
+    buf = dev.buffer(4096)
+    out = dev.buffer(4096, copy_src=True)
+    arena = ParamArena(dev)
+    p = arena.ref(u32s(16, 16, 0, 0))
+    arena.upload()
+    d = Dispatch(fixed_pipeline(dev, "readbw"), dev.bind(FIXED["readbw"], resolve([p, buf, out])),
+                 (1, 1, 1), "readbw")
+    one = _time_pass(dev, [d])
+    many = _time_pass(dev, [d] * n)
+    return {"dispatches": n, "pass_of_1_ms": one * 1e3, "pass_of_n_ms": many * 1e3,
+            "us_per_dependent_dispatch": (many - one) / (n - 1) * 1e6}
+
+
+class _Settings:
+    """The decode matvec's module settings changed for one variant, restored after."""
+    NAMES = ("MATVEC_SUBGROUPS", "MATVEC_UNROLL", "RPW1_SLOTS", "RPW1_ROWS",
+             "MATVEC_STAGE_PLAIN")
+
+    def __init__(self, **kw):
+        from cortiq.gpu import kernels
+        self.k, self.kw = kernels, kw
+
+    def __enter__(self):
+        self.saved = {n: getattr(self.k, n) for n in self.NAMES}
+        for n, v in self.kw.items():
+            setattr(self.k, n, v)
+
+    def __exit__(self, *exc):
+        for n, v in self.saved.items():
+            setattr(self.k, n, v)
+
+
+#: decode-matvec variants: name -> module settings (kernels.py)
+VARIANTS = {
+    "sg_unroll4_rows16 (the default)": dict(MATVEC_SUBGROUPS=None, MATVEC_UNROLL=4, RPW1_SLOTS=16,
+                                            RPW1_ROWS=1),
+    "sg_unroll1_rows16": dict(MATVEC_SUBGROUPS=None, MATVEC_UNROLL=1, RPW1_SLOTS=16, RPW1_ROWS=1),
+    "sg_unroll4_rows8": dict(MATVEC_SUBGROUPS=None, MATVEC_UNROLL=4, RPW1_SLOTS=8, RPW1_ROWS=1),
+    "sg_unroll4_rows32": dict(MATVEC_SUBGROUPS=None, MATVEC_UNROLL=4, RPW1_SLOTS=32, RPW1_ROWS=1),
+    "sg_unroll4_rows64": dict(MATVEC_SUBGROUPS=None, MATVEC_UNROLL=4, RPW1_SLOTS=64, RPW1_ROWS=1),
+    "sg_unroll4_rows16_unstaged": dict(MATVEC_SUBGROUPS=None, MATVEC_UNROLL=4, RPW1_SLOTS=16,
+                                       RPW1_ROWS=1, MATVEC_STAGE_PLAIN=False),
+    "sg_unroll4_rows32_unstaged": dict(MATVEC_SUBGROUPS=None, MATVEC_UNROLL=4, RPW1_SLOTS=32,
+                                       RPW1_ROWS=1, MATVEC_STAGE_PLAIN=False),
+    "tree_unroll4_rows16": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=4, RPW1_SLOTS=16,
+                                RPW1_ROWS=1),
+    "tree_unroll1_rows16 (the earlier kernel)": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=1,
+                                                     RPW1_SLOTS=16, RPW1_ROWS=1),
+}
+
+#: (label, rows, cols, input stage) of the measured products
+SHAPES = [("llama8b_qkv 6144x4096", 6144, 4096, 0),
+          ("llama8b_gate_up 28672x4096", 28672, 4096, 0),
+          ("llama8b_down 4096x14336", 4096, 14336, 0),
+          ("dory_down_swiglu 2048x5632", 2048, 5632, 2),
+          ("dory_o 2048x2048", 2048, 2048, 0)]
+
+
+def _ops(dev, mats_list, pro=0):
+    """One decode MatvecOp per matrix group (its own input and output buffers)."""
+    from cortiq.gpu.kernels import MatvecOp, ParamArena
+    arena = ParamArena(dev)
+    ops = []
+    for mats in mats_list:
+        cols = mats[0].cols
+        rows = sum(m.rows for m in mats)
+        xw = 2 * cols if pro == 2 else cols
+        x = dev.upload(np.random.default_rng(1).standard_normal(xw).astype(np.float32))
+        v = dev.upload(np.ones(2 * cols + 8, np.float32))
+        y = dev.buffer(rows * 4)
+        ops.append(MatvecOp(dev, mats, arena, x=x, x_off=0, x_stride=xw, y=y, y_off=0,
+                            y_stride=rows, vbuf=v, v_a=0 if pro == 2 else 0xFFFFFFFF,
+                            v_b=cols if pro == 2 else 0xFFFFFFFF, x2_off=cols, pro=pro))
+    arena.upload()
+    return ops
+
+
+def matvec_variants(dev, read_gb_s, l2_bytes=256 << 20):
+    from cortiq.gpu.kernels import GpuMatrix, matvec1_subgroups
+    rng = np.random.default_rng(0)
+    step = dev.upload(np.array([1, 0, 0, 0], np.uint32), uniform=True)
+    out = {"subgroups_offered": dev.subgroups, "shapes": {}}
+    for label, rows, cols, pro in SHAPES:
+        nbytes = rows * cols + 2 * rows
+        copies = max(1, -(-l2_bytes // nbytes))
+        mats = [[GpuMatrix(dev, q8_row(rng, rows, cols))] for _ in range(copies)]
+        ops = _ops(dev, mats, pro)
+        res = {"copies": copies, "bytes_per_pass": nbytes * copies, "input_stage": pro}
+        for name, kw in VARIANTS.items():
+            if kw["MATVEC_SUBGROUPS"] is None and not dev.subgroups:
+                continue
+            with _Settings(**kw):
+                ds = [op.dispatch(step, 1) for op in ops]
+                dt = _time_pass(dev, ds * 4, rounds=3) / 4
+                gbs = nbytes * copies / dt / 1e9
+                res[name] = {"gb_s": gbs, "pct_of_read_bw": 100 * gbs / read_gb_s,
+                             "us_per_product": dt / copies * 1e6,
+                             "subgroups": matvec1_subgroups(dev)}
+        out["shapes"][label] = res
+        del mats, ops
+    return out
+
+
+def llama8b_chain(dev, read_gb_s, layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8,
+                  head_dim=128, vocab=128256):
+    """The q8_row matvec stream of one Llama-3-8B-shaped token in one pass (see the
+    module docstring): GPU ms, the tok/s it bounds and its % of the read bandwidth."""
+    from cortiq.gpu.kernels import GpuMatrix
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(0)
+    q = (heads + 2 * kv_heads) * head_dim
+    layer = [[GpuMatrix(dev, q8_row(rng, q, hidden))],
+             [GpuMatrix(dev, q8_row(rng, hidden, heads * head_dim))],
+             [GpuMatrix(dev, q8_row(rng, ffn, hidden)), GpuMatrix(dev, q8_row(rng, ffn, hidden))],
+             [GpuMatrix(dev, q8_row(rng, hidden, ffn))]]
+    head = [GpuMatrix(dev, q8_row(rng, vocab, hidden))]
+    ops = _ops(dev, layer + [head])
+    build_s = time.perf_counter() - t0
+    step = dev.upload(np.array([1, 0, 0, 0], np.uint32), uniform=True)
+    per_layer = sum(m.nbytes for g in layer for m in g)
+    nbytes = layers * per_layer + head[0].nbytes
+    out = {"shape": dict(hidden=hidden, layers=layers, ffn=ffn, heads=heads, kv_heads=kv_heads,
+                         vocab=vocab, dtype="q8_row"),
+           "weight_gb_per_token": nbytes / 1e9, "build_s": build_s,
+           "dispatches_per_token": 4 * layers + 1}
+    for name, kw in VARIANTS.items():
+        if kw["MATVEC_SUBGROUPS"] is None and not dev.subgroups:
+            continue
+        with _Settings(**kw):
+            ds = [op.dispatch(step, 1) for op in ops]
+            prog = ds[:4] * layers + ds[4:]
+            dt = _time_pass(dev, prog, rounds=3)
+        out[name] = {"gpu_ms_per_token": dt * 1e3, "tok_s_bound": 1 / dt,
+                     "gb_s": nbytes / dt / 1e9, "pct_of_read_bw": 100 * nbytes / dt / 1e9 / read_gb_s}
+    return out
