@@ -8,7 +8,9 @@ requested type (default Q4_K_M, Q6_K, Q8_0). For every file, in one run:
 * decode tokens/s after a 64-token prompt (greedy, one token at a time), cortiq
   (``LLM(path.gguf)``, no conversion) and llama.cpp (llama-cpp-python), same threads;
 * prefill tokens/s of a 512-token prompt (cortiq's default precision);
-* the size of the CMF ``cortiq import-gguf`` writes from it, over the GGUF's size.
+* the size of the CMF ``cortiq import-gguf`` writes from it, over the GGUF's size;
+* greedy agreement: over 64 steps of llama.cpp's greedy continuation, the share where
+  cortiq's argmax (default precision) is llama.cpp's token.
 
 Both engines stream the same bytes a token (the same file), so the decode ratio is a
 per-byte ratio by construction. Targets: decode >= 1.3x and prefill >= 1.0x llama.cpp at
@@ -62,6 +64,33 @@ def quantize(src, dst, kind, threads):
     if rc != 0:
         raise RuntimeError(f"llama_model_quantize({kind}) returned {rc}")
     os.replace(tmp, dst)
+
+
+def greedy_agreement(path, prompt, steps, threads) -> float:
+    """Share of `steps` greedy steps where cortiq picks llama.cpp's token, teacher-forced
+    on llama.cpp's own continuation (the engines quantize activations differently, so a
+    free-running comparison would only measure the first near-tie)."""
+    import cortiq
+    from llama_cpp import Llama
+    ref = Llama(model_path=path, n_ctx=len(prompt) + steps + 8, n_threads=threads,
+                verbose=False, logits_all=True)
+    try:
+        ref.eval(prompt)
+        theirs = []
+        for _ in range(steps):
+            t = int(np.argmax(ref.scores[ref.n_tokens - 1]))
+            theirs.append(t)
+            ref.eval([t])
+    finally:
+        ref.close()
+    with cortiq.LLM(path, n_threads=threads) as llm:
+        s = llm.session()
+        lg = s.feed(prompt, want="last")
+        agree = 0
+        for t in theirs:
+            agree += int(np.argmax(lg)) == t
+            lg = s.feed([t], want="last")
+    return agree / steps
 
 
 def tensor_types(path) -> dict:
@@ -122,24 +151,25 @@ def main():
             quantize(f16, path, kind, max(threads))
         gb = bl.weight_bytes_gguf(path) / 1e9
         size = None if a.no_import else imported_ratio(path)
+        agree = greedy_agreement(path, prompt, 64, max(threads))
         for th in threads:
             dec, pre, _ = bl.bench_cortiq(path, th, prompt, a.tokens, long_prompt)
             pdec, ppre = bl.bench_llamacpp(path, th, prompt, a.tokens, long_prompt)
             r = dict(type=kind, threads=th, tensor_types=tensor_types(path), gb_token=gb,
                      cortiq_decode=dec, llamacpp_decode=pdec, decode_ratio=dec / pdec,
                      cortiq_prefill=pre, llamacpp_prefill=ppre, prefill_ratio=pre / ppre,
-                     import_size_ratio=size)
+                     import_size_ratio=size, greedy_agreement=agree)
             results.append(r)
             rows.append(f"| {kind} | {th} | {gb:.3f} | {dec:.2f} | {pdec:.2f} | "
                         f"{dec / pdec:.2f} | {pre:.1f} | {ppre:.1f} | {pre / ppre:.2f} | "
-                        + (f"{size:.4f}" if size is not None else "-") + " |")
+                        + (f"{size:.4f}" if size is not None else "-") + f" | {agree:.0%} |")
             print(rows[-1], flush=True)
     cfg = cortiq.config()
     print(f"\nmachine: {platform.machine()}, cortiq table {cfg['isa']}, CPU features "
           f"{' '.join(cfg['cpu_features'])}, precision {cfg['precision']}")
     print("| type | threads | GB/token | cortiq decode | llama.cpp decode | ratio | "
-          "cortiq prefill | llama.cpp prefill | ratio | import size ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "cortiq prefill | llama.cpp prefill | ratio | import size ratio | greedy agreement |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     print(f"targets at 2 threads: decode >= {TARGETS['decode']}, prefill >= "
           f"{TARGETS['prefill']}, import size <= {TARGETS['size']}")
