@@ -340,7 +340,30 @@ class _Part:
                 pass
 
 
-class CmfFile:
+class TensorDirectory:
+    """Access by name to a model file's `tensors` ({name: info}), shared by `CmfFile` and
+    `cortiq.gguf.GgufFile`."""
+
+    path: str
+    tensors: dict
+
+    def names(self) -> list:
+        return list(self.tensors)
+
+    def __contains__(self, name) -> bool:
+        return name in self.tensors
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def info(self, name: str):
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise MissingTensor(f"{self.path}: no tensor {name!r}") from None
+
+
+class CmfFile(TensorDirectory):
     """An open CMF model: one file, or every shard of a set merged (see open())."""
 
     def __init__(self, path, preload: bool = False, verify: str = "lazy"):
@@ -463,21 +486,6 @@ class CmfFile:
         return self._parts[0] if file is None else self._by_file[file]
 
     # ---- tensors -----------------------------------------------------------------
-    def names(self) -> list:
-        return list(self.tensors)
-
-    def __contains__(self, name) -> bool:
-        return name in self.tensors
-
-    def __len__(self) -> int:
-        return len(self.tensors)
-
-    def info(self, name: str) -> TensorInfo:
-        try:
-            return self.tensors[name]
-        except KeyError:
-            raise MissingTensor(f"{self.path}: no tensor {name!r}") from None
-
     def resolve(self, name: str, skill=None) -> str:
         """The directory name used for `name` when `skill` is active (§11.1)."""
         if skill is None:

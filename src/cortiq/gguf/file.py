@@ -34,6 +34,7 @@ from ..cmf._anon import anon_copy
 from ..cmf.errors import CmfFileNotFound, MissingTensor
 from ..cmf.ggml_blocks import BY_GGML_TYPE
 from ..cmf.hash import hash64
+from ..cmf.reader import TensorDirectory
 from ..errors import ConfigError, FormatError
 from .llama_meta import (PERMUTED, Meta, architectures, arch_from_gguf, hf_name,
                          tokenizer_from_gguf)
@@ -118,7 +119,7 @@ def is_gguf(path) -> bool:
         return False
 
 
-class GgufFile:
+class GgufFile(TensorDirectory):
     """An open Llama-family GGUF model (see the module docstring)."""
 
     preload: bool
@@ -247,21 +248,6 @@ class GgufFile:
         d = self.layout.data_offset
         return {"metadata": (0, d), "data": (d, size - d),
                 "vocab": self.layout.key_spans.get("tokenizer.ggml.tokens", (0, 0))}
-
-    def names(self) -> list:
-        return list(self.tensors)
-
-    def __contains__(self, name) -> bool:
-        return name in self.tensors
-
-    def __len__(self) -> int:
-        return len(self.tensors)
-
-    def info(self, name: str) -> GgufTensorInfo:
-        try:
-            return self.tensors[name]
-        except KeyError:
-            raise MissingTensor(f"{self.path}: no tensor {name!r}") from None
 
     def resolve(self, name: str, skill=None) -> str:
         if skill is not None:
