@@ -70,14 +70,8 @@ static void kq_mm_pack(const cq_qmat *m, const float *X, size_t t, uint8_t *buf)
         const float *x = X + i * cols;
         uint8_t *pb = buf + kq_mm_panel_at(m->dtype, ng, p);
         for (size_t g = 0; g < ng; g++) {
-            int32_t qi[32];
             int8_t q[32];
-            float d;
-            if (avx2_quant32(x + CQ_GROUP * g, qi, &d)) {
-                for (int k = 0; k < 32; k++) q[k] = (int8_t)qi[k];
-            } else {
-                d = cq_xq_quant32(x + CQ_GROUP * g, q);
-            }
+            const float d = mm_quant32(x + CQ_GROUP * g, q);
             int32_t sa = 0, sb = 0;
             for (int k = 0; k < 16; k++) sa += q[k], sb += q[16 + k];
             uint8_t *gb = pb + xgb * wd * g;

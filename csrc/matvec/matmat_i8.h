@@ -72,6 +72,15 @@ static size_t i8pm_scratch_bytes(const cq_qmat *m, size_t t);
 static void i8pm_block(const cq_qmat *m, size_t r0, size_t nr, const uint8_t *buf, size_t t, float *Y, size_t ldy,
                        float *scratch);
 static int i8mm_portable(const cq_qmat *m) { return cq_dt_ggml(m->dtype) && !(i8mm_ggml_tiles(m) && i8mm_cpu()); }
+/* One group of a prompt row quantized as the int8 matvec quantizes it (qmat.h cq_xq):
+ * the 8-lane builder where it applies, the scalar spec otherwise (the same bytes). */
+static inline float mm_quant32(const float *xg, int8_t *q) {
+    int32_t qi[32];
+    float d;
+    if (!avx2_quant32(xg, qi, &d)) return cq_xq_quant32(xg, q);
+    for (int k = 0; k < 32; k++) q[k] = (int8_t)qi[k];
+    return d;
+}
 #include "ggml_kq_matmat.h" /* the K-quants' own pack, decode and tiles (kq_mm_*) */
 /* The K-quants take their own tiles where this CPU has them (else the portable path). */
 static int i8mm_kq(const cq_qmat *m) { return kq_is(m->dtype) && kq_mm_cpu(m->dtype); }
@@ -109,14 +118,8 @@ static void i8_mm_pack(const cq_qmat *m, const float *X, size_t t, uint8_t *buf)
         }
         uint8_t *pb = buf + i8mm_panel_at(ng, p);
         for (size_t g = 0; g < ng; g++) {
-            int32_t qi[32];
             int8_t q[32];
-            float d;
-            if (avx2_quant32(x + CQ_GROUP * g, qi, &d)) {
-                for (int k = 0; k < 32; k++) q[k] = (int8_t)qi[k];
-            } else {
-                d = cq_xq_quant32(x + CQ_GROUP * g, q);
-            }
+            const float d = mm_quant32(x + CQ_GROUP * g, q);
             int32_t s = 0;
             for (int k = 0; k < 32; k++) s += q[k];
             uint8_t *gb = pb + 40 * wd * g;
