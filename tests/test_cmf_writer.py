@@ -469,7 +469,7 @@ def test_cli_info_and_verify(tmp_path):
     r = run("verify", bad)
     assert r.returncode == 1 and r.stdout.count("\n") == 1 and "lm_head.weight" in r.stdout
     for target, msg in [(tmp_path / "missing.cmf", "no such file"),
-                        (tmp_path, "is a directory")]:
+                        (tmp_path, "not a Hugging Face checkpoint directory")]:
         r = run("info", target)
         assert r.returncode == 1 and msg in r.stderr
         assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1

@@ -276,8 +276,9 @@ def test_replica_that_cannot_load_reports_the_cmf_error(service, tmp_path):
     with open(bad, "r+b") as f:
         f.seek(0)
         f.write(b"XXXX")
-    with pytest.raises(cortiq.FormatError) as ref:
-        cortiq.cmf.open(str(bad))
+    from cortiq.runtime.model_file import open_model_file
+    with pytest.raises(cortiq.FormatError) as ref:    # what LLM's opening says of it
+        open_model_file(str(bad))
     app = cray.deployment(bad, replicas=1, ray_actor_options={"num_cpus": 0})
     with pytest.raises(RuntimeError) as e:
         serve.run(app, name="damaged", route_prefix="/damaged")

@@ -87,7 +87,7 @@ def test_importing_the_registry_imports_no_model():
 
 
 def test_llama_family_names_come_from_the_spec():
-    from cortiq.convert.gguf_import import architectures
+    from cortiq.gguf.llama_meta import architectures
     from cortiq.models.llama import ARCH_NAMES
     assert ARCH_NAMES == architectures() == M.builtin_spec("llama").names
     assert M.builtin_spec("qwen2") is M.builtin_spec("llama")
@@ -183,24 +183,18 @@ def test_cli_import_gguf_names_the_llama_family(capsys):
 
 
 def test_gguf_import_takes_the_llama_family_of_the_registry(monkeypatch):
-    from cortiq.convert import gguf_import as G
-
-    class Meta:
-        def __init__(self, **kv):
-            self.kv = kv
-
-        def get(self, key, default=None):
-            return self.kv.get(key, default)
-
+    from cortiq.errors import FormatError
+    from cortiq.gguf import llama_meta as G
+    meta = G.Meta({"general.architecture": "llama9"})
     with pytest.raises(ConfigError, match="general.architecture: 'llama9'"):
-        G.arch_from_gguf(Meta(**{"general.architecture": "llama9"}), {})
+        G.arch_from_gguf(meta, {})
     llama = M.builtin_spec("llama")
     wider = M.ArchSpec(llama.names + ("llama9",), llama.model, llama.converter)
     monkeypatch.setattr(M, "SPECS", tuple(wider if s is llama else s for s in M.SPECS))
     assert "llama9" in G.architectures()
     # past the architecture check: the next missing key is what stops it
-    with pytest.raises(ConfigError, match="llama9.embedding_length: missing"):
-        G.arch_from_gguf(Meta(**{"general.architecture": "llama9"}), {})
+    with pytest.raises(FormatError, match="llama9.embedding_length: missing"):
+        G.arch_from_gguf(meta, {})
 
 
 def test_to_device_builds_the_registered_gpu_model(fake):
