@@ -174,9 +174,53 @@ G32_FNS(q5_0, CQ_DT_GGML_Q5_0)
 G32_FNS(q5_1, CQ_DT_GGML_Q5_1)
 G32_FNS(iq4_nl, CQ_DT_GGML_IQ4_NL)
 
+/* q8_0, R rows from r side by side (R weight streams, which read faster from DRAM than
+ * one): each row's operations are G32_BODY's for q8_0, in its order, so its bits. */
+#define G32_Q8_0_ROWS(DOT, R)                                                                      \
+    const size_t gpr = m->cols / CQ_GROUP;                                                         \
+    const uint8_t *row = m->data + r * gpr * 34;                                                   \
+    const __m512i zero = _mm512_setzero_si512();                                                   \
+    static const uint8_t zblk[34] = {0};                                                           \
+    __m512 f0[R], f1[R];                                                                           \
+    for (int k = 0; k < (R); k++) f0[k] = f1[k] = _mm512_setzero_ps();                             \
+    for (size_t g = 0; g < gpr; g += 2) {                                                          \
+        const __m512i x = _mm512_load_si512((const void *)(xq->q + CQ_GROUP * g));                 \
+        const __m512 dl = _mm512_load_ps(xq->dl + CQ_GROUP * g / 4);                               \
+        _Pragma("GCC unroll 4") for (int k = 0; k < (R); k++) {                                    \
+            const uint8_t *p0 = row + (k * gpr + g) * 34, *p1 = g + 1 < gpr ? p0 + 34 : zblk;      \
+            CQ_STREAM_PF(p0);                                                                      \
+            const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p0 + 2))), \
+                                                 _mm256_loadu_si256((const __m256i *)(p1 + 2)), 1); \
+            const __m512i xs = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(v), zero, x);           \
+            const __m512i isum = DOT(zero, _mm512_abs_epi8(v), xs);                                \
+            const __m512 sc = _mm512_mul_ps(g32_scales2(cq_ld16(p0), cq_ld16(p1)), dl);            \
+            const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), sc);                          \
+            if (g & 2) f1[k] = _mm512_add_ps(f1[k], t);                                            \
+            else f0[k] = _mm512_add_ps(f0[k], t);                                                  \
+        }                                                                                          \
+    }                                                                                              \
+    for (int k = 0; k < (R); k++) out[k] = _mm512_reduce_add_ps(_mm512_add_ps(f0[k], f1[k]))
+
+typedef void (*g32_rows_fn)(const cq_qmat *, size_t, const cq_xq *, float *);
+static void g32_q8_0_rows2_bw(const cq_qmat *m, size_t r, const cq_xq *xq, float *out) { G32_Q8_0_ROWS(dot_bw, 2); }
+#ifdef CQ_HAVE_VNNI_FN
+__attribute__((target("avx512vnni"))) static void g32_q8_0_rows2_vnni(const cq_qmat *m, size_t r, const cq_xq *xq,
+                                                                    float *out) {
+    G32_Q8_0_ROWS(_mm512_dpbusd_epi32, 2);
+}
+#endif
+
 typedef float (*g32_row_fn)(const cq_qmat *, size_t, const cq_xq *);
 static void ggml_q32_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
     g32_row_fn f;
+    if (m->dtype == CQ_DT_GGML_Q8_0 && nr >= 2) {
+        g32_rows_fn f2 = g32_q8_0_rows2_bw;
+#ifdef CQ_HAVE_VNNI_FN
+        if (cq_cpu_features() & CQ_CPU_AVX512VNNI) f2 = g32_q8_0_rows2_vnni;
+#endif
+        for (; nr >= 2; nr -= 2, r0 += 2, out += 2) f2(m, r0, xq, out);
+        if (!nr) return;
+    }
 #ifdef CQ_HAVE_VNNI_FN
     if (cq_cpu_features() & CQ_CPU_AVX512VNNI) {
         switch (m->dtype) {
