@@ -95,9 +95,9 @@ def weight_bytes_gguf(path) -> int:
                and len(t.shape) == 2)
 
 
-def bench_cortiq(cmf_path, th, prompt, tokens, long_prompt):
+def bench_cortiq(cmf_path, th, prompt, tokens, long_prompt, **llm_options):
     import cortiq
-    with cortiq.LLM(cmf_path, n_threads=th, n_ctx=4096) as llm:
+    with cortiq.LLM(cmf_path, n_threads=th, n_ctx=4096, **llm_options) as llm:
         s = llm.session()
         lg = s.feed(prompt, want="last")
         t = int(np.argmax(lg))
