@@ -6,9 +6,9 @@ quantized by llama.cpp's own quantizer (``llama_cpp.llama_model_quantize``) to e
 requested type (default Q4_K_M, Q6_K, Q8_0). For every file, in one run:
 
 * decode tokens/s after a 64-token prompt (greedy, one token at a time), cortiq
-  (``LLM(path.gguf)``, no conversion: mapped as the default does, and with
-  ``preload=True``, the weights copied into memory on 2 MiB pages) and llama.cpp
-  (llama-cpp-python, its default mmap), same threads;
+  (``LLM(path.gguf)``, no conversion, with the default preload decision (on a machine
+  offering huge pages: the weights copied into memory on 2 MiB pages), and mapped with
+  ``preload=False``) and llama.cpp (llama-cpp-python, its default mmap), same threads;
 * prefill tokens/s of a 512-token prompt (cortiq's default precision);
 * the size of the CMF ``cortiq import-gguf`` writes from it, over the GGUF's size;
 * greedy agreement: over 64 steps of llama.cpp's greedy continuation, the share where
@@ -38,6 +38,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench_llama as bl
+
+from cortiq.cmf import worth_preloading
 
 #: llama.cpp's file types (llama.h: enum llama_ftype) by the names its tools print
 FTYPES = {"Q4_0": 2, "Q8_0": 7, "Q5_K_M": 17, "Q6_K": 18, "Q4_K_M": 15, "Q4_K_S": 14,
@@ -157,24 +159,25 @@ def main():
         for th in threads:
             dec, pre, _ = bl.bench_cortiq(path, th, prompt, a.tokens, long_prompt)
             pdec, ppre = bl.bench_llamacpp(path, th, prompt, a.tokens, long_prompt)
-            ldec, _, _ = bl.bench_cortiq(path, th, prompt, a.tokens, long_prompt[:8],
-                                         preload=True)
+            mdec, _, _ = bl.bench_cortiq(path, th, prompt, a.tokens, long_prompt[:8],
+                                         preload=False)
             r = dict(type=kind, threads=th, tensor_types=tensor_types(path), gb_token=gb,
                      cortiq_decode=dec, llamacpp_decode=pdec, decode_ratio=dec / pdec,
-                     cortiq_decode_preloaded=ldec, decode_ratio_preloaded=ldec / pdec,
+                     preloaded_by_default=worth_preloading(path),
+                     cortiq_decode_mapped=mdec, decode_ratio_mapped=mdec / pdec,
                      cortiq_prefill=pre, llamacpp_prefill=ppre, prefill_ratio=pre / ppre,
                      import_size_ratio=size, greedy_agreement=agree)
             results.append(r)
-            rows.append(f"| {kind} | {th} | {gb:.3f} | {dec:.2f} | {ldec:.2f} | {pdec:.2f} | "
-                        f"{dec / pdec:.2f} | {ldec / pdec:.2f} | {pre:.1f} | {ppre:.1f} | "
+            rows.append(f"| {kind} | {th} | {gb:.3f} | {dec:.2f} | {mdec:.2f} | {pdec:.2f} | "
+                        f"{dec / pdec:.2f} | {mdec / pdec:.2f} | {pre:.1f} | {ppre:.1f} | "
                         f"{pre / ppre:.2f} | "
                         + (f"{size:.4f}" if size is not None else "-") + f" | {agree:.0%} |")
             print(rows[-1], flush=True)
     cfg = cortiq.config()
     print(f"\nmachine: {platform.machine()}, cortiq table {cfg['isa']}, CPU features "
           f"{' '.join(cfg['cpu_features'])}, precision {cfg['precision']}")
-    print("| type | threads | GB/token | cortiq decode | cortiq decode, preloaded | llama.cpp "
-          "decode | ratio | ratio, preloaded | cortiq prefill | llama.cpp prefill | ratio | "
+    print("| type | threads | GB/token | cortiq decode | cortiq decode, mapped | llama.cpp "
+          "decode | ratio | ratio, mapped | cortiq prefill | llama.cpp prefill | ratio | "
           "import size ratio | greedy agreement |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))

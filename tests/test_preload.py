@@ -196,7 +196,7 @@ def test_cli_preload_flag(tmp_path, capsys, monkeypatch):
     for extra in ([], ["--preload"], ["--no-preload"]):
         assert main(argv + extra) == 0
         outs.append(capsys.readouterr().out)
-    assert seen == [False, True, False] and outs[0] == outs[1] == outs[2]
+    assert seen == [C.worth_preloading(toy), True, False] and outs[0] == outs[1] == outs[2]
     monkeypatch.setattr(_config, "_preload", True)  # CORTIQ_PRELOAD=1 ...
     assert main(argv) == 0 and main(argv + ["--no-preload"]) == 0  # ... and its override
     assert seen[3:] == [True, False]
@@ -222,3 +222,53 @@ def test_serve_preloads_by_default(tmp_path, monkeypatch):
     assert main(["serve", toy]) == 0
     assert seen == [True, False, True, False]
     assert _config.preload_default() is False and _config.config()["preload"] is False
+
+
+def _thp(tmp_path, text):
+    p = tmp_path / f"thp-{text.split('[')[1].split(']')[0]}"
+    p.write_text(text)
+    return str(p)
+
+
+def _meminfo(tmp_path, avail_kib):
+    p = tmp_path / "meminfo"
+    p.write_text(f"MemTotal:       99999999 kB\nMemFree:          1000 kB\n"
+                 f"MemAvailable:   {avail_kib} kB\nBuffers:   0 kB\n")
+    return str(p)
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE here")
+def test_worth_preloading_rule(tmp_path):
+    """The default copies a file only where huge pages are offered and it takes at most
+    half the available memory."""
+    f = tmp_path / "m.bin"
+    f.write_bytes(b"\0" * 10240)                                   # 10 KiB
+    always, madvise, never = (_thp(tmp_path, t) for t in (
+        "[always] madvise never\n", "always [madvise] never\n", "always madvise [never]\n"))
+    assert C.worth_preloading(f, always, _meminfo(tmp_path, 20))
+    assert C.worth_preloading(f, madvise, _meminfo(tmp_path, 20))    # 10 KiB of 20 KiB
+    assert not C.worth_preloading(f, madvise, _meminfo(tmp_path, 19))
+    assert not C.worth_preloading(f, never, _meminfo(tmp_path, 1 << 30))
+    assert not C.worth_preloading(f, str(tmp_path / "absent"), _meminfo(tmp_path, 1 << 30))
+    assert not C.worth_preloading(f, madvise, str(tmp_path / "absent"))
+    assert not C.worth_preloading(tmp_path / "missing.bin", madvise, _meminfo(tmp_path, 1 << 30))
+    assert not C.worth_preloading(tmp_path, madvise, _meminfo(tmp_path, 1 << 30))  # a folder
+
+
+def test_llm_preload_unset_follows_the_rule(monkeypatch, tmp_path):
+    """CORTIQ_PRELOAD unset and no preload=: LLM asks worth_preloading (CPU models), and
+    a set variable or an explicit argument wins over it."""
+    toy = tmp_path / "toy.cmf"
+    T.write_toy(toy)
+    monkeypatch.setattr(_config, "_preload", None)
+    asked = []
+    for answer in (True, False):
+        monkeypatch.setattr(C, "worth_preloading", lambda p, a=answer: asked.append(p) or a)
+        with cortiq.LLM(toy) as llm:
+            assert llm.file.preload is answer
+        with cortiq.LLM(toy, preload=not answer) as llm:
+            assert llm.file.preload is (not answer)
+    assert asked == [str(toy), str(toy)]
+    monkeypatch.setattr(_config, "_preload", False)
+    with cortiq.LLM(toy) as llm:
+        assert llm.file.preload is False and asked == [str(toy), str(toy)]

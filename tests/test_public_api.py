@@ -39,7 +39,8 @@ def test_show_config_reports_isa_threads_and_build(capsys):
     c = cortiq.config()
     assert c["isa"] in out and f"threads:      {c['threads']}" in out
     assert c["version"] == cortiq.__version__ and "compiler" in out
-    assert f"preload:      {'on' if c['preload'] else 'off'}" in out
+    word = {"auto": "auto", True: "on", False: "off"}[c["preload"]]
+    assert f"preload:      {word}" in out
     assert c["isa"] in c["isa_usable"] and set(c["isa_usable"]) <= set(c["isa_compiled"])
     if not os.environ.get("CORTIQ_ISA"):
         assert c["isa"] == _kernels.best_isa()
@@ -96,12 +97,12 @@ def test_cortiq_num_threads():
 
 def test_cortiq_preload():
     code = "import cortiq; print(cortiq.config()['preload'])"
-    for value, want in (("", "False"), ("1", "True"), ("0", "False"), ("true", "True"),
+    for value, want in (("", "auto"), ("1", "True"), ("0", "False"), ("true", "True"),
                         ("False", "False"), (" YES ", "True"), ("no", "False"),
                         ("On", "True"), ("off", "False")):
         r = _run({"CORTIQ_PRELOAD": value}, code)
         assert r.returncode == 0 and r.stdout.strip() == want, (value, r.stderr)
-    assert _run({}, code).stdout.strip() == "False"
+    assert _run({}, code).stdout.strip() == "auto"
     r = _run({"CORTIQ_PRELOAD": "1"}, "import cortiq; print(cortiq.LLM().file.preload)")  # demo
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
     assert "preload:      on" in _run({"CORTIQ_PRELOAD": "1"}, "import cortiq; "

@@ -7,7 +7,10 @@
     cortiq.cmf.write(path, tensors, arch=..., quant="q8_row", ...)
     cortiq.cmf.Writer(path, arch=..., ...)  streaming: .add(name, array), .close()
     cortiq.cmf.hash64(data)                 the format's 64-bit digest (C kernel)
+    cortiq.cmf.worth_preloading(path)       LLM's default for preload= (huge pages offered,
+                                            the file at most half the available memory)
 """
+from ._anon import worth_preloading
 from .errors import (BoundsError, CmfFileNotFound, FormatError, HashMismatch, InvalidMagic,
                      MissingTensor, ParseError, UnknownDtype, UnsupportedFeature,
                      UnsupportedVersion)
@@ -20,5 +23,5 @@ __all__ = [
     "BoundsError", "CmfFile", "CmfFileNotFound", "FormatError", "HashMismatch", "InvalidMagic",
     "MaskTask", "Masks", "MissingTensor", "ParseError", "TensorInfo", "UnknownDtype",
     "UnsupportedFeature", "UnsupportedVersion", "Writer", "choose_dtype", "hash64",
-    "hash64_numpy", "open", "shard_file_name", "write",
+    "hash64_numpy", "open", "shard_file_name", "worth_preloading", "write",
 ]

@@ -6,10 +6,16 @@ MADV_HUGEPAGE (Linux, THP mode `always` or `madvise`) is backed by 2 MiB pages i
 The copy starts on a 2 MiB boundary inside an over-allocated map, because huge pages
 only back whole aligned 2 MiB ranges. Elsewhere (macOS, Windows) the copy is plain
 anonymous memory.
+
+`worth_preloading` is the default's rule: copy a file when the copy gets huge pages
+(on Linux with THP offered; elsewhere the copy is the same 4 KiB pages as the map and
+only doubles the memory) and the file takes at most half the available memory (the
+copy and the page cache it is read through both hold it for a while).
 """
 from __future__ import annotations
 
 import mmap
+import os
 
 import numpy as np
 
@@ -17,6 +23,46 @@ from .errors import BoundsError
 
 HUGE_PAGE = 2 << 20
 CHUNK = 64 << 20
+THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
+MEMINFO = "/proc/meminfo"
+
+
+def huge_pages_offered(mode_file: str = THP_MODE) -> bool:
+    """Whether an anonymous map advised with MADV_HUGEPAGE gets 2 MiB pages here: the
+    kernel's THP mode (the bracketed word of `mode_file`) is `always` or `madvise`."""
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        return False
+    try:
+        with open(mode_file) as fh:
+            text = fh.read()
+    except OSError:
+        return False
+    mode = text[text.find("[") + 1:text.find("]")] if "[" in text else ""
+    return mode in ("always", "madvise")
+
+
+def available_memory(meminfo: str = MEMINFO) -> int | None:
+    """MemAvailable of `meminfo` in bytes (None where there is no such file)."""
+    try:
+        with open(meminfo) as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def worth_preloading(path, mode_file: str = THP_MODE, meminfo: str = MEMINFO) -> bool:
+    """The default preload decision for the model file at `path` (see the module
+    docstring); False for anything that is not a readable file."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return False
+    avail = available_memory(meminfo)
+    return (os.path.isfile(path) and avail is not None and size <= avail // 2
+            and huge_pages_offered(mode_file))
 
 
 def anon_copy(fh, size: int, path: str):

@@ -179,11 +179,14 @@ def api_keys_from_env(environ: Mapping[str, str] | None = None) -> list[str]:
     return [k.strip() for k in value.split(",") if k.strip()]
 
 
-def preload_default(long_running: bool = False) -> bool:
+def preload_default(long_running: bool = False) -> bool | None:
     """What LLM(path) does without preload=: CORTIQ_PRELOAD as read at import; unset,
-    off, except for a long-running process (`cortiq serve`), which pays the copy once
-    and decodes faster ever after."""
-    return long_running if _preload is None else _preload
+    True for a long-running process (`cortiq serve`, which pays the copy once and decodes
+    faster ever after), else None: decided per file by `cmf.worth_preloading` (copied
+    where the copy gets huge pages and the file fits in memory with room to spare)."""
+    if _preload is not None:
+        return _preload
+    return True if long_running else None
 
 
 def set_num_threads(n: int) -> None:
@@ -222,7 +225,7 @@ def config() -> dict:
         "threads": _kernels.get_num_threads(),
         "precision": get_precision(),
         "int8_activations": get_int8_activations(),
-        "preload": preload_default(),
+        "preload": "auto" if preload_default() is None else preload_default(),
         "pool": {"threads": _kernels.get_num_threads(), "workers": _kernels.pool_workers(),
                  "spin_us": _kernels.pool_spin_us(), "stalls": _kernels.pool_stalls()},
         "compiler": _kernels.compiler(),
@@ -235,6 +238,10 @@ _PRECISION_WORDS = {
     "auto": "int8 activations for q4_block q4_tiled q4tp q2tp, and for q8_row q8_2f in "
             "prompt chunks; exact for the rest",
 }
+
+
+def _onoff(value) -> str:
+    return "auto" if value in (None, "auto") else "on" if value else "off"
 
 
 def config_lines() -> list[str]:
@@ -254,8 +261,9 @@ def config_lines() -> list[str]:
          f"{pool['stalls']} calls met a descheduled worker"),
         (f"  precision:    {c['precision']}  ({_PRECISION_WORDS[c['precision']]}; "
          f"CORTIQ_PRECISION, set_precision, LLM(precision=...))"),
-        (f"  preload:      {'on' if c['preload'] else 'off'}  (LLM default, CORTIQ_PRELOAD; "
-         f"cortiq serve: {'on' if preload_default(long_running=True) else 'off'})"),
+        (f"  preload:      {_onoff(c['preload'])}  (LLM default, CORTIQ_PRELOAD; auto: "
+         f"copied where huge pages are offered and the file takes at most half the "
+         f"available memory; cortiq serve: {_onoff(preload_default(long_running=True))})"),
         f"  compiler:     {c['compiler']}",
     ]
     return lines

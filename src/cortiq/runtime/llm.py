@@ -118,7 +118,9 @@ class LLM:
     architecture's keyword options (for Dory: loops, kv_mode, ...). `seed` is the
     default sampling seed of every call (None: fresh entropy per call). `preload=True`
     copies the file into anonymous (huge-page) memory instead of mapping it, see
-    `cortiq.cmf.open`; None takes CORTIQ_PRELOAD (default off). `verify` is
+    `cortiq.cmf.open`; None takes CORTIQ_PRELOAD, and where that is unset copies a file
+    for the CPU when the copy gets huge pages and the file takes at most half the
+    available memory (`cortiq.cmf.worth_preloading`). `verify` is
     `cortiq.cmf.open`'s: "lazy" checks every tensor's hash as the model is built (so a
     damaged file raises `cmf.HashMismatch` naming the tensor before anything runs),
     "full" every hash on open, "off" none. `precision` ("exact", "int8", "auto") is how
@@ -156,6 +158,10 @@ class LLM:
         if n_threads is not None:
             set_num_threads(n_threads)
         self.path = os.fspath(path)
+        if preload is None:
+            from ..cmf import worth_preloading
+            # the GPU uploads the weights once: a copy on the host gains nothing
+            preload = self.device == "cpu" and worth_preloading(self.path)
         from .model_file import open_model_file
         self.file = open_model_file(self.path, preload=preload, verify=verify)
         try:

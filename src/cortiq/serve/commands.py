@@ -501,7 +501,7 @@ def _serve_ray(args) -> int:
     preload = args.preload
     if preload is None:  # replicas on one host share the mapped file's page cache
         from ..kernels._config import preload_default
-        preload = preload_default()
+        preload = bool(preload_default())
     app = cray.deployment(
         model, replicas=args.replicas, autoscale=args.autoscale,
         threads_per_replica=next((t for t in (args.threads_per_replica, args.threads)
