@@ -276,3 +276,11 @@ def test_a_hub_quant_that_is_a_split_set(files, tmp_path, monkeypatch, capsys):
     assert entry["size"] >= sum(p.stat().st_size for p in parts)
     assert main(["info", "org/m-GGUF:Q8_0"]) == 0
     assert "(5 split parts)" in capsys.readouterr().out
+    # import-gguf takes the Hub id too (the cached download) and a folder holding one
+    import_gguf(whole, tmp_path / "whole.cmf", progress=False)
+    want = _logits(tmp_path / "whole.cmf")
+    assert main(["import-gguf", "org/m-GGUF:Q8_0", str(tmp_path / "hub.cmf"), "--quiet"]) == 0
+    np.testing.assert_array_equal(_logits(tmp_path / "hub.cmf"), want)
+    assert main(["import-gguf", str(parts[0].parent), str(tmp_path / "dir.cmf"),
+                 "--quiet"]) == 0
+    np.testing.assert_array_equal(_logits(tmp_path / "dir.cmf"), want)

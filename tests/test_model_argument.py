@@ -321,7 +321,7 @@ def test_commands_name_the_right_command(tmp_path, toy_path, capsys):
         (["convert", str(g), str(tmp_path / "o.cmf")], "cortiq import-gguf"),
         (["convert", str(toy_path), str(tmp_path / "o.cmf")], "already a CMF file"),
         (["convert", str(tmp_path / "ckpt.safetensors"), str(tmp_path / "o.cmf")], None),
-        (["import-gguf", str(tmp_path), str(tmp_path / "o.cmf")], "cortiq convert"),
+        (["import-gguf", str(tmp_path / "hf"), str(tmp_path / "o.cmf")], "cortiq convert"),
         (["import-gguf", str(toy_path), str(tmp_path / "o.cmf")], "already a CMF file"),
         # a GGUF is described and checked as it is: this one lacks its architecture
         (["info", str(g)], "general.architecture: missing"),
@@ -331,12 +331,26 @@ def test_commands_name_the_right_command(tmp_path, toy_path, capsys):
     ]
     st = tmp_path / "ckpt.safetensors"
     st.write_bytes((2).to_bytes(8, "little") + b"{}")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
     cases[2] = (cases[2][0], "pass the directory holding config.json")
     cases.append((["run", str(st), "-p", "x"], "pass the checkpoint directory"))
     for argv, needle in cases:
         assert main(argv) == 1, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], (argv, err)
+
+
+def test_llm_says_what_opens_a_folder_or_hub_id(tmp_path):
+    from cortiq.errors import FormatError
+    with pytest.raises(FormatError, match=r"a directory, not a model file; "
+                                          r"LLM.from_pretrained\("):
+        cortiq.LLM(tmp_path)
+    with pytest.raises(FormatError, match=r"org/name:Q4_K_M: no such file; a Hugging Face "
+                                          r"Hub id opens with LLM.from_pretrained\("):
+        cortiq.LLM("org/name:Q4_K_M")
+    with pytest.raises(FormatError, match=r"no such file$"):
+        cortiq.LLM(tmp_path / "missing.cmf")
 
 
 def test_from_pretrained_passes_filename(fake_hub, monkeypatch):

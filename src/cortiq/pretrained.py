@@ -37,7 +37,8 @@ from . import model_cache
 from .errors import ConfigError
 from .model_cache import cache_dir
 
-__all__ = ["cache_dir", "file_format", "progress_default", "resolve", "source_key"]
+__all__ = ["cache_dir", "file_format", "model_in_folder", "progress_default", "resolve",
+           "source_key"]
 
 #: files of a checkpoint directory whose bytes go into the key (small ones)
 _KEY_FILES = ("config.json", "generation_config.json", "tokenizer.json",
@@ -110,7 +111,7 @@ def resolve(repo_or_path, *, quant: str | None = None, cache=None,
                     cache=cache, progress=show)
         source_kind, source = "hub", text
     if src.is_dir() and not (src / "config.json").is_file():
-        src = _one_model_in(src)          # a folder holding one model file (or split set)
+        src = model_in_folder(src)          # a folder holding one model file (or split set)
     kind = _kind_of(src)
     if kind == "cmf":
         if quant is not None:
@@ -129,7 +130,7 @@ def file_format(path) -> str:
         return "gguf" if f.read(4) == _GGUF_MAGIC else "cmf"
 
 
-def _one_model_in(src: Path) -> Path:
+def model_in_folder(src: Path) -> Path:
     """The one model file (or first split part) of a folder without a config.json;
     ConfigError listing the choices when it holds several, or saying what to pass."""
     models = _models_in(src)
@@ -145,7 +146,7 @@ def _one_model_in(src: Path) -> Path:
 
 def _kind_of(src: Path) -> str:
     """"cmf", "gguf" or "checkpoint" for a local path (a folder without a config.json
-    never reaches here: `_one_model_in`); ConfigError naming what to pass."""
+    never reaches here: `model_in_folder`); ConfigError naming what to pass."""
     if src.is_dir():
         return "checkpoint"
     try:
