@@ -323,6 +323,7 @@ def test_commands_name_the_right_command(tmp_path, toy_path, capsys):
         (["convert", str(tmp_path / "ckpt.safetensors"), str(tmp_path / "o.cmf")], None),
         (["import-gguf", str(tmp_path / "hf"), str(tmp_path / "o.cmf")], "cortiq convert"),
         (["import-gguf", str(toy_path), str(tmp_path / "o.cmf")], "already a CMF file"),
+        (["convert", str(tmp_path), str(tmp_path / "o.cmf")], "cortiq import-gguf"),
         # a GGUF is described and checked as it is: this one lacks its architecture
         (["info", str(g)], "general.architecture: missing"),
         (["verify", str(g)], "general.architecture: missing"),

@@ -316,6 +316,13 @@ def _magic(path: str) -> bytes:
 def _check_convert_source(path: str) -> None:
     """`cortiq convert` reads a checkpoint directory: a model file given instead is told
     which command takes it."""
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
+        if ggufs:
+            raise ConfigError(f"{path}: no config.json, but GGUF files ({', '.join(ggufs[:4])}"
+                              f"{', ...' if len(ggufs) > 4 else ''}); cortiq convert reads "
+                              f"Hugging Face checkpoint directories: run a GGUF as it is "
+                              f"(cortiq run {path}) or convert it with cortiq import-gguf")
     if not os.path.isfile(path):
         return                           # a directory (or nothing): the converter says
     magic = _magic(path)
