@@ -18,6 +18,7 @@ from cortiq.serve.cli import main
 
 sys.path.insert(0, os.path.dirname(__file__))
 import toy_model as T
+import fake_hub as fake_hub_module
 
 T.register()
 huggingface_hub = pytest.importorskip("huggingface_hub")
@@ -25,67 +26,9 @@ huggingface_hub = pytest.importorskip("huggingface_hub")
 GGUF_BYTES = b"GGUF\x03\x00\x00\x00" + bytes(24)   # resolve reads the magic only
 
 
-class FakeHub:
-    """list_repo_files / hf_hub_download / snapshot_download over `root/org/name/...`,
-    recording each call and whether huggingface_hub's progress bars were on."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.calls: list[tuple] = []
-        self.bars: list[bool] = []
-
-    def add(self, repo: str, files: dict[str, bytes]) -> None:
-        for name, data in files.items():
-            p = self.root / repo / name
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(data)
-
-    def _repo(self, repo):
-        d = self.root / repo
-        if not d.is_dir():
-            raise _not_found(repo)
-        return d
-
-    def list_repo_files(self, repo, *, revision=None, **_):
-        self.calls.append(("list", repo, revision))
-        d = self._repo(repo)
-        return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
-
-    def hf_hub_download(self, repo, filename, *, revision=None, local_dir=None, **_):
-        from huggingface_hub.utils import are_progress_bars_disabled
-        self.calls.append(("download", repo, filename))
-        self.bars.append(not are_progress_bars_disabled())
-        out = Path(local_dir) / filename
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(self._repo(repo) / filename, out)
-        return str(out)
-
-    def snapshot_download(self, repo, *, revision=None, local_dir=None, allow_patterns=(),
-                          **_):
-        import fnmatch
-        self.calls.append(("snapshot", repo, revision))
-        for f in self.list_repo_files(repo):
-            if any(fnmatch.fnmatch(f, pat) for pat in allow_patterns):
-                out = Path(local_dir) / f
-                out.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(self.root / repo / f, out)
-        return str(local_dir)
-
-
-def _not_found(repo):
-    import httpx
-    from huggingface_hub.errors import RepositoryNotFoundError
-    req = httpx.Request("GET", f"https://huggingface.co/api/models/{repo}")
-    return RepositoryNotFoundError(f"404 {repo}", response=httpx.Response(404, request=req))
-
-
 @pytest.fixture
 def fake_hub(tmp_path, monkeypatch):
-    fake = FakeHub(tmp_path / "hub-fixture")
-    for name in ("list_repo_files", "hf_hub_download", "snapshot_download"):
-        monkeypatch.setattr(huggingface_hub, name, getattr(fake, name))
-    monkeypatch.setenv("CORTIQ_CACHE", str(tmp_path / "cache"))
-    return fake
+    return fake_hub_module.install(tmp_path, monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +91,9 @@ def test_wrong_files_say_what_to_pass(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="no config.json"):
         pretrained.resolve(st.parent)
     (st.parent / "m.gguf").write_bytes(GGUF_BYTES)
-    with pytest.raises(ConfigError, match="pass one of its model files: m.gguf"):
+    assert pretrained.resolve(st.parent) == st.parent / "m.gguf"   # the one model there
+    (st.parent / "n.gguf").write_bytes(GGUF_BYTES)
+    with pytest.raises(ConfigError, match="no config.json.*pass one of them"):
         pretrained.resolve(st.parent)
     for missing in ("./x.cmf", "x.gguf", str(tmp_path / "nope"), "models/x.cmf"):
         with pytest.raises(ConfigError, match="no such file or directory"):
@@ -163,12 +108,30 @@ def test_wrong_files_say_what_to_pass(tmp_path, monkeypatch):
         pretrained.resolve(other)
 
 
-def test_split_gguf_is_refused_with_the_merge_command(tmp_path):
+def test_a_split_part_stands_for_its_set(tmp_path):
     part = tmp_path / "Big-Q4_K_M-00002-of-00003.gguf"
     part.write_bytes(GGUF_BYTES)
-    with pytest.raises(ConfigError, match=r"part 2 of a GGUF split into 3.*gguf-split "
-                                          r"--merge \S*/Big-Q4_K_M-00001-of-00003.gguf"):
-        pretrained.resolve(part)
+    assert pretrained.resolve(part) == part          # cortiq.gguf opens the whole set
+
+
+def test_a_folder_holding_one_model(tmp_path, toy_path):
+    one = tmp_path / "one"
+    one.mkdir()
+    shutil.copyfile(toy_path, one / "toy.cmf")
+    (one / "README.md").write_text("a model")
+    assert pretrained.resolve(one) == one / "toy.cmf"
+    split = tmp_path / "split"
+    split.mkdir()
+    for i in (2, 1, 3):
+        (split / f"Big-Q8_0-0000{i}-of-00003.gguf").write_bytes(GGUF_BYTES)
+    (split / "mmproj-Big-f16.gguf").write_bytes(GGUF_BYTES)     # a projector, no model
+    assert pretrained.resolve(split) == split / "Big-Q8_0-00001-of-00003.gguf"
+    (split / "Big-Q4_K_M.gguf").write_bytes(GGUF_BYTES)
+    with pytest.raises(ConfigError, match=r"holds 2 models: pass one of them "
+                                          r"\(Big-Q4_K_M.gguf, Big-Q8_0-00001-of-00003.gguf\)"):
+        pretrained.resolve(split)
+    with pytest.raises(ConfigError, match="filename=.*local path"):
+        pretrained.resolve(one, filename="toy.cmf")
 
 
 # -- Hub selection ----------------------------------------------------------------------
@@ -207,10 +170,12 @@ def test_ambiguous_and_quant_less_repos(fake_hub):
 def test_split_gguf_downloads_every_part(fake_hub, tmp_path):
     fake_hub.add("org/big", {f"Q4_K_M/Big-Q4_K_M-0000{i}-of-00003.gguf": GGUF_BYTES
                              for i in (1, 2, 3)} | {"Big-Q8_0.gguf": GGUF_BYTES})
-    with pytest.raises(ConfigError, match="merge"):
-        pretrained.resolve("org/big:Q4_K_M", progress=False)
+    first = pretrained.resolve("org/big:Q4_K_M", progress=False)
+    assert first.name == "Big-Q4_K_M-00001-of-00003.gguf"
     got = [c[2] for c in fake_hub.calls if c[0] == "download"]
     assert got == [f"Q4_K_M/Big-Q4_K_M-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    assert sorted(p.name for p in first.parent.iterdir()) == [
+        f"Big-Q4_K_M-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
     fake_hub.add("org/broken", {"X-00001-of-00002.gguf": GGUF_BYTES})
     with pytest.raises(ConfigError, match="1 of its 2 parts"):
         pretrained.resolve("org/broken", progress=False)
@@ -356,8 +321,9 @@ def test_commands_name_the_right_command(tmp_path, toy_path, capsys):
         (["convert", str(g), str(tmp_path / "o.cmf")], "cortiq import-gguf"),
         (["convert", str(toy_path), str(tmp_path / "o.cmf")], "already a CMF file"),
         (["convert", str(tmp_path / "ckpt.safetensors"), str(tmp_path / "o.cmf")], None),
-        (["import-gguf", str(tmp_path), str(tmp_path / "o.cmf")], "cortiq convert"),
+        (["import-gguf", str(tmp_path / "hf"), str(tmp_path / "o.cmf")], "cortiq convert"),
         (["import-gguf", str(toy_path), str(tmp_path / "o.cmf")], "already a CMF file"),
+        (["convert", str(tmp_path), str(tmp_path / "o.cmf")], "cortiq import-gguf"),
         # a GGUF is described and checked as it is: this one lacks its architecture
         (["info", str(g)], "general.architecture: missing"),
         (["verify", str(g)], "general.architecture: missing"),
@@ -366,12 +332,26 @@ def test_commands_name_the_right_command(tmp_path, toy_path, capsys):
     ]
     st = tmp_path / "ckpt.safetensors"
     st.write_bytes((2).to_bytes(8, "little") + b"{}")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
     cases[2] = (cases[2][0], "pass the directory holding config.json")
     cases.append((["run", str(st), "-p", "x"], "pass the checkpoint directory"))
     for argv, needle in cases:
         assert main(argv) == 1, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], (argv, err)
+
+
+def test_llm_says_what_opens_a_folder_or_hub_id(tmp_path):
+    from cortiq.errors import FormatError
+    with pytest.raises(FormatError, match=r"a directory, not a model file; "
+                                          r"LLM.from_pretrained\("):
+        cortiq.LLM(tmp_path)
+    with pytest.raises(FormatError, match=r"org/name:Q4_K_M: no such file; a Hugging Face "
+                                          r"Hub id opens with LLM.from_pretrained\("):
+        cortiq.LLM("org/name:Q4_K_M")
+    with pytest.raises(FormatError, match=r"no such file$"):
+        cortiq.LLM(tmp_path / "missing.cmf")
 
 
 def test_from_pretrained_passes_filename(fake_hub, monkeypatch):

@@ -4,15 +4,20 @@ file, a Hugging Face checkpoint directory or a Hub repo id (``org/name``,
 `LLM.from_pretrained` and every `cortiq` command that takes a model go through it.
 
 * A .cmf file is opened as it is; a .gguf file too (files are told apart by their first
-  bytes, so a renamed one still opens). ``quant=`` re-quantizes a GGUF file into a CMF
-  file in the cache (`cortiq import-gguf` does the same to a path of your choice).
+  bytes, so a renamed one still opens), and any part of a split GGUF
+  (``x-00001-of-00003.gguf``: `cortiq.gguf.split`) stands for the whole set.
+  ``quant=`` re-quantizes a GGUF file (or set) into a CMF file in the cache
+  (`cortiq import-gguf` does the same to a path of your choice).
+* A folder without a config.json that holds one model -- one .cmf or .gguf file, or
+  the parts of one split set (``mmproj-*`` projectors aside) -- stands for that model;
+  one holding several is refused with the list to choose from.
 * A checkpoint directory (config.json and safetensors weights) is converted on first
   use into a CMF file in the cache (`cortiq.model_cache`), ``quant=`` (default q8_row).
 * A Hub id is downloaded into the cache (`cortiq.hub`), then treated as above.
 
 The cache key of a conversion hashes what it reads (config.json, the tokenizer and
-generation files, each weight file's name, size and modification time, or the GGUF
-file's), the quant and the converter, so an edited checkpoint converts again and an
+generation files, each weight file's name, size and modification time, or those of
+the GGUF file or of every part of a split one), the quant and the converter, so an edited checkpoint converts again and an
 unchanged one opens straight away. Files appear atomically (the CMF writer renames a
 finished temporary over the name), so a crash or two processes converting at once never
 leave a half-written model behind; the source is only ever read.
@@ -32,7 +37,8 @@ from . import model_cache
 from .errors import ConfigError
 from .model_cache import cache_dir
 
-__all__ = ["cache_dir", "file_format", "progress_default", "resolve", "source_key"]
+__all__ = ["cache_dir", "file_format", "model_in_folder", "progress_default", "resolve",
+           "source_key"]
 
 #: files of a checkpoint directory whose bytes go into the key (small ones)
 _KEY_FILES = ("config.json", "generation_config.json", "tokenizer.json",
@@ -42,6 +48,8 @@ _CONVERTERS_VERSION = 1   # bump when a converter's output changes for the same 
 _CMF_MAGIC = b"CMF\x01"
 _GGUF_MAGIC = b"GGUF"
 _DEFAULT_CHECKPOINT_QUANT = "q8_row"
+#: a part of a split model file: <name>-00001-of-00003.gguf (or .cmf)
+_SPLIT_NAME = re.compile(r"^(.*)-(\d{5})-of-(\d{5})(\.gguf|\.cmf)$")
 
 
 def progress_default(progress: bool | None) -> bool:
@@ -61,7 +69,9 @@ def source_key(src: Path, quant) -> str:
     """A hex digest of everything the conversion of `src` reads."""
     h = hashlib.sha256(f"cortiq-convert-{_CONVERTERS_VERSION}\0{quant}\0".encode())
     if src.is_file():
-        h.update(_stat_line(src).encode())
+        for part in _model_set(src)[1]:        # every part of a split set
+            if part.exists():
+                h.update(_stat_line(part).encode() + b"\0")
     else:
         for name in _KEY_FILES:
             p = src / name
@@ -100,16 +110,16 @@ def resolve(repo_or_path, *, quant: str | None = None, cache=None,
         src = fetch(hub_id[0], hub_id[1], filename=filename, revision=revision,
                     cache=cache, progress=show)
         source_kind, source = "hub", text
+    if src.is_dir() and not (src / "config.json").is_file():
+        src = model_in_folder(src)          # a folder holding one model file (or split set)
     kind = _kind_of(src)
     if kind == "cmf":
         if quant is not None:
             raise ConfigError(f"quant={quant!r}: {src} is already a CMF file")
         _touch_if_cached(src, cache)
         return src
-    if kind == "gguf":
-        _refuse_split(src)
-        if quant is None:      # LLM opens GGUF files directly; quant= re-quantizes
-            return src
+    if kind == "gguf" and quant is None:   # LLM opens GGUF files directly; quant=
+        return src                         # re-quantizes
     return _convert(src, kind, quant or _DEFAULT_CHECKPOINT_QUANT, cache, show,
                     source_kind, source)
 
@@ -120,17 +130,25 @@ def file_format(path) -> str:
         return "gguf" if f.read(4) == _GGUF_MAGIC else "cmf"
 
 
+def model_in_folder(src: Path) -> Path:
+    """The one model file (or first split part) of a folder without a config.json;
+    ConfigError listing the choices when it holds several, or saying what to pass."""
+    models = _models_in(src)
+    if len(models) == 1:
+        return models[0]
+    hint = (f"; it holds {len(models)} models: pass one of them "
+            f"({', '.join(p.name for p in models[:8])}{', ...' if len(models) > 8 else ''})"
+            if models else "; pass a checkpoint directory (config.json and *.safetensors), "
+            "a .cmf or .gguf file, or a Hub id org/name")
+    raise ConfigError(f"{src}: not a Hugging Face checkpoint directory (no "
+                      f"config.json){hint}")
+
+
 def _kind_of(src: Path) -> str:
-    """"cmf", "gguf" or "checkpoint" for a local path; ConfigError naming what to pass."""
+    """"cmf", "gguf" or "checkpoint" for a local path (a folder without a config.json
+    never reaches here: `model_in_folder`); ConfigError naming what to pass."""
     if src.is_dir():
-        if (src / "config.json").is_file():
-            return "checkpoint"
-        models = sorted(p.name for p in src.iterdir() if p.suffix in (".cmf", ".gguf"))
-        hint = (f"; pass one of its model files: {', '.join(models[:8])}" if models else
-                "; pass a checkpoint directory (config.json and *.safetensors), a .cmf or "
-                ".gguf file, or a Hub id org/name")
-        raise ConfigError(f"{src}: not a Hugging Face checkpoint directory (no "
-                          f"config.json){hint}")
+        return "checkpoint"
     try:
         with open(src, "rb") as f:
             head = f.read(16)
@@ -155,15 +173,30 @@ def _looks_like_safetensors(head: bytes) -> bool:
     return len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 1 << 30
 
 
-def _refuse_split(src: Path) -> None:
-    from .hub import split_part
-    sp = split_part(src.name)
-    if sp is not None:
-        first, whole = src.parent / f"{sp[0]}-00001-of-{sp[2]:05d}.gguf", src.parent / f"{sp[0]}.gguf"
-        raise ConfigError(f"{src}: part {sp[1]} of a GGUF split into {sp[2]} files; cortiq "
-                          f"reads whole GGUF files only: merge the parts with llama.cpp's "
-                          f"`llama-gguf-split --merge {first} {whole}` and pass {whole}")
+def _model_set(path: Path) -> tuple[str, list[Path]]:
+    """(a name for the model, its files) of a model file: every part, in order, of a
+    split set (``x-00001-of-00003.gguf`` or ``x-00001-of-00003.cmf``), else the file."""
+    m = _SPLIT_NAME.match(path.name)
+    if m is None:
+        return path.stem, [path]
+    count = int(m.group(3))
+    return m.group(1), [path.with_name(f"{m.group(1)}-{i:05d}-of-{count:05d}{m.group(4)}")
+                        for i in range(1, count + 1)]
 
+
+def _models_in(folder: Path) -> list[Path]:
+    """The model files of a folder, one per model: a whole .cmf or .gguf file, or the
+    first part of a split set (multimodal projectors, mmproj-*.gguf, are not models)."""
+    firsts: dict[str, Path] = {}
+    for p in sorted(folder.iterdir()):
+        if p.suffix not in (".cmf", ".gguf") or not p.is_file() or \
+                p.name.lower().startswith("mmproj"):
+            continue
+        m = _SPLIT_NAME.match(p.name)
+        key = f"{m.group(1)}\0{m.group(3)}{m.group(4)}" if m else p.name
+        if key not in firsts or p.name < firsts[key].name:
+            firsts[key] = p
+    return sorted(firsts.values())
 
 def _touch_if_cached(path: Path, cache) -> None:
     try:
@@ -180,7 +213,7 @@ def _convert(src: Path, kind: str, quant: str, cache, progress: bool, source_kin
     key = source_key(src, quant)
     out_dir = cache_dir(cache)
     label = source.rsplit("/", 1)[-1].split(":")[0] if source_kind == "hub" else (
-        src.stem if kind == "gguf" else src.name)
+        _model_set(src)[0] if kind == "gguf" else src.name)
     out = out_dir / f"{_safe_name(label)}-{_safe_name(quant)}-{key[:12]}.cmf"
     if out.is_file():
         model_cache.touch(out)

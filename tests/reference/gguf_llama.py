@@ -89,17 +89,24 @@ def random_blocks(qtype, rows: int, cols: int, seed: int = 0,
 
 
 def write(path, tensors: dict, arch: dict, *, types=None, tokenizer: dict | None = None,
-          chat_template: str | None = None) -> None:
+          chat_template: str | None = None, split_max_tensors: int = 0,
+          small_first_shard: bool = False) -> list:
     """Write a GGUF file. `tensors`: HF name -> float32 array; `arch`: arch_name,
     hidden_size, intermediate_size, num_layers, num_attention_heads, num_kv_heads,
     head_dim, max_position_embeddings, rms_norm_eps, rope_theta, and optionally
     rope_freq_factors / yarn / sliding_window. `types(name, array)` -> GGMLQuantizationType.
     `tokenizer`: {"model": "gpt2", "tokens", "types", "merges", "pre", "bos", "eos",
-    "add_bos"} or {"model": "llama", "tokens", "scores", "types", ...}."""
+    "add_bos"} or {"model": "llama", "tokens", "scores", "types", ...}.
+    `split_max_tensors` > 0 writes a split set (the gguf package's gguf-split layout:
+    ``<stem>-00001-of-0000N.gguf`` ...), `small_first_shard` with a first part holding
+    only the metadata. Returns the paths written."""
+    from pathlib import Path
+
     import gguf
     T = gguf.GGMLQuantizationType
     g = {"mistral": "llama"}.get(arch["arch_name"], arch["arch_name"])
-    w = gguf.GGUFWriter(str(path), g)
+    w = gguf.GGUFWriter(str(path), g, split_max_tensors=split_max_tensors,
+                        small_first_shard=small_first_shard)
     w.add_name("cortiq test model")
     w.add_context_length(arch["max_position_embeddings"])
     w.add_embedding_length(arch["hidden_size"])
@@ -156,10 +163,12 @@ def write(path, tensors: dict, arch: dict, *, types=None, tokenizer: dict | None
             except NotImplementedError:          # K-quants, IQ*: random blocks instead
                 q = random_blocks(t, a.shape[0], a.shape[1], seed=len(name))
             w.add_tensor(ggml_name(name), q, raw_dtype=t)
+    written = w.format_shard_names(Path(path))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return written
 
 
 #: GGUF has no per-layer sliding schedule: the Qwen2 case runs without its sliding layer

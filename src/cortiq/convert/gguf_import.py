@@ -63,7 +63,8 @@ def _rows_in_hf_order(raw: np.ndarray, shape: tuple, heads: int | None) -> np.nd
 
 
 def import_gguf(path, out_path, quant: str | None = None, progress: bool = True) -> None:
-    """Convert a Llama/Mistral/Qwen2/Qwen3 GGUF file into one CMF v2 file."""
+    """Convert a Llama/Mistral/Qwen2/Qwen3 GGUF file into one CMF v2 file (any part of a
+    split GGUF: the whole set into one file)."""
     from .. import cmf
     from ..cmf import quant as Q
     from ..cmf.writer import QUANT_LABEL
@@ -78,7 +79,8 @@ def import_gguf(path, out_path, quant: str | None = None, progress: bool = True)
         order = plan_tensors(arch, {h: t.shape for h, t in gf.tensors.items()})
         tok_json, bundle = gf.tokenizer_json(), gf.tokenizer_config
         lossy: dict[str, list[str]] = {}
-        provenance = {"converter": CONVERTER, "source": path.name, "gguf_architecture": g,
+        provenance = {"converter": CONVERTER, "source": Path(gf.path).name,
+                      "gguf_architecture": g,
                       "quant": quant or "nearest"}
         w = cmf.Writer(out_path, arch=arch, quant=quant or "q8_row", tokenizer_json=tok_json,
                        tokenizer_config=bundle, provenance=provenance, progress=progress,

@@ -18,7 +18,13 @@ interleaved, `llama_meta.PERMUTED`): the arch record says ``rope_interleaved: Tr
 and `cortiq.models.llama` rotates adjacent pairs (2i, 2i+1) instead of halves. q.k
 is the same sum under the same permutation of both, so nothing is copied or re-ordered.
 
-The file is mapped read-only and never written. It has no hashes: `verify` reports the
+A split GGUF (``name-00001-of-00003.gguf`` ..., `cortiq.gguf.split`) opens from any of
+its parts: every part is mapped and checked to belong to the set (the same part count,
+each numbered as its name says, no tensor twice, the first part's tensor total), the
+metadata comes from the first part, and each tensor is read from the part that holds
+it. `path` is then the first part's, `files` every part's.
+
+The files are mapped read-only and never written. GGUF has no hashes: `verify` reports the
 structure checks that opening already made (`cortiq.gguf.parser`).
 """
 from __future__ import annotations
@@ -39,6 +45,7 @@ from ..errors import ConfigError, FormatError
 from .llama_meta import (PERMUTED, Meta, architectures, arch_from_gguf, hf_name,
                          tokenizer_from_gguf)
 from .parser import GgmlType, GgufLayout, parse
+from .split import SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS, part_paths, split_keys
 
 MAGIC = b"GGUF"
 VERIFY_MODES = ("lazy", "full", "off")
@@ -119,8 +126,57 @@ def is_gguf(path) -> bool:
         return False
 
 
+class _Part:
+    """One mapped file of a model: a whole GGUF, or one part of a split set."""
+
+    def __init__(self, path: str, preload: bool):
+        self.path = path
+        self.buf: np.ndarray | None = None
+        self._mm = None
+        try:
+            fh = builtins.open(path, "rb")  # noqa: SIM115 -- the with below closes it
+        except FileNotFoundError:
+            raise CmfFileNotFound(f"{path}: no such file") from None
+        except IsADirectoryError:
+            raise FormatError(f"{path}: is a directory, not a GGUF file") from None
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size == 0:
+                raise FormatError(f"{path}: empty file (a GGUF file starts with {MAGIC!r})")
+            if preload:
+                self.buf, self._mm = anon_copy(fh, size, path)
+            else:
+                self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                self.buf = np.frombuffer(self._mm, dtype=np.uint8)
+        try:
+            self.layout: GgufLayout = parse(self.buf, path)
+            self.split = split_keys(self.layout.metadata, path)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def size(self) -> int:
+        return int(self.buf.size) if self.buf is not None else 0
+
+    def bytes(self, offset: int, nbytes: int) -> np.ndarray:
+        if self.buf is None:
+            raise ValueError(f"{self.path}: file is closed")
+        return self.buf[offset:offset + nbytes]
+
+    def close(self) -> None:
+        self.buf = None
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:  # views handed out are still alive; GC closes it later
+                pass
+
+
 class GgufFile(TensorDirectory):
-    """An open Llama-family GGUF model (see the module docstring)."""
+    """An open Llama-family GGUF model (see the module docstring): one file, or every
+    part of a split set (`cortiq.gguf.split`) mapped as one model."""
 
     preload: bool
     verify_mode: str
@@ -131,65 +187,114 @@ class GgufFile(TensorDirectory):
                               f"got {verify!r}")
         self.path = p = os.fspath(path)
         self.preload, self.verify_mode = bool(preload), verify
-        self._mm = None
+        self._parts: list[_Part] = []
         try:
-            fh = builtins.open(p, "rb")  # noqa: SIM115 -- the with below closes it
-        except FileNotFoundError:
-            raise CmfFileNotFound(f"{p}: no such file") from None
-        except IsADirectoryError:
-            raise FormatError(f"{p}: is a directory, not a GGUF file") from None
-        with fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size == 0:
-                raise FormatError(f"{p}: empty file (a GGUF file starts with {MAGIC!r})")
-            if preload:
-                self.buf, self._mm = anon_copy(fh, size, p)
-            else:
-                self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-                self.buf = np.frombuffer(self._mm, dtype=np.uint8)
-        try:
+            self._open_parts(_Part(p, self.preload))
             self._open()
         except BaseException:
             self.close()
             raise
 
+    def _open_parts(self, given: _Part) -> None:
+        """Map `given` and, when it is a part of a split set, every other part, checking
+        that they form one set: the same count, each present once under its own number,
+        no tensor name twice, the first part's tensor total."""
+        self._parts = [given]
+        if given.split is None:
+            return
+        no, count, _total = given.split
+        paths = part_paths(given.path, no, count)
+        by_index: dict[int, _Part] = {no: given}
+        keys: dict[int, tuple] = {no: given.split}
+        for i, path in enumerate(paths):
+            if i not in by_index:
+                if not os.path.exists(path):
+                    raise FormatError(f"{given.path}: part {i + 1} of this {count}-part "
+                                      f"split GGUF is missing: no file {path}")
+                part = _Part(path, self.preload)
+                self._parts.append(part)           # closed with the others on failure
+                by_index[i] = part
+                got = part.split
+                if got is None or got[:2] != (i, count):
+                    says = "no split keys" if got is None else (
+                        f"part {got[0] + 1} of {got[1]} ({SPLIT_NO} {got[0]}, {SPLIT_COUNT} "
+                        f"{got[1]})")
+                    raise FormatError(f"{path}: expected part {i + 1} of {count} of the "
+                                      f"split GGUF {paths[0]}, but its metadata says {says}")
+                keys[i] = got
+        self._parts = [by_index[i] for i in range(count)]
+        self.path = paths[0]               # the set is named by its first part
+        total = keys[0][2]
+        seen: dict[str, str] = {}
+        for i, part in enumerate(self._parts):
+            if keys[i][2] != total:
+                raise FormatError(f"{part.path}: GGUF metadata {SPLIT_TENSORS} is "
+                                  f"{keys[i][2]} but {paths[0]} says {total}: parts of "
+                                  "different sets")
+            for name in part.layout.tensors:
+                if name in seen:
+                    raise FormatError(f"{part.path}: GGUF tensor {name} is also in "
+                                      f"{seen[name]}: a tensor may be in one part only")
+                seen[name] = part.path
+        if total is not None and len(seen) != total:
+            raise FormatError(f"{paths[0]}: the {count} parts hold {len(seen)} tensors but "
+                              f"{SPLIT_TENSORS} says {total}")
+
+    @property
+    def layout(self) -> GgufLayout:
+        """The first file's parsed container: the model's metadata."""
+        return self._parts[0].layout
+
+    @property
+    def buf(self) -> np.ndarray | None:
+        """The first file's bytes (None once closed)."""
+        return self._parts[0].buf if self._parts else None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every file of the model."""
+        return sum(part.size for part in self._parts)
+
+    def ggml_type_counts(self) -> dict:
+        """{ggml type name: number of tensors} over every file of the model."""
+        out: dict = {}
+        for part in self._parts:
+            for t in part.layout.tensors.values():
+                out[t.type.name] = out.get(t.type.name, 0) + 1
+        return out
+
     def _open(self) -> None:
         p = self.path
-        self.layout: GgufLayout = parse(self.buf, p)
         self.meta = Meta(self.layout.metadata, p)
         g = self.meta.need("general.architecture")
         if g not in architectures():
             raise ConfigError(f"{p}: GGUF general.architecture {g!r}; cortiq runs "
                               f"{', '.join(architectures())}")
-        gts = self.layout.tensors
-        arch, g = arch_from_gguf(self.meta, {n: t.shape for n, t in gts.items()})
-        if "rope_freqs.weight" in gts:
-            t = gts["rope_freqs.weight"]
-            ff = dequantize(self._bytes(t.offset, t.nbytes), t.type, t.shape,
-                            f"{p}: tensor rope_freqs.weight").ravel()
+        located = {n: (part, t) for part in self._parts for n, t in part.layout.tensors.items()}
+        arch, g = arch_from_gguf(self.meta, {n: t.shape for n, (_, t) in located.items()})
+        if "rope_freqs.weight" in located:
+            part, t = located["rope_freqs.weight"]
+            ff = dequantize(part.bytes(t.offset, t.nbytes), t.type, t.shape,
+                            f"{part.path}: tensor rope_freqs.weight").ravel()
             if ff.size != arch["head_dim"] // 2:
-                raise FormatError(f"{p}: GGUF tensor rope_freqs.weight has {ff.size} values, "
-                                  f"head_dim {arch['head_dim']} needs {arch['head_dim'] // 2}")
+                raise FormatError(f"{part.path}: GGUF tensor rope_freqs.weight has {ff.size} "
+                                  f"values, head_dim {arch['head_dim']} needs "
+                                  f"{arch['head_dim'] // 2}")
             arch["rope_freq_factors"] = [float(x) for x in ff]
         if g in PERMUTED:
             arch["rope_interleaved"] = True
         self.arch = arch
         self.gguf_architecture = g
         self.tensors: dict[str, GgufTensorInfo] = {}
-        for name, t in gts.items():
+        for name, (part, t) in located.items():
             try:
                 h = hf_name(name)
             except ConfigError as e:
-                raise FormatError(f"{p}: {e}") from None
+                raise FormatError(f"{part.path}: {e}") from None
             if h is not None:
                 self.tensors[h] = GgufTensorInfo(h, name, t.type, t.shape, t.offset,
-                                                 t.nbytes, p, self.buf)
+                                                 t.nbytes, part.path, part.buf)
         self._tokenizer: tuple | None = None
-
-    def _bytes(self, offset: int, nbytes: int) -> np.ndarray:
-        if self.buf is None:
-            raise ValueError(f"{self.path}: file is closed")
-        return self.buf[offset:offset + nbytes]
 
     # ---- what CmfFile offers ------------------------------------------------------
     masks = None
@@ -204,7 +309,8 @@ class GgufFile(TensorDirectory):
 
     @property
     def files(self) -> list:
-        return [self.path]
+        """Every file of the model, the first part first."""
+        return [part.path for part in self._parts]
 
     @property
     def quant_type(self) -> str:
@@ -217,9 +323,12 @@ class GgufFile(TensorDirectory):
 
     @property
     def provenance(self) -> dict:
-        return {"format": "gguf", "gguf_version": self.layout.version,
-                "gguf_architecture": self.gguf_architecture,
-                "name": self.meta.get("general.name")}
+        out = {"format": "gguf", "gguf_version": self.layout.version,
+               "gguf_architecture": self.gguf_architecture,
+               "name": self.meta.get("general.name")}
+        if len(self._parts) > 1:
+            out["split_count"] = len(self._parts)
+        return out
 
     @property
     def tokenizer_config(self):
@@ -241,13 +350,17 @@ class GgufFile(TensorDirectory):
         return self._tokenizer
 
     def sections(self, file=None) -> dict:
-        """{region: (offset, length)}: ``metadata`` (header, keys and tensor directory),
-        ``data`` (the tensor payloads) and ``vocab`` (the tokenizer.ggml.tokens value;
-        (0, 0) when the file has no vocabulary)."""
-        size = int(self.buf.size) if self.buf is not None else 0
-        d = self.layout.data_offset
-        return {"metadata": (0, d), "data": (d, size - d),
-                "vocab": self.layout.key_spans.get("tokenizer.ggml.tokens", (0, 0))}
+        """{region: (offset, length)} of `file` (default: the first): ``metadata``
+        (header, keys and tensor directory), ``data`` (the tensor payloads) and ``vocab``
+        (the tokenizer.ggml.tokens value; (0, 0) when the file has no vocabulary)."""
+        by_path = {part.path: part for part in self._parts}
+        if file is not None and file not in by_path:
+            raise ConfigError(f"{self.path}: {file!r} is not one of its files "
+                              f"({', '.join(by_path)})")
+        part = self._parts[0] if file is None else by_path[file]
+        d = part.layout.data_offset
+        return {"metadata": (0, d), "data": (d, part.size - d),
+                "vocab": part.layout.key_spans.get("tokenizer.ggml.tokens", (0, 0))}
 
     def resolve(self, name: str, skill=None) -> str:
         if skill is not None:
@@ -261,7 +374,9 @@ class GgufFile(TensorDirectory):
     def raw(self, name: str) -> np.ndarray:
         """Zero-copy read-only uint8 view of the payload of `name` (the GGUF bytes)."""
         t = self.info(name)
-        return self._bytes(t.offset, t.nbytes)
+        if not self._parts or self._parts[0].buf is None:
+            raise ValueError(f"{self.path}: file is closed")
+        return t._buf[t.offset:t.offset + t.nbytes]
 
     def tensor(self, name: str, skill=None) -> np.ndarray:
         """`name` decoded to float32."""
@@ -276,13 +391,8 @@ class GgufFile(TensorDirectory):
         return []
 
     def close(self) -> None:
-        self.buf = None
-        mm, self._mm = self._mm, None
-        if mm is not None:
-            try:
-                mm.close()
-            except BufferError:  # views handed out are still alive; GC closes it later
-                pass
+        for part in self._parts:
+            part.close()
 
     def __enter__(self):
         return self
@@ -291,12 +401,13 @@ class GgufFile(TensorDirectory):
         self.close()
 
     def __repr__(self):
+        parts = f", parts={len(self._parts)}" if len(self._parts) > 1 else ""
         return (f"GgufFile({self.path!r}, arch={self.arch.get('arch_name')!r}, "
-                f"tensors={len(self.tensors)})")
+                f"tensors={len(self.tensors)}{parts})")
 
 
 def open(path, preload: bool = False, verify: str = "lazy") -> GgufFile:
     """Open a Llama-family GGUF file read-only (mmap; preload=True copies it into
-    anonymous memory). `verify` is accepted for symmetry with `cortiq.cmf.open`: a
-    GGUF has no hashes to check."""
+    anonymous memory); any part of a split set opens the whole set. `verify` is accepted
+    for symmetry with `cortiq.cmf.open`: a GGUF has no hashes to check."""
     return GgufFile(path, preload, verify)

@@ -18,7 +18,16 @@ def open_model_file(path, preload: bool = False,
     try:
         with builtins.open(p, "rb") as fh:
             magic = fh.read(4)
-    except (FileNotFoundError, IsADirectoryError):
+    except IsADirectoryError:
+        raise FormatError(f"{p}: a directory, not a model file; LLM.from_pretrained({p!r}) "
+                          "opens a folder holding one model or converts a Hugging Face "
+                          "checkpoint directory") from None
+    except FileNotFoundError:
+        from ..hub import parse_hub_id
+        if parse_hub_id(p) is not None:
+            raise _cmf.CmfFileNotFound(
+                f"{p}: no such file; a Hugging Face Hub id opens with "
+                f"LLM.from_pretrained({p!r}) (or cortiq run {p})") from None
         return _cmf.open(p, preload=preload, verify=verify)   # its own clear error
     if magic == _cmf.reader.MAGIC:
         return _cmf.open(p, preload=preload, verify=verify)

@@ -63,8 +63,10 @@ def cmd_info(args) -> int:
         return _fail(e)
     with cf:
         a = cf.arch
-        out = [f"file:        {cf.path}" + (f" ({len(cf.files)} shards)" if len(cf.files) > 1
-                                            else "")]
+        gguf_file = getattr(cf, "layout", None) is not None
+        piece = "split parts" if gguf_file else "shards"
+        out = [f"file:        {cf.path}" + (f" ({len(cf.files)} {piece})"
+                                            if len(cf.files) > 1 else "")]
         out.append(f"arch:        {a['arch_name']}  hidden {a['hidden_size']}, layers "
                    f"{a['num_layers']}, heads {a['num_attention_heads']}/{a['num_kv_heads']} "
                    f"(head_dim {a['head_dim']}), ffn {a['intermediate_size']}, vocab "
@@ -75,11 +77,10 @@ def cmd_info(args) -> int:
                        f"{m['moe_intermediate_size']}")
         gguf = getattr(cf, "layout", None)          # a GgufFile's parsed container
         if gguf is not None:
-            kinds: dict = {}
-            for t in gguf.tensors.values():
-                kinds[t.type.name] = kinds.get(t.type.name, 0) + 1
+            kinds = cf.ggml_type_counts()
+            parts = f" in {len(cf.files)} split parts" if len(cf.files) > 1 else ""
             out.append(f"format:      GGUF v{gguf.version} ({cf.gguf_architecture}), "
-                       f"{_fmt_bytes(int(cf.buf.size))}; ggml types: " + ", ".join(
+                       f"{_fmt_bytes(cf.nbytes)}{parts}; ggml types: " + ", ".join(
                            f"{k} {n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])))
         else:
             out.append(f"quant_type:  {cf.quant_type}   features 0x{cf.features:x}")
@@ -113,7 +114,7 @@ def cmd_info(args) -> int:
         if len(cf.files) > 1 or cf.shard:
             for f in cf.files:
                 n = sum(1 for t in cf.tensors.values() if t.file == f)
-                out.append(f"shard:       {f}  ({n} tensors)")
+                out.append(f"{'part:' if gguf_file else 'shard:':<13}{f}  ({n} tensors)")
         print("\n".join(out))
     return 0
 

@@ -11,6 +11,7 @@ import os
 import re
 import sys
 import time
+from pathlib import Path
 
 from ..errors import ConfigError
 from .model_arg import add_model_argument, model_path
@@ -315,6 +316,13 @@ def _magic(path: str) -> bytes:
 def _check_convert_source(path: str) -> None:
     """`cortiq convert` reads a checkpoint directory: a model file given instead is told
     which command takes it."""
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
+        if ggufs:
+            raise ConfigError(f"{path}: no config.json, but GGUF files ({', '.join(ggufs[:4])}"
+                              f"{', ...' if len(ggufs) > 4 else ''}); cortiq convert reads "
+                              f"Hugging Face checkpoint directories: run a GGUF as it is "
+                              f"(cortiq run {path}) or convert it with cortiq import-gguf")
     if not os.path.isfile(path):
         return                           # a directory (or nothing): the converter says
     magic = _magic(path)
@@ -368,10 +376,26 @@ def cmd_convert(args) -> int:
     return 0
 
 
+def _gguf_source(text: str, progress: bool | None) -> str:
+    """The local GGUF file `cortiq import-gguf` reads: the path itself, the one model of
+    a folder without a config.json, or a Hub id's GGUF (org/name:QUANT, downloaded into
+    the cache, every part of a split set)."""
+    from ..pretrained import model_in_folder, progress_default
+    if os.path.isdir(text) and not os.path.isfile(os.path.join(text, "config.json")):
+        return str(model_in_folder(Path(text)))
+    if not os.path.exists(text):
+        from ..hub import fetch, parse_hub_id
+        hub_id = parse_hub_id(text)
+        if hub_id is not None:
+            return str(fetch(hub_id[0], hub_id[1], progress=progress_default(progress)))
+    return text
+
+
 def cmd_import_gguf(args) -> int:
-    _check_gguf_source(args.gguf)
+    src = _gguf_source(args.gguf, False if args.quiet else None)
+    _check_gguf_source(src)
     from ..convert.gguf_import import import_gguf
-    import_gguf(args.gguf, args.out, quant=args.quant, progress=not args.quiet)
+    import_gguf(src, args.out, quant=args.quant, progress=not args.quiet)
     if not args.quiet:
         print(f"wrote {args.out}")
     return 0
@@ -565,7 +589,9 @@ def add_subcommands(sub) -> None:
 
     g = sub.add_parser("import-gguf", help=f"convert a {'/'.join(gguf_architectures())} "
                                            "GGUF file to CMF, every tensor's bytes kept")
-    g.add_argument("gguf", metavar="FILE.gguf")
+    g.add_argument("gguf", metavar="FILE.gguf",
+                   help="a .gguf file (any part of a split one), a folder holding one, or "
+                        "a Hub id org/name:QUANT")
     g.add_argument("out", metavar="OUT.cmf")
     g.add_argument("--quant", default=None,
                    help="re-quantize every matrix to this CMF quant (f32: exact values); "

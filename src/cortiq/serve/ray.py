@@ -142,8 +142,8 @@ def open_model(config: dict, host: str | None = None):
             from ..demo import demo_path
             path = demo_path()
         if config.get("verify"):
-            from .. import cmf
-            with cmf.open(path) as cf:
+            from ..runtime.model_file import open_model_file
+            with open_model_file(path) as cf:       # a CMF or GGUF file
                 problems = cf.verify()
             if problems:
                 raise FormatError(f"{len(problems)} hash problem(s): " + "; ".join(problems[:5]))
