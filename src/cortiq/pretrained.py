@@ -45,8 +45,6 @@ _KEY_FILES = ("config.json", "generation_config.json", "tokenizer.json",
               "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
               "special_tokens_map.json")
 _CONVERTERS_VERSION = 1   # bump when a converter's output changes for the same input
-_CMF_MAGIC = b"CMF\x01"
-_GGUF_MAGIC = b"GGUF"
 _DEFAULT_CHECKPOINT_QUANT = "q8_row"
 #: a part of a split model file: <name>-00001-of-00003.gguf (or .cmf)
 _SPLIT_NAME = re.compile(r"^(.*)-(\d{5})-of-(\d{5})(\.gguf|\.cmf)$")
@@ -126,8 +124,9 @@ def resolve(repo_or_path, *, quant: str | None = None, cache=None,
 
 def file_format(path) -> str:
     """"cmf" or "gguf" for a model file `resolve` returned (by its first bytes)."""
+    from .runtime.model_file import magic_format
     with open(path, "rb") as f:
-        return "gguf" if f.read(4) == _GGUF_MAGIC else "cmf"
+        return magic_format(f.read(4)) or "cmf"
 
 
 def model_in_folder(src: Path) -> Path:
@@ -154,10 +153,10 @@ def _kind_of(src: Path) -> str:
             head = f.read(16)
     except OSError as e:
         raise ConfigError(f"{src}: cannot read: {e.strerror or e}") from None
-    if head.startswith(_CMF_MAGIC):
-        return "cmf"
-    if head.startswith(_GGUF_MAGIC):
-        return "gguf"
+    from .runtime.model_file import magic_format
+    kind = magic_format(head)
+    if kind is not None:
+        return kind
     if src.suffix == ".safetensors" or _looks_like_safetensors(head):
         raise ConfigError(f"{src}: a safetensors weight file; pass the checkpoint directory "
                           f"that holds it with its config.json ({src.parent})")
