@@ -92,20 +92,25 @@ class _Settings:
 
 #: decode-matvec variants: name -> module settings (kernels.py)
 VARIANTS = {
-    "sg_unroll4_rows16 (the default)": dict(MATVEC_SUBGROUPS=None, MATVEC_UNROLL=4, RPW1_SLOTS=16,
-                                            RPW1_ROWS=1),
-    "sg_unroll1_rows16": dict(MATVEC_SUBGROUPS=None, MATVEC_UNROLL=1, RPW1_SLOTS=16, RPW1_ROWS=1),
-    "sg_unroll4_rows8": dict(MATVEC_SUBGROUPS=None, MATVEC_UNROLL=4, RPW1_SLOTS=8, RPW1_ROWS=1),
-    "sg_unroll4_rows32": dict(MATVEC_SUBGROUPS=None, MATVEC_UNROLL=4, RPW1_SLOTS=32, RPW1_ROWS=1),
-    "sg_unroll4_rows64": dict(MATVEC_SUBGROUPS=None, MATVEC_UNROLL=4, RPW1_SLOTS=64, RPW1_ROWS=1),
-    "sg_unroll4_rows16_unstaged": dict(MATVEC_SUBGROUPS=None, MATVEC_UNROLL=4, RPW1_SLOTS=16,
-                                       RPW1_ROWS=1, MATVEC_STAGE_PLAIN=False),
-    "sg_unroll4_rows32_unstaged": dict(MATVEC_SUBGROUPS=None, MATVEC_UNROLL=4, RPW1_SLOTS=32,
-                                       RPW1_ROWS=1, MATVEC_STAGE_PLAIN=False),
-    "tree_unroll4_rows16": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=4, RPW1_SLOTS=16,
+    "tree_unroll4_rows16 (the default)": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=4,
+                                              RPW1_SLOTS=16, RPW1_ROWS=1),
+    "tree_unroll4_rows4": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=4, RPW1_SLOTS=4,
+                               RPW1_ROWS=1),
+    "tree_unroll4_rows8": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=4, RPW1_SLOTS=8,
+                               RPW1_ROWS=1),
+    "tree_unroll4_rows32": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=4, RPW1_SLOTS=32,
                                 RPW1_ROWS=1),
-    "tree_unroll1_rows16 (the earlier kernel)": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=1,
-                                                     RPW1_SLOTS=16, RPW1_ROWS=1),
+    "tree_unroll4_rows16x2": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=4, RPW1_SLOTS=16,
+                                  RPW1_ROWS=2),
+    "tree_unroll4_rows16_unstaged": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=4,
+                                         RPW1_SLOTS=16, RPW1_ROWS=1, MATVEC_STAGE_PLAIN=False),
+    "tree_unroll1_rows16": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=1, RPW1_SLOTS=16,
+                                RPW1_ROWS=1),
+    "sg_unroll4_rows16": dict(MATVEC_SUBGROUPS=True, MATVEC_UNROLL=4, RPW1_SLOTS=16,
+                              RPW1_ROWS=1),
+    "sg_unroll4_rows8": dict(MATVEC_SUBGROUPS=True, MATVEC_UNROLL=4, RPW1_SLOTS=8, RPW1_ROWS=1),
+    "sg_unroll4_rows32": dict(MATVEC_SUBGROUPS=True, MATVEC_UNROLL=4, RPW1_SLOTS=32,
+                              RPW1_ROWS=1),
 }
 
 #: (label, rows, cols, input stage) of the measured products
@@ -147,7 +152,7 @@ def matvec_variants(dev, read_gb_s, l2_bytes=256 << 20):
         ops = _ops(dev, mats, pro)
         res = {"copies": copies, "bytes_per_pass": nbytes * copies, "input_stage": pro}
         for name, kw in VARIANTS.items():
-            if kw["MATVEC_SUBGROUPS"] is None and not dev.subgroups:
+            if kw["MATVEC_SUBGROUPS"] and not dev.subgroups:
                 continue
             with _Settings(**kw):
                 ds = [op.dispatch(step, 1) for op in ops]
@@ -184,7 +189,7 @@ def llama8b_chain(dev, read_gb_s, layers=32, hidden=4096, ffn=14336, heads=32, k
            "weight_gb_per_token": nbytes / 1e9, "build_s": build_s,
            "dispatches_per_token": 4 * layers + 1}
     for name, kw in VARIANTS.items():
-        if kw["MATVEC_SUBGROUPS"] is None and not dev.subgroups:
+        if kw["MATVEC_SUBGROUPS"] and not dev.subgroups:
             continue
         with _Settings(**kw):
             ds = [op.dispatch(step, 1) for op in ops]

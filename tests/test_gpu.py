@@ -414,15 +414,16 @@ def test_unsupported_architecture_and_options(dev, demo_file, tmp_path):
 # ---- the decode matvec's reduction and load variants ------------------------------------
 @pytest.mark.parametrize("dtype,subgroups,unroll,stage",
                          [(d, False, 4, True) for d in DTYPES]
-                         + [("q8_row", False, 1, True), ("q8_row", None, 1, True),
-                            ("q8_row", None, 4, False), ("q8_row", False, 4, False)])
+                         + [("q8_row", False, 1, True), ("q8_row", True, 1, True),
+                            ("q8_row", True, 4, False), ("q8_row", False, 4, False),
+                            ("q8_row", True, 4, True), ("q4_block", True, 4, True)])
 def test_decode_matvec_reductions_and_unroll(dev, dtype, subgroups, unroll, stage,
                                              monkeypatch):
     """subgroupAdd (where the adapter offers subgroups) and the shared-memory tree, with
     and without a lane's four loads in flight, on rows long enough for the unrolled loop
     and its remainder, and a row count that leaves a workgroup part-empty, the plain
     product's input staged or read by each lane (the other tests run the default:
-    subgroups where offered, four loads, staged)."""
+    the tree, four loads, staged)."""
     from cortiq.gpu import kernels
     monkeypatch.setattr(kernels, "MATVEC_SUBGROUPS", subgroups)
     monkeypatch.setattr(kernels, "MATVEC_UNROLL", unroll)
@@ -443,10 +444,20 @@ def test_decode_matvec_reductions_and_unroll(dev, dtype, subgroups, unroll, stag
 
 def test_subgroups_setting(monkeypatch):
     from cortiq.gpu import device as gd
-    monkeypatch.setenv("CORTIQ_GPU_SUBGROUPS", "0")
-    assert gd._subgroups_wanted() is False
-    monkeypatch.setenv("CORTIQ_GPU_SUBGROUPS", "on")
-    assert gd._subgroups_wanted() is True
+    from cortiq.gpu import kernels
+
+    class Dev:
+        subgroups = True
+    for raw, setting, used in (("", None, False), ("0", False, False), ("off", False, False),
+                               ("on", True, True), ("1", True, True)):
+        monkeypatch.setenv("CORTIQ_GPU_SUBGROUPS", raw)
+        assert gd.subgroups_setting() is setting
+        assert kernels.matvec1_subgroups(Dev()) is used
+    monkeypatch.setattr(kernels, "MATVEC_SUBGROUPS", True)      # the module setting wins
+    monkeypatch.setenv("CORTIQ_GPU_SUBGROUPS", "")
+    assert kernels.matvec1_subgroups(Dev()) is True
+    Dev.subgroups = False                                        # never without the feature
+    assert kernels.matvec1_subgroups(Dev()) is False
     monkeypatch.setenv("CORTIQ_GPU_SUBGROUPS", "sometimes")
     with pytest.raises(ConfigError, match="CORTIQ_GPU_SUBGROUPS"):
-        gd._subgroups_wanted()
+        gd.subgroups_setting()

@@ -100,11 +100,16 @@ def resolve_device(device) -> str:
     return "gpu"
 
 
-def _subgroups_wanted() -> bool:
-    """CORTIQ_GPU_SUBGROUPS: 0/off keeps shaders off subgroup operations even where the
-    adapter offers them (the shared-memory reductions run instead); default on."""
+def subgroups_setting() -> bool | None:
+    """CORTIQ_GPU_SUBGROUPS: 1/on reduces the decode matvec's rows with subgroupAdd where
+    the adapter offers subgroups, 0/off also keeps the device from asking for them;
+    unset (None): the device asks for them where offered and the decode matvec keeps
+    its shared-memory tree, which measured faster on an H100 (docs/PERFORMANCE.md,
+    section 15)."""
     raw = (env("CORTIQ_GPU_SUBGROUPS") or "").strip().lower()
-    if raw in ("", "1", "on", "true", "yes"):
+    if raw == "":
+        return None
+    if raw in ("1", "on", "true", "yes"):
         return True
     if raw in ("0", "off", "false", "no"):
         return False
@@ -157,7 +162,7 @@ class Device:
         have = dict(adapter.limits)
         want = {k: have[k] for k in _LIMITS if k in have}
         #: whether shaders may use subgroup operations (the decode matvec's reduction)
-        self.subgroups = "subgroup" in adapter.features and _subgroups_wanted()
+        self.subgroups = "subgroup" in adapter.features and subgroups_setting() is not False
         try:
             self.dev = adapter.request_device_sync(
                 required_limits=want, required_features=["subgroup"] if self.subgroups else [])

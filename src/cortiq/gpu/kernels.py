@@ -262,8 +262,10 @@ NX = 32768
 #: of 32 and 4 of 64 (half the workgroups, each staging the input once), and 4 rows a
 #: slot measured slower than 1 (fewer workgroups in flight)
 RPW1_SLOTS, RPW1_ROWS = 16, 1
-#: the decode matvec's row reduction: None takes subgroupAdd where the device was opened
-#: with the `subgroup` feature (`Device.subgroups`), False the shared-memory tree
+#: the decode matvec's row reduction: True takes subgroupAdd where the device was opened
+#: with the `subgroup` feature (`Device.subgroups`), False the shared-memory tree, None
+#: follows CORTIQ_GPU_SUBGROUPS (unset: the tree, which streamed Llama-8B-shaped rows
+#: 4.6x faster on an H100 and Dory's as fast: docs/PERFORMANCE.md section 15)
 MATVEC_SUBGROUPS: bool | None = None
 #: 16-byte loads a decode-matvec lane issues before it decodes the first (1 or 4)
 MATVEC_UNROLL = 4
@@ -293,7 +295,9 @@ def matvec1_staging(dev: Device, cols: int) -> int:
 
 def matvec1_subgroups(dev: Device) -> bool:
     """Whether the decode matvec reduces its rows with subgroupAdd."""
-    return dev.subgroups and MATVEC_SUBGROUPS is not False
+    from .device import subgroups_setting
+    wanted = MATVEC_SUBGROUPS if MATVEC_SUBGROUPS is not None else subgroups_setting()
+    return dev.subgroups and wanted is True
 
 
 def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
