@@ -116,25 +116,54 @@ static inline __m512i kq_sc_idx(int q6, int s0, int s1) {
     return _mm512_loadu_si512((const void *)w);
 }
 
+/* Two rows' four steps (a0..a3 of row a, b0..b3 of row b: 16 lanes of 4-weight sums
+ * each, within int16; a step's lanes 0-7 one group, 8-15 another) as the sixteen group
+ * sums of q4_k / q5_k, lane 2g + row for group g of the step order kq_q4_group, unscaled.
+ * Three levels: two packs and vpmaddwd by ones halve the lanes twice (8-weight sums,
+ * <= 31 * 127 * 8, still fit int16), then the two 128-bit chunks of each group are
+ * added. */
+static inline __m512i kq_q45_isums(const __m512i a[4], const __m512i b[4], __m512i ones) {
+    __m512i p[4];
+    KQ_UNROLL for (int s = 0; s < 4; s++) p[s] = _mm512_madd_epi16(_mm512_packs_epi32(a[s], b[s]), ones);
+    /* p[s] chunk c: a's lanes 4c..4c+3 in pairs, then b's */
+    const __m512i q01 = _mm512_madd_epi16(_mm512_packs_epi32(p[0], p[1]), ones);
+    const __m512i q23 = _mm512_madd_epi16(_mm512_packs_epi32(p[2], p[3]), ones);
+    /* q01 chunk c: (a0, b0, a1, b1) of chunk c (16 weights each); chunks 0 + 1 are the
+     * steps' first groups, 2 + 3 their second */
+    return _mm512_add_epi32(_mm512_shuffle_i64x2(q01, q23, _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_i64x2(q01, q23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* Row r (0 or 1) of a two-row accumulator (lane 2g + row) as the eight lanes of
+ * kq_ref_i8_row, in group order. */
+static inline __m256 kq_row_lanes(__m512 acc, int r) {
+    const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14),
+                                         _mm512_set1_epi32(r));
+    return _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, acc));
+}
+
 /* q4_k (Q5 = 0) and q5_k (Q5 = 1): a tile of R (1 or 2) rows from r by J (1..4) inputs
  * xqs[j], row k of input j to Y[j * ldy + k]. qs bytes 32i + k hold weight 64i + k (low
  * nibble, group 2i) and 64i + 32 + k (high, group 2i + 1): a 64-byte load's low nibbles
  * are groups 0 and 2 (4 and 6), its high ones 1 and 3 (5 and 7), met by x's groups
  * paired the same way (x's side). q5_k's fifth bit of weight 32g + k is bit g of qh[k]:
  * a 64-bit rotate brings bit g of every byte to bit 4. The weights of a block are
- * unpacked once for the J inputs; each input's operations are those of J = 1. Then per
- * group, as the spec: d_g * (d * isum - dmin * msum) into lane g. */
+ * unpacked once for the J inputs; each input's operations are those of J = 1. The
+ * group sums come unscaled (kq_q45_isums, lanes 2g + row), so the 6-bit scales and
+ * mins are only zero-extended in that order (their bytes of the two rows interleaved),
+ * isum = sc * sum and msum = mn * xsum by vpmulld (exact), x's group sums are its
+ * per-half sums added to their neighbour, and then per group, as the spec:
+ * d_g * (d * isum - dmin * msum) into lane g. */
 #define KQ_Q45K_TILE(DOT, Q5, R, J)                                                                \
     const size_t nb = m->cols / CQ_KQ_BLOCK, bb = (Q5) ? 176 : 144;                                  \
     const uint8_t *rows = m->data + r * nb * bb;                                                     \
     const __m512i m0f = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10), zero = _mm512_setzero_si512(); \
-    const __m512i i01 = kq_sc_idx(0, 0, 1), i23 = kq_sc_idx(0, 2, 3), perm = kq_group_perm(0);      \
-    const __m512i lo8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);          \
-    const __m512i hi8 = _mm512_add_epi32(lo8, _mm512_set1_epi32(1));                                 \
+    const __m512i ones = _mm512_set1_epi16(1);                                                       \
+    const __m512i dup8 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);         \
     __m512 acc[J];                                                                                   \
     KQ_UNROLL for (int j = 0; j < (J); j++) acc[j] = _mm512_setzero_ps();                            \
     for (size_t b = 0; b < nb; b++) {                                                                \
-        __m512i w[2][4], s01[2], s23[2];                                                             \
+        __m512i w[2][4];                                                                             \
         __m128i sc[2];                                                                               \
         __m128 dm[2];                                                                                \
         KQ_UNROLL for (int k = 0; k < (R); k++) {                                                    \
@@ -142,8 +171,6 @@ static inline __m512i kq_sc_idx(int q6, int s0, int s1) {
             kq_pf(blk, bb);                                                                          \
             dm[k] = kq_h2f_2(blk); /* d, dmin */                                                     \
             sc[k] = kq_scales16(blk + 4);                                                            \
-            const __m512i scw = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sc[k]));                \
-            s01[k] = _mm512_permutexvar_epi16(i01, scw), s23[k] = _mm512_permutexvar_epi16(i23, scw); \
             const uint8_t *qs = blk + ((Q5) ? 48 : 16);                                              \
             __m512i qh = zero;                                                                       \
             if (Q5) qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)));   \
@@ -162,12 +189,14 @@ static inline __m512i kq_sc_idx(int q6, int s0, int s1) {
             }                                                                                        \
         }                                                                                            \
         if ((R) == 1) sc[1] = sc[0], dm[1] = dm[0];                                                  \
-        const __m512i mn = _mm512_cvtepu8_epi32(_mm_unpackhi_epi64(sc[0], sc[1]));                   \
-        const __m512 dd = _mm512_castps128_ps512(_mm_movelh_ps(dm[0], dm[1])); /* d_a, dmin_a, d_b, dmin_b */ \
-        const __m512 d16 = _mm512_permutexvar_ps(lo8, dd), dmin16 = _mm512_permutexvar_ps(hi8, dd);  \
+        const __m512i sc16 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sc[0], sc[1]));                  \
+        const __m512i mn16 = _mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sc[0], sc[1]));                  \
+        const __m128d dd = _mm_castps_pd(_mm_unpacklo_ps(dm[0], dm[1])); /* d_a, d_b, dmin_a, dmin_b */ \
+        const __m512 d16 = _mm512_castpd_ps(_mm512_broadcastsd_pd(dd));                              \
+        const __m512 dmin16 = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_unpackhi_pd(dd, dd)));      \
         KQ_UNROLL for (int j = 0; j < (J); j++) {                                                    \
             const cq_xq *xq = xqs[j];                                                                \
-            __m512i xv[4], q[2];                                                                     \
+            __m512i xv[4], y[2][4];                                                                  \
             KQ_UNROLL for (int h = 0; h < 2; h++) { /* x's groups (4h, 4h+2) and (4h+1, 4h+3) */    \
                 const __m512i a = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h));     \
                 const __m512i c = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h + 64)); \
@@ -175,18 +204,19 @@ static inline __m512i kq_sc_idx(int q6, int s0, int s1) {
                 xv[2 * h + 1] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 2, 3, 2));                 \
             }                                                                                        \
             KQ_UNROLL for (int k = 0; k < (R); k++)                                                  \
-                q[k] = kq_scaled_chunks(DOT(zero, w[k][0], xv[0]), DOT(zero, w[k][1], xv[1]),        \
-                                        DOT(zero, w[k][2], xv[2]), DOT(zero, w[k][3], xv[3]), s01[k], s23[k]); \
-            if ((R) == 1) q[1] = q[0];                                                               \
-            const __m512 isum = _mm512_cvtepi32_ps(kq_group_isums(q[0], q[1], perm));                \
-            const __m512 msum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(mn, kq_xsum16(xq, b)));       \
-            const __m512 dg = _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq->d + 8 * b)))); \
+                KQ_UNROLL for (int s = 0; s < 4; s++) y[k][s] = DOT(zero, w[k][s], xv[s]);           \
+            const __m512i gsum = kq_q45_isums(y[0], y[(R) - 1], ones);                               \
+            const __m512i hs = _mm512_load_si512((const void *)(xq->bias + 16 * b));                 \
+            const __m512i xsum = _mm512_add_epi32(hs, _mm512_shuffle_epi32(hs, _MM_PERM_CDAB));      \
+            const __m512 isum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(sc16, gsum));                  \
+            const __m512 msum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(mn16, xsum));                  \
+            const __m512 dg = _mm512_permutexvar_ps(dup8, _mm512_castps256_ps512(_mm256_load_ps(xq->d + 8 * b))); \
             acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(dg, _mm512_sub_ps(_mm512_mul_ps(d16, isum), _mm512_mul_ps(dmin16, msum)))); \
         }                                                                                            \
     }                                                                                                \
     KQ_UNROLL for (int j = 0; j < (J); j++) {                                                        \
-        Y[j * ldy] = kq_lanes8_sum(_mm512_castps512_ps256(acc[j]));                                  \
-        if ((R) == 2) Y[j * ldy + 1] = kq_lanes8_sum(_mm512_extractf32x8_ps(acc[j], 1));             \
+        Y[j * ldy] = kq_lanes8_sum(kq_row_lanes(acc[j], 0));                                         \
+        if ((R) == 2) Y[j * ldy + 1] = kq_lanes8_sum(kq_row_lanes(acc[j], 1));                       \
     }
 
 /* q6_k, a tile as KQ_Q45K_TILE's: per half h of a block, ql's 64 bytes give the low
