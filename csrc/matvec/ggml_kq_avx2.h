@@ -56,6 +56,18 @@ static inline void kq2_xhalves(const cq_xq *xq, size_t b, __m256i *a, __m256i *c
     *c = _mm256_permutevar8x32_epi32(_mm256_load_si256((const __m256i *)(xq->bias + 16 * b + 8)), order);
 }
 
+/* A block's eight group dots y[g] (8 lanes of 4-weight sums, within int16) as its
+ * eight group sums in order, unscaled: two packs and vpmaddwd by ones halve the lanes
+ * twice (8-weight sums, <= 31 * 127 * 8, still fit int16), leaving per 128-bit lane the
+ * four groups' 16-weight halves, (0..3 | 0..3) and (4..7 | 4..7); the lanes are added. */
+static inline __m256i kq2_group_sums(const __m256i y[8], __m256i ones) {
+    __m256i p[4];
+    for (int i = 0; i < 4; i++) p[i] = _mm256_madd_epi16(_mm256_packs_epi32(y[2 * i], y[2 * i + 1]), ones);
+    const __m256i a = _mm256_madd_epi16(_mm256_packs_epi32(p[0], p[1]), ones);
+    const __m256i c = _mm256_madd_epi16(_mm256_packs_epi32(p[2], p[3]), ones);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x20), _mm256_permute2x128_si256(a, c, 0x31));
+}
+
 #define KQ2_DOT(u, x) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (x)), ones)
 
 /* q4_k (Q5 = 0) and q5_k (Q5 = 1): qs bytes 32i + k, low nibble weight 64i + k (group
@@ -65,7 +77,6 @@ static float kq2_q45k_row(const cq_qmat *m, size_t r, const cq_xq *xq, int q5) {
     const size_t nb = m->cols / CQ_KQ_BLOCK, bb = q5 ? 176 : 144;
     const uint8_t *row = m->data + r * nb * bb;
     const __m256i m0f = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
-    const __m128i dup4 = _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7);
     __m256 acc = _mm256_setzero_ps();
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * bb, *qs = blk + (q5 ? 48 : 16);
@@ -87,11 +98,8 @@ static float kq2_q45k_row(const cq_qmat *m, size_t r, const cq_xq *xq, int q5) {
             y[2 * i] = KQ2_DOT(lo, _mm256_load_si256((const __m256i *)(xb + 64 * i)));
             y[2 * i + 1] = KQ2_DOT(hi, _mm256_load_si256((const __m256i *)(xb + 64 * i + 32)));
         }
-        const __m128i scd = _mm_shuffle_epi8(sc, dup4); /* sc0-3, sc0-3, sc4-7, sc4-7 */
-        const __m256i a = _mm256_mullo_epi32(kq2_halves(y[0], y[1], y[2], y[3]), _mm256_cvtepu8_epi32(scd));
-        const __m256i c = _mm256_mullo_epi32(kq2_halves(y[4], y[5], y[6], y[7]),
-                                             _mm256_cvtepu8_epi32(_mm_srli_si128(scd, 8)));
-        const __m256 isum = _mm256_cvtepi32_ps(kq2_groups(a, c));
+        /* the unscaled group sums in order (kq2_group_sums), then scaled per group */
+        const __m256 isum = _mm256_cvtepi32_ps(_mm256_mullo_epi32(kq2_group_sums(y, ones), _mm256_cvtepu8_epi32(sc)));
         const __m256i xs = _mm256_permute4x64_epi64(
             _mm256_hadd_epi32(_mm256_load_si256((const __m256i *)(xq->bias + 16 * b)),
                               _mm256_load_si256((const __m256i *)(xq->bias + 16 * b + 8))),
