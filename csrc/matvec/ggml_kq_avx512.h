@@ -142,6 +142,39 @@ static inline __m256 kq_row_lanes(__m512 acc, int r) {
     return _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, acc));
 }
 
+/* x's side of a q4_k / q5_k block in the lanes 2g + row of kq_q45_isums: its group sums
+ * (each the per-half sums bias[16b + 2g + h] added to their neighbour, so both lanes of
+ * a group hold it) and its eight d_g, each twice. */
+static inline __m512i kq_xsum_pairs(const cq_xq *xq, size_t b) {
+    const __m512i hs = _mm512_load_si512((const void *)(xq->bias + 16 * b));
+    return _mm512_add_epi32(hs, _mm512_shuffle_epi32(hs, _MM_PERM_CDAB));
+}
+static inline __m512 kq_dg_pairs(const cq_xq *xq, size_t b) {
+    const __m512i dup8 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    return _mm512_permutexvar_ps(dup8, _mm512_castps256_ps512(_mm256_load_ps(xq->d + 8 * b)));
+}
+
+/* The same x side prepared once for a call's rows (every row pair of a block meets the
+ * same x; forming it per pair cost about a tenth of the q4_k row's time, in cache): per
+ * block KQ_PREP_BLOCK bytes, the four steps' xq vectors as the tile pairs them, then
+ * kq_xsum_pairs, then kq_dg_pairs. Rows up to KQ_PREP_MAX_BLOCKS blocks (the buffer is
+ * on the stack) take it; wider ones form x's side per pair, with the same values. */
+#define KQ_PREP_BLOCK 384
+#define KQ_PREP_MAX_BLOCKS 256
+static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *o = out + KQ_PREP_BLOCK * b;
+        for (int h = 0; h < 2; h++) {
+            const __m512i a = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h));
+            const __m512i c = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h + 64));
+            _mm512_store_si512((void *)(o + 128 * h), _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(1, 0, 1, 0)));
+            _mm512_store_si512((void *)(o + 128 * h + 64), _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 2, 3, 2)));
+        }
+        _mm512_store_si512((void *)(o + 256), kq_xsum_pairs(xq, b));
+        _mm512_store_ps((void *)(o + 320), kq_dg_pairs(xq, b));
+    }
+}
+
 /* q4_k (Q5 = 0) and q5_k (Q5 = 1): a tile of R (1 or 2) rows from r by J (1..4) inputs
  * xqs[j], row k of input j to Y[j * ldy + k]. qs bytes 32i + k hold weight 64i + k (low
  * nibble, group 2i) and 64i + 32 + k (high, group 2i + 1): a 64-byte load's low nibbles
@@ -154,12 +187,11 @@ static inline __m256 kq_row_lanes(__m512 acc, int r) {
  * isum = sc * sum and msum = mn * xsum by vpmulld (exact), x's group sums are its
  * per-half sums added to their neighbour, and then per group, as the spec:
  * d_g * (d * isum - dmin * msum) into lane g. */
-#define KQ_Q45K_TILE(DOT, Q5, R, J)                                                                \
+#define KQ_Q45K_TILE(DOT, Q5, R, J, P)                                                             \
     const size_t nb = m->cols / CQ_KQ_BLOCK, bb = (Q5) ? 176 : 144;                                  \
     const uint8_t *rows = m->data + r * nb * bb;                                                     \
     const __m512i m0f = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10), zero = _mm512_setzero_si512(); \
     const __m512i ones = _mm512_set1_epi16(1);                                                       \
-    const __m512i dup8 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);         \
     __m512 acc[J];                                                                                   \
     KQ_UNROLL for (int j = 0; j < (J); j++) acc[j] = _mm512_setzero_ps();                            \
     for (size_t b = 0; b < nb; b++) {                                                                \
@@ -196,21 +228,28 @@ static inline __m256 kq_row_lanes(__m512 acc, int r) {
         const __m512 dmin16 = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_unpackhi_pd(dd, dd)));      \
         KQ_UNROLL for (int j = 0; j < (J); j++) {                                                    \
             const cq_xq *xq = xqs[j];                                                                \
-            __m512i xv[4], y[2][4];                                                                  \
-            KQ_UNROLL for (int h = 0; h < 2; h++) { /* x's groups (4h, 4h+2) and (4h+1, 4h+3) */    \
-                const __m512i a = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h));     \
-                const __m512i c = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h + 64)); \
-                xv[2 * h] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(1, 0, 1, 0));                     \
-                xv[2 * h + 1] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 2, 3, 2));                 \
+            const uint8_t *xpb = (P) ? xprep + KQ_PREP_BLOCK * b : NULL;                             \
+            __m512i xv[4], y[2][4], xsum;                                                            \
+            __m512 dg;                                                                               \
+            if (P) {                                                                                 \
+                KQ_UNROLL for (int t = 0; t < 4; t++) xv[t] = _mm512_load_si512((const void *)(xpb + 64 * t)); \
+                xsum = _mm512_load_si512((const void *)(xpb + 256));                                 \
+                dg = _mm512_load_ps((const void *)(xpb + 320));                                      \
+            } else {                                                                                 \
+                KQ_UNROLL for (int h = 0; h < 2; h++) {                                              \
+                    const __m512i a = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h)); \
+                    const __m512i c = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h + 64)); \
+                    xv[2 * h] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(1, 0, 1, 0));                 \
+                    xv[2 * h + 1] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 2, 3, 2));             \
+                }                                                                                    \
+                xsum = kq_xsum_pairs(xq, b);                                                         \
+                dg = kq_dg_pairs(xq, b);                                                             \
             }                                                                                        \
             KQ_UNROLL for (int k = 0; k < (R); k++)                                                  \
                 KQ_UNROLL for (int s = 0; s < 4; s++) y[k][s] = DOT(zero, w[k][s], xv[s]);           \
             const __m512i gsum = kq_q45_isums(y[0], y[(R) - 1], ones);                               \
-            const __m512i hs = _mm512_load_si512((const void *)(xq->bias + 16 * b));                 \
-            const __m512i xsum = _mm512_add_epi32(hs, _mm512_shuffle_epi32(hs, _MM_PERM_CDAB));      \
             const __m512 isum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(sc16, gsum));                  \
             const __m512 msum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(mn16, xsum));                  \
-            const __m512 dg = _mm512_permutexvar_ps(dup8, _mm512_castps256_ps512(_mm256_load_ps(xq->d + 8 * b))); \
             acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(dg, _mm512_sub_ps(_mm512_mul_ps(d16, isum), _mm512_mul_ps(dmin16, msum)))); \
         }                                                                                            \
     }                                                                                                \
@@ -274,11 +313,15 @@ static inline __m256 kq_row_lanes(__m512 acc, int r) {
         if ((R) == 2) Y[j * ldy + 1] = kq_lanes8_sum(_mm512_extractf32x8_ps(acc[j], 1));             \
     }
 
-typedef void (*kq_tile_fn)(const cq_qmat *, size_t, const cq_xq *const *, float *, size_t);
-#define KQ_Q4K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 0, R, J)
-#define KQ_Q5K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 1, R, J)
+typedef void (*kq_tile_fn)(const cq_qmat *, size_t, const cq_xq *const *, const uint8_t *, float *, size_t);
+#define KQ_Q4K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 0, R, J, 0)
+#define KQ_Q5K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 1, R, J, 0)
+#define KQ_Q4KP_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 0, R, J, 1)
+#define KQ_Q5KP_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 1, R, J, 1)
 #define KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, R, J)                                                 \
-    ATTR static void NAME##_##R##J##_##SUF(const cq_qmat *m, size_t r, const cq_xq *const *xqs, float *Y, size_t ldy) { \
+    ATTR static void NAME##_##R##J##_##SUF(const cq_qmat *m, size_t r, const cq_xq *const *xqs, const uint8_t *xprep, \
+                                           float *Y, size_t ldy) {                                   \
+        (void)xprep;                                                                                 \
         BODY(DOT, R, J)                                                                              \
     }
 #define KQ_TILE_FNS8(SUF, DOT, ATTR, NAME, BODY)                                                     \
@@ -289,20 +332,26 @@ typedef void (*kq_tile_fn)(const cq_qmat *, size_t, const cq_xq *const *, float 
 #define KQ_TILE_TABLE(NAME, SUF)                                                                     \
     {{NAME##_11_##SUF, NAME##_12_##SUF, NAME##_13_##SUF, NAME##_14_##SUF},                          \
      {NAME##_21_##SUF, NAME##_22_##SUF, NAME##_23_##SUF, NAME##_24_##SUF}}
-/* Every tile of a DOT: [dtype: q4_k, q5_k, q6_k][R - 1][J - 1]. */
+/* Every tile of a DOT: [dtype: q4_k, q5_k, q6_k][R - 1][J - 1]; and q4_k's, q5_k's
+ * one-input tiles on a prepared x side, [dtype][R - 1]. */
 #define KQ_TILES(SUF, DOT, ATTR)                                                                     \
     KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q4k, KQ_Q4K_TILE)                                                \
     KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q5k, KQ_Q5K_TILE)                                                \
     KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q6k, KQ_Q6K_TILE)                                                \
+    KQ_TILE_FN(SUF, DOT, ATTR, kq_q4kp, KQ_Q4KP_TILE, 1, 1) KQ_TILE_FN(SUF, DOT, ATTR, kq_q4kp, KQ_Q4KP_TILE, 2, 1) \
+    KQ_TILE_FN(SUF, DOT, ATTR, kq_q5kp, KQ_Q5KP_TILE, 1, 1) KQ_TILE_FN(SUF, DOT, ATTR, kq_q5kp, KQ_Q5KP_TILE, 2, 1) \
     static const kq_tile_fn kq_tiles_##SUF[3][2][4] = {KQ_TILE_TABLE(kq_q4k, SUF), KQ_TILE_TABLE(kq_q5k, SUF), \
-                                                       KQ_TILE_TABLE(kq_q6k, SUF)};
+                                                       KQ_TILE_TABLE(kq_q6k, SUF)};                  \
+    static const kq_tile_fn kq_prep_tiles_##SUF[2][2] = {{kq_q4kp_11_##SUF, kq_q4kp_21_##SUF},       \
+                                                         {kq_q5kp_11_##SUF, kq_q5kp_21_##SUF}};
 
 KQ_TILES(bw, dot_bw, )
 #ifdef CQ_HAVE_VNNI_FN
 KQ_TILES(vnni, _mm512_dpbusd_epi32, __attribute__((target("avx512vnni"))))
 #endif
 
-/* The tiles of m's dtype for this CPU, NULL for the K-quants without an integer kernel. */
+/* The tiles of m's dtype for this CPU, NULL for the K-quants without an integer kernel;
+ * q4_k's and q5_k's prepared-x tiles, NULL for the other dtypes. */
 static const kq_tile_fn (*kq_tiles_for(const cq_qmat *m))[4] {
     const int i = m->dtype == CQ_DT_GGML_Q4_K ? 0 : m->dtype == CQ_DT_GGML_Q5_K ? 1 : m->dtype == CQ_DT_GGML_Q6_K ? 2 : -1;
     if (i < 0) return NULL;
@@ -311,6 +360,14 @@ static const kq_tile_fn (*kq_tiles_for(const cq_qmat *m))[4] {
 #endif
     return kq_tiles_bw[i];
 }
+static const kq_tile_fn *kq_prep_tiles_for(const cq_qmat *m) {
+    const int i = m->dtype == CQ_DT_GGML_Q4_K ? 0 : m->dtype == CQ_DT_GGML_Q5_K ? 1 : -1;
+    if (i < 0) return NULL;
+#ifdef CQ_HAVE_VNNI_FN
+    if (cq_cpu_features() & CQ_CPU_AVX512VNNI) return kq_prep_tiles_vnni[i];
+#endif
+    return kq_prep_tiles_bw[i];
+}
 
 static void kq_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
     const kq_tile_fn(*tiles)[4] = kq_tiles_for(m);
@@ -318,9 +375,19 @@ static void kq_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, 
         for (size_t j = 0; j < nr; j++) out[j] = kq_ref_i8_row(m, r0 + j, xq);
         return;
     }
+    const size_t nb = m->cols / CQ_KQ_BLOCK;
+    const kq_tile_fn *prep = nb <= KQ_PREP_MAX_BLOCKS ? kq_prep_tiles_for(m) : NULL;
+    if (prep) {
+        _Alignas(64) uint8_t xp[KQ_PREP_MAX_BLOCKS * KQ_PREP_BLOCK];
+        kq_x45_prep(xq, nb, xp);
+        size_t j = 0;
+        for (; j + 2 <= nr; j += 2) prep[1](m, r0 + j, &xq, xp, out + j, 0);
+        if (j < nr) prep[0](m, r0 + j, &xq, xp, out + j, 0);
+        return;
+    }
     size_t j = 0;
-    for (; j + 2 <= nr; j += 2) tiles[1][0](m, r0 + j, &xq, out + j, 0);
-    if (j < nr) tiles[0][0](m, r0 + j, &xq, out + j, 0);
+    for (; j + 2 <= nr; j += 2) tiles[1][0](m, r0 + j, &xq, NULL, out + j, 0);
+    if (j < nr) tiles[0][0](m, r0 + j, &xq, NULL, out + j, 0);
 }
 
 /* matvec_batch's rows (CQ_HAVE_I8_MULTI): inputs four at a time, rows two at a time. */
@@ -331,8 +398,8 @@ static void kq_i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq
     for (size_t j0 = 0; j0 < t; j0 += 4) {
         const size_t nj = t - j0 < 4 ? t - j0 : 4;
         size_t r = r0;
-        for (; r + 2 <= r0 + nr; r += 2) tiles[1][nj - 1](m, r, xqs + j0, Y + j0 * ldy + r, ldy);
-        if (r < r0 + nr) tiles[0][nj - 1](m, r, xqs + j0, Y + j0 * ldy + r, ldy);
+        for (; r + 2 <= r0 + nr; r += 2) tiles[1][nj - 1](m, r, xqs + j0, NULL, Y + j0 * ldy + r, ldy);
+        if (r < r0 + nr) tiles[0][nj - 1](m, r, xqs + j0, NULL, Y + j0 * ldy + r, ldy);
     }
 }
 #endif
