@@ -5,11 +5,13 @@
  * One 32-weight group a step: its u8 weights (u = q, or q + 32 for q6_k) meet its 32
  * xq bytes in vpmaddubsw (u <= 63 times |xq| <= 127: the int16 pair sums are exact) and
  * vpmaddwd by ones, 8 lanes of 4-weight sums, lanes 0-3 one 16-weight half, 4-7 the
- * other. Three rounds of vphaddd bring a block's eight groups to two vectors of half
- * sums, (group 0..3, half a | half b) and (4..7, a | b); q6_k's offset comes off there
- * (32 * the xq half sums of CQ_XQ_G32), the 16-weight scales multiply them, and the
- * halves are added into the eight group sums in order. The spec's float operations then
- * run on the eight lanes. */
+ * other. q4_k and q5_k (scales per group): a tree of packs and vpmaddwd by ones brings
+ * the eight groups to their sums in order (kq2_group_sums), then multiplied by the
+ * scales. q6_k (scales per 16 weights, and u up to 63, whose 8-weight sums need not fit
+ * int16): three rounds of vphaddd bring them to two vectors of half sums, (group 0..3,
+ * half a | half b) and (4..7, a | b); its offset comes off there (32 * the xq half sums
+ * of CQ_XQ_G32), the 16-weight scales multiply them, and the halves are added into the
+ * eight group sums in order. The spec's float operations then run on the eight lanes. */
 #ifndef CQ_GGML_KQ_AVX2_H
 #define CQ_GGML_KQ_AVX2_H
 

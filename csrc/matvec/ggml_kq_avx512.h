@@ -6,13 +6,16 @@
  * A block is four 64-weight steps, each meeting 64 contiguous xq bytes: vpdpbusd (or
  * vpmaddubsw + vpmaddwd without VNNI: u8 weights <= 63 times xq <= 127 fit the int16
  * pair sums, so the same integers) gives 16 lanes of 4-weight sums, each within int16.
- * The integers are then reduced before any float work: narrowed to int16, multiplied
- * by the 6- or 8-bit scales and pair-summed by one vpmaddwd per two steps, and added
- * across lanes down to the block's eight group sums isum. The spec's float operations
- * run once per group, on 16 lanes: eight groups of two rows. Rows go two at a time;
- * x's side of a block (its loads, the mins' group sums from xq's per-half sums, q6_k's
- * offset) is formed once for both, and a lone row runs the same lanes, so a row has the
- * same bits wherever it falls (matvec, rows_dot, matvec_many, any thread count). */
+ * The integers are then reduced before any float work to the block's eight group sums
+ * isum: q4_k's and q5_k's, whose scales are per group, unscaled by a tree of packs and
+ * vpmaddwd by ones over both rows, then multiplied by the scales; q6_k's, scaled per 16
+ * weights, narrowed to int16 and multiplied by the scales by one vpmaddwd per two steps,
+ * then added across lanes. The spec's float operations run once per group, on 16
+ * lanes: eight groups of two rows. Rows go two at a time; x's side of a block (its
+ * loads, the mins' group sums from xq's per-half sums, q6_k's offset) is formed once
+ * for both (for q4_k and q5_k once per call), and a lone row runs the same lanes, so a
+ * row has the same bits wherever it falls (matvec, rows_dot, matvec_many, any thread
+ * count). */
 #ifndef CQ_GGML_KQ_AVX512_H
 #define CQ_GGML_KQ_AVX512_H
 
