@@ -8,7 +8,7 @@
  * other. q4_k and q5_k (scales per group): a tree of packs and vpmaddwd by ones brings
  * the eight groups to their sums in order (kq2_group_sums), then multiplied by the
  * scales. q6_k (scales per 16 weights, and u up to 63, whose 8-weight sums need not fit
- * int16): three rounds of vphaddd bring them to two vectors of half sums, (group 0..3,
+ * int16): three rounds of pair sums bring them to two vectors of half sums, (group 0..3,
  * half a | half b) and (4..7, a | b); its offset comes off there (32 * the xq half sums
  * of CQ_XQ_G32), the 16-weight scales multiply them, and the halves are added into the
  * eight group sums in order. The spec's float operations then run on the eight lanes. */
@@ -41,9 +41,13 @@ static inline float kq2_lanes8_sum(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-/* Four groups' lane sums y0..y3 as their half sums: (y0a, y1a, y2a, y3a | y0b, .., y3b). */
+/* Four groups' lane sums y0..y3 as their half sums: (y0a, y1a, y2a, y3a | y0b, .., y3b).
+ * The first round is packs and vpmaddwd by ones (the lanes' 4-weight sums, <= 63 * 127
+ * * 4, fit int16; the same layout as vphaddd, fewer micro-ops), the second vphaddd. */
 static inline __m256i kq2_halves(__m256i y0, __m256i y1, __m256i y2, __m256i y3) {
-    return _mm256_hadd_epi32(_mm256_hadd_epi32(y0, y1), _mm256_hadd_epi32(y2, y3));
+    const __m256i ones = _mm256_set1_epi16(1);
+    return _mm256_hadd_epi32(_mm256_madd_epi16(_mm256_packs_epi32(y0, y1), ones),
+                             _mm256_madd_epi16(_mm256_packs_epi32(y2, y3), ones));
 }
 
 /* The eight group sums, in order, from the scaled half sums of groups 0-3 (a) and 4-7 (b). */
