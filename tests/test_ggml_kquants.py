@@ -325,6 +325,27 @@ def test_simd_twins_agree_with_reference():
                 np.testing.assert_array_equal(variants[1], variants[0])
 
 
+@pytest.mark.parametrize("dtype", ["q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("nblk", [1, 3, 256, 257])
+def test_int8_rows_any_width_equal_reference(dtype, nblk):
+    """The int8 rows of every usable ISA, with and without VNNI, against the reference bit
+    for bit at row widths on both sides of 256 blocks (the AVX-512 q4_k / q5_k rows
+    prepare x's side once per call up to that width and form it per row pair beyond it),
+    with an odd row count so a lone row follows the pairs."""
+    rng = np.random.default_rng(nblk)
+    rows, cols = 3, 256 * nblk
+    q, _ = make(rng, dtype, rows, cols, precision="int8")
+    x = rng.standard_normal(cols).astype(np.float32)
+    want = with_isa("ref", q.matvec, x)
+    for isa in K.usable_isas():
+        for hide in ([], ["avx512vnni"]):
+            K._hide_cpu_features(hide)
+            try:
+                assert_same_bits(with_isa(isa, q.matvec, x), want)
+            finally:
+                K._hide_cpu_features([])
+
+
 def assert_same_bits(got, want):
     """Equal bit for bit, NaN anywhere matching NaN (its payload aside)."""
     nan = np.isnan(want)

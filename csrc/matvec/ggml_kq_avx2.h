@@ -5,11 +5,13 @@
  * One 32-weight group a step: its u8 weights (u = q, or q + 32 for q6_k) meet its 32
  * xq bytes in vpmaddubsw (u <= 63 times |xq| <= 127: the int16 pair sums are exact) and
  * vpmaddwd by ones, 8 lanes of 4-weight sums, lanes 0-3 one 16-weight half, 4-7 the
- * other. Three rounds of vphaddd bring a block's eight groups to two vectors of half
- * sums, (group 0..3, half a | half b) and (4..7, a | b); q6_k's offset comes off there
- * (32 * the xq half sums of CQ_XQ_G32), the 16-weight scales multiply them, and the
- * halves are added into the eight group sums in order. The spec's float operations then
- * run on the eight lanes. */
+ * other. q4_k and q5_k (scales per group): a tree of packs and vpmaddwd by ones brings
+ * the eight groups to their sums in order (kq2_group_sums), then multiplied by the
+ * scales. q6_k (scales per 16 weights, and u up to 63, whose 8-weight sums need not fit
+ * int16): three rounds of pair sums bring them to two vectors of half sums, (group 0..3,
+ * half a | half b) and (4..7, a | b); its offset comes off there (32 * the xq half sums
+ * of CQ_XQ_G32), the 16-weight scales multiply them, and the halves are added into the
+ * eight group sums in order. The spec's float operations then run on the eight lanes. */
 #ifndef CQ_GGML_KQ_AVX2_H
 #define CQ_GGML_KQ_AVX2_H
 
@@ -39,9 +41,13 @@ static inline float kq2_lanes8_sum(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-/* Four groups' lane sums y0..y3 as their half sums: (y0a, y1a, y2a, y3a | y0b, .., y3b). */
+/* Four groups' lane sums y0..y3 as their half sums: (y0a, y1a, y2a, y3a | y0b, .., y3b).
+ * The first round is packs and vpmaddwd by ones (the lanes' 4-weight sums, <= 63 * 127
+ * * 4, fit int16; the same layout as vphaddd, fewer micro-ops), the second vphaddd. */
 static inline __m256i kq2_halves(__m256i y0, __m256i y1, __m256i y2, __m256i y3) {
-    return _mm256_hadd_epi32(_mm256_hadd_epi32(y0, y1), _mm256_hadd_epi32(y2, y3));
+    const __m256i ones = _mm256_set1_epi16(1);
+    return _mm256_hadd_epi32(_mm256_madd_epi16(_mm256_packs_epi32(y0, y1), ones),
+                             _mm256_madd_epi16(_mm256_packs_epi32(y2, y3), ones));
 }
 
 /* The eight group sums, in order, from the scaled half sums of groups 0-3 (a) and 4-7 (b). */
@@ -56,6 +62,18 @@ static inline void kq2_xhalves(const cq_xq *xq, size_t b, __m256i *a, __m256i *c
     *c = _mm256_permutevar8x32_epi32(_mm256_load_si256((const __m256i *)(xq->bias + 16 * b + 8)), order);
 }
 
+/* A block's eight group dots y[g] (8 lanes of 4-weight sums, within int16) as its
+ * eight group sums in order, unscaled: two packs and vpmaddwd by ones halve the lanes
+ * twice (8-weight sums, <= 31 * 127 * 8, still fit int16), leaving per 128-bit lane the
+ * four groups' 16-weight halves, (0..3 | 0..3) and (4..7 | 4..7); the lanes are added. */
+static inline __m256i kq2_group_sums(const __m256i y[8], __m256i ones) {
+    __m256i p[4];
+    for (int i = 0; i < 4; i++) p[i] = _mm256_madd_epi16(_mm256_packs_epi32(y[2 * i], y[2 * i + 1]), ones);
+    const __m256i a = _mm256_madd_epi16(_mm256_packs_epi32(p[0], p[1]), ones);
+    const __m256i c = _mm256_madd_epi16(_mm256_packs_epi32(p[2], p[3]), ones);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x20), _mm256_permute2x128_si256(a, c, 0x31));
+}
+
 #define KQ2_DOT(u, x) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (x)), ones)
 
 /* q4_k (Q5 = 0) and q5_k (Q5 = 1): qs bytes 32i + k, low nibble weight 64i + k (group
@@ -65,7 +83,6 @@ static float kq2_q45k_row(const cq_qmat *m, size_t r, const cq_xq *xq, int q5) {
     const size_t nb = m->cols / CQ_KQ_BLOCK, bb = q5 ? 176 : 144;
     const uint8_t *row = m->data + r * nb * bb;
     const __m256i m0f = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
-    const __m128i dup4 = _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7);
     __m256 acc = _mm256_setzero_ps();
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * bb, *qs = blk + (q5 ? 48 : 16);
@@ -87,11 +104,8 @@ static float kq2_q45k_row(const cq_qmat *m, size_t r, const cq_xq *xq, int q5) {
             y[2 * i] = KQ2_DOT(lo, _mm256_load_si256((const __m256i *)(xb + 64 * i)));
             y[2 * i + 1] = KQ2_DOT(hi, _mm256_load_si256((const __m256i *)(xb + 64 * i + 32)));
         }
-        const __m128i scd = _mm_shuffle_epi8(sc, dup4); /* sc0-3, sc0-3, sc4-7, sc4-7 */
-        const __m256i a = _mm256_mullo_epi32(kq2_halves(y[0], y[1], y[2], y[3]), _mm256_cvtepu8_epi32(scd));
-        const __m256i c = _mm256_mullo_epi32(kq2_halves(y[4], y[5], y[6], y[7]),
-                                             _mm256_cvtepu8_epi32(_mm_srli_si128(scd, 8)));
-        const __m256 isum = _mm256_cvtepi32_ps(kq2_groups(a, c));
+        /* the unscaled group sums in order (kq2_group_sums), then scaled per group */
+        const __m256 isum = _mm256_cvtepi32_ps(_mm256_mullo_epi32(kq2_group_sums(y, ones), _mm256_cvtepu8_epi32(sc)));
         const __m256i xs = _mm256_permute4x64_epi64(
             _mm256_hadd_epi32(_mm256_load_si256((const __m256i *)(xq->bias + 16 * b)),
                               _mm256_load_si256((const __m256i *)(xq->bias + 16 * b + 8))),

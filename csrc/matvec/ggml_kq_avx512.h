@@ -6,13 +6,16 @@
  * A block is four 64-weight steps, each meeting 64 contiguous xq bytes: vpdpbusd (or
  * vpmaddubsw + vpmaddwd without VNNI: u8 weights <= 63 times xq <= 127 fit the int16
  * pair sums, so the same integers) gives 16 lanes of 4-weight sums, each within int16.
- * The integers are then reduced before any float work: narrowed to int16, multiplied
- * by the 6- or 8-bit scales and pair-summed by one vpmaddwd per two steps, and added
- * across lanes down to the block's eight group sums isum. The spec's float operations
- * run once per group, on 16 lanes: eight groups of two rows. Rows go two at a time;
- * x's side of a block (its loads, the mins' group sums from xq's per-half sums, q6_k's
- * offset) is formed once for both, and a lone row runs the same lanes, so a row has the
- * same bits wherever it falls (matvec, rows_dot, matvec_many, any thread count). */
+ * The integers are then reduced before any float work to the block's eight group sums
+ * isum: q4_k's and q5_k's, whose scales are per group, unscaled by a tree of packs and
+ * vpmaddwd by ones over both rows, then multiplied by the scales; q6_k's, scaled per 16
+ * weights, narrowed to int16 and multiplied by the scales by one vpmaddwd per two steps,
+ * then added across lanes. The spec's float operations run once per group, on 16
+ * lanes: eight groups of two rows. Rows go two at a time; x's side of a block (its
+ * loads, the mins' group sums from xq's per-half sums, q6_k's offset) is formed once
+ * for both (for q4_k and q5_k once per call), and a lone row runs the same lanes, so a
+ * row has the same bits wherever it falls (matvec, rows_dot, matvec_many, any thread
+ * count). */
 #ifndef CQ_GGML_KQ_AVX512_H
 #define CQ_GGML_KQ_AVX512_H
 
@@ -116,25 +119,86 @@ static inline __m512i kq_sc_idx(int q6, int s0, int s1) {
     return _mm512_loadu_si512((const void *)w);
 }
 
+/* Two rows' four steps (a0..a3 of row a, b0..b3 of row b: 16 lanes of 4-weight sums
+ * each, within int16; a step's lanes 0-7 one group, 8-15 another) as the sixteen group
+ * sums of q4_k / q5_k, lane 2g + row for group g of the step order kq_q4_group, unscaled.
+ * Three levels: two packs and vpmaddwd by ones halve the lanes twice (8-weight sums,
+ * <= 31 * 127 * 8, still fit int16), then the two 128-bit chunks of each group are
+ * added. */
+static inline __m512i kq_q45_isums(const __m512i a[4], const __m512i b[4], __m512i ones) {
+    __m512i p[4];
+    KQ_UNROLL for (int s = 0; s < 4; s++) p[s] = _mm512_madd_epi16(_mm512_packs_epi32(a[s], b[s]), ones);
+    /* p[s] chunk c: a's lanes 4c..4c+3 in pairs, then b's */
+    const __m512i q01 = _mm512_madd_epi16(_mm512_packs_epi32(p[0], p[1]), ones);
+    const __m512i q23 = _mm512_madd_epi16(_mm512_packs_epi32(p[2], p[3]), ones);
+    /* q01 chunk c: (a0, b0, a1, b1) of chunk c (16 weights each); chunks 0 + 1 are the
+     * steps' first groups, 2 + 3 their second */
+    return _mm512_add_epi32(_mm512_shuffle_i64x2(q01, q23, _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_i64x2(q01, q23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* Row r (0 or 1) of a two-row accumulator (lane 2g + row) as the eight lanes of
+ * kq_ref_i8_row, in group order. */
+static inline __m256 kq_row_lanes(__m512 acc, int r) {
+    const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14),
+                                         _mm512_set1_epi32(r));
+    return _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, acc));
+}
+
+/* x's side of a q4_k / q5_k block in the lanes 2g + row of kq_q45_isums: its group sums
+ * (each the per-half sums bias[16b + 2g + h] added to their neighbour, so both lanes of
+ * a group hold it) and its eight d_g, each twice. */
+static inline __m512i kq_xsum_pairs(const cq_xq *xq, size_t b) {
+    const __m512i hs = _mm512_load_si512((const void *)(xq->bias + 16 * b));
+    return _mm512_add_epi32(hs, _mm512_shuffle_epi32(hs, _MM_PERM_CDAB));
+}
+static inline __m512 kq_dg_pairs(const cq_xq *xq, size_t b) {
+    const __m512i dup8 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    return _mm512_permutexvar_ps(dup8, _mm512_castps256_ps512(_mm256_load_ps(xq->d + 8 * b)));
+}
+
+/* The same x side prepared once for a call's rows (every row pair of a block meets the
+ * same x; forming it per pair cost about a tenth of the q4_k row's time, in cache): per
+ * block KQ_PREP_BLOCK bytes, the four steps' xq vectors as the tile pairs them, then
+ * kq_xsum_pairs, then kq_dg_pairs. Rows up to KQ_PREP_MAX_BLOCKS blocks (the buffer is
+ * on the stack) take it; wider ones form x's side per pair, with the same values. */
+#define KQ_PREP_BLOCK 384
+#define KQ_PREP_MAX_BLOCKS 256
+static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *o = out + KQ_PREP_BLOCK * b;
+        for (int h = 0; h < 2; h++) {
+            const __m512i a = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h));
+            const __m512i c = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h + 64));
+            _mm512_store_si512((void *)(o + 128 * h), _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(1, 0, 1, 0)));
+            _mm512_store_si512((void *)(o + 128 * h + 64), _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 2, 3, 2)));
+        }
+        _mm512_store_si512((void *)(o + 256), kq_xsum_pairs(xq, b));
+        _mm512_store_ps((void *)(o + 320), kq_dg_pairs(xq, b));
+    }
+}
+
 /* q4_k (Q5 = 0) and q5_k (Q5 = 1): a tile of R (1 or 2) rows from r by J (1..4) inputs
  * xqs[j], row k of input j to Y[j * ldy + k]. qs bytes 32i + k hold weight 64i + k (low
  * nibble, group 2i) and 64i + 32 + k (high, group 2i + 1): a 64-byte load's low nibbles
  * are groups 0 and 2 (4 and 6), its high ones 1 and 3 (5 and 7), met by x's groups
  * paired the same way (x's side). q5_k's fifth bit of weight 32g + k is bit g of qh[k]:
  * a 64-bit rotate brings bit g of every byte to bit 4. The weights of a block are
- * unpacked once for the J inputs; each input's operations are those of J = 1. Then per
- * group, as the spec: d_g * (d * isum - dmin * msum) into lane g. */
-#define KQ_Q45K_TILE(DOT, Q5, R, J)                                                                \
+ * unpacked once for the J inputs; each input's operations are those of J = 1. The
+ * group sums come unscaled (kq_q45_isums, lanes 2g + row), so the 6-bit scales and
+ * mins are only zero-extended in that order (their bytes of the two rows interleaved),
+ * isum = sc * sum and msum = mn * xsum by vpmulld (exact), x's group sums are its
+ * per-half sums added to their neighbour, and then per group, as the spec:
+ * d_g * (d * isum - dmin * msum) into lane g. */
+#define KQ_Q45K_TILE(DOT, Q5, R, J, P)                                                             \
     const size_t nb = m->cols / CQ_KQ_BLOCK, bb = (Q5) ? 176 : 144;                                  \
     const uint8_t *rows = m->data + r * nb * bb;                                                     \
     const __m512i m0f = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10), zero = _mm512_setzero_si512(); \
-    const __m512i i01 = kq_sc_idx(0, 0, 1), i23 = kq_sc_idx(0, 2, 3), perm = kq_group_perm(0);      \
-    const __m512i lo8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);          \
-    const __m512i hi8 = _mm512_add_epi32(lo8, _mm512_set1_epi32(1));                                 \
+    const __m512i ones = _mm512_set1_epi16(1);                                                       \
     __m512 acc[J];                                                                                   \
     KQ_UNROLL for (int j = 0; j < (J); j++) acc[j] = _mm512_setzero_ps();                            \
     for (size_t b = 0; b < nb; b++) {                                                                \
-        __m512i w[2][4], s01[2], s23[2];                                                             \
+        __m512i w[2][4];                                                                             \
         __m128i sc[2];                                                                               \
         __m128 dm[2];                                                                                \
         KQ_UNROLL for (int k = 0; k < (R); k++) {                                                    \
@@ -142,8 +206,6 @@ static inline __m512i kq_sc_idx(int q6, int s0, int s1) {
             kq_pf(blk, bb);                                                                          \
             dm[k] = kq_h2f_2(blk); /* d, dmin */                                                     \
             sc[k] = kq_scales16(blk + 4);                                                            \
-            const __m512i scw = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sc[k]));                \
-            s01[k] = _mm512_permutexvar_epi16(i01, scw), s23[k] = _mm512_permutexvar_epi16(i23, scw); \
             const uint8_t *qs = blk + ((Q5) ? 48 : 16);                                              \
             __m512i qh = zero;                                                                       \
             if (Q5) qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)));   \
@@ -162,31 +224,41 @@ static inline __m512i kq_sc_idx(int q6, int s0, int s1) {
             }                                                                                        \
         }                                                                                            \
         if ((R) == 1) sc[1] = sc[0], dm[1] = dm[0];                                                  \
-        const __m512i mn = _mm512_cvtepu8_epi32(_mm_unpackhi_epi64(sc[0], sc[1]));                   \
-        const __m512 dd = _mm512_castps128_ps512(_mm_movelh_ps(dm[0], dm[1])); /* d_a, dmin_a, d_b, dmin_b */ \
-        const __m512 d16 = _mm512_permutexvar_ps(lo8, dd), dmin16 = _mm512_permutexvar_ps(hi8, dd);  \
+        const __m512i sc16 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sc[0], sc[1]));                  \
+        const __m512i mn16 = _mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sc[0], sc[1]));                  \
+        const __m128d dd = _mm_castps_pd(_mm_unpacklo_ps(dm[0], dm[1])); /* d_a, d_b, dmin_a, dmin_b */ \
+        const __m512 d16 = _mm512_castpd_ps(_mm512_broadcastsd_pd(dd));                              \
+        const __m512 dmin16 = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_unpackhi_pd(dd, dd)));      \
         KQ_UNROLL for (int j = 0; j < (J); j++) {                                                    \
             const cq_xq *xq = xqs[j];                                                                \
-            __m512i xv[4], q[2];                                                                     \
-            KQ_UNROLL for (int h = 0; h < 2; h++) { /* x's groups (4h, 4h+2) and (4h+1, 4h+3) */    \
-                const __m512i a = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h));     \
-                const __m512i c = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h + 64)); \
-                xv[2 * h] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(1, 0, 1, 0));                     \
-                xv[2 * h + 1] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 2, 3, 2));                 \
+            const uint8_t *xpb = (P) ? xprep + KQ_PREP_BLOCK * b : NULL;                             \
+            __m512i xv[4], y[2][4], xsum;                                                            \
+            __m512 dg;                                                                               \
+            if (P) {                                                                                 \
+                KQ_UNROLL for (int t = 0; t < 4; t++) xv[t] = _mm512_load_si512((const void *)(xpb + 64 * t)); \
+                xsum = _mm512_load_si512((const void *)(xpb + 256));                                 \
+                dg = _mm512_load_ps((const void *)(xpb + 320));                                      \
+            } else {                                                                                 \
+                KQ_UNROLL for (int h = 0; h < 2; h++) {                                              \
+                    const __m512i a = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h)); \
+                    const __m512i c = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h + 64)); \
+                    xv[2 * h] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(1, 0, 1, 0));                 \
+                    xv[2 * h + 1] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 2, 3, 2));             \
+                }                                                                                    \
+                xsum = kq_xsum_pairs(xq, b);                                                         \
+                dg = kq_dg_pairs(xq, b);                                                             \
             }                                                                                        \
             KQ_UNROLL for (int k = 0; k < (R); k++)                                                  \
-                q[k] = kq_scaled_chunks(DOT(zero, w[k][0], xv[0]), DOT(zero, w[k][1], xv[1]),        \
-                                        DOT(zero, w[k][2], xv[2]), DOT(zero, w[k][3], xv[3]), s01[k], s23[k]); \
-            if ((R) == 1) q[1] = q[0];                                                               \
-            const __m512 isum = _mm512_cvtepi32_ps(kq_group_isums(q[0], q[1], perm));                \
-            const __m512 msum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(mn, kq_xsum16(xq, b)));       \
-            const __m512 dg = _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq->d + 8 * b)))); \
+                KQ_UNROLL for (int s = 0; s < 4; s++) y[k][s] = DOT(zero, w[k][s], xv[s]);           \
+            const __m512i gsum = kq_q45_isums(y[0], y[(R) - 1], ones);                               \
+            const __m512 isum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(sc16, gsum));                  \
+            const __m512 msum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(mn16, xsum));                  \
             acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(dg, _mm512_sub_ps(_mm512_mul_ps(d16, isum), _mm512_mul_ps(dmin16, msum)))); \
         }                                                                                            \
     }                                                                                                \
     KQ_UNROLL for (int j = 0; j < (J); j++) {                                                        \
-        Y[j * ldy] = kq_lanes8_sum(_mm512_castps512_ps256(acc[j]));                                  \
-        if ((R) == 2) Y[j * ldy + 1] = kq_lanes8_sum(_mm512_extractf32x8_ps(acc[j], 1));             \
+        Y[j * ldy] = kq_lanes8_sum(kq_row_lanes(acc[j], 0));                                         \
+        if ((R) == 2) Y[j * ldy + 1] = kq_lanes8_sum(kq_row_lanes(acc[j], 1));                       \
     }
 
 /* q6_k, a tile as KQ_Q45K_TILE's: per half h of a block, ql's 64 bytes give the low
@@ -244,11 +316,15 @@ static inline __m512i kq_sc_idx(int q6, int s0, int s1) {
         if ((R) == 2) Y[j * ldy + 1] = kq_lanes8_sum(_mm512_extractf32x8_ps(acc[j], 1));             \
     }
 
-typedef void (*kq_tile_fn)(const cq_qmat *, size_t, const cq_xq *const *, float *, size_t);
-#define KQ_Q4K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 0, R, J)
-#define KQ_Q5K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 1, R, J)
+typedef void (*kq_tile_fn)(const cq_qmat *, size_t, const cq_xq *const *, const uint8_t *, float *, size_t);
+#define KQ_Q4K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 0, R, J, 0)
+#define KQ_Q5K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 1, R, J, 0)
+#define KQ_Q4KP_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 0, R, J, 1)
+#define KQ_Q5KP_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 1, R, J, 1)
 #define KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, R, J)                                                 \
-    ATTR static void NAME##_##R##J##_##SUF(const cq_qmat *m, size_t r, const cq_xq *const *xqs, float *Y, size_t ldy) { \
+    ATTR static void NAME##_##R##J##_##SUF(const cq_qmat *m, size_t r, const cq_xq *const *xqs, const uint8_t *xprep, \
+                                           float *Y, size_t ldy) {                                   \
+        (void)xprep;                                                                                 \
         BODY(DOT, R, J)                                                                              \
     }
 #define KQ_TILE_FNS8(SUF, DOT, ATTR, NAME, BODY)                                                     \
@@ -259,20 +335,26 @@ typedef void (*kq_tile_fn)(const cq_qmat *, size_t, const cq_xq *const *, float 
 #define KQ_TILE_TABLE(NAME, SUF)                                                                     \
     {{NAME##_11_##SUF, NAME##_12_##SUF, NAME##_13_##SUF, NAME##_14_##SUF},                          \
      {NAME##_21_##SUF, NAME##_22_##SUF, NAME##_23_##SUF, NAME##_24_##SUF}}
-/* Every tile of a DOT: [dtype: q4_k, q5_k, q6_k][R - 1][J - 1]. */
+/* Every tile of a DOT: [dtype: q4_k, q5_k, q6_k][R - 1][J - 1]; and q4_k's, q5_k's
+ * one-input tiles on a prepared x side, [dtype][R - 1]. */
 #define KQ_TILES(SUF, DOT, ATTR)                                                                     \
     KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q4k, KQ_Q4K_TILE)                                                \
     KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q5k, KQ_Q5K_TILE)                                                \
     KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q6k, KQ_Q6K_TILE)                                                \
+    KQ_TILE_FN(SUF, DOT, ATTR, kq_q4kp, KQ_Q4KP_TILE, 1, 1) KQ_TILE_FN(SUF, DOT, ATTR, kq_q4kp, KQ_Q4KP_TILE, 2, 1) \
+    KQ_TILE_FN(SUF, DOT, ATTR, kq_q5kp, KQ_Q5KP_TILE, 1, 1) KQ_TILE_FN(SUF, DOT, ATTR, kq_q5kp, KQ_Q5KP_TILE, 2, 1) \
     static const kq_tile_fn kq_tiles_##SUF[3][2][4] = {KQ_TILE_TABLE(kq_q4k, SUF), KQ_TILE_TABLE(kq_q5k, SUF), \
-                                                       KQ_TILE_TABLE(kq_q6k, SUF)};
+                                                       KQ_TILE_TABLE(kq_q6k, SUF)};                  \
+    static const kq_tile_fn kq_prep_tiles_##SUF[2][2] = {{kq_q4kp_11_##SUF, kq_q4kp_21_##SUF},       \
+                                                         {kq_q5kp_11_##SUF, kq_q5kp_21_##SUF}};
 
 KQ_TILES(bw, dot_bw, )
 #ifdef CQ_HAVE_VNNI_FN
 KQ_TILES(vnni, _mm512_dpbusd_epi32, __attribute__((target("avx512vnni"))))
 #endif
 
-/* The tiles of m's dtype for this CPU, NULL for the K-quants without an integer kernel. */
+/* The tiles of m's dtype for this CPU, NULL for the K-quants without an integer kernel;
+ * q4_k's and q5_k's prepared-x tiles, NULL for the other dtypes. */
 static const kq_tile_fn (*kq_tiles_for(const cq_qmat *m))[4] {
     const int i = m->dtype == CQ_DT_GGML_Q4_K ? 0 : m->dtype == CQ_DT_GGML_Q5_K ? 1 : m->dtype == CQ_DT_GGML_Q6_K ? 2 : -1;
     if (i < 0) return NULL;
@@ -281,6 +363,14 @@ static const kq_tile_fn (*kq_tiles_for(const cq_qmat *m))[4] {
 #endif
     return kq_tiles_bw[i];
 }
+static const kq_tile_fn *kq_prep_tiles_for(const cq_qmat *m) {
+    const int i = m->dtype == CQ_DT_GGML_Q4_K ? 0 : m->dtype == CQ_DT_GGML_Q5_K ? 1 : -1;
+    if (i < 0) return NULL;
+#ifdef CQ_HAVE_VNNI_FN
+    if (cq_cpu_features() & CQ_CPU_AVX512VNNI) return kq_prep_tiles_vnni[i];
+#endif
+    return kq_prep_tiles_bw[i];
+}
 
 static void kq_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
     const kq_tile_fn(*tiles)[4] = kq_tiles_for(m);
@@ -288,9 +378,19 @@ static void kq_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, 
         for (size_t j = 0; j < nr; j++) out[j] = kq_ref_i8_row(m, r0 + j, xq);
         return;
     }
+    const size_t nb = m->cols / CQ_KQ_BLOCK;
+    const kq_tile_fn *prep = nb <= KQ_PREP_MAX_BLOCKS ? kq_prep_tiles_for(m) : NULL;
+    if (prep) {
+        _Alignas(64) uint8_t xp[KQ_PREP_MAX_BLOCKS * KQ_PREP_BLOCK];
+        kq_x45_prep(xq, nb, xp);
+        size_t j = 0;
+        for (; j + 2 <= nr; j += 2) prep[1](m, r0 + j, &xq, xp, out + j, 0);
+        if (j < nr) prep[0](m, r0 + j, &xq, xp, out + j, 0);
+        return;
+    }
     size_t j = 0;
-    for (; j + 2 <= nr; j += 2) tiles[1][0](m, r0 + j, &xq, out + j, 0);
-    if (j < nr) tiles[0][0](m, r0 + j, &xq, out + j, 0);
+    for (; j + 2 <= nr; j += 2) tiles[1][0](m, r0 + j, &xq, NULL, out + j, 0);
+    if (j < nr) tiles[0][0](m, r0 + j, &xq, NULL, out + j, 0);
 }
 
 /* matvec_batch's rows (CQ_HAVE_I8_MULTI): inputs four at a time, rows two at a time. */
@@ -301,8 +401,8 @@ static void kq_i8_rows_multi(const cq_qmat *m, size_t r0, size_t nr, const cq_xq
     for (size_t j0 = 0; j0 < t; j0 += 4) {
         const size_t nj = t - j0 < 4 ? t - j0 : 4;
         size_t r = r0;
-        for (; r + 2 <= r0 + nr; r += 2) tiles[1][nj - 1](m, r, xqs + j0, Y + j0 * ldy + r, ldy);
-        if (r < r0 + nr) tiles[0][nj - 1](m, r, xqs + j0, Y + j0 * ldy + r, ldy);
+        for (; r + 2 <= r0 + nr; r += 2) tiles[1][nj - 1](m, r, xqs + j0, NULL, Y + j0 * ldy + r, ldy);
+        if (r < r0 + nr) tiles[0][nj - 1](m, r, xqs + j0, NULL, Y + j0 * ldy + r, ldy);
     }
 }
 #endif
