@@ -160,10 +160,12 @@ static inline __m512 kq_dg_pairs(const cq_xq *xq, size_t b) {
 /* The same x side prepared once for a call's rows (every row pair of a block meets the
  * same x; forming it per pair cost about a tenth of the q4_k row's time, in cache): per
  * block KQ_PREP_BLOCK bytes, the four steps' xq vectors as the tile pairs them, then
- * kq_xsum_pairs, then kq_dg_pairs. Rows up to KQ_PREP_MAX_BLOCKS blocks (the buffer is
- * on the stack) take it; wider ones form x's side per pair, with the same values. */
+ * kq_xsum_pairs, then kq_dg_pairs. Rows up to KQ_PREP_MAX_BLOCKS blocks (16384 columns;
+ * the 24 KiB buffer is on the stack, which must stay small for threads with little stack,
+ * as musl's 128 KiB default) take it; wider ones form x's side per pair, with the same
+ * values. */
 #define KQ_PREP_BLOCK 384
-#define KQ_PREP_MAX_BLOCKS 256
+#define KQ_PREP_MAX_BLOCKS 64
 static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
     for (size_t b = 0; b < nb; b++) {
         uint8_t *o = out + KQ_PREP_BLOCK * b;
