@@ -368,14 +368,15 @@ def main():
     ap.add_argument("--out", help="also write the JSON here, after each part")
     ap.add_argument("--no-kernels", action="store_true",
                     help="skip the dispatch-floor, matvec-variant and 8B-chain measurements")
-    ap.add_argument("--ab", default="sg=0,unroll=1,rows=32,stage=0",
+    ap.add_argument("--ab", default="sg=1,unroll=1,rows=32,stage=0",
                     help="variants measured beside the default, comma-separated: splits=N "
                          "(attention key splits), fuse=1|0 (each residual in the next "
                          "product's input stage, or a rownorm pass), qk=1|0 (qk_prep's "
                          "work in the decode attention dispatch, or a qk_prep pass), "
                          "slots=N (rows a decode-matvec workgroup takes, 256/N lanes a row), "
-                         "rows=N (the same under subgroups: rows a workgroup), sg=0 (the "
-                         "decode matvec's shared-memory reduction, no subgroupAdd), unroll=N "
+                         "rows=N (the same under subgroups: rows a workgroup), sg=1|0 (the "
+                         "decode matvec's rows added by subgroupAdd, or by its shared-memory "
+                         "tree), unroll=N "
                          "(16-byte loads a matvec lane issues at once: 1 or 4), stage=0 (a "
                          "plain product's lanes read its input themselves, unstaged)")
     a = ap.parse_args()
@@ -459,7 +460,7 @@ def main():
         if key in ("slots", "rows"):  # rows (lane groups) a decode-matvec workgroup takes
             kernels.RPW1_SLOTS = int(val)
         elif key == "sg":
-            kernels.MATVEC_SUBGROUPS = None if val not in ("0", "off") else False
+            kernels.MATVEC_SUBGROUPS = val not in ("0", "off")
         elif key == "unroll":
             kernels.MATVEC_UNROLL = int(val)
         elif key == "stage":
