@@ -364,11 +364,8 @@ static void ggml_q32_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq
 #ifdef CQ_HAVE_VNNI_FN
         if (cq_cpu_features() & CQ_CPU_AVX512VNNI) f2 = g32_q8_0_rows2_vnni, f1 = g32_q8_0_rows1_vnni;
 #endif
-#ifndef G32_Q8_0_ONE
         for (; nr >= 2; nr -= 2, r0 += 2, out += 2) f2(m, r0, xq, out);
-#endif
-        (void)f2;
-        for (; nr; nr--, r0++, out++) f1(m, r0, xq, out);
+        if (nr) f1(m, r0, xq, out);
         return;
     }
 #ifdef CQ_HAVE_VNNI_FN
