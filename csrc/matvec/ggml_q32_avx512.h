@@ -1,16 +1,20 @@
 /* ggml_q32_avx512.h -- AVX-512 int8-activation rows of the 32-weight ggml block formats
  * (spec: ggml_q32_ref_i8_row in ggml_q32_scalar.h). Included by matvec_avx512.c.
  *
- * Two blocks (64 weights) a step, in column order against 64 bytes of CQ_XQ_G32's xq
- * (lanes 0-7 block g, 8-15 block g+1): the codes as u8 (the nibble, the 5-bit value
- * with its fifth bit set from qh through a 64-bit mask, or for q8_0 and iq4_nl |q|
- * against xq carrying q's sign), summed per 4-byte lane by vpdpbusd (or maddubs +
- * madd without VNNI); the offset formats subtract off * (the lane's xq sum), the min
- * formats add m * (the lane's xq sum) in float. Per lane the float term is
- * isum * (d_w * d_x), into two accumulators by step parity; the row is their sum.
- * A row with an odd block count ends on a half step whose upper block reads as zero
- * (xq's padding group is zero). The integers equal the reference's; the float sums
- * run in another order. */
+ * The bulk of a row goes sixteen blocks a step (q8_0: G32_Q8_0_ROWS, two rows side by
+ * side; the 4- and 5-bit formats: G32_NIBBLES16): each block's codes meet CQ_XQ_G32's
+ * xq in vpdpbusd (or maddubs + madd without VNNI), the per-lane sums are folded to one
+ * exact integer a block, the offset formats take off offset * (the block's xq sum, from
+ * xq's bias), and one convert and one FMA with d_w * d_x (the sixteen f16 scales
+ * assembled by scalar loads) serve the sixteen blocks. The blocks left over go four
+ * (G32_NIBBLES4) then two a step (G32_BODY): the codes as u8 (the nibble, the 5-bit
+ * value with its fifth bit set from qh through a 64-bit mask, or for q8_0 and iq4_nl
+ * |q| against xq carrying q's sign), the offset formats subtracting off * (the lane's
+ * xq sum), the min formats adding m * (the lane's xq sum) in float, each step's float
+ * terms into two accumulators by step parity. A row with an odd block count ends on a
+ * half step whose upper block reads as zero (xq's padding group is zero). The integers
+ * equal the reference's; the float sums run in another order, the same on every
+ * variant (VNNI or not) and entry point. */
 #ifndef CQ_GGML_Q32_AVX512_H
 #define CQ_GGML_Q32_AVX512_H
 #include "ggml_q32_scalar.h"
