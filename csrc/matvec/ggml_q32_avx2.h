@@ -7,13 +7,14 @@
  * against x into four accumulators (one per 8 columns of a block): the weights'
  * bits, summed in another order.
  *
- * int8 (spec: ggml_q32_ref_i8_row): one block (32 weights) a step against 32 bytes of CQ_XQ_G32's xq: the codes as
- * signed bytes (q8_0 as stored, iq4_nl's level by vpshufb, q4_0/q5_0 the value less
+ * int8 (spec: ggml_q32_ref_i8_row): eight blocks a step (g32_i8_row_t), each block
+ * against 32 bytes of CQ_XQ_G32's xq, its integer sum folded to one dword so that one
+ * convert and one FMA serve eight blocks; the blocks left over one a step: the codes
+ * as signed bytes (q8_0 as stored, iq4_nl's level by vpshufb, q4_0/q5_0 the value less
  * its offset) meet xq as |q| (u8) times xq with q's sign (vpsignb), summed per 4-byte
  * lane by maddubs + madd; the min formats (q4_1, q5_1) take their unsigned codes
- * directly and add m * (the lane's xq sum) in float. Per lane the float term is
- * isum * (d_w * d_x), into two accumulators by block parity; the row is their sum.
- * The integers equal the reference's; the float sums run in another order. */
+ * directly and add m * (the lane's xq sum) in float. The integers equal the
+ * reference's; the float sums run in another order. */
 #ifndef CQ_GGML_Q32_AVX2_H
 #define CQ_GGML_Q32_AVX2_H
 #include "ggml_q32_scalar.h"
@@ -103,6 +104,29 @@ static float g32_dot_avx2(const cq_qmat *m, size_t r, const float *x) {
     }
 }
 
+/* Eight blocks' dword sums (block k's eight in v[k]) folded to one dword a block, in
+ * block order: two rounds of unpack + add within 128-bit lanes, then the lanes' halves
+ * added across (exact integers). */
+static inline __m256i g32_fold8(const __m256i *v) {
+    __m256i p[4], q[2];
+    for (int i = 0; i < 4; i++)
+        p[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                                _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 2; i++)
+        q[i] = _mm256_add_epi32(_mm256_unpacklo_epi64(p[2 * i], p[2 * i + 1]),
+                                _mm256_unpackhi_epi64(p[2 * i], p[2 * i + 1]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(q[0], q[1], 0x20), _mm256_permute2x128_si256(q[0], q[1], 0x31));
+}
+
+/* The f16 at p + bb * k, k = 0..7, as 8 floats. */
+static inline __m256 g32_halves8(const uint8_t *p, size_t bb) {
+    const uint64_t a = (uint64_t)cq_ld16(p) | (uint64_t)cq_ld16(p + bb) << 16 | (uint64_t)cq_ld16(p + 2 * bb) << 32 |
+                       (uint64_t)cq_ld16(p + 3 * bb) << 48;
+    const uint64_t b = (uint64_t)cq_ld16(p + 4 * bb) | (uint64_t)cq_ld16(p + 5 * bb) << 16 |
+                       (uint64_t)cq_ld16(p + 6 * bb) << 32 | (uint64_t)cq_ld16(p + 7 * bb) << 48;
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)b, (long long)a));
+}
+
 static inline __attribute__((always_inline)) float g32_i8_row_t(const cq_qmat *m, size_t r, const cq_xq *xq,
                                                                const int dt) {
     const int min = ggml_q32_has_min(dt);
@@ -110,8 +134,45 @@ static inline __attribute__((always_inline)) float g32_i8_row_t(const cq_qmat *m
     const uint8_t *p = m->data + r * gpr * bb;
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     const __m256i lv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)GGML_IQ4NL_LEVELS));
-    __m256 f0 = _mm256_setzero_ps(), f1 = f0;
-    for (size_t g = 0; g < gpr; g++, p += bb) {
+    __m256 f0 = _mm256_setzero_ps(), f1 = f0, acc = f0;
+    size_t g = 0;
+    /* Eight blocks a step: each block's dword sums of its codes against xq by maddubs +
+     * madd (q4_0 and q5_0 as their unsigned stored values, the offset times the block's
+     * xq sum taken off after the fold; q8_0 and iq4_nl as |q| against xq with q's sign;
+     * the min formats unsigned), folded to one dword a block (g32_fold8) and met by
+     * d_w * d_x in one FMA; the min formats' m * d_x * (xq sum) by a second. */
+    const int offset = dt == CQ_DT_GGML_Q4_0 ? 8 : dt == CQ_DT_GGML_Q5_0 ? 16 : 0;
+    for (; g + 8 <= gpr; g += 8, p += 8 * bb) {
+        for (size_t o = 0; o < 8 * bb; o += 64) CQ_STREAM_PF(p + o);
+        __m256i s[8];
+        for (int k = 0; k < 8; k++) {
+            const uint8_t *pk = p + k * bb;
+            const __m256i x = _mm256_load_si256((const __m256i *)(xq->q + CQ_GROUP * (g + k)));
+            __m256i v;
+            switch (dt) {
+            case CQ_DT_GGML_Q8_0: v = _mm256_loadu_si256((const __m256i *)(pk + 2)); break;
+            case CQ_DT_GGML_IQ4_NL: v = _mm256_shuffle_epi8(lv, g32_nibbles(pk + 2)); break;
+            case CQ_DT_GGML_Q4_0: v = g32_nibbles(pk + 2); break;
+            case CQ_DT_GGML_Q4_1: v = g32_nibbles(pk + 4); break;
+            case CQ_DT_GGML_Q5_0: v = _mm256_or_si256(g32_nibbles(pk + 6), g32_high_bits(pk + 2)); break;
+            default: /* q5_1 */ v = _mm256_or_si256(g32_nibbles(pk + 8), g32_high_bits(pk + 4)); break;
+            }
+            if (min || offset) s[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(v, x), ones16);
+            else s[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(x, v)), ones16);
+        }
+        __m256i isum = g32_fold8(s), xs = _mm256_setzero_si256();
+        if (min || offset) {
+            const __m256i b0 = _mm256_loadu_si256((const __m256i *)(xq->bias + 2 * g));
+            const __m256i b1 = _mm256_loadu_si256((const __m256i *)(xq->bias + 2 * g + 8));
+            xs = _mm256_permute4x64_epi64(_mm256_hadd_epi32(b0, b1), _MM_SHUFFLE(3, 1, 2, 0));
+        }
+        if (offset) isum = _mm256_sub_epi32(isum, _mm256_mullo_epi32(xs, _mm256_set1_epi32(offset)));
+        const __m256 dx = _mm256_loadu_ps(xq->d + g);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(g32_halves8(p, bb), dx), acc);
+        if (min) acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(xs), _mm256_mul_ps(g32_halves8(p + 2, bb), dx), acc);
+    }
+    /* The remaining blocks one a step, each term into f0 or f1 by block parity. */
+    for (; g < gpr; g++, p += bb) {
         CQ_STREAM_PF(p);
         const __m256i x = _mm256_load_si256((const __m256i *)(xq->q + CQ_GROUP * g));
         const __m256 dl = _mm256_load_ps(xq->dl + 8 * g);
@@ -137,7 +198,7 @@ static inline __attribute__((always_inline)) float g32_i8_row_t(const cq_qmat *m
         if (g & 1) f1 = _mm256_add_ps(f1, t);
         else f0 = _mm256_add_ps(f0, t);
     }
-    return cq_hsum8(_mm256_add_ps(f0, f1));
+    return cq_hsum8(_mm256_add_ps(acc, _mm256_add_ps(f0, f1)));
 }
 
 /* The format a constant in each instance, so its branches fold away. */
