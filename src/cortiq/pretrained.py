@@ -124,7 +124,7 @@ def resolve(repo_or_path, *, quant: str | None = None, cache=None,
 
 def file_format(path) -> str:
     """"cmf" or "gguf" for a model file `resolve` returned (by its first bytes)."""
-    from .runtime.model_file import magic_format
+    from .gguf import magic_format
     with open(path, "rb") as f:
         return magic_format(f.read(4)) or "cmf"
 
@@ -153,7 +153,7 @@ def _kind_of(src: Path) -> str:
             head = f.read(16)
     except OSError as e:
         raise ConfigError(f"{src}: cannot read: {e.strerror or e}") from None
-    from .runtime.model_file import magic_format
+    from .gguf import magic_format
     kind = magic_format(head)
     if kind is not None:
         return kind

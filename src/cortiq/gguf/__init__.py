@@ -4,10 +4,12 @@ and the model file object `LLM` and the models read (`file.GgufFile`).
 
     cortiq.gguf.open(path) -> GgufFile      mmap-backed, the GGUF bytes as they are
     cortiq.gguf.is_gguf(path)               whether the file starts with b"GGUF"
+    cortiq.gguf.magic_format(head)          "cmf", "gguf" or None for a file's first bytes
 
 A split GGUF (llama.cpp's gguf-split parts, `split`) opens from any of its parts as
 one model.
 """
-from .file import MAGIC, GgufFile, GgufTensorInfo, dtype_of, is_gguf, open
+from .file import MAGIC, GgufFile, GgufTensorInfo, dtype_of, is_gguf, magic_format, open
 
-__all__ = ["MAGIC", "GgufFile", "GgufTensorInfo", "dtype_of", "is_gguf", "open"]
+__all__ = ["MAGIC", "GgufFile", "GgufTensorInfo", "dtype_of", "is_gguf", "magic_format",
+           "open"]

@@ -117,11 +117,22 @@ def dequantize(raw: np.ndarray, t: GgmlType, shape, where: str) -> np.ndarray:
     return np.ascontiguousarray(out, np.float32).reshape(shape)
 
 
+def magic_format(head: bytes) -> str | None:
+    """"cmf" or "gguf" for a model file whose first bytes are `head`; None for neither
+    (the one place both magics are compared)."""
+    from ..cmf.reader import MAGIC as CMF_MAGIC
+    if head.startswith(CMF_MAGIC):
+        return "cmf"
+    if head.startswith(MAGIC):
+        return "gguf"
+    return None
+
+
 def is_gguf(path) -> bool:
     """Whether the file at `path` starts with the GGUF magic."""
     try:
         with builtins.open(os.fspath(path), "rb") as fh:
-            return fh.read(4) == MAGIC
+            return magic_format(fh.read(4)) == "gguf"
     except (IsADirectoryError, FileNotFoundError):
         return False
 

@@ -10,15 +10,6 @@ from .. import gguf as _gguf
 from ..errors import FormatError
 
 
-def magic_format(head: bytes) -> str | None:
-    """"cmf" or "gguf" for a file whose first bytes are `head`; None for neither."""
-    if head.startswith(_cmf.reader.MAGIC):
-        return "cmf"
-    if head.startswith(_gguf.MAGIC):
-        return "gguf"
-    return None
-
-
 def open_model_file(path, preload: bool = False,
                     verify: str = "lazy") -> _cmf.CmfFile | _gguf.GgufFile:
     """The open `CmfFile` or `GgufFile` at `path`; FormatError naming both accepted
@@ -38,7 +29,7 @@ def open_model_file(path, preload: bool = False,
                 f"{p}: no such file; a Hugging Face Hub id opens with "
                 f"LLM.from_pretrained({p!r}) (or cortiq run {p})") from None
         return _cmf.open(p, preload=preload, verify=verify)   # its own clear error
-    kind = magic_format(magic)
+    kind = _gguf.magic_format(magic)
     if kind is not None:
         return (_cmf if kind == "cmf" else _gguf).open(p, preload=preload, verify=verify)
     raise FormatError(f"{p}: bad magic {magic!r} at offset 0: neither a CMF file "
