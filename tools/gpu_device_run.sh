@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the GPU checks and benchmark on a machine with a GPU, from a checkout that carries
 # the Vulkan loader .debs in .gl/, the wgpu wheels in .whl/ and the source in .gpu/src
-# (see docs/gpu.md, "Measuring on a GPU"). Results go to $OUT (default ./gpu-out):
+# (see docs/gpu.md, "Measuring on a GPU"), optionally a cortiq wheel for the machine's
+# Python 3.12 in .gpu/ (installed instead of building the source there). Results go to $OUT (default ./gpu-out):
 # check.txt (GPU against CPU logits, every architecture the GPU runs), bench_gpu.json
 # (written after each part of the benchmark, so a run cut short keeps what it measured),
 # timing.txt (seconds each step took). Each step has its own time limit so that the
@@ -22,8 +23,13 @@ if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nv
 fi
 SRC="$PWD/.gpu/src"
 t0=$(date +%s)
-(cd "$SRC" && python3 -m pip install -q --no-build-isolation --no-deps . ) > "$OUT/build.log" 2>&1 \
-    || { tail -30 "$OUT/build.log"; exit 1; }
+# a cortiq wheel built elsewhere for this Python (.gpu/cortiq-*.whl) saves the compile
+wheel=$(ls .gpu/cortiq-*-cp312-*.whl 2>/dev/null | head -1)
+if [ -n "$wheel" ]; then
+    python3 -m pip install -q --no-index --no-deps --force-reinstall "$wheel"
+else
+    (cd "$SRC" && python3 -m pip install -q --no-build-isolation --no-deps . )
+fi > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "build $(( $(date +%s) - t0 )) s" | tee "$OUT/timing.txt"
 cd /tmp
 python3 -c "import cortiq; cortiq.show_config()"
