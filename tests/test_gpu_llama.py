@@ -27,6 +27,9 @@ def _drop(tensors, *parts):
 
 def _variant(name):
     """(tensors, arch) of one family member, small enough for llvmpipe."""
+    if name == "wide_heads":             # head_dim over 256: two output lanes a thread
+        t, arch = llama_tensors(hidden=64, ffn=96, layers=1, heads=2, kv=1, hd=288, seed=4)
+        return t, dict(arch, layer_types=["FullAttention"], sliding_window=None)
     t, arch = llama_tensors(hidden=64, ffn=96, layers=2, heads=4, kv=2, hd=16, seed=3)
     if name == "qwen3":                  # biases, q/k norms, one sliding layer (window 7)
         return t, arch
@@ -81,7 +84,7 @@ def _pair(dev, tmp_path_factory, name, quant="f32"):
 
 
 VARIANTS = ["qwen3", "qwen2", "mistral", "tied", "interleaved", "yarn", "freq_factors",
-            "mlp_bias"]
+            "mlp_bias", "wide_heads"]
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -122,6 +125,18 @@ def test_prompt_over_one_chunk_and_cache_growth(dev, tmp_path_factory, monkeypat
     assert sg.cap >= ids.size
     nxt = int(ids[0])
     assert _rel(g.forward(sg, [nxt]), host.forward(sc, [nxt])) < 1e-3
+
+
+def test_keys_over_one_attention_block(dev, tmp_path_factory):
+    """Rows attending more than the 256 keys an attention workgroup scores at once (the
+    online softmax across blocks), in a prompt chunk and a decode row."""
+    host, g = _pair(dev, tmp_path_factory, "qwen2")
+    ids = np.random.default_rng(11).integers(0, host.vocab, 300)
+    sc, sg = host.new_state(), g.new_state()
+    host.forward(sc, ids[:280], "none")
+    g.forward(sg, ids[:280], "none")
+    assert _rel(g.forward(sg, ids[280:299], "all"), host.forward(sc, ids[280:299], "all")) < 1e-3
+    assert _rel(g.forward(sg, ids[299:]), host.forward(sc, ids[299:])) < 1e-3
 
 
 def test_greedy_tokens_identical(dev, tmp_path_factory):
