@@ -6,6 +6,8 @@ of GGUF files, YaRN and per-frequency rope factors), in f32 and in the quantized
 dtypes the GPU decodes. Runs on any adapter (Mesa's llvmpipe in CI); skips without
 one unless CORTIQ_REQUIRE_GPU=1. Tolerances: docs/gpu.md.
 """
+import warnings
+
 import numpy as np
 import pytest
 from arrays import stable_seed
@@ -219,3 +221,34 @@ def test_refusals_name_the_problem(dev, tmp_path_factory):
         arch = "llama"
     with pytest.raises(ConfigError, match="LlamaModel"):
         GpuLlamaModel(NotLlama(), dev)
+
+
+def test_gguf_file_run_as_it_is(dev, tmp_path):
+    """A GGUF file opened directly: f16 weights run on the device with the file's
+    interleaved rope pairs (logits as on the CPU); ggml block types are refused with the
+    tensor, its dtype and the import command named."""
+    import optional
+    gguf = optional.need("extras", "gguf")
+    from reference import gguf_llama
+
+    import cortiq
+    T = gguf.GGMLQuantizationType
+    t, arch = _variant("interleaved")
+    arch = {k: v for k, v in arch.items() if k != "rope_interleaved" and v is not None}
+    path = tmp_path / "m.gguf"
+    gguf_llama.write(path, t, arch, types=lambda n, a: T.F16)
+    ids = np.random.default_rng(12).integers(0, arch["vocab_size"], 12)
+    with warnings.catch_warnings():      # no vocabulary in the file: byte tokens
+        warnings.simplefilter("ignore", RuntimeWarning)
+        cpu, gpu = cortiq.LLM(path, device="cpu"), cortiq.LLM(path, device="gpu")
+    with cpu, gpu:
+        assert cpu.file.arch.get("rope_interleaved") is True
+        assert type(gpu.model).__name__ == "GpuLlamaModel"
+        want = cpu.session().feed(ids, want="all")
+        assert _rel(gpu.session().feed(ids, want="all"), want) < 1e-3
+    q8 = tmp_path / "q8.gguf"
+    gguf_llama.write(q8, t, arch, types=lambda n, a: T.Q8_0)
+    with warnings.catch_warnings(), pytest.raises(
+            ConfigError, match=r"q_proj.weight is stored as q8_0.*import-gguf"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        cortiq.LLM(q8, device="gpu")
