@@ -141,6 +141,27 @@ def test_keys_over_one_attention_block(dev, tmp_path_factory):
     assert _rel(g.forward(sg, ids[299:]), host.forward(sc, ids[299:])) < 1e-3
 
 
+@pytest.mark.parametrize("name", ["qwen3", "interleaved"])
+def test_decode_qk_fused_or_not(dev, tmp_path_factory, name):
+    """Decode rows whose attention dispatch does llama_qk's work (the default) and rows
+    with the llama_qk pass equal the host from position 0 on, through the window; the k/v
+    rows the fused dispatch writes are the ones a later prompt chunk reads; the fused
+    program has one dispatch fewer a layer."""
+    from cortiq.gpu.llama import GpuLlamaModel
+    host, fused = _pair(dev, tmp_path_factory, name)
+    plain = GpuLlamaModel(host, dev, fuse_qk=False)
+    assert fused.fuse_qk and not plain.fuse_qk
+    ids = np.random.default_rng(stable_seed("qk", name)).integers(0, host.vocab, 14)
+    sc, sf, sp = host.new_state(), fused.new_state(), plain.new_state()
+    for i in ids[:11]:
+        a = host.forward(sc, [int(i)])
+        b = fused.forward(sf, [int(i)])
+        assert _rel(b, a) < 1e-3
+        assert _rel(b, plain.forward(sp, [int(i)])) < 1e-5
+    assert _rel(fused.forward(sf, ids[11:], "all"), host.forward(sc, ids[11:], "all")) < 1e-3
+    assert plain.dispatches_per_token - fused.dispatches_per_token == len(host.layers)
+
+
 def test_greedy_tokens_identical(dev, tmp_path_factory):
     host, g = _pair(dev, tmp_path_factory, "qwen3", "q8_row")
     ids = np.random.default_rng(4).integers(0, host.vocab, 9)
@@ -155,7 +176,7 @@ def test_greedy_tokens_identical(dev, tmp_path_factory):
     g.forward(s2, ids[:-1], "none")
     assert g.decode_greedy(s2, int(ids[-1]), 16) == want
     assert s2.pos == ids.size + 15
-    assert g.dispatches_per_token == 1 + 9 * len(host.layers) + 3
+    assert g.dispatches_per_token == 1 + 8 * len(host.layers) + 3
 
 
 def test_rollback_on_device(dev, tmp_path_factory):

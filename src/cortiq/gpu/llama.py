@@ -12,7 +12,8 @@ layer (shaders/llama_*.wgsl and the shared products of kernels.py):
                    RopeTable's cos/sin rows (so YaRN, rope_freq_factors and the
                    interleaved pair order of GGUF files come from the host), k and v
                    into the KV cache
-    llama_attn     causal GQA with an optional sliding window, online softmax
+    llama_attn     causal GQA with an optional sliding window, online softmax (a decode
+                   row: llama_attn_qk, which does llama_qk's work in the same dispatch)
     matvec O
     llama_norm     the residual and the MLP norm
     matvec gate|up
@@ -55,13 +56,26 @@ _DENSE_ON_DEVICE = ("vbit", "vbit_ro")
 KERNELS = {
     "llama_norm": ("uniform", "uniform", "rw", "read", "read", "rw"),
     "llama_qk": ("uniform", "uniform", "rw", "read", "read", "rw", "rw"),
-    "llama_attn": ("uniform", "uniform", "read", "read", "read", "rw"),
+    "llama_attn": ("uniform", "uniform", "read", "read", "read", "rw", "read", "read"),
+    "llama_attn_qk": ("uniform", "uniform", "read", "rw", "rw", "rw", "read", "read"),
     "llama_swiglu": ("uniform", "uniform", "rw", "read"),
+}
+#: kernels generated from another's source: name -> (file, {marker: text}, replaced in
+#: order)
+VARIANTS = {
+    "llama_attn": ("llama_attn.wgsl", {"$KVN": "1", "$KV": "read", "$QK": "false",
+                                       "/*$W*/": "//"}),
+    "llama_attn_qk": ("llama_attn.wgsl", {"$KVN": "512", "$KV": "read_write", "$QK": "true",
+                                          "/*$W*/": ""}),
 }
 
 
 def llama_pipeline(dev: Device, name: str):
-    return dev.pipeline((name,), dev.source(f"{name}.wgsl"), KERNELS[name])
+    src, marks = VARIANTS.get(name, (f"{name}.wgsl", {}))
+    code = dev.source(src)
+    for k, v in marks.items():
+        code = code.replace(k, v)
+    return dev.pipeline((name,), code, KERNELS[name])
 
 
 def check_dtypes(host) -> None:
@@ -89,9 +103,11 @@ class GpuLlamaState:
 
 class GpuLlamaModel(GpuModel):
     """The host LlamaModel's forward on the GPU (see the module docstring). The device
-    runs one sequence at a time."""
+    runs one sequence at a time. fuse_qk (default True): a decode row's llama_qk work
+    runs inside its attention dispatch (llama_attn_qk, one dispatch fewer a layer);
+    False keeps the llama_qk pass (A/B measurements)."""
 
-    def __init__(self, host, device: Device | None = None):
+    def __init__(self, host, device: Device | None = None, fuse_qk: bool = True):
         from ..models.llama import LlamaModel
         if not isinstance(host, LlamaModel):
             raise ConfigError(f"device='gpu': the llama GPU model runs a LlamaModel, got "
@@ -102,6 +118,7 @@ class GpuLlamaModel(GpuModel):
             raise ConfigError(f"device='gpu': head_dim {cfg.head_dim}: the Llama attention "
                               "kernel takes at most 512")
         self.host = host
+        self.fuse_qk = bool(fuse_qk)
         self.arch = host.arch
         self.dev = dev = device or Device.get()
         self.vocab, self.hidden, self.ffn = cfg.vocab, cfg.hidden, cfg.ffn
@@ -194,7 +211,9 @@ class GpuLlamaModel(GpuModel):
                                    w["q_norm"], w["k_norm"], int(cfg.rope_interleaved), eps,
                                    T, 0, 0))
             w["p_attn"] = a.ref(u32s(self.nh, self.nk, self.hd, self.qkv_w, w["window"],
-                                     self.q_size, float(host.attn_scale), 0))
+                                     self.q_size, float(host.attn_scale), 0, w["qkv_bias"],
+                                     w["q_norm"], w["k_norm"], int(cfg.rope_interleaved), eps,
+                                     T, 0, 0))
             w["p_swiglu"] = a.ref(u32s(F, w["gate_bias"], w["up_bias"], 0))
         last_bias = self.lw[-1]["down_bias"] if self.lw else NONE
         self.p_norm_final = a.ref(u32s(H, 0, 0, int(bool(self.lw)), 0, last_bias,
@@ -396,11 +415,14 @@ class GpuLlamaModel(GpuModel):
         for li, w in enumerate(self.lw):
             prog.append(self._kernel("llama_norm", [w["p_norm_in"]] + norm, rows))
             prog.append(self._mv(w["qkv_op"], nt))
-            prog.append(self._kernel("llama_qk", [w["p_qk"], self.step, self.qkv, self.vbuf,
-                                                  self.rope, st.k[li], st.v[li]],
-                                     lambda t: (self.nh + 2 * self.nk, t, 1)))
-            prog.append(self._kernel("llama_attn", [w["p_attn"], self.step, self.qkv,
-                                                    st.k[li], st.v[li], self.att],
+            fused_qk = nt == 1 and self.fuse_qk
+            if not fused_qk:
+                prog.append(self._kernel("llama_qk", [w["p_qk"], self.step, self.qkv,
+                                                      self.vbuf, self.rope, st.k[li], st.v[li]],
+                                         lambda t: (self.nh + 2 * self.nk, t, 1)))
+            prog.append(self._kernel("llama_attn_qk" if fused_qk else "llama_attn",
+                                     [w["p_attn"], self.step, self.qkv, st.k[li], st.v[li],
+                                      self.att, self.vbuf, self.rope],
                                      lambda t: (self.nh, t, 1)))
             prog.append(self._mv(w["o_op"], nt))
             prog.append(self._kernel("llama_norm", [w["p_norm_mlp"]] + norm, rows))
