@@ -3,6 +3,7 @@ and PyTorch eager on the same GPU.
 
     python benchmarks/bench_gpu.py [--quick] [--tokens 128] [--no-cpu] [--no-torch]
                                    [--ab splits=1,splits=8,fuse=0,slots=8]
+                                   [--models dory,dsv4,llama,llama8b]
 
 The model is bench_decode.py's bench-size Dory (hidden 2048, 24 sub-layers in blocks
 8/8/8, 2 loops, q8_row: 0.855 GB of weights per token), written once to --cache. In
@@ -26,7 +27,12 @@ Then the same decode measurements for the DeepSeek-V4 bench model (benchmarks/_b
 default geometry, q8_row; --tiny: a small one) under "deepseek_v4", and (unless
 --no-kernels) benchmarks/_bench_gpu_kernels.py's kernel measurements: the per-dispatch
 floor, the decode matvec's GB/s per variant, and the matvec stream of a Llama-3-8B-shaped
-token (8.5 GB, q8_row). "phase_s" says how long each part took. It prints one JSON object.
+token (8.5 GB, q8_row). Under "llama" and "llama8b" the Llama family's decode, measured
+as DeepSeek-V4's (benchmarks/_bench_gpu_llama.py: the _bench_llama.py geometry and
+Llama-3-8B's shape, random q8_row weights built in memory; --tiny: a tiny one for both).
+--models picks which of dory, dsv4, llama and llama8b run (without dory the read
+bandwidth is measured on its own). "phase_s" says how long each part took. It prints one
+JSON object.
 """
 import argparse
 import json
@@ -38,10 +44,16 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _bench_gpu_llama as L
+import _bench_llama as BL
 from bench_decode import QUICK, RELEASE_LIKE, TINY, build_dory, touched_bytes
 
 from cortiq import cmf
 from cortiq.models.dory import AttnWeights, DoryModel
+
+
+#: what --models chooses from
+MODELS = ("dory", "dsv4", "llama", "llama8b")
 
 
 # ---- the device ------------------------------------------------------------------------
@@ -366,6 +378,11 @@ def main():
     ap.add_argument("--no-cpu", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--out", help="also write the JSON here, after each part")
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help="the models measured, comma-separated: dory (and its --ab variants, "
+                         "CPU and PyTorch peers), dsv4, llama (the _bench_llama.py geometry), "
+                         "llama8b (Llama-3-8B's shape, 8.5 GB a token); --tiny makes both "
+                         "Llamas tiny")
     ap.add_argument("--no-kernels", action="store_true",
                     help="skip the dispatch-floor, matvec-variant and 8B-chain measurements")
     ap.add_argument("--ab", default="sg=1,unroll=1,rows=32,stage=0",
@@ -389,38 +406,14 @@ def main():
         phases[name] = round(now - t_phase, 2)
         t_phase = now
 
-    p = TINY if a.tiny else (QUICK if a.quick else RELEASE_LIKE)
-    tag = "tiny" if a.tiny else ("quick" if a.quick else "release_like")
-    path = build_dory(os.path.join(a.cache, f"dory-{tag}-q8_row.cmf"), p, "q8_row")
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown:
+        ap.error(f"--models: {', '.join(unknown)}; choose from {', '.join(MODELS)}")
     from cortiq.gpu import Device, to_device
     dev = Device.get()
-    phase("dory_build")
-    f = cmf.open(path)
-    host = DoryModel(f, o1="off")
-    t0 = time.perf_counter()
-    g = to_device(host, dev)
-    load_s = time.perf_counter() - t0
-    per_token = touched_bytes(host)
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, host.vocab, a.prompt)
-    bw0 = read_bandwidth(dev)
-    res = gpu_decode(g, prompt, a.tokens)
-    bw1 = read_bandwidth(dev)
-    bw = (bw0 + bw1) / 2
-    phase("dory_decode")
-    out = {"bench": "gpu_decode", "model": tag, "dtype": "q8_row",
-           "weight_gb_per_token": per_token / 1e9, "device": dev.name,
-           "backend": dev.backend, "subgroups": dev.subgroups, "gpu_load_s": load_s,
-           "device_read_gb_s": bw, "device_read_gb_s_before_after": [bw0, bw1],
-           "cortiq_gpu": res}
-    for k in ("session_tok_s", "greedy_tok_s", "chained_tok_s"):
-        out["cortiq_gpu"][k.replace("tok_s", "eff_gb_s")] = res[k] * per_token / 1e9
-    best = max(res["session_tok_s"], res["greedy_tok_s"], res["chained_tok_s"])
-    out["pct_of_read_bw"] = 100 * best * per_token / 1e9 / bw
-    out["attn_splits"] = g.splits
-    out["fused_residual"] = g.fuse_residual
-    out["fused_qk_prep"] = g.fuse_qk
-    out["phase_s"] = phases
+    out = {"bench": "gpu_decode", "models": models, "device": dev.name,
+           "backend": dev.backend, "subgroups": dev.subgroups, "phase_s": phases}
 
     def save():
         """The results so far to --out (atomically), so a run cut short keeps them."""
@@ -430,6 +423,38 @@ def main():
                 json.dump(out, fh, indent=1)
             os.replace(tmp, a.out)
 
+    bw = 0.0
+    if "dory" in models:
+        p = TINY if a.tiny else (QUICK if a.quick else RELEASE_LIKE)
+        tag = "tiny" if a.tiny else ("quick" if a.quick else "release_like")
+        path = build_dory(os.path.join(a.cache, f"dory-{tag}-q8_row.cmf"), p, "q8_row")
+        phase("dory_build")
+        f = cmf.open(path)
+        host = DoryModel(f, o1="off")
+        t0 = time.perf_counter()
+        g = to_device(host, dev)
+        load_s = time.perf_counter() - t0
+        per_token = touched_bytes(host)
+        rng = np.random.default_rng(0)
+        prompt = rng.integers(0, host.vocab, a.prompt)
+        bw0 = read_bandwidth(dev)
+        res = gpu_decode(g, prompt, a.tokens)
+        bw1 = read_bandwidth(dev)
+        bw = (bw0 + bw1) / 2
+        phase("dory_decode")
+        out.update({"model": tag, "dtype": "q8_row", "weight_gb_per_token": per_token / 1e9,
+                    "gpu_load_s": load_s, "device_read_gb_s": bw,
+                    "device_read_gb_s_before_after": [bw0, bw1], "cortiq_gpu": res})
+        for k in ("session_tok_s", "greedy_tok_s", "chained_tok_s"):
+            out["cortiq_gpu"][k.replace("tok_s", "eff_gb_s")] = res[k] * per_token / 1e9
+        best = max(res["session_tok_s"], res["greedy_tok_s"], res["chained_tok_s"])
+        out["pct_of_read_bw"] = 100 * best * per_token / 1e9 / bw
+        out["attn_splits"] = g.splits
+        out["fused_residual"] = g.fuse_residual
+        out["fused_qk_prep"] = g.fuse_qk
+    else:
+        bw = read_bandwidth(dev)
+        out["device_read_gb_s"] = bw
     save()
     if not a.no_kernels:
         import _bench_gpu_kernels as K
@@ -447,53 +472,64 @@ def main():
         out["llama8b_matvec_chain"] = K.llama8b_chain(dev, bw, **chain)
         phase("llama8b_chain")
         save()
-    ab = {}
-    for v in [v.strip() for v in a.ab.split(",") if v.strip()]:
-        from cortiq.gpu.dory import GpuDoryModel
-        from cortiq.gpu import kernels
-        key, _, val = v.partition("=")
-        kw = {"splits": {"attn_splits": int(val or 1)},
-              "fuse": {"fuse_residual": val not in ("0", "off")},
-              "qk": {"fuse_qk": val not in ("0", "off")}}.get(key, {})
-        keep = (kernels.RPW1_SLOTS, kernels.MATVEC_SUBGROUPS, kernels.MATVEC_UNROLL,
-                kernels.MATVEC_STAGE_PLAIN)
-        if key in ("slots", "rows"):  # rows (lane groups) a decode-matvec workgroup takes
-            kernels.RPW1_SLOTS = int(val)
-        elif key == "sg":
-            kernels.MATVEC_SUBGROUPS = val not in ("0", "off")
-        elif key == "unroll":
-            kernels.MATVEC_UNROLL = int(val)
-        elif key == "stage":
-            kernels.MATVEC_STAGE_PLAIN = val not in ("0", "off")
-        try:
-            r = gpu_decode(GpuDoryModel(host, dev, **kw), prompt, a.tokens)
-        finally:
-            (kernels.RPW1_SLOTS, kernels.MATVEC_SUBGROUPS, kernels.MATVEC_UNROLL,
-             kernels.MATVEC_STAGE_PLAIN) = keep
-        ab[v] = {k: r[k] for k in ("chained_tok_s", "greedy_tok_s", "record_ms_per_token",
-                                   "dispatches_per_token", "gpu_ms_per_token",
-                                   "gpu_ms_by_kernel")}
-    if ab:
-        out["variants"] = ab
-    phase("dory_variants")
-    save()
-    st = g.new_state()
-    ref = g.forward(st, prompt, "last")
-    if not a.no_cpu:
-        out["cortiq_cpu"] = cpu_decode(path, prompt, max(8, a.tokens // 8))
-        out["gpu_over_cpu"] = best / out["cortiq_cpu"]["tok_s"]
-    if not a.no_torch:
-        try:
-            out["torch_eager_bf16"] = torch_decode(host, prompt, a.tokens, ref)
-            if "tok_s" in out["torch_eager_bf16"]:
-                out["gpu_over_torch"] = best / out["torch_eager_bf16"]["tok_s"]
-        except ImportError:
-            out["torch_eager_bf16"] = {"skipped": "torch is not installed"}
-    phase("dory_cpu_torch")
-    save()
-    out["deepseek_v4"] = dsv4_decode(dev, a.cache, a.tiny, a.prompt, a.tokens, bw, not a.no_cpu)
-    phase("deepseek_v4")
-    save()
+    if "dory" in models:
+        ab = {}
+        for v in [v.strip() for v in a.ab.split(",") if v.strip()]:
+            from cortiq.gpu.dory import GpuDoryModel
+            from cortiq.gpu import kernels
+            key, _, val = v.partition("=")
+            kw = {"splits": {"attn_splits": int(val or 1)},
+                  "fuse": {"fuse_residual": val not in ("0", "off")},
+                  "qk": {"fuse_qk": val not in ("0", "off")}}.get(key, {})
+            keep = (kernels.RPW1_SLOTS, kernels.MATVEC_SUBGROUPS, kernels.MATVEC_UNROLL,
+                    kernels.MATVEC_STAGE_PLAIN)
+            if key in ("slots", "rows"):  # rows (lane groups) a decode-matvec workgroup takes
+                kernels.RPW1_SLOTS = int(val)
+            elif key == "sg":
+                kernels.MATVEC_SUBGROUPS = val not in ("0", "off")
+            elif key == "unroll":
+                kernels.MATVEC_UNROLL = int(val)
+            elif key == "stage":
+                kernels.MATVEC_STAGE_PLAIN = val not in ("0", "off")
+            try:
+                r = gpu_decode(GpuDoryModel(host, dev, **kw), prompt, a.tokens)
+            finally:
+                (kernels.RPW1_SLOTS, kernels.MATVEC_SUBGROUPS, kernels.MATVEC_UNROLL,
+                 kernels.MATVEC_STAGE_PLAIN) = keep
+            ab[v] = {k: r[k] for k in ("chained_tok_s", "greedy_tok_s", "record_ms_per_token",
+                                       "dispatches_per_token", "gpu_ms_per_token",
+                                       "gpu_ms_by_kernel")}
+        if ab:
+            out["variants"] = ab
+        phase("dory_variants")
+        save()
+        st = g.new_state()
+        ref = g.forward(st, prompt, "last")
+        if not a.no_cpu:
+            out["cortiq_cpu"] = cpu_decode(path, prompt, max(8, a.tokens // 8))
+            out["gpu_over_cpu"] = best / out["cortiq_cpu"]["tok_s"]
+        if not a.no_torch:
+            try:
+                out["torch_eager_bf16"] = torch_decode(host, prompt, a.tokens, ref)
+                if "tok_s" in out["torch_eager_bf16"]:
+                    out["gpu_over_torch"] = best / out["torch_eager_bf16"]["tok_s"]
+            except ImportError:
+                out["torch_eager_bf16"] = {"skipped": "torch is not installed"}
+        phase("dory_cpu_torch")
+        save()
+    for name in ("llama", "llama8b"):
+        if name in models:
+            geo = (L.LLAMA_TINY if a.tiny else
+                   L.LLAMA8B if name == "llama8b" else BL.QUICK if a.quick else BL.GEOMETRY)
+            out[name] = L.llama_decode(dev, name, geo, a.prompt, a.tokens, bw,
+                                       _time_dispatches)
+            phase(name)
+            save()
+    if "dsv4" in models:
+        out["deepseek_v4"] = dsv4_decode(dev, a.cache, a.tiny, a.prompt, a.tokens, bw,
+                                         not a.no_cpu)
+        phase("deepseek_v4")
+        save()
     print(json.dumps(out, indent=1))
 
 

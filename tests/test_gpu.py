@@ -399,8 +399,8 @@ def test_unsupported_architecture_and_options(dev, demo_file, tmp_path):
     from cortiq.models.dory import DoryModel
 
     class Other:
-        arch = "llama"
-    with pytest.raises(ConfigError, match="llama"):
+        arch = "gpt2"
+    with pytest.raises(ConfigError, match="gpt2 architecture runs on the CPU only"):
         to_device(Other(), dev)
     d = DoryModel(demo_file).hidden
     router = tmp_path / "router.bin"

@@ -206,7 +206,7 @@ def test_to_device_builds_the_registered_gpu_model(fake):
     host, device = Host(), object()
     g = to_device(host, device)
     assert isinstance(g, fake.FakeGpuModel) and g.host is host and g.device is device
-    Host.arch = "llama"
-    with pytest.raises(ConfigError, match=r"CPU only in this cortiq \(GPU: .*fakearch"):
+    Host.arch = "gpt2"      # no spec: runs nowhere, and the GPU list names fakearch
+    with pytest.raises(ConfigError, match=r"gpt2 architecture runs on the CPU only in this cortiq \(GPU: .*fakearch"):
         to_device(Host(), device)
     assert cortiq.models.gpu_names()[-1] == "fakearch"

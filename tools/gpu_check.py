@@ -1,5 +1,6 @@
-"""GPU against CPU on the bundled demo model and on a small DeepSeek-V4 (bench_gpu.py's
---tiny geometry): whole-model logits (relative max error) and 32 greedy tokens, on
+"""GPU against CPU on the bundled demo model, on a small DeepSeek-V4 (bench_gpu.py's
+--tiny geometry) and on a small random q8_row Llama (benchmarks/_bench_gpu_llama.py's
+tiny geometry): whole-model logits (relative max error) and 32 greedy tokens, on
 whatever adapter wgpu picks (DeepSeek-V4 twice: its hyper-connection step fused, then as
 the large-fn dispatches). Prints one line per check."""
 import os
@@ -67,6 +68,10 @@ def main():
         check(host, to_device(host, dev), ids, "deepseek_v4 tiny (q8_row, hc step unfused)")
     finally:
         G.HC_FUSE_BYTES = fuse
+    import _bench_gpu_llama as L
+    host = L.random_llama(L.LLAMA_TINY)
+    ids = np.random.default_rng(1).integers(0, host.vocab, 100)
+    check(host, to_device(host, dev), ids, "llama tiny (q8_row)")
 
 
 if __name__ == "__main__":

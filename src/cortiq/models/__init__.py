@@ -68,7 +68,8 @@ SPECS: tuple[ArchSpec, ...] = (
              "cortiq.convert.hf_deepseek_v4:convert",
              "cortiq.gpu.deepseek_v4:GpuDeepSeekV4Model", "docs/models/deepseek-v4.md"),
     ArchSpec(("llama", "mistral", "qwen2", "qwen3"), "cortiq.models.llama:LlamaModel",
-             "cortiq.convert.hf_llama:convert", None, "docs/models/llama.md"),
+             "cortiq.convert.hf_llama:convert", "cortiq.gpu.llama:GpuLlamaModel",
+             "docs/models/llama.md"),
 )
 
 # arch_name -> its spec: the built-in ones, then what users register

@@ -1,0 +1,157 @@
+"""Llama decode on the GPU for bench_gpu.py (``--models llama,llama8b``).
+
+Two random q8_row Llamas, built in memory without a file so that even the 8B shape is
+ready in seconds:
+
+* ``llama``: benchmarks/_bench_llama.py's bench geometry (hidden 2048, 16 layers, 16/4
+  heads of 128, FFN 5632, vocab 32000, untied head);
+* ``llama8b``: Llama-3-8B's shape (hidden 4096, 32 layers, FFN 14336, 32/8 heads of
+  128, vocab 128256, untied head: 8.5 GB of q8_row weights a token).
+
+A matrix's payload is random int8 codes (rng.integers into one preallocated array per
+shape, shared by the layers on the host: each layer still gets its own upload, so a
+token reads every byte once on the device) and per-row f16 scales that keep the
+products' outputs near unit size; norms are ones. `MemoryFile` hands these to
+`LlamaModel` through the few members it reads of a CmfFile.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Llama-3-8B's shape
+LLAMA8B = dict(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336,
+               vocab=128256)
+#: a Llama small enough for a software adapter (--tiny)
+LLAMA_TINY = dict(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512, vocab=1000)
+
+
+@dataclass
+class _Info:
+    shape: tuple
+    dtype: str
+    nbytes: int
+
+
+class MemoryFile:
+    """The members of a CmfFile that `LlamaModel` reads (arch, tensors, raw, tensor,
+    path), over payloads held in memory."""
+
+    def __init__(self, arch: dict, path: str):
+        self.arch, self.path = arch, path
+        self.tensors: dict[str, _Info] = {}
+        self._raw: dict[str, np.ndarray] = {}
+        self._vec: dict[str, np.ndarray] = {}
+
+    def add_matrix(self, name: str, raw: np.ndarray, rows: int, cols: int) -> None:
+        self.tensors[name] = _Info((rows, cols), "q8_row", raw.size)
+        self._raw[name] = raw
+
+    def add_vector(self, name: str, v: np.ndarray) -> None:
+        self.tensors[name] = _Info((v.size,), "f32", v.nbytes)
+        self._vec[name] = v
+
+    def raw(self, name: str) -> np.ndarray:
+        return self._raw[name]
+
+    def tensor(self, name: str) -> np.ndarray:
+        return self._vec[name]
+
+
+def _q8_row(rng, rows: int, cols: int) -> np.ndarray:
+    """A random q8_row payload: rows x cols int8 codes, then one f16 scale a row."""
+    raw = np.empty(rows * cols + 2 * rows, np.uint8)
+    raw[:rows * cols].view(np.int8)[:] = rng.integers(-127, 128, rows * cols, dtype=np.int8)
+    # codes uniform in [-127, 127] have a standard deviation of about 73
+    scale = np.full(rows, 1.0 / (73.0 * np.sqrt(cols)), np.float16)
+    raw[rows * cols:] = scale.view(np.uint8)
+    return raw
+
+
+def random_llama(g: dict, seed: int = 0):
+    """A host LlamaModel of geometry g (keys of LLAMA8B) with random q8_row weights."""
+    from cortiq.models.llama import LlamaModel
+    rng = np.random.default_rng(seed)
+    H, F, V = g["hidden"], g["ffn"], g["vocab"]
+    q, kv = g["heads"] * g["head_dim"], g["kv_heads"] * g["head_dim"]
+    arch = {"arch_name": "llama", "hidden_size": H, "intermediate_size": F,
+            "num_layers": g["layers"], "num_attention_heads": g["heads"],
+            "num_kv_heads": g["kv_heads"], "head_dim": g["head_dim"], "vocab_size": V,
+            "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0}
+    f = MemoryFile(arch, f"<random q8_row llama, hidden {H}, {g['layers']} layers>")
+    shapes = {"q_proj": (q, H), "k_proj": (kv, H), "v_proj": (kv, H), "o_proj": (H, q),
+              "gate_proj": (F, H), "up_proj": (F, H), "down_proj": (H, F)}
+    payload = {n: _q8_row(rng, *rc) for n, rc in shapes.items()}
+    ones = np.ones(H, np.float32)
+    for i in range(g["layers"]):
+        p = f"model.layers.{i}"
+        for n, (r, c) in shapes.items():
+            part = "mlp" if n in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+            f.add_matrix(f"{p}.{part}.{n}.weight", payload[n], r, c)
+        f.add_vector(f"{p}.input_layernorm.weight", ones)
+        f.add_vector(f"{p}.post_attention_layernorm.weight", ones)
+    f.add_matrix("model.embed_tokens.weight", _q8_row(rng, V, H), V, H)
+    f.add_matrix("lm_head.weight", _q8_row(rng, V, H), V, H)
+    f.add_vector("model.norm.weight", ones)
+    return LlamaModel(f)
+
+
+def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw: float,
+                 time_dispatches) -> dict:
+    """Build the model, then prefill and decode tokens/s (the session path, greedy on the
+    device, greedy chained on the device), effective weight GB/s and % of the read
+    bandwidth bw, dispatches, host recording and GPU time per token, GPU time by kernel.
+    time_dispatches(g, dispatches, k, at): bench_gpu.py's GPU timer."""
+    from cortiq.gpu import to_device
+    t0 = time.perf_counter()
+    host = random_llama(geometry)
+    out = {"model": name, "dtype": "q8_row", "geometry": dict(geometry),
+           "host_build_s": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    g = to_device(host, dev)
+    out["gpu_load_s"] = time.perf_counter() - t0
+    per_token = sum(m.nbytes for m in host.matrices())   # the head, not the embedding
+    out["weight_gb_per_token"] = per_token / 1e9
+    prompt = np.random.default_rng(0).integers(0, host.vocab, n_prompt)
+    st = g.new_state()
+    t0 = time.perf_counter()
+    g.forward(st, prompt, "last")
+    out["prefill_tok_s"] = len(prompt) / (time.perf_counter() - t0)
+    tok = int(prompt[-1])
+    g.forward(st, [tok])                 # warm the decode programs
+    g.forward_greedy(st, [tok])
+    g.decode_greedy(st, tok, 2)
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        tok = int(np.argmax(g.forward(st, [tok])))
+    out["session_tok_s"] = tokens / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        tok = g.forward_greedy(st, [tok])
+    out["greedy_tok_s"] = tokens / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    g.decode_greedy(st, tok, tokens)
+    out["chained_tok_s"] = tokens / (time.perf_counter() - t0)
+    for k in ("session_tok_s", "greedy_tok_s", "chained_tok_s"):
+        out[k.replace("tok_s", "eff_gb_s")] = out[k] * per_token / 1e9
+    best = max(out["session_tok_s"], out["greedy_tok_s"], out["chained_tok_s"])
+    out["pct_of_read_bw"] = 100 * best * per_token / 1e9 / bw
+    out["dispatches_per_token"] = g.dispatches_per_token
+    g._grow(st, st.pos + 1)
+    g._write_step(st.pos, 1)
+    prog = g._program(st, 1, "greedy")
+    n = 20
+    t0 = time.perf_counter()
+    for _ in range(n):
+        dev.record(prog, 1).finish()
+    out["record_ms_per_token"] = (time.perf_counter() - t0) / n * 1e3
+    out["gpu_ms_per_token"] = time_dispatches(g, prog, k=8, at=1) * 1e3
+    kinds: dict = {}
+    for d in prog:
+        kinds.setdefault(d.name, []).append(d)
+    out["gpu_ms_by_kernel"] = {kind: {"dispatches": len(ds),
+                                      "ms": time_dispatches(g, ds, k=8, at=1) * 1e3}
+                               for kind, ds in sorted(kinds.items())}
+    return out

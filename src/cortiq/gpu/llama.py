@@ -1,0 +1,444 @@
+"""The Llama family on the GPU: the forward of src/cortiq/models/llama.py as WebGPU compute.
+
+A chunk of up to CHUNK rows (one token when decoding) is ONE submission: the
+embedding, every layer, the final norm, the head and (greedy) the argmax are recorded
+into one command buffer, and one readback returns the logits, or only the token. Per
+layer (shaders/llama_*.wgsl and the shared products of kernels.py):
+
+    llama_norm     the previous product's output (+ its bias) added to the residual
+                   stream, then RMSNorm with weight into the products' input
+    matvec Q|K|V   one dispatch over the three matrices
+    llama_qk       per head: biases (Qwen2), q/k RMSNorm (Qwen3), rotary from the host
+                   RopeTable's cos/sin rows (so YaRN, rope_freq_factors and the
+                   interleaved pair order of GGUF files come from the host), k and v
+                   into the KV cache
+    llama_attn     causal GQA with an optional sliding window, online softmax (a decode
+                   row: llama_attn_qk, which does llama_qk's work in the same dispatch)
+    matvec O
+    llama_norm     the residual and the MLP norm
+    matvec gate|up
+    llama_swiglu   silu(gate) * up in place (biases where the file has them)
+    matvec down
+
+then llama_norm with the final norm, the head (the last row only unless every row's
+logits are asked for) and the argmax for greedy decoding.
+
+The KV cache of each layer is a linear buffer on the device grown by doubling (copied
+on the device), position p at row p; a sliding layer masks by its window instead of
+dropping keys, so rollback to any earlier position is in place.
+
+The model wraps the host `LlamaModel` (validated config, weights as QTensors, rotary
+table) and implements the model protocol (`cortiq.models.base`), so Session, LLM and
+the server run it as they run the host.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..errors import ConfigError, CortiqError
+from ..models.base import Capabilities, check_feed
+from .device import Device
+from .kernels import (DTYPE_IDS, FIXED, MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp,
+                      ParamArena, _part_tables, embed_kinds, embed_pipeline, fixed_pipeline,
+                      resolve, u32s)
+from .model import GpuModel
+
+#: prompt rows a submission takes (the host forward's chunk)
+CHUNK = 64
+#: rows of a layer's KV cache before its first growth
+KV_CAP0 = 256
+#: dtypes GpuMatrix uploads as f32 rows by design (no device decoder, docs/gpu.md)
+_DENSE_ON_DEVICE = ("vbit", "vbit_ro")
+
+#: the Llama kernels: name -> binding kinds (uniform parameters, uniform step, buffers)
+KERNELS = {
+    "llama_norm": ("uniform", "uniform", "rw", "read", "read", "rw"),
+    "llama_qk": ("uniform", "uniform", "rw", "read", "read", "rw", "rw"),
+    "llama_attn": ("uniform", "uniform", "read", "read", "read", "rw", "read", "read"),
+    "llama_attn_qk": ("uniform", "uniform", "read", "rw", "rw", "rw", "read", "read"),
+    "llama_swiglu": ("uniform", "uniform", "rw", "read"),
+}
+#: kernels generated from another's source: name -> (file, {marker: text}, replaced in
+#: order)
+VARIANTS = {
+    "llama_attn": ("llama_attn.wgsl", {"$KVN": "1", "$KV": "read", "$QK": "false",
+                                       "/*$W*/": "//"}),
+    "llama_attn_qk": ("llama_attn.wgsl", {"$KVN": "512", "$KV": "read_write", "$QK": "true",
+                                          "/*$W*/": ""}),
+}
+
+
+def llama_pipeline(dev: Device, name: str):
+    src, marks = VARIANTS.get(name, (f"{name}.wgsl", {}))
+    code = dev.source(src)
+    for k, v in marks.items():
+        code = code.replace(k, v)
+    return dev.pipeline((name,), code, KERNELS[name])
+
+
+def check_dtypes(host) -> None:
+    """ConfigError naming the first matrix whose stored dtype has no device decoder."""
+    for qt in host.matrices() + [host.embed]:
+        if qt.dtype not in DTYPE_IDS and qt.dtype not in _DENSE_ON_DEVICE:
+            path = getattr(host.file, "path", "?")
+            raise ConfigError(
+                f"device='gpu': {path}: tensor {qt.name} is stored as {qt.dtype}, which the "
+                f"GPU matvec does not decode (it reads {', '.join(DTYPE_IDS)}); import the "
+                "file to CMF with a GPU dtype (`cortiq import-gguf FILE.gguf OUT.cmf --quant "
+                "q8_row`) or run it on the CPU")
+
+
+class GpuLlamaState:
+    """One sequence on the device: position, KV caches and the recorded programs."""
+
+    def __init__(self):
+        self.pos = 0
+        self.cap = KV_CAP0
+        self.k: list = []
+        self.v: list = []
+        self.programs: dict = {}
+
+
+class GpuLlamaModel(GpuModel):
+    """The host LlamaModel's forward on the GPU (see the module docstring). The device
+    runs one sequence at a time. fuse_qk (default True): a decode row's llama_qk work
+    runs inside its attention dispatch (llama_attn_qk, one dispatch fewer a layer);
+    False keeps the llama_qk pass (A/B measurements)."""
+
+    def __init__(self, host, device: Device | None = None, fuse_qk: bool = True):
+        from ..models.llama import LlamaModel
+        if not isinstance(host, LlamaModel):
+            raise ConfigError(f"device='gpu': the llama GPU model runs a LlamaModel, got "
+                              f"{type(host).__name__}")
+        check_dtypes(host)
+        cfg = self.cfg = host.cfg
+        if cfg.head_dim > 512:
+            raise ConfigError(f"device='gpu': head_dim {cfg.head_dim}: the Llama attention "
+                              "kernel takes at most 512")
+        self.host = host
+        self.fuse_qk = bool(fuse_qk)
+        self.arch = host.arch
+        self.dev = dev = device or Device.get()
+        self.vocab, self.hidden, self.ffn = cfg.vocab, cfg.hidden, cfg.ffn
+        self.nh, self.nk, self.hd = cfg.n_heads, cfg.n_kv, cfg.head_dim
+        self.file = host.file
+        self.max_seq_len = host.max_seq_len
+        self.capabilities = Capabilities(rollback=True, batch_unit=CHUNK,
+                                         max_seq_len=self.max_seq_len)
+        self.options = host.options
+        self.q_size, self.kv_size = self.nh * self.hd, self.nk * self.hd
+        self.qkv_w = self.q_size + 2 * self.kv_size
+        H, F, T = self.hidden, self.ffn, CHUNK
+        t0 = time.perf_counter()
+        # ---- weights, once, in their stored dtypes; vectors in one buffer
+        self.mats: list[GpuMatrix] = []
+        vecs: list[np.ndarray] = [np.zeros(4, np.float32)]
+        at = [4]
+
+        def vec(a):
+            if a is None:
+                return NONE
+            a = np.ascontiguousarray(a, np.float32).ravel()
+            off = at[0]
+            vecs.append(a)
+            at[0] += a.size
+            return off
+
+        def mat(qt):
+            m = GpuMatrix(dev, qt)
+            self.mats.append(m)
+            return m
+
+        def joined_bias(products):
+            bs = products.biases
+            if all(b is None for b in bs):
+                return None
+            return np.concatenate([np.zeros(m.rows, np.float32) if b is None else b
+                                   for m, b in zip(products.mats, bs)])
+
+        self.lw = []
+        for L in host.layers:
+            q, k, v = (mat(m) for m in L.qkv.mats)
+            gate, up = (mat(m) for m in L.gate_up.mats)
+            self.lw.append(dict(
+                q=q, k=k, v=v, o=mat(L.o.mats[0]), gate=gate, up=up, down=mat(L.down.mats[0]),
+                attn_norm=vec(L.attn_norm), mlp_norm=vec(L.mlp_norm),
+                qkv_bias=vec(joined_bias(L.qkv)), q_norm=vec(L.q_norm), k_norm=vec(L.k_norm),
+                o_bias=vec(L.o.biases[0]), gate_bias=vec(L.gate_up.biases[0]),
+                up_bias=vec(L.gate_up.biases[1]), down_bias=vec(L.down.biases[0]),
+                window=int(L.window)))
+        self.embed = mat(host.embed)
+        self.head = self.embed if host.head is host.embed else mat(host.head)
+        self.v_norm = vec(host.norm)
+        self.vbuf = dev.upload(np.concatenate(vecs))
+        self.weight_bytes = sum(m.nbytes for m in self.mats)
+        # ---- activations for a chunk of up to CHUNK rows
+        f4 = 4
+        self.x = dev.buffer(T * H * f4)                     # the residual stream
+        self.xn = dev.buffer(T * H * f4, copy_src=True)     # a norm's output
+        self.qkv = dev.buffer(T * self.qkv_w * f4)
+        self.att = dev.buffer(T * self.q_size * f4)
+        self.out = dev.buffer(T * H * f4)                   # O / down products
+        self.gu = dev.buffer(T * 2 * F * f4)
+        self.logits = dev.buffer(T * self.vocab * f4, copy_src=True)
+        self.ids = dev.buffer(T * 4)
+        self.res = dev.buffer(16, copy_src=True)
+        self.step = dev.buffer(16, uniform=True)
+        self.rope = dev.buffer(2 * T * (self.hd // 2) * f4)
+        self.stage_out = None
+        self.stage_ids = [dev.staging(16), dev.staging(16)]
+        # ---- the products and the fixed kernels' parameters, in one arena
+        a = self.arena = ParamArena(dev)
+        eps = float(cfg.eps)
+        for i, w in enumerate(self.lw):
+            w["qkv_op"] = MatvecOp(dev, [w["q"], w["k"], w["v"]], a, x=self.xn, x_off=0,
+                                   x_stride=H, y=self.qkv, y_off=0, y_stride=self.qkv_w,
+                                   vbuf=self.vbuf)
+            w["o_op"] = MatvecOp(dev, [w["o"]], a, x=self.att, x_off=0, x_stride=self.q_size,
+                                 y=self.out, y_off=0, y_stride=H, vbuf=self.vbuf)
+            w["gu_op"] = MatvecOp(dev, [w["gate"], w["up"]], a, x=self.xn, x_off=0,
+                                  x_stride=H, y=self.gu, y_off=0, y_stride=2 * F,
+                                  vbuf=self.vbuf)
+            w["down_op"] = MatvecOp(dev, [w["down"]], a, x=self.gu, x_off=0, x_stride=2 * F,
+                                    y=self.out, y_off=0, y_stride=H, vbuf=self.vbuf)
+            # the attention norm adds the previous layer's down product (none before layer 0)
+            prev_bias = self.lw[i - 1]["down_bias"] if i else NONE
+            w["p_norm_in"] = a.ref(u32s(H, 0, 0, int(i > 0), 0, prev_bias, w["attn_norm"], eps))
+            w["p_norm_mlp"] = a.ref(u32s(H, 0, 0, 1, 0, w["o_bias"], w["mlp_norm"], eps))
+            w["p_qk"] = a.ref(u32s(self.nh, self.nk, self.hd, self.qkv_w, w["qkv_bias"],
+                                   w["q_norm"], w["k_norm"], int(cfg.rope_interleaved), eps,
+                                   T, 0, 0))
+            w["p_attn"] = a.ref(u32s(self.nh, self.nk, self.hd, self.qkv_w, w["window"],
+                                     self.q_size, float(host.attn_scale), 0, w["qkv_bias"],
+                                     w["q_norm"], w["k_norm"], int(cfg.rope_interleaved), eps,
+                                     T, 0, 0))
+            w["p_swiglu"] = a.ref(u32s(F, w["gate_bias"], w["up_bias"], 0))
+        last_bias = self.lw[-1]["down_bias"] if self.lw else NONE
+        self.p_norm_final = a.ref(u32s(H, 0, 0, int(bool(self.lw)), 0, last_bias,
+                                       self.v_norm, eps))
+        self.head_last = MatvecOp(dev, [self.head], a, x=self.xn, x_off=0, x_stride=H,
+                                  y=self.logits, y_off=0, y_stride=self.vocab, vbuf=self.vbuf,
+                                  last_row=True)
+        self.head_all = MatvecOp(dev, [self.head], a, x=self.xn, x_off=0, x_stride=H,
+                                 y=self.logits, y_off=0, y_stride=self.vocab, vbuf=self.vbuf)
+        e = self.embed
+        self.p_embed = a.ref(u32s(H, 0, len(e.parts), 0)
+                             + _part_tables([r for _b, _r0, r in e.parts]))
+        self.p_argmax = a.ref(u32s(self.vocab, 0, 0, 0))
+        a.upload()
+        for name in KERNELS:     # compile now: a shader error surfaces at load
+            llama_pipeline(dev, name)
+        self._static: dict = {}
+        self.load_seconds = time.perf_counter() - t0
+        self.dispatches_per_token: int | None = None
+
+    # ---- sequences ----------------------------------------------------------------
+    def new_state(self) -> GpuLlamaState:
+        st = GpuLlamaState()
+        per_row = self.kv_size * 4
+        for _ in self.lw:
+            st.k.append(self.dev.buffer(st.cap * per_row, copy_src=True))
+            st.v.append(self.dev.buffer(st.cap * per_row, copy_src=True))
+        return st
+
+    def _grow(self, st: GpuLlamaState, need: int) -> None:
+        """Room in every layer's cache for `need` positions (copying what they hold)."""
+        if need <= st.cap:
+            return
+        if self.max_seq_len and need > int(self.max_seq_len):
+            raise ConfigError(f"{self.arch}: position {need - 1} is past the model's "
+                              f"max_position_embeddings {self.max_seq_len}")
+        cap = st.cap
+        while cap < need:
+            cap *= 2
+        dev = self.dev
+        enc = dev.dev.create_command_encoder()
+        per_row = self.kv_size * 4
+        for bufs in (st.k, st.v):
+            for i, old in enumerate(bufs):
+                nb = dev.buffer(cap * per_row, copy_src=True)
+                enc.copy_buffer_to_buffer(old, 0, nb, 0, old.size)
+                bufs[i] = nb
+        dev.queue.submit([enc.finish()])
+        st.cap = cap
+        st.programs.clear()
+
+    def can_rollback(self, st: GpuLlamaState, n: int) -> bool:
+        """Always: the caches keep every position (a window masks, it does not drop)."""
+        return True
+
+    def rollback(self, st: GpuLlamaState, n: int) -> None:
+        if int(n) < 0:
+            raise CortiqError(f"{self.arch}: cannot roll back to {n}")
+        st.pos = min(st.pos, int(n))
+
+    def kv_bytes(self, st: GpuLlamaState) -> int:
+        return st.pos * self.kv_size * 4 * 2 * len(self.lw)
+
+    # ---- the forward ----------------------------------------------------------------
+    def forward(self, st: GpuLlamaState, ids, want: str = "last", prompt: bool | None = None):
+        """Run tokens `ids` from position st.pos. want: "none" -> None, "last" ->
+        [vocab], "all" -> [len(ids), vocab] (float32). Prompt rows and generated
+        tokens run the same arithmetic on the device, so `prompt` changes nothing."""
+        ids = check_feed(ids, want, self.vocab)
+        if ids.size == 0:
+            return None if want == "none" else np.zeros(
+                (0, self.vocab) if want == "all" else 0, np.float32)
+        out = []
+        for start in range(0, ids.size, CHUNK):
+            chunk = ids[start:start + CHUNK]
+            last = start + chunk.size == ids.size
+            w = want if (last or want == "all") else "none"
+            lg = self._submit(st, chunk, w)
+            if lg is not None:
+                out.append(lg)
+        if want == "none":
+            return None
+        if want == "last":
+            return out[-1][0]
+        return np.concatenate(out, axis=0)
+
+    def final_hidden(self, st: GpuLlamaState, ids) -> np.ndarray:
+        """The final-norm hidden states [len(ids), hidden] of `ids` run from st.pos."""
+        ids = check_feed(ids, "all", self.vocab)
+        rows = [self._submit(st, ids[s:s + CHUNK], "hidden") for s in range(0, ids.size, CHUNK)]
+        return (np.concatenate(rows, axis=0) if rows
+                else np.zeros((0, self.hidden), np.float32))
+
+    def forward_greedy(self, st: GpuLlamaState, ids) -> int:
+        """Run `ids` and return the argmax of the last row's logits, computed on the
+        device (one 4-byte readback)."""
+        ids = check_feed(ids, "last", self.vocab)
+        if ids.size == 0:
+            raise CortiqError("forward_greedy: no tokens")
+        for start in range(0, ids.size - 1, CHUNK):
+            self._submit(st, ids[start:min(start + CHUNK, ids.size - 1)], "none")
+        return self._submit(st, ids[-1:], "greedy")
+
+    def decode_greedy(self, st: GpuLlamaState, first: int, n: int) -> list[int]:
+        """n greedy tokens after `first` (fed at st.pos), the token ids chained on the
+        device: token i+1 is recorded and submitted before token i is read back."""
+        out: list[int] = []
+        if n <= 0:
+            return out
+        check_feed(np.array([first]), "last", self.vocab)
+        dev = self.dev
+        dev.queue.write_buffer(self.ids, 0, np.array([first], np.uint32))
+        pending = None
+        for i in range(n):
+            self._grow(st, st.pos + 1)
+            self._write_step(st.pos, 1)
+            enc = dev.record(self._program(st, 1, "greedy"), 1)
+            stage = self.stage_ids[i % 2]
+            enc.copy_buffer_to_buffer(self.res, 0, stage, 0, 16)
+            dev.queue.submit([enc.finish()])
+            st.pos += 1
+            if pending is not None:
+                out.append(int(dev.read(pending, 4).view(np.uint32)[0]))
+            pending = stage
+        out.append(int(dev.read(pending, 4).view(np.uint32)[0]))
+        return out
+
+    def _write_step(self, pos0: int, t: int) -> None:
+        q = self.dev.queue
+        q.write_buffer(self.step, 0, np.array([t, pos0, 0, 0], np.uint32))
+        cos, sin = self.host.rope(pos0, t)
+        half = self.hd // 2
+        q.write_buffer(self.rope, 0, np.ascontiguousarray(cos, np.float32).ravel())
+        q.write_buffer(self.rope, CHUNK * half * 4, np.ascontiguousarray(sin, np.float32).ravel())
+
+    def _submit(self, st: GpuLlamaState, chunk: np.ndarray, want: str):
+        t = int(chunk.size)
+        dev = self.dev
+        self._grow(st, st.pos + t)
+        self._write_step(st.pos, t)
+        dev.queue.write_buffer(self.ids, 0, chunk.astype(np.uint32))
+        enc = dev.record(self._program(st, t, want), t)
+        nbytes = 0
+        stage = None
+        if want in ("last", "all", "hidden"):
+            rows = 1 if want == "last" else t
+            width = self.hidden if want == "hidden" else self.vocab
+            nbytes = rows * width * 4
+            if self.stage_out is None or self.stage_out.size < nbytes:
+                self.stage_out = dev.staging(max(nbytes, self.vocab * 4))
+            stage = self.stage_out
+            enc.copy_buffer_to_buffer(self.xn if want == "hidden" else self.logits, 0, stage, 0,
+                                      (nbytes + 15) // 16 * 16)
+        elif want == "greedy":
+            stage = self.stage_ids[0]
+            enc.copy_buffer_to_buffer(self.res, 0, stage, 0, 16)
+        dev.queue.submit([enc.finish()])
+        st.pos += t
+        if want == "greedy":
+            return int(dev.read(stage, 4).view(np.uint32)[0])
+        if stage is None:
+            return None
+        out = dev.read(stage, nbytes).view(np.float32)
+        return out.reshape(-1, self.hidden if want == "hidden" else self.vocab)
+
+    # ---- programs: the dispatch lists of a chunk ------------------------------------
+    def _program(self, st: GpuLlamaState, t: int, want: str) -> list:
+        key = (t == 1, want)
+        prog = st.programs.get(key)
+        if prog is None:
+            prog = self._build_program(st, 1 if t == 1 else MATMAT_NT, want)
+            st.programs[key] = prog
+            if t == 1 and want in ("last", "greedy"):
+                self.dispatches_per_token = len(prog)
+        return prog
+
+    def _mv(self, op: MatvecOp, nt: int) -> Dispatch:
+        key = (id(op), nt)
+        d = self._static.get(key)
+        if d is None:
+            d = op.dispatch(self.step, nt)
+            self._static[key] = d
+        return d
+
+    def _kernel(self, name: str, resources: list, dims) -> Dispatch:
+        dev = self.dev
+        return Dispatch(llama_pipeline(dev, name), dev.bind(KERNELS[name], resolve(resources)),
+                        dims, name)
+
+    def _build_program(self, st: GpuLlamaState, nt: int, want: str) -> list:
+        dev = self.dev
+        rows = lambda t: (t, 1, 1)  # noqa: E731
+        e = self.embed
+        prog = [Dispatch(embed_pipeline(dev, e.dtype, len(e.parts)), dev.bind(
+            embed_kinds(len(e.parts)), resolve([self.p_embed, self.step, self.ids, self.x]
+                                               + [b for b, _r0, _r in e.parts])), rows, "embed")]
+        norm = [self.step, self.x, self.out, self.vbuf, self.xn]
+        groups = (self.ffn + 255) // 256
+        for li, w in enumerate(self.lw):
+            prog.append(self._kernel("llama_norm", [w["p_norm_in"]] + norm, rows))
+            prog.append(self._mv(w["qkv_op"], nt))
+            fused_qk = nt == 1 and self.fuse_qk
+            if not fused_qk:
+                prog.append(self._kernel("llama_qk", [w["p_qk"], self.step, self.qkv,
+                                                      self.vbuf, self.rope, st.k[li], st.v[li]],
+                                         lambda t: (self.nh + 2 * self.nk, t, 1)))
+            prog.append(self._kernel("llama_attn_qk" if fused_qk else "llama_attn",
+                                     [w["p_attn"], self.step, self.qkv, st.k[li], st.v[li],
+                                      self.att, self.vbuf, self.rope],
+                                     lambda t: (self.nh, t, 1)))
+            prog.append(self._mv(w["o_op"], nt))
+            prog.append(self._kernel("llama_norm", [w["p_norm_mlp"]] + norm, rows))
+            prog.append(self._mv(w["gu_op"], nt))
+            prog.append(self._kernel("llama_swiglu", [w["p_swiglu"], self.step, self.gu,
+                                                      self.vbuf], lambda t: (groups, t, 1)))
+            prog.append(self._mv(w["down_op"], nt))
+        if want == "none":
+            return prog
+        prog.append(self._kernel("llama_norm", [self.p_norm_final] + norm, rows))
+        if want in ("last", "greedy"):
+            prog.append(self._mv(self.head_last, nt))
+        elif want == "all":
+            prog.append(self._mv(self.head_all, nt))
+        if want == "greedy":
+            prog.append(Dispatch(fixed_pipeline(dev, "argmax"), dev.bind(
+                FIXED["argmax"], resolve([self.p_argmax, self.logits, self.ids, self.res])),
+                (1, 1, 1), "argmax"))
+        return prog

@@ -1,0 +1,42 @@
+// The Llama family's residual and RMSNorm of a chunk's rows (one workgroup a row):
+// x += o (+ bias) when P.add is set (the previous product's output, written back as
+// the new residual stream), then y = x / sqrt(mean(x^2) + eps) * w, the input of the
+// next product. The first norm of the stack reads x as the embedding left it (add 0).
+
+struct Params { cols: u32, x_off: u32, y_off: u32, add: u32, o_off: u32, bias: u32, w: u32, eps: f32 }
+struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<uniform> S: Step;
+@group(0) @binding(2) var<storage, read_write> X: array<f32>;
+@group(0) @binding(3) var<storage, read> O: array<f32>;
+@group(0) @binding(4) var<storage, read> V: array<f32>;
+@group(0) @binding(5) var<storage, read_write> Y: array<f32>;
+
+var<workgroup> red: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wid.x;
+    let xb = P.x_off + t * P.cols;
+    var ss = 0.0;
+    for (var c = lid; c < P.cols; c += 256u) {
+        var x = X[xb + c];
+        if (P.add != 0u) {
+            x += O[P.o_off + t * P.cols + c];
+            if (P.bias != 0xffffffffu) { x += V[P.bias + c]; }
+            X[xb + c] = x;
+        }
+        ss += x * x;
+    }
+    red[lid] = ss;
+    workgroupBarrier();
+    for (var h = 128u; h > 0u; h = h / 2u) {
+        if (lid < h) { red[lid] += red[lid + h]; }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / sqrt(red[0] / f32(P.cols) + P.eps);
+    for (var c = lid; c < P.cols; c += 256u) {
+        Y[P.y_off + t * P.cols + c] = X[xb + c] * inv * V[P.w + c];
+    }
+}
