@@ -9,7 +9,7 @@
     exceeds the GPU's L2, as GB/s and % of the read bandwidth;
   * the matvec stream of one Llama-3-8B-shaped token (hidden 4096, 32 layers, FFN
     14336, 32/8 heads of 128, vocab 128256, q8_row: Q|K|V, O, gate|up, down per layer
-    and the head, 8.5 GB): every product of a token in one pass, each layer's own
+    and the head, 7.5 GB): every product of a token in one pass, each layer's own
     buffers (one layer's matrices are uploaded and bound 32 times: each layer reads
     218 MB between two reads of the same bytes, more than any L2 holds).
 The weights are random q8_row payloads (the streaming rate does not depend on values).

@@ -6,7 +6,7 @@ ready in seconds:
 * ``llama``: benchmarks/_bench_llama.py's bench geometry (hidden 2048, 16 layers, 16/4
   heads of 128, FFN 5632, vocab 32000, untied head);
 * ``llama8b``: Llama-3-8B's shape (hidden 4096, 32 layers, FFN 14336, 32/8 heads of
-  128, vocab 128256, untied head: 8.5 GB of q8_row weights a token).
+  128, vocab 128256, untied head: 7.5 GB of q8_row weights a token).
 
 A matrix's payload is random int8 codes (rng.integers into one preallocated array per
 shape, shared by the layers on the host: each layer still gets its own upload, so a

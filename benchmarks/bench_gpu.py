@@ -27,7 +27,7 @@ Then the same decode measurements for the DeepSeek-V4 bench model (benchmarks/_b
 default geometry, q8_row; --tiny: a small one) under "deepseek_v4", and (unless
 --no-kernels) benchmarks/_bench_gpu_kernels.py's kernel measurements: the per-dispatch
 floor, the decode matvec's GB/s per variant, and the matvec stream of a Llama-3-8B-shaped
-token (8.5 GB, q8_row). Under "llama" and "llama8b" the Llama family's decode, measured
+token (7.5 GB, q8_row). Under "llama" and "llama8b" the Llama family's decode, measured
 as DeepSeek-V4's (benchmarks/_bench_gpu_llama.py: the _bench_llama.py geometry and
 Llama-3-8B's shape, random q8_row weights built in memory; --tiny: a tiny one for both).
 --models picks which of dory, dsv4, llama and llama8b run (without dory the read
@@ -381,7 +381,7 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS),
                     help="the models measured, comma-separated: dory (and its --ab variants, "
                          "CPU and PyTorch peers), dsv4, llama (the _bench_llama.py geometry), "
-                         "llama8b (Llama-3-8B's shape, 8.5 GB a token); --tiny makes both "
+                         "llama8b (Llama-3-8B's shape, 7.5 GB a token); --tiny makes both "
                          "Llamas tiny")
     ap.add_argument("--no-kernels", action="store_true",
                     help="skip the dispatch-floor, matvec-variant and 8B-chain measurements")
