@@ -44,10 +44,10 @@ class GpuModel(ModelBase):
             prompts = [None] * len(states)
         if len({id(st) for st in states}) != len(states):
             raise ValueError("forward_batch: a state appears twice in one batch")
+        ids_list = [check_feed(ids, want, self.vocab) for ids, want in zip(ids_list, wants)]
         outs: list = [None] * len(states)
         rows: list[int] = []
         for i, (st, ids, want, prompt) in enumerate(zip(states, ids_list, wants, prompts)):
-            ids = check_feed(ids, want, self.vocab)
             if self.batch_rows > 1 and self.batchable(ids, want, is_prompt(prompt, ids.size)):
                 rows.append(i)
             else:
@@ -59,8 +59,7 @@ class GpuModel(ModelBase):
             for at in range(0, len(rows), self.batch_rows):
                 group = rows[at:at + self.batch_rows]
                 got = self.forward_rows([states[i] for i in group],
-                                        [int(check_feed(ids_list[i], wants[i], self.vocab)[0])
-                                         for i in group],
+                                        [int(ids_list[i][0]) for i in group],
                                         [wants[i] for i in group])
                 for i, out in zip(group, got):
                     outs[i] = out
