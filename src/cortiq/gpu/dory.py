@@ -89,7 +89,7 @@ class GpuDoryModel(GpuModel):
     arch = "dory"
 
     def __init__(self, host, device: Device | None = None, attn_splits: int | None = None,
-                 fuse_residual: bool = True, fuse_qk: bool = True):
+                 fuse_residual: bool = True, fuse_qk: bool = True, rows_matvec: bool = True):
         if host.capabilities.far_field:
             raise ConfigError("device='gpu': Dory's o1 far field runs on the CPU only "
                               "(open the model with o1='off' for the GPU)")
@@ -233,6 +233,11 @@ class GpuDoryModel(GpuModel):
             except ConfigError:
                 self.fuse_residual = False
         self._rows: _RowsBuffers | None = None
+        # rows_matvec (default True): the products of a rows submission (forward_rows) run
+        # the rows matvec (matvecb.wgsl, the decode matvec's row dots over up to 8 input
+        # rows; input stages as rowstage passes); False, or shapes it does not take: the
+        # prompt matmat
+        self.rows_matvec = bool(rows_matvec)
         self.load_seconds = time.perf_counter() - t0
         self.dispatches_per_token: int | None = None
 
@@ -725,12 +730,14 @@ class _RowsBuffers:
     """What a submission of decode rows of several sequences (`forward_rows`) adds to
     the model's chunk buffers: the Q|K|V|G output and the attention output with each
     row at a storage-binding offset (a row's attention dispatch binds its own row), a
-    step block and rotary rows per row, and the attention sub-layers' products over
-    those buffers. Every other kernel runs as in a prompt chunk over the rows."""
+    step block and rotary rows per row, and the products over the rows: the rows matvec
+    (`products`: per sub-layer the dispatches before and after the attention; input
+    stages as rowstage passes into `xin`) or the prompt matmat. Every other kernel runs
+    as in a prompt chunk over the rows."""
 
     def __init__(self, m: GpuDoryModel):
         dev = m.dev
-        B, H = m.batch_rows, m.hidden
+        B = m.batch_rows
         fa = max(dev.storage_align // 4, 4)
 
         def padded(n):
@@ -746,6 +753,21 @@ class _RowsBuffers:
         self.rope = dev.buffer(B * self.rope_stride * 4)
         self.step = dev.buffer(B * self.step_words * 4, uniform=True)
         self.m = m
+        self._skeletons: dict = {}
+        self.products: dict = {}
+        self.matvec = False
+        if m.rows_matvec:
+            try:
+                self._rows_products()
+                self.matvec = True
+            except ConfigError:     # a shape the rows matvec does not take
+                self.products = {}
+        if not self.matvec:
+            self._matmat_products()
+
+    def _matmat_products(self) -> None:
+        """The sub-layers' products as the prompt matmat (input stages inside)."""
+        m, dev, H = self.m, self.m.dev, self.m.hidden
         arena = ParamArena(dev)
         ops: dict = {}
         for li, w in enumerate(m.lw):
@@ -761,9 +783,53 @@ class _RowsBuffers:
                              eps=EPS))
         arena.upload()
         self.arena = arena
-        self.products = {li: (a.dispatch(m.step, MATMAT_NT), o.dispatch(m.step, MATMAT_NT))
-                         for li, (a, o) in ops.items()}
-        self._skeletons: dict = {}
+        for li, (a, o) in ops.items():
+            self.products[li] = ([a.dispatch(m.step, MATMAT_NT)], [o.dispatch(m.step, MATMAT_NT)])
+        for li, w in enumerate(m.lw):
+            if not w["attn"]:
+                self.products[li] = ([m._mv(w["gu_op"], MATMAT_NT)],
+                                     [m._mv(w["down_op"], MATMAT_NT)])
+        self.head = m._mv(m.head_all, MATMAT_NT)
+
+    def _rows_products(self) -> None:
+        """The sub-layers' products as the rows matvec, each input stage (the output
+        gate, SwiGLU, with their norms) a rowstage pass into `xin` before it."""
+        m, dev, H = self.m, self.m.dev, self.m.hidden
+        xs = max(m.q_size, m.ffn)
+        self.xin = dev.buffer(m.batch_rows * xs * 4)
+        arena = ParamArena(dev)
+        ops: dict = {}
+        stages: dict = {}
+        for li, w in enumerate(m.lw):
+            if w["attn"]:
+                ops[li] = (
+                    MatvecOp(dev, [w["q"], w["k"], w["v"], w["g"]], arena, x=m.hb, x_off=m.rx,
+                             x_stride=H, y=self.qkvg, y_off=0, y_stride=self.qkvg_stride,
+                             vbuf=m.vbuf),
+                    MatvecOp(dev, [w["o"]], arena, x=self.xin, x_off=0, x_stride=xs,
+                             y=m.out, y_off=0, y_stride=H, vbuf=m.vbuf))
+                stages[li] = (arena.ref(u32s(m.q_size, 1, 0, self.att_stride,
+                                             m.q_size + 2 * m.kv_size, self.qkvg_stride,
+                                             w["sg"], NONE, xs, float(EPS), 0, 0)),
+                              self.att, self.qkvg)
+            else:
+                ops[li] = (
+                    MatvecOp(dev, [w["gate"], w["up"]], arena, x=m.hb, x_off=m.rx, x_stride=H,
+                             y=m.gu, y_off=0, y_stride=2 * m.ffn, vbuf=m.vbuf),
+                    MatvecOp(dev, [w["down"]], arena, x=self.xin, x_off=0, x_stride=xs,
+                             y=m.out, y_off=0, y_stride=H, vbuf=m.vbuf))
+                stages[li] = (arena.ref(u32s(m.ffn, 2, 0, 2 * m.ffn, m.ffn, 0, w["sg"],
+                                             w["su"], xs, float(EPS), 0, 0)), m.gu, m.gu)
+        head = MatvecOp(dev, [m.head], arena, x=m.hb, x_off=m.rx, x_stride=H, y=m.logits,
+                        y_off=0, y_stride=m.vocab, vbuf=m.vbuf, v_out=m.v_logit)
+        arena.upload()
+        self.arena = arena
+        rows = lambda t: (t, 1, 1)  # noqa: E731
+        for li, (a, b) in ops.items():
+            p, x, x2 = stages[li]
+            stage = m._fixed("rowstage", p, [m.step, x, x2, m.vbuf, self.xin], rows)
+            self.products[li] = ([a.dispatch_rows(m.step)], [stage, b.dispatch_rows(m.step)])
+        self.head = head.dispatch_rows(m.step)
 
     def step_at(self, b: int):
         return (self.step, b * self.step_words * 4, 16)
@@ -799,11 +865,11 @@ class _RowsBuffers:
 
         def layer(li, loop_i):
             w = m.lw[li]
+            first, second = self.products[li]
+            prog.extend(first)
             if w["attn"]:
-                qkvg, o = self.products[li]
-                prog.extend([qkvg, (li, loop_i if (per_loop and li in rec) else 0), o])
-            else:
-                prog.extend([m._mv(w["gu_op"], MATMAT_NT), m._mv(w["down_op"], MATMAT_NT)])
+                prog.append((li, loop_i if (per_loop and li in rec) else 0))
+            prog.extend(second)
             prog.append(m._fixed("rownorm", w["slerp"], norm_res, rows))
 
         for li in range(m.n_in):
@@ -817,7 +883,7 @@ class _RowsBuffers:
         for li in range(m.n_in + m.n_rec, m.n_in + m.n_rec + m.n_out):
             layer(li, 0)
         if head:
-            prog.append(m._mv(m.head_all, MATMAT_NT))
+            prog.append(self.head)
         self._skeletons[key] = prog
         return prog
 
