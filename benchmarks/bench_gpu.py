@@ -136,7 +136,8 @@ def batch_decode(g, prompt, tokens, sizes):
     """Aggregate decode tokens/s of B sequences at once (`forward_batch`, one
     submission a step, every row's logits read back and its argmax taken on the host),
     for each B in sizes. B = 1 is the one-sequence decode path; "rows_b1_tok_s" is one
-    sequence through the batched rows path, for its cost against that path."""
+    sequence through the batched rows path, for its cost against that path; "matmat"
+    the same B > 1 with the rows' products as the prompt matmat (rows_matvec off)."""
     res = {}
 
     def run(n, step):
@@ -163,9 +164,16 @@ def batch_decode(g, prompt, tokens, sizes):
         res[f"b{b}_tok_s"] = run(b, batched)
     if getattr(g, "batch_rows", 0) > 1:
         res["rows_b1_tok_s"] = run(1, rows)
+        res["rows_matvec"] = g._rows_setup().matvec
     base = res.get("b1_tok_s")
     if base:
         res["over_b1"] = {f"b{b}": res[f"b{b}_tok_s"] / base for b in sizes}
+    if getattr(g, "rows_matvec", False):    # the same rows through the prompt matmat
+        g.rows_matvec, g._rows = False, None
+        try:
+            res["matmat"] = {f"b{b}_tok_s": run(b, batched) for b in sizes if b > 1}
+        finally:
+            g.rows_matvec, g._rows = True, None
     return res
 
 

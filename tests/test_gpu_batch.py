@@ -124,26 +124,24 @@ def test_mixed_batch_any_order(host, gpu, monkeypatch):
     assert _rel(gpu.forward(idle_g, [9]), host.forward(idle_h, [9])) < 1e-3
 
 
-@pytest.mark.parametrize("opts", [{"kv_mode": "last_loop", "prompt_loops": 1, "full_window": 24},
-                                  {"loops": 3}])
-def test_rows_across_the_ring_and_the_options(dev, demo_file, opts):
+def test_rows_across_the_ring_and_the_options(dev, demo_file):
     """last_loop caches with prompt_loops (rows wanting nothing run fewer passes: a
-    submission of their own), a full_window ring, more loops; rows past the sliding
-    ring's wrap-around and a full cache that grows inside the batch."""
+    submission of their own) and a full_window ring; rows past the sliding ring's
+    wrap-around."""
     from cortiq.gpu import to_device
     from cortiq.models.dory import DoryModel
     from cortiq.models.dory.model import HOST_CHUNK
-    h = DoryModel(demo_file, **opts)
+    h = DoryModel(demo_file, kv_mode="last_loop", prompt_loops=1, full_window=24)
     g = to_device(h, dev)
     rng = np.random.default_rng(31)
-    lens = [h.window + HOST_CHUNK - 2, 250, 5]      # a ring about to wrap; 256 rows to grow
+    lens = [h.window + HOST_CHUNK - 2, 5]      # a ring about to wrap
     hs = [h.new_state() for _ in lens]
     gs = [g.new_state() for _ in lens]
     for n, hst, gst in zip(lens, hs, gs):
         p = rng.integers(0, h.vocab, n)
         h.forward(hst, p, "none")
         g.forward(gst, p, "none")
-    for step in range(8):
+    for step in range(6):
         toks = rng.integers(0, h.vocab, len(lens))
         wants = ["none" if (i + step) % 3 == 0 else "last" for i in range(len(lens))]
         got = g.forward_batch(gs, [[int(t)] for t in toks], wants, [False] * len(lens))
@@ -153,7 +151,71 @@ def test_rows_across_the_ring_and_the_options(dev, demo_file, opts):
                 assert got[i] is None
             else:
                 assert _rel(got[i], want) < 1e-3
-    assert [s.pos for s in gs] == [n + 8 for n in lens]
+    assert [s.pos for s in gs] == [n + 6 for n in lens]
+
+
+def test_rows_through_the_prompt_matmat(dev, demo_file):
+    """rows_matvec=False: the rows' products run the prompt matmat, with the same
+    results."""
+    from cortiq.gpu.dory import GpuDoryModel
+    from cortiq.models.dory import DoryModel
+    h = DoryModel(demo_file, loops=3)
+    g = GpuDoryModel(h, dev, rows_matvec=False)
+    rng = np.random.default_rng(17)
+    hs, gs = [h.new_state() for _ in range(3)], [g.new_state() for _ in range(3)]
+    for i, (hst, gst) in enumerate(zip(hs, gs)):
+        p = rng.integers(0, h.vocab, 2 + 3 * i)
+        h.forward(hst, p, "none")
+        g.forward(gst, p, "none")
+    for _ in range(3):
+        toks = [int(t) for t in rng.integers(0, h.vocab, 3)]
+        got = g.forward_batch(gs, [[t] for t in toks], ["last"] * 3, [False] * 3)
+        for i in range(3):
+            assert _rel(got[i], h.forward(hs[i], [toks[i]])) < 1e-3
+    assert g._rows is not None and not g._rows.matvec
+
+
+DTYPES = ["f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp"]
+
+
+@pytest.mark.parametrize("dtype,subgroups", [(d, None) for d in DTYPES]
+                         + [(d, False) for d in ("f16", "q8_row", "q4_block", "q2tp")])
+def test_rows_matvec_matches_cpu(dev, dtype, subgroups, monkeypatch):
+    """The rows matvec (matvecb.wgsl) against the CPU matmat: one row, a few, more
+    than a workgroup's 8 (a second z slice), rows of many chunks a lane; a fused group
+    of two matrices; with subgroupAdd and with the shared-memory tree."""
+    from arrays import stable_seed
+
+    from cortiq.cmf.testing import qtensor_from_f32
+    from cortiq.gpu import kernels
+    if subgroups is None and not dev.subgroups:
+        pytest.skip("the adapter offers no subgroups")
+    monkeypatch.setattr(kernels, "MATVEC_SUBGROUPS", subgroups)
+    rng = np.random.default_rng(stable_seed(dtype, str(subgroups)))
+    for rows, cols, t in [(37, 96, 1), (6, 256, 3), (19, 4160, 11)]:
+        w = rng.standard_normal((rows, cols)).astype(np.float32)
+        w[rng.random((rows, cols)) < 0.05] = 0.0
+        qt = qtensor_from_f32(w, dtype)
+        x = rng.standard_normal((t, cols)).astype(np.float32)
+        got = kernels.matvec_once(dev, [kernels.GpuMatrix(dev, qt)], x, rows=True)
+        assert got.shape == (t, rows)
+        assert _rel(got, qt.matmat(x)) < 1e-5
+    a = qtensor_from_f32(rng.standard_normal((9, 64)).astype(np.float32), dtype)
+    b = qtensor_from_f32(rng.standard_normal((5, 64)).astype(np.float32), "q8_row")
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    got = kernels.matvec_once(dev, [kernels.GpuMatrix(dev, a), kernels.GpuMatrix(dev, b)], x,
+                              rows=True)
+    assert _rel(got, np.concatenate([a.matmat(x), b.matmat(x)], axis=1)) < 1e-5
+
+
+def test_rows_matvec_refuses_an_input_stage(dev):
+    from cortiq.cmf.testing import qtensor_from_f32
+    from cortiq.errors import ConfigError
+    from cortiq.gpu import kernels
+    g = kernels.GpuMatrix(dev, qtensor_from_f32(np.ones((4, 64), np.float32), "q8_row"))
+    with pytest.raises(ConfigError, match="rows matvec"):
+        kernels.matvec_once(dev, [g], np.ones((2, 128), np.float32), pro=2,
+                            va=np.ones(64), vb=np.ones(64), x2_off=64, rows=True)
 
 
 def test_rollback_after_rows(host, gpu):

@@ -389,9 +389,9 @@ class GpuDoryModel(GpuModel):
 
     def forward_rows(self, states, tokens, wants) -> list:
         """One new token for each of up to HOST_CHUNK sequences (distinct states): every
-        product reads its weights once for all the rows (the prompt matmat over the
-        rows), the attention runs per sequence over its own KV ring at its own position,
-        and the head writes every row's logits, all in one submission. Rows whose feed
+        product reads its weights once for all the rows (the rows matvec, or the prompt
+        matmat: `rows_matvec`), the attention runs per sequence over its own KV ring at
+        its own position, and the head writes every row's logits, all in one submission. Rows whose feed
         runs fewer recurrent passes (`prompt_loops` with want "none") go in a submission
         of their own."""
         if len(states) > self.batch_rows:
@@ -460,17 +460,18 @@ class GpuDoryModel(GpuModel):
         """Row b's attention of a rows submission on state st's ring (layer li, slot
         si): attention_qk over one row, bound to the row's pieces of the rows buffers."""
         key = ("row", b, li, si)
-        d = st.programs.get(key)
-        if d is None:
-            R = self._rows_setup()
-            _arena, refs = self._state_arena(st)
-            kb, vb = st.slots[self.lw[li]["ordinal"]][si][:2]
-            res = [refs[(li, si)][1], R.step_at(b), R.qkvg_at(b), kb, vb, R.att_at(b),
-                   self.apart, self.vbuf, R.rope_at(b)]
-            d = Dispatch(fixed_pipeline(self.dev, "attention_qk"),
-                         self.dev.bind(FIXED["attention_qk"], resolve(res)), (self.nh, 1, 1),
-                         "attention")
-            st.programs[key] = d
+        R = self._rows_setup()
+        made = st.programs.get(key)
+        if made is not None and made[0] is R:
+            return made[1]
+        _arena, refs = self._state_arena(st)
+        kb, vb = st.slots[self.lw[li]["ordinal"]][si][:2]
+        res = [refs[(li, si)][1], R.step_at(b), R.qkvg_at(b), kb, vb, R.att_at(b),
+               self.apart, self.vbuf, R.rope_at(b)]
+        d = Dispatch(fixed_pipeline(self.dev, "attention_qk"),
+                     self.dev.bind(FIXED["attention_qk"], resolve(res)), (self.nh, 1, 1),
+                     "attention")
+        st.programs[key] = (R, d)   # R: the rows buffers the dispatch is bound to
         return d
 
     def _check(self, ids, want):
