@@ -2,7 +2,7 @@
 and PyTorch eager on the same GPU.
 
     python benchmarks/bench_gpu.py [--quick] [--tokens 128] [--no-cpu] [--no-torch]
-                                   [--ab splits=1,splits=8,fuse=0,slots=8]
+                                   [--ab splits=1,splits=8,fuse=0,slots=8] [--batch 1,2,4,8]
                                    [--models dory,dsv4,llama,llama8b]
 
 The model is bench_decode.py's bench-size Dory (hidden 2048, 24 sub-layers in blocks
@@ -14,6 +14,9 @@ one run it measures
     the logits read back), greedy on the device (one submission a token, 4 bytes
     read back), and greedy chained on the device (token i+1 recorded and submitted
     before token i is read, so recording overlaps the GPU);
+  * aggregate decode tokens/s of B = 1, 2, 4, 8 sequences at once (--batch; one
+    submission a step, every product reading its weights once for the B rows) under
+    "cortiq_gpu_batch", with each B's ratio to B = 1;
   * where a token's time goes: dispatches per token, host recording time per token,
     GPU time per token (many tokens' programs in one submission, no host in between);
   * effective GB/s = weight bytes per token x tokens/s, as a percentage of the read
@@ -138,6 +141,51 @@ def gpu_decode(g, prompt, tokens):
     res["gpu_ms_by_kernel"] = {name: {"dispatches": len(ds),
                                       "ms": _time_dispatches(g, ds) * 1e3}
                                for name, ds in sorted(kinds.items())}
+    return res
+
+
+def batch_decode(g, prompt, tokens, sizes):
+    """Aggregate decode tokens/s of B sequences at once (`forward_batch`, one
+    submission a step, every row's logits read back and its argmax taken on the host),
+    for each B in sizes. B = 1 is the one-sequence decode path; "rows_b1_tok_s" is one
+    sequence through the batched rows path, for its cost against that path; "matmat"
+    the same B > 1 with the rows' products as the prompt matmat (rows_matvec off)."""
+    res = {}
+
+    def run(n, step):
+        sts = [g.new_state() for _ in range(n)]
+        for st in sts:
+            g.forward(st, prompt, "none")
+        toks = [int(prompt[-1])] * n
+        for _ in range(2):      # warm the programs
+            toks = step(sts, toks)
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            toks = step(sts, toks)
+        return n * tokens / (time.perf_counter() - t0)
+
+    def batched(sts, toks):
+        outs = g.forward_batch(sts, [[t] for t in toks], ["last"] * len(sts),
+                               [False] * len(sts))
+        return [int(np.argmax(o)) for o in outs]
+
+    def rows(sts, toks):
+        return [int(np.argmax(o)) for o in g.forward_rows(sts, toks, ["last"] * len(sts))]
+
+    for b in sizes:
+        res[f"b{b}_tok_s"] = run(b, batched)
+    if getattr(g, "batch_rows", 0) > 1:
+        res["rows_b1_tok_s"] = run(1, rows)
+        res["rows_matvec"] = g._rows_setup().matvec
+    base = res.get("b1_tok_s")
+    if base:
+        res["over_b1"] = {f"b{b}": res[f"b{b}_tok_s"] / base for b in sizes}
+    if getattr(g, "rows_matvec", False):    # the same rows through the prompt matmat
+        g.rows_matvec, g._rows = False, None
+        try:
+            res["matmat"] = {f"b{b}_tok_s": run(b, batched) for b in sizes if b > 1}
+        finally:
+            g.rows_matvec, g._rows = True, None
     return res
 
 
@@ -383,6 +431,9 @@ def main():
                          "CPU and PyTorch peers), dsv4, llama (the _bench_llama.py geometry), "
                          "llama8b (Llama-3-8B's shape, 7.5 GB a token); --tiny makes both "
                          "Llamas tiny")
+    ap.add_argument("--batch", default="1,2,4,8",
+                    help="sequence counts B of the aggregate batched decode measurement "
+                         "(comma-separated; empty: skip it)")
     ap.add_argument("--no-kernels", action="store_true",
                     help="skip the dispatch-floor, matvec-variant and 8B-chain measurements")
     ap.add_argument("--ab", default="sg=1,unroll=1,rows=32,stage=0",
@@ -456,6 +507,11 @@ def main():
         bw = read_bandwidth(dev)
         out["device_read_gb_s"] = bw
     save()
+    sizes = [int(b) for b in a.batch.split(",") if b.strip()]
+    if sizes and "dory" in models:
+        out["cortiq_gpu_batch"] = batch_decode(g, prompt, a.tokens, sizes)
+        phase("dory_batch")
+        save()
     if not a.no_kernels:
         import _bench_gpu_kernels as K
         chain = {}

@@ -174,6 +174,7 @@ class Device:
         self.max_storage_buffers = int(lim["max-storage-buffers-per-shader-stage"])
         self.max_workgroup_storage = int(lim["max-compute-workgroup-storage-size"])
         self.uniform_align = int(lim.get("min-uniform-buffer-offset-alignment", 256))
+        self.storage_align = int(lim.get("min-storage-buffer-offset-alignment", 256))
         self.queue = self.dev.queue
         self._modules: dict = {}
         self._pipelines: dict = {}

@@ -36,7 +36,7 @@ from ..models.base import Capabilities, check_feed, is_prompt
 from ..models.dory.model import EPS, HOST_CHUNK, AttnWeights, ExitRate, top_prob
 from .device import Device
 from .model import GpuModel
-from .kernels import (MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp, ParamArena,
+from .kernels import (FIXED, MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp, ParamArena,
                       embed_kinds, embed_pipeline, fixed_pipeline, resolve, u32s)
 
 #: rows of a full (unwindowed) layer's KV cache before its first growth
@@ -89,7 +89,7 @@ class GpuDoryModel(GpuModel):
     arch = "dory"
 
     def __init__(self, host, device: Device | None = None, attn_splits: int | None = None,
-                 fuse_residual: bool = True, fuse_qk: bool = True):
+                 fuse_residual: bool = True, fuse_qk: bool = True, rows_matvec: bool = True):
         if host.capabilities.far_field:
             raise ConfigError("device='gpu': Dory's o1 far field runs on the CPU only "
                               "(open the model with o1='off' for the GPU)")
@@ -232,6 +232,12 @@ class GpuDoryModel(GpuModel):
                          y_off=0, y_stride=H, vbuf=self.vbuf, pro=4)
             except ConfigError:
                 self.fuse_residual = False
+        self._rows: _RowsBuffers | None = None
+        # rows_matvec (default True): the products of a rows submission (forward_rows) run
+        # the rows matvec (matvecb.wgsl, the decode matvec's row dots over up to 8 input
+        # rows; input stages as rowstage passes); False, or shapes it does not take: the
+        # prompt matmat
+        self.rows_matvec = bool(rows_matvec)
         self.load_seconds = time.perf_counter() - t0
         self.dispatches_per_token: int | None = None
 
@@ -374,6 +380,100 @@ class GpuDoryModel(GpuModel):
         out.append(int(dev.read(pending, 4).view(np.uint32)[0]))
         return out
 
+    # ---- decode rows of several sequences in one submission ---------------------------
+    batch_rows = HOST_CHUNK
+
+    def batchable(self, ids, want: str, prompt: bool) -> bool:
+        """One id, and no conf gate (it decides per token on the host between passes)."""
+        return ids.size == 1 and self.gate is None
+
+    def forward_rows(self, states, tokens, wants) -> list:
+        """One new token for each of up to HOST_CHUNK sequences (distinct states): every
+        product reads its weights once for all the rows (the rows matvec, or the prompt
+        matmat: `rows_matvec`), the attention runs per sequence over its own KV ring at
+        its own position, and the head writes every row's logits, all in one submission. Rows whose feed
+        runs fewer recurrent passes (`prompt_loops` with want "none") go in a submission
+        of their own."""
+        if len(states) > self.batch_rows:
+            raise ConfigError(f"forward_rows: {len(states)} rows exceed {self.batch_rows}")
+        outs: list = [None] * len(states)
+        by_loops: dict[int, list[int]] = {}
+        for i, want in enumerate(wants):
+            loops = self.host._chunk_loops("none" if want == "none" else "last")
+            by_loops.setdefault(loops, []).append(i)
+        for loops, idx in by_loops.items():
+            lg = self._submit_rows([states[i] for i in idx], [tokens[i] for i in idx], loops,
+                                   any(wants[i] != "none" for i in idx))
+            for j, i in enumerate(idx):
+                if wants[i] == "last":
+                    outs[i] = lg[j].copy()
+                elif wants[i] == "all":
+                    outs[i] = lg[j:j + 1].copy()
+        return outs
+
+    def _rows_setup(self) -> _RowsBuffers:
+        """The buffers and products of a rows submission, made on its first use."""
+        if self._rows is None:
+            self._rows = _RowsBuffers(self)
+        return self._rows
+
+    def _submit_rows(self, sts, toks, loops: int, head: bool):
+        dev, q = self.dev, self.dev.queue
+        R = self._rows_setup()
+        B = len(sts)
+        for st in sts:
+            self._prepare(st, 1)
+        q.write_buffer(self.step, 0, np.array([B, 0, 0, 0], np.uint32))
+        steps = np.zeros((B, R.step_words), np.uint32)
+        steps[:, 0] = 1
+        steps[:, 1] = [st.pos for st in sts]
+        q.write_buffer(R.step, 0, steps)
+        rope = np.zeros((B, R.rope_stride), np.float32)
+        for b, st in enumerate(sts):
+            cs, ss = self.host.rope_sliding(st.pos, 1)
+            cf, sf = self.host.rope_full(st.pos, 1)
+            rope[b, :R.rope_floats] = np.concatenate([np.ravel(a) for a in (cs, ss, cf, sf)])
+        q.write_buffer(R.rope, 0, rope)
+        q.write_buffer(self.ids, 0, np.asarray(toks, np.uint32))
+        prog: list = []
+        for item in R.skeleton(loops, head):
+            if isinstance(item, tuple):
+                li, si = item
+                prog.extend(self._row_attention(st, b, li, si) for b, st in enumerate(sts))
+            else:
+                prog.append(item)
+        enc = dev.record(prog, B)
+        nbytes = B * self.vocab * 4
+        if head:
+            if self.stage_logits is None or self.stage_logits.size < nbytes:
+                self.stage_logits = dev.staging(max(nbytes, self.vocab * 4))
+            enc.copy_buffer_to_buffer(self.logits, 0, self.stage_logits, 0, nbytes)
+        q.submit([enc.finish()])
+        for st in sts:
+            st.hi = max(st.hi, st.pos)
+            st.pos += 1
+        if not head:
+            return None
+        return dev.read(self.stage_logits, nbytes).view(np.float32).reshape(B, self.vocab)
+
+    def _row_attention(self, st: GpuDoryState, b: int, li: int, si: int) -> Dispatch:
+        """Row b's attention of a rows submission on state st's ring (layer li, slot
+        si): attention_qk over one row, bound to the row's pieces of the rows buffers."""
+        key = ("row", b, li, si)
+        R = self._rows_setup()
+        made = st.programs.get(key)
+        if made is not None and made[0] is R:
+            return made[1]
+        _arena, refs = self._state_arena(st)
+        kb, vb = st.slots[self.lw[li]["ordinal"]][si][:2]
+        res = [refs[(li, si)][1], R.step_at(b), R.qkvg_at(b), kb, vb, R.att_at(b),
+               self.apart, self.vbuf, R.rope_at(b)]
+        d = Dispatch(fixed_pipeline(self.dev, "attention_qk"),
+                     self.dev.bind(FIXED["attention_qk"], resolve(res)), (self.nh, 1, 1),
+                     "attention")
+        st.programs[key] = (R, d)   # R: the rows buffers the dispatch is bound to
+        return d
+
     def _check(self, ids, want):
         return check_feed(ids, want, self.vocab)
 
@@ -505,7 +605,6 @@ class GpuDoryModel(GpuModel):
 
     def _fixed(self, name, params, res, dims):
         dev = self.dev
-        from .kernels import FIXED
         group = dev.bind(FIXED[name], resolve([params] + res))
         return Dispatch(fixed_pipeline(dev, name), group, dims, name)
 
@@ -625,6 +724,168 @@ class GpuDoryModel(GpuModel):
         if want == "greedy":
             prog.append(self._fixed("argmax", self.p_argmax, [self.logits, self.ids, self.res],
                                     (1, 1, 1)))
+        return prog
+
+
+class _RowsBuffers:
+    """What a submission of decode rows of several sequences (`forward_rows`) adds to
+    the model's chunk buffers: the Q|K|V|G output and the attention output with each
+    row at a storage-binding offset (a row's attention dispatch binds its own row), a
+    step block and rotary rows per row, and the products over the rows: the rows matvec
+    (`products`: per sub-layer the dispatches before and after the attention; input
+    stages as rowstage passes into `xin`) or the prompt matmat. Every other kernel runs
+    as in a prompt chunk over the rows."""
+
+    def __init__(self, m: GpuDoryModel):
+        dev = m.dev
+        B = m.batch_rows
+        fa = max(dev.storage_align // 4, 4)
+
+        def padded(n):
+            return (n + fa - 1) // fa * fa
+
+        self.qkvg_stride, self.att_stride = padded(m.qkvg_w), padded(m.q_size)
+        self.rope_floats = 4 * (m.hd // 2)
+        self.rope_stride = padded(self.rope_floats)
+        self.step_words = max(dev.uniform_align // 4, 4)
+        self.qkvg_w, self.q_size = m.qkvg_w, m.q_size
+        self.qkvg = dev.buffer(B * self.qkvg_stride * 4)
+        self.att = dev.buffer(B * self.att_stride * 4)
+        self.rope = dev.buffer(B * self.rope_stride * 4)
+        self.step = dev.buffer(B * self.step_words * 4, uniform=True)
+        self.m = m
+        self._skeletons: dict = {}
+        self.products: dict = {}
+        self.matvec = False
+        if m.rows_matvec:
+            try:
+                self._rows_products()
+                self.matvec = True
+            except ConfigError:     # a shape the rows matvec does not take
+                self.products = {}
+        if not self.matvec:
+            self._matmat_products()
+
+    def _matmat_products(self) -> None:
+        """The sub-layers' products as the prompt matmat (input stages inside)."""
+        m, dev, H = self.m, self.m.dev, self.m.hidden
+        arena = ParamArena(dev)
+        ops: dict = {}
+        for li, w in enumerate(m.lw):
+            if w["attn"]:
+                ops[li] = (
+                    MatvecOp(dev, [w["q"], w["k"], w["v"], w["g"]], arena, x=m.hb, x_off=m.rx,
+                             x_stride=H, y=self.qkvg, y_off=0, y_stride=self.qkvg_stride,
+                             vbuf=m.vbuf),
+                    MatvecOp(dev, [w["o"]], arena, x=self.att, x_off=0,
+                             x_stride=self.att_stride, x2=self.qkvg,
+                             x2_off=m.q_size + 2 * m.kv_size, x2_stride=self.qkvg_stride,
+                             y=m.out, y_off=0, y_stride=H, vbuf=m.vbuf, v_a=w["sg"], pro=1,
+                             eps=EPS))
+        arena.upload()
+        self.arena = arena
+        for li, (a, o) in ops.items():
+            self.products[li] = ([a.dispatch(m.step, MATMAT_NT)], [o.dispatch(m.step, MATMAT_NT)])
+        for li, w in enumerate(m.lw):
+            if not w["attn"]:
+                self.products[li] = ([m._mv(w["gu_op"], MATMAT_NT)],
+                                     [m._mv(w["down_op"], MATMAT_NT)])
+        self.head = m._mv(m.head_all, MATMAT_NT)
+
+    def _rows_products(self) -> None:
+        """The sub-layers' products as the rows matvec, each input stage (the output
+        gate, SwiGLU, with their norms) a rowstage pass into `xin` before it."""
+        m, dev, H = self.m, self.m.dev, self.m.hidden
+        xs = max(m.q_size, m.ffn)
+        self.xin = dev.buffer(m.batch_rows * xs * 4)
+        arena = ParamArena(dev)
+        ops: dict = {}
+        stages: dict = {}
+        for li, w in enumerate(m.lw):
+            if w["attn"]:
+                ops[li] = (
+                    MatvecOp(dev, [w["q"], w["k"], w["v"], w["g"]], arena, x=m.hb, x_off=m.rx,
+                             x_stride=H, y=self.qkvg, y_off=0, y_stride=self.qkvg_stride,
+                             vbuf=m.vbuf),
+                    MatvecOp(dev, [w["o"]], arena, x=self.xin, x_off=0, x_stride=xs,
+                             y=m.out, y_off=0, y_stride=H, vbuf=m.vbuf))
+                stages[li] = (arena.ref(u32s(m.q_size, 1, 0, self.att_stride,
+                                             m.q_size + 2 * m.kv_size, self.qkvg_stride,
+                                             w["sg"], NONE, xs, float(EPS), 0, 0)),
+                              self.att, self.qkvg)
+            else:
+                ops[li] = (
+                    MatvecOp(dev, [w["gate"], w["up"]], arena, x=m.hb, x_off=m.rx, x_stride=H,
+                             y=m.gu, y_off=0, y_stride=2 * m.ffn, vbuf=m.vbuf),
+                    MatvecOp(dev, [w["down"]], arena, x=self.xin, x_off=0, x_stride=xs,
+                             y=m.out, y_off=0, y_stride=H, vbuf=m.vbuf))
+                stages[li] = (arena.ref(u32s(m.ffn, 2, 0, 2 * m.ffn, m.ffn, 0, w["sg"],
+                                             w["su"], xs, float(EPS), 0, 0)), m.gu, m.gu)
+        head = MatvecOp(dev, [m.head], arena, x=m.hb, x_off=m.rx, x_stride=H, y=m.logits,
+                        y_off=0, y_stride=m.vocab, vbuf=m.vbuf, v_out=m.v_logit)
+        arena.upload()
+        self.arena = arena
+        rows = lambda t: (t, 1, 1)  # noqa: E731
+        for li, (a, b) in ops.items():
+            p, x, x2 = stages[li]
+            stage = m._fixed("rowstage", p, [m.step, x, x2, m.vbuf, self.xin], rows)
+            self.products[li] = ([a.dispatch_rows(m.step)], [stage, b.dispatch_rows(m.step)])
+        self.head = head.dispatch_rows(m.step)
+
+    def step_at(self, b: int):
+        return (self.step, b * self.step_words * 4, 16)
+
+    def qkvg_at(self, b: int):
+        return (self.qkvg, b * self.qkvg_stride * 4, (self.qkvg_w * 4 + 15) // 16 * 16)
+
+    def att_at(self, b: int):
+        return (self.att, b * self.att_stride * 4, (self.q_size * 4 + 15) // 16 * 16)
+
+    def rope_at(self, b: int):
+        return (self.rope, b * self.rope_stride * 4, self.rope_floats * 4)
+
+    def skeleton(self, loops: int, head: bool) -> list:
+        """The dispatches of a rows submission, the per-sequence attention left as
+        (layer, slot) markers: the prompt chunk's program (no decode fusions) with the
+        attention sub-layers' products on the rows buffers."""
+        key = (loops, head)
+        prog = self._skeletons.get(key)
+        if prog is not None:
+            return prog
+        m = self.m
+        dev = m.dev
+        rec = range(m.n_in, m.n_in + m.n_rec)
+        per_loop = m.kv_mode == "per_loop"
+        rows = lambda t: (t, 1, 1)  # noqa: E731
+        norm_res = [m.step, m.hb, m.out, m.vbuf]
+        e = m.embed
+        prog = [Dispatch(embed_pipeline(dev, e.dtype, len(e.parts)), dev.bind(
+            embed_kinds(len(e.parts)), resolve([m.p_embed, m.step, m.ids, m.hb]
+                                               + [b for b, _r0, _r in e.parts])), rows,
+            "embed")]
+
+        def layer(li, loop_i):
+            w = m.lw[li]
+            first, second = self.products[li]
+            prog.extend(first)
+            if w["attn"]:
+                prog.append((li, loop_i if (per_loop and li in rec) else 0))
+            prog.extend(second)
+            prog.append(m._fixed("rownorm", w["slerp"], norm_res, rows))
+
+        for li in range(m.n_in):
+            layer(li, 0)
+        prog.append(m._fixed("rownorm", m.p_in_copy, norm_res, rows))
+        for i in range(loops):
+            prog.append(m._fixed("rownorm", m.p_loop_in, norm_res, rows))
+            for li in rec:
+                layer(li, i)
+            prog.append(m._fixed("rownorm", m.p_loop_out, norm_res, rows))
+        for li in range(m.n_in + m.n_rec, m.n_in + m.n_rec + m.n_out):
+            layer(li, 0)
+        if head:
+            prog.append(self.head)
+        self._skeletons[key] = prog
         return prog
 
 

@@ -235,6 +235,7 @@ FIXED = {  # name: binding kinds
     "rownorm": ("uniform", "uniform", "rw", "read", "read"),
     "argmax": ("uniform", "read", "rw", "rw"),
     "readbw": ("uniform", "read", "rw"),
+    "rowstage": ("uniform", "uniform", "read", "read", "read", "rw"),
 }
 
 
@@ -327,6 +328,33 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
     return dev.pipeline(key, code, matvec_kinds(n, pro))
 
 
+#: input rows a workgroup of the rows matvec (matvecb.wgsl) dots its weight rows with
+ROWS_NB = 8
+
+
+def matvecb_pipeline(dev: Device, dtypes: tuple):
+    """The rows matvec: the decode matvec's row dots over up to ROWS_NB input rows."""
+    sg = matvec1_subgroups(dev)
+    key = ("matvecb", dtypes, RPW1_SLOTS, sg, MATVEC_UNROLL, ROWS_NB)
+    if key in dev._pipelines:
+        return dev._pipelines[key]
+    part = dev.source("matvec1_part.wgsl")
+    fns = []
+    for i, dt in enumerate(dtypes):
+        fns.append(_decoder(dev, i, dt))
+        fns.append(_decoder(dev, i, dt, "qchunk.wgsl"))
+        fns.append(part.replace("$I", str(i)))
+    code = (_matvec_source(dev, "matvecb.wgsl", len(dtypes), fns, "lane")
+            .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
+            .replace("$SGARGS", ", @builtin(subgroup_size) sgs: u32, "
+                     "@builtin(subgroup_invocation_id) sgi: u32" if sg else "")
+            .replace("$SGLANES", "    tpr = sgs; lane = sgi; slot = lid / sgs;" if sg else "")
+            .replace("$SG", "true" if sg else "false")
+            .replace("$UNROLLu", f"{MATVEC_UNROLL}u").replace("$NBu", f"{ROWS_NB}u")
+            .replace("$REDN", str(256 * ROWS_NB)))
+    return dev.pipeline(key, code, matvec_kinds(len(dtypes)))
+
+
 class MatvecOp:
     """Y = group of matrices @ transformed input: the parameters and bindings of one
     product, usable for decode (nt=1) and prompt chunks (nt=MATMAT_NT)."""
@@ -381,14 +409,30 @@ class MatvecOp:
                         "matmat")
 
 
+    def dispatch_rows(self, step_buf) -> Dispatch:
+        """The rows matvec over the step's t input rows (the decode rows of several
+        sequences): every workgroup reads its weight rows once for ROWS_NB of them."""
+        if self.pro != 0 or self.last_row or not self.chunked:
+            raise ConfigError("GPU matvec: the rows matvec takes a plain input (no input "
+                              "stage, not the last row) and rows of whole chunks")
+        dev = self.dev
+        group = dev.bind(self.kinds, resolve([self.param, step_buf] + self.res))
+        nx, ny = rows_dims(self.total, RPW1_SLOTS)
+        return Dispatch(matvecb_pipeline(dev, self.dtypes), group,
+                        lambda t, nx=nx, ny=ny: (nx, ny, (t + ROWS_NB - 1) // ROWS_NB),
+                        "matvecb")
+
+
 def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: int = 0,
                 va=None, vb=None, out_scale=None, nt: int | None = None, hd: int = 0,
-                splits: int = 1, residual_out: list | None = None) -> np.ndarray:
+                splits: int = 1, residual_out: list | None = None,
+                rows: bool = False) -> np.ndarray:
     """Run one product on its own (checks and tools): X [t, cols] (for pro=2 the
     gate/up rows [t, 2*cols'], b at x2_off; for pro=3 one row of attention split records,
     see attention.wgsl; for pro=4 the row x, with o in x2 and alpha in va) -> Y [t, total
     rows]. nt=None picks what a forward would (the decode matvec for one row, the
-    matmat for more). pro=4 appends the residual it wrote back to `residual_out`."""
+    matmat for more); rows=True runs the rows matvec (matvecb.wgsl) over every row.
+    pro=4 appends the residual it wrote back to `residual_out`."""
     X = np.ascontiguousarray(X, np.float32)
     t = X.shape[0]
     xcols = X.shape[1]
@@ -414,7 +458,7 @@ def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: in
                   v_b=xcols if pro == 4 else offs.get("vb", NONE),
                   v_out=offs.get("out", NONE), pro=pro, hd=hd, splits=splits)
     arena.upload()
-    d = op.dispatch(step, nt or (1 if t == 1 else MATMAT_NT))
+    d = op.dispatch_rows(step) if rows else op.dispatch(step, nt or (1 if t == 1 else MATMAT_NT))
     stage = dev.staging(t * total * 4)
     enc = dev.dev.create_command_encoder()
     cp = enc.begin_compute_pass()

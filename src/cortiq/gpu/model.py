@@ -1,13 +1,20 @@
 """What the GPU models share as models of the protocol (`cortiq.models.base`): the
-device runs one sequence's feed at a time, on weights kept in their stored dtypes."""
+device runs a sequence's feed as one submission a chunk, on weights kept in their
+stored dtypes; decode rows of several sequences may share one submission."""
 from __future__ import annotations
 
-from ..models.base import ModelBase
+from ..models.base import ModelBase, check_feed, is_prompt
 
 
 class GpuModel(ModelBase):
     """A GPU model: it writes `forward` (one sequence, one submission a token) and this
-    class makes its `forward_batch` of it."""
+    class makes its `forward_batch` of it. A model that can run the decode rows of
+    several sequences as one submission (every product reading its weights once for
+    all the rows) sets `batch_rows` > 1 and writes `forward_rows`."""
+
+    #: decode rows (one id each, distinct sequences) one `forward_rows` call takes;
+    #: 0 or 1: the model has no `forward_rows`, every feed runs on its own
+    batch_rows = 0
 
     def matrices(self) -> list:
         """No matrices: the device's products run on the weights in their stored dtypes,
@@ -15,7 +22,45 @@ class GpuModel(ModelBase):
         `set_precision` only checks its argument."""
         return []
 
-    def forward_batch(self, states, ids_list, wants, prompts) -> list:
-        """The sequences' feeds one after the other (the device runs one at a time)."""
-        return [self.forward(st, ids, want, prompt)
-                for st, ids, want, prompt in zip(states, ids_list, wants, prompts)]
+    def batchable(self, ids, want: str, prompt: bool) -> bool:
+        """Whether a feed may go into `forward_rows` (one id; a model with per-token
+        decisions, such as an early-exit gate, narrows this)."""
+        return ids.size == 1
+
+    def forward_rows(self, states, tokens, wants) -> list:
+        """One new token for each of several sequences, as one pass over the weights:
+        results as `forward` gives them ([vocab] for "last", [1, vocab] for "all",
+        None for "none")."""
+        raise NotImplementedError
+
+    def forward_batch(self, states, ids_list, wants, prompts=None) -> list:
+        """The sequences' feeds: prompts (and rows the model does not batch) one after
+        the other, then the decode rows `batch_rows` at a time through `forward_rows`.
+        Each result equals the sequence's own `forward`, whatever the batch."""
+        if not len(states) == len(ids_list) == len(wants):
+            raise ValueError(f"forward_batch: {len(states)} states, {len(ids_list)} feeds "
+                             f"and {len(wants)} wants")
+        if prompts is None:
+            prompts = [None] * len(states)
+        if len({id(st) for st in states}) != len(states):
+            raise ValueError("forward_batch: a state appears twice in one batch")
+        ids_list = [check_feed(ids, want, self.vocab) for ids, want in zip(ids_list, wants)]
+        outs: list = [None] * len(states)
+        rows: list[int] = []
+        for i, (st, ids, want, prompt) in enumerate(zip(states, ids_list, wants, prompts)):
+            if self.batch_rows > 1 and self.batchable(ids, want, is_prompt(prompt, ids.size)):
+                rows.append(i)
+            else:
+                outs[i] = self.forward(st, ids, want, prompt)
+        if len(rows) == 1:
+            i = rows[0]
+            outs[i] = self.forward(states[i], ids_list[i], wants[i], prompts[i])
+        elif rows:
+            for at in range(0, len(rows), self.batch_rows):
+                group = rows[at:at + self.batch_rows]
+                got = self.forward_rows([states[i] for i in group],
+                                        [int(ids_list[i][0]) for i in group],
+                                        [wants[i] for i in group])
+                for i, out in zip(group, got):
+                    outs[i] = out
+        return outs

@@ -1,0 +1,294 @@
+"""Decode rows of several sequences in one GPU submission (`GpuModel.forward_batch` ->
+`GpuDoryModel.forward_rows`) against each sequence run on its own, on the host and on
+the device.
+
+Runs on any adapter wgpu finds (Mesa's llvmpipe in CI); skips without one unless
+CORTIQ_REQUIRE_GPU=1. Tolerances: docs/gpu.md (1e-3 relative against the CPU forward).
+"""
+
+import threading
+
+import numpy as np
+import pytest
+
+from cortiq import cmf
+from cortiq.demo import demo_path
+
+pytestmark = pytest.mark.gpu
+
+
+def _rel(a, b):
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+@pytest.fixture(scope="module")
+def demo_file():
+    f = cmf.open(demo_path())
+    yield f
+    f.close()
+
+
+@pytest.fixture(scope="module")
+def host(demo_file):
+    from cortiq.models.dory import DoryModel
+    return DoryModel(demo_file)
+
+
+@pytest.fixture(scope="module")
+def gpu(dev, host):
+    from cortiq.gpu import to_device
+    return to_device(host, dev)
+
+
+class _CountRows:
+    """Wraps a model's forward_rows to count the rows each call carried."""
+
+    def __init__(self, model, monkeypatch):
+        self.calls: list[int] = []
+        real = model.forward_rows
+
+        def spy(states, tokens, wants):
+            self.calls.append(len(states))
+            return real(states, tokens, wants)
+        monkeypatch.setattr(model, "forward_rows", spy)
+
+
+@pytest.mark.parametrize("b", [1, 2, 5])
+def test_rows_equal_each_sequence_alone(host, gpu, b, monkeypatch):
+    """b sequences at different positions decode 8 greedy tokens as batches: each
+    row's logits equal the host forward of that sequence alone, and the greedy tokens
+    are the host's and the GPU's own one-sequence tokens."""
+    spy = _CountRows(gpu, monkeypatch)
+    rng = np.random.default_rng(100 + b)
+    prompts = [rng.integers(0, host.vocab, 2 + 7 * i) for i in range(b)]
+    hs = [host.new_state() for _ in range(b)]
+    gs = [gpu.new_state() for _ in range(b)]
+    alone = [gpu.new_state() for _ in range(b)]
+    toks = []
+    for p, h, g, a in zip(prompts, hs, gs, alone):
+        toks.append(int(np.argmax(host.forward(h, p))))
+        gpu.forward(g, p, "none")
+        gpu.forward(a, p, "none")
+    for _ in range(8):
+        got = gpu.forward_batch(gs, [[t] for t in toks], ["last"] * b, [False] * b)
+        nxt = []
+        for i in range(b):
+            want = host.forward(hs[i], [toks[i]])
+            own = gpu.forward(alone[i], [toks[i]])
+            assert got[i].shape == (host.vocab,)
+            assert _rel(got[i], want) < 1e-3
+            assert int(np.argmax(got[i])) == int(np.argmax(want)) == int(np.argmax(own))
+            nxt.append(int(np.argmax(got[i])))
+        toks = nxt
+    assert [g.pos for g in gs] == [h.pos for h in hs]
+    # one row alone takes the one-sequence decode path; several go through forward_rows
+    assert spy.calls == ([] if b == 1 else [b] * 8)
+
+
+def test_mixed_batch_any_order(host, gpu, monkeypatch):
+    """Prompts, decode rows and every want in one batch, in shuffled orders: each result
+    equals the host's own forward; a state left out of the batch is untouched."""
+    spy = _CountRows(gpu, monkeypatch)
+    rng = np.random.default_rng(7)
+    n = 5
+    hs = [host.new_state() for _ in range(n)]
+    gs = [gpu.new_state() for _ in range(n)]
+    for i in range(n):
+        p = rng.integers(0, host.vocab, 3 + 4 * i)
+        host.forward(hs[i], p, "none")
+        gpu.forward(gs[i], p, "none")
+    idle_h, idle_g = host.new_state(), gpu.new_state()
+    host.forward(idle_h, [5, 6, 7], "none")
+    gpu.forward(idle_g, [5, 6, 7], "none")
+    kinds = [("row", "last"), ("row", "all"), ("row", "none"), ("prompt", "all"),
+             ("prompt", "last")]
+    for step in range(3):
+        order = rng.permutation(n)
+        feeds, wants, prompts = [], [], []
+        for i in order:
+            kind, want = kinds[(i + step) % n]
+            ids = rng.integers(0, host.vocab, 1 if kind == "row" else 4)
+            feeds.append(ids)
+            wants.append(want)
+            prompts.append(kind == "prompt")
+        got = gpu.forward_batch([gs[i] for i in order], feeds, wants, prompts)
+        for j, i in enumerate(order):
+            want = host.forward(hs[i], feeds[j], wants[j], prompts[j])
+            if wants[j] == "none":
+                assert got[j] is None
+            else:
+                assert got[j].shape == want.shape
+                assert _rel(got[j], want) < 1e-3
+    assert spy.calls == [3, 3, 3]
+    assert idle_g.pos == 3 and idle_g.hi == 2
+    assert _rel(gpu.forward(idle_g, [9]), host.forward(idle_h, [9])) < 1e-3
+
+
+def test_rows_across_the_ring_and_the_options(dev, demo_file):
+    """last_loop caches with prompt_loops (rows wanting nothing run fewer passes: a
+    submission of their own) and a full_window ring; rows past the sliding ring's
+    wrap-around."""
+    from cortiq.gpu import to_device
+    from cortiq.models.dory import DoryModel
+    from cortiq.models.dory.model import HOST_CHUNK
+    h = DoryModel(demo_file, kv_mode="last_loop", prompt_loops=1, full_window=24)
+    g = to_device(h, dev)
+    rng = np.random.default_rng(31)
+    lens = [h.window + HOST_CHUNK - 2, 5]      # a ring about to wrap
+    hs = [h.new_state() for _ in lens]
+    gs = [g.new_state() for _ in lens]
+    for n, hst, gst in zip(lens, hs, gs):
+        p = rng.integers(0, h.vocab, n)
+        h.forward(hst, p, "none")
+        g.forward(gst, p, "none")
+    for step in range(6):
+        toks = rng.integers(0, h.vocab, len(lens))
+        wants = ["none" if (i + step) % 3 == 0 else "last" for i in range(len(lens))]
+        got = g.forward_batch(gs, [[int(t)] for t in toks], wants, [False] * len(lens))
+        for i, (hst, t) in enumerate(zip(hs, toks)):
+            want = h.forward(hst, [int(t)], wants[i], False)
+            if want is None:
+                assert got[i] is None
+            else:
+                assert _rel(got[i], want) < 1e-3
+    assert [s.pos for s in gs] == [n + 6 for n in lens]
+
+
+def test_rows_through_the_prompt_matmat(dev, demo_file):
+    """rows_matvec=False: the rows' products run the prompt matmat, with the same
+    results."""
+    from cortiq.gpu.dory import GpuDoryModel
+    from cortiq.models.dory import DoryModel
+    h = DoryModel(demo_file, loops=3)
+    g = GpuDoryModel(h, dev, rows_matvec=False)
+    rng = np.random.default_rng(17)
+    hs, gs = [h.new_state() for _ in range(3)], [g.new_state() for _ in range(3)]
+    for i, (hst, gst) in enumerate(zip(hs, gs)):
+        p = rng.integers(0, h.vocab, 2 + 3 * i)
+        h.forward(hst, p, "none")
+        g.forward(gst, p, "none")
+    for _ in range(3):
+        toks = [int(t) for t in rng.integers(0, h.vocab, 3)]
+        got = g.forward_batch(gs, [[t] for t in toks], ["last"] * 3, [False] * 3)
+        for i in range(3):
+            assert _rel(got[i], h.forward(hs[i], [toks[i]])) < 1e-3
+    assert g._rows is not None and not g._rows.matvec
+
+
+DTYPES = ["f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp"]
+
+
+@pytest.mark.parametrize("dtype,subgroups", [(d, None) for d in DTYPES]
+                         + [(d, False) for d in ("f16", "q8_row", "q4_block", "q2tp")])
+def test_rows_matvec_matches_cpu(dev, dtype, subgroups, monkeypatch):
+    """The rows matvec (matvecb.wgsl) against the CPU matmat: one row, a few, more
+    than a workgroup's 8 (a second z slice), rows of many chunks a lane; a fused group
+    of two matrices; with subgroupAdd and with the shared-memory tree."""
+    from arrays import stable_seed
+
+    from cortiq.cmf.testing import qtensor_from_f32
+    from cortiq.gpu import kernels
+    if subgroups is None and not dev.subgroups:
+        pytest.skip("the adapter offers no subgroups")
+    monkeypatch.setattr(kernels, "MATVEC_SUBGROUPS", subgroups)
+    rng = np.random.default_rng(stable_seed(dtype, str(subgroups)))
+    for rows, cols, t in [(37, 96, 1), (6, 256, 3), (19, 4160, 11)]:
+        w = rng.standard_normal((rows, cols)).astype(np.float32)
+        w[rng.random((rows, cols)) < 0.05] = 0.0
+        qt = qtensor_from_f32(w, dtype)
+        x = rng.standard_normal((t, cols)).astype(np.float32)
+        got = kernels.matvec_once(dev, [kernels.GpuMatrix(dev, qt)], x, rows=True)
+        assert got.shape == (t, rows)
+        assert _rel(got, qt.matmat(x)) < 1e-5
+    a = qtensor_from_f32(rng.standard_normal((9, 64)).astype(np.float32), dtype)
+    b = qtensor_from_f32(rng.standard_normal((5, 64)).astype(np.float32), "q8_row")
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    got = kernels.matvec_once(dev, [kernels.GpuMatrix(dev, a), kernels.GpuMatrix(dev, b)], x,
+                              rows=True)
+    assert _rel(got, np.concatenate([a.matmat(x), b.matmat(x)], axis=1)) < 1e-5
+
+
+def test_rows_matvec_refuses_an_input_stage(dev):
+    from cortiq.cmf.testing import qtensor_from_f32
+    from cortiq.errors import ConfigError
+    from cortiq.gpu import kernels
+    g = kernels.GpuMatrix(dev, qtensor_from_f32(np.ones((4, 64), np.float32), "q8_row"))
+    with pytest.raises(ConfigError, match="rows matvec"):
+        kernels.matvec_once(dev, [g], np.ones((2, 128), np.float32), pro=2,
+                            va=np.ones(64), vb=np.ones(64), x2_off=64, rows=True)
+
+
+def test_rollback_after_rows(host, gpu):
+    """A sequence rolled back after batched rows re-reads its positions as the host."""
+    rng = np.random.default_rng(41)
+    ids = rng.integers(0, host.vocab, 12)
+    gs = [gpu.new_state(), gpu.new_state()]
+    for s in gs:
+        gpu.forward(s, ids[:6], "none")
+    for t in ids[6:10]:
+        gpu.forward_batch(gs, [[int(t)], [int(t)]], ["none", "none"], [False, False])
+    gpu.rollback(gs[0], 7)
+    got = gpu.forward_batch(gs, [[int(ids[7])], [int(ids[10])]], ["last", "last"],
+                            [False, False])
+    want0 = host.forward(host.new_state(), ids[:8], "all")[-1]
+    want1 = host.forward(host.new_state(), ids[:11], "all")[-1]
+    assert _rel(got[0], want0) < 1e-3
+    assert _rel(got[1], want1) < 1e-3
+
+
+def test_gate_rows_run_alone(dev, demo_file, monkeypatch):
+    """Under the conf gate (decided per token on the host) decode rows are not batched,
+    and the batch still equals the host."""
+    from cortiq.gpu import to_device
+    from cortiq.models.dory import DoryModel
+    h = DoryModel(demo_file, gate="conf:0.3", kv_mode="last_loop")
+    g = to_device(h, dev)
+    spy = _CountRows(g, monkeypatch)
+    rng = np.random.default_rng(5)
+    hs, gs = [h.new_state(), h.new_state()], [g.new_state(), g.new_state()]
+    for hst, gst in zip(hs, gs):
+        p = rng.integers(0, h.vocab, 4)
+        h.forward(hst, p, "none")
+        g.forward(gst, p, "none")
+    toks = [int(t) for t in rng.integers(0, h.vocab, 2)]
+    got = g.forward_batch(gs, [[t] for t in toks], ["last", "last"], [False, False])
+    for i in range(2):
+        assert _rel(got[i], h.forward(hs[i], [toks[i]])) < 1e-3
+    assert spy.calls == []
+
+
+def test_batch_refuses_bad_input(gpu):
+    s = gpu.new_state()
+    with pytest.raises(ValueError, match="twice"):
+        gpu.forward_batch([s, s], [[1], [2]], ["last", "last"], [False, False])
+    with pytest.raises(ValueError, match="wants"):
+        gpu.forward_batch([s], [[1]], [], [False])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        gpu.forward_batch([s, gpu.new_state()], [[1], [gpu.vocab]], ["last", "last"],
+                          [False, False])
+    assert s.pos == 0
+
+
+def test_llm_concurrent_sessions_through_the_scheduler(dev, monkeypatch):
+    """LLM(device="gpu", max_batch=4): concurrent greedy generations give what each
+    gives alone, and the scheduler's steps carried decode rows of several sessions
+    through forward_rows."""
+    from cortiq.runtime.llm import LLM
+    serial = LLM(device="gpu", max_batch=1)
+    llm = LLM(device="gpu", max_batch=4)
+    spy = _CountRows(llm.model, monkeypatch)
+    prompts = ["def add(a, b):", "import os", "class Point:", "x = [1, 2"]
+    want = [serial.generate(p, max_tokens=6, temperature=0) for p in prompts]
+    got: list = [None] * len(prompts)
+
+    def run(i):
+        got[i] = llm.generate(prompts[i], max_tokens=6, temperature=0)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == want
+    assert max(spy.calls, default=0) > 1
+    serial.close()
+    llm.close()
