@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from _bench_gpu_kernels import busy
+
 #: Llama-3-8B's shape
 LLAMA8B = dict(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336,
                vocab=128256)
@@ -123,6 +125,7 @@ def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw:
     g.forward(st, [tok])                 # warm the decode programs
     g.forward_greedy(st, [tok])
     g.decode_greedy(st, tok, 2)
+    busy(dev)
     t0 = time.perf_counter()
     for _ in range(tokens):
         tok = int(np.argmax(g.forward(st, [tok])))

@@ -49,6 +49,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench_gpu_llama as L
 import _bench_llama as BL
+from _bench_gpu_kernels import busy
 from bench_decode import QUICK, RELEASE_LIKE, TINY, build_dory, touched_bytes
 
 from cortiq import cmf
@@ -488,6 +489,7 @@ def main():
         per_token = touched_bytes(host)
         rng = np.random.default_rng(0)
         prompt = rng.integers(0, host.vocab, a.prompt)
+        busy(dev)
         bw0 = read_bandwidth(dev)
         res = gpu_decode(g, prompt, a.tokens)
         bw1 = read_bandwidth(dev)
@@ -504,11 +506,13 @@ def main():
         out["fused_residual"] = g.fuse_residual
         out["fused_qk_prep"] = g.fuse_qk
     else:
+        busy(dev)
         bw = read_bandwidth(dev)
         out["device_read_gb_s"] = bw
     save()
     sizes = [int(b) for b in a.batch.split(",") if b.strip()]
     if sizes and "dory" in models:
+        busy(dev)
         out["cortiq_gpu_batch"] = batch_decode(g, prompt, a.tokens, sizes)
         phase("dory_batch")
         save()
