@@ -461,3 +461,22 @@ def test_subgroups_setting(monkeypatch):
     monkeypatch.setenv("CORTIQ_GPU_SUBGROUPS", "sometimes")
     with pytest.raises(ConfigError, match="CORTIQ_GPU_SUBGROUPS"):
         gd.subgroups_setting()
+
+
+def test_device_without_subgroups_runs_the_decode_matvecs(dev, monkeypatch):
+    """CORTIQ_GPU_SUBGROUPS=0 opens a device without the `subgroup` feature: the decode
+    matvec and the rows matvec still compile (their tree variants hold no subgroup
+    builtin) and give the CPU's products."""
+    from cortiq.gpu import Device, kernels
+    monkeypatch.setenv("CORTIQ_GPU_SUBGROUPS", "0")
+    monkeypatch.setattr(kernels, "MATVEC_SUBGROUPS", None)
+    bare = Device()
+    assert bare.subgroups is False
+    rng = np.random.default_rng(stable_seed("no-subgroups"))
+    qt = _qt(rng, "q8_row", 21, 512)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    m = kernels.GpuMatrix(bare, qt)
+    assert _rel(kernels.matvec_once(bare, [m], x[:1])[0], qt.matvec(x[0])) < 1e-5
+    got = kernels.matvec_once(bare, [m], x, rows=True)
+    for r in range(3):
+        assert _rel(got[r], qt.matvec(x[r])) < 1e-5

@@ -301,6 +301,17 @@ def matvec1_subgroups(dev: Device) -> bool:
     return dev.subgroups and wanted is True
 
 
+def _subgroup_variant(code: str, sg: bool) -> str:
+    """A decode-matvec shader with its subgroup reduction (sg) or its shared-memory tree;
+    the tree's text holds no subgroup builtin, so it compiles on a device opened without
+    the `subgroup` feature (CORTIQ_GPU_SUBGROUPS=0)."""
+    code = (code.replace("$SGARGS", ", @builtin(subgroup_size) sgs: u32, "
+                         "@builtin(subgroup_invocation_id) sgi: u32" if sg else "")
+            .replace("$SGLANES", "    tpr = sgs; lane = sgi; slot = lid / sgs;" if sg else "")
+            .replace("$SG", "true" if sg else "false"))
+    return code if sg else code.replace("subgroupAdd(", "(")
+
+
 def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
     xs = matvec1_staging(dev, cols) if pro != 0 or MATVEC_STAGE_PLAIN else 0
     sg = matvec1_subgroups(dev)
@@ -314,13 +325,10 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
         fns.append(_decoder(dev, i, dt))
         fns.append(_decoder(dev, i, dt, "qchunk.wgsl"))
         fns.append(part.replace("$I", str(i)))
-    code = (_matvec_source(dev, "matvec1.wgsl", n, fns, "lane", x_writable=pro == 4)
+    code = (_subgroup_variant(_matvec_source(dev, "matvec1.wgsl", n, fns, "lane",
+                                             x_writable=pro == 4), sg)
             .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
             .replace("$RWu", f"{RPW1_ROWS}u")
-            .replace("$SGARGS", ", @builtin(subgroup_size) sgs: u32, "
-                     "@builtin(subgroup_invocation_id) sgi: u32" if sg else "")
-            .replace("$SGLANES", "    tpr = sgs; lane = sgi; slot = lid / sgs;" if sg else "")
-            .replace("$SG", "true" if sg else "false")
             .replace("$UNROLLu", f"{MATVEC_UNROLL}u")
             .replace("$PROu", f"{pro}u").replace("$XSu", f"{xs}u")
             .replace("$XSN", str(max(xs, 4))).replace("$WTSN", "256" if pro == 3 else "1")
@@ -344,12 +352,8 @@ def matvecb_pipeline(dev: Device, dtypes: tuple):
         fns.append(_decoder(dev, i, dt))
         fns.append(_decoder(dev, i, dt, "qchunk.wgsl"))
         fns.append(part.replace("$I", str(i)))
-    code = (_matvec_source(dev, "matvecb.wgsl", len(dtypes), fns, "lane")
+    code = (_subgroup_variant(_matvec_source(dev, "matvecb.wgsl", len(dtypes), fns, "lane"), sg)
             .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
-            .replace("$SGARGS", ", @builtin(subgroup_size) sgs: u32, "
-                     "@builtin(subgroup_invocation_id) sgi: u32" if sg else "")
-            .replace("$SGLANES", "    tpr = sgs; lane = sgi; slot = lid / sgs;" if sg else "")
-            .replace("$SG", "true" if sg else "false")
             .replace("$UNROLLu", f"{MATVEC_UNROLL}u").replace("$NBu", f"{ROWS_NB}u")
             .replace("$REDN", str(256 * ROWS_NB)))
     return dev.pipeline(key, code, matvec_kinds(len(dtypes)))
