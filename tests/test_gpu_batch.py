@@ -53,7 +53,7 @@ class _CountRows:
         monkeypatch.setattr(model, "forward_rows", spy)
 
 
-@pytest.mark.parametrize("b", [1, 2, 5])
+@pytest.mark.parametrize("b", [1, 4])
 def test_rows_equal_each_sequence_alone(host, gpu, b, monkeypatch):
     """b sequences at different positions decode 8 greedy tokens as batches: each
     row's logits equal the host forward of that sequence alone, and the greedy tokens
@@ -178,8 +178,8 @@ def test_rows_through_the_prompt_matmat(dev, demo_file):
 DTYPES = ["f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp"]
 
 
-@pytest.mark.parametrize("dtype,subgroups", [(d, None) for d in DTYPES]
-                         + [(d, False) for d in ("f16", "q8_row", "q4_block", "q2tp")])
+@pytest.mark.parametrize("dtype,subgroups", [(d, False) for d in DTYPES]
+                         + [(d, True) for d in ("q8_row", "q4_block")])
 def test_rows_matvec_matches_cpu(dev, dtype, subgroups, monkeypatch):
     """The rows matvec (matvecb.wgsl) against the CPU matmat: one row, a few, more
     than a workgroup's 8 (a second z slice), rows of many chunks a lane; a fused group
@@ -188,11 +188,11 @@ def test_rows_matvec_matches_cpu(dev, dtype, subgroups, monkeypatch):
 
     from cortiq.cmf.testing import qtensor_from_f32
     from cortiq.gpu import kernels
-    if subgroups is None and not dev.subgroups:
+    if subgroups and not dev.subgroups:
         pytest.skip("the adapter offers no subgroups")
     monkeypatch.setattr(kernels, "MATVEC_SUBGROUPS", subgroups)
     rng = np.random.default_rng(stable_seed(dtype, str(subgroups)))
-    for rows, cols, t in [(37, 96, 1), (6, 256, 3), (19, 4160, 11)]:
+    for rows, cols, t in [(37, 96, 1), (6, 256, 3), (19, 1056, 11)]:
         w = rng.standard_normal((rows, cols)).astype(np.float32)
         w[rng.random((rows, cols)) < 0.05] = 0.0
         qt = qtensor_from_f32(w, dtype)
