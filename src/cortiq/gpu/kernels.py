@@ -266,7 +266,8 @@ RPW1_SLOTS, RPW1_ROWS = 16, 1
 #: the decode matvec's row reduction: True takes subgroupAdd where the device was opened
 #: with the `subgroup` feature (`Device.subgroups`), False the shared-memory tree, None
 #: follows CORTIQ_GPU_SUBGROUPS (unset: the tree, which streamed Llama-8B-shaped rows
-#: 4.6x faster on an H100 and Dory's as fast: docs/PERFORMANCE.md section 15)
+#: 1.17x faster on an H100, the long down rows 1.7x, and Dory's as fast: docs/PERFORMANCE.md
+#: section 15.3)
 MATVEC_SUBGROUPS: bool | None = None
 #: 16-byte loads a decode-matvec lane issues before it decodes the first (1 or 4)
 MATVEC_UNROLL = 4
