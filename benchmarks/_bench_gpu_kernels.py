@@ -78,6 +78,35 @@ def busy(dev, seconds: float = 1.5) -> None:
         _finish(dev)
 
 
+def decode_rates(g, st, tok: int, tokens: int) -> dict:
+    """tok/s of `tokens` tokens decoded three ways from state st after token tok: the
+    session path (logits back each token), greedy on the device (the token back), and
+    greedy chained on the device (one readback at the end)."""
+    out = {}
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        tok = int(np.argmax(g.forward(st, [tok])))
+    out["session_tok_s"] = tokens / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        tok = g.forward_greedy(st, [tok])
+    out["greedy_tok_s"] = tokens / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    g.decode_greedy(st, tok, tokens)
+    out["chained_tok_s"] = tokens / (time.perf_counter() - t0)
+    return out
+
+
+def ms_by_kernel(prog, time_fn) -> dict:
+    """GPU ms of a program's dispatches grouped by kernel name (time_fn(dispatches) ->
+    seconds of one pass over them)."""
+    kinds: dict = {}
+    for d in prog:
+        kinds.setdefault(d.name, []).append(d)
+    return {name: {"dispatches": len(ds), "ms": time_fn(ds) * 1e3}
+            for name, ds in sorted(kinds.items())}
+
+
 def q8_row(rng, rows, cols, name="w"):
     """A random q8_row payload in the shape GpuMatrix takes (int8 plane, f16 row scales)."""
     plane = np.frombuffer(rng.bytes(rows * cols), np.uint8)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from _bench_gpu_kernels import busy
+from _bench_gpu_kernels import busy, decode_rates, ms_by_kernel
 
 #: Llama-3-8B's shape
 LLAMA8B = dict(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336,
@@ -126,17 +126,7 @@ def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw:
     g.forward_greedy(st, [tok])
     g.decode_greedy(st, tok, 2)
     busy(dev)
-    t0 = time.perf_counter()
-    for _ in range(tokens):
-        tok = int(np.argmax(g.forward(st, [tok])))
-    out["session_tok_s"] = tokens / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    for _ in range(tokens):
-        tok = g.forward_greedy(st, [tok])
-    out["greedy_tok_s"] = tokens / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    g.decode_greedy(st, tok, tokens)
-    out["chained_tok_s"] = tokens / (time.perf_counter() - t0)
+    out.update(decode_rates(g, st, tok, tokens))
     for k in ("session_tok_s", "greedy_tok_s", "chained_tok_s"):
         out[k.replace("tok_s", "eff_gb_s")] = out[k] * per_token / 1e9
     best = max(out["session_tok_s"], out["greedy_tok_s"], out["chained_tok_s"])
@@ -151,10 +141,5 @@ def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw:
         dev.record(prog, 1).finish()
     out["record_ms_per_token"] = (time.perf_counter() - t0) / n * 1e3
     out["gpu_ms_per_token"] = time_dispatches(g, prog, k=8, at=1) * 1e3
-    kinds: dict = {}
-    for d in prog:
-        kinds.setdefault(d.name, []).append(d)
-    out["gpu_ms_by_kernel"] = {kind: {"dispatches": len(ds),
-                                      "ms": time_dispatches(g, ds, k=8, at=1) * 1e3}
-                               for kind, ds in sorted(kinds.items())}
+    out["gpu_ms_by_kernel"] = ms_by_kernel(prog, lambda ds: time_dispatches(g, ds, k=8, at=1))
     return out

@@ -49,7 +49,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench_gpu_llama as L
 import _bench_llama as BL
-from _bench_gpu_kernels import busy
+from _bench_gpu_kernels import busy, decode_rates, ms_by_kernel
 from bench_decode import QUICK, RELEASE_LIKE, TINY, build_dory, touched_bytes
 
 from cortiq import cmf
@@ -112,17 +112,7 @@ def gpu_decode(g, prompt, tokens):
     g.forward(st, [tok])
     g.forward_greedy(st, [tok])
     g.decode_greedy(st, tok, 2)
-    t0 = time.perf_counter()
-    for _ in range(tokens):
-        tok = int(np.argmax(g.forward(st, [tok])))
-    res["session_tok_s"] = tokens / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    for _ in range(tokens):
-        tok = g.forward_greedy(st, [tok])
-    res["greedy_tok_s"] = tokens / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    g.decode_greedy(st, tok, tokens)
-    res["chained_tok_s"] = tokens / (time.perf_counter() - t0)
+    res.update(decode_rates(g, st, tok, tokens))
     # where the time goes
     res["dispatches_per_token"] = g.dispatches_per_token
     g._prepare(st, 1)
@@ -136,12 +126,7 @@ def gpu_decode(g, prompt, tokens):
     best = _time_dispatches(g, prog)
     res["gpu_ms_per_token"] = best * 1e3
     res["gpu_us_per_dispatch"] = best * 1e6 / len(prog)
-    kinds = {}
-    for d in prog:
-        kinds.setdefault(d.name, []).append(d)
-    res["gpu_ms_by_kernel"] = {name: {"dispatches": len(ds),
-                                      "ms": _time_dispatches(g, ds) * 1e3}
-                               for name, ds in sorted(kinds.items())}
+    res["gpu_ms_by_kernel"] = ms_by_kernel(prog, lambda ds: _time_dispatches(g, ds))
     return res
 
 
@@ -248,17 +233,7 @@ def dsv4_decode(dev, cache, tiny, n_prompt, tokens, bw, cpu):
     tok = int(prompt[-1])
     g.forward_greedy(st, [tok])
     g.decode_greedy(st, tok, 2)
-    t0 = time.perf_counter()
-    for _ in range(tokens):
-        tok = int(np.argmax(g.forward(st, [tok])))
-    out["session_tok_s"] = tokens / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    for _ in range(tokens):
-        tok = g.forward_greedy(st, [tok])
-    out["greedy_tok_s"] = tokens / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    g.decode_greedy(st, tok, tokens)
-    out["chained_tok_s"] = tokens / (time.perf_counter() - t0)
+    out.update(decode_rates(g, st, tok, tokens))
     for k in ("session_tok_s", "greedy_tok_s", "chained_tok_s"):
         out[k.replace("tok_s", "eff_gb_s")] = out[k] * per_token / 1e9
     best = max(out["session_tok_s"], out["greedy_tok_s"], out["chained_tok_s"])
@@ -271,12 +246,8 @@ def dsv4_decode(dev, cache, tiny, n_prompt, tokens, bw, cpu):
     out["record_ms_per_token"] = (time.perf_counter() - t0) / n * 1e3
     prog = g._program(st, "greedy")
     out["gpu_ms_per_token"] = _time_dispatches(g, prog, k=16, at=st.pos) * 1e3
-    kinds = {}
-    for d in prog:
-        kinds.setdefault(d.name, []).append(d)
-    out["gpu_ms_by_kernel"] = {name: {"dispatches": len(ds),
-                                      "ms": _time_dispatches(g, ds, k=16, at=st.pos) * 1e3}
-                               for name, ds in sorted(kinds.items())}
+    out["gpu_ms_by_kernel"] = ms_by_kernel(
+        prog, lambda ds: _time_dispatches(g, ds, k=16, at=st.pos))
     if cpu:
         out["cortiq_cpu"] = cpu_decode(path, prompt, max(4, tokens // 8))
         out["gpu_over_cpu"] = best / out["cortiq_cpu"]["tok_s"]
