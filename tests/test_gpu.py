@@ -480,3 +480,21 @@ def test_device_without_subgroups_runs_the_decode_matvecs(dev, monkeypatch):
     got = kernels.matvec_once(bare, [m], x, rows=True)
     for r in range(3):
         assert _rel(got[r], qt.matvec(x[r])) < 1e-5
+
+
+def test_full_layer_caches_grow_on_device(dev, demo_file, monkeypatch):
+    """The full (unwindowed) layers' KV caches start small and double as positions come:
+    what they held is copied, and the logits stay the CPU's across each growth."""
+    from cortiq.gpu import dory as gd
+    from cortiq.gpu import to_device
+    from cortiq.models.dory import DoryModel
+    monkeypatch.setattr(gd, "FULL_CAP0", 4)
+    host = DoryModel(demo_file)
+    g = to_device(host, dev)
+    ids = np.random.default_rng(7).integers(0, host.vocab, 21)
+    sc, sg = host.new_state(), g.new_state()
+    assert _rel(g.forward(sg, ids[:9], "all"), host.forward(sc, ids[:9], "all")) < 1e-3
+    for i in ids[9:]:
+        assert _rel(g.forward(sg, [int(i)]), host.forward(sc, [int(i)])) < 1e-3
+    assert any(not s[3] for slots in sg.slots for s in slots or ())   # full layers exist
+    assert sg.full_cap == 32                # 4 -> 8 -> 16 -> 32 for 21 positions

@@ -540,13 +540,7 @@ class GpuDeepSeekV4Model(GpuModel):
     def _grow(self, st: GpuDsv4State, need: int) -> None:
         if need <= st.cap:
             return
-        if self.max_seq_len and need > int(self.max_seq_len):
-            raise ConfigError(f"deepseek_v4: position {need - 1} is past the model's "
-                              f"max_position_embeddings {self.max_seq_len}")
-        cap = st.cap
-        while cap < need:
-            cap *= 2
-        self._alloc(st, cap, st.layers)
+        self._alloc(st, self._grown_cap(st.cap, need), st.layers)
 
     def can_rollback(self, st: GpuDsv4State, n: int) -> bool:
         return n >= st.pos

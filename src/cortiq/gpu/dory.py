@@ -266,25 +266,11 @@ class GpuDoryModel(GpuModel):
         """Give the full layers' caches room for `need` positions (copying what they hold)."""
         if need <= st.full_cap:
             return
-        if self.max_seq_len and need > int(self.max_seq_len):
-            raise ConfigError(f"dory: position {need - 1} is past the model's "
-                              f"max_position_embeddings {self.max_seq_len}")
-        cap = st.full_cap
-        while cap < need:
-            cap *= 2
-        dev = self.dev
-        enc = dev.dev.create_command_encoder()
-        per_row = self.kv_size * 4
-        for slots in st.slots:
-            for s in slots or ():
-                if s[3]:
-                    continue
-                for i in (0, 1):
-                    nb = dev.buffer(cap * per_row, copy_src=True)
-                    enc.copy_buffer_to_buffer(s[i], 0, nb, 0, s[i].size)
-                    s[i] = nb
-                s[2] = cap
-        dev.queue.submit([enc.finish()])
+        cap = self._grown_cap(st.full_cap, need)
+        full = [s for slots in st.slots for s in slots or () if not s[3]]
+        news = self._grown_copies([b for s in full for b in s[:2]], cap * self.kv_size * 4)
+        for i, s in enumerate(full):
+            s[0], s[1], s[2] = news[2 * i], news[2 * i + 1], cap
         st.full_cap = cap
         st.programs.clear()
         st.arena = None

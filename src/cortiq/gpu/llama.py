@@ -247,21 +247,10 @@ class GpuLlamaModel(GpuModel):
         """Room in every layer's cache for `need` positions (copying what they hold)."""
         if need <= st.cap:
             return
-        if self.max_seq_len and need > int(self.max_seq_len):
-            raise ConfigError(f"{self.arch}: position {need - 1} is past the model's "
-                              f"max_position_embeddings {self.max_seq_len}")
-        cap = st.cap
-        while cap < need:
-            cap *= 2
-        dev = self.dev
-        enc = dev.dev.create_command_encoder()
-        per_row = self.kv_size * 4
-        for bufs in (st.k, st.v):
-            for i, old in enumerate(bufs):
-                nb = dev.buffer(cap * per_row, copy_src=True)
-                enc.copy_buffer_to_buffer(old, 0, nb, 0, old.size)
-                bufs[i] = nb
-        dev.queue.submit([enc.finish()])
+        cap = self._grown_cap(st.cap, need)
+        nbytes = cap * self.kv_size * 4
+        st.k = self._grown_copies(st.k, nbytes)
+        st.v = self._grown_copies(st.v, nbytes)
         st.cap = cap
         st.programs.clear()
 

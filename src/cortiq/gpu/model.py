@@ -3,6 +3,9 @@ device runs a sequence's feed as one submission a chunk, on weights kept in thei
 stored dtypes; decode rows of several sequences may share one submission."""
 from __future__ import annotations
 
+from typing import Any
+
+from ..errors import ConfigError
 from ..models.base import ModelBase, check_feed, is_prompt
 
 
@@ -12,9 +15,36 @@ class GpuModel(ModelBase):
     several sequences as one submission (every product reading its weights once for
     all the rows) sets `batch_rows` > 1 and writes `forward_rows`."""
 
+    # set by every GPU model: its device and the host model's position limit (None: none)
+    dev: Any
+    max_seq_len: int | None
+
     #: decode rows (one id each, distinct sequences) one `forward_rows` call takes;
     #: 0 or 1: the model has no `forward_rows`, every feed runs on its own
     batch_rows = 0
+
+    def _grown_cap(self, cap: int, need: int) -> int:
+        """A KV cache capacity doubled from `cap` until it holds `need` positions;
+        ConfigError past the model's max_position_embeddings."""
+        if self.max_seq_len and need > int(self.max_seq_len):
+            raise ConfigError(f"{self.arch}: position {need - 1} is past the model's "
+                              f"max_position_embeddings {self.max_seq_len}")
+        while cap < need:
+            cap *= 2
+        return cap
+
+    def _grown_copies(self, olds: list, nbytes: int) -> list:
+        """New device buffers of `nbytes`, each holding an old buffer's bytes at its start
+        (the copies in one submission)."""
+        dev = self.dev
+        enc = dev.dev.create_command_encoder()
+        news = []
+        for old in olds:
+            nb = dev.buffer(nbytes, copy_src=True)
+            enc.copy_buffer_to_buffer(old, 0, nb, 0, old.size)
+            news.append(nb)
+        dev.queue.submit([enc.finish()])
+        return news
 
     def matrices(self) -> list:
         """No matrices: the device's products run on the weights in their stored dtypes,
