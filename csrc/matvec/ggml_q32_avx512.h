@@ -72,6 +72,39 @@ static inline __m512 g32_halves16(const uint8_t *p, size_t bb, const int32_t *or
     return _mm512_cvtph_ps(h);
 }
 
+/* Four consecutive blocks (block b at p + b * bb, codes at qo) as 64 low codes (columns
+ * 0-15 of each block, lanes 16b..16b+15) and 64 high ones (16-31); q5's fifth bits go in
+ * by two 64-bit masks built from the four qh words. */
+static inline void g32_codes4(const uint8_t *p, size_t bb, size_t qo, int q5, __m512i *lo,
+                              __m512i *hi) {
+    const __m512i m0f = _mm512_set1_epi8(0x0F);
+    const __m256i v01 = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + qo))),
+        _mm_loadu_si128((const __m128i *)(p + bb + qo)), 1);
+    const __m256i v23 = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + 2 * bb + qo))),
+        _mm_loadu_si128((const __m128i *)(p + 3 * bb + qo)), 1);
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(v01), v23, 1);
+    *lo = _mm512_and_si512(v, m0f);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+    if (q5) {
+        const uint64_t h0 = g32_ld32(p + qo - 4), h1 = g32_ld32(p + bb + qo - 4);
+        const uint64_t h2 = g32_ld32(p + 2 * bb + qo - 4), h3 = g32_ld32(p + 3 * bb + qo - 4);
+        const uint64_t ml = (h0 & 0xFFFF) | (h1 & 0xFFFF) << 16 | (h2 & 0xFFFF) << 32 | (h3 & 0xFFFF) << 48;
+        const uint64_t mh = (h0 >> 16) | (h1 >> 16) << 16 | (h2 >> 16) << 32 | (h3 >> 16) << 48;
+        *lo = _mm512_or_si512(*lo, _mm512_maskz_mov_epi8((__mmask64)ml, _mm512_set1_epi8(16)));
+        *hi = _mm512_or_si512(*hi, _mm512_maskz_mov_epi8((__mmask64)mh, _mm512_set1_epi8(16)));
+    }
+}
+
+/* xq's halves for the four groups from g, in g32_codes4's lanes. */
+static inline void g32_x4(const cq_xq *xq, size_t g, __m512i *xl, __m512i *xh) {
+    const __m512i xa = _mm512_load_si512((const void *)(xq->q + CQ_GROUP * g));
+    const __m512i xb = _mm512_load_si512((const void *)(xq->q + CQ_GROUP * g + 64));
+    *xl = _mm512_shuffle_i64x2(xa, xb, _MM_SHUFFLE(2, 0, 2, 0));
+    *xh = _mm512_shuffle_i64x2(xa, xb, _MM_SHUFFLE(3, 1, 3, 1));
+}
+
 /* The 4-bit and 5-bit formats four blocks a step: the four blocks' 16 nibble bytes in
  * one register, split into low nibbles (columns 0-15 of each block) and high ones
  * (16-31), meeting xq's halves gathered the same way (two vshufi64x2); lanes 4b..4b+3
@@ -80,32 +113,14 @@ static inline __m512 g32_halves16(const uint8_t *p, size_t bb, const int32_t *or
 #define G32_NIBBLES4(DOT)                                                                          \
     do {                                                                                           \
         const size_t qo = 2 + 2 * min + (q5 ? 4 : 0);                                              \
-        const __m512i m0f = _mm512_set1_epi8(0x0F);                                                \
         const __m512i spread4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3); \
         for (; g + 4 <= gpr; g += 4) {                                                             \
             const uint8_t *p = row + g * bb;                                                       \
             CQ_STREAM_PF(p);                                                                       \
             CQ_STREAM_PF(p + 64);                                                                  \
-            const __m256i v01 = _mm256_inserti128_si256(                                           \
-                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + qo))),                 \
-                _mm_loadu_si128((const __m128i *)(p + bb + qo)), 1);                               \
-            const __m256i v23 = _mm256_inserti128_si256(                                           \
-                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + 2 * bb + qo))),        \
-                _mm_loadu_si128((const __m128i *)(p + 3 * bb + qo)), 1);                           \
-            const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(v01), v23, 1);             \
-            __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f); \
-            if (q5) {                                                                              \
-                const uint64_t h0 = g32_ld32(p + qo - 4), h1 = g32_ld32(p + bb + qo - 4);           \
-                const uint64_t h2 = g32_ld32(p + 2 * bb + qo - 4), h3 = g32_ld32(p + 3 * bb + qo - 4); \
-                const uint64_t ml = (h0 & 0xFFFF) | (h1 & 0xFFFF) << 16 | (h2 & 0xFFFF) << 32 | (h3 & 0xFFFF) << 48; \
-                const uint64_t mh = (h0 >> 16) | (h1 >> 16) << 16 | (h2 >> 16) << 32 | (h3 >> 16) << 48; \
-                lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8((__mmask64)ml, _mm512_set1_epi8(16))); \
-                hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8((__mmask64)mh, _mm512_set1_epi8(16))); \
-            }                                                                                      \
-            const __m512i xa = _mm512_load_si512((const void *)(xq->q + CQ_GROUP * g));            \
-            const __m512i xb = _mm512_load_si512((const void *)(xq->q + CQ_GROUP * g + 64));       \
-            const __m512i xl = _mm512_shuffle_i64x2(xa, xb, _MM_SHUFFLE(2, 0, 2, 0));              \
-            const __m512i xh = _mm512_shuffle_i64x2(xa, xb, _MM_SHUFFLE(3, 1, 3, 1));              \
+            __m512i lo, hi, xl, xh;                                                                \
+            g32_codes4(p, bb, qo, q5, &lo, &hi);                                                   \
+            g32_x4(xq, g, &xl, &xh);                                                               \
             __m512i isum;                                                                          \
             if (dt == CQ_DT_GGML_IQ4_NL) {                                                         \
                 lo = _mm512_shuffle_epi8(lv, lo);                                                  \
@@ -143,7 +158,6 @@ static const int32_t G32_NIB_ORDER[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14
 #define G32_NIBBLES16(DOT, XOR128)                                                                 \
     do {                                                                                           \
         const size_t qo = 2 + 2 * min + (q5 ? 4 : 0);                                              \
-        const __m512i m0f = _mm512_set1_epi8(0x0F);                                                \
         const __m512i order = _mm512_loadu_si512((const void *)G32_NIB_ORDER);                     \
         const __m512i ev = _mm512_add_epi32(order, order), od = _mm512_add_epi32(ev, _mm512_set1_epi32(1)); \
         const int sh = dt == CQ_DT_GGML_Q4_0 ? 3 : dt == CQ_DT_GGML_Q5_0 ? 4 : 7;                  \
@@ -155,26 +169,9 @@ static const int32_t G32_NIB_ORDER[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14
             for (int j = 0; j < 4; j++) {                                                          \
                 const uint8_t *p = p16 + 4 * j * bb;                                               \
                 const size_t gj = g + 4 * j;                                                       \
-                const __m256i v01 = _mm256_inserti128_si256(                                       \
-                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + qo))),             \
-                    _mm_loadu_si128((const __m128i *)(p + bb + qo)), 1);                           \
-                const __m256i v23 = _mm256_inserti128_si256(                                       \
-                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + 2 * bb + qo))),    \
-                    _mm_loadu_si128((const __m128i *)(p + 3 * bb + qo)), 1);                       \
-                const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(v01), v23, 1);         \
-                __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f); \
-                if (q5) {                                                                          \
-                    const uint64_t h0 = g32_ld32(p + qo - 4), h1 = g32_ld32(p + bb + qo - 4);       \
-                    const uint64_t h2 = g32_ld32(p + 2 * bb + qo - 4), h3 = g32_ld32(p + 3 * bb + qo - 4); \
-                    const uint64_t ml = (h0 & 0xFFFF) | (h1 & 0xFFFF) << 16 | (h2 & 0xFFFF) << 32 | (h3 & 0xFFFF) << 48; \
-                    const uint64_t mh = (h0 >> 16) | (h1 >> 16) << 16 | (h2 >> 16) << 32 | (h3 >> 16) << 48; \
-                    lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8((__mmask64)ml, _mm512_set1_epi8(16))); \
-                    hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8((__mmask64)mh, _mm512_set1_epi8(16))); \
-                }                                                                                  \
-                const __m512i xa = _mm512_load_si512((const void *)(xq->q + CQ_GROUP * gj));       \
-                const __m512i xb = _mm512_load_si512((const void *)(xq->q + CQ_GROUP * gj + 64));  \
-                const __m512i xl = _mm512_shuffle_i64x2(xa, xb, _MM_SHUFFLE(2, 0, 2, 0));          \
-                const __m512i xh = _mm512_shuffle_i64x2(xa, xb, _MM_SHUFFLE(3, 1, 3, 1));          \
+                __m512i lo, hi, xl, xh;                                                            \
+                g32_codes4(p, bb, qo, q5, &lo, &hi);                                               \
+                g32_x4(xq, gj, &xl, &xh);                                                          \
                 if (dt == CQ_DT_GGML_IQ4_NL && XOR128) {                                           \
                     w[j] = DOT(DOT(zero, _mm512_shuffle_epi8(lvu, lo), xl), _mm512_shuffle_epi8(lvu, hi), xh); \
                 } else if (dt == CQ_DT_GGML_IQ4_NL) {                                              \
