@@ -52,7 +52,7 @@ from ..models.base import Capabilities, check_feed
 from .device import Device
 from .model import GpuModel
 from .kernels import (CHUNK, DTYPE_IDS, MAX_PARTS, NONE, RPW1_SLOTS, Dispatch, GpuMatrix,
-                      MatvecOp, ParamArena, _decoder, _matvec_source, _part_tables,
+                      MatvecOp, ParamArena, WeightUpload, _decoder, _matvec_source, _part_tables,
                       _row_bytes_ranges, embed_kinds, embed_pipeline, fixed_pipeline,
                       matvec_kinds, resolve, u32s)
 
@@ -271,23 +271,9 @@ class GpuDeepSeekV4Model(GpuModel):
             raise ConfigError("device='gpu': deepseek_v4 routing takes up to 1024 experts and "
                               "top_k up to 63")
         t0 = time.perf_counter()
-        self.mats: list[GpuMatrix] = []
-        self.weight_bytes = 0
-        vecs: list[np.ndarray] = [np.zeros(4, np.float32)]
-        at = [4]
-
-        def vec(a) -> int:
-            a = np.ascontiguousarray(a, np.float32).ravel()
-            off = at[0]
-            vecs.append(a)
-            at[0] += a.size
-            return off
-
-        def mat(qt) -> GpuMatrix:
-            m = GpuMatrix(dev, qt)
-            self.mats.append(m)
-            self.weight_bytes += m.nbytes
-            return m
+        upload = WeightUpload(dev)
+        self.mats: list[GpuMatrix] = upload.mats
+        vec, mat = upload.vec, upload.mat
 
         def dense(a, name) -> GpuMatrix:
             a = np.ascontiguousarray(a, np.float32)
@@ -341,7 +327,8 @@ class GpuDeepSeekV4Model(GpuModel):
         self.hc_head = (dense(host.hc_head_fn, "hc_head_fn"),
                         vec(np.array([host.hc_head_scale, 0, 0], np.float32)),
                         vec(host.hc_head_base), vec(host.norm))
-        self.vbuf = dev.upload(np.concatenate(vecs))
+        self.vbuf = upload.vector_buffer()
+        self.weight_bytes = sum(m.nbytes for m in self.mats)
         # ---- activations (one token)
         f4 = 4
         self.mix_w = (2 + hc) * hc

@@ -37,7 +37,7 @@ from ..models.dory.model import EPS, HOST_CHUNK, AttnWeights, ExitRate, top_prob
 from .device import Device
 from .model import GpuModel
 from .kernels import (FIXED, MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp, ParamArena,
-                      embed_kinds, embed_pipeline, fixed_pipeline, resolve, u32s)
+                      WeightUpload, embed_kinds, embed_pipeline, fixed_pipeline, resolve, u32s)
 
 #: rows of a full (unwindowed) layer's KV cache before its first growth
 FULL_CAP0 = 256
@@ -122,21 +122,9 @@ class GpuDoryModel(GpuModel):
         self.qkvg_w = 2 * self.q_size + 2 * self.kv_size
         t0 = time.perf_counter()
         # ---- weights, once, in their stored dtypes
-        self.mats: list[GpuMatrix] = []
-        vecs: list[np.ndarray] = []
-        at = [0]
-
-        def vec(a):
-            a = np.ascontiguousarray(a, np.float32).ravel()
-            off = at[0]
-            vecs.append(a)
-            at[0] += a.size
-            return off
-
-        def mat(qt):
-            m = GpuMatrix(dev, qt)
-            self.mats.append(m)
-            return m
+        upload = WeightUpload(dev)
+        self.mats: list[GpuMatrix] = upload.mats
+        vec, mat = upload.vec, upload.mat
 
         self.lw = []
         for w in host.layers:
@@ -151,7 +139,7 @@ class GpuDoryModel(GpuModel):
         self.embed = mat(host.embed)
         self.head = mat(host.head_w)
         self.v_logit = vec(host.logit_scale)
-        self.vbuf = dev.upload(np.concatenate(vecs) if vecs else np.zeros(4, np.float32))
+        self.vbuf = upload.vector_buffer()
         self.weight_bytes = sum(m.nbytes for m in self.mats)
         # ---- activations for a chunk of up to HOST_CHUNK rows
         T, H = HOST_CHUNK, self.hidden

@@ -86,6 +86,39 @@ class GpuMatrix:
         self.nbytes = int(raw.size)
 
 
+class WeightUpload:
+    """A model's weights on their way to the device: matrices uploaded once as
+    `GpuMatrix` (kept in `mats`), vectors (norm weights, gains, biases) packed into one
+    float buffer whose offsets `vec` returns; offsets 0-3 hold zeros and None gives
+    NONE, the shaders' "no vector"."""
+
+    def __init__(self, dev: Device):
+        self.dev = dev
+        self.mats: list[GpuMatrix] = []
+        self._vecs: list[np.ndarray] = [np.zeros(4, np.float32)]
+        self._at = 4
+
+    # untyped on purpose: the models keep these offsets and matrices in dicts of mixed
+    # values per layer
+    def vec(self, a):
+        if a is None:
+            return NONE
+        a = np.ascontiguousarray(a, np.float32).ravel()
+        off = self._at
+        self._vecs.append(a)
+        self._at += a.size
+        return off
+
+    def mat(self, qt):
+        m = GpuMatrix(self.dev, qt)
+        self.mats.append(m)
+        return m
+
+    def vector_buffer(self):
+        """The packed vectors on the device (after the last `vec`)."""
+        return self.dev.upload(np.concatenate(self._vecs))
+
+
 @dataclass
 class Dispatch:
     """One recorded kernel: pipeline, bind group and workgroup counts (a function of

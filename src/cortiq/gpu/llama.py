@@ -41,8 +41,8 @@ from ..errors import ConfigError, CortiqError
 from ..models.base import Capabilities, check_feed
 from .device import Device
 from .kernels import (DTYPE_IDS, FIXED, MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp,
-                      ParamArena, _part_tables, embed_kinds, embed_pipeline, fixed_pipeline,
-                      resolve, u32s)
+                      ParamArena, WeightUpload, _part_tables, embed_kinds, embed_pipeline,
+                      fixed_pipeline, resolve, u32s)
 from .model import GpuModel
 
 #: prompt rows a submission takes (the host forward's chunk)
@@ -133,23 +133,9 @@ class GpuLlamaModel(GpuModel):
         H, F, T = self.hidden, self.ffn, CHUNK
         t0 = time.perf_counter()
         # ---- weights, once, in their stored dtypes; vectors in one buffer
-        self.mats: list[GpuMatrix] = []
-        vecs: list[np.ndarray] = [np.zeros(4, np.float32)]
-        at = [4]
-
-        def vec(a):
-            if a is None:
-                return NONE
-            a = np.ascontiguousarray(a, np.float32).ravel()
-            off = at[0]
-            vecs.append(a)
-            at[0] += a.size
-            return off
-
-        def mat(qt):
-            m = GpuMatrix(dev, qt)
-            self.mats.append(m)
-            return m
+        upload = WeightUpload(dev)
+        self.mats: list[GpuMatrix] = upload.mats
+        vec, mat = upload.vec, upload.mat
 
         def joined_bias(products):
             bs = products.biases
@@ -172,7 +158,7 @@ class GpuLlamaModel(GpuModel):
         self.embed = mat(host.embed)
         self.head = self.embed if host.head is host.embed else mat(host.head)
         self.v_norm = vec(host.norm)
-        self.vbuf = dev.upload(np.concatenate(vecs))
+        self.vbuf = upload.vector_buffer()
         self.weight_bytes = sum(m.nbytes for m in self.mats)
         # ---- activations for a chunk of up to CHUNK rows
         f4 = 4
