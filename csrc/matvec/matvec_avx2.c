@@ -372,8 +372,9 @@ static inline __m256i q4_nibbles2(const uint8_t *p, size_t gs, int two) {
  * constant and no per-step tests: the same loads, integer sums and fold as its general
  * chunk (which takes the row's last, partial chunk), so the same bits. The weights are
  * prefetched once per 64-byte line (q4_block, q4tp: every other step) or per 72-byte
- * block of four groups (q4_tiled), not once per step: the per-step pairs, most of them
- * repeats, and the tests cost as much as the arithmetic with the weights in cache. */
+ * block of four groups (q4_tiled), not once per step (most of those pairs were repeats:
+ * 2-3 % of a row in cache). With the weights in cache the per-step tests and branches
+ * cost about as much as the arithmetic. */
 #define Q4R_FULL_CHUNKS(DOT2, GS)                                                                         \
     for (; gi + 8 <= ng; gi += 8) {                                                                       \
         __m256i s[2][4];                                                                                  \
