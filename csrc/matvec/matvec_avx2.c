@@ -368,6 +368,35 @@ static inline __m256i q4_nibbles2(const uint8_t *p, size_t gs, int two) {
 #define Q4R_SUM(DOT2, v, qe, bias)                                                                        \
     DOT2(bias, _mm256_and_si256(v, m0f), _mm256_load_si256((const __m256i *)(qe)),                        \
          _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f), _mm256_load_si256((const __m256i *)((qe) + 64)))
+/* q4r_tile's whole chunks of 8 groups (gi + 8 <= ng), with the group stride GS a
+ * constant and no per-step tests: the same loads, integer sums and fold as its general
+ * chunk (which takes the row's last, partial chunk), so the same bits. The weights are
+ * prefetched once per 64-byte line (q4_block, q4tp: every other step) or per 72-byte
+ * block of four groups (q4_tiled), not once per step (most of those pairs were repeats:
+ * 2-3 % of a row in cache). With the weights in cache the per-step tests and branches
+ * cost about as much as the arithmetic. */
+#define Q4R_FULL_CHUNKS(DOT2, GS)                                                                         \
+    for (; gi + 8 <= ng; gi += 8) {                                                                       \
+        __m256i s[2][4];                                                                                  \
+        for (int k = 0; k < 4; k++) {                                                                     \
+            const size_t g = g0 + gi + 2 * (size_t)k;                                                     \
+            const int8_t *qe = xq->q + 128 * (g / 4) + 16 * (g % 4);                                     \
+            const __m256i bias = _mm256_load_si256((const __m256i *)(xq->bias + 4 * g));                  \
+            for (int i = 0; i < R; i++) {                                                                 \
+                const uint8_t *p = nb + i * (GS) * gpr + (GS) * g;                                        \
+                if (!(k & 1)) {                                                                           \
+                    if ((GS) == 18)                                                                       \
+                        CQ_STREAM_PF_SPAN(p - 2, 72);                                                     \
+                    else                                                                                  \
+                        CQ_STREAM_PF(p);                                                                  \
+                }                                                                                         \
+                s[i][k] = Q4R_SUM(DOT2, q4_nibbles2(p, (GS), 1), qe, bias);                               \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int i = 0; i < R; i++)                                                                       \
+            f[i] = q4_fold8(f[i], q4_pair8(s[i][0], s[i][1]), q4_pair8(s[i][2], s[i][3]),                 \
+                            _mm256_loadu_ps(sw[i] + gi), xq->d + g0 + gi, 8);                             \
+    }
 #define Q4R_VARIANT(SUF, TARGET, DOT2)                                                                     \
     static inline __attribute__((always_inline, target(TARGET))) void q4r_tile_##SUF(                      \
         const cq_qmat *m, size_t r, const cq_xq *xq, float *out, const int R) {                           \
@@ -382,7 +411,13 @@ static inline __m256i q4_nibbles2(const uint8_t *p, size_t gs, int two) {
                 avx2_group_scales(m, r + i, g0, ng, sw[i]);                                               \
                 _mm256_storeu_ps(sw[i] + ng, _mm256_setzero_ps());                                        \
             }                                                                                             \
-            for (size_t gi = 0; gi < ng; gi += 8) {                                                       \
+            size_t gi = 0;                                                                                \
+            if (gs == 18) {                                                                               \
+                Q4R_FULL_CHUNKS(DOT2, 18)                                                                 \
+            } else {                                                                                      \
+                Q4R_FULL_CHUNKS(DOT2, 16)                                                                 \
+            }                                                                                             \
+            for (; gi < ng; gi += 8) {                                                                    \
                 __m256i s[2][4];                                                                          \
                 for (int k = 0; k < 4; k++) {                                                             \
                     const size_t gk = gi + 2 * (size_t)k, g = g0 + gk;                                    \

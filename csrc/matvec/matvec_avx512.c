@@ -423,6 +423,40 @@ __attribute__((target("avx512vbmi"))) static inline __m512 tp_code16_vbmi(const 
  * loops carry unroll pragmas: GCC left the row loop rolled, its sums spilled. Variants:
  * DOT (vpdpbusd or vpmaddubsw + vpmaddwd: the same integers) and VBMI (q4tp's codes
  * decoded by tp_code16_vbmi: the same scales). */
+/* q4i8_tile's whole chunks of 16 groups of q4tp rows: the general chunk's loads,
+ * integer sums, scales and fold with the dtype, the group stride and the chunk's
+ * length constants and no per-block tests (the same bits; the general loop takes the
+ * row's last, partial chunk). Every test and switch in the general chunk stood between
+ * the vpdpbusd chains of its rows. */
+#define Q4I8_TP_FULL_CHUNKS(DOT, VBMI)                                                                    \
+    const uint8_t *cb0 = m->data + m->rows * gpr * 16 + 4 * m->rows + r * cq_tp_stride(m->cols);         \
+    for (; g0 + 16 <= gpr; g0 += 16) {                                                                    \
+        __m512i P[4][2]; /* [row][blocks 0-1, 2-3] paired */                                              \
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {                                             \
+            __m512i s[4][2];                                                                              \
+            _Pragma("GCC unroll 2") for (int b = 0; b < 2; b++) {                                         \
+                const size_t blk = (g0 + 8 * (size_t)h + 4 * (size_t)b) / 4;                              \
+                const int8_t *q = xq->q + 128 * blk;                                                      \
+                const __m512i xa = _mm512_load_si512((const void *)q);                                    \
+                const __m512i xb = _mm512_load_si512((const void *)(q + 64));                             \
+                const __m512i bias = _mm512_load_si512((const void *)(xq->bias + 16 * blk));              \
+                _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) {                                     \
+                    const uint8_t *p = nb + 16 * (i * gpr + 4 * blk);                                     \
+                    CQ_STREAM_PF(p);                                                                      \
+                    s[i][b] = Q4_BLOCK_SUM(DOT, _mm512_loadu_si512((const void *)p), xa, xb, bias);       \
+                }                                                                                         \
+            }                                                                                             \
+            _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) P[i][h] = q4_pair(s[i][0], s[i][1]);      \
+        }                                                                                                 \
+        _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) {                                             \
+            const uint8_t *cb = cb0 + i * cq_tp_stride(m->cols) + 5 * (g0 / 8);                          \
+            const float *ladder = m->aux + 32 * (r + i);                                                  \
+            const __m512 l0 = _mm512_loadu_ps(ladder), l1 = _mm512_loadu_ps(ladder + 16);                 \
+            const __m512 sc = VBMI ? Q4I8_TP_VBMI(cb, l0, l1) : tp_code16(cb, l0, l1);                    \
+            f[i] = q4_fold16(f[i], P[i][0], P[i][1], sc, xq->d + g0, 16);                                 \
+        }                                                                                                 \
+    }
+
 #ifndef Q4I8_R /* (overridable for an A/B build: -DQ4I8_R=1, 2 or 4) */
 #define Q4I8_R 4
 #endif
@@ -455,7 +489,11 @@ __attribute__((target("avx512vbmi"))) static inline __m512 tp_code16_vbmi(const 
         const __m512i m0f = _mm512_set1_epi8(0x0F);                                                       \
         __m512 f[4];                                                                                       \
         _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) f[i] = _mm512_setzero_ps();                                           \
-        for (size_t g0 = 0; g0 < gpr; g0 += 16) {                                                         \
+        size_t g0 = 0;                                                                                    \
+        if (m->dtype == CQ_DT_Q4TP) {                                                                     \
+            Q4I8_TP_FULL_CHUNKS(DOT, VBMI)                                                                \
+        }                                                                                                 \
+        for (; g0 < gpr; g0 += 16) {                                                                      \
             const size_t n = gpr - g0;                                                                    \
             __m512i P[4][2];       /* [row][blocks 0-1, 2-3] paired */                                     \
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {                                         \
