@@ -362,6 +362,17 @@ class TensorDirectory:
         except KeyError:
             raise MissingTensor(f"{self.path}: no tensor {name!r}") from None
 
+    def close(self) -> None:
+        """Close every part the file opened (mapped or copied); idempotent."""
+        for part in getattr(self, "_parts", []):
+            part.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
 
 class CmfFile(TensorDirectory):
     """An open CMF model: one file, or every shard of a set merged (see open())."""
@@ -557,16 +568,6 @@ class CmfFile(TensorDirectory):
         if strict and out:
             raise HashMismatch("; ".join(out))
         return out
-
-    def close(self):
-        for part in getattr(self, "_parts", []):
-            part.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __repr__(self):
         return (f"CmfFile({self.path!r}, arch={self.arch.get('arch_name')!r}, "

@@ -401,16 +401,6 @@ class GgufFile(TensorDirectory):
         find; always []."""
         return []
 
-    def close(self) -> None:
-        for part in self._parts:
-            part.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     def __repr__(self):
         parts = f", parts={len(self._parts)}" if len(self._parts) > 1 else ""
         return (f"GgufFile({self.path!r}, arch={self.arch.get('arch_name')!r}, "

@@ -293,22 +293,8 @@ class GpuDoryModel(GpuModel):
         exits early, as on the CPU."""
         ids = self._check(ids, want)
         prompt = is_prompt(prompt, ids.size)
-        if ids.size == 0:
-            return None if want == "none" else np.zeros(
-                (0, self.vocab) if want == "all" else 0, np.float32)
-        out = []
-        for start in range(0, ids.size, HOST_CHUNK):
-            chunk = ids[start:start + HOST_CHUNK]
-            last = start + chunk.size == ids.size
-            w = want if (last or want == "all") else "none"
-            lg = self._run_chunk(st, chunk, w, prompt)
-            if lg is not None:
-                out.append(lg)
-        if want == "none":
-            return None
-        if want == "last":
-            return out[-1][0]
-        return np.concatenate(out, axis=0)
+        return self._forward_chunks(ids, want, HOST_CHUNK,
+                                    lambda chunk, w: self._run_chunk(st, chunk, w, prompt))
 
     def forward_greedy(self, st: GpuDoryState, ids) -> int:
         """Run `ids` and return the argmax of the last row's logits, computed on the

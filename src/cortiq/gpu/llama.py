@@ -258,22 +258,7 @@ class GpuLlamaModel(GpuModel):
         [vocab], "all" -> [len(ids), vocab] (float32). Prompt rows and generated
         tokens run the same arithmetic on the device, so `prompt` changes nothing."""
         ids = check_feed(ids, want, self.vocab)
-        if ids.size == 0:
-            return None if want == "none" else np.zeros(
-                (0, self.vocab) if want == "all" else 0, np.float32)
-        out = []
-        for start in range(0, ids.size, CHUNK):
-            chunk = ids[start:start + CHUNK]
-            last = start + chunk.size == ids.size
-            w = want if (last or want == "all") else "none"
-            lg = self._submit(st, chunk, w)
-            if lg is not None:
-                out.append(lg)
-        if want == "none":
-            return None
-        if want == "last":
-            return out[-1][0]
-        return np.concatenate(out, axis=0)
+        return self._forward_chunks(ids, want, CHUNK, lambda chunk, w: self._submit(st, chunk, w))
 
     def final_hidden(self, st: GpuLlamaState, ids) -> np.ndarray:
         """The final-norm hidden states [len(ids), hidden] of `ids` run from st.pos."""

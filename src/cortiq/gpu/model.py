@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ..errors import ConfigError
 from ..models.base import ModelBase, check_feed, is_prompt
 
@@ -22,6 +24,26 @@ class GpuModel(ModelBase):
     #: decode rows (one id each, distinct sequences) one `forward_rows` call takes;
     #: 0 or 1: the model has no `forward_rows`, every feed runs on its own
     batch_rows = 0
+
+    def _forward_chunks(self, ids: np.ndarray, want: str, chunk: int, run):
+        """Feed checked `ids` in pieces of `chunk` rows through run(piece, want) (each
+        piece's own want: "none" but for the last, or "all") and assemble the result:
+        None, the last row's logits [vocab], or every row's [len(ids), vocab]."""
+        if ids.size == 0:
+            return None if want == "none" else np.zeros(
+                (0, self.vocab) if want == "all" else 0, np.float32)
+        out = []
+        for start in range(0, ids.size, chunk):
+            piece = ids[start:start + chunk]
+            last = start + piece.size == ids.size
+            lg = run(piece, want if (last or want == "all") else "none")
+            if lg is not None:
+                out.append(lg)
+        if want == "none":
+            return None
+        if want == "last":
+            return out[-1][0]
+        return np.concatenate(out, axis=0)
 
     def _grown_cap(self, cap: int, need: int) -> int:
         """A KV cache capacity doubled from `cap` until it holds `need` positions;
