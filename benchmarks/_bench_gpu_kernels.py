@@ -4,7 +4,7 @@
     write the same buffer (so each waits for the one before, as a forward's do), timed
     at the submission's boundaries against a pass of one dispatch;
   * the decode matvec's streaming rate per variant (subgroupAdd or the shared-memory
-    tree, 1 or 4 loads in flight a lane, rows a workgroup) on q8_row matrices of
+    tree, 1 or 4 loads in flight a lane, rows a workgroup, float32 or int8 activations) on q8_row matrices of
     Llama-8B and bench-Dory shapes, each shape as enough distinct copies that the set
     exceeds the GPU's L2, as GB/s and % of the read bandwidth;
   * the matvec stream of one Llama-3-8B-shaped token (hidden 4096, 32 layers, FFN
@@ -170,7 +170,24 @@ VARIANTS = {
     "sg_unroll4_rows8": dict(MATVEC_SUBGROUPS=True, MATVEC_UNROLL=4, RPW1_SLOTS=8, RPW1_ROWS=1),
     "sg_unroll4_rows32": dict(MATVEC_SUBGROUPS=True, MATVEC_UNROLL=4, RPW1_SLOTS=32,
                               RPW1_ROWS=1),
+    # int8 activations (precision "int8"): the input quantized in the workgroup, dot4I8Packed
+    "int8_tree_rows16": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=4, RPW1_SLOTS=16,
+                             RPW1_ROWS=1, int8=True),
+    "int8_tree_rows8": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=4, RPW1_SLOTS=8,
+                            RPW1_ROWS=1, int8=True),
+    "int8_sg_rows8": dict(MATVEC_SUBGROUPS=True, MATVEC_UNROLL=4, RPW1_SLOTS=8,
+                          RPW1_ROWS=1, int8=True),
+    "int8_sg_rows16": dict(MATVEC_SUBGROUPS=True, MATVEC_UNROLL=4, RPW1_SLOTS=16,
+                           RPW1_ROWS=1, int8=True),
+    "int8_tree_rows16x2": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=4, RPW1_SLOTS=16,
+                               RPW1_ROWS=2, int8=True),
 }
+
+
+def _variant(kw: dict):
+    """(module settings, int8) of a VARIANTS entry."""
+    kw = dict(kw)
+    return kw, kw.pop("int8", False)
 
 #: (label, rows, cols, input stage) of the measured products
 SHAPES = [("llama8b_qkv 6144x4096", 6144, 4096, 0),
@@ -214,9 +231,10 @@ def matvec_variants(dev, read_gb_s, l2_bytes=256 << 20):
         for name, kw in VARIANTS.items():
             if kw["MATVEC_SUBGROUPS"] and not dev.subgroups:
                 continue
-            with _Settings(**kw):
-                ds = [op.dispatch(step, 1) for op in ops]
-                dt = _time_pass(dev, ds * 4, rounds=3) / 4
+            settings, int8 = _variant(kw)
+            with _Settings(**settings):
+                ds = [op.dispatch(step, 1, int8) for op in ops]
+                dt = _time_pass(dev, ds * 8, rounds=3) / 8
                 gbs = nbytes * copies / dt / 1e9
                 res[name] = {"gb_s": gbs, "pct_of_read_bw": 100 * gbs / read_gb_s,
                              "us_per_product": dt / copies * 1e6,
@@ -252,8 +270,9 @@ def llama8b_chain(dev, read_gb_s, layers=32, hidden=4096, ffn=14336, heads=32, k
     for name, kw in VARIANTS.items():
         if kw["MATVEC_SUBGROUPS"] and not dev.subgroups:
             continue
-        with _Settings(**kw):
-            ds = [op.dispatch(step, 1) for op in ops]
+        settings, int8 = _variant(kw)
+        with _Settings(**settings):
+            ds = [op.dispatch(step, 1, int8) for op in ops]
             prog = ds[:4] * layers + ds[4:]
             dt = _time_pass(dev, prog, rounds=3)
         out[name] = {"gpu_ms_per_token": dt * 1e3, "tok_s_bound": 1 / dt,

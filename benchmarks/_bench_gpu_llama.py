@@ -142,4 +142,13 @@ def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw:
     out["record_ms_per_token"] = (time.perf_counter() - t0) / n * 1e3
     out["gpu_ms_per_token"] = time_dispatches(g, prog, k=8, at=1) * 1e3
     out["gpu_ms_by_kernel"] = ms_by_kernel(prog, lambda ds: time_dispatches(g, ds, k=8, at=1))
+    # the same decode with int8 activations in the decode products (precision "int8")
+    g.set_precision("int8")
+    g.decode_greedy(st, tok, 2)
+    busy(dev)
+    i8 = decode_rates(g, st, tok, tokens)
+    i8["pct_of_read_bw"] = 100 * max(i8.values()) * per_token / 1e9 / bw
+    i8["gpu_ms_per_token"] = time_dispatches(g, prog, k=8, at=1) * 1e3
+    i8["gpu_ms_by_kernel"] = ms_by_kernel(prog, lambda ds: time_dispatches(g, ds, k=8, at=1))
+    out["int8"] = i8
     return out

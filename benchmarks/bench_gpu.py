@@ -476,6 +476,15 @@ def main():
         out["attn_splits"] = g.splits
         out["fused_residual"] = g.fuse_residual
         out["fused_qk_prep"] = g.fuse_qk
+        save()
+        g.set_precision("int8")      # the decode products on int8 activations
+        busy(dev)
+        r8 = gpu_decode(g, prompt, a.tokens)
+        g.set_precision("exact")
+        r8["pct_of_read_bw"] = 100 * max(r8["session_tok_s"], r8["greedy_tok_s"],
+                                         r8["chained_tok_s"]) * per_token / 1e9 / bw
+        out["cortiq_gpu_int8"] = r8
+        phase("dory_decode_int8")
     else:
         busy(dev)
         bw = read_bandwidth(dev)

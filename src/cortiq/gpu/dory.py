@@ -87,6 +87,7 @@ class GpuDoryModel(GpuModel):
     conf gate exits generated tokens only)."""
 
     arch = "dory"
+    int8_products = True
 
     def __init__(self, host, device: Device | None = None, attn_splits: int | None = None,
                  fuse_residual: bool = True, fuse_qk: bool = True, rows_matvec: bool = True):
@@ -525,7 +526,7 @@ class GpuDoryModel(GpuModel):
         key = (id(op), nt)
         d = self._static.get(key)
         if d is None:
-            d = op.dispatch(self.step, nt)
+            d = op.dispatch(self.step, nt, self.int8)
             self._static[key] = d
         return d
 
@@ -559,7 +560,7 @@ class GpuDoryModel(GpuModel):
                           y=y, y_off=0, y_stride=ys, vbuf=self.vbuf, v_a=alpha, v_b=dst,
                           v_out=vo, last_row=w is None, pro=4, eps=EPS)
             arena.upload()
-            d = op.dispatch(self.step, 1)
+            d = op.dispatch(self.step, 1, self.int8)
             self._static[key] = d
         return d
 

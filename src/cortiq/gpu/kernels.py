@@ -127,6 +127,7 @@ class Dispatch:
     group: object
     dims: Any           # (x, y, z) or callable t -> (x, y, z)
     name: str = ""      # the kernel, for the time breakdown
+    op: Any = None      # the MatvecOp of a decode product (its variant can be switched)
 
 
 class ParamArena:
@@ -346,19 +347,37 @@ def _subgroup_variant(code: str, sg: bool) -> str:
     return code if sg else code.replace("subgroupAdd(", "(")
 
 
-def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
-    xs = matvec1_staging(dev, cols) if pro != 0 or MATVEC_STAGE_PLAIN else 0
+def matvec1_int8_staging(dev: Device, dtypes: tuple, cols: int) -> tuple | None:
+    """(words, scales) of shared memory the int8 decode matvec stages its quantized input
+    in, or None where it does not apply: parts other than q8_row, columns not in whole
+    32-column groups, or a device whose workgroup storage cannot hold them."""
+    if cols % 32 or any(dt != "q8_row" for dt in dtypes):
+        return None
+    words = 1 << max(2, (cols // 16 - 1).bit_length())
+    scales = 1 << max(2, (cols // 32 - 1).bit_length())
+    fits = (16 * words + 4 * scales + 4 * (512 + 256 + 4)) <= dev.max_workgroup_storage
+    return (words, scales) if fits else None
+
+
+def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool = False):
+    """The decode matvec over parts of `dtypes` with input stage `pro`; int8=True takes
+    the quantized-input variant (the caller checked matvec1_int8_staging)."""
+    i8 = matvec1_int8_staging(dev, dtypes, cols) if int8 else None
+    xs = 0 if i8 else (matvec1_staging(dev, cols) if pro != 0 or MATVEC_STAGE_PLAIN else 0)
     sg = matvec1_subgroups(dev)
-    key = ("matvec1", dtypes, pro, xs, RPW1_SLOTS, RPW1_ROWS, sg, MATVEC_UNROLL)
+    key = ("matvec1", dtypes, pro, xs, i8, RPW1_SLOTS, RPW1_ROWS, sg, MATVEC_UNROLL)
     if key in dev._pipelines:
         return dev._pipelines[key]
     n = len(dtypes)
-    part = dev.source("matvec1_part.wgsl")
+    part = dev.source("matvec1_part_i8.wgsl" if i8 else "matvec1_part.wgsl")
     fns = []
     for i, dt in enumerate(dtypes):
         fns.append(_decoder(dev, i, dt))
-        fns.append(_decoder(dev, i, dt, "qchunk.wgsl"))
+        if not i8:
+            fns.append(_decoder(dev, i, dt, "qchunk.wgsl"))
         fns.append(part.replace("$I", str(i)))
+    words, scales = i8 or (1, 1)
+    write = "X[P.v_b + c] = {} * inv;".format("xval(c)" if i8 else "xs[c + (c >> 5u)]")
     code = (_subgroup_variant(_matvec_source(dev, "matvec1.wgsl", n, fns, "lane",
                                              x_writable=pro == 4), sg)
             .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
@@ -366,7 +385,10 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int):
             .replace("$UNROLLu", f"{MATVEC_UNROLL}u")
             .replace("$PROu", f"{pro}u").replace("$XSu", f"{xs}u")
             .replace("$XSN", str(max(xs, 4))).replace("$WTSN", "256" if pro == 3 else "1")
-            .replace("$XWRITE", "X[P.v_b + c] = xs[c + (c >> 5u)] * inv;" if pro == 4 else ""))
+            .replace("$I8", "true" if i8 else "false")
+            .replace("$XQN", str(words)).replace("$XDN", str(scales))
+            .replace("$XWRITE8", write if (pro == 4 and i8) else "")
+            .replace("$XWRITE", write if (pro == 4 and not i8) else ""))
     return dev.pipeline(key, code, matvec_kinds(n, pro))
 
 
@@ -429,16 +451,23 @@ class MatvecOp:
         self.res = [x, x2 if x2 is not None else x, vbuf, y] + [b for _m, b, _r in parts]
         self.kinds = matvec_kinds(len(parts), pro)
 
-    def dispatch(self, step_buf, nt: int) -> Dispatch:
+    def decode_pipeline(self, int8: bool):
+        """The decode matvec of this product: with its input quantized to int8 where
+        int8 is asked and the parts allow it (matvec1_int8_staging), else float32."""
+        i8 = int8 and matvec1_int8_staging(self.dev, self.dtypes, self.cols) is not None
+        return matvec1_pipeline(self.dev, self.dtypes, self.pro, self.cols, int8=i8)
+
+    def dispatch(self, step_buf, nt: int, int8: bool = False) -> Dispatch:
+        """The product over nt rows a workgroup (1: the decode matvec, with int8
+        activations if int8; more: the matmat of a prompt chunk)."""
         dev = self.dev
         if self.pro >= 3 and nt != 1:
             raise ConfigError(f"GPU matvec: input stage {self.pro} runs in the decode "
                               "matvec only")
         group = dev.bind(self.kinds, resolve([self.param, step_buf] + self.res))
         if nt == 1 and self.chunked:
-            pipe = matvec1_pipeline(dev, self.dtypes, self.pro, self.cols)
             nx, ny = rows_dims(self.total, RPW1_SLOTS * RPW1_ROWS)
-            return Dispatch(pipe, group, (nx, ny, 1), "matvec")
+            return Dispatch(self.decode_pipeline(int8), group, (nx, ny, 1), "matvec", op=self)
         pipe = matvec_pipeline(dev, self.dtypes, self.fast, nt, self.pro)
         nx, ny = rows_dims(self.total)
         if self.last_row:
@@ -464,13 +493,14 @@ class MatvecOp:
 def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: int = 0,
                 va=None, vb=None, out_scale=None, nt: int | None = None, hd: int = 0,
                 splits: int = 1, residual_out: list | None = None,
-                rows: bool = False) -> np.ndarray:
+                rows: bool = False, int8: bool = False) -> np.ndarray:
     """Run one product on its own (checks and tools): X [t, cols] (for pro=2 the
     gate/up rows [t, 2*cols'], b at x2_off; for pro=3 one row of attention split records,
     see attention.wgsl; for pro=4 the row x, with o in x2 and alpha in va) -> Y [t, total
     rows]. nt=None picks what a forward would (the decode matvec for one row, the
     matmat for more); rows=True runs the rows matvec (matvecb.wgsl) over every row.
-    pro=4 appends the residual it wrote back to `residual_out`."""
+    pro=4 appends the residual it wrote back to `residual_out`; int8=True runs the
+    decode matvec on int8 activations."""
     X = np.ascontiguousarray(X, np.float32)
     t = X.shape[0]
     xcols = X.shape[1]
@@ -496,7 +526,7 @@ def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: in
                   v_b=xcols if pro == 4 else offs.get("vb", NONE),
                   v_out=offs.get("out", NONE), pro=pro, hd=hd, splits=splits)
     arena.upload()
-    d = op.dispatch_rows(step) if rows else op.dispatch(step, nt or (1 if t == 1 else MATMAT_NT))
+    d = op.dispatch_rows(step) if rows else op.dispatch(step, nt or (1 if t == 1 else MATMAT_NT), int8)
     stage = dev.staging(t * total * 4)
     enc = dev.dev.create_command_encoder()
     cp = enc.begin_compute_pass()

@@ -107,6 +107,8 @@ class GpuLlamaModel(GpuModel):
     runs inside its attention dispatch (llama_attn_qk, one dispatch fewer a layer);
     False keeps the llama_qk pass (A/B measurements)."""
 
+    int8_products = True
+
     def __init__(self, host, device: Device | None = None, fuse_qk: bool = True):
         from ..models.llama import LlamaModel
         if not isinstance(host, LlamaModel):
@@ -354,7 +356,7 @@ class GpuLlamaModel(GpuModel):
         key = (id(op), nt)
         d = self._static.get(key)
         if d is None:
-            d = op.dispatch(self.step, nt)
+            d = op.dispatch(self.step, nt, self.int8)
             self._static[key] = d
         return d
 

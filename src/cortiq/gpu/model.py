@@ -68,11 +68,36 @@ class GpuModel(ModelBase):
         dev.queue.submit([enc.finish()])
         return news
 
+    #: whether the model's decode products follow precision "int8" (its `_mv` passes
+    #: `self.int8` to them); a model without it keeps float32 products whatever is asked
+    int8_products = False
+    #: the decode products' activations: False float32, True int8 (`set_precision`)
+    int8 = False
+    #: the model's recorded product dispatches (`_mv`: (id(op), rows) -> Dispatch)
+    _static: dict
+
     def matrices(self) -> list:
-        """No matrices: the device's products run on the weights in their stored dtypes,
-        which the activation precision ("exact", "int8", "auto") does not change, so
-        `set_precision` only checks its argument."""
+        """No host matrices: the device's products run on its own copies of the weights
+        (`set_precision` switches their variant)."""
         return []
+
+    def set_precision(self, precision) -> int:
+        """The decode products' activation precision: "int8" stages each decode
+        product's input quantized per 32 columns and takes integer dots (q8_row weights,
+        in a model with `int8_products`: matvec1.wgsl); "exact" and "auto" keep float32
+        products (prompt chunks always do); None takes the process default as it is now.
+        Recorded programs follow: their dispatches are switched in place. Returns how
+        many recorded decode products changed variant."""
+        from ..kernels._config import check_precision, get_precision
+        check_precision(precision)
+        self.int8 = self.int8_products and (precision or get_precision()) == "int8"
+        switched = 0
+        for d in self._static.values():
+            if d.op is not None and d.name == "matvec":
+                pipe = d.op.decode_pipeline(self.int8)
+                switched += pipe is not d.pipeline
+                d.pipeline = pipe
+        return switched
 
     def batchable(self, ids, want: str, prompt: bool) -> bool:
         """Whether a feed may go into `forward_rows` (one id; a model with per-token

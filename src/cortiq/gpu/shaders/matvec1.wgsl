@@ -18,6 +18,11 @@
 // RPW * RW rows go round its 256 / subgroup_size subgroups, whatever that size is.
 // Otherwise a row is TPR lanes', added by a tree in shared memory. UNROLL > 1: a lane
 // issues that many 16-byte loads of its row before it uses the first.
+// I8 (q8_row parts, the model's precision "int8"): the transformed input is staged
+// quantized instead, as the CPU's int8 activations are (per 32 columns: d = max|x| / 127,
+// q = round-half-even(x * 127 / max|x|), a non-finite max gives d = max and q = 0), and a
+// row's 16-byte chunks are dotted with four dot4I8Packed each, their integer sum scaled
+// by the chunk's d: a quarter of the arithmetic and of the input reads of the float path.
 
 $MATVEC_IO
 
@@ -28,6 +33,7 @@ const PRO: u32 = $PROu;
 const XS: u32 = $XSu;
 const SG: bool = $SG;
 const UNROLL: u32 = $UNROLLu;
+const I8: bool = $I8;
 
 var<private> pd: f32;
 var<private> ps: f32;
@@ -39,6 +45,16 @@ var<private> tpr: u32;   // lanes a row: TPR, or the subgroup size under SG
 var<workgroup> red: array<f32, 512>;
 var<workgroup> xs: array<f32, $XSN>;
 var<workgroup> wts: array<f32, $WTSN>;
+var<workgroup> xq: array<vec4<u32>, $XQN>;   // I8: the quantized input, 16 columns a word
+var<workgroup> xd: array<f32, $XDN>;         // I8: its scale per 32 columns
+
+// I8: chunk k (columns 16k .. 16k + 15) of a row's int8 codes dotted with the staged input.
+fn dq(w: vec4<u32>, k: u32) -> f32 {
+    let q = xq[k];
+    let s = dot4I8Packed(w.x, q.x) + dot4I8Packed(w.y, q.y) + dot4I8Packed(w.z, q.z)
+          + dot4I8Packed(w.w, q.w);
+    return f32(s) * xd[k >> 1u];
+}
 
 fn merged(c: u32) -> f32 {
     let h = c / P.hd;
@@ -151,6 +167,44 @@ $SGLANES
             for (var c = lid; c < P.cols; c += 256u) { $XWRITE }
         }
     }
+    if (I8) {
+        // 256 lanes take 1024 columns a round, four each; a 32-column group is eight
+        // lanes, which meet in shared memory for the group's largest magnitude.
+        var s = 0.0;
+        for (var c0 = 0u; c0 < P.cols; c0 += 1024u) {
+            let c = c0 + 4u * lid;
+            var v = vec4<f32>(0.0);
+            if (c < P.cols) { v = vec4<f32>(xval(c), xval(c + 1u), xval(c + 2u), xval(c + 3u)); }
+            s += dot(v, v);
+            let a = abs(v);
+            red[lid] = max(max(a.x, a.y), max(a.z, a.w));
+            workgroupBarrier();
+            let g0 = lid & ~7u;
+            var m = red[g0];
+            for (var j = 1u; j < 8u; j++) { m = max(m, red[g0 + j]); }
+            workgroupBarrier();
+            if (c < P.cols) {
+                let finite = m <= 3.4028234e38;
+                var id = 0.0;
+                if (finite && m > 0.0) { id = 127.0 / m; }
+                xq[c >> 4u][(c >> 2u) & 3u] = pack4xI8(vec4<i32>(round(v * id)));
+                if ((lid & 7u) == 0u) { xd[c >> 5u] = select(m, m / 127.0, finite); }
+            }
+        }
+        if (PRO != 0u) {
+            red[lid] = s;
+            workgroupBarrier();
+            for (var h = 128u; h > 0u; h = h / 2u) {
+                if (lid < h) { red[lid] += red[lid + h]; }
+                workgroupBarrier();
+            }
+            inv = 1.0 / sqrt(red[0] + P.eps);
+        }
+        workgroupBarrier();
+        if (PRO == 4u && wid.x + wid.y == 0u) {
+            for (var c = lid; c < P.cols; c += 256u) { $XWRITE8 }
+        }
+    }
     if (SG) {
         for (var rr = slot; rr < RPW * RW; rr += 256u / tpr) {
             let row = base + rr;
@@ -161,10 +215,10 @@ $DISPATCH
             }
             let d = subgroupAdd(pd);
             var q = 0.0;
-            if (XS == 0u && PRO != 0u) { q = subgroupAdd(ps); }
+            if (XS == 0u && !I8 && PRO != 0u) { q = subgroupAdd(ps); }
             if (lane == 0u && row < P.total_rows) {
                 var v = d * rs;
-                if (XS > 0u) { v = v * inv; } else if (PRO != 0u) { v = v / sqrt(q + P.eps); }
+                if (XS > 0u || I8) { v = v * inv; } else if (PRO != 0u) { v = v / sqrt(q + P.eps); }
                 if (P.v_out != 0xffffffffu) { v = v * V[P.v_out + row]; }
                 Y[P.y_off + row] = v;
             }
@@ -190,7 +244,7 @@ $DISPATCH
     }
     if (lane == 0u && row < P.total_rows) {
         var v = red[lid] * rs;
-        if (XS > 0u) { v = v * inv; } else if (PRO != 0u) { v = v / sqrt(red[256u + lid] + P.eps); }
+        if (XS > 0u || I8) { v = v * inv; } else if (PRO != 0u) { v = v / sqrt(red[256u + lid] + P.eps); }
         if (P.v_out != 0xffffffffu) { v = v * V[P.v_out + row]; }
         Y[P.y_off + row] = v;
     }

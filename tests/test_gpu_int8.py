@@ -1,0 +1,124 @@
+"""The decode matvec on int8 activations (precision "int8" on the GPU, matvec1.wgsl's
+I8 variant) against a NumPy transcription of the CPU's activation quantization, and a
+GPU model switched to it against the same model on the CPU at precision "int8".
+
+Runs on any adapter (llvmpipe in CI; CORTIQ_REQUIRE_GPU=1 fails instead of skipping).
+"""
+
+import numpy as np
+import pytest
+
+from cortiq.cmf.testing import qtensor_from_f32
+
+pytestmark = pytest.mark.gpu
+
+
+def _rel(a, b):
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def _q8_row(rng, rows, cols):
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    w[rng.random((rows, cols)) < 0.05] = 0.0
+    return qtensor_from_f32(w, "q8_row")
+
+
+def _int8_product(qt, x):
+    """y = W x with x quantized per 32 columns as the CPU's int8 activations are:
+    d = max|x| / 127, q = round-half-even(x * (127 / max|x|)), integer dots per group."""
+    rows, cols = qt.shape
+    raw = qt.raw
+    codes = raw[:rows * cols].view(np.int8).reshape(rows, cols).astype(np.int64)
+    rs = raw[rows * cols:rows * cols + 2 * rows].view(np.float16).astype(np.float64)
+    g = np.asarray(x, np.float32).reshape(-1, 32)
+    amax = np.abs(g).max(1)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.rint(g * inv[:, None]).astype(np.int64)
+    d = (amax / np.float32(127)).astype(np.float64)
+    sums = (codes.reshape(rows, -1, 32) * q[None]).sum(2)
+    return (sums * d[None]).sum(1) * rs
+
+
+@pytest.mark.parametrize("shape", [(37, 96), (5, 1056), (9, 4160), (300, 64)])
+def test_int8_decode_matvec_matches_the_quantized_reference(dev, shape):
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    rng = np.random.default_rng(shape[1])
+    qt = _q8_row(rng, *shape)
+    x = rng.standard_normal(shape[1]).astype(np.float32)
+    x[:32] = 0.0                                   # an all-zero group: d = 0, q = 0
+    x[40] = 25.0                                   # one group dominated by an outlier
+    got = matvec_once(dev, [GpuMatrix(dev, qt)], x[None], int8=True)[0]
+    want = _int8_product(qt, x)
+    assert _rel(got, want) < 1e-5
+    exact = qt.matvec(x)
+    assert _rel(got, exact) > 1e-5                 # it did take the quantized input
+    cpu = qtensor_from_f32(qt.dequantize(), "q8_row")
+    cpu.precision = "int8"
+    assert _rel(got, cpu.matvec(x)) < 1e-4
+
+
+def test_int8_input_stages_and_fused_groups(dev):
+    """The input stages feed the quantizer what they feed the float path: gated input
+    (1), SwiGLU (2), the fused residual (4, its written-back x stays float32); a group of
+    two matrices; a non-q8_row part keeps the float32 product."""
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    rng = np.random.default_rng(7)
+    cols = 96
+
+    def jn(v):
+        return v / np.sqrt((v * v).sum() + 1e-6)
+    a, b = _q8_row(rng, 21, cols), _q8_row(rng, 12, cols)
+    ga, gb = GpuMatrix(dev, a), GpuMatrix(dev, b)
+    y, gate = rng.standard_normal((2, cols)).astype(np.float32)
+    s = rng.random(cols).astype(np.float32)
+    z = y / (1 + np.exp(-(gate * s)))
+    got = matvec_once(dev, [ga, gb], y[None], pro=1, x2=gate[None], va=s, int8=True)[0]
+    want = np.concatenate([_int8_product(a, z), _int8_product(b, z)]) / np.sqrt((z * z).sum() + 1e-6)
+    assert _rel(got, want) < 1e-5
+    gu = rng.standard_normal(2 * cols).astype(np.float32)
+    sa, sb = rng.random(cols).astype(np.float32), rng.random(cols).astype(np.float32)
+    u, v = gu[:cols] * sa, gu[cols:] * sb
+    m = u / (1 + np.exp(-u)) * v
+    got = matvec_once(dev, [ga], gu[None], pro=2, x2_off=cols, va=sa, vb=sb, int8=True)[0]
+    assert _rel(got, _int8_product(a, m) / np.sqrt((m * m).sum() + 1e-6)) < 1e-5
+    x, o = (rng.standard_normal((2, cols)) * [[3.0], [0.5]]).astype(np.float32)
+    alpha = rng.random(cols).astype(np.float32)
+    want_x = jn(jn(x) + alpha * (jn(o) - jn(x)))
+    back: list = []
+    got = matvec_once(dev, [ga], x[None], pro=4, x2=o[None], va=alpha, residual_out=back,
+                      int8=True)[0]
+    # the quantizer sees the residual before its norm: the same groups up to the scale
+    assert _rel(got, _int8_product(a, want_x)) < 1e-4
+    assert _rel(back[0], want_x) < 1e-6
+    f16 = qtensor_from_f32(rng.standard_normal((7, cols)).astype(np.float32), "f16")
+    got = matvec_once(dev, [GpuMatrix(dev, f16)], y[None], int8=True)[0]
+    assert _rel(got, f16.matvec(y)) < 1e-5
+
+
+def test_dory_model_switches_to_int8_in_place(dev):
+    """set_precision("int8") switches a loaded GPU model's recorded decode products; its
+    decode logits then follow the CPU model at "int8"; "exact" switches them back."""
+    from cortiq import cmf
+    from cortiq.demo import demo_path
+    from cortiq.gpu import to_device
+    from cortiq.models.dory import DoryModel
+    f = cmf.open(demo_path())
+    host = DoryModel(f)
+    g = to_device(host, dev)
+    ids = np.array([3, 17, 200, 5, 9, 41], np.int64)
+    st = g.new_state()
+    g.forward(st, ids[:-1], prompt=True)
+    exact = g.forward(st, ids[-1:])
+    assert g.set_precision("int8") > 0
+    g.rollback(st, ids.size - 1)
+    quant = g.forward(st, ids[-1:])
+    assert 1e-6 < _rel(quant, exact) < 5e-2
+    host.set_precision("int8")
+    cs = host.new_state()
+    host.forward(cs, ids[:-1], prompt=True)
+    cpu = host.forward(cs, ids[-1:])
+    assert _rel(quant, cpu) < 2e-2
+    assert g.set_precision("exact") > 0
+    g.rollback(st, ids.size - 1)
+    assert _rel(g.forward(st, ids[-1:]), exact) < 1e-6
+    f.close()
