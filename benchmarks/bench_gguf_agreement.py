@@ -152,7 +152,7 @@ def random_file(kind, cache, threads):
 
 
 def _pct(x):
-    return "-" if x is None else f"{x:.0%}"
+    return "-" if x is None else f"{x:.1%}"
 
 
 def row(model, kind, r):
