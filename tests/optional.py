@@ -32,6 +32,8 @@ GROUPS = {
     "extras": ("the [test] extra's front ends (serve, structured, gguf, clients)",
                "pip install '.[test]'"),
     "isa": ("a CPU feature a kernel table or integer path needs", "a CPU that has it"),
+    "llamacpp": ("llama-cpp-python, llama.cpp's own quantizer for the GGUF parity tests",
+                 "build llama-cpp-python from source (docs/PERFORMANCE.md §7.4)"),
     "source": ("the source tree next to the tests (csrc/, tools/, benchmarks/)",
                "run the tests from a checkout"),
 }
