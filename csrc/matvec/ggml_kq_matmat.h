@@ -20,7 +20,7 @@
  *   q4_k, q5_k (a scale and a min per 32 weights, B = 0: the halves are summed as one):
  *     Y += (isum * d_ig) * S_g + (d_ig * sum_g xq) * M_g
  *   q6_k, q3_k, iq4_xs (a scale per 16; iq4_xs's per 32 given to both halves):
- *     Y += (isum_h * d_ig) * S_h, for both halves
+ *     h = isum_a * S_a + isum_b * S_b (a multiply, then an FMA), Y += h * d_ig
  *   q2_k (a scale and a min per 16):
  *     Y += (isum_h * d_ig) * S_h + (d_ig * sum_h xq) * M_h, for both halves
  * so a row equals the int8 matvec within float32 rounding (not bitwise: another order
@@ -33,7 +33,9 @@
  * with bias_h = -B * sum_h xq, xd = d * sum xq, xd_h = d * sum_h xq, and zero inputs
  * past t. A thread decodes CQ_MM_ROWS weight rows one 256-weight block at a time into
  * u8 rows in L1 (with each row's 16 half scales S and mins M as floats) and runs the
- * tiles over every panel before the next block. */
+ * tiles over every panel before the next block. The scale-per-16 formats combine a
+ * group's two halves before d (three float operations a group instead of six), which
+ * takes a third register set and so smaller tiles (ggml_kq_matmat_tile.h). */
 #ifndef CQ_GGML_KQ_MATMAT_H
 #define CQ_GGML_KQ_MATMAT_H
 

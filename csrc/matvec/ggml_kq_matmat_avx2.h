@@ -20,32 +20,38 @@
 #define KQT_CVT(v) _mm256_cvtepi32_ps(v)
 #define KQT_MUL(a, b) _mm256_mul_ps(a, b)
 #define KQT_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define KQT_PIN(v) __asm__("" : "+v"(v))
 
 #define KQT_SUF mad
 #define KQT_TARGET "avx2"
 #define KQT_DOT(a, u, s) _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
 #define KQT_SHAPES(X) X(4, 1) X(2, 2) X(2, 3)
+#define KQT_HSHAPES(X) X(4, 1) X(2, 2) X(2, 3)
 #include "ggml_kq_matmat_tile.h"
 #undef KQT_SUF
 #undef KQT_TARGET
 #undef KQT_DOT
 #undef KQT_SHAPES
+#undef KQT_HSHAPES
 #ifdef CQ_HAVE_AVXVNNI_FN
 #define KQT_SUF vex
 #define KQT_TARGET "avxvnni"
 #define KQT_DOT(a, u, s) _mm256_dpbusd_avx_epi32(a, u, s)
 #define KQT_SHAPES(X) X(6, 1) X(3, 2) X(2, 3)
+#define KQT_HSHAPES(X) X(4, 1) X(2, 2) X(2, 3)
 #include "ggml_kq_matmat_tile.h"
 #undef KQT_SUF
 #undef KQT_TARGET
 #undef KQT_DOT
 #undef KQT_SHAPES
+#undef KQT_HSHAPES
 #endif
 #ifdef CQ_HAVE_VNNI256_FN
 #define KQT_SUF evex
 #define KQT_TARGET "avx512vnni,avx512vl"
 #define KQT_DOT(a, u, s) _mm256_dpbusd_epi32(a, u, s)
 #define KQT_SHAPES(X) X(12, 1) X(6, 2) X(4, 3)
+#define KQT_HSHAPES(X) X(8, 1) X(4, 2) X(3, 3)
 #include "ggml_kq_matmat_tile.h"
 #endif
 

@@ -19,6 +19,8 @@
 #define KQT_MUL(a, b) _mm512_mul_ps(a, b)
 #define KQT_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define KQT_SHAPES(X) X(12, 1) X(6, 2) X(4, 3) X(3, 4)
+#define KQT_HSHAPES(X) X(8, 1) X(4, 2) X(3, 3) X(2, 4)
+#define KQT_PIN(v) __asm__("" : "+v"(v))
 
 #define KQT_SUF bw
 #define KQT_TARGET "avx512bw"
