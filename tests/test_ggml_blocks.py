@@ -243,6 +243,41 @@ def test_hypothesis_shapes_isas_and_misaligned_x(isas, name, rows, groups, seed)
         K.set_isa(before)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(KERNEL), st.integers(1, 20), st.integers(1, 40), st.integers(0, 2**31))
+def test_avx2_int8_rows_same_bits_with_and_without_vpdpbusd(name, rows, groups, seed):
+    """The AVX2 table's int8 rows by 256-bit vpdpbusd (AVX-512 VNNI + VL, or AVX-VNNI)
+    and by maddubs + madd (the features hidden) sum the same integers in the same float
+    order: the same bits, for every row count, whole and partial steps of eight blocks,
+    a payload off a 64-byte boundary, one x and several."""
+    if "avx2" not in K.usable_isas():
+        pytest.skip("no AVX2 table on this CPU")
+    if not {"avx512vnni", "avxvnni"} & set(K.cpu_features()):
+        pytest.skip("no vpdpbusd on this CPU: one variant only")
+    rng = np.random.default_rng(seed)
+    cols = 32 * groups
+    raw = random_payload(rng, name, rows, cols, scale=float(10.0 ** rng.integers(-4, 1)))
+    pbuf = np.empty(raw.size + 64, np.uint8)
+    po = int(rng.integers(1, 63))
+    pbuf[po:po + raw.size] = raw
+    q = QTensor(pbuf[po:po + raw.size], name, (rows, cols), precision="int8")
+    X = (rng.standard_normal((3, cols)) * 10.0 ** rng.integers(-3, 3)).astype(np.float32)
+    X[:, :32] *= 1000.0
+    before = K.active_isa()
+    try:
+        K.set_isa("avx2")
+        ys = [q.matvec(X[0]), q.matvec_batch(X)]
+        K._hide_cpu_features(["avx512vnni", "avxvnni"])
+        plain = [q.matvec(X[0]), q.matvec_batch(X)]
+    finally:
+        K._hide_cpu_features([])
+        K.set_isa(before)
+    for a, b in zip(ys, plain):
+        np.testing.assert_array_equal(a, b)
+    model, allow, _ = int8_model(q, X[0])
+    assert (np.abs(ys[0] - model) <= allow).all()
+
+
 @pytest.mark.parametrize("name", KERNEL)
 def test_threads_bit_identical(isa, threads, name):
     rng = np.random.default_rng(3)

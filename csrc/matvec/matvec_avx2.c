@@ -197,7 +197,7 @@ static void i8_dot_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq,
         return;
     }
     if (ggml_q32_block_bytes(m->dtype)) {
-        for (size_t j = 0; j < nr; j++) out[j] = g32_i8_row_avx2(m, r0 + j, xq);
+        g32_i8_rows_avx2(m, r0, nr, xq, out);
         return;
     }
     switch (m->dtype) {
