@@ -82,9 +82,10 @@ class GpuDoryState:
 
 
 class GpuDoryModel(GpuModel):
-    """The host DoryModel's forward on the GPU (see the module docstring). The device
-    runs one sequence at a time; prompt rows and generated tokens are told apart (the
-    conf gate exits generated tokens only)."""
+    """The host DoryModel's forward on the GPU (see the module docstring): one layer
+    program (`_skeleton`) for a sequence's decode rows and prompt chunks and for decode
+    rows of several sequences in one submission (`forward_rows`); prompt rows and
+    generated tokens are told apart (the conf gate exits generated tokens only)."""
 
     arch = "dory"
 
