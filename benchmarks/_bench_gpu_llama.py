@@ -101,11 +101,13 @@ def random_llama(g: dict, seed: int = 0):
 
 
 def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw: float,
-                 time_dispatches) -> dict:
+                 time_dispatches, batch=None) -> dict:
     """Build the model, then prefill and decode tokens/s (the session path, greedy on the
     device, greedy chained on the device), effective weight GB/s and % of the read
     bandwidth bw, dispatches, host recording and GPU time per token, GPU time by kernel.
-    time_dispatches(g, dispatches, k, at): bench_gpu.py's GPU timer."""
+    time_dispatches(g, dispatches, k, at): bench_gpu.py's GPU timer; batch(g, prompt), when
+    given: the aggregate batched decode (bench_gpu.py's batch_decode), under
+    "cortiq_gpu_batch"."""
     from cortiq.gpu import to_device
     t0 = time.perf_counter()
     host = random_llama(geometry)
@@ -142,6 +144,9 @@ def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw:
     out["record_ms_per_token"] = (time.perf_counter() - t0) / n * 1e3
     out["gpu_ms_per_token"] = time_dispatches(g, prog, k=8, at=1) * 1e3
     out["gpu_ms_by_kernel"] = ms_by_kernel(prog, lambda ds: time_dispatches(g, ds, k=8, at=1))
+    if batch is not None:
+        busy(dev)
+        out["cortiq_gpu_batch"] = batch(g, prompt)
     # the same decode with int8 activations in the decode products (precision "int8")
     g.set_precision("int8")
     g.decode_greedy(st, tok, 2)

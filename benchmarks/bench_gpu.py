@@ -32,7 +32,8 @@ default geometry, q8_row; --tiny: a small one) under "deepseek_v4", and (unless
 floor, the decode matvec's GB/s per variant, and the matvec stream of a Llama-3-8B-shaped
 token (7.5 GB, q8_row). Under "llama" and "llama8b" the Llama family's decode, measured
 as DeepSeek-V4's (benchmarks/_bench_gpu_llama.py: the _bench_llama.py geometry and
-Llama-3-8B's shape, random q8_row weights built in memory; --tiny: a tiny one for both).
+Llama-3-8B's shape, random q8_row weights built in memory; --tiny: a tiny one for both),
+with their aggregate batched decode (--batch) under "cortiq_gpu_batch".
 --models picks which of dory, dsv4, llama and llama8b run (without dory the read
 bandwidth is measured on its own). "phase_s" says how long each part took. It prints one
 JSON object.
@@ -133,9 +134,9 @@ def gpu_decode(g, prompt, tokens):
 def batch_decode(g, prompt, tokens, sizes):
     """Aggregate decode tokens/s of B sequences at once (`forward_batch`, one
     submission a step, every row's logits read back and its argmax taken on the host),
-    for each B in sizes. B = 1 is the one-sequence decode path; "rows_b1_tok_s" is one
-    sequence through the batched rows path, for its cost against that path; "matmat"
-    the same B > 1 with the rows' products as the prompt matmat (rows_matvec off)."""
+    for each B in sizes. B = 1 is the one-sequence decode program (the same layer
+    program with B = 1); "matmat" (Dory) the same B > 1 with the rows' products as the
+    prompt matmat (rows_matvec off)."""
     res = {}
 
     def run(n, step):
@@ -155,13 +156,9 @@ def batch_decode(g, prompt, tokens, sizes):
                                [False] * len(sts))
         return [int(np.argmax(o)) for o in outs]
 
-    def rows(sts, toks):
-        return [int(np.argmax(o)) for o in g.forward_rows(sts, toks, ["last"] * len(sts))]
-
     for b in sizes:
         res[f"b{b}_tok_s"] = run(b, batched)
-    if getattr(g, "batch_rows", 0) > 1:
-        res["rows_b1_tok_s"] = run(1, rows)
+    if getattr(g, "rows_matvec", False):
         res["rows_matvec"] = g._rows_setup().matvec
     base = res.get("b1_tok_s")
     if base:
@@ -447,6 +444,7 @@ def main():
             os.replace(tmp, a.out)
 
     bw = 0.0
+    sizes = [int(b) for b in a.batch.split(",") if b.strip()]
     if "dory" in models:
         p = TINY if a.tiny else (QUICK if a.quick else RELEASE_LIKE)
         tag = "tiny" if a.tiny else ("quick" if a.quick else "release_like")
@@ -490,7 +488,6 @@ def main():
         bw = read_bandwidth(dev)
         out["device_read_gb_s"] = bw
     save()
-    sizes = [int(b) for b in a.batch.split(",") if b.strip()]
     if sizes and "dory" in models:
         busy(dev)
         out["cortiq_gpu_batch"] = batch_decode(g, prompt, a.tokens, sizes)
@@ -562,7 +559,10 @@ def main():
             geo = (L.LLAMA_TINY if a.tiny else
                    L.LLAMA8B if name == "llama8b" else BL.QUICK if a.quick else BL.GEOMETRY)
             out[name] = L.llama_decode(dev, name, geo, a.prompt, a.tokens, bw,
-                                       _time_dispatches)
+                                       _time_dispatches,
+                                       (lambda g, prompt: batch_decode(g, prompt, a.tokens,
+                                                                       sizes))
+                                       if sizes else None)
             phase(name)
             save()
     if "dsv4" in models:

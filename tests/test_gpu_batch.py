@@ -1,6 +1,6 @@
 """Decode rows of several sequences in one GPU submission (`GpuModel.forward_batch` ->
-`GpuDoryModel.forward_rows`) against each sequence run on its own, on the host and on
-the device.
+the model's `forward_rows`: Dory and the Llama family) against each sequence run on its
+own, on the host and on the device.
 
 Runs on any adapter wgpu finds (Mesa's llvmpipe in CI); skips without one unless
 CORTIQ_REQUIRE_GPU=1. Tolerances: docs/gpu.md (1e-3 relative against the CPU forward).
@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 import pytest
+from arrays import stable_seed
 
 from cortiq import cmf
 from cortiq.demo import demo_path
@@ -156,11 +157,11 @@ def test_rows_across_the_ring_and_the_options(dev, demo_file):
 
 def test_rows_through_the_prompt_matmat(dev, demo_file):
     """rows_matvec=False: the rows' products run the prompt matmat, with the same
-    results."""
+    results; fuse_qk=False: each row's qk_prep runs as a pass of its own."""
     from cortiq.gpu.dory import GpuDoryModel
     from cortiq.models.dory import DoryModel
     h = DoryModel(demo_file, loops=3)
-    g = GpuDoryModel(h, dev, rows_matvec=False)
+    g = GpuDoryModel(h, dev, rows_matvec=False, fuse_qk=False)
     rng = np.random.default_rng(17)
     hs, gs = [h.new_state() for _ in range(3)], [g.new_state() for _ in range(3)]
     for i, (hst, gst) in enumerate(zip(hs, gs)):
@@ -292,3 +293,75 @@ def test_llm_concurrent_sessions_through_the_scheduler(dev, monkeypatch):
     assert max(spy.calls, default=0) > 1
     serial.close()
     llm.close()
+
+
+def _llama_file(tmp_path_factory, name):
+    """A small Llama-family file: qwen3 (GQA 4/2, q/k/v biases, q/k norms, a window-7
+    layer), qwen2 (biases, no norms) or mistral (every layer a window of 5)."""
+    from batch_models import llama_tensors, tokenizer_json
+    t, arch = llama_tensors(hidden=64, ffn=96, layers=2, heads=4, kv=2, hd=16, seed=9)
+    if name == "qwen2":
+        t = {k: v for k, v in t.items() if "_norm." not in k or "layernorm" in k}
+        arch = dict(arch, arch_name="qwen2", layer_types=None, sliding_window=None)
+    elif name == "mistral":
+        t = {k: v for k, v in t.items() if "q_norm" not in k and "k_norm" not in k
+             and ".bias" not in k}
+        arch = dict(arch, arch_name="mistral", sliding_window=5,
+                    layer_types=["SlidingAttention"] * 2)
+    arch = {k: v for k, v in arch.items() if v is not None}
+    path = tmp_path_factory.mktemp("rows") / f"{name}.cmf"
+    cmf.write(path, t, arch=arch, quant="q8_row", tokenizer_json=tokenizer_json(),
+              progress=False)
+    return cmf.open(str(path))
+
+
+@pytest.mark.parametrize("name,fuse_qk", [("qwen3", True), ("qwen2", True),
+                                          ("mistral", False)])
+def test_llama_rows_equal_each_sequence_alone(dev, tmp_path_factory, name, fuse_qk,
+                                              monkeypatch):
+    """Llama-family decode rows of three sequences at different positions (one past its
+    window), in shuffled batches with every want and a prompt among them: each result
+    equals the host's forward of that sequence alone, greedy tokens equal, a state
+    outside the batch is untouched, and a sequence rolled back between batches re-reads
+    its positions as the host. fuse_qk=False: each row's llama_qk runs as a pass."""
+    from cortiq.gpu.llama import GpuLlamaModel
+    from cortiq.models.llama import LlamaModel
+    f = _llama_file(tmp_path_factory, name)
+    h = LlamaModel(f)
+    g = GpuLlamaModel(h, dev, fuse_qk=fuse_qk)
+    assert g.batch_rows > 1
+    spy = _CountRows(g, monkeypatch)
+    rng = np.random.default_rng(stable_seed(name))
+    n = 3
+    hs, gs = [h.new_state() for _ in range(n)], [g.new_state() for _ in range(n)]
+    for i in range(n):
+        p = rng.integers(0, h.vocab, 2 + 4 * i)
+        h.forward(hs[i], p, "none")
+        g.forward(gs[i], p, "none")
+    idle_h, idle_g = h.new_state(), g.new_state()
+    h.forward(idle_h, [4, 5], "none")
+    g.forward(idle_g, [4, 5], "none")
+    wants = ["last", "all", "none"]
+    for step in range(5):
+        if step == 3:       # roll one sequence back between batches
+            h.rollback(hs[1], hs[1].pos - 2)
+            g.rollback(gs[1], gs[1].pos - 2)
+        order = rng.permutation(n)
+        feeds = [rng.integers(0, h.vocab, 3 if (step == 2 and i == 0) else 1) for i in order]
+        ws = [wants[(i + step) % 3] if feeds[j].size == 1 else "last"
+              for j, i in enumerate(order)]
+        prompts = [feeds[j].size > 1 for j in range(n)]
+        got = g.forward_batch([gs[i] for i in order], feeds, ws, prompts)
+        for j, i in enumerate(order):
+            want = h.forward(hs[i], feeds[j], ws[j], prompts[j])
+            if want is None:
+                assert got[j] is None
+                continue
+            assert got[j].shape == want.shape
+            assert _rel(got[j], want) < 1e-3
+            assert int(np.argmax(got[j].ravel())) == int(np.argmax(want.ravel()))
+    assert [s.pos for s in gs] == [s.pos for s in hs]
+    assert max(spy.calls) > 1
+    assert idle_g.pos == 2
+    assert _rel(g.forward(idle_g, [9]), h.forward(idle_h, [9])) < 1e-3
+    f.close()

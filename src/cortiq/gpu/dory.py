@@ -35,7 +35,7 @@ from ..errors import ConfigError, CortiqError
 from ..models.base import Capabilities, check_feed, is_prompt
 from ..models.dory.model import EPS, HOST_CHUNK, AttnWeights, ExitRate, top_prob
 from .device import Device
-from .model import GpuModel
+from .model import SEQUENCE_PART, GpuModel, RowSlices
 from .kernels import (FIXED, MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp, ParamArena,
                       WeightUpload, embed_kinds, embed_pipeline, fixed_pipeline, resolve, u32s)
 
@@ -82,9 +82,10 @@ class GpuDoryState:
 
 
 class GpuDoryModel(GpuModel):
-    """The host DoryModel's forward on the GPU (see the module docstring). The device
-    runs one sequence at a time; prompt rows and generated tokens are told apart (the
-    conf gate exits generated tokens only)."""
+    """The host DoryModel's forward on the GPU (see the module docstring): one layer
+    program (`_skeleton`) for a sequence's decode rows and prompt chunks and for decode
+    rows of several sequences in one submission (`forward_rows`); prompt rows and
+    generated tokens are told apart (the conf gate exits generated tokens only)."""
 
     arch = "dory"
     int8_products = True
@@ -221,7 +222,8 @@ class GpuDoryModel(GpuModel):
                          y_off=0, y_stride=H, vbuf=self.vbuf, pro=4)
             except ConfigError:
                 self.fuse_residual = False
-        self._rows: _RowsBuffers | None = None
+        self._rows: _RowProducts | None = None
+        self._skeletons: dict = {}
         # rows_matvec (default True): the products of a rows submission (forward_rows) run
         # the rows matvec (matvecb.wgsl, the decode matvec's row dots over up to 8 input
         # rows; input stages as rowstage passes); False, or shapes it does not take: the
@@ -275,12 +277,6 @@ class GpuDoryModel(GpuModel):
             if keep and max(0, n - keep + 1) <= st.hi - (keep + HOST_CHUNK):
                 return False
         return True
-
-    def rollback(self, st: GpuDoryState, n: int) -> None:
-        if not self.can_rollback(st, n):
-            raise CortiqError(f"dory: cannot roll back to {n}: a window layer has already "
-                              "dropped keys that position reads")
-        st.pos = min(st.pos, int(n))
 
     def kv_bytes(self, st: GpuDoryState) -> int:
         per_row = self.kv_size * 4 * 2
@@ -349,12 +345,12 @@ class GpuDoryModel(GpuModel):
         return ids.size == 1 and self.gate is None
 
     def forward_rows(self, states, tokens, wants) -> list:
-        """One new token for each of up to HOST_CHUNK sequences (distinct states): every
-        product reads its weights once for all the rows (the rows matvec, or the prompt
-        matmat: `rows_matvec`), the attention runs per sequence over its own KV ring at
-        its own position, and the head writes every row's logits, all in one submission. Rows whose feed
-        runs fewer recurrent passes (`prompt_loops` with want "none") go in a submission
-        of their own."""
+        """One new token for each of up to HOST_CHUNK sequences (distinct states), in
+        one submission of the layer program over the rows (`_skeleton`, mode "rows"):
+        every product reads its weights once for all the rows, the attention runs per
+        sequence over its own KV ring at its own position, and the head writes every
+        row's logits. Rows whose feed runs fewer recurrent passes (`prompt_loops` with
+        want "none") go in a submission of their own."""
         if len(states) > self.batch_rows:
             raise ConfigError(f"forward_rows: {len(states)} rows exceed {self.batch_rows}")
         outs: list = [None] * len(states)
@@ -363,8 +359,16 @@ class GpuDoryModel(GpuModel):
             loops = self.host._chunk_loops("none" if want == "none" else "last")
             by_loops.setdefault(loops, []).append(i)
         for loops, idx in by_loops.items():
-            lg = self._submit_rows([states[i] for i in idx], [tokens[i] for i in idx], loops,
-                                   any(wants[i] != "none" for i in idx))
+            head = any(wants[i] != "none" for i in idx)
+            sts, toks = [states[i] for i in idx], [tokens[i] for i in idx]
+            if len(idx) == 1:       # one row: the one-sequence decode program
+                lg = self._submit(sts[0], np.asarray(toks, np.int64),
+                                  "last" if head else "none", loops)
+            else:
+                R = self._rows_setup()
+                lg = self._submit_rows(sts, toks, self._skeleton("rows", loops,
+                                                                 "all" if head else "none"),
+                                       R.slices, head)
             for j, i in enumerate(idx):
                 if wants[i] == "last":
                     outs[i] = lg[j].copy()
@@ -372,68 +376,21 @@ class GpuDoryModel(GpuModel):
                     outs[i] = lg[j:j + 1].copy()
         return outs
 
-    def _rows_setup(self) -> _RowsBuffers:
-        """The buffers and products of a rows submission, made on its first use."""
+    def _rows_setup(self) -> _RowProducts:
+        """The per-row buffers and the products over rows, made on first use."""
         if self._rows is None:
-            self._rows = _RowsBuffers(self)
+            self._rows = _RowProducts(self)
+            self._skeletons = {k: v for k, v in self._skeletons.items() if k[0] != "rows"}
         return self._rows
 
-    def _submit_rows(self, sts, toks, loops: int, head: bool):
-        dev, q = self.dev, self.dev.queue
-        R = self._rows_setup()
-        B = len(sts)
-        for st in sts:
-            self._prepare(st, 1)
-        q.write_buffer(self.step, 0, np.array([B, 0, 0, 0], np.uint32))
-        steps = np.zeros((B, R.step_words), np.uint32)
-        steps[:, 0] = 1
-        steps[:, 1] = [st.pos for st in sts]
-        q.write_buffer(R.step, 0, steps)
-        rope = np.zeros((B, R.rope_stride), np.float32)
-        for b, st in enumerate(sts):
-            cs, ss = self.host.rope_sliding(st.pos, 1)
-            cf, sf = self.host.rope_full(st.pos, 1)
-            rope[b, :R.rope_floats] = np.concatenate([np.ravel(a) for a in (cs, ss, cf, sf)])
-        q.write_buffer(R.rope, 0, rope)
-        q.write_buffer(self.ids, 0, np.asarray(toks, np.uint32))
-        prog: list = []
-        for item in R.skeleton(loops, head):
-            if isinstance(item, tuple):
-                li, si = item
-                prog.extend(self._row_attention(st, b, li, si) for b, st in enumerate(sts))
-            else:
-                prog.append(item)
-        enc = dev.record(prog, B)
-        nbytes = B * self.vocab * 4
-        if head:
-            if self.stage_logits is None or self.stage_logits.size < nbytes:
-                self.stage_logits = dev.staging(max(nbytes, self.vocab * 4))
-            enc.copy_buffer_to_buffer(self.logits, 0, self.stage_logits, 0, nbytes)
-        q.submit([enc.finish()])
-        for st in sts:
-            st.hi = max(st.hi, st.pos)
-            st.pos += 1
-        if not head:
-            return None
-        return dev.read(self.stage_logits, nbytes).view(np.float32).reshape(B, self.vocab)
+    def _rope_row(self, pos: int) -> np.ndarray:
+        cs, ss = self.host.rope_sliding(pos, 1)
+        cf, sf = self.host.rope_full(pos, 1)
+        return np.concatenate([np.ravel(a) for a in (cs, ss, cf, sf)]).astype(np.float32)
 
-    def _row_attention(self, st: GpuDoryState, b: int, li: int, si: int) -> Dispatch:
-        """Row b's attention of a rows submission on state st's ring (layer li, slot
-        si): attention_qk over one row, bound to the row's pieces of the rows buffers."""
-        key = ("row", b, li, si)
-        R = self._rows_setup()
-        made = st.programs.get(key)
-        if made is not None and made[0] is R:
-            return made[1]
-        _arena, refs = self._state_arena(st)
-        kb, vb = st.slots[self.lw[li]["ordinal"]][si][:2]
-        res = [refs[(li, si)][1], R.step_at(b), R.qkvg_at(b), kb, vb, R.att_at(b),
-               self.apart, self.vbuf, R.rope_at(b)]
-        d = Dispatch(fixed_pipeline(self.dev, "attention_qk"),
-                     self.dev.bind(FIXED["attention_qk"], resolve(res)), (self.nh, 1, 1),
-                     "attention")
-        st.programs[key] = (R, d)   # R: the rows buffers the dispatch is bound to
-        return d
+    def _advance(self, st, t: int) -> None:
+        st.hi = max(st.hi, st.pos + t - 1)
+        st.pos += t
 
     def _check(self, ids, want):
         return check_feed(ids, want, self.vocab)
@@ -491,17 +448,14 @@ class GpuDoryModel(GpuModel):
         if want in ("last", "all"):
             rows = t if want == "all" else 1
             nbytes = rows * self.vocab * 4
-            if self.stage_logits is None or self.stage_logits.size < nbytes:
-                self.stage_logits = dev.staging(max(nbytes, self.vocab * 4))
-            stage = self.stage_logits
+            stage = self._logits_stage(nbytes)
             enc.copy_buffer_to_buffer(self.logits, 0, stage, 0, nbytes)
         elif want == "greedy":
             stage = self.stage_ids[0]
             enc.copy_buffer_to_buffer(self.res, 0, stage, 0, 16)
         dev.queue.submit([enc.finish()])
         if advance:
-            st.hi = max(st.hi, st.pos + t - 1)
-            st.pos += t
+            self._advance(st, t)
         if want == "greedy":
             return int(dev.read(stage, 4).view(np.uint32)[0])
         if stage is None:
@@ -513,22 +467,18 @@ class GpuDoryModel(GpuModel):
 
     # ---- programs: the dispatch lists of a chunk ------------------------------------
     def _program(self, st, one: bool, loops: int, want: str, stage: str = "full") -> list:
+        """A sequence's program: a decode row (one) or a prompt chunk, its attention on
+        the state's own rings; made once per state."""
         key = (one, loops, want, stage)
         prog = st.programs.get(key)
         if prog is None:
-            prog = self._build_program(st, 1 if one else MATMAT_NT, loops, want, stage)
+            mode = "decode" if one else "chunk"
+            prog = self._resolve(self._skeleton(mode, loops, want, stage),
+                                 lambda m: self._sequence_part(st, m, None))
             st.programs[key] = prog
             if one and want in ("last", "greedy"):
                 self.dispatches_per_token = len(prog)
         return prog
-
-    def _mv(self, op, nt):
-        key = (id(op), nt)
-        d = self._static.get(key)
-        if d is None:
-            d = op.dispatch(self.step, nt, self.int8)
-            self._static[key] = d
-        return d
 
     def _param(self, data: bytes):
         """A uniform block built after load (a decode program's own parameters)."""
@@ -593,15 +543,67 @@ class GpuDoryModel(GpuModel):
         st.arena = (a, refs)
         return st.arena
 
-    def _build_program(self, st, nt: int, loops: int, want: str, stage: str = "full") -> list:
-        """The dispatches of a chunk. stage "second" is the conf gate's continuation
-        after a read-out first pass: the recurrent block's pass 1 and the output block
-        again, from the inp/state rows the first submission left on the device."""
-        dev = self.dev
+    def _sequence_part(self, st, marker: tuple, row: int | None) -> list:
+        """The attention of sub-layer marker = (SEQUENCE_PART, mode, layer, slot) on
+        state st's ring: qk_prep (unless the attention dispatch does its work) and the
+        attention, over the chunk's rows (row None) or over row `row` of a rows
+        submission (bound to that row's pieces of the per-row buffers)."""
+        _tag, mode, li, si = marker
         _arena, refs = self._state_arena(st)
+        kb, vb = st.slots[self.lw[li]["ordinal"]][si][:2]
+        p_prep, p_att = refs[(li, si)]
+        if row is None:
+            step, qkvg, att, rope = self.step, self.qkvg, self.att, self.rope
+        else:
+            key = ("row", row, li, si)
+            R = self._rows_setup()
+            made = st.programs.get(key)
+            if made is not None and made[0] is R:
+                return made[1]
+            S = R.slices
+            step, qkvg, att, rope = S.step_at(row), S.at("qkvg", row), S.at("att", row), \
+                S.rope_at(row)
+        fused_qk = mode != "chunk" and self.fuse_qk
+        ns = self.splits if self._split(mode) else 1
+        part = []
+        if not fused_qk:
+            part.append(self._fixed("qk_prep", p_prep, [step, qkvg, self.vbuf, rope, kb, vb],
+                                    (self.nh + self.nk, 1, 1) if row is not None
+                                    else lambda t: (self.nh + self.nk, t, 1)))
+        part.append(self._fixed("attention_qk" if fused_qk else "attention", p_att,
+                                [step, qkvg, kb, vb, att, self.apart, self.vbuf, rope],
+                                (self.nh, 1, 1) if row is not None
+                                else lambda t, ns=ns: (self.nh, t, ns)))
+        if row is not None:
+            st.programs[key] = (R, part)    # R: the rows buffers the dispatches bind
+        return part
+
+    def _split(self, mode: str) -> bool:
+        """Whether the attention runs split over key ranges: decode rows of one sequence
+        only (the O product's input stage merging the splits exists in the decode
+        matvec alone)."""
+        return mode == "decode" and self.splits > 1
+
+    def _skeleton(self, mode: str, loops: int, want: str, stage: str = "full") -> list:
+        """Dory's layer program, written once for every way a chunk runs; the attention
+        of each sub-layer is left as a (SEQUENCE_PART, mode, layer, slot) marker that
+        `_sequence_part` fills per sequence. mode "decode": one sequence's decode row
+        (the decode matvec, the split attention merged in the O product's input stage,
+        each residual in the next product's input stage); "chunk": a prompt chunk (the
+        matmat, a rownorm pass a residual); "rows": decode rows of several sequences
+        (the products over the rows from `_RowProducts`, a rownorm pass a residual, the
+        attention per row). stage "second" is the conf gate's continuation after a
+        read-out first pass: the recurrent block's pass 1 and the output block again,
+        from the inp/state rows the first submission left on the device."""
+        R = self._rows_setup() if mode == "rows" else None
+        key = (mode, loops, want, stage)
+        made = self._skeletons.get(key)
+        if made is not None:
+            return made
+        dev = self.dev
         rec = range(self.n_in, self.n_in + self.n_rec)
         per_loop = self.kv_mode == "per_loop"
-        nh_nk = self.nh + self.nk
+        nt = 1 if mode == "decode" else MATMAT_NT
         prog: list = []
         rows = lambda t: (t, 1, 1)  # noqa: E731
         e = self.embed
@@ -611,15 +613,29 @@ class GpuDoryModel(GpuModel):
                                                    + [b for b, _r0, _r in e.parts])), rows,
                 "embed"))
 
-        # A decode step (nt 1) applies each sub-layer's residual in the next product's
-        # input stage (pending: the alpha offset not yet applied; cur: x's region);
-        # a rownorm pass only where a mix or a full-logits head reads x.
-        fuse = nt == 1 and self.fuse_residual
+        def products(li: int, second: bool) -> list:
+            """The products of sub-layer li before (Q|K|V|G, gate|up) or after (O, down)
+            its attention or activation: the one place a mode picks its products."""
+            w = self.lw[li]
+            if R is not None:
+                return R.products[li][int(second)]
+            if not second:
+                return [self._chunk_product(w["qkvg_op"] if w["attn"] else w["gu_op"], nt)]
+            if w["attn"]:
+                return [self._chunk_product(w["o_split_op"] if self._split(mode)
+                                            else w["o_op"], nt)]
+            return [self._chunk_product(w["down_op"], nt)]
+
+        # A decode row applies each sub-layer's residual in the next product's input
+        # stage (pending: the alpha offset not yet applied; cur: x's region); a rownorm
+        # pass only where a mix or a full-logits head reads x.
+        fuse = mode == "decode" and self.fuse_residual
         x_at = {"cur": self.rx, "pending": None}
 
-        def first_product(w, op):
+        def first_product(w, li):
             if x_at["pending"] is None:
-                prog.append(self._mv(op, nt))
+                prog.extend(products(li, False) if li is not None
+                            else [self._chunk_product(self.head_last, nt)])
                 return
             prog.append(self._fused_product(w, x_at["cur"], x_at["pending"]))
             x_at["cur"] = self.ralt if x_at["cur"] == self.rx else self.rx
@@ -635,26 +651,11 @@ class GpuDoryModel(GpuModel):
 
         def layer(li, loop_i):
             w = self.lw[li]
+            first_product(w, li)
             if w["attn"]:
                 si = loop_i if (per_loop and li in rec) else 0
-                kb, vb = st.slots[w["ordinal"]][si][:2]
-                p_prep, p_att = refs[(li, si)]
-                first_product(w, w["qkvg_op"])
-                fused_qk = nt == 1 and self.fuse_qk
-                if not fused_qk:
-                    prog.append(self._fixed("qk_prep", p_prep, [self.step, self.qkvg,
-                                                                self.vbuf, self.rope, kb, vb],
-                                            lambda t: (nh_nk, t, 1)))
-                split = nt == 1 and self.splits > 1
-                ns = self.splits if split else 1
-                prog.append(self._fixed("attention_qk" if fused_qk else "attention", p_att,
-                                        [self.step, self.qkvg, kb, vb, self.att, self.apart,
-                                         self.vbuf, self.rope],
-                                        lambda t, ns=ns: (self.nh, t, ns)))
-                prog.append(self._mv(w["o_split_op"] if split else w["o_op"], nt))
-            else:
-                first_product(w, w["gu_op"])
-                prog.append(self._mv(w["down_op"], nt))
+                prog.append((SEQUENCE_PART, mode, li, si))
+            prog.extend(products(li, True))
             if fuse:
                 x_at["pending"] = w["alpha"]
             else:
@@ -677,45 +678,34 @@ class GpuDoryModel(GpuModel):
             mix(self.p_loop_out)
         for li in range(self.n_in + self.n_rec, self.n_in + self.n_rec + self.n_out):
             layer(li, 0)
-        if want in ("last", "greedy"):
-            first_product(None, self.head_last)
+        if R is not None and want != "none":
+            prog.append(R.head)     # every row's logits
+        elif want in ("last", "greedy"):
+            first_product(None, None)
         elif want == "all":
             flush()
-            prog.append(self._mv(self.head_all, nt))
+            prog.append(self._chunk_product(self.head_all, nt))
         if want == "greedy":
             prog.append(self._fixed("argmax", self.p_argmax, [self.logits, self.ids, self.res],
                                     (1, 1, 1)))
+        self._skeletons[key] = prog
         return prog
 
 
-class _RowsBuffers:
-    """What a submission of decode rows of several sequences (`forward_rows`) adds to
-    the model's chunk buffers: the Q|K|V|G output and the attention output with each
-    row at a storage-binding offset (a row's attention dispatch binds its own row), a
-    step block and rotary rows per row, and the products over the rows: the rows matvec
-    (`products`: per sub-layer the dispatches before and after the attention; input
-    stages as rowstage passes into `xin`) or the prompt matmat. Every other kernel runs
-    as in a prompt chunk over the rows."""
+class _RowProducts:
+    """What decode rows of several sequences in one submission run beyond the chunk's
+    buffers: the per-row pieces (`slices`: the Q|K|V|G output and the attention output
+    with each row bindable alone, a step block and rotary rows per row) and the
+    sub-layers' products over the rows (`products[layer]`: the dispatches before and
+    after the attention or activation; `head`). The products are the rows matvec
+    (matvecb.wgsl), each input stage a rowstage pass into `xin` before it, or, with
+    `rows_matvec` off or for a shape the rows matvec does not take, the prompt matmat
+    with its input stages inside."""
 
     def __init__(self, m: GpuDoryModel):
-        dev = m.dev
-        B = m.batch_rows
-        fa = max(dev.storage_align // 4, 4)
-
-        def padded(n):
-            return (n + fa - 1) // fa * fa
-
-        self.qkvg_stride, self.att_stride = padded(m.qkvg_w), padded(m.q_size)
-        self.rope_floats = 4 * (m.hd // 2)
-        self.rope_stride = padded(self.rope_floats)
-        self.step_words = max(dev.uniform_align // 4, 4)
-        self.qkvg_w, self.q_size = m.qkvg_w, m.q_size
-        self.qkvg = dev.buffer(B * self.qkvg_stride * 4)
-        self.att = dev.buffer(B * self.att_stride * 4)
-        self.rope = dev.buffer(B * self.rope_stride * 4)
-        self.step = dev.buffer(B * self.step_words * 4, uniform=True)
         self.m = m
-        self._skeletons: dict = {}
+        self.slices = RowSlices(m.dev, m.batch_rows, 4 * (m.hd // 2), qkvg=m.qkvg_w,
+                                att=m.q_size)
         self.products: dict = {}
         self.matvec = False
         if m.rows_matvec:
@@ -727,36 +717,39 @@ class _RowsBuffers:
         if not self.matvec:
             self._matmat_products()
 
+    def _attn_ops(self, arena, w, o_input: dict):
+        m, S = self.m, self.slices
+        qkvg = MatvecOp(m.dev, [w["q"], w["k"], w["v"], w["g"]], arena, x=m.hb, x_off=m.rx,
+                        x_stride=m.hidden, y=S.bufs["qkvg"], y_off=0,
+                        y_stride=S.stride["qkvg"], vbuf=m.vbuf)
+        o = MatvecOp(m.dev, [w["o"]], arena, y=m.out, y_off=0, y_stride=m.hidden,
+                     vbuf=m.vbuf, **o_input)
+        return qkvg, o
+
     def _matmat_products(self) -> None:
         """The sub-layers' products as the prompt matmat (input stages inside)."""
-        m, dev, H = self.m, self.m.dev, self.m.hidden
-        arena = ParamArena(dev)
-        ops: dict = {}
-        for li, w in enumerate(m.lw):
-            if w["attn"]:
-                ops[li] = (
-                    MatvecOp(dev, [w["q"], w["k"], w["v"], w["g"]], arena, x=m.hb, x_off=m.rx,
-                             x_stride=H, y=self.qkvg, y_off=0, y_stride=self.qkvg_stride,
-                             vbuf=m.vbuf),
-                    MatvecOp(dev, [w["o"]], arena, x=self.att, x_off=0,
-                             x_stride=self.att_stride, x2=self.qkvg,
-                             x2_off=m.q_size + 2 * m.kv_size, x2_stride=self.qkvg_stride,
-                             y=m.out, y_off=0, y_stride=H, vbuf=m.vbuf, v_a=w["sg"], pro=1,
-                             eps=EPS))
+        m, S = self.m, self.slices
+        arena = ParamArena(m.dev)
+        ops = {li: self._attn_ops(arena, w, dict(
+            x=S.bufs["att"], x_off=0, x_stride=S.stride["att"], x2=S.bufs["qkvg"],
+            x2_off=m.q_size + 2 * m.kv_size, x2_stride=S.stride["qkvg"], v_a=w["sg"],
+            pro=1, eps=EPS)) for li, w in enumerate(m.lw) if w["attn"]}
         arena.upload()
         self.arena = arena
-        for li, (a, o) in ops.items():
-            self.products[li] = ([a.dispatch(m.step, MATMAT_NT)], [o.dispatch(m.step, MATMAT_NT)])
         for li, w in enumerate(m.lw):
-            if not w["attn"]:
-                self.products[li] = ([m._mv(w["gu_op"], MATMAT_NT)],
-                                     [m._mv(w["down_op"], MATMAT_NT)])
-        self.head = m._mv(m.head_all, MATMAT_NT)
+            if w["attn"]:
+                a, o = ops[li]
+                self.products[li] = ([a.dispatch(m.step, MATMAT_NT)],
+                                     [o.dispatch(m.step, MATMAT_NT)])
+            else:
+                self.products[li] = ([m._chunk_product(w["gu_op"], MATMAT_NT)],
+                                     [m._chunk_product(w["down_op"], MATMAT_NT)])
+        self.head = m._chunk_product(m.head_all, MATMAT_NT)
 
     def _rows_products(self) -> None:
         """The sub-layers' products as the rows matvec, each input stage (the output
         gate, SwiGLU, with their norms) a rowstage pass into `xin` before it."""
-        m, dev, H = self.m, self.m.dev, self.m.hidden
+        m, S, dev, H = self.m, self.slices, self.m.dev, self.m.hidden
         xs = max(m.q_size, m.ffn)
         self.xin = dev.buffer(m.batch_rows * xs * 4)
         arena = ParamArena(dev)
@@ -764,16 +757,11 @@ class _RowsBuffers:
         stages: dict = {}
         for li, w in enumerate(m.lw):
             if w["attn"]:
-                ops[li] = (
-                    MatvecOp(dev, [w["q"], w["k"], w["v"], w["g"]], arena, x=m.hb, x_off=m.rx,
-                             x_stride=H, y=self.qkvg, y_off=0, y_stride=self.qkvg_stride,
-                             vbuf=m.vbuf),
-                    MatvecOp(dev, [w["o"]], arena, x=self.xin, x_off=0, x_stride=xs,
-                             y=m.out, y_off=0, y_stride=H, vbuf=m.vbuf))
-                stages[li] = (arena.ref(u32s(m.q_size, 1, 0, self.att_stride,
-                                             m.q_size + 2 * m.kv_size, self.qkvg_stride,
+                ops[li] = self._attn_ops(arena, w, dict(x=self.xin, x_off=0, x_stride=xs))
+                stages[li] = (arena.ref(u32s(m.q_size, 1, 0, S.stride["att"],
+                                             m.q_size + 2 * m.kv_size, S.stride["qkvg"],
                                              w["sg"], NONE, xs, float(EPS), 0, 0)),
-                              self.att, self.qkvg)
+                              S.bufs["att"], S.bufs["qkvg"])
             else:
                 ops[li] = (
                     MatvecOp(dev, [w["gate"], w["up"]], arena, x=m.hb, x_off=m.rx, x_stride=H,
@@ -792,62 +780,6 @@ class _RowsBuffers:
             stage = m._fixed("rowstage", p, [m.step, x, x2, m.vbuf, self.xin], rows)
             self.products[li] = ([a.dispatch_rows(m.step)], [stage, b.dispatch_rows(m.step)])
         self.head = head.dispatch_rows(m.step)
-
-    def step_at(self, b: int):
-        return (self.step, b * self.step_words * 4, 16)
-
-    def qkvg_at(self, b: int):
-        return (self.qkvg, b * self.qkvg_stride * 4, (self.qkvg_w * 4 + 15) // 16 * 16)
-
-    def att_at(self, b: int):
-        return (self.att, b * self.att_stride * 4, (self.q_size * 4 + 15) // 16 * 16)
-
-    def rope_at(self, b: int):
-        return (self.rope, b * self.rope_stride * 4, self.rope_floats * 4)
-
-    def skeleton(self, loops: int, head: bool) -> list:
-        """The dispatches of a rows submission, the per-sequence attention left as
-        (layer, slot) markers: the prompt chunk's program (no decode fusions) with the
-        attention sub-layers' products on the rows buffers."""
-        key = (loops, head)
-        prog = self._skeletons.get(key)
-        if prog is not None:
-            return prog
-        m = self.m
-        dev = m.dev
-        rec = range(m.n_in, m.n_in + m.n_rec)
-        per_loop = m.kv_mode == "per_loop"
-        rows = lambda t: (t, 1, 1)  # noqa: E731
-        norm_res = [m.step, m.hb, m.out, m.vbuf]
-        e = m.embed
-        prog = [Dispatch(embed_pipeline(dev, e.dtype, len(e.parts)), dev.bind(
-            embed_kinds(len(e.parts)), resolve([m.p_embed, m.step, m.ids, m.hb]
-                                               + [b for b, _r0, _r in e.parts])), rows,
-            "embed")]
-
-        def layer(li, loop_i):
-            w = m.lw[li]
-            first, second = self.products[li]
-            prog.extend(first)
-            if w["attn"]:
-                prog.append((li, loop_i if (per_loop and li in rec) else 0))
-            prog.extend(second)
-            prog.append(m._fixed("rownorm", w["slerp"], norm_res, rows))
-
-        for li in range(m.n_in):
-            layer(li, 0)
-        prog.append(m._fixed("rownorm", m.p_in_copy, norm_res, rows))
-        for i in range(loops):
-            prog.append(m._fixed("rownorm", m.p_loop_in, norm_res, rows))
-            for li in rec:
-                layer(li, i)
-            prog.append(m._fixed("rownorm", m.p_loop_out, norm_res, rows))
-        for li in range(m.n_in + m.n_rec, m.n_in + m.n_rec + m.n_out):
-            layer(li, 0)
-        if head:
-            prog.append(self.head)
-        self._skeletons[key] = prog
-        return prog
 
 
 def _tables(m: GpuMatrix) -> bytes:

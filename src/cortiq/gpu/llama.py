@@ -23,6 +23,10 @@ layer (shaders/llama_*.wgsl and the shared products of kernels.py):
 then llama_norm with the final norm, the head (the last row only unless every row's
 logits are asked for) and the argmax for greedy decoding.
 
+Decode rows of several sequences run the same layer program as one submission
+(`forward_rows`): the products over the rows through the rows matvec, each sequence's
+attention (with llama_qk's work) over its own cache at its own position.
+
 The KV cache of each layer is a linear buffer on the device grown by doubling (copied
 on the device), position p at row p; a sliding layer masks by its window instead of
 dropping keys, so rollback to any earlier position is in place.
@@ -43,7 +47,7 @@ from .device import Device
 from .kernels import (DTYPE_IDS, FIXED, MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp,
                       ParamArena, WeightUpload, _part_tables, embed_kinds, embed_pipeline,
                       fixed_pipeline, resolve, u32s)
-from .model import GpuModel
+from .model import SEQUENCE_PART, GpuModel, RowSlices
 
 #: prompt rows a submission takes (the host forward's chunk)
 CHUNK = 64
@@ -102,8 +106,9 @@ class GpuLlamaState:
 
 
 class GpuLlamaModel(GpuModel):
-    """The host LlamaModel's forward on the GPU (see the module docstring). The device
-    runs one sequence at a time. fuse_qk (default True): a decode row's llama_qk work
+    """The host LlamaModel's forward on the GPU (see the module docstring): one layer
+    program (`_skeleton`) for a sequence's decode rows and prompt chunks and for decode
+    rows of several sequences in one submission (`forward_rows`). fuse_qk (default True): a decode row's llama_qk work
     runs inside its attention dispatch (llama_attn_qk, one dispatch fewer a layer);
     False keeps the llama_qk pass (A/B measurements)."""
 
@@ -176,6 +181,7 @@ class GpuLlamaModel(GpuModel):
         self.step = dev.buffer(16, uniform=True)
         self.rope = dev.buffer(2 * T * (self.hd // 2) * f4)
         self.stage_out = None
+        self.stage_logits = None
         self.stage_ids = [dev.staging(16), dev.staging(16)]
         # ---- the products and the fixed kernels' parameters, in one arena
         a = self.arena = ParamArena(dev)
@@ -202,6 +208,15 @@ class GpuLlamaModel(GpuModel):
                                      self.q_size, float(host.attn_scale), 0, w["qkv_bias"],
                                      w["q_norm"], w["k_norm"], int(cfg.rope_interleaved), eps,
                                      T, 0, 0))
+            # a rows submission's per-sequence kernels read one row's rotary rows
+            # (cos then sin, rope_t 1)
+            w["p_qk_row"] = a.ref(u32s(self.nh, self.nk, self.hd, self.qkv_w, w["qkv_bias"],
+                                       w["q_norm"], w["k_norm"], int(cfg.rope_interleaved),
+                                       eps, 1, 0, 0))
+            w["p_attn_row"] = a.ref(u32s(self.nh, self.nk, self.hd, self.qkv_w, w["window"],
+                                         self.q_size, float(host.attn_scale), 0,
+                                         w["qkv_bias"], w["q_norm"], w["k_norm"],
+                                         int(cfg.rope_interleaved), eps, 1, 0, 0))
             w["p_swiglu"] = a.ref(u32s(F, w["gate_bias"], w["up_bias"], 0))
         last_bias = self.lw[-1]["down_bias"] if self.lw else NONE
         self.p_norm_final = a.ref(u32s(H, 0, 0, int(bool(self.lw)), 0, last_bias,
@@ -219,6 +234,8 @@ class GpuLlamaModel(GpuModel):
         for name in KERNELS:     # compile now: a shader error surfaces at load
             llama_pipeline(dev, name)
         self._static: dict = {}
+        self._skeletons: dict = {}
+        self._rows: _LlamaRows | None = None
         self.load_seconds = time.perf_counter() - t0
         self.dispatches_per_token: int | None = None
 
@@ -241,15 +258,6 @@ class GpuLlamaModel(GpuModel):
         st.v = self._grown_copies(st.v, nbytes)
         st.cap = cap
         st.programs.clear()
-
-    def can_rollback(self, st: GpuLlamaState, n: int) -> bool:
-        """Always: the caches keep every position (a window masks, it does not drop)."""
-        return True
-
-    def rollback(self, st: GpuLlamaState, n: int) -> None:
-        if int(n) < 0:
-            raise CortiqError(f"{self.arch}: cannot roll back to {n}")
-        st.pos = min(st.pos, int(n))
 
     def kv_bytes(self, st: GpuLlamaState) -> int:
         return st.pos * self.kv_size * 4 * 2 * len(self.lw)
@@ -333,7 +341,7 @@ class GpuLlamaModel(GpuModel):
             stage = self.stage_ids[0]
             enc.copy_buffer_to_buffer(self.res, 0, stage, 0, 16)
         dev.queue.submit([enc.finish()])
-        st.pos += t
+        self._advance(st, t)
         if want == "greedy":
             return int(dev.read(stage, 4).view(np.uint32)[0])
         if stage is None:
@@ -341,66 +349,182 @@ class GpuLlamaModel(GpuModel):
         out = dev.read(stage, nbytes).view(np.float32)
         return out.reshape(-1, self.hidden if want == "hidden" else self.vocab)
 
+    # ---- decode rows of several sequences in one submission ---------------------------
+    batch_rows = CHUNK
+
+    def forward_rows(self, states, tokens, wants) -> list:
+        """One new token for each of up to CHUNK sequences (distinct states), in one
+        submission of the layer program over the rows (`_skeleton`, mode "rows"): every
+        product reads its weights once for all the rows, each sequence's attention runs
+        over its own cache at its own position, and the head writes every row's
+        logits."""
+        if len(states) > self.batch_rows:
+            raise ConfigError(f"forward_rows: {len(states)} rows exceed {self.batch_rows}")
+        head = any(w != "none" for w in wants)
+        if len(states) == 1:        # one row: the one-sequence decode program
+            lg = self._submit(states[0], np.asarray(tokens, np.int64),
+                              "last" if head else "none")
+        else:
+            R = self._rows_setup()
+            lg = self._submit_rows(states, tokens,
+                                   self._skeleton("rows", "all" if head else "none"),
+                                   R.slices, head)
+        return [lg[j].copy() if w == "last" else lg[j:j + 1].copy() if w == "all" else None
+                for j, w in enumerate(wants)]
+
+    def _rows_setup(self) -> _LlamaRows:
+        """The per-row buffers and the products over rows, made on first use."""
+        if self._rows is None:
+            self._rows = _LlamaRows(self)
+            self._skeletons = {k: v for k, v in self._skeletons.items() if k[0] != "rows"}
+        return self._rows
+
+    def _rope_row(self, pos: int) -> np.ndarray:
+        cos, sin = self.host.rope(pos, 1)
+        return np.concatenate([np.ravel(cos), np.ravel(sin)]).astype(np.float32)
+
     # ---- programs: the dispatch lists of a chunk ------------------------------------
     def _program(self, st: GpuLlamaState, t: int, want: str) -> list:
+        """A sequence's program: a decode row (t 1) or a prompt chunk, its attention on
+        the state's own caches; made once per state."""
         key = (t == 1, want)
         prog = st.programs.get(key)
         if prog is None:
-            prog = self._build_program(st, 1 if t == 1 else MATMAT_NT, want)
+            mode = "decode" if t == 1 else "chunk"
+            prog = self._resolve(self._skeleton(mode, want),
+                                 lambda m: self._sequence_part(st, m, None))
             st.programs[key] = prog
             if t == 1 and want in ("last", "greedy"):
                 self.dispatches_per_token = len(prog)
         return prog
-
-    def _mv(self, op: MatvecOp, nt: int) -> Dispatch:
-        key = (id(op), nt)
-        d = self._static.get(key)
-        if d is None:
-            d = op.dispatch(self.step, nt, self.int8)
-            self._static[key] = d
-        return d
 
     def _kernel(self, name: str, resources: list, dims) -> Dispatch:
         dev = self.dev
         return Dispatch(llama_pipeline(dev, name), dev.bind(KERNELS[name], resolve(resources)),
                         dims, name)
 
-    def _build_program(self, st: GpuLlamaState, nt: int, want: str) -> list:
+    def _sequence_part(self, st: GpuLlamaState, marker: tuple, row: int | None) -> list:
+        """Layer marker[2]'s attention on state st's cache: llama_qk (unless the
+        attention dispatch does its work) and the attention, over the chunk's rows (row
+        None) or over row `row` of a rows submission (bound to that row's pieces of the
+        per-row buffers)."""
+        _tag, mode, li = marker
+        w = self.lw[li]
+        if row is None:
+            step, qkv, att, rope = self.step, self.qkv, self.att, self.rope
+            p_qk, p_attn = w["p_qk"], w["p_attn"]
+        else:
+            key = ("row", row, li)
+            R = self._rows_setup()
+            made = st.programs.get(key)
+            if made is not None and made[0] is R:
+                return made[1]
+            S = R.slices
+            step, qkv, att, rope = S.step_at(row), S.at("qkv", row), S.at("att", row), \
+                S.rope_at(row)
+            p_qk, p_attn = w["p_qk_row"], w["p_attn_row"]
+        fused_qk = mode != "chunk" and self.fuse_qk
+        part = []
+        if not fused_qk:
+            part.append(self._kernel("llama_qk", [p_qk, step, qkv, self.vbuf, rope, st.k[li],
+                                                  st.v[li]],
+                                     (self.nh + 2 * self.nk, 1, 1) if row is not None
+                                     else lambda t: (self.nh + 2 * self.nk, t, 1)))
+        part.append(self._kernel("llama_attn_qk" if fused_qk else "llama_attn",
+                                 [p_attn, step, qkv, st.k[li], st.v[li], att, self.vbuf, rope],
+                                 (self.nh, 1, 1) if row is not None
+                                 else lambda t: (self.nh, t, 1)))
+        if row is not None:
+            st.programs[key] = (R, part)    # R: the rows buffers the dispatches bind
+        return part
+
+    def _skeleton(self, mode: str, want: str) -> list:
+        """The Llama layer program, written once for every way a chunk runs; each
+        layer's attention is left as a (SEQUENCE_PART, mode, layer) marker that
+        `_sequence_part` fills per sequence. mode "decode": one sequence's decode row
+        (the decode matvec, llama_qk's work inside the attention dispatch); "chunk": a
+        prompt chunk (the matmat); "rows": decode rows of several sequences (the
+        products over the rows from `_LlamaRows`, the attention per row)."""
+        R = self._rows_setup() if mode == "rows" else None
+        key = (mode, want)
+        made = self._skeletons.get(key)
+        if made is not None:
+            return made
         dev = self.dev
+        nt = 1 if mode == "decode" else MATMAT_NT
         rows = lambda t: (t, 1, 1)  # noqa: E731
+
+        def product(name: str, li: int | None = None):
+            """The one place a mode picks its products: op `name` of layer li (None: the
+            model's head)."""
+            if R is not None:
+                return R.product(name, li)
+            return self._chunk_product(getattr(self, name) if li is None
+                                       else self.lw[li][name], nt)
+
         e = self.embed
-        prog = [Dispatch(embed_pipeline(dev, e.dtype, len(e.parts)), dev.bind(
+        prog: list = [Dispatch(embed_pipeline(dev, e.dtype, len(e.parts)), dev.bind(
             embed_kinds(len(e.parts)), resolve([self.p_embed, self.step, self.ids, self.x]
                                                + [b for b, _r0, _r in e.parts])), rows, "embed")]
         norm = [self.step, self.x, self.out, self.vbuf, self.xn]
         groups = (self.ffn + 255) // 256
         for li, w in enumerate(self.lw):
             prog.append(self._kernel("llama_norm", [w["p_norm_in"]] + norm, rows))
-            prog.append(self._mv(w["qkv_op"], nt))
-            fused_qk = nt == 1 and self.fuse_qk
-            if not fused_qk:
-                prog.append(self._kernel("llama_qk", [w["p_qk"], self.step, self.qkv,
-                                                      self.vbuf, self.rope, st.k[li], st.v[li]],
-                                         lambda t: (self.nh + 2 * self.nk, t, 1)))
-            prog.append(self._kernel("llama_attn_qk" if fused_qk else "llama_attn",
-                                     [w["p_attn"], self.step, self.qkv, st.k[li], st.v[li],
-                                      self.att, self.vbuf, self.rope],
-                                     lambda t: (self.nh, t, 1)))
-            prog.append(self._mv(w["o_op"], nt))
+            prog.append(product("qkv_op", li))
+            prog.append((SEQUENCE_PART, mode, li))
+            prog.append(product("o_op", li))
             prog.append(self._kernel("llama_norm", [w["p_norm_mlp"]] + norm, rows))
-            prog.append(self._mv(w["gu_op"], nt))
+            prog.append(product("gu_op", li))
             prog.append(self._kernel("llama_swiglu", [w["p_swiglu"], self.step, self.gu,
                                                       self.vbuf], lambda t: (groups, t, 1)))
-            prog.append(self._mv(w["down_op"], nt))
-        if want == "none":
-            return prog
-        prog.append(self._kernel("llama_norm", [self.p_norm_final] + norm, rows))
-        if want in ("last", "greedy"):
-            prog.append(self._mv(self.head_last, nt))
-        elif want == "all":
-            prog.append(self._mv(self.head_all, nt))
+            prog.append(product("down_op", li))
+        if want != "none":
+            prog.append(self._kernel("llama_norm", [self.p_norm_final] + norm, rows))
+        if want in ("last", "greedy") and R is None:
+            prog.append(product("head_last"))
+        elif want in ("last", "greedy", "all"):
+            prog.append(product("head_all"))
         if want == "greedy":
             prog.append(Dispatch(fixed_pipeline(dev, "argmax"), dev.bind(
                 FIXED["argmax"], resolve([self.p_argmax, self.logits, self.ids, self.res])),
                 (1, 1, 1), "argmax"))
+        self._skeletons[key] = prog
         return prog
+
+
+class _LlamaRows:
+    """What decode rows of several sequences in one submission run beyond the chunk's
+    buffers: the per-row pieces (`slices`: the Q|K|V output and the attention output
+    with each row bindable alone, a step block and rotary rows per row) and the
+    products over the rows: the rows matvec (matvecb.wgsl; every Llama product takes
+    its input as it is), or the prompt matmat for a shape the rows matvec does not
+    take. Q|K|V and O read and write the per-row pieces; the others the chunk's
+    buffers."""
+
+    def __init__(self, m: GpuLlamaModel):
+        self.m = m
+        self.slices = S = RowSlices(m.dev, m.batch_rows, m.hd, qkv=m.qkv_w, att=m.q_size)
+        self.arena = ParamArena(m.dev)
+        self.ops: dict = {}
+        for li, w in enumerate(m.lw):
+            self.ops[(li, "qkv_op")] = MatvecOp(
+                m.dev, [w["q"], w["k"], w["v"]], self.arena, x=m.xn, x_off=0, x_stride=m.hidden,
+                y=S.bufs["qkv"], y_off=0, y_stride=S.stride["qkv"], vbuf=m.vbuf)
+            self.ops[(li, "o_op")] = MatvecOp(
+                m.dev, [w["o"]], self.arena, x=S.bufs["att"], x_off=0, x_stride=S.stride["att"],
+                y=m.out, y_off=0, y_stride=m.hidden, vbuf=m.vbuf)
+        self.arena.upload()
+        self._made: dict = {}
+
+    def product(self, name: str, li: int | None):
+        """The dispatch of op `name` of layer li (None: the head) over the rows."""
+        m = self.m
+        op = m.head_all if li is None else self.ops.get((li, name), m.lw[li][name])
+        d = self._made.get(id(op))
+        if d is None:
+            try:
+                d = op.dispatch_rows(m.step)
+            except ConfigError:     # rows of partial chunks: the prompt matmat
+                d = op.dispatch(m.step, MATMAT_NT)
+            self._made[id(op)] = d
+        return d

@@ -7,8 +7,56 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, CortiqError
 from ..models.base import ModelBase, check_feed, is_prompt
+
+#: the per-sequence part of a layer program: a marker the program's builder leaves where
+#: a sequence's own kernels go (its attention over its own cache), filled per sequence
+#: by the model's `_sequence_part(state, marker, row)`
+SEQUENCE_PART = "sequence"
+
+
+class RowSlices:
+    """The per-row pieces of a rows submission (decode rows of several sequences): a
+    step block, rotary rows and named activations per row, each row at the adapter's
+    binding offset alignment, so that a sequence's own dispatches bind its row alone
+    (as a one-row chunk at its own position)."""
+
+    def __init__(self, dev, rows: int, rope_floats: int, **widths: int):
+        fa = max(dev.storage_align // 4, 4)
+
+        def padded(n: int) -> int:
+            return (n + fa - 1) // fa * fa
+
+        self.width = dict(widths)
+        self.stride = {k: padded(v) for k, v in widths.items()}
+        self.bufs = {k: dev.buffer(rows * self.stride[k] * 4) for k in widths}
+        self.rope_floats, self.rope_stride = rope_floats, padded(rope_floats)
+        self.rope = dev.buffer(rows * self.rope_stride * 4)
+        self.step_words = max(dev.uniform_align // 4, 4)
+        self.step = dev.buffer(rows * self.step_words * 4, uniform=True)
+
+    def at(self, name: str, b: int):
+        """Row b of activation `name` as a binding (buffer, offset, size)."""
+        return (self.bufs[name], b * self.stride[name] * 4,
+                (self.width[name] * 4 + 15) // 16 * 16)
+
+    def step_at(self, b: int):
+        return (self.step, b * self.step_words * 4, 16)
+
+    def rope_at(self, b: int):
+        return (self.rope, b * self.rope_stride * 4, self.rope_floats * 4)
+
+    def write(self, queue, positions: list, rope_rows: list) -> None:
+        """Each row's step block (one row at its position) and rotary rows."""
+        steps = np.zeros((len(positions), self.step_words), np.uint32)
+        steps[:, 0] = 1
+        steps[:, 1] = positions
+        queue.write_buffer(self.step, 0, steps)
+        rope = np.zeros((len(positions), self.rope_stride), np.float32)
+        for b, r in enumerate(rope_rows):
+            rope[b, :self.rope_floats] = r
+        queue.write_buffer(self.rope, 0, rope)
 
 
 class GpuModel(ModelBase):
@@ -24,6 +72,96 @@ class GpuModel(ModelBase):
     #: decode rows (one id each, distinct sequences) one `forward_rows` call takes;
     #: 0 or 1: the model has no `forward_rows`, every feed runs on its own
     batch_rows = 0
+
+    # set by every GPU model: its chunk step block, token ids, logits and the products
+    # it has made dispatches of
+    step: Any
+    ids: Any
+    logits: Any
+    _static: dict
+    stage_logits: Any = None
+
+    def _chunk_product(self, op, nt: int):
+        """The dispatch of product `op` over a chunk's rows (nt 1: the decode matvec),
+        made once."""
+        key = (id(op), nt)
+        d = self._static.get(key)
+        if d is None:
+            d = op.dispatch(self.step, nt, self.int8)
+            self._static[key] = d
+        return d
+
+    @staticmethod
+    def _resolve(skeleton: list, part) -> list:
+        """A program from a layer program's skeleton: each SEQUENCE_PART marker replaced
+        by the dispatches part(marker) returns."""
+        prog: list = []
+        for item in skeleton:
+            if isinstance(item, tuple) and item and item[0] == SEQUENCE_PART:
+                prog.extend(part(item))
+            else:
+                prog.append(item)
+        return prog
+
+    def _advance(self, st, t: int) -> None:
+        """Move a state past t rows just run."""
+        st.pos += t
+
+    def can_rollback(self, st, n: int) -> bool:
+        return True
+
+    def rollback(self, st, n: int) -> None:
+        if int(n) < 0:
+            raise CortiqError(f"{self.arch}: cannot roll back to {n}")
+        if not self.can_rollback(st, int(n)):
+            raise CortiqError(f"{self.arch}: cannot roll back to {n}: a window layer has "
+                              "already dropped keys that position reads")
+        st.pos = min(st.pos, int(n))
+
+    def _logits_stage(self, nbytes: int):
+        """A staging buffer of at least nbytes for logits read back."""
+        if self.stage_logits is None or self.stage_logits.size < nbytes:
+            self.stage_logits = self.dev.staging(max(nbytes, self.vocab * 4))
+        return self.stage_logits
+
+    def _submit_rows(self, sts, toks, skeleton: list, slices: RowSlices, head: bool):
+        """One submission of decode rows of several sequences (one token each, distinct
+        states) through a layer program's rows skeleton: the chunk step holds B rows
+        (what runs over the rows together), each row's own step and rotary rows go to
+        `slices` for its sequence's part. Returns the rows' logits [B, vocab] (head) or
+        None."""
+        dev, q = self.dev, self.dev.queue
+        B = len(sts)
+        for st in sts:
+            self._grow(st, st.pos + 1)
+        q.write_buffer(self.step, 0, np.array([B, 0, 0, 0], np.uint32))
+        slices.write(q, [st.pos for st in sts], [self._rope_row(st.pos) for st in sts])
+        q.write_buffer(self.ids, 0, np.asarray(toks, np.uint32))
+        prog = self._resolve(skeleton, lambda m: [
+            d for b, st in enumerate(sts) for d in self._sequence_part(st, m, b)])
+        enc = dev.record(prog, B)
+        nbytes = B * self.vocab * 4
+        if head:
+            enc.copy_buffer_to_buffer(self.logits, 0, self._logits_stage(nbytes), 0, nbytes)
+        q.submit([enc.finish()])
+        for st in sts:
+            self._advance(st, 1)
+        if not head:
+            return None
+        return dev.read(self.stage_logits, nbytes).view(np.float32).reshape(B, self.vocab)
+
+    def _grow(self, st, need: int) -> None:
+        """Room in a state's caches for `need` positions."""
+        raise NotImplementedError
+
+    def _rope_row(self, pos: int) -> np.ndarray:
+        """The rotary rows of one position, as a rows submission's slice holds them."""
+        raise NotImplementedError
+
+    def _sequence_part(self, st, marker: tuple, row: int | None) -> list:
+        """The dispatches of a SEQUENCE_PART marker for state st: over the chunk's rows
+        (row None) or over row `row` of a rows submission."""
+        raise NotImplementedError
 
     def _forward_chunks(self, ids: np.ndarray, want: str, chunk: int, run):
         """Feed checked `ids` in pieces of `chunk` rows through run(piece, want) (each
@@ -68,13 +206,11 @@ class GpuModel(ModelBase):
         dev.queue.submit([enc.finish()])
         return news
 
-    #: whether the model's decode products follow precision "int8" (its `_mv` passes
-    #: `self.int8` to them); a model without it keeps float32 products whatever is asked
+    #: whether the model's decode products follow precision "int8" (made through
+    #: `_chunk_product`); a model without it keeps float32 products whatever is asked
     int8_products = False
     #: the decode products' activations: False float32, True int8 (`set_precision`)
     int8 = False
-    #: the model's recorded product dispatches (`_mv`: (id(op), rows) -> Dispatch)
-    _static: dict
 
     def matrices(self) -> list:
         """No host matrices: the device's products run on its own copies of the weights
@@ -129,15 +265,15 @@ class GpuModel(ModelBase):
                 rows.append(i)
             else:
                 outs[i] = self.forward(st, ids, want, prompt)
-        if len(rows) == 1:
-            i = rows[0]
-            outs[i] = self.forward(states[i], ids_list[i], wants[i], prompts[i])
-        elif rows:
-            for at in range(0, len(rows), self.batch_rows):
-                group = rows[at:at + self.batch_rows]
-                got = self.forward_rows([states[i] for i in group],
-                                        [int(ids_list[i][0]) for i in group],
-                                        [wants[i] for i in group])
-                for i, out in zip(group, got):
-                    outs[i] = out
+        for at in range(0, len(rows), self.batch_rows):
+            group = rows[at:at + self.batch_rows]
+            if len(group) == 1:     # a lone row takes the one-sequence decode path
+                i = group[0]
+                outs[i] = self.forward(states[i], ids_list[i], wants[i], prompts[i])
+                continue
+            got = self.forward_rows([states[i] for i in group],
+                                    [int(ids_list[i][0]) for i in group],
+                                    [wants[i] for i in group])
+            for i, out in zip(group, got):
+                outs[i] = out
         return outs
