@@ -122,3 +122,27 @@ def test_dory_model_switches_to_int8_in_place(dev):
     g.rollback(st, ids.size - 1)
     assert _rel(g.forward(st, ids[-1:]), exact) < 1e-6
     f.close()
+
+
+def test_int8_batches_equal_each_sequence_alone(dev):
+    """Under int8 decode products a batch's decode rows give exactly what each sequence
+    gives alone (the float32 rows matvec is not used for them)."""
+    from cortiq import cmf
+    from cortiq.demo import demo_path
+    from cortiq.gpu import to_device
+    from cortiq.models.dory import DoryModel
+    f = cmf.open(demo_path())
+    g = to_device(DoryModel(f), dev)
+    g.set_precision("int8")
+    prompts = [np.array([3, 17, 200]), np.array([5, 9]), np.array([41, 2, 8, 13])]
+    alone, states = [], []
+    for p in prompts:
+        st = g.new_state()
+        g.forward(st, p, prompt=True)
+        alone.append(g.forward(st, [7]))
+        g.rollback(st, p.size)
+        states.append(st)
+    got = g.forward_batch(states, [[7]] * 3, ["last"] * 3)
+    for a, b in zip(alone, got):
+        assert np.array_equal(a, b)
+    f.close()

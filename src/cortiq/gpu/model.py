@@ -248,8 +248,9 @@ class GpuModel(ModelBase):
 
     def forward_batch(self, states, ids_list, wants, prompts=None) -> list:
         """The sequences' feeds: prompts (and rows the model does not batch) one after
-        the other, then the decode rows `batch_rows` at a time through `forward_rows`.
-        Each result equals the sequence's own `forward`, whatever the batch."""
+        the other, then the decode rows `batch_rows` at a time through `forward_rows`
+        (not under int8 decode products, which the rows matvec does not have). Each
+        result equals the sequence's own `forward`, whatever the batch."""
         if not len(states) == len(ids_list) == len(wants):
             raise ValueError(f"forward_batch: {len(states)} states, {len(ids_list)} feeds "
                              f"and {len(wants)} wants")
@@ -260,8 +261,11 @@ class GpuModel(ModelBase):
         ids_list = [check_feed(ids, want, self.vocab) for ids, want in zip(ids_list, wants)]
         outs: list = [None] * len(states)
         rows: list[int] = []
+        # the rows matvec computes in float32: int8 decode products run each sequence on
+        # its own, so that a result never depends on the batch it came in
+        together = self.batch_rows > 1 and not self.int8
         for i, (st, ids, want, prompt) in enumerate(zip(states, ids_list, wants, prompts)):
-            if self.batch_rows > 1 and self.batchable(ids, want, is_prompt(prompt, ids.size)):
+            if together and self.batchable(ids, want, is_prompt(prompt, ids.size)):
                 rows.append(i)
             else:
                 outs[i] = self.forward(st, ids, want, prompt)
