@@ -24,11 +24,11 @@ gguf = optional.need("extras", "gguf")
 torch, transformers = optional.need("torch", "torch", "transformers")
 from reference import gguf_llama as G  # noqa: E402
 from reference import hf_llama as H  # noqa: E402
+from reference.gguf_dequant import load_dequantized  # noqa: E402
 
 import cortiq  # noqa: E402
 from cortiq.convert.gguf_import import import_gguf  # noqa: E402
 from cortiq.errors import FormatError  # noqa: E402
-from cortiq.gguf.llama_meta import unpermute_rows  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 N_TOK = 20
@@ -41,25 +41,8 @@ def _diff(a, b):
 def _hf_on_gguf(case, path, **over):
     """transformers with exactly the values the GGUF holds, q/k rows back in HF order
     (decoded by the gguf package, independently of cortiq's reader)."""
-    reader = gguf.GGUFReader(str(path))
     m = H.build(case, seed=0, **{**G.CASE_OVERRIDES.get(case, {}), **over})
-    cfg = m.config
-    heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads}
-    to_ggml = {G.ggml_name(n): n for n in m.state_dict() if not n.endswith("inv_freq")}
-    sd = {}
-    for t in reader.tensors:
-        if t.name not in to_ggml:
-            continue
-        hf = to_ggml[t.name]
-        a = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
-        a = a.reshape(tuple(reversed([int(d) for d in t.shape])))
-        proj = hf.split(".")[-2] if "self_attn" in hf else ""
-        if reader.fields["general.architecture"].contents() == "llama" and proj in (
-                "q_proj", "k_proj"):
-            a = unpermute_rows(a, heads[proj[0]])
-        sd[hf] = torch.from_numpy(np.array(a, np.float32))         # a writable copy
-    m.load_state_dict(sd, strict=False)
-    m.tie_weights()
+    load_dequantized(m, path)
     return m
 
 

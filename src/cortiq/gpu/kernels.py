@@ -387,8 +387,7 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool
             .replace("$XSN", str(max(xs, 4))).replace("$WTSN", "256" if pro == 3 else "1")
             .replace("$I8", "true" if i8 else "false")
             .replace("$XQN", str(words)).replace("$XDN", str(scales))
-            .replace("$XWRITE8", write if (pro == 4 and i8) else "")
-            .replace("$XWRITE", write if (pro == 4 and not i8) else ""))
+            .replace("$XWRITE", write if pro == 4 else ""))
     return dev.pipeline(key, code, matvec_kinds(n, pro))
 
 

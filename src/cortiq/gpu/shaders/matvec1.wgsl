@@ -146,36 +146,22 @@ $SGLANES
         ion = 1.0 / sqrt(red[256] + P.eps);
         workgroupBarrier();
     }
+    var ssq = 0.0;   // the staged input's sum of squares
     if (XS > 0u) {
-        var s = 0.0;
         for (var c = lid; c < P.cols; c += 256u) {
             let v = xval(c);
             xs[c + (c >> 5u)] = v;
-            s += v * v;
-        }
-        if (PRO != 0u) {
-            red[lid] = s;
-            workgroupBarrier();
-            for (var h = 128u; h > 0u; h = h / 2u) {
-                if (lid < h) { red[lid] += red[lid + h]; }
-                workgroupBarrier();
-            }
-            inv = 1.0 / sqrt(red[0] + P.eps);
-        }
-        workgroupBarrier();
-        if (PRO == 4u && wid.x + wid.y == 0u) {
-            for (var c = lid; c < P.cols; c += 256u) { $XWRITE }
+            ssq += v * v;
         }
     }
     if (I8) {
         // 256 lanes take 1024 columns a round, four each; a 32-column group is eight
         // lanes, which meet in shared memory for the group's largest magnitude.
-        var s = 0.0;
         for (var c0 = 0u; c0 < P.cols; c0 += 1024u) {
             let c = c0 + 4u * lid;
             var v = vec4<f32>(0.0);
             if (c < P.cols) { v = vec4<f32>(xval(c), xval(c + 1u), xval(c + 2u), xval(c + 3u)); }
-            s += dot(v, v);
+            ssq += dot(v, v);
             let a = abs(v);
             red[lid] = max(max(a.x, a.y), max(a.z, a.w));
             workgroupBarrier();
@@ -191,8 +177,10 @@ $SGLANES
                 if ((lid & 7u) == 0u) { xd[c >> 5u] = select(m, m / 127.0, finite); }
             }
         }
+    }
+    if (XS > 0u || I8) {   // the staged input's norm, and PRO 4's write-back of it
         if (PRO != 0u) {
-            red[lid] = s;
+            red[lid] = ssq;
             workgroupBarrier();
             for (var h = 128u; h > 0u; h = h / 2u) {
                 if (lid < h) { red[lid] += red[lid + h]; }
@@ -202,7 +190,7 @@ $SGLANES
         }
         workgroupBarrier();
         if (PRO == 4u && wid.x + wid.y == 0u) {
-            for (var c = lid; c < P.cols; c += 256u) { $XWRITE8 }
+            for (var c = lid; c < P.cols; c += 256u) { $XWRITE }
         }
     }
     if (SG) {
