@@ -137,6 +137,11 @@ def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw:
     g._grow(st, st.pos + 1)
     g._write_step(st.pos, 1)
     prog = g._program(st, 1, "greedy")
+    # the decode attention's key ranges: the most the model takes, and those of the timed
+    # program at its position (1: unsplit, llama_attn_qk)
+    out["attn_splits_most"] = g.splits
+    out["attn_splits_timed"] = g.decode_splits(st.pos)
+    out["attn_position_timed"] = st.pos
     n = 20
     t0 = time.perf_counter()
     for _ in range(n):

@@ -95,6 +95,27 @@ def test_int8_input_stages_and_fused_groups(dev):
     assert _rel(got, f16.matvec(y)) < 1e-5
 
 
+def test_int8_merged_attention_input(dev):
+    """PRO 5 on int8 activations: the merged split-attention records are quantized as
+    they are, with no norm (PRO 3 would normalise them)."""
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    rng = np.random.default_rng(12)
+    nh, hd, splits = 4, 32, 3
+    qt = _q8_row(rng, 17, nh * hd)
+    m = rng.standard_normal((nh, splits)).astype(np.float32) * 2
+    den = rng.random((nh, splits)).astype(np.float32) * 3 + 0.5
+    acc = rng.standard_normal((nh, splits, hd)).astype(np.float32) * 5
+    m[:, -1], den[:, -1], acc[:, -1] = -3e38, 0.0, 0.0      # an empty split
+    rec = np.zeros((nh, splits, hd + 4), np.float32)
+    rec[..., 0], rec[..., 1], rec[..., 4:] = m, den, acc
+    e = np.exp(m.astype(np.float64) - m.max(1, keepdims=True))
+    y = ((e[..., None] * acc).sum(1) / (e * den).sum(1)[:, None]).ravel().astype(np.float32)
+    got = matvec_once(dev, [GpuMatrix(dev, qt)], rec.reshape(1, -1), pro=5, hd=hd,
+                      splits=splits, int8=True)[0]
+    assert _rel(got, _int8_product(qt, y)) < 1e-4
+    assert _rel(got, qt.matvec(y)) > 1e-5                   # it did take the int8 path
+
+
 def test_dory_model_switches_to_int8_in_place(dev):
     """set_precision("int8") switches a loaded GPU model's recorded decode products; its
     decode logits then follow the CPU model at "int8"; "exact" switches them back."""

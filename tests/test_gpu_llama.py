@@ -131,8 +131,10 @@ def test_prompt_over_one_chunk_and_cache_growth(dev, tmp_path_factory, monkeypat
 
 def test_keys_over_one_attention_block(dev, tmp_path_factory):
     """Rows attending more than the 256 keys an attention workgroup scores at once (the
-    online softmax across blocks), in a prompt chunk and a decode row."""
+    online softmax across blocks), in a prompt chunk and a decode row (split into ranges
+    of several 32-key tiles)."""
     host, g = _pair(dev, tmp_path_factory, "qwen2")
+    assert g.decode_splits(299) > 1     # the decode row's ranges hold over 32 keys each
     ids = np.random.default_rng(11).integers(0, host.vocab, 300)
     sc, sg = host.new_state(), g.new_state()
     host.forward(sc, ids[:280], "none")
@@ -160,6 +162,55 @@ def test_decode_qk_fused_or_not(dev, tmp_path_factory, name):
         assert _rel(b, plain.forward(sp, [int(i)])) < 1e-5
     assert _rel(fused.forward(sf, ids[11:], "all"), host.forward(sc, ids[11:], "all")) < 1e-3
     assert plain.dispatches_per_token - fused.dispatches_per_token == len(host.layers)
+
+
+@pytest.mark.parametrize("name,most,fuse_qk", [("qwen3", 4, True), ("qwen3", 8, False),
+                                               ("mistral", 2, True), ("wide_heads", 16, True)])
+def test_split_decode_attention_matches_cpu(dev, tmp_path_factory, monkeypatch, name, most,
+                                            fuse_qk):
+    """Decode rows whose attention is split over key ranges (one range of 2 keys at
+    least here) and merged in the O product equal the host and the unsplit model: GQA,
+    biases and q/k norms (qwen3), windows shorter than the sequence (qwen3's layer 1,
+    mistral), a head of 288 (wide_heads), with llama_qk fused or not, from positions with
+    one range through several range counts, after a prompt chunk."""
+    from cortiq.gpu import llama as gl
+    monkeypatch.setattr(gl, "SPLIT_KEYS", 2)
+    host, _ = _pair(dev, tmp_path_factory, name)
+    split = gl.GpuLlamaModel(host, dev, fuse_qk=fuse_qk, attn_splits=most)
+    plain = gl.GpuLlamaModel(host, dev, fuse_qk=fuse_qk, attn_splits=1)
+    assert split.splits == most and plain.splits == 1
+    ids = np.random.default_rng(stable_seed("split", name)).integers(0, host.vocab, 22)
+    sc, ss, sp = host.new_state(), split.new_state(), plain.new_state()
+    host.forward(sc, ids[:2], "none")
+    split.forward(ss, ids[:2], "none")
+    plain.forward(sp, ids[:2], "none")
+    seen = set()
+    for i in ids[2:]:
+        seen.add(split.decode_splits(ss.pos))
+        a = host.forward(sc, [int(i)])
+        b = split.forward(ss, [int(i)])
+        assert _rel(b, a) < 1e-3
+        assert _rel(b, plain.forward(sp, [int(i)])) < 1e-5
+    assert seen == {n for n in (1, 2, 4, 8) if n <= most}
+    # the k/v rows the split dispatch wrote are the ones a later prompt chunk reads
+    assert _rel(split.forward(ss, ids[:5], "all"), host.forward(sc, ids[:5], "all")) < 1e-3
+
+
+def test_split_choice_follows_the_keys(dev, tmp_path_factory):
+    """One range below 2 * SPLIT_KEYS keys, then powers of two of SPLIT_KEYS keys a range
+    up to the model's most (at most 256 records / heads); attn_splits=1 never splits."""
+    from cortiq.gpu import llama as gl
+    host, g = _pair(dev, tmp_path_factory, "qwen2")
+    k = gl.SPLIT_KEYS
+    assert g.splits == min(gl.ATTN_SPLITS_MOST, 256 // host.cfg.n_heads)
+    assert g.decode_splits(0) == g.decode_splits(2 * k - 2) == 1
+    assert g.decode_splits(2 * k - 1) == 2
+    assert g.decode_splits(8 * k - 1) == 8
+    assert g.decode_splits(10 ** 6) == g.splits
+    assert gl.GpuLlamaModel(host, dev, attn_splits=6).splits == 4
+    assert gl.GpuLlamaModel(host, dev, attn_splits=1).decode_splits(10 ** 6) == 1
+    with pytest.raises(ConfigError, match="splits"):
+        gl.GpuLlamaModel(host, dev, attn_splits=0)
 
 
 def test_greedy_tokens_identical(dev, tmp_path_factory):

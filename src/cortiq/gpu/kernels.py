@@ -384,7 +384,7 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool
             .replace("$RWu", f"{RPW1_ROWS}u")
             .replace("$UNROLLu", f"{MATVEC_UNROLL}u")
             .replace("$PROu", f"{pro}u").replace("$XSu", f"{xs}u")
-            .replace("$XSN", str(max(xs, 4))).replace("$WTSN", "256" if pro == 3 else "1")
+            .replace("$XSN", str(max(xs, 4))).replace("$WTSN", "256" if pro in (3, 5) else "1")
             .replace("$I8", "true" if i8 else "false")
             .replace("$XQN", str(words)).replace("$XDN", str(scales))
             .replace("$XWRITE", write if pro == 4 else ""))
@@ -434,10 +434,10 @@ class MatvecOp:
         self.total = sum(r for _m, _b, r in parts)
         self.cols = cols
         self.chunked = all(m.cols % CHUNK[m.dtype] == 0 for m in mats)
-        if pro == 3 and not (self.chunked and matvec1_staging(dev, cols)
-                             and 0 < hd and cols % hd == 0 and cols // hd * splits <= 256):
-            raise ConfigError("GPU matvec: merging attention splits (PRO 3) needs the staged "
-                              "decode matvec and at most 256 (head, split) records")
+        if pro in (3, 5) and not (self.chunked and matvec1_staging(dev, cols)
+                                  and 0 < hd and cols % hd == 0 and cols // hd * splits <= 256):
+            raise ConfigError(f"GPU matvec: merging attention splits (PRO {pro}) needs the "
+                              "staged decode matvec and at most 256 (head, split) records")
         if pro == 4 and not (self.chunked and matvec1_staging(dev, cols)):
             raise ConfigError("GPU matvec: the fused residual (PRO 4) needs the staged "
                               "decode matvec")
@@ -494,8 +494,8 @@ def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: in
                 splits: int = 1, residual_out: list | None = None,
                 rows: bool = False, int8: bool = False) -> np.ndarray:
     """Run one product on its own (checks and tools): X [t, cols] (for pro=2 the
-    gate/up rows [t, 2*cols'], b at x2_off; for pro=3 one row of attention split records,
-    see attention.wgsl; for pro=4 the row x, with o in x2 and alpha in va) -> Y [t, total
+    gate/up rows [t, 2*cols'], b at x2_off; for pro=3 and pro=5 one row of attention split
+    records, see attention.wgsl and llama_attn_split.wgsl; for pro=4 the row x, with o in x2 and alpha in va) -> Y [t, total
     rows]. nt=None picks what a forward would (the decode matvec for one row, the
     matmat for more); rows=True runs the rows matvec (matvecb.wgsl) over every row.
     pro=4 appends the residual it wrote back to `residual_out`; int8=True runs the

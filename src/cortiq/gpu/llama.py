@@ -13,8 +13,10 @@ layer (shaders/llama_*.wgsl and the shared products of kernels.py):
                    interleaved pair order of GGUF files come from the host), k and v
                    into the KV cache
     llama_attn     causal GQA with an optional sliding window, online softmax (a decode
-                   row: llama_attn_qk, which does llama_qk's work in the same dispatch)
-    matvec O
+                   row: llama_attn_qk, which does llama_qk's work in the same dispatch;
+                   a decode row with enough keys: llama_attn_split_qk, the keys split
+                   into ranges, one workgroup a (query head, range), flash-decoding)
+    matvec O       (after a split attention: its input stage merges the ranges, PRO 5)
     llama_norm     the residual and the MLP norm
     matvec gate|up
     llama_swiglu   silu(gate) * up in place (biases where the file has them)
@@ -53,6 +55,13 @@ from .model import SEQUENCE_PART, GpuModel, RowSlices
 CHUNK = 64
 #: rows of a layer's KV cache before its first growth
 KV_CAP0 = 256
+#: keys each range of a split decode attention takes at least: a row with fewer than
+#: 2 * SPLIT_KEYS keys runs unsplit, and the ranges double with the keys (a power of two,
+#: so that few programs exist) up to the model's most
+SPLIT_KEYS = 16
+#: the most key ranges a decode row's attention is split into by default (and never
+#: more than the O product's merge takes: 256 records / query heads)
+ATTN_SPLITS_MOST = 16
 #: dtypes GpuMatrix uploads as f32 rows by design (no device decoder, docs/gpu.md)
 _DENSE_ON_DEVICE = ("vbit", "vbit_ro")
 
@@ -62,6 +71,8 @@ KERNELS = {
     "llama_qk": ("uniform", "uniform", "rw", "read", "read", "rw", "rw"),
     "llama_attn": ("uniform", "uniform", "read", "read", "read", "rw", "read", "read"),
     "llama_attn_qk": ("uniform", "uniform", "read", "rw", "rw", "rw", "read", "read"),
+    "llama_attn_split": ("uniform", "uniform", "read", "read", "read", "rw", "read", "read"),
+    "llama_attn_split_qk": ("uniform", "uniform", "read", "rw", "rw", "rw", "read", "read"),
     "llama_swiglu": ("uniform", "uniform", "rw", "read"),
 }
 #: kernels generated from another's source: name -> (file, {marker: text}, replaced in
@@ -71,12 +82,16 @@ VARIANTS = {
                                        "/*$W*/": "//"}),
     "llama_attn_qk": ("llama_attn.wgsl", {"$KVN": "512", "$KV": "read_write", "$QK": "true",
                                           "/*$W*/": ""}),
+    "llama_attn_split": ("llama_attn_split.wgsl", {"$KV": "read", "$QK": "false",
+                                                   "/*$W*/": "//"}),
+    "llama_attn_split_qk": ("llama_attn_split.wgsl", {"$KV": "read_write", "$QK": "true",
+                                                      "/*$W*/": ""}),
 }
 
 
 def llama_pipeline(dev: Device, name: str):
     src, marks = VARIANTS.get(name, (f"{name}.wgsl", {}))
-    code = dev.source(src)
+    code = dev.source(src).replace("$HEAD_PREP", dev.source("llama_head_prep.wgsl"))
     for k, v in marks.items():
         code = code.replace(k, v)
     return dev.pipeline((name,), code, KERNELS[name])
@@ -108,13 +123,17 @@ class GpuLlamaState:
 class GpuLlamaModel(GpuModel):
     """The host LlamaModel's forward on the GPU (see the module docstring): one layer
     program (`_skeleton`) for a sequence's decode rows and prompt chunks and for decode
-    rows of several sequences in one submission (`forward_rows`). fuse_qk (default True): a decode row's llama_qk work
-    runs inside its attention dispatch (llama_attn_qk, one dispatch fewer a layer);
-    False keeps the llama_qk pass (A/B measurements)."""
+    rows of several sequences in one submission (`forward_rows`). fuse_qk (default True):
+    a decode row's llama_qk work runs inside its attention dispatch (llama_attn_qk, one
+    dispatch fewer a layer); False keeps the llama_qk pass (A/B measurements).
+    attn_splits: the most key ranges a decode row's attention is split into (None:
+    ATTN_SPLITS_MOST; 1: never split); `splits` is what the model takes (rounded down to
+    a power of two, at most 256 / heads, 1 where the shape has no split path)."""
 
     int8_products = True
 
-    def __init__(self, host, device: Device | None = None, fuse_qk: bool = True):
+    def __init__(self, host, device: Device | None = None, fuse_qk: bool = True,
+                 attn_splits: int | None = None):
         from ..models.llama import LlamaModel
         if not isinstance(host, LlamaModel):
             raise ConfigError(f"device='gpu': the llama GPU model runs a LlamaModel, got "
@@ -124,6 +143,8 @@ class GpuLlamaModel(GpuModel):
         if cfg.head_dim > 512:
             raise ConfigError(f"device='gpu': head_dim {cfg.head_dim}: the Llama attention "
                               "kernel takes at most 512")
+        if attn_splits is not None and int(attn_splits) < 1:
+            raise ConfigError(f"attention splits: expected >= 1, got {attn_splits}")
         self.host = host
         self.fuse_qk = bool(fuse_qk)
         self.arch = host.arch
@@ -183,6 +204,11 @@ class GpuLlamaModel(GpuModel):
         self.stage_out = None
         self.stage_logits = None
         self.stage_ids = [dev.staging(16), dev.staging(16)]
+        most = min(ATTN_SPLITS_MOST if attn_splits is None else int(attn_splits),
+                   256 // self.nh)
+        self.splits = 1 << (most.bit_length() - 1) if most >= 1 and self.hd % 4 == 0 else 1
+        # a split decode attention's records, [m, l, 0, 0, acc[hd]] per (head, range)
+        self.apart = dev.buffer(self.nh * self.splits * (self.hd + 4) * f4)
         # ---- the products and the fixed kernels' parameters, in one arena
         a = self.arena = ParamArena(dev)
         eps = float(cfg.eps)
@@ -192,6 +218,17 @@ class GpuLlamaModel(GpuModel):
                                    vbuf=self.vbuf)
             w["o_op"] = MatvecOp(dev, [w["o"]], a, x=self.att, x_off=0, x_stride=self.q_size,
                                  y=self.out, y_off=0, y_stride=H, vbuf=self.vbuf)
+            # after a split attention: the O product merging its ranges, per range count
+            w["o_split_ops"] = {}
+            n = 2
+            while n <= self.splits:
+                try:
+                    w["o_split_ops"][n] = MatvecOp(
+                        dev, [w["o"]], a, x=self.apart, x_off=0, x_stride=0, y=self.out,
+                        y_off=0, y_stride=H, vbuf=self.vbuf, pro=5, hd=self.hd, splits=n)
+                except ConfigError:     # no staged decode matvec for this shape
+                    self.splits = 1
+                n *= 2
             w["gu_op"] = MatvecOp(dev, [w["gate"], w["up"]], a, x=self.xn, x_off=0,
                                   x_stride=H, y=self.gu, y_off=0, y_stride=2 * F,
                                   vbuf=self.vbuf)
@@ -385,18 +422,29 @@ class GpuLlamaModel(GpuModel):
 
     # ---- programs: the dispatch lists of a chunk ------------------------------------
     def _program(self, st: GpuLlamaState, t: int, want: str) -> list:
-        """A sequence's program: a decode row (t 1) or a prompt chunk, its attention on
-        the state's own caches; made once per state."""
-        key = (t == 1, want)
+        """A sequence's program: a decode row (t 1, its attention split by
+        `decode_splits` of its position) or a prompt chunk, its attention on the state's
+        own caches; made once per state (and range count)."""
+        splits = self.decode_splits(st.pos) if t == 1 else 1
+        key = (t == 1, want, splits)
         prog = st.programs.get(key)
         if prog is None:
             mode = "decode" if t == 1 else "chunk"
-            prog = self._resolve(self._skeleton(mode, want),
+            prog = self._resolve(self._skeleton(mode, want, splits),
                                  lambda m: self._sequence_part(st, m, None))
             st.programs[key] = prog
             if t == 1 and want in ("last", "greedy"):
                 self.dispatches_per_token = len(prog)
         return prog
+
+    def decode_splits(self, pos: int) -> int:
+        """The key ranges the attention of a decode row at position `pos` is split into:
+        1 below 2 * SPLIT_KEYS keys, then the most powers of two that leave every range
+        SPLIT_KEYS keys, up to `splits` (a sliding layer's ranges are shorter)."""
+        n = 1
+        while 2 * n <= self.splits and pos + 1 >= 2 * n * SPLIT_KEYS:
+            n *= 2
+        return n
 
     def _kernel(self, name: str, resources: list, dims) -> Dispatch:
         dev = self.dev
@@ -407,8 +455,9 @@ class GpuLlamaModel(GpuModel):
         """Layer marker[2]'s attention on state st's cache: llama_qk (unless the
         attention dispatch does its work) and the attention, over the chunk's rows (row
         None) or over row `row` of a rows submission (bound to that row's pieces of the
-        per-row buffers)."""
-        _tag, mode, li = marker
+        per-row buffers); a decode row with marker[3] > 1 key ranges runs the split
+        attention, writing the range records the O product merges."""
+        _tag, mode, li, splits = marker
         w = self.lw[li]
         if row is None:
             step, qkv, att, rope = self.step, self.qkv, self.att, self.rope
@@ -430,6 +479,11 @@ class GpuLlamaModel(GpuModel):
                                                   st.v[li]],
                                      (self.nh + 2 * self.nk, 1, 1) if row is not None
                                      else lambda t: (self.nh + 2 * self.nk, t, 1)))
+        if splits > 1:
+            part.append(self._kernel("llama_attn_split_qk" if fused_qk else "llama_attn_split",
+                                     [p_attn, step, qkv, st.k[li], st.v[li], self.apart,
+                                      self.vbuf, rope], (self.nh, 1, splits)))
+            return part
         part.append(self._kernel("llama_attn_qk" if fused_qk else "llama_attn",
                                  [p_attn, step, qkv, st.k[li], st.v[li], att, self.vbuf, rope],
                                  (self.nh, 1, 1) if row is not None
@@ -438,15 +492,17 @@ class GpuLlamaModel(GpuModel):
             st.programs[key] = (R, part)    # R: the rows buffers the dispatches bind
         return part
 
-    def _skeleton(self, mode: str, want: str) -> list:
+    def _skeleton(self, mode: str, want: str, splits: int = 1) -> list:
         """The Llama layer program, written once for every way a chunk runs; each
-        layer's attention is left as a (SEQUENCE_PART, mode, layer) marker that
+        layer's attention is left as a (SEQUENCE_PART, mode, layer, splits) marker that
         `_sequence_part` fills per sequence. mode "decode": one sequence's decode row
         (the decode matvec, llama_qk's work inside the attention dispatch); "chunk": a
         prompt chunk (the matmat); "rows": decode rows of several sequences (the
-        products over the rows from `_LlamaRows`, the attention per row)."""
+        products over the rows from `_LlamaRows`, the attention per row, unsplit).
+        splits > 1 (decode only): the attention split into that many key ranges, merged
+        in the O product's input stage."""
         R = self._rows_setup() if mode == "rows" else None
-        key = (mode, want)
+        key = (mode, want, splits)
         made = self._skeletons.get(key)
         if made is not None:
             return made
@@ -471,8 +527,11 @@ class GpuLlamaModel(GpuModel):
         for li, w in enumerate(self.lw):
             prog.append(self._kernel("llama_norm", [w["p_norm_in"]] + norm, rows))
             prog.append(product("qkv_op", li))
-            prog.append((SEQUENCE_PART, mode, li))
-            prog.append(product("o_op", li))
+            prog.append((SEQUENCE_PART, mode, li, splits))
+            if splits > 1:
+                prog.append(self._chunk_product(w["o_split_ops"][splits], nt))
+            else:
+                prog.append(product("o_op", li))
             prog.append(self._kernel("llama_norm", [w["p_norm_mlp"]] + norm, rows))
             prog.append(product("gu_op", li))
             prog.append(self._kernel("llama_swiglu", [w["p_swiglu"], self.step, self.gu,

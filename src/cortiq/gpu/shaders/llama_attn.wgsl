@@ -31,8 +31,6 @@ const QK: bool = $QK;
 
 var<workgroup> q: array<f32, 512>;
 var<workgroup> pw: array<f32, 256>;
-var<workgroup> red: array<f32, 256>;
-var<workgroup> tmp: array<f32, 512>;
 var<workgroup> kn: array<f32, $KVN>;
 var<workgroup> vn: array<f32, $KVN>;
 
@@ -48,51 +46,7 @@ fn reduce_max(v: f32, lid: u32) -> f32 {
     return r;
 }
 
-fn reduce_sum(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k = k / 2u) {
-        if (lid < k) { red[lid] += red[lid + k]; }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-
-// Head slot j of row t of the Q|K|V product into tmp: bias, RMSNorm with weight nw (none:
-// NONE), rotary when rot (llama_qk.wgsl's steps).
-fn prep(j: u32, t: u32, nw: u32, rot: bool, lid: u32) {
-    let hd = P.hd;
-    var ss = 0.0;
-    for (var c = lid; c < hd; c += 256u) {
-        var v = QKV[t * P.qkv_w + j * hd + c];
-        if (P.bias != 0xffffffffu) { v += V[P.bias + j * hd + c]; }
-        tmp[c] = v;
-        ss += v * v;
-    }
-    let tot = reduce_sum(ss, lid);
-    if (nw != 0xffffffffu) {
-        let inv = 1.0 / sqrt(tot / f32(hd) + P.eps);
-        for (var c = lid; c < hd; c += 256u) { tmp[c] = tmp[c] * inv * V[nw + c]; }
-    }
-    workgroupBarrier();
-    let hh = hd / 2u;
-    if (rot) {
-        for (var i = lid; i < hh; i += 256u) {
-            var a = i;
-            var b = i + hh;
-            if (P.interleaved != 0u) { a = 2u * i; b = 2u * i + 1u; }
-            let co = R[t * hh + i];
-            let si = R[(P.rope_t + t) * hh + i];
-            let x = tmp[a];
-            let y = tmp[b];
-            tmp[a] = x * co - y * si;
-            tmp[b] = x * si + y * co;
-        }
-    }
-    workgroupBarrier();
-}
+$HEAD_PREP
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

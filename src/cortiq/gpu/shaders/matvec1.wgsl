@@ -8,6 +8,8 @@
 // (attention.wgsl): X holds per (head, split) records [m, l, 0, 0, acc[hd]]; the
 // workgroup first takes each record's softmax weight exp(m - M) / sum(exp(m - M) l)
 // (M: the head's largest m), then y[c] = sum over splits of weight * acc[c % hd].
+// PRO 5 (staged only) is PRO 3 with no gate and no norm: the merged attention output as
+// it is (the Llama family's split decode attention, llama_attn_split.wgsl).
 // PRO 4 (staged only) is the nGPT residual of the previous sub-layer, which would
 // otherwise be a rownorm pass: xin = justnorm(x^ + alpha (o^ - x^)) with x = X[x_off..],
 // o = X2[x2_off..], alpha = V[v_a..], x^ = justnorm(x); the first workgroup also writes
@@ -34,6 +36,8 @@ const XS: u32 = $XSu;
 const SG: bool = $SG;
 const UNROLL: u32 = $UNROLLu;
 const I8: bool = $I8;
+// the input stages whose output is RMS-normalised (nGPT's justnorm): not 0, not 5
+const NORM: bool = PRO != 0u && PRO != 5u;
 
 var<private> pd: f32;
 var<private> ps: f32;
@@ -71,6 +75,7 @@ fn xval(c: u32) -> f32 {
         let xh = X[xb + c] * ixn;
         return xh + V[P.v_a + c] * (X2[x2b + c] * ion - xh);
     }
+    if (PRO == 5u) { return merged(c); }
     if (PRO == 3u) {
         let g = X2[x2b + c] * V[P.v_a + c];
         return merged(c) / (1.0 + exp(-g));
@@ -94,7 +99,7 @@ fn mac4(w: vec4<f32>, c: u32) {
     }
     let x = vec4<f32>(xval(c), xval(c + 1u), xval(c + 2u), xval(c + 3u));
     pd += dot(w, x);
-    if (PRO != 0u) { ps += dot(x, x); }
+    if (NORM) { ps += dot(x, x); }
 }
 
 $PARTFNS
@@ -111,7 +116,7 @@ $SGLANES
     x2b = P.x2_off;
     var rs = 1.0;
     var inv = 1.0;
-    if (PRO == 3u) {
+    if (PRO == 3u || PRO == 5u) {
         let n = P.splits;
         if (lid < (P.cols / P.hd) * n) {
             let hb = xb + (lid / n) * n * (P.hd + 4u);
@@ -179,7 +184,7 @@ $SGLANES
         }
     }
     if (XS > 0u || I8) {   // the staged input's norm, and PRO 4's write-back of it
-        if (PRO != 0u) {
+        if (NORM) {
             red[lid] = ssq;
             workgroupBarrier();
             for (var h = 128u; h > 0u; h = h / 2u) {
@@ -203,10 +208,10 @@ $DISPATCH
             }
             let d = subgroupAdd(pd);
             var q = 0.0;
-            if (XS == 0u && !I8 && PRO != 0u) { q = subgroupAdd(ps); }
+            if (XS == 0u && !I8 && NORM) { q = subgroupAdd(ps); }
             if (lane == 0u && row < P.total_rows) {
                 var v = d * rs;
-                if (XS > 0u || I8) { v = v * inv; } else if (PRO != 0u) { v = v / sqrt(q + P.eps); }
+                if (XS > 0u || I8) { v = v * inv; } else if (NORM) { v = v / sqrt(q + P.eps); }
                 if (P.v_out != 0xffffffffu) { v = v * V[P.v_out + row]; }
                 Y[P.y_off + row] = v;
             }
@@ -232,7 +237,7 @@ $DISPATCH
     }
     if (lane == 0u && row < P.total_rows) {
         var v = red[lid] * rs;
-        if (XS > 0u || I8) { v = v * inv; } else if (PRO != 0u) { v = v / sqrt(red[256u + lid] + P.eps); }
+        if (XS > 0u || I8) { v = v * inv; } else if (NORM) { v = v / sqrt(red[256u + lid] + P.eps); }
         if (P.v_out != 0xffffffffu) { v = v * V[P.v_out + row]; }
         Y[P.y_off + row] = v;
     }

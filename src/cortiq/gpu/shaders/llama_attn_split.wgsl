@@ -1,0 +1,156 @@
+// The Llama family's decode attention split over key ranges (flash-decoding): one
+// workgroup a (query head h, split s) of the one decode row at position p = pos0. The
+// keys max(0, p + 1 - window) .. p (window 0: all) are cut into S = the dispatch's z
+// count consecutive ranges; split s takes its range with an online softmax and writes
+// the record [m, l, 0, 0, acc[hd]] (running max, sum and unnormalised sum of values) at
+// PART[(h * S + s) * (hd + 4)]; a split whose range is empty writes m = -3e38, l = 0.
+// The O product's input stage (matvec1.wgsl, PRO 5) merges the records of each head.
+// Query head h reads KV head h / (nh / nk); hd % 4 == 0.
+// Keys go TILE = 32 at a time. Scores: L = 8 neighbouring lanes a key, each dotting
+// every 8th 16-byte piece of the key row, so the 8 lanes read 128 consecutive bytes
+// (coalesced) and their partial dots meet in shared memory. Values: 256 / (hd / 4)
+// groups of hd / 4 lanes, a group taking every (256 / (hd / 4))-th key of the tile, a
+// lane one 16-byte piece of the value row; the groups' sums meet at the end.
+// QK (llama_attn_split_qk): the dispatch also does llama_qk's work for the row (bias,
+// q/k norm, rotary of llama_head_prep.wgsl): each workgroup prepares its query head, the
+// split holding p also its KV head's new k and v rows, which it uses from shared memory
+// as key p instead of the cache, and its workgroup of the group's first query head
+// writes them into the cache at row p. No workgroup reads row p from the cache, so none
+// reads what another writes in the dispatch. Without QK, llama_qk ran before and key p
+// is in the cache.
+
+struct Params {
+    nh: u32, nk: u32, hd: u32, qkv_w: u32,
+    window: u32, att_w: u32, scale: f32, pad0: u32,
+    bias: u32, qn: u32, kn: u32, interleaved: u32,   // QK only, as in llama_qk.wgsl
+    eps: f32, rope_t: u32, pad1: u32, pad2: u32,
+}
+struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<uniform> S: Step;
+@group(0) @binding(2) var<storage, read> QKV: array<f32>;
+@group(0) @binding(3) var<storage, $KV> KC: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, $KV> VC: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> PART: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read> V: array<f32>;
+@group(0) @binding(7) var<storage, read> R: array<f32>;
+
+const QK: bool = $QK;
+const L: u32 = 8u;        // lanes a key's score
+const TILE: u32 = 32u;    // keys a pass: 256 / L
+
+var<workgroup> q4: array<vec4<f32>, 128>;
+var<workgroup> kn4: array<vec4<f32>, 128>;
+var<workgroup> vn4: array<vec4<f32>, 128>;
+var<workgroup> dots: array<f32, 256>;    // partial dots, [lane of the key][key]
+var<workgroup> sc: array<f32, TILE>;     // the tile's scores
+var<workgroup> ew: array<f32, TILE>;     // their softmax weights against the running max
+var<workgroup> part: array<vec4<f32>, 256>;
+
+$HEAD_PREP
+
+// Piece i (dimensions 4i .. 4i + 3) of the head prep() left in tmp.
+fn take4(i: u32) -> vec4<f32> {
+    return vec4<f32>(tmp[4u * i], tmp[4u * i + 1u], tmp[4u * i + 2u], tmp[4u * i + 3u]);
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let head = wid.x;
+    let hd = P.hd;
+    let hd4 = hd / 4u;
+    let grp = P.nh / P.nk;
+    let kvh = head / grp;
+    let kvw4 = P.nk * hd4;
+    let kb4 = kvh * hd4;
+    let p = S.pos0;
+    var lo = 0u;
+    if (P.window > 0u && p + 1u > P.window) { lo = p + 1u - P.window; }
+    let per = (p + 1u - lo + nwg.z - 1u) / nwg.z;      // keys a split
+    let kfrom = lo + wid.z * per;
+    let kto = min(p + 1u, kfrom + per);                // this split: kfrom .. kto - 1
+    let own = QK && kfrom <= p && p < kto;             // key p from shared memory
+    if (QK) {
+        prep(head, 0u, P.qn, true, lid);
+        for (var i = lid; i < hd4; i += 256u) { q4[i] = take4(i) * P.scale; }
+        workgroupBarrier();
+        if (own) {
+            prep(P.nh + kvh, 0u, P.kn, true, lid);
+            for (var i = lid; i < hd4; i += 256u) { kn4[i] = take4(i); }
+            workgroupBarrier();
+            prep(P.nh + P.nk + kvh, 0u, 0xffffffffu, false, lid);
+            for (var i = lid; i < hd4; i += 256u) { vn4[i] = take4(i); }
+            workgroupBarrier();
+            if (head % grp == 0u) {
+                /*$W*/for (var i = lid; i < hd4; i += 256u) { KC[p * kvw4 + kb4 + i] = kn4[i]; VC[p * kvw4 + kb4 + i] = vn4[i]; }
+            }
+        }
+    } else {
+        for (var i = lid; i < hd4; i += 256u) {
+            let b = head * hd + 4u * i;
+            q4[i] = vec4<f32>(QKV[b], QKV[b + 1u], QKV[b + 2u], QKV[b + 3u]) * P.scale;
+        }
+    }
+    workgroupBarrier();
+    let kl = lid / L;           // scores: this lane's key in the tile
+    let kc = lid % L;           // and its first 16-byte piece
+    let groups = 256u / hd4;    // values: key groups of hd4 lanes
+    let vg = lid / hd4;
+    let vi = lid % hd4;
+    var m = -3.0e38;
+    var l = 0.0;
+    var acc = vec4<f32>(0.0);
+    for (var base = kfrom; base < kto; base += TILE) {
+        let n = min(TILE, kto - base);
+        let j = base + kl;
+        var d = 0.0;
+        if (kl < n) {
+            if (own && j == p) {
+                for (var i = kc; i < hd4; i += L) { d += dot(q4[i], kn4[i]); }
+            } else {
+                let r = j * kvw4 + kb4;
+                for (var i = kc; i < hd4; i += L) { d += dot(q4[i], KC[r + i]); }
+            }
+        }
+        dots[kc * TILE + kl] = d;
+        workgroupBarrier();
+        if (lid < n) {
+            var s = 0.0;
+            for (var c = 0u; c < L; c++) { s += dots[c * TILE + lid]; }
+            sc[lid] = s;
+        }
+        workgroupBarrier();
+        var mx = m;     // every lane the same maximum (broadcast reads)
+        for (var k = 0u; k < n; k++) { mx = max(mx, sc[k]); }
+        if (lid < n) { ew[lid] = exp(sc[lid] - mx); }
+        workgroupBarrier();
+        let corr = exp(m - mx);
+        var es = 0.0;
+        for (var k = 0u; k < n; k++) { es += ew[k]; }
+        l = l * corr + es;
+        m = mx;
+        acc = acc * corr;
+        if (vg < groups) {
+            for (var k = vg; k < n; k += groups) {
+                let jj = base + k;
+                if (own && jj == p) {
+                    acc += ew[k] * vn4[vi];
+                } else {
+                    acc += ew[k] * VC[jj * kvw4 + kb4 + vi];
+                }
+            }
+        }
+        workgroupBarrier();     // dots, sc and ew are the next tile's
+    }
+    part[lid] = acc;
+    workgroupBarrier();
+    let rec = (head * nwg.z + wid.z) * (hd4 + 1u);
+    if (lid < hd4) {
+        var v = vec4<f32>(0.0);
+        for (var g = 0u; g < groups; g++) { v += part[g * hd4 + lid]; }
+        PART[rec + 1u + lid] = v;
+    }
+    if (lid == 0u) { PART[rec] = vec4<f32>(m, l, 0.0, 0.0); }
+}
