@@ -40,8 +40,13 @@ def _int8_product(qt, x):
 
 
 @pytest.mark.parametrize("shape", [(37, 96), (5, 1056), (9, 4160), (300, 64)])
-def test_int8_decode_matvec_matches_the_quantized_reference(dev, shape):
+@pytest.mark.parametrize("subgroups", [False, True])
+def test_int8_decode_matvec_matches_the_quantized_reference(dev, shape, subgroups, monkeypatch):
+    from cortiq.gpu import kernels
     from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    if subgroups and not dev.subgroups:
+        pytest.skip("the adapter offers no subgroups")
+    monkeypatch.setattr(kernels, "MATVEC_SUBGROUPS", subgroups)
     rng = np.random.default_rng(shape[1])
     qt = _q8_row(rng, *shape)
     x = rng.standard_normal(shape[1]).astype(np.float32)

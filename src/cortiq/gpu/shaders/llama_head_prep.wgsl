@@ -1,6 +1,6 @@
-// A decode row's head preparation, shared by the Llama attention kernels (spliced in at
-// their HEAD_PREP marker): head slot j of the Q|K|V product with its bias, q/k RMSNorm
-// and rotary, as llama_qk.wgsl does, into tmp. The kernel declares Params P (bias,
+// A head's preparation, shared by llama_qk.wgsl and the Llama attention kernels (spliced
+// in at their HEAD_PREP marker): head slot j of the Q|K|V product with its bias, q/k
+// RMSNorm and rotary, into tmp. The kernel declares Params P (bias,
 // interleaved, eps, rope_t), QKV, V (vectors) and R (cos then sin rows) and runs 256
 // lanes a workgroup.
 
@@ -20,7 +20,7 @@ fn reduce_sum(v: f32, lid: u32) -> f32 {
 }
 
 // Head slot j of row t of the Q|K|V product into tmp: bias, RMSNorm with weight nw (none:
-// NONE), rotary when rot (llama_qk.wgsl's steps).
+// NONE), rotary when rot.
 fn prep(j: u32, t: u32, nw: u32, rot: bool, lid: u32) {
     let hd = P.hd;
     var ss = 0.0;

@@ -5,7 +5,7 @@
 // from the host's cos/sin rows (R: cos [T, hd/2] then sin at rope_t * hd/2; halves
 // (i, i + hd/2), or adjacent pairs (2i, 2i + 1) for files in llama.cpp's row order);
 // queries are written back in place, keys and values into the KV cache at their
-// position's row.
+// position's row. The preparation is llama_head_prep.wgsl's, spliced in below.
 
 struct Params {
     nh: u32, nk: u32, hd: u32, qkv_w: u32,
@@ -22,58 +22,25 @@ struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(5) var<storage, read_write> KC: array<f32>;
 @group(0) @binding(6) var<storage, read_write> VC: array<f32>;
 
-var<workgroup> h: array<f32, 512>;
-var<workgroup> red: array<f32, 256>;
+$HEAD_PREP
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let j = wid.x;
     let t = wid.y;
     let hd = P.hd;
-    let sb = t * P.qkv_w + j * hd;
-    var ss = 0.0;
-    for (var c = lid; c < hd; c += 256u) {
-        var v = QKV[sb + c];
-        if (P.bias != 0xffffffffu) { v += V[P.bias + j * hd + c]; }
-        h[c] = v;
-        ss += v * v;
-    }
-    red[lid] = ss;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k = k / 2u) {
-        if (lid < k) { red[lid] += red[lid + k]; }
-        workgroupBarrier();
-    }
     var nw = 0xffffffffu;
     if (j < P.nh) { nw = P.qn; } else if (j < P.nh + P.nk) { nw = P.kn; }
-    if (nw != 0xffffffffu) {
-        let inv = 1.0 / sqrt(red[0] / f32(hd) + P.eps);
-        for (var c = lid; c < hd; c += 256u) { h[c] = h[c] * inv * V[nw + c]; }
-    }
-    workgroupBarrier();
-    let hh = hd / 2u;
-    if (j < P.nh + P.nk) {
-        for (var i = lid; i < hh; i += 256u) {
-            var a = i;
-            var b = i + hh;
-            if (P.interleaved != 0u) { a = 2u * i; b = 2u * i + 1u; }
-            let co = R[t * hh + i];
-            let si = R[(P.rope_t + t) * hh + i];
-            let x = h[a];
-            let y = h[b];
-            h[a] = x * co - y * si;
-            h[b] = x * si + y * co;
-        }
-    }
-    workgroupBarrier();
+    prep(j, t, nw, j < P.nh + P.nk, lid);
+    let sb = t * P.qkv_w + j * hd;
     let row = (S.pos0 + t) * P.nk * hd;
     for (var c = lid; c < hd; c += 256u) {
         if (j < P.nh) {
-            QKV[sb + c] = h[c];
+            QKV[sb + c] = tmp[c];
         } else if (j < P.nh + P.nk) {
-            KC[row + (j - P.nh) * hd + c] = h[c];
+            KC[row + (j - P.nh) * hd + c] = tmp[c];
         } else {
-            VC[row + (j - P.nh - P.nk) * hd + c] = h[c];
+            VC[row + (j - P.nh - P.nk) * hd + c] = tmp[c];
         }
     }
 }
