@@ -491,6 +491,10 @@ def main():
     if sizes and "dory" in models:
         busy(dev)
         out["cortiq_gpu_batch"] = batch_decode(g, prompt, a.tokens, sizes)
+        g.set_precision("int8")       # the int8 rows matvec
+        busy(dev)
+        out["cortiq_gpu_batch_int8"] = batch_decode(g, prompt, a.tokens, sizes)
+        g.set_precision("exact")
         phase("dory_batch")
         save()
     if not a.no_kernels:

@@ -150,9 +150,10 @@ def test_dory_model_switches_to_int8_in_place(dev):
     f.close()
 
 
-def test_int8_batches_equal_each_sequence_alone(dev):
-    """Under int8 decode products a batch's decode rows give exactly what each sequence
-    gives alone (the float32 rows matvec is not used for them)."""
+def test_int8_batches_equal_each_sequence_alone(dev, monkeypatch):
+    """Under int8 activations a batch's decode rows go through the int8 rows matvec (each
+    product's rows quantized once, quantrows.wgsl) and give what each sequence gives
+    alone within float rounding, greedy tokens the same."""
     from cortiq import cmf
     from cortiq.demo import demo_path
     from cortiq.gpu import to_device
@@ -168,7 +169,35 @@ def test_int8_batches_equal_each_sequence_alone(dev):
         alone.append(g.forward(st, [7]))
         g.rollback(st, p.size)
         states.append(st)
+    calls: list = []
+    rows = g.forward_rows
+    monkeypatch.setattr(g, "forward_rows", lambda *a: calls.append(len(a[0])) or rows(*a))
     got = g.forward_batch(states, [[7]] * 3, ["last"] * 3)
+    assert calls == [3]
+    assert any(d.name == "quantrows" for d in g._rows.head)
     for a, b in zip(alone, got):
-        assert np.array_equal(a, b)
+        assert _rel(b, a) < 1e-4
+        assert np.argmax(a) == np.argmax(b)
+    g.set_precision("exact")           # the rows products are made again, float32
+    exact = g.forward_batch(states, [[7]] * 3, ["last"] * 3)
+    assert not any(d.name == "quantrows" for d in g._rows.head)
+    assert all(_rel(e, b) > 1e-6 for e, b in zip(exact, got))
     f.close()
+
+
+def test_int8_rows_matvec_matches_the_quantized_reference(dev):
+    """The int8 rows matvec (quantrows + matvecb's I8 variant) for 1..11 rows, against
+    each row's int8 product; a non-q8_row part keeps the float32 rows matvec."""
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    rng = np.random.default_rng(9)
+    for rows, cols, t in [(37, 96, 1), (5, 1056, 9), (40, 4160, 11)]:
+        qt = _q8_row(rng, rows, cols)
+        X = rng.standard_normal((t, cols)).astype(np.float32)
+        X[0, :32] = 0.0
+        got = matvec_once(dev, [GpuMatrix(dev, qt)], X, rows=True, int8=True)
+        want = np.stack([_int8_product(qt, x) for x in X])
+        assert _rel(got, want) < 1e-5
+    f16 = qtensor_from_f32(rng.standard_normal((7, 96)).astype(np.float32), "f16")
+    X = rng.standard_normal((3, 96)).astype(np.float32)
+    got = matvec_once(dev, [GpuMatrix(dev, f16)], X, rows=True, int8=True)
+    assert _rel(got, f16.matmat(X)) < 1e-5

@@ -37,7 +37,8 @@ from ..models.dory.model import EPS, HOST_CHUNK, AttnWeights, ExitRate, top_prob
 from .device import Device
 from .model import SEQUENCE_PART, GpuModel, RowSlices
 from .kernels import (FIXED, MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp, ParamArena,
-                      WeightUpload, embed_kinds, embed_pipeline, fixed_pipeline, resolve, u32s)
+                      WeightUpload, embed_kinds, embed_pipeline, fixed_pipeline, resolve,
+                      rows_block_words, u32s)
 
 #: rows of a full (unwindowed) layer's KV cache before its first growth
 FULL_CAP0 = 256
@@ -679,7 +680,7 @@ class GpuDoryModel(GpuModel):
         for li in range(self.n_in + self.n_rec, self.n_in + self.n_rec + self.n_out):
             layer(li, 0)
         if R is not None and want != "none":
-            prog.append(R.head)     # every row's logits
+            prog.extend(R.head)     # every row's logits
         elif want in ("last", "greedy"):
             first_product(None, None)
         elif want == "all":
@@ -744,7 +745,7 @@ class _RowProducts:
             else:
                 self.products[li] = ([m._chunk_product(w["gu_op"], MATMAT_NT)],
                                      [m._chunk_product(w["down_op"], MATMAT_NT)])
-        self.head = m._chunk_product(m.head_all, MATMAT_NT)
+        self.head = [m._chunk_product(m.head_all, MATMAT_NT)]
 
     def _rows_products(self) -> None:
         """The sub-layers' products as the rows matvec, each input stage (the output
@@ -775,11 +776,15 @@ class _RowProducts:
         arena.upload()
         self.arena = arena
         rows = lambda t: (t, 1, 1)  # noqa: E731
+        # int8 activations: every product's rows quantized into one scratch first
+        xq = dev.buffer(m.batch_rows * 16 * max(rows_block_words(c) for c in (
+            H, xs))) if m.int8 else None
         for li, (a, b) in ops.items():
             p, x, x2 = stages[li]
             stage = m._fixed("rowstage", p, [m.step, x, x2, m.vbuf, self.xin], rows)
-            self.products[li] = ([a.dispatch_rows(m.step)], [stage, b.dispatch_rows(m.step)])
-        self.head = head.dispatch_rows(m.step)
+            self.products[li] = (a.dispatch_rows(m.step, xq),
+                                 [stage] + b.dispatch_rows(m.step, xq))
+        self.head = head.dispatch_rows(m.step, xq)
 
 
 def _tables(m: GpuMatrix) -> bytes:

@@ -395,23 +395,45 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool
 ROWS_NB = 8
 
 
-def matvecb_pipeline(dev: Device, dtypes: tuple):
-    """The rows matvec: the decode matvec's row dots over up to ROWS_NB input rows."""
+def matvecb_pipeline(dev: Device, dtypes: tuple, int8: bool = False):
+    """The rows matvec: the decode matvec's row dots over up to ROWS_NB input rows;
+    int8=True: over rows quantized by quantrows_pipeline (q8_row parts only)."""
     sg = matvec1_subgroups(dev)
-    key = ("matvecb", dtypes, RPW1_SLOTS, sg, MATVEC_UNROLL, ROWS_NB)
+    key = ("matvecb", dtypes, RPW1_SLOTS, sg, MATVEC_UNROLL, ROWS_NB, int8)
     if key in dev._pipelines:
         return dev._pipelines[key]
-    part = dev.source("matvec1_part.wgsl")
+    part = dev.source("matvecb_part_i8.wgsl" if int8 else "matvec1_part.wgsl")
     fns = []
     for i, dt in enumerate(dtypes):
         fns.append(_decoder(dev, i, dt))
-        fns.append(_decoder(dev, i, dt, "qchunk.wgsl"))
+        if not int8:
+            fns.append(_decoder(dev, i, dt, "qchunk.wgsl"))
         fns.append(part.replace("$I", str(i)))
     code = (_subgroup_variant(_matvec_source(dev, "matvecb.wgsl", len(dtypes), fns, "lane"), sg)
             .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
             .replace("$UNROLLu", f"{MATVEC_UNROLL}u").replace("$NBu", f"{ROWS_NB}u")
             .replace("$REDN", str(256 * ROWS_NB)))
+    if int8:    # the quantized rows where the second input would be (unused here)
+        code = code.replace("@group(0) @binding(3) var<storage, read> X2: array<f32>;",
+                            "@group(0) @binding(3) var<storage, read> XQ: array<vec4<u32>>;")
     return dev.pipeline(key, code, matvec_kinds(len(dtypes)))
+
+
+def rows_block_words(cols: int) -> int:
+    """16-byte words of one input row quantized for the int8 rows matvec (quantrows.wgsl:
+    cols / 16 words of codes, then cols / 32 scales padded to whole words)."""
+    return cols // 16 + (cols // 32 + 3) // 4
+
+
+def quantrows_pipeline(dev: Device):
+    """Quantizes a product's input rows for the int8 rows matvec (quantrows.wgsl)."""
+    io = dev.source("matvec_io.wgsl")
+    head = io[:io.index("@group(0) @binding(2)")]   # the parameter structs, P and S
+    code = dev.source("quantrows.wgsl").replace("$MATVEC_IO_Q", head)
+    return dev.pipeline(("quantrows",), code, QUANTROWS_KINDS)
+
+
+QUANTROWS_KINDS = ("uniform", "uniform", "read", "rw")
 
 
 class MatvecOp:
@@ -475,18 +497,34 @@ class MatvecOp:
                         "matmat")
 
 
-    def dispatch_rows(self, step_buf) -> Dispatch:
+    def rows_int8(self) -> bool:
+        """Whether the rows matvec of this product can take int8 activations (q8_row
+        parts, whole 32-column groups)."""
+        return self.cols % 32 == 0 and all(dt == "q8_row" for dt in self.dtypes)
+
+    def dispatch_rows(self, step_buf, xq=None) -> list:
         """The rows matvec over the step's t input rows (the decode rows of several
-        sequences): every workgroup reads its weight rows once for ROWS_NB of them."""
+        sequences): every workgroup reads its weight rows once for ROWS_NB of them. xq
+        (a buffer of at least t * rows_block_words(cols) 16-byte words, where rows_int8)
+        takes int8 activations: a quantrows pass into xq, then the integer rows matvec."""
         if self.pro != 0 or self.last_row or not self.chunked:
             raise ConfigError("GPU matvec: the rows matvec takes a plain input (no input "
                               "stage, not the last row) and rows of whole chunks")
         dev = self.dev
-        group = dev.bind(self.kinds, resolve([self.param, step_buf] + self.res))
+        int8 = xq is not None and self.rows_int8()
+        res = list(self.res)
+        out = []
+        if int8:
+            res[1] = xq
+            out.append(Dispatch(quantrows_pipeline(dev), dev.bind(
+                QUANTROWS_KINDS, resolve([self.param, step_buf, self.res[0], xq])),
+                lambda t: (1, 1, t), "quantrows"))
+        group = dev.bind(self.kinds, resolve([self.param, step_buf] + res))
         nx, ny = rows_dims(self.total, RPW1_SLOTS)
-        return Dispatch(matvecb_pipeline(dev, self.dtypes), group,
-                        lambda t, nx=nx, ny=ny: (nx, ny, (t + ROWS_NB - 1) // ROWS_NB),
-                        "matvecb")
+        out.append(Dispatch(matvecb_pipeline(dev, self.dtypes, int8), group,
+                            lambda t, nx=nx, ny=ny: (nx, ny, (t + ROWS_NB - 1) // ROWS_NB),
+                            "matvecb"))
+        return out
 
 
 def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: int = 0,
@@ -499,7 +537,7 @@ def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: in
     rows]. nt=None picks what a forward would (the decode matvec for one row, the
     matmat for more); rows=True runs the rows matvec (matvecb.wgsl) over every row.
     pro=4 appends the residual it wrote back to `residual_out`; int8=True runs the
-    decode matvec on int8 activations."""
+    decode matvec (or with rows, the rows matvec) on int8 activations."""
     X = np.ascontiguousarray(X, np.float32)
     t = X.shape[0]
     xcols = X.shape[1]
@@ -525,14 +563,13 @@ def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: in
                   v_b=xcols if pro == 4 else offs.get("vb", NONE),
                   v_out=offs.get("out", NONE), pro=pro, hd=hd, splits=splits)
     arena.upload()
-    d = op.dispatch_rows(step) if rows else op.dispatch(step, nt or (1 if t == 1 else MATMAT_NT), int8)
+    if rows:
+        xq = dev.buffer(t * rows_block_words(xcols) * 16) if int8 else None
+        ds = op.dispatch_rows(step, xq)
+    else:
+        ds = [op.dispatch(step, nt or (1 if t == 1 else MATMAT_NT), int8)]
     stage = dev.staging(t * total * 4)
-    enc = dev.dev.create_command_encoder()
-    cp = enc.begin_compute_pass()
-    cp.set_pipeline(d.pipeline)
-    cp.set_bind_group(0, d.group)
-    cp.dispatch_workgroups(*(d.dims(t) if callable(d.dims) else d.dims))
-    cp.end()
+    enc = dev.record(ds, t)
     enc.copy_buffer_to_buffer(ybuf, 0, stage, 0, t * total * 4)
     xstage = None
     if pro == 4 and residual_out is not None:

@@ -48,7 +48,7 @@ from ..models.base import Capabilities, check_feed
 from .device import Device
 from .kernels import (DTYPE_IDS, FIXED, MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp,
                       ParamArena, WeightUpload, _part_tables, embed_kinds, embed_pipeline,
-                      fixed_pipeline, resolve, u32s)
+                      fixed_pipeline, resolve, rows_block_words, u32s)
 from .model import SEQUENCE_PART, GpuModel, RowSlices
 
 #: prompt rows a submission takes (the host forward's chunk)
@@ -510,13 +510,13 @@ class GpuLlamaModel(GpuModel):
         nt = 1 if mode == "decode" else MATMAT_NT
         rows = lambda t: (t, 1, 1)  # noqa: E731
 
-        def product(name: str, li: int | None = None):
+        def product(name: str, li: int | None = None) -> list:
             """The one place a mode picks its products: op `name` of layer li (None: the
             model's head)."""
             if R is not None:
                 return R.product(name, li)
-            return self._chunk_product(getattr(self, name) if li is None
-                                       else self.lw[li][name], nt)
+            return [self._chunk_product(getattr(self, name) if li is None
+                                        else self.lw[li][name], nt)]
 
         e = self.embed
         prog: list = [Dispatch(embed_pipeline(dev, e.dtype, len(e.parts)), dev.bind(
@@ -526,23 +526,23 @@ class GpuLlamaModel(GpuModel):
         groups = (self.ffn + 255) // 256
         for li, w in enumerate(self.lw):
             prog.append(self._kernel("llama_norm", [w["p_norm_in"]] + norm, rows))
-            prog.append(product("qkv_op", li))
+            prog.extend(product("qkv_op", li))
             prog.append((SEQUENCE_PART, mode, li, splits))
             if splits > 1:
                 prog.append(self._chunk_product(w["o_split_ops"][splits], nt))
             else:
-                prog.append(product("o_op", li))
+                prog.extend(product("o_op", li))
             prog.append(self._kernel("llama_norm", [w["p_norm_mlp"]] + norm, rows))
-            prog.append(product("gu_op", li))
+            prog.extend(product("gu_op", li))
             prog.append(self._kernel("llama_swiglu", [w["p_swiglu"], self.step, self.gu,
                                                       self.vbuf], lambda t: (groups, t, 1)))
-            prog.append(product("down_op", li))
+            prog.extend(product("down_op", li))
         if want != "none":
             prog.append(self._kernel("llama_norm", [self.p_norm_final] + norm, rows))
         if want in ("last", "greedy") and R is None:
-            prog.append(product("head_last"))
+            prog.extend(product("head_last"))
         elif want in ("last", "greedy", "all"):
-            prog.append(product("head_all"))
+            prog.extend(product("head_all"))
         if want == "greedy":
             prog.append(Dispatch(fixed_pipeline(dev, "argmax"), dev.bind(
                 FIXED["argmax"], resolve([self.p_argmax, self.logits, self.ids, self.res])),
@@ -574,16 +574,19 @@ class _LlamaRows:
                 y=m.out, y_off=0, y_stride=m.hidden, vbuf=m.vbuf)
         self.arena.upload()
         self._made: dict = {}
+        # int8 activations: every product's rows quantized into one scratch first
+        self.xq = m.dev.buffer(m.batch_rows * 16 * max(rows_block_words(c) for c in (
+            m.hidden, m.q_size, m.ffn))) if m.int8 else None
 
-    def product(self, name: str, li: int | None):
-        """The dispatch of op `name` of layer li (None: the head) over the rows."""
+    def product(self, name: str, li: int | None) -> list:
+        """The dispatches of op `name` of layer li (None: the head) over the rows."""
         m = self.m
         op = m.head_all if li is None else self.ops.get((li, name), m.lw[li][name])
-        d = self._made.get(id(op))
-        if d is None:
+        ds = self._made.get(id(op))
+        if ds is None:
             try:
-                d = op.dispatch_rows(m.step)
+                ds = op.dispatch_rows(m.step, self.xq)
             except ConfigError:     # rows of partial chunks: the prompt matmat
-                d = op.dispatch(m.step, MATMAT_NT)
-            self._made[id(op)] = d
-        return d
+                ds = [op.dispatch(m.step, MATMAT_NT)]
+            self._made[id(op)] = ds
+        return ds

@@ -80,6 +80,9 @@ class GpuModel(ModelBase):
     logits: Any
     _static: dict
     stage_logits: Any = None
+    #: what decode rows of several sequences run beyond the chunk's buffers, made on
+    #: first use (a model with `forward_rows`)
+    _rows: Any = None
 
     def _chunk_product(self, op, nt: int):
         """The dispatch of product `op` over a chunk's rows (nt 1: the decode matvec),
@@ -218,12 +221,14 @@ class GpuModel(ModelBase):
         return []
 
     def set_precision(self, precision) -> int:
-        """The decode products' activation precision: "int8" stages each decode
-        product's input quantized per 32 columns and takes integer dots (q8_row weights,
-        in a model with `int8_products`: matvec1.wgsl); "exact" and "auto" keep float32
+        """The decode products' activation precision: "int8" quantizes each decode
+        product's input per 32 columns and takes integer dots (q8_row weights, in a
+        model with `int8_products`: matvec1.wgsl for one row, quantrows.wgsl and
+        matvecb.wgsl for rows of several sequences); "exact" and "auto" keep float32
         products (prompt chunks always do); None takes the process default as it is now.
-        Recorded programs follow: their dispatches are switched in place. Returns how
-        many recorded decode products changed variant."""
+        Recorded programs follow: their decode dispatches are switched in place and the
+        products over rows made again. Returns how many recorded decode products changed
+        variant."""
         from ..kernels._config import check_precision, get_precision
         check_precision(precision)
         self.int8 = self.int8_products and (precision or get_precision()) == "int8"
@@ -233,6 +238,7 @@ class GpuModel(ModelBase):
                 pipe = d.op.decode_pipeline(self.int8)
                 switched += pipe is not d.pipeline
                 d.pipeline = pipe
+        self._rows = None      # the products over rows are made again, in the new precision
         return switched
 
     def batchable(self, ids, want: str, prompt: bool) -> bool:
@@ -248,9 +254,9 @@ class GpuModel(ModelBase):
 
     def forward_batch(self, states, ids_list, wants, prompts=None) -> list:
         """The sequences' feeds: prompts (and rows the model does not batch) one after
-        the other, then the decode rows `batch_rows` at a time through `forward_rows`
-        (not under int8 decode products, which the rows matvec does not have). Each
-        result equals the sequence's own `forward`, whatever the batch."""
+        the other, then the decode rows `batch_rows` at a time through `forward_rows`.
+        Each result equals the sequence's own `forward` (within the float rounding of the
+        products' summation order), whatever the batch."""
         if not len(states) == len(ids_list) == len(wants):
             raise ValueError(f"forward_batch: {len(states)} states, {len(ids_list)} feeds "
                              f"and {len(wants)} wants")
@@ -261,11 +267,8 @@ class GpuModel(ModelBase):
         ids_list = [check_feed(ids, want, self.vocab) for ids, want in zip(ids_list, wants)]
         outs: list = [None] * len(states)
         rows: list[int] = []
-        # the rows matvec computes in float32: int8 decode products run each sequence on
-        # its own, so that a result never depends on the batch it came in
-        together = self.batch_rows > 1 and not self.int8
         for i, (st, ids, want, prompt) in enumerate(zip(states, ids_list, wants, prompts)):
-            if together and self.batchable(ids, want, is_prompt(prompt, ids.size)):
+            if self.batch_rows > 1 and self.batchable(ids, want, is_prompt(prompt, ids.size)):
                 rows.append(i)
             else:
                 outs[i] = self.forward(st, ids, want, prompt)

@@ -6,6 +6,9 @@
 // they lie (L1-cached: NB rows of the input do not fit in shared memory). No input
 // stage: a transformed input is written first by rowstage.wgsl. SG: a row is one
 // subgroup's, reduced by subgroupAdd; otherwise TPR lanes' by a tree in shared memory.
+// I8 (q8_row parts, the model's precision "int8"): the rows were quantized before the
+// product (quantrows.wgsl, into XQ, bound where the unused second input would be), and a
+// row's chunks are dotted with four dot4I8Packed per input row (matvecb_part_i8.wgsl).
 
 $MATVEC_IO
 
@@ -19,6 +22,7 @@ const NB: u32 = $NBu;     // input rows a workgroup takes
 var<private> pdv: array<f32, NB>;
 var<private> xbs: array<u32, NB>;
 var<private> nt: u32;
+var<private> t0g: u32;    // the first of the workgroup's input rows
 var<private> tpr: u32;
 var<workgroup> red: array<f32, $REDN>;
 
@@ -48,6 +52,7 @@ $SGLANES
     let base = (wid.x + wid.y * P.nx) * RPW;
     let t0 = wid.z * NB;
     nt = min(NB, S.t - t0);
+    t0g = t0;
     for (var t = 0u; t < NB; t++) { xbs[t] = P.x_off + (t0 + t) * P.x_stride; }
     var rs = 1.0;
     if (SG) {
