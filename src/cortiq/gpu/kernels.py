@@ -386,6 +386,7 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool
             .replace("$PROu", f"{pro}u").replace("$XSu", f"{xs}u")
             .replace("$XSN", str(max(xs, 4))).replace("$WTSN", "256" if pro in (3, 5) else "1")
             .replace("$I8", "true" if i8 else "false")
+            .replace("$QUANT4", dev.source("quant4.wgsl"))
             .replace("$XQN", str(words)).replace("$XDN", str(scales))
             .replace("$XWRITE", write if pro == 4 else ""))
     return dev.pipeline(key, code, matvec_kinds(n, pro))
@@ -429,7 +430,8 @@ def quantrows_pipeline(dev: Device):
     """Quantizes a product's input rows for the int8 rows matvec (quantrows.wgsl)."""
     io = dev.source("matvec_io.wgsl")
     head = io[:io.index("@group(0) @binding(2)")]   # the parameter structs, P and S
-    code = dev.source("quantrows.wgsl").replace("$MATVEC_IO_Q", head)
+    code = (dev.source("quantrows.wgsl").replace("$MATVEC_IO_Q", head)
+            .replace("$QUANT4", dev.source("quant4.wgsl")))
     return dev.pipeline(("quantrows",), code, QUANTROWS_KINDS)
 
 

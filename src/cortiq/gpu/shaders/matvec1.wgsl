@@ -21,8 +21,7 @@
 // Otherwise a row is TPR lanes', added by a tree in shared memory. UNROLL > 1: a lane
 // issues that many 16-byte loads of its row before it uses the first.
 // I8 (q8_row parts, the model's precision "int8"): the transformed input is staged
-// quantized instead, as the CPU's int8 activations are (per 32 columns: d = max|x| / 127,
-// q = round-half-even(x * 127 / max|x|), a non-finite max gives d = max and q = 0), and a
+// quantized instead, as the CPU's int8 activations are (quant4.wgsl), and a
 // row's 16-byte chunks are dotted with four dot4I8Packed each, their integer sum scaled
 // by the chunk's d: a quarter of the arithmetic and of the input reads of the float path.
 
@@ -51,6 +50,8 @@ var<workgroup> xs: array<f32, $XSN>;
 var<workgroup> wts: array<f32, $WTSN>;
 var<workgroup> xq: array<vec4<u32>, $XQN>;   // I8: the quantized input, 16 columns a word
 var<workgroup> xd: array<f32, $XDN>;         // I8: its scale per 32 columns
+
+$QUANT4
 
 // I8: chunk k (columns 16k .. 16k + 15) of a row's int8 codes dotted with the staged input.
 fn dq(w: vec4<u32>, k: u32) -> f32 {
@@ -160,26 +161,16 @@ $SGLANES
         }
     }
     if (I8) {
-        // 256 lanes take 1024 columns a round, four each; a 32-column group is eight
-        // lanes, which meet in shared memory for the group's largest magnitude.
+        // 256 lanes take 1024 columns a round, four each (quant4.wgsl)
         for (var c0 = 0u; c0 < P.cols; c0 += 1024u) {
             let c = c0 + 4u * lid;
             var v = vec4<f32>(0.0);
             if (c < P.cols) { v = vec4<f32>(xval(c), xval(c + 1u), xval(c + 2u), xval(c + 3u)); }
             ssq += dot(v, v);
-            let a = abs(v);
-            red[lid] = max(max(a.x, a.y), max(a.z, a.w));
-            workgroupBarrier();
-            let g0 = lid & ~7u;
-            var m = red[g0];
-            for (var j = 1u; j < 8u; j++) { m = max(m, red[g0 + j]); }
-            workgroupBarrier();
+            let q = quant4(v, lid);
             if (c < P.cols) {
-                let finite = m <= 3.4028234e38;
-                var id = 0.0;
-                if (finite && m > 0.0) { id = 127.0 / m; }
-                xq[c >> 4u][(c >> 2u) & 3u] = pack4xI8(vec4<i32>(round(v * id)));
-                if ((lid & 7u) == 0u) { xd[c >> 5u] = select(m, m / 127.0, finite); }
+                xq[c >> 4u][(c >> 2u) & 3u] = q.codes;
+                if ((lid & 7u) == 0u) { xd[c >> 5u] = q.d; }
             }
         }
     }
