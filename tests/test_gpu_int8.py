@@ -201,3 +201,26 @@ def test_int8_rows_matvec_matches_the_quantized_reference(dev):
     X = rng.standard_normal((3, 96)).astype(np.float32)
     got = matvec_once(dev, [GpuMatrix(dev, f16)], X, rows=True, int8=True)
     assert _rel(got, f16.matmat(X)) < 1e-5
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_int8_merges_gated_attention_splits(dev, splits):
+    """Input stage 3 (Dory's split attention merged, gated and justnormed) feeds the
+    quantizer the merged values: the int8 product of the float merge, over its norm."""
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    rng = np.random.default_rng(splits)
+    nh, hd = 4, 32
+    w = _q8_row(rng, 21, nh * hd)
+    m = rng.standard_normal((nh, splits)).astype(np.float32) * 3
+    den = rng.random((nh, splits)).astype(np.float32) * 5 + 0.1
+    acc = rng.standard_normal((nh, splits, hd)).astype(np.float32)
+    rec = np.zeros((nh, splits, hd + 4), np.float32)
+    rec[..., 0], rec[..., 1], rec[..., 4:] = m, den, acc
+    e = np.exp(m - m.max(1, keepdims=True))
+    y = (e[..., None] * acc).sum(1) / (e * den).sum(1)[:, None]
+    gate = rng.standard_normal(nh * hd).astype(np.float32)
+    s = rng.random(nh * hd).astype(np.float32)
+    z = y.ravel() / (1 + np.exp(-(gate * s)))
+    got = matvec_once(dev, [GpuMatrix(dev, w)], rec.reshape(1, -1), pro=3, x2=gate[None],
+                      va=s, hd=hd, splits=splits, int8=True)[0]
+    assert _rel(got, _int8_product(w, z) / np.sqrt((z * z).sum() + 1e-6)) < 1e-5
