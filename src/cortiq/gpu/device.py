@@ -12,11 +12,12 @@ import logging
 import os
 import threading
 from importlib import resources
+from types import SimpleNamespace
 
 import numpy as np
 
 from ..kernels._config import env
-from ..errors import ConfigError
+from ..errors import ConfigError, CortiqError
 
 log = logging.getLogger("cortiq.gpu")
 
@@ -133,6 +134,29 @@ def _raw_pass():
     return _RAW[0]
 
 
+_RAW_SYNC: list = []
+
+
+def _raw_sync():
+    """wgpu-native's submit-for-index, buffer map and indexed poll as the wgpu package
+    binds them, or None where that module layout differs. The wgpu package's own
+    map_sync waits for every submission made so far (its poll blocks on the newest),
+    so a readback of token i would wait for token i + 1 already queued; these wait for
+    the submission that wrote the buffer only."""
+    if not _RAW_SYNC:
+        try:
+            from wgpu.backends.wgpu_native._api import ffi, lib, libf
+            _RAW_SYNC.append(SimpleNamespace(
+                ffi=ffi, submit=libf.wgpuQueueSubmitForIndex, poll=libf.wgpuDevicePoll,
+                map=libf.wgpuBufferMapAsync, mapped=libf.wgpuBufferGetConstMappedRange,
+                unmap=libf.wgpuBufferUnmap, read_mode=lib.WGPUMapMode_Read,
+                ok=lib.WGPUMapAsyncStatus_Success,
+                events=lib.WGPUCallbackMode_AllowProcessEvents))
+        except (ImportError, AttributeError):
+            _RAW_SYNC.append(None)
+    return _RAW_SYNC[0]
+
+
 class Device:
     """A wgpu device and the caches built on it."""
 
@@ -216,14 +240,53 @@ class Device:
         return self.dev.create_buffer(size=max(16, (nbytes + 15) // 16 * 16),
                                       usage=u.MAP_READ | u.COPY_DST)
 
-    def read(self, staging, nbytes: int) -> np.ndarray:
-        """The first nbytes of a staging buffer after the submission that filled it."""
-        staging.map_sync(self.wgpu.MapMode.READ, 0, (nbytes + 15) // 16 * 16 if nbytes else 16)
+    def submit(self, command_buffers) -> int | None:
+        """Submit command buffers; the submission's index (for `read`'s `after`), or
+        None where the wgpu package offers no indexed submit."""
+        raw = _raw_sync()
+        if raw is None:
+            self.queue.submit(command_buffers)
+            return None
+        ffi = raw.ffi
+        arr = ffi.new("WGPUCommandBuffer[]", [cb._internal for cb in command_buffers])
+        return int(raw.submit(self.queue._internal, len(command_buffers), arr))
+
+    def read(self, staging, nbytes: int, after: int | None = None) -> np.ndarray:
+        """The first nbytes of a staging buffer after the submission that filled it;
+        with `after` (an index from `submit`), waiting for that submission only, not
+        for work queued behind it."""
+        size = (nbytes + 15) // 16 * 16 if nbytes else 16
+        raw = _raw_sync()
+        if after is not None and raw is not None:
+            return self._read_after(raw, staging, nbytes, size, after)
+        staging.map_sync(self.wgpu.MapMode.READ, 0, size)
         try:
             out = np.frombuffer(staging.read_mapped(0, (nbytes + 15) // 16 * 16), np.uint8)
             return out[:nbytes].copy()
         finally:
             staging.unmap()
+
+    def _read_after(self, raw, staging, nbytes: int, size: int, after: int) -> np.ndarray:
+        ffi = raw.ffi
+        status: list = []
+
+        @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+        def mapped(st, _message, _u1, _u2):
+            status.append(st)
+
+        info = ffi.new("WGPUBufferMapCallbackInfo *", {"mode": raw.events, "callback": mapped})
+        raw.map(staging._internal, raw.read_mode, 0, size, info[0])
+        index = ffi.new("WGPUSubmissionIndex *", after)
+        raw.poll(self.dev._internal, True, index)
+        while not status:    # the map is settled by the poll that sees its submission
+            raw.poll(self.dev._internal, True, ffi.NULL)
+        if status[0] != raw.ok:
+            raise CortiqError(f"GPU readback failed (map status {status[0]})")
+        try:
+            ptr = raw.mapped(staging._internal, 0, size)
+            return np.frombuffer(ffi.buffer(ptr, size), np.uint8)[:nbytes].copy()
+        finally:
+            raw.unmap(staging._internal)
 
     # ---- shaders and pipelines ---------------------------------------------------
     @staticmethod

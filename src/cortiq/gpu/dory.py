@@ -308,8 +308,7 @@ class GpuDoryModel(GpuModel):
 
     def decode_greedy(self, st: GpuDoryState, first: int, n: int) -> list[int]:
         """n greedy tokens after `first` (fed at st.pos), the token ids chained on the
-        device: token i+1 is recorded and submitted before token i is read back, so
-        the host's recording overlaps the GPU's work."""
+        device (`_chained_greedy`)."""
         out: list[int] = []
         if n <= 0:
             return out
@@ -320,23 +319,16 @@ class GpuDoryModel(GpuModel):
                 tok = self.forward_greedy(st, [tok])
                 out.append(tok)
             return out
-        dev = self.dev
-        dev.queue.write_buffer(self.ids, 0, np.array([first], np.uint32))
-        pending = None
-        for i in range(n):
+
+        def token_pass():
             self._prepare(st, 1)
             self._write_step(st.pos, 1)
             enc = self._record(st, 1, self.loops, "greedy")
-            stage = self.stage_ids[i % 2]
-            enc.copy_buffer_to_buffer(self.res, 0, stage, 0, 16)
-            dev.queue.submit([enc.finish()])
             st.hi = max(st.hi, st.pos)
             st.pos += 1
-            if pending is not None:
-                out.append(int(dev.read(pending, 4).view(np.uint32)[0]))
-            pending = stage
-        out.append(int(dev.read(pending, 4).view(np.uint32)[0]))
-        return out
+            return enc
+
+        return self._chained_greedy(first, n, token_pass)
 
     # ---- decode rows of several sequences in one submission ---------------------------
     batch_rows = HOST_CHUNK

@@ -79,6 +79,9 @@ class GpuModel(ModelBase):
     ids: Any
     logits: Any
     _static: dict
+    # greedy decode's result word and the two staging buffers its reads alternate over
+    res: Any
+    stage_ids: list
     stage_logits: Any = None
     #: what decode rows of several sequences run beyond the chunk's buffers, made on
     #: first use (a model with `forward_rows`)
@@ -105,6 +108,27 @@ class GpuModel(ModelBase):
             else:
                 prog.append(item)
         return prog
+
+    def _chained_greedy(self, first: int, n: int, token_pass) -> list[int]:
+        """n greedy tokens chained on the device, each pass reading the id the one
+        before it wrote (token_pass(): the next pass's encoder, its state prepared).
+        Pass i + 1 is submitted before token i is read back and that read waits for pass
+        i alone, so the host records a pass while the GPU runs the one before."""
+        dev = self.dev
+        dev.queue.write_buffer(self.ids, 0, np.array([first], np.uint32))
+        out: list[int] = []
+        pending = None
+        for i in range(n):
+            enc = token_pass()
+            stage = self.stage_ids[i % 2]
+            enc.copy_buffer_to_buffer(self.res, 0, stage, 0, 16)
+            submitted = (stage, dev.submit([enc.finish()]))
+            if pending is not None:
+                out.append(int(dev.read(pending[0], 4, after=pending[1]).view(np.uint32)[0]))
+            pending = submitted
+        if pending is not None:
+            out.append(int(dev.read(pending[0], 4, after=pending[1]).view(np.uint32)[0]))
+        return out
 
     def _advance(self, st, t: int) -> None:
         """Move a state past t rows just run."""
