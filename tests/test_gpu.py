@@ -189,6 +189,39 @@ def test_matvec_fused_residual(dev, dtype):
     assert _rel(back[0], want_x) < 1e-6
 
 
+@pytest.mark.parametrize("dtype,cols", [("q8_row", 96), ("f16", 200), ("q4tp", 64)])
+def test_matvec_llama_residual_norm(dev, dtype, cols):
+    """PRO 6: the Llama residual r = x + o and its RMSNorm with weight staged as the
+    product's input (the llama_norm pass it replaces), r written back for the next
+    sub-layer."""
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    rng = np.random.default_rng(cols)
+    w = _qt(rng, dtype, 37, cols)
+    x, o = (rng.standard_normal((2, cols)) * [[4.0], [0.5]]).astype(np.float32)
+    g = (rng.random(cols) + 0.5).astype(np.float32)
+    r = x + o
+    h = r / np.sqrt((r.astype(np.float64) ** 2).mean() + 1e-5) * g
+    back: list = []
+    got = matvec_once(dev, [GpuMatrix(dev, w)], x[None], pro=6, x2=o[None], va=g,
+                      eps=1e-5, residual_out=back)[0]
+    assert _rel(got, w.matvec(h.astype(np.float32))) < 1e-5
+    assert np.array_equal(back[0], r)
+
+
+@pytest.mark.parametrize("dtype", ["q8_row", "f16"])
+def test_matvec_plain_swiglu(dev, dtype):
+    """PRO 7: silu(gate) * up of the gate|up output as the product's input (the
+    llama_swiglu pass it replaces), no norm."""
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    rng = np.random.default_rng(3)
+    cols = 160
+    w = _qt(rng, dtype, 29, cols)
+    gu = (rng.standard_normal(2 * cols) * 3).astype(np.float32)
+    m = gu[:cols] / (1 + np.exp(-gu[:cols])) * gu[cols:]
+    got = matvec_once(dev, [GpuMatrix(dev, w)], gu[None], pro=7, x2_off=cols)[0]
+    assert _rel(got, w.matvec(m.astype(np.float32))) < 1e-5
+
+
 def test_merge_input_stage_refuses_bad_shapes(dev):
     from cortiq.gpu.kernels import GpuMatrix, matvec_once
     g = GpuMatrix(dev, _qt(np.random.default_rng(1), "q8_row", 5, 64))

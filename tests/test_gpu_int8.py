@@ -95,6 +95,17 @@ def test_int8_input_stages_and_fused_groups(dev):
     # the quantizer sees the residual before its norm: the same groups up to the scale
     assert _rel(got, _int8_product(a, want_x)) < 1e-4
     assert _rel(back[0], want_x) < 1e-6
+    g = (rng.random(cols) + 0.5).astype(np.float32)
+    r = x + o
+    h = r * g / np.sqrt((r * r).mean() + 1e-5)
+    back = []
+    got = matvec_once(dev, [ga], x[None], pro=6, x2=o[None], va=g, eps=1e-5,
+                      residual_out=back, int8=True)[0]
+    assert _rel(got, _int8_product(a, h)) < 1e-4    # Llama's residual and RMSNorm
+    assert np.array_equal(back[0], r)
+    got = matvec_once(dev, [ga], gu[None], pro=7, x2_off=cols, int8=True)[0]
+    silu = gu[:cols] / (1 + np.exp(-gu[:cols])) * gu[cols:]
+    assert _rel(got, _int8_product(a, silu)) < 1e-4     # plain SwiGLU, no norm
     f16 = qtensor_from_f32(rng.standard_normal((7, cols)).astype(np.float32), "f16")
     got = matvec_once(dev, [GpuMatrix(dev, f16)], y[None], int8=True)[0]
     assert _rel(got, f16.matvec(y)) < 1e-5

@@ -227,7 +227,10 @@ def test_greedy_tokens_identical(dev, tmp_path_factory):
     g.forward(s2, ids[:-1], "none")
     assert g.decode_greedy(s2, int(ids[-1]), 16) == want
     assert s2.pos == ids.size + 15
-    assert g.dispatches_per_token == 1 + 8 * len(host.layers) + 3
+    # embed, the first norm, per layer Q|K|V, attention, O, gate|up and down (the other
+    # norms and SwiGLU in the products' input stages), the final norm, head and argmax
+    assert g.fused_norms and g.fused_swiglu
+    assert g.dispatches_per_token == 2 + 5 * len(host.layers) + 3
 
 
 def test_rollback_on_device(dev, tmp_path_factory):

@@ -218,8 +218,14 @@ def _matvec_source(dev: Device, shader: str, n: int, fns: list, rowdot_args: str
             .replace("$XMODE", "read_write" if x_writable else "read"))
 
 
+#: the decode matvec's input stages that write the residual stream back (matvec1.wgsl:
+#: Dory's nGPT residual, the Llama family's residual and RMSNorm)
+RESIDUAL_STAGES = (4, 6)
+
+
 def matvec_kinds(nparts: int, pro: int = 0) -> tuple:
-    return ("uniform", "uniform", "rw" if pro == 4 else "read", "read", "read", "rw") \
+    return ("uniform", "uniform", "rw" if pro in RESIDUAL_STAGES else "read", "read", "read",
+            "rw") \
         + ("read",) * nparts
 
 
@@ -377,9 +383,10 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool
             fns.append(_decoder(dev, i, dt, "qchunk.wgsl"))
         fns.append(part.replace("$I", str(i)))
     words, scales = i8 or (1, 1)
-    write = "X[P.v_b + c] = {} * inv;".format("xval(c)" if i8 else "xs[c + (c >> 5u)]")
+    write = ("X[P.v_b + c] = X[xb + c] + X2[x2b + c];" if pro == 6 else
+             "X[P.v_b + c] = {} * inv;".format("xval(c)" if i8 else "xs[c + (c >> 5u)]"))
     code = (_subgroup_variant(_matvec_source(dev, "matvec1.wgsl", n, fns, "lane",
-                                             x_writable=pro == 4), sg)
+                                             x_writable=pro in RESIDUAL_STAGES), sg)
             .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
             .replace("$RWu", f"{RPW1_ROWS}u")
             .replace("$UNROLLu", f"{MATVEC_UNROLL}u")
@@ -388,7 +395,7 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool
             .replace("$I8", "true" if i8 else "false")
             .replace("$QUANT4", dev.source("quant4.wgsl"))
             .replace("$XQN", str(words)).replace("$XDN", str(scales))
-            .replace("$XWRITE", write if pro == 4 else ""))
+            .replace("$XWRITE", write if pro in RESIDUAL_STAGES else ""))
     return dev.pipeline(key, code, matvec_kinds(n, pro))
 
 
@@ -462,8 +469,8 @@ class MatvecOp:
                                   and 0 < hd and cols % hd == 0 and cols // hd * splits <= 256):
             raise ConfigError(f"GPU matvec: merging attention splits (PRO {pro}) needs the "
                               "staged decode matvec and at most 256 (head, split) records")
-        if pro == 4 and not (self.chunked and matvec1_staging(dev, cols)):
-            raise ConfigError("GPU matvec: the fused residual (PRO 4) needs the staged "
+        if pro in RESIDUAL_STAGES and not (self.chunked and matvec1_staging(dev, cols)):
+            raise ConfigError(f"GPU matvec: the fused residual (PRO {pro}) needs the staged "
                               "decode matvec")
         self.last_row = last_row
         params = (u32s(cols, x_off, x_stride, x2_off, x2_stride, y_off, y_stride, v_a, v_b,
@@ -532,18 +539,20 @@ class MatvecOp:
 def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: int = 0,
                 va=None, vb=None, out_scale=None, nt: int | None = None, hd: int = 0,
                 splits: int = 1, residual_out: list | None = None,
-                rows: bool = False, int8: bool = False) -> np.ndarray:
+                rows: bool = False, int8: bool = False, eps: float = 1e-6) -> np.ndarray:
     """Run one product on its own (checks and tools): X [t, cols] (for pro=2 the
-    gate/up rows [t, 2*cols'], b at x2_off; for pro=3 and pro=5 one row of attention split
-    records, see attention.wgsl and llama_attn_split.wgsl; for pro=4 the row x, with o in x2 and alpha in va) -> Y [t, total
-    rows]. nt=None picks what a forward would (the decode matvec for one row, the
-    matmat for more); rows=True runs the rows matvec (matvecb.wgsl) over every row.
-    pro=4 appends the residual it wrote back to `residual_out`; int8=True runs the
-    decode matvec (or with rows, the rows matvec) on int8 activations."""
+    gate/up rows [t, 2*cols'], b at x2_off, and so for pro=7; for pro=3 and pro=5 one row of
+    attention split records, see attention.wgsl and llama_attn_split.wgsl; for pro=4 the
+    row x, with o in x2 and alpha in va; for pro=6 the row x, with o in x2 and the norm's
+    weight in va) -> Y [t, total rows]. nt=None picks what a forward would (the decode
+    matvec for one row, the matmat for more); rows=True runs the rows matvec
+    (matvecb.wgsl) over every row. pro=4 and pro=6 append the residual they wrote back to
+    `residual_out`; int8=True runs the decode matvec (or with rows, the rows matvec) on
+    int8 activations."""
     X = np.ascontiguousarray(X, np.float32)
     t = X.shape[0]
     xcols = X.shape[1]
-    if pro == 4:     # room for the residual the first workgroup writes back
+    if pro in RESIDUAL_STAGES:     # room for the residual the first workgroup writes back
         X = np.concatenate([X, np.zeros_like(X)], axis=1)
     vecs = [np.zeros(4, np.float32)]
     offs = {}
@@ -562,8 +571,8 @@ def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: in
                   y_stride=total, x2=x2buf, x2_off=x2_off,
                   x2_stride=(x2.shape[1] if x2 is not None else 0), vbuf=vbuf,
                   v_a=offs.get("va", NONE),
-                  v_b=xcols if pro == 4 else offs.get("vb", NONE),
-                  v_out=offs.get("out", NONE), pro=pro, hd=hd, splits=splits)
+                  v_b=xcols if pro in RESIDUAL_STAGES else offs.get("vb", NONE),
+                  v_out=offs.get("out", NONE), pro=pro, hd=hd, splits=splits, eps=eps)
     arena.upload()
     if rows:
         xq = dev.buffer(t * rows_block_words(xcols) * 16) if int8 else None
@@ -574,7 +583,7 @@ def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: in
     enc = dev.record(ds, t)
     enc.copy_buffer_to_buffer(ybuf, 0, stage, 0, t * total * 4)
     xstage = None
-    if pro == 4 and residual_out is not None:
+    if pro in RESIDUAL_STAGES and residual_out is not None:
         xstage = dev.staging(xcols * 4)
         enc.copy_buffer_to_buffer(xbuf, xcols * 4, xstage, 0, (xcols * 4 + 15) // 16 * 16)
     dev.queue.submit([enc.finish()])

@@ -255,9 +255,13 @@ class GpuLlamaModel(GpuModel):
                                          w["qkv_bias"], w["q_norm"], w["k_norm"],
                                          int(cfg.rope_interleaved), eps, 1, 0, 0))
             w["p_swiglu"] = a.ref(u32s(F, w["gate_bias"], w["up_bias"], 0))
+        self._fuse_decode_stages(eps)
         last_bias = self.lw[-1]["down_bias"] if self.lw else NONE
         self.p_norm_final = a.ref(u32s(H, 0, 0, int(bool(self.lw)), 0, last_bias,
                                        self.v_norm, eps))
+        # a decode row's residual ends in the stream's second region (fused norms)
+        self.p_norm_final_b = a.ref(u32s(H, H, 0, int(bool(self.lw)), 0, last_bias,
+                                         self.v_norm, eps))
         self.head_last = MatvecOp(dev, [self.head], a, x=self.xn, x_off=0, x_stride=H,
                                   y=self.logits, y_off=0, y_stride=self.vocab, vbuf=self.vbuf,
                                   last_row=True)
@@ -275,6 +279,40 @@ class GpuLlamaModel(GpuModel):
         self._rows: _LlamaRows | None = None
         self.load_seconds = time.perf_counter() - t0
         self.dispatches_per_token: int | None = None
+
+    def _fuse_decode_stages(self, eps: float) -> None:
+        """The decode row's products that take the passes before them as their input
+        stage (matvec1.wgsl): Q|K|V and gate|up the residual add and RMSNorm (PRO 6,
+        the residual stream alternating between two regions of x: gate|up writes the
+        second, Q|K|V of the next layer the first), down the SwiGLU (PRO 7). Each applies
+        to the whole stack or not at all: not where a product's bias would be added
+        before the norm (or a gate/up bias before SwiGLU), nor where the device cannot
+        stage the input."""
+        H, F = self.hidden, self.ffn
+        self.fused_norms = all(w["o_bias"] == NONE and w["down_bias"] == NONE
+                               for w in self.lw)
+        self.fused_swiglu = all(w["gate_bias"] == NONE and w["up_bias"] == NONE
+                                for w in self.lw)
+        a = self.arena
+        try:
+            for li, w in enumerate(self.lw):
+                if self.fused_norms:
+                    if li:
+                        w["qkv_norm_op"] = MatvecOp(
+                            self.dev, [w["q"], w["k"], w["v"]], a, x=self.x, x_off=H,
+                            x_stride=0, x2=self.out, y=self.qkv, y_off=0,
+                            y_stride=self.qkv_w, vbuf=self.vbuf, v_a=w["attn_norm"], v_b=0,
+                            pro=6, eps=eps)
+                    w["gu_norm_op"] = MatvecOp(
+                        self.dev, [w["gate"], w["up"]], a, x=self.x, x_off=0, x_stride=0,
+                        x2=self.out, y=self.gu, y_off=0, y_stride=2 * F, vbuf=self.vbuf,
+                        v_a=w["mlp_norm"], v_b=H, pro=6, eps=eps)
+                if self.fused_swiglu:
+                    w["down_swiglu_op"] = MatvecOp(
+                        self.dev, [w["down"]], a, x=self.gu, x_off=0, x_stride=2 * F,
+                        x2_off=F, y=self.out, y_off=0, y_stride=H, vbuf=self.vbuf, pro=7)
+        except ConfigError:     # no staged decode matvec for these shapes
+            self.fused_norms = self.fused_swiglu = False
 
     # ---- sequences ----------------------------------------------------------------
     def new_state(self) -> GpuLlamaState:
@@ -326,27 +364,19 @@ class GpuLlamaModel(GpuModel):
 
     def decode_greedy(self, st: GpuLlamaState, first: int, n: int) -> list[int]:
         """n greedy tokens after `first` (fed at st.pos), the token ids chained on the
-        device: token i+1 is recorded and submitted before token i is read back."""
-        out: list[int] = []
+        device (`_chained_greedy`)."""
         if n <= 0:
-            return out
+            return []
         check_feed(np.array([first]), "last", self.vocab)
-        dev = self.dev
-        dev.queue.write_buffer(self.ids, 0, np.array([first], np.uint32))
-        pending = None
-        for i in range(n):
+
+        def token_pass():
             self._grow(st, st.pos + 1)
             self._write_step(st.pos, 1)
-            enc = dev.record(self._program(st, 1, "greedy"), 1)
-            stage = self.stage_ids[i % 2]
-            enc.copy_buffer_to_buffer(self.res, 0, stage, 0, 16)
-            dev.queue.submit([enc.finish()])
+            enc = self.dev.record(self._program(st, 1, "greedy"), 1)
             st.pos += 1
-            if pending is not None:
-                out.append(int(dev.read(pending, 4).view(np.uint32)[0]))
-            pending = stage
-        out.append(int(dev.read(pending, 4).view(np.uint32)[0]))
-        return out
+            return enc
+
+        return self._chained_greedy(first, n, token_pass)
 
     def _write_step(self, pos0: int, t: int) -> None:
         q = self.dev.queue
@@ -524,21 +554,33 @@ class GpuLlamaModel(GpuModel):
                                                + [b for b, _r0, _r in e.parts])), rows, "embed")]
         norm = [self.step, self.x, self.out, self.vbuf, self.xn]
         groups = (self.ffn + 255) // 256
+        fuse_norms = mode == "decode" and self.fused_norms
+        fuse_swiglu = mode == "decode" and self.fused_swiglu
         for li, w in enumerate(self.lw):
-            prog.append(self._kernel("llama_norm", [w["p_norm_in"]] + norm, rows))
-            prog.extend(product("qkv_op", li))
+            if fuse_norms and li:
+                prog.extend(product("qkv_norm_op", li))
+            else:
+                prog.append(self._kernel("llama_norm", [w["p_norm_in"]] + norm, rows))
+                prog.extend(product("qkv_op", li))
             prog.append((SEQUENCE_PART, mode, li, splits))
             if splits > 1:
                 prog.append(self._chunk_product(w["o_split_ops"][splits], nt))
             else:
                 prog.extend(product("o_op", li))
-            prog.append(self._kernel("llama_norm", [w["p_norm_mlp"]] + norm, rows))
-            prog.extend(product("gu_op", li))
-            prog.append(self._kernel("llama_swiglu", [w["p_swiglu"], self.step, self.gu,
-                                                      self.vbuf], lambda t: (groups, t, 1)))
-            prog.extend(product("down_op", li))
+            if fuse_norms:
+                prog.extend(product("gu_norm_op", li))
+            else:
+                prog.append(self._kernel("llama_norm", [w["p_norm_mlp"]] + norm, rows))
+                prog.extend(product("gu_op", li))
+            if fuse_swiglu:
+                prog.extend(product("down_swiglu_op", li))
+            else:
+                prog.append(self._kernel("llama_swiglu", [w["p_swiglu"], self.step, self.gu,
+                                                          self.vbuf], lambda t: (groups, t, 1)))
+                prog.extend(product("down_op", li))
         if want != "none":
-            prog.append(self._kernel("llama_norm", [self.p_norm_final] + norm, rows))
+            final = self.p_norm_final_b if fuse_norms and self.lw else self.p_norm_final
+            prog.append(self._kernel("llama_norm", [final] + norm, rows))
         if want in ("last", "greedy") and R is None:
             prog.extend(product("head_last"))
         elif want in ("last", "greedy", "all"):

@@ -15,6 +15,12 @@
 // o = X2[x2_off..], alpha = V[v_a..], x^ = justnorm(x); the first workgroup also writes
 // xin to X[v_b..] (another region of the hidden-state buffer) for the next sub-layer
 // (X is read_write in that variant only: XWRITE is empty in the others).
+// PRO 6 (staged only) is the Llama family's residual add and RMSNorm, which would
+// otherwise be a llama_norm pass: r = x + o with x = X[x_off..], o = X2[x2_off..], the
+// product's input r * w (w = V[v_a..]) and its output scaled by 1 / sqrt(mean(r^2) + eps);
+// the first workgroup also writes r to X[v_b..] (the residual stream's other region).
+// PRO 7 is SwiGLU with no scales: silu(X[c]) * X[x2_off + c] (the Llama family's
+// gate|up output, the down product's input).
 // SG (the adapter's `subgroup` feature): a row is one subgroup's, its lanes' partial
 // sums added by subgroupAdd with no shared memory and no barrier; the workgroup's
 // RPW * RW rows go round its 256 / subgroup_size subgroups, whatever that size is.
@@ -35,8 +41,8 @@ const XS: u32 = $XSu;
 const SG: bool = $SG;
 const UNROLL: u32 = $UNROLLu;
 const I8: bool = $I8;
-// the input stages whose output is RMS-normalised (nGPT's justnorm): not 0, not 5
-const NORM: bool = PRO != 0u && PRO != 5u;
+// the input stages whose output is RMS-normalised (nGPT's justnorm): 1 to 4
+const NORM: bool = PRO != 0u && PRO < 5u;
 
 var<private> pd: f32;
 var<private> ps: f32;
@@ -77,6 +83,11 @@ fn xval(c: u32) -> f32 {
         return xh + V[P.v_a + c] * (X2[x2b + c] * ion - xh);
     }
     if (PRO == 5u) { return merged(c); }
+    if (PRO == 6u) { return (X[xb + c] + X2[x2b + c]) * V[P.v_a + c]; }
+    if (PRO == 7u) {
+        let a = X[xb + c];
+        return a / (1.0 + exp(-a)) * X[xb + P.x2_off + c];
+    }
     if (PRO == 3u) {
         let g = X2[x2b + c] * V[P.v_a + c];
         return merged(c) / (1.0 + exp(-g));
@@ -152,6 +163,21 @@ $SGLANES
         ion = 1.0 / sqrt(red[256] + P.eps);
         workgroupBarrier();
     }
+    if (PRO == 6u) {
+        var sr = 0.0;
+        for (var c = lid; c < P.cols; c += 256u) {
+            let r = X[xb + c] + X2[x2b + c];
+            sr += r * r;
+        }
+        red[lid] = sr;
+        workgroupBarrier();
+        for (var h = 128u; h > 0u; h = h / 2u) {
+            if (lid < h) { red[lid] += red[lid + h]; }
+            workgroupBarrier();
+        }
+        inv = 1.0 / sqrt(red[0] / f32(P.cols) + P.eps);
+        workgroupBarrier();
+    }
     var ssq = 0.0;   // the staged input's sum of squares
     if (XS > 0u) {
         for (var c = lid; c < P.cols; c += 256u) {
@@ -174,7 +200,7 @@ $SGLANES
             }
         }
     }
-    if (XS > 0u || I8) {   // the staged input's norm, and PRO 4's write-back of it
+    if (XS > 0u || I8) {   // the staged input's norm, and PRO 4's and PRO 6's write-back
         if (NORM) {
             red[lid] = ssq;
             workgroupBarrier();
@@ -185,7 +211,7 @@ $SGLANES
             inv = 1.0 / sqrt(red[0] + P.eps);
         }
         workgroupBarrier();
-        if (PRO == 4u && wid.x + wid.y == 0u) {
+        if ((PRO == 4u || PRO == 6u) && wid.x + wid.y == 0u) {
             for (var c = lid; c < P.cols; c += 256u) { $XWRITE }
         }
     }
