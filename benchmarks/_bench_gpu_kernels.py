@@ -181,7 +181,27 @@ VARIANTS = {
                            RPW1_ROWS=1, int8=True),
     "int8_tree_rows16x2": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=4, RPW1_SLOTS=16,
                                RPW1_ROWS=2, int8=True),
+    "int8_tree_rows16_unroll8": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=8, RPW1_SLOTS=16,
+                                     RPW1_ROWS=1, int8=True),
+    "int8_sg_rows16_unroll8": dict(MATVEC_SUBGROUPS=True, MATVEC_UNROLL=8, RPW1_SLOTS=16,
+                                   RPW1_ROWS=1, int8=True),
+    "int8_tree_rows8_unroll8": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=8, RPW1_SLOTS=8,
+                                    RPW1_ROWS=1, int8=True),
+    "int8_tree_rows32_unroll8": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=8, RPW1_SLOTS=32,
+                                     RPW1_ROWS=1, int8=True),
 }
+#: VARIANTS' names holding one of these (bench_gpu.py --variants; empty: every variant)
+ONLY: list = []
+
+
+def _chosen(dev=None):
+    """The VARIANTS measured: those ONLY names (all where it is empty), less those
+    needing subgroups where the device has none."""
+    from cortiq.gpu.device import Device
+    subgroups = (dev or Device.get()).subgroups
+    return [(n, kw) for n, kw in VARIANTS.items()
+            if (not ONLY or any(o in n for o in ONLY))
+            and (subgroups or not kw["MATVEC_SUBGROUPS"])]
 
 
 def _variant(kw: dict):
@@ -228,9 +248,7 @@ def matvec_variants(dev, read_gb_s, l2_bytes=256 << 20):
         ops = _ops(dev, mats, pro)
         busy(dev, 1.0)
         res = {"copies": copies, "bytes_per_pass": nbytes * copies, "input_stage": pro}
-        for name, kw in VARIANTS.items():
-            if kw["MATVEC_SUBGROUPS"] and not dev.subgroups:
-                continue
+        for name, kw in _chosen(dev):
             settings, int8 = _variant(kw)
             with _Settings(**settings):
                 ds = [op.dispatch(step, 1, int8) for op in ops]
@@ -267,9 +285,7 @@ def llama8b_chain(dev, read_gb_s, layers=32, hidden=4096, ffn=14336, heads=32, k
                          vocab=vocab, dtype="q8_row"),
            "weight_gb_per_token": nbytes / 1e9, "build_s": build_s,
            "dispatches_per_token": 4 * layers + 1}
-    for name, kw in VARIANTS.items():
-        if kw["MATVEC_SUBGROUPS"] and not dev.subgroups:
-            continue
+    for name, kw in _chosen(dev):
         settings, int8 = _variant(kw)
         with _Settings(**settings):
             ds = [op.dispatch(step, 1, int8) for op in ops]

@@ -134,6 +134,7 @@ def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw:
     best = max(out["session_tok_s"], out["greedy_tok_s"], out["chained_tok_s"])
     out["pct_of_read_bw"] = 100 * best * per_token / 1e9 / bw
     out["dispatches_per_token"] = g.dispatches_per_token
+    out["fused_norms_swiglu"] = [g.fused_norms, g.fused_swiglu]
     g._grow(st, st.pos + 1)
     g._write_step(st.pos, 1)
     prog = g._program(st, 1, "greedy")
@@ -164,4 +165,16 @@ def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw:
         busy(dev)
         i8["cortiq_gpu_batch"] = batch(g, prompt)
     out["int8"] = i8
+    # A/B: the same int8 decode with the norms and SwiGLU as passes of their own
+    from cortiq.gpu.llama import GpuLlamaModel
+    g2 = GpuLlamaModel(host, dev, fuse_stages=False)
+    g2.set_precision("int8")
+    st2 = g2.new_state()
+    g2.forward(st2, prompt, "none")
+    g2.decode_greedy(st2, tok, 2)
+    busy(dev)
+    ab = decode_rates(g2, st2, tok, tokens)
+    ab["dispatches_per_token"] = g2.dispatches_per_token
+    out["int8_unfused_stages"] = ab
+    del g2, st2
     return out

@@ -405,6 +405,9 @@ def main():
                          "(comma-separated; empty: skip it)")
     ap.add_argument("--no-kernels", action="store_true",
                     help="skip the dispatch-floor, matvec-variant and 8B-chain measurements")
+    ap.add_argument("--variants", default="",
+                    help="the decode-matvec variants measured (comma-separated parts of "
+                         "their names, e.g. int8; empty: all)")
     ap.add_argument("--ab", default="sg=1,unroll=1,rows=32,stage=0",
                     help="variants measured beside the default, comma-separated: splits=N "
                          "(attention key splits), fuse=1|0 (each residual in the next "
@@ -504,6 +507,7 @@ def main():
             K.SHAPES = [("tiny 96x256", 96, 256, 0), ("tiny swiglu 64x512", 64, 512, 2)]
             chain = dict(layers=2, hidden=256, ffn=512, heads=4, kv_heads=2, head_dim=64,
                          vocab=1000)
+        K.ONLY[:] = [v.strip() for v in a.variants.split(",") if v.strip()]
         out["dispatch_floor"] = K.dispatch_floor(dev)
         save()
         out["matvec_variants"] = K.matvec_variants(dev, bw, **({"l2_bytes": 1 << 16}

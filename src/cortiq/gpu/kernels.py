@@ -309,7 +309,8 @@ RPW1_SLOTS, RPW1_ROWS = 16, 1
 #: 1.17x faster on an H100, the long down rows 1.7x, and Dory's as fast: docs/PERFORMANCE.md
 #: section 15.3)
 MATVEC_SUBGROUPS: bool | None = None
-#: 16-byte loads a decode-matvec lane issues before it decodes the first (1 or 4)
+#: 16-byte loads a decode-matvec lane issues before it decodes the first (1 or 4; the
+#: int8 path also takes 8)
 MATVEC_UNROLL = 4
 #: whether a decode product with no input stage (PRO 0) stages its input in shared
 #: memory too (False: each lane reads the input where it needs it, no barrier)

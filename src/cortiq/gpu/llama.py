@@ -128,12 +128,15 @@ class GpuLlamaModel(GpuModel):
     dispatch fewer a layer); False keeps the llama_qk pass (A/B measurements).
     attn_splits: the most key ranges a decode row's attention is split into (None:
     ATTN_SPLITS_MOST; 1: never split); `splits` is what the model takes (rounded down to
-    a power of two, at most 256 / heads, 1 where the shape has no split path)."""
+    a power of two, at most 256 / heads, 1 where the shape has no split path).
+    fuse_stages (default True): a decode row's norms and SwiGLU run in the products'
+    input stages where the shape allows (`_fuse_decode_stages`); False keeps their
+    passes (A/B measurements)."""
 
     int8_products = True
 
     def __init__(self, host, device: Device | None = None, fuse_qk: bool = True,
-                 attn_splits: int | None = None):
+                 attn_splits: int | None = None, fuse_stages: bool = True):
         from ..models.llama import LlamaModel
         if not isinstance(host, LlamaModel):
             raise ConfigError(f"device='gpu': the llama GPU model runs a LlamaModel, got "
@@ -255,7 +258,7 @@ class GpuLlamaModel(GpuModel):
                                          w["qkv_bias"], w["q_norm"], w["k_norm"],
                                          int(cfg.rope_interleaved), eps, 1, 0, 0))
             w["p_swiglu"] = a.ref(u32s(F, w["gate_bias"], w["up_bias"], 0))
-        self._fuse_decode_stages(eps)
+        self._fuse_decode_stages(eps, fuse_stages)
         last_bias = self.lw[-1]["down_bias"] if self.lw else NONE
         self.p_norm_final = a.ref(u32s(H, 0, 0, int(bool(self.lw)), 0, last_bias,
                                        self.v_norm, eps))
@@ -280,7 +283,7 @@ class GpuLlamaModel(GpuModel):
         self.load_seconds = time.perf_counter() - t0
         self.dispatches_per_token: int | None = None
 
-    def _fuse_decode_stages(self, eps: float) -> None:
+    def _fuse_decode_stages(self, eps: float, wanted: bool) -> None:
         """The decode row's products that take the passes before them as their input
         stage (matvec1.wgsl): Q|K|V and gate|up the residual add and RMSNorm (PRO 6,
         the residual stream alternating between two regions of x: gate|up writes the
@@ -289,10 +292,10 @@ class GpuLlamaModel(GpuModel):
         before the norm (or a gate/up bias before SwiGLU), nor where the device cannot
         stage the input."""
         H, F = self.hidden, self.ffn
-        self.fused_norms = all(w["o_bias"] == NONE and w["down_bias"] == NONE
-                               for w in self.lw)
-        self.fused_swiglu = all(w["gate_bias"] == NONE and w["up_bias"] == NONE
-                                for w in self.lw)
+        self.fused_norms = wanted and all(w["o_bias"] == NONE and w["down_bias"] == NONE
+                                          for w in self.lw)
+        self.fused_swiglu = wanted and all(w["gate_bias"] == NONE and w["up_bias"] == NONE
+                                           for w in self.lw)
         a = self.arena
         try:
             for li, w in enumerate(self.lw):
