@@ -100,6 +100,26 @@ def random_llama(g: dict, seed: int = 0):
     return LlamaModel(f)
 
 
+def rows_breakdown(g, prompt, rows: int, time_dispatches) -> dict:
+    """Where a step of `rows` sequences' decode rows (one submission) spends its time:
+    dispatches, host recording and GPU ms of the rows program, GPU ms by kernel."""
+    sts = [g.new_state() for _ in range(rows)]
+    for st in sts:
+        g.forward(st, prompt, "none")
+    tok = int(prompt[-1])
+    g.forward_batch(sts, [[tok]] * rows, ["last"] * rows, [False] * rows)
+    prog = g._resolve(g._skeleton("rows", "all"), lambda m: [
+        d for b, st in enumerate(sts) for d in g._sequence_part(st, m, b)])
+    t0 = time.perf_counter()
+    for _ in range(5):
+        g.dev.record(prog, rows).finish()
+    return {"rows": rows, "dispatches": len(prog),
+            "record_ms": (time.perf_counter() - t0) / 5 * 1e3,
+            "gpu_ms": time_dispatches(g, prog, k=4, at=rows) * 1e3,
+            "gpu_ms_by_kernel": ms_by_kernel(
+                prog, lambda ds: time_dispatches(g, ds, k=4, at=rows))}
+
+
 def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw: float,
                  time_dispatches, batch=None) -> dict:
     """Build the model, then prefill and decode tokens/s (the session path, greedy on the
@@ -164,6 +184,7 @@ def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw:
     if batch is not None:       # the int8 rows matvec
         busy(dev)
         i8["cortiq_gpu_batch"] = batch(g, prompt)
+        i8["rows_program_b8"] = rows_breakdown(g, prompt, 8, time_dispatches)
     out["int8"] = i8
     # A/B: the same int8 decode with the norms and SwiGLU as passes of their own
     from cortiq.gpu.llama import GpuLlamaModel
