@@ -23,7 +23,9 @@ layer (shaders/llama_*.wgsl and the shared products of kernels.py):
     matvec down
 
 then llama_norm with the final norm, the head (the last row only unless every row's
-logits are asked for) and the argmax for greedy decoding.
+logits are asked for) and the argmax for greedy decoding. A decode row runs the norms
+after the first and the SwiGLU as input stages of the products that read them
+(`_fuse_decode_stages`): five dispatches a layer.
 
 Decode rows of several sequences run the same layer program as one submission
 (`forward_rows`): the products over the rows through the rows matvec, each sequence's
