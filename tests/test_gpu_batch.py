@@ -315,21 +315,25 @@ def _llama_file(tmp_path_factory, name):
     return cmf.open(str(path))
 
 
-@pytest.mark.parametrize("name,fuse_qk", [("qwen3", True), ("qwen2", True),
-                                          ("mistral", False)])
-def test_llama_rows_equal_each_sequence_alone(dev, tmp_path_factory, name, fuse_qk,
+@pytest.mark.parametrize("name,fuse_qk,splits", [("qwen3", True, None), ("qwen2", True, None),
+                                                 ("mistral", False, 1),
+                                                 ("qwen3", False, 4)])
+def test_llama_rows_equal_each_sequence_alone(dev, tmp_path_factory, name, fuse_qk, splits,
                                               monkeypatch):
     """Llama-family decode rows of three sequences at different positions (one past its
     window), in shuffled batches with every want and a prompt among them: each result
     equals the host's forward of that sequence alone, greedy tokens equal, a state
     outside the batch is untouched, and a sequence rolled back between batches re-reads
-    its positions as the host. fuse_qk=False: each row's llama_qk runs as a pass."""
+    its positions as the host. fuse_qk=False: each row's llama_qk runs as a pass;
+    splits: each row's attention split into the model's key ranges (most of them empty
+    at these positions) and merged over the rows, or unsplit (1)."""
     from cortiq.gpu.llama import GpuLlamaModel
     from cortiq.models.llama import LlamaModel
     f = _llama_file(tmp_path_factory, name)
     h = LlamaModel(f)
-    g = GpuLlamaModel(h, dev, fuse_qk=fuse_qk)
+    g = GpuLlamaModel(h, dev, fuse_qk=fuse_qk, attn_splits=splits)
     assert g.batch_rows > 1
+    assert (g.splits > 1) == (splits != 1)
     spy = _CountRows(g, monkeypatch)
     rng = np.random.default_rng(stable_seed(name))
     n = 3

@@ -76,6 +76,7 @@ KERNELS = {
     "llama_attn_split": ("uniform", "uniform", "read", "read", "read", "rw", "read", "read"),
     "llama_attn_split_qk": ("uniform", "uniform", "read", "rw", "rw", "rw", "read", "read"),
     "llama_swiglu": ("uniform", "uniform", "rw", "read"),
+    "llama_attn_merge": ("uniform", "uniform", "read", "rw"),
 }
 #: kernels generated from another's source: name -> (file, {marker: text}, replaced in
 #: order)
@@ -490,8 +491,9 @@ class GpuLlamaModel(GpuModel):
         """Layer marker[2]'s attention on state st's cache: llama_qk (unless the
         attention dispatch does its work) and the attention, over the chunk's rows (row
         None) or over row `row` of a rows submission (bound to that row's pieces of the
-        per-row buffers); a decode row with marker[3] > 1 key ranges runs the split
-        attention, writing the range records the O product merges."""
+        per-row buffers); with marker[3] > 1 key ranges the split attention, writing
+        the range records that the O product (a decode row) or llama_attn_merge (rows)
+        merges."""
         _tag, mode, li, splits = marker
         w = self.lw[li]
         if row is None:
@@ -515,14 +517,15 @@ class GpuLlamaModel(GpuModel):
                                      (self.nh + 2 * self.nk, 1, 1) if row is not None
                                      else lambda t: (self.nh + 2 * self.nk, t, 1)))
         if splits > 1:
+            apart = self.apart if row is None else S.at("apart", row)
             part.append(self._kernel("llama_attn_split_qk" if fused_qk else "llama_attn_split",
-                                     [p_attn, step, qkv, st.k[li], st.v[li], self.apart,
+                                     [p_attn, step, qkv, st.k[li], st.v[li], apart,
                                       self.vbuf, rope], (self.nh, 1, splits)))
-            return part
-        part.append(self._kernel("llama_attn_qk" if fused_qk else "llama_attn",
-                                 [p_attn, step, qkv, st.k[li], st.v[li], att, self.vbuf, rope],
-                                 (self.nh, 1, 1) if row is not None
-                                 else lambda t: (self.nh, t, 1)))
+        else:
+            part.append(self._kernel("llama_attn_qk" if fused_qk else "llama_attn",
+                                     [p_attn, step, qkv, st.k[li], st.v[li], att, self.vbuf,
+                                      rope], (self.nh, 1, 1) if row is not None
+                                     else lambda t: (self.nh, t, 1)))
         if row is not None:
             st.programs[key] = (R, part)    # R: the rows buffers the dispatches bind
         return part
@@ -533,9 +536,10 @@ class GpuLlamaModel(GpuModel):
         `_sequence_part` fills per sequence. mode "decode": one sequence's decode row
         (the decode matvec, llama_qk's work inside the attention dispatch); "chunk": a
         prompt chunk (the matmat); "rows": decode rows of several sequences (the
-        products over the rows from `_LlamaRows`, the attention per row, unsplit).
-        splits > 1 (decode only): the attention split into that many key ranges, merged
-        in the O product's input stage."""
+        products over the rows from `_LlamaRows`, the attention per row, split into the
+        model's `splits` key ranges where it has more than one, then llama_attn_merge
+        over every row). splits > 1 (decode): the attention split into that many key
+        ranges, merged in the O product's input stage."""
         R = self._rows_setup() if mode == "rows" else None
         key = (mode, want, splits)
         made = self._skeletons.get(key)
@@ -567,10 +571,15 @@ class GpuLlamaModel(GpuModel):
             else:
                 prog.append(self._kernel("llama_norm", [w["p_norm_in"]] + norm, rows))
                 prog.extend(product("qkv_op", li))
-            prog.append((SEQUENCE_PART, mode, li, splits))
-            if splits > 1:
+            if R is not None and self.splits > 1:   # each row split, merged over the rows
+                prog.append((SEQUENCE_PART, mode, li, self.splits))
+                prog.append(R.merge)
+                prog.extend(product("o_op", li))
+            elif splits > 1:                         # merged in the O product's input
+                prog.append((SEQUENCE_PART, mode, li, splits))
                 prog.append(self._chunk_product(w["o_split_ops"][splits], nt))
             else:
+                prog.append((SEQUENCE_PART, mode, li, 1))
                 prog.extend(product("o_op", li))
             if fuse_norms:
                 prog.extend(product("gu_norm_op", li))
@@ -600,16 +609,20 @@ class GpuLlamaModel(GpuModel):
 
 class _LlamaRows:
     """What decode rows of several sequences in one submission run beyond the chunk's
-    buffers: the per-row pieces (`slices`: the Q|K|V output and the attention output
-    with each row bindable alone, a step block and rotary rows per row) and the
-    products over the rows: the rows matvec (matvecb.wgsl; every Llama product takes
+    buffers: the per-row pieces (`slices`: the Q|K|V output, the split attention's
+    records and the attention output with each row bindable alone, a step block and
+    rotary rows per row), the merge of the rows' key ranges (`merge`, where the model
+    splits its attention) and the products over the rows: the rows matvec (matvecb.wgsl; every Llama product takes
     its input as it is), or the prompt matmat for a shape the rows matvec does not
     take. Q|K|V and O read and write the per-row pieces; the others the chunk's
     buffers."""
 
     def __init__(self, m: GpuLlamaModel):
         self.m = m
-        self.slices = S = RowSlices(m.dev, m.batch_rows, m.hd, qkv=m.qkv_w, att=m.q_size)
+        widths = dict(qkv=m.qkv_w, att=m.q_size)
+        if m.splits > 1:    # each row's split attention records
+            widths["apart"] = m.nh * m.splits * (m.hd + 4)
+        self.slices = S = RowSlices(m.dev, m.batch_rows, m.hd, **widths)
         self.arena = ParamArena(m.dev)
         self.ops: dict = {}
         for li, w in enumerate(m.lw):
@@ -619,7 +632,14 @@ class _LlamaRows:
             self.ops[(li, "o_op")] = MatvecOp(
                 m.dev, [w["o"]], self.arena, x=S.bufs["att"], x_off=0, x_stride=S.stride["att"],
                 y=m.out, y_off=0, y_stride=m.hidden, vbuf=m.vbuf)
+        self.merge = None
+        if m.splits > 1:
+            p_merge = self.arena.ref(u32s(m.hd, m.splits, S.stride["apart"], S.stride["att"]))
         self.arena.upload()
+        if m.splits > 1:
+            self.merge = m._kernel("llama_attn_merge", [p_merge, m.step, S.bufs["apart"],
+                                                        S.bufs["att"]],
+                                   lambda t: (m.nh, t, 1))
         self._made: dict = {}
         # int8 activations: every product's rows quantized into one scratch first
         self.xq = m.dev.buffer(m.batch_rows * 16 * max(rows_block_words(c) for c in (
