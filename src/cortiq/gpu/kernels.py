@@ -312,6 +312,9 @@ MATVEC_SUBGROUPS: bool | None = None
 #: 16-byte loads a decode-matvec lane issues before it decodes the first (1 or 4; the
 #: int8 path also takes 8)
 MATVEC_UNROLL = 4
+#: whether the int8 decode matvec reads every 1024-column round of its input before it
+#: quantizes the first (one memory latency a workgroup instead of one a round)
+MATVEC_I8_LOADS_FIRST = True
 #: whether a decode product with no input stage (PRO 0) stages its input in shared
 #: memory too (False: each lane reads the input where it needs it, no barrier)
 MATVEC_STAGE_PLAIN = True
@@ -372,7 +375,8 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool
     i8 = matvec1_int8_staging(dev, dtypes, cols) if int8 else None
     xs = 0 if i8 else (matvec1_staging(dev, cols) if pro != 0 or MATVEC_STAGE_PLAIN else 0)
     sg = matvec1_subgroups(dev)
-    key = ("matvec1", dtypes, pro, xs, i8, RPW1_SLOTS, RPW1_ROWS, sg, MATVEC_UNROLL)
+    key = ("matvec1", dtypes, pro, xs, i8, RPW1_SLOTS, RPW1_ROWS, sg, MATVEC_UNROLL,
+           MATVEC_I8_LOADS_FIRST)
     if key in dev._pipelines:
         return dev._pipelines[key]
     n = len(dtypes)
@@ -396,6 +400,8 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool
             .replace("$I8", "true" if i8 else "false")
             .replace("$QUANT4", dev.source("quant4.wgsl"))
             .replace("$XQN", str(words)).replace("$XDN", str(scales))
+            .replace("$XRu", f"{max(1, words * 16 // 1024)}u")
+            .replace("$LOADS_FIRST", "true" if i8 and MATVEC_I8_LOADS_FIRST else "false")
             .replace("$XWRITE", write if pro in RESIDUAL_STAGES else ""))
     return dev.pipeline(key, code, matvec_kinds(n, pro))
 

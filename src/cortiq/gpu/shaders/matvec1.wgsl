@@ -41,6 +41,8 @@ const XS: u32 = $XSu;
 const SG: bool = $SG;
 const UNROLL: u32 = $UNROLLu;
 const I8: bool = $I8;
+const XR: u32 = $XRu;     // I8: 1024-column rounds of the longest input the pipeline takes
+const LOADS_FIRST: bool = $LOADS_FIRST;
 // the input stages whose output is RMS-normalised (nGPT's justnorm): 1 to 4
 const NORM: bool = PRO != 0u && PRO < 5u;
 
@@ -187,11 +189,29 @@ $SGLANES
         }
     }
     if (I8) {
-        // 256 lanes take 1024 columns a round, four each (quant4.wgsl)
+        // 256 lanes take 1024 columns a round, four each (quant4.wgsl). LOADS_FIRST: every
+        // round's input is read before the first is quantized, so the reads wait one
+        // memory latency instead of one a round (quant4's barriers keep a read of the
+        // next round from starting before this round's quantization ends)
+        var xv: array<vec4<f32>, XR>;
+        if (LOADS_FIRST) {
+            for (var r = 0u; r < XR; r++) {
+                let c = r * 1024u + 4u * lid;
+                var v = vec4<f32>(0.0);
+                if (c < P.cols) {
+                    v = vec4<f32>(xval(c), xval(c + 1u), xval(c + 2u), xval(c + 3u));
+                }
+                xv[r] = v;
+            }
+        }
         for (var c0 = 0u; c0 < P.cols; c0 += 1024u) {
             let c = c0 + 4u * lid;
             var v = vec4<f32>(0.0);
-            if (c < P.cols) { v = vec4<f32>(xval(c), xval(c + 1u), xval(c + 2u), xval(c + 3u)); }
+            if (LOADS_FIRST) {
+                v = xv[c0 / 1024u];
+            } else if (c < P.cols) {
+                v = vec4<f32>(xval(c), xval(c + 1u), xval(c + 2u), xval(c + 3u));
+            }
             ssq += dot(v, v);
             let q = quant4(v, lid);
             if (c < P.cols) {
