@@ -111,6 +111,31 @@ def test_int8_input_stages_and_fused_groups(dev):
     assert _rel(got, f16.matvec(y)) < 1e-5
 
 
+@pytest.mark.parametrize("setting,value", [("MATVEC_I8_LOADS_FIRST", True),
+                                           ("MATVEC_UNROLL", 8)])
+def test_int8_matvec_variants_agree(dev, monkeypatch, setting, value):
+    """The int8 decode matvec's variants (every input round read first; eight loads in
+    flight a lane) give the default's products, with the residual-norm and SwiGLU input
+    stages and lengths over several 1024-column rounds."""
+    from cortiq.gpu import kernels
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    rng = np.random.default_rng(40)
+    for cols in (96, 2080):
+        ga = GpuMatrix(dev, _q8_row(rng, 23, cols))
+        x, o = rng.standard_normal((2, cols)).astype(np.float32)
+        g = (rng.random(cols) + 0.5).astype(np.float32)
+        gu = rng.standard_normal(2 * cols).astype(np.float32)
+        runs = []
+        for v in (getattr(kernels, setting), value):
+            monkeypatch.setattr(kernels, setting, v)
+            runs.append([matvec_once(dev, [ga], x[None], int8=True)[0],
+                         matvec_once(dev, [ga], x[None], pro=6, x2=o[None], va=g, eps=1e-5,
+                                     int8=True)[0],
+                         matvec_once(dev, [ga], gu[None], pro=7, x2_off=cols, int8=True)[0]])
+        for a, b in zip(*runs):
+            assert _rel(b, a) < 1e-6
+
+
 def test_int8_merged_attention_input(dev):
     """PRO 5 on int8 activations: the merged split-attention records are quantized as
     they are, with no norm (PRO 3 would normalise them)."""

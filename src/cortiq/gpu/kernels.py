@@ -313,8 +313,9 @@ MATVEC_SUBGROUPS: bool | None = None
 #: int8 path also takes 8)
 MATVEC_UNROLL = 4
 #: whether the int8 decode matvec reads every 1024-column round of its input before it
-#: quantizes the first (one memory latency a workgroup instead of one a round)
-MATVEC_I8_LOADS_FIRST = True
+#: quantizes the first (one memory latency a workgroup instead of one a round, against
+#: registers held across the rounds; off until measured on a GPU)
+MATVEC_I8_LOADS_FIRST = False
 #: whether a decode product with no input stage (PRO 0) stages its input in shared
 #: memory too (False: each lane reads the input where it needs it, no barrier)
 MATVEC_STAGE_PLAIN = True

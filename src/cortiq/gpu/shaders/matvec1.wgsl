@@ -53,6 +53,7 @@ var<private> x2b: u32;
 var<private> ixn: f32;   // PRO 4: 1 / |x| and 1 / |o|
 var<private> ion: f32;
 var<private> tpr: u32;   // lanes a row: TPR, or the subgroup size under SG
+var<private> nsq: f32;   // the staged input's sum of squares (`staged`)
 var<workgroup> red: array<f32, 512>;
 var<workgroup> xs: array<f32, $XSN>;
 var<workgroup> wts: array<f32, $WTSN>;
@@ -85,7 +86,6 @@ fn xval(c: u32) -> f32 {
         return xh + V[P.v_a + c] * (X2[x2b + c] * ion - xh);
     }
     if (PRO == 5u) { return merged(c); }
-    if (PRO == 6u) { return (X[xb + c] + X2[x2b + c]) * V[P.v_a + c]; }
     if (PRO == 7u) {
         let a = X[xb + c];
         return a / (1.0 + exp(-a)) * X[xb + P.x2_off + c];
@@ -103,6 +103,26 @@ fn xval(c: u32) -> f32 {
         return a / (1.0 + exp(-a)) * b;
     }
     return X[xb + c];
+}
+
+// Column c of the staged input, its square added to nsq, the sum the output's norm
+// takes: the staged value's (NORM), or for PRO 6 the residual's before the norm's
+// weight (the weight staged with it, the norm applied to the row dots).
+fn staged(c: u32) -> f32 {
+    if (PRO == 6u) {
+        let r = X[xb + c] + X2[x2b + c];
+        nsq += r * r;
+        return r * V[P.v_a + c];
+    }
+    let v = xval(c);
+    nsq += v * v;
+    return v;
+}
+
+// Columns c .. c + 3 as `staged` gives them (zero past the input's end).
+fn staged4(c: u32) -> vec4<f32> {
+    if (c >= P.cols) { return vec4<f32>(0.0); }
+    return vec4<f32>(staged(c), staged(c + 1u), staged(c + 2u), staged(c + 3u));
 }
 
 fn mac4(w: vec4<f32>, c: u32) {
@@ -165,28 +185,8 @@ $SGLANES
         ion = 1.0 / sqrt(red[256] + P.eps);
         workgroupBarrier();
     }
-    if (PRO == 6u) {
-        var sr = 0.0;
-        for (var c = lid; c < P.cols; c += 256u) {
-            let r = X[xb + c] + X2[x2b + c];
-            sr += r * r;
-        }
-        red[lid] = sr;
-        workgroupBarrier();
-        for (var h = 128u; h > 0u; h = h / 2u) {
-            if (lid < h) { red[lid] += red[lid + h]; }
-            workgroupBarrier();
-        }
-        inv = 1.0 / sqrt(red[0] / f32(P.cols) + P.eps);
-        workgroupBarrier();
-    }
-    var ssq = 0.0;   // the staged input's sum of squares
     if (XS > 0u) {
-        for (var c = lid; c < P.cols; c += 256u) {
-            let v = xval(c);
-            xs[c + (c >> 5u)] = v;
-            ssq += v * v;
-        }
+        for (var c = lid; c < P.cols; c += 256u) { xs[c + (c >> 5u)] = staged(c); }
     }
     if (I8) {
         // 256 lanes take 1024 columns a round, four each (quant4.wgsl). LOADS_FIRST: every
@@ -197,22 +197,13 @@ $SGLANES
         if (LOADS_FIRST) {
             for (var r = 0u; r < XR; r++) {
                 let c = r * 1024u + 4u * lid;
-                var v = vec4<f32>(0.0);
-                if (c < P.cols) {
-                    v = vec4<f32>(xval(c), xval(c + 1u), xval(c + 2u), xval(c + 3u));
-                }
-                xv[r] = v;
+                xv[r] = staged4(c);
             }
         }
         for (var c0 = 0u; c0 < P.cols; c0 += 1024u) {
             let c = c0 + 4u * lid;
-            var v = vec4<f32>(0.0);
-            if (LOADS_FIRST) {
-                v = xv[c0 / 1024u];
-            } else if (c < P.cols) {
-                v = vec4<f32>(xval(c), xval(c + 1u), xval(c + 2u), xval(c + 3u));
-            }
-            ssq += dot(v, v);
+            var v: vec4<f32>;
+            if (LOADS_FIRST) { v = xv[c0 / 1024u]; } else { v = staged4(c); }
             let q = quant4(v, lid);
             if (c < P.cols) {
                 xq[c >> 4u][(c >> 2u) & 3u] = q.codes;
@@ -221,14 +212,18 @@ $SGLANES
         }
     }
     if (XS > 0u || I8) {   // the staged input's norm, and PRO 4's and PRO 6's write-back
-        if (NORM) {
-            red[lid] = ssq;
+        if (NORM || PRO == 6u) {
+            red[lid] = nsq;
             workgroupBarrier();
             for (var h = 128u; h > 0u; h = h / 2u) {
                 if (lid < h) { red[lid] += red[lid + h]; }
                 workgroupBarrier();
             }
-            inv = 1.0 / sqrt(red[0] + P.eps);
+            if (PRO == 6u) {
+                inv = 1.0 / sqrt(red[0] / f32(P.cols) + P.eps);
+            } else {
+                inv = 1.0 / sqrt(red[0] + P.eps);
+            }
         }
         workgroupBarrier();
         if ((PRO == 4u || PRO == 6u) && wid.x + wid.y == 0u) {
