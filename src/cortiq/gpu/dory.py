@@ -536,24 +536,20 @@ class GpuDoryModel(GpuModel):
         st.arena = (a, refs)
         return st.arena
 
-    def _sequence_part(self, st, marker: tuple, row: int | None) -> list:
+    def _attention_part(self, st, marker: tuple, at) -> list:
         """The attention of sub-layer marker = (SEQUENCE_PART, mode, layer, slot) on
         state st's ring: qk_prep (unless the attention dispatch does its work) and the
-        attention, over the chunk's rows (row None) or over row `row` of a rows
-        submission (bound to that row's pieces of the per-row buffers)."""
+        attention, over the chunk's rows (at None) or over one row of a rows submission
+        (at: its RowSlices and row)."""
         _tag, mode, li, si = marker
         _arena, refs = self._state_arena(st)
         kb, vb = st.slots[self.lw[li]["ordinal"]][si][:2]
         p_prep, p_att = refs[(li, si)]
-        if row is None:
+        row = None
+        if at is None:
             step, qkvg, att, rope = self.step, self.qkvg, self.att, self.rope
         else:
-            key = ("row", row, li, si)
-            R = self._rows_setup()
-            made = st.programs.get(key)
-            if made is not None and made[0] is R:
-                return made[1]
-            S = R.slices
+            S, row = at
             step, qkvg, att, rope = S.step_at(row), S.at("qkvg", row), S.at("att", row), \
                 S.rope_at(row)
         fused_qk = mode != "chunk" and self.fuse_qk
@@ -567,8 +563,6 @@ class GpuDoryModel(GpuModel):
                                 [step, qkvg, kb, vb, att, self.apart, self.vbuf, rope],
                                 (self.nh, 1, 1) if row is not None
                                 else lambda t, ns=ns: (self.nh, t, ns)))
-        if row is not None:
-            st.programs[key] = (R, part)    # R: the rows buffers the dispatches bind
         return part
 
     def _split(self, mode: str) -> bool:

@@ -487,28 +487,25 @@ class GpuLlamaModel(GpuModel):
         return Dispatch(llama_pipeline(dev, name), dev.bind(KERNELS[name], resolve(resources)),
                         dims, name)
 
-    def _sequence_part(self, st: GpuLlamaState, marker: tuple, row: int | None) -> list:
+    def _attention_part(self, st: GpuLlamaState, marker: tuple, at) -> list:
         """Layer marker[2]'s attention on state st's cache: llama_qk (unless the
-        attention dispatch does its work) and the attention, over the chunk's rows (row
-        None) or over row `row` of a rows submission (bound to that row's pieces of the
-        per-row buffers); with marker[3] > 1 key ranges the split attention, writing
-        the range records that the O product (a decode row) or llama_attn_merge (rows)
-        merges."""
+        attention dispatch does its work) and the attention, over the chunk's rows (at
+        None) or over one row of a rows submission (at: its RowSlices and row); with
+        marker[3] > 1 key ranges the split attention, writing the range records that the
+        O product (a decode row) or llama_attn_merge (rows) merges."""
         _tag, mode, li, splits = marker
         w = self.lw[li]
-        if row is None:
+        row = None
+        if at is None:
             step, qkv, att, rope = self.step, self.qkv, self.att, self.rope
             p_qk, p_attn = w["p_qk"], w["p_attn"]
+            apart = self.apart
         else:
-            key = ("row", row, li)
-            R = self._rows_setup()
-            made = st.programs.get(key)
-            if made is not None and made[0] is R:
-                return made[1]
-            S = R.slices
+            S, row = at
             step, qkv, att, rope = S.step_at(row), S.at("qkv", row), S.at("att", row), \
                 S.rope_at(row)
             p_qk, p_attn = w["p_qk_row"], w["p_attn_row"]
+            apart = S.at("apart", row) if splits > 1 else None
         fused_qk = mode != "chunk" and self.fuse_qk
         part = []
         if not fused_qk:
@@ -517,7 +514,6 @@ class GpuLlamaModel(GpuModel):
                                      (self.nh + 2 * self.nk, 1, 1) if row is not None
                                      else lambda t: (self.nh + 2 * self.nk, t, 1)))
         if splits > 1:
-            apart = self.apart if row is None else S.at("apart", row)
             part.append(self._kernel("llama_attn_split_qk" if fused_qk else "llama_attn_split",
                                      [p_attn, step, qkv, st.k[li], st.v[li], apart,
                                       self.vbuf, rope], (self.nh, 1, splits)))
@@ -526,8 +522,6 @@ class GpuLlamaModel(GpuModel):
                                      [p_attn, step, qkv, st.k[li], st.v[li], att, self.vbuf,
                                       rope], (self.nh, 1, 1) if row is not None
                                      else lambda t: (self.nh, t, 1)))
-        if row is not None:
-            st.programs[key] = (R, part)    # R: the rows buffers the dispatches bind
         return part
 
     def _skeleton(self, mode: str, want: str, splits: int = 1) -> list:

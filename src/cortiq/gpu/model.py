@@ -186,8 +186,28 @@ class GpuModel(ModelBase):
         raise NotImplementedError
 
     def _sequence_part(self, st, marker: tuple, row: int | None) -> list:
-        """The dispatches of a SEQUENCE_PART marker for state st: over the chunk's rows
-        (row None) or over row `row` of a rows submission."""
+        """The dispatches of a SEQUENCE_PART marker for state st (`_attention_part`):
+        over the chunk's rows (row None), or over row `row` of a rows submission, bound
+        to that row's pieces of the per-row buffers and made once per state and rows
+        setup."""
+        if row is None:
+            return self._attention_part(st, marker, None)
+        R = self._rows_setup()
+        key = ("row", row) + tuple(marker[2:])
+        made = st.programs.get(key)
+        if made is not None and made[0] is R:
+            return made[1]
+        part = self._attention_part(st, marker, (R.slices, row))
+        st.programs[key] = (R, part)    # R: the rows buffers the dispatches bind
+        return part
+
+    def _attention_part(self, st, marker: tuple, at) -> list:
+        """The dispatches of a SEQUENCE_PART marker for state st over the chunk's rows
+        (at None) or over one row of a rows submission (at: (RowSlices, row))."""
+        raise NotImplementedError
+
+    def _rows_setup(self):
+        """The per-row buffers and products of a rows submission, made on first use."""
         raise NotImplementedError
 
     def _forward_chunks(self, ids: np.ndarray, want: str, chunk: int, run):
