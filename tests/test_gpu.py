@@ -8,6 +8,7 @@ workstation the real GPU. Without one the tests skip, unless CORTIQ_REQUIRE_GPU=
 import numpy as np
 import pytest
 from arrays import stable_seed
+from attention_records import split_records
 
 from cortiq import cmf
 from cortiq.demo import demo_path
@@ -141,21 +142,6 @@ def test_matvec_merges_attention_splits(dev, splits):
     assert _rel(got, w.matvec(z)) < 1e-5
 
 
-def _split_records(rng, nh, hd, splits):
-    """Per-(head, split) softmax partials [m, l, 0, 0, acc] as a split attention writes
-    them (the last split empty: m = -3e38, l = 0) and the merged heads they stand for."""
-    m = rng.standard_normal((nh, splits)).astype(np.float32) * 3
-    den = rng.random((nh, splits)).astype(np.float32) * 5 + 0.1
-    acc = rng.standard_normal((nh, splits, hd)).astype(np.float32) * 4
-    if splits > 1:
-        m[:, -1], den[:, -1], acc[:, -1] = -3e38, 0.0, 0.0
-    rec = np.zeros((nh, splits, hd + 4), np.float32)
-    rec[..., 0], rec[..., 1], rec[..., 4:] = m, den, acc
-    e = np.exp(m.astype(np.float64) - m.max(1, keepdims=True))
-    y = (e[..., None] * acc).sum(1) / (e * den).sum(1)[:, None]
-    return rec.reshape(1, -1), y.ravel().astype(np.float32)
-
-
 @pytest.mark.parametrize("dtype,splits", [("q8_row", 1), ("f16", 4), ("q4tp", 7)])
 def test_matvec_merges_attention_splits_plain(dev, dtype, splits):
     """PRO 5: the input stage merges the split records as PRO 3 does but applies neither
@@ -164,7 +150,7 @@ def test_matvec_merges_attention_splits_plain(dev, dtype, splits):
     rng = np.random.default_rng(30 + splits)
     nh, hd = 4, 32
     w = _qt(rng, dtype, 19, nh * hd)
-    rec, y = _split_records(rng, nh, hd, splits)
+    rec, y = split_records(rng, nh, hd, splits)
     got = matvec_once(dev, [GpuMatrix(dev, w)], rec, pro=5, hd=hd, splits=splits)[0]
     assert _rel(got, w.matvec(y)) < 1e-5
 

@@ -8,6 +8,7 @@ Runs on any adapter (llvmpipe in CI; CORTIQ_REQUIRE_GPU=1 fails instead of skipp
 import numpy as np
 import pytest
 
+from attention_records import split_records
 from cortiq.cmf.testing import qtensor_from_f32
 
 pytestmark = pytest.mark.gpu
@@ -143,15 +144,8 @@ def test_int8_merged_attention_input(dev):
     rng = np.random.default_rng(12)
     nh, hd, splits = 4, 32, 3
     qt = _q8_row(rng, 17, nh * hd)
-    m = rng.standard_normal((nh, splits)).astype(np.float32) * 2
-    den = rng.random((nh, splits)).astype(np.float32) * 3 + 0.5
-    acc = rng.standard_normal((nh, splits, hd)).astype(np.float32) * 5
-    m[:, -1], den[:, -1], acc[:, -1] = -3e38, 0.0, 0.0      # an empty split
-    rec = np.zeros((nh, splits, hd + 4), np.float32)
-    rec[..., 0], rec[..., 1], rec[..., 4:] = m, den, acc
-    e = np.exp(m.astype(np.float64) - m.max(1, keepdims=True))
-    y = ((e[..., None] * acc).sum(1) / (e * den).sum(1)[:, None]).ravel().astype(np.float32)
-    got = matvec_once(dev, [GpuMatrix(dev, qt)], rec.reshape(1, -1), pro=5, hd=hd,
+    rec, y = split_records(rng, nh, hd, splits)
+    got = matvec_once(dev, [GpuMatrix(dev, qt)], rec, pro=5, hd=hd,
                       splits=splits, int8=True)[0]
     assert _rel(got, _int8_product(qt, y)) < 1e-4
     assert _rel(got, qt.matvec(y)) > 1e-5                   # it did take the int8 path
