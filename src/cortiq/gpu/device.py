@@ -278,8 +278,11 @@ class Device:
         raw.map(staging._internal, raw.read_mode, 0, size, info[0])
         index = ffi.new("WGPUSubmissionIndex *", after)
         raw.poll(self.dev._internal, True, index)
-        while not status:    # the map is settled by the poll that sees its submission
+        if not status:      # settled by a later poll: wait for everything submitted
             raw.poll(self.dev._internal, True, ffi.NULL)
+        if not status:
+            raise CortiqError("GPU readback: the buffer was not mapped after the queue "
+                              "drained (device lost?)")
         if status[0] != raw.ok:
             raise CortiqError(f"GPU readback failed (map status {status[0]})")
         try:
