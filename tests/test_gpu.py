@@ -547,3 +547,19 @@ def test_full_layer_caches_grow_on_device(dev, demo_file, monkeypatch):
         assert _rel(g.forward(sg, [int(i)]), host.forward(sc, [int(i)])) < 1e-3
     assert any(not s[3] for slots in sg.slots for s in slots or ())   # full layers exist
     assert sg.full_cap == 32                # 4 -> 8 -> 16 -> 32 for 21 positions
+
+
+def test_read_after_a_submission(dev):
+    """Device.read(after=) returns what the indexed submission wrote, with later
+    submissions already queued behind it (each read waits for its own only)."""
+    src = dev.buffer(64, copy_src=True)
+    stages = [dev.staging(64), dev.staging(64)]
+    done = []
+    for i, stage in enumerate(stages):
+        dev.queue.write_buffer(src, 0, np.full(16, i + 1, np.float32))
+        enc = dev.dev.create_command_encoder()
+        enc.copy_buffer_to_buffer(src, 0, stage, 0, 64)
+        done.append(dev.submit([enc.finish()]))
+    for i, stage in enumerate(stages):
+        got = dev.read(stage, 64, after=done[i]).view(np.float32)
+        assert np.array_equal(got, np.full(16, i + 1, np.float32))
