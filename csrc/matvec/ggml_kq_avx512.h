@@ -26,27 +26,34 @@ static inline void kq_pf(const uint8_t *a, size_t n) {
     for (uintptr_t l = ((uintptr_t)a + 63) & ~(uintptr_t)63; l < end; l += 64) CQ_STREAM_PF((const uint8_t *)l);
 }
 
-/* q4_k / q5_k's 12 scale bytes (at s, with 4 more readable bytes after them) as 16
- * bytes: sc[0..7], mn[0..7] (kq_scale_min6). With a, b, c the three 4-byte words:
- * sc0-3 = a & 63, sc4-7 = (c & 15) | (a >> 6) << 4, mn0-3 = b & 63,
- * mn4-7 = (c >> 4 & 15) | (b >> 6) << 4, per byte. */
-static inline __m128i kq_scales16(const uint8_t *s) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)s);
-    const __m128i acbc = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));
-    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(acbc, _mm_setr_epi32(0, 0, 0, 4)),
-                                     _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
-    const __m128i hi = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)), 2),
-                                     _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-    return _mm_or_si128(lo, hi);
+/* The first 16 bytes of two q4_k / q5_k blocks (ba, bb: d, dmin, the 12 scale bytes),
+ * decoded side by side on 256 bits (a lone row passes its block twice), in the lanes
+ * 2g + row of kq_q45_isums: sc16, mn16 the 6-bit scales and mins (kq_scale_min6)
+ * zero-extended, d16 and dmin16 the rows' d and dmin. Per 128-bit lane, with a, b, c
+ * the three scale words (dwords 1-3): sc0-3 = a & 63, sc4-7 = (c & 15) | (a >> 6) << 4,
+ * mn0-3 = b & 63, mn4-7 = (c >> 4 & 15) | (b >> 6) << 4, per byte. */
+static inline void kq_q45_heads(const uint8_t *ba, const uint8_t *bb, __m512i *sc16, __m512i *mn16, __m512 *d16,
+                                __m512 *dmin16) {
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)ba)),
+                                              _mm_loadu_si128((const __m128i *)bb), 1);
+    const __m256i acbc = _mm256_shuffle_epi32(v, _MM_SHUFFLE(3, 2, 3, 1));
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(acbc, _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4)),
+                                        _mm256_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F,
+                                                          0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(_mm256_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 1, 1)), 2),
+                                        _mm256_setr_epi32(0, 0x30303030, 0, 0x30303030, 0, 0x30303030, 0, 0x30303030));
+    const __m256i sm = _mm256_or_si256(lo, hi); /* sc_a, mn_a | sc_b, mn_b */
+    const __m128i sa = _mm256_castsi256_si128(sm), sb = _mm256_extracti128_si256(sm, 1);
+    *sc16 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sa, sb));
+    *mn16 = _mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sa, sb));
+    /* F16C converts every value exactly, as cq_h2f does: d_a, dmin_a, d_b, dmin_b */
+    const __m128 dm = _mm_cvtph_ps(_mm256_castsi256_si128(_mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4))));
+    const __m512 dm4 = _mm512_castps128_ps512(dm);
+    *d16 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2), dm4);
+    *dmin16 = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3), dm4);
 }
 
-/* The one or two half floats at p in the low lanes (F16C converts every value
- * exactly, as cq_h2f does). */
-static inline __m128 kq_h2f_2(const uint8_t *p) {
-    uint32_t w;
-    memcpy(&w, p, 4);
-    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)w));
-}
+/* The half float at p (F16C converts every value exactly, as cq_h2f does). */
 static inline __m128 kq_h2f_1(const uint8_t *p) { return _mm_cvtph_ps(_mm_cvtsi32_si128((int)cq_ld16(p))); }
 
 /* The loops over rows and steps must unroll: their per-row values stay in registers. */
@@ -200,14 +207,12 @@ static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
     __m512 acc[J];                                                                                   \
     KQ_UNROLL for (int j = 0; j < (J); j++) acc[j] = _mm512_setzero_ps();                            \
     for (size_t b = 0; b < nb; b++) {                                                                \
-        __m512i w[2][4];                                                                             \
-        __m128i sc[2];                                                                               \
-        __m128 dm[2];                                                                                \
+        __m512i w[2][4], sc16, mn16;                                                                 \
+        __m512 d16, dmin16;                                                                          \
+        kq_q45_heads(rows + b * bb, rows + (((R) - 1) * nb + b) * bb, &sc16, &mn16, &d16, &dmin16);  \
         KQ_UNROLL for (int k = 0; k < (R); k++) {                                                    \
             const uint8_t *blk = rows + (k * nb + b) * bb;                                           \
             kq_pf(blk, bb);                                                                          \
-            dm[k] = kq_h2f_2(blk); /* d, dmin */                                                     \
-            sc[k] = kq_scales16(blk + 4);                                                            \
             const uint8_t *qs = blk + ((Q5) ? 48 : 16);                                              \
             __m512i qh = zero;                                                                       \
             if (Q5) qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)));   \
@@ -225,12 +230,6 @@ static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
                 w[k][2 * h] = lo, w[k][2 * h + 1] = hi;                                              \
             }                                                                                        \
         }                                                                                            \
-        if ((R) == 1) sc[1] = sc[0], dm[1] = dm[0];                                                  \
-        const __m512i sc16 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sc[0], sc[1]));                  \
-        const __m512i mn16 = _mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sc[0], sc[1]));                  \
-        const __m128d dd = _mm_castps_pd(_mm_unpacklo_ps(dm[0], dm[1])); /* d_a, d_b, dmin_a, dmin_b */ \
-        const __m512 d16 = _mm512_castpd_ps(_mm512_broadcastsd_pd(dd));                              \
-        const __m512 dmin16 = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_unpackhi_pd(dd, dd)));      \
         KQ_UNROLL for (int j = 0; j < (J); j++) {                                                    \
             const cq_xq *xq = xqs[j];                                                                \
             const uint8_t *xpb = (P) ? xprep + KQ_PREP_BLOCK * b : NULL;                             \
