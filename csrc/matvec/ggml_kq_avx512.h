@@ -166,10 +166,17 @@ static inline __m512 kq_dg_pairs(const cq_xq *xq, size_t b) {
     return _mm512_permutexvar_ps(dup8, _mm512_castps256_ps512(_mm256_load_ps(xq->d + 8 * b)));
 }
 
+/* q6_k's x side: block b's sixteen 16-weight xq sums (CQ_XQ_G32's per-half sums,
+ * |.| <= 16 * 127) as int16 words, in both 256-bit halves (one for each row of a pair). */
+static inline __m512i kq_xs_words(const cq_xq *xq, size_t b) {
+    const __m256i w = _mm512_cvtepi32_epi16(_mm512_load_si512((const void *)(xq->bias + 16 * b)));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(w), w, 1);
+}
+
 /* The same x side prepared once for a call's rows (every row pair of a block meets the
  * same x; forming it per pair cost about a tenth of the q4_k row's time, in cache): per
  * block KQ_PREP_BLOCK bytes, the four steps' xq vectors as the tile pairs them, then
- * kq_xsum_pairs, then kq_dg_pairs. Rows up to KQ_PREP_MAX_BLOCKS blocks (16384 columns;
+ * kq_xsum_pairs, then kq_dg_pairs (q6_k: 64 bytes a block, kq_xs_words). Rows up to KQ_PREP_MAX_BLOCKS blocks (16384 columns;
  * the 24 KiB buffer is on the stack, which must stay small for threads with little stack,
  * as musl's 128 KiB default) take it; wider ones form x's side per pair, with the same
  * values. */
@@ -271,16 +278,20 @@ static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
         if ((R) == 2) Y[j * ldy + 1] = kq_lanes8_sum(kq_row_lanes(acc[j], 1));                       \
     }
 
-/* q6_k, a tile as KQ_Q45K_TILE's: per half h of a block, ql's 64 bytes give the low
- * nibbles of weights 128h + 0..63 and the high ones of 128h + 64..127; qh's 32 bytes
- * give bits 4-5 of weights 128h + 32s + k at (qh[k] >> 2s) & 3. u = q + 32 (0..63) meets
- * xq from a start of -32 * the lane's xq sum (x's side, once per step for the rows), so
- * the lanes hold q * xq sums; scaled per 16 weights; per group (d * d_g) * isum. */
-#define KQ_Q6K_TILE(DOT, R, J)                                                                       \
+/* q6_k, a tile as KQ_Q45K_TILE's (P = 1: x's side from kq_i8_rows' prepared words):
+ * per half h of a block, ql's 64 bytes give the low nibbles of weights 128h + 0..63 and
+ * the high ones of 128h + 64..127; qh's 32 bytes give bits 4-5 of weights 128h + 32s + k
+ * at (qh[k] >> 2s) & 3. The steps meet xq with u = q + 32 (0..63; a lane's 4-weight sum
+ * <= 63 * 127 * 4 still fits int16), scaled per 16 weights into the group sums of u; the
+ * offset then comes off per group, for both rows by one vpmaddwd: the two rows' 16
+ * scales times 32 as words (|.| <= 4096) against x's 16-weight sums (kq_xs_words),
+ * 32 * (sc_a * xs_a + sc_b * xs_b). Exact integers, the spec's isum; per group
+ * (d * d_g) * isum. */
+#define KQ_Q6K_TILE(DOT, R, J, P)                                                                    \
     const size_t nb = m->cols / CQ_KQ_BLOCK;                                                         \
     const uint8_t *rows = m->data + r * nb * 210;                                                    \
     const __m512i m0f = _mm512_set1_epi8(0x0F);                                                      \
-    const __m512i c32 = _mm512_set1_epi8(32), zero = _mm512_setzero_si512();                         \
+    const __m512i zero = _mm512_setzero_si512();                                                     \
     const __m512i i01 = kq_sc_idx(1, 0, 1), i23 = kq_sc_idx(1, 2, 3), perm = kq_group_perm(1);      \
     const __m512i lo8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);          \
     __m512 acc[J];                                                                                   \
@@ -303,18 +314,20 @@ static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
         }                                                                                            \
         if ((R) == 1) d[1] = d[0];                                                                   \
         const __m512 dd = _mm512_permutexvar_ps(lo8, _mm512_castps128_ps512(_mm_unpacklo_ps(d[0], d[1]))); \
+        const __m512i sc32 = _mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_inserti128_si256(          \
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(rows + b * 210 + 192))),         \
+            _mm_loadu_si128((const __m128i *)(rows + (((R) - 1) * nb + b) * 210 + 192)), 1)), 5);     \
         KQ_UNROLL for (int j = 0; j < (J); j++) {                                                    \
             const cq_xq *xq = xqs[j];                                                                \
-            __m512i xv[4], off[4], q[2];                                                             \
-            KQ_UNROLL for (int t = 0; t < 4; t++) {                                                  \
-                xv[t] = _mm512_load_si512((const void *)(xq->q + 256 * b + 64 * t));                \
-                off[t] = _mm512_sub_epi32(zero, DOT(zero, c32, xv[t]));                              \
-            }                                                                                        \
+            __m512i xv[4], q[2];                                                                     \
+            KQ_UNROLL for (int t = 0; t < 4; t++) xv[t] = _mm512_load_si512((const void *)(xq->q + 256 * b + 64 * t)); \
             KQ_UNROLL for (int k = 0; k < (R); k++)                                                  \
-                q[k] = kq_scaled_chunks(DOT(off[0], w[k][0], xv[0]), DOT(off[1], w[k][1], xv[1]),    \
-                                        DOT(off[2], w[k][2], xv[2]), DOT(off[3], w[k][3], xv[3]), s01[k], s23[k]); \
+                q[k] = kq_scaled_chunks(DOT(zero, w[k][0], xv[0]), DOT(zero, w[k][1], xv[1]),        \
+                                        DOT(zero, w[k][2], xv[2]), DOT(zero, w[k][3], xv[3]), s01[k], s23[k]); \
             if ((R) == 1) q[1] = q[0];                                                               \
-            const __m512 isum = _mm512_cvtepi32_ps(kq_group_isums(q[0], q[1], perm));                \
+            const __m512i xsw = (P) ? _mm512_load_si512((const void *)(xprep + 64 * b)) : kq_xs_words(xq, b); \
+            const __m512 isum = _mm512_cvtepi32_ps(                                                  \
+                _mm512_sub_epi32(kq_group_isums(q[0], q[1], perm), _mm512_madd_epi16(sc32, xsw)));   \
             const __m512 dg = _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq->d + 8 * b)))); \
             acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_mul_ps(dd, dg), isum));              \
         }                                                                                            \
@@ -328,6 +341,8 @@ typedef void (*kq_tile_fn)(const cq_qmat *, size_t, const cq_xq *const *, const 
 #define KQ_Q4K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 0, R, J, 0)
 #define KQ_Q5K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 1, R, J, 0)
 #define KQ_Q4KP_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 0, R, J, 1)
+#define KQ_Q6KN_TILE(DOT, R, J) KQ_Q6K_TILE(DOT, R, J, 0)
+#define KQ_Q6KP_TILE(DOT, R, J) KQ_Q6K_TILE(DOT, R, J, 1)
 #define KQ_Q5KP_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 1, R, J, 1)
 #define KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, R, J)                                                 \
     ATTR static void NAME##_##R##J##_##SUF(const cq_qmat *m, size_t r, const cq_xq *const *xqs, const uint8_t *xprep, \
@@ -348,13 +363,15 @@ typedef void (*kq_tile_fn)(const cq_qmat *, size_t, const cq_xq *const *, const 
 #define KQ_TILES(SUF, DOT, ATTR)                                                                     \
     KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q4k, KQ_Q4K_TILE)                                                \
     KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q5k, KQ_Q5K_TILE)                                                \
-    KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q6k, KQ_Q6K_TILE)                                                \
+    KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q6k, KQ_Q6KN_TILE)                                               \
+    KQ_TILE_FN(SUF, DOT, ATTR, kq_q6kp, KQ_Q6KP_TILE, 1, 1) KQ_TILE_FN(SUF, DOT, ATTR, kq_q6kp, KQ_Q6KP_TILE, 2, 1) \
     KQ_TILE_FN(SUF, DOT, ATTR, kq_q4kp, KQ_Q4KP_TILE, 1, 1) KQ_TILE_FN(SUF, DOT, ATTR, kq_q4kp, KQ_Q4KP_TILE, 2, 1) \
     KQ_TILE_FN(SUF, DOT, ATTR, kq_q5kp, KQ_Q5KP_TILE, 1, 1) KQ_TILE_FN(SUF, DOT, ATTR, kq_q5kp, KQ_Q5KP_TILE, 2, 1) \
     static const kq_tile_fn kq_tiles_##SUF[3][2][4] = {KQ_TILE_TABLE(kq_q4k, SUF), KQ_TILE_TABLE(kq_q5k, SUF), \
                                                        KQ_TILE_TABLE(kq_q6k, SUF)};                  \
-    static const kq_tile_fn kq_prep_tiles_##SUF[2][2] = {{kq_q4kp_11_##SUF, kq_q4kp_21_##SUF},       \
-                                                         {kq_q5kp_11_##SUF, kq_q5kp_21_##SUF}};
+    static const kq_tile_fn kq_prep_tiles_##SUF[3][2] = {{kq_q4kp_11_##SUF, kq_q4kp_21_##SUF},       \
+                                                         {kq_q5kp_11_##SUF, kq_q5kp_21_##SUF},       \
+                                                         {kq_q6kp_11_##SUF, kq_q6kp_21_##SUF}};
 
 KQ_TILES(bw, dot_bw, )
 #ifdef CQ_HAVE_VNNI_FN
@@ -389,7 +406,7 @@ static const kq_tile_fn (*kq_tiles_for(const cq_qmat *m))[4] {
     return kq_tiles_bw[i];
 }
 static const kq_tile_fn *kq_prep_tiles_for(const cq_qmat *m) {
-    const int i = m->dtype == CQ_DT_GGML_Q4_K ? 0 : m->dtype == CQ_DT_GGML_Q5_K ? 1 : -1;
+    const int i = m->dtype == CQ_DT_GGML_Q4_K ? 0 : m->dtype == CQ_DT_GGML_Q5_K ? 1 : m->dtype == CQ_DT_GGML_Q6_K ? 2 : -1;
     if (i < 0) return NULL;
 #ifdef CQ_HAVE_VNNI_FN
     const uint32_t f = cq_cpu_features();
@@ -409,7 +426,10 @@ static void kq_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, 
     const kq_tile_fn *prep = nb <= KQ_PREP_MAX_BLOCKS ? kq_prep_tiles_for(m) : NULL;
     if (prep) {
         _Alignas(64) uint8_t xp[KQ_PREP_MAX_BLOCKS * KQ_PREP_BLOCK];
-        kq_x45_prep(xq, nb, xp);
+        if (m->dtype == CQ_DT_GGML_Q6_K)
+            for (size_t b = 0; b < nb; b++) _mm512_store_si512((void *)(xp + 64 * b), kq_xs_words(xq, b));
+        else
+            kq_x45_prep(xq, nb, xp);
         size_t j = 0;
         for (; j + 2 <= nr; j += 2) prep[1](m, r0 + j, &xq, xp, out + j, 0);
         if (j < nr) prep[0](m, r0 + j, &xq, xp, out + j, 0);
