@@ -178,15 +178,23 @@ KQ2_ROW_FNS(plain, )
 #define KQ2_F(qh, s) _mm256_gf2p8affine_epi64_epi8(qh, _mm256_set1_epi64x(KQ2_GF(s)), 0)
 KQ2_ROW_FNS(gfni, __attribute__((target("gfni"))))
 
-static void kq_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
-    const int gfni = (cq_cpu_features() & CQ_CPU_GFNI) != 0;
-    for (size_t j = 0; j < nr; j++) {
-        switch (m->dtype) {
-        case CQ_DT_GGML_Q4_K: out[j] = gfni ? kq2_q45k_row_gfni(m, r0 + j, xq, 0) : kq2_q45k_row_plain(m, r0 + j, xq, 0); break;
-        case CQ_DT_GGML_Q5_K: out[j] = gfni ? kq2_q45k_row_gfni(m, r0 + j, xq, 1) : kq2_q45k_row_plain(m, r0 + j, xq, 1); break;
-        case CQ_DT_GGML_Q6_K: out[j] = gfni ? kq2_q6k_row_gfni(m, r0 + j, xq) : kq2_q6k_row_plain(m, r0 + j, xq); break;
-        default: out[j] = kq_ref_i8_row(m, r0 + j, xq);
-        }
+/* The rows of one table variant: each row function inlined into its own loop. */
+#define KQ2_ROWS_FN(SUF, ATTR)                                                                       \
+    ATTR static void kq2_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) { \
+        for (size_t j = 0; j < nr; j++) {                                                            \
+            switch (m->dtype) {                                                                      \
+            case CQ_DT_GGML_Q4_K: out[j] = kq2_q45k_row_##SUF(m, r0 + j, xq, 0); break;              \
+            case CQ_DT_GGML_Q5_K: out[j] = kq2_q45k_row_##SUF(m, r0 + j, xq, 1); break;              \
+            case CQ_DT_GGML_Q6_K: out[j] = kq2_q6k_row_##SUF(m, r0 + j, xq); break;                  \
+            default: out[j] = kq_ref_i8_row(m, r0 + j, xq);                                          \
+            }                                                                                        \
+        }                                                                                            \
     }
+KQ2_ROWS_FN(plain, )
+KQ2_ROWS_FN(gfni, __attribute__((target("gfni"))))
+
+static void kq_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
+    if (cq_cpu_features() & CQ_CPU_GFNI) kq2_rows_gfni(m, r0, nr, xq, out);
+    else kq2_rows_plain(m, r0, nr, xq, out);
 }
 #endif
