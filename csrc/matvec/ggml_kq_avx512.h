@@ -293,18 +293,22 @@ static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
     const __m512i m0f = _mm512_set1_epi8(0x0F);                                                      \
     const __m512i zero = _mm512_setzero_si512();                                                     \
     const __m512i i01 = kq_sc_idx(1, 0, 1), i23 = kq_sc_idx(1, 2, 3), perm = kq_group_perm(1);      \
+    const __m512i i01b = _mm512_add_epi16(i01, _mm512_set1_epi16(16)), i23b = _mm512_add_epi16(i23, _mm512_set1_epi16(16)); \
     const __m512i lo8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);          \
     __m512 acc[J];                                                                                   \
     KQ_UNROLL for (int j = 0; j < (J); j++) acc[j] = _mm512_setzero_ps();                            \
     for (size_t b = 0; b < nb; b++) {                                                                \
         __m512i w[2][4], s01[2], s23[2];                                                             \
         __m128 d[2];                                                                                 \
+        /* the two rows' 16 scales as words, row a's then row b's (a lone row's twice) */          \
+        const __m512i scw = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(                            \
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(rows + b * 210 + 192))),         \
+            _mm_loadu_si128((const __m128i *)(rows + (((R) - 1) * nb + b) * 210 + 192)), 1));         \
         KQ_UNROLL for (int k = 0; k < (R); k++) {                                                    \
             const uint8_t *blk = rows + (k * nb + b) * 210;                                          \
             kq_pf(blk, 210);                                                                         \
             d[k] = kq_h2f_1(blk + 208);                                                              \
-            const __m512i scw = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)))); \
-            s01[k] = _mm512_permutexvar_epi16(i01, scw), s23[k] = _mm512_permutexvar_epi16(i23, scw); \
+            s01[k] = _mm512_permutexvar_epi16(k ? i01b : i01, scw), s23[k] = _mm512_permutexvar_epi16(k ? i23b : i23, scw); \
             KQ_UNROLL for (int h = 0; h < 2; h++) {                                                  \
                 const __m512i L = _mm512_loadu_si512((const void *)(blk + 64 * h));                  \
                 const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h))); \
@@ -314,9 +318,7 @@ static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
         }                                                                                            \
         if ((R) == 1) d[1] = d[0];                                                                   \
         const __m512 dd = _mm512_permutexvar_ps(lo8, _mm512_castps128_ps512(_mm_unpacklo_ps(d[0], d[1]))); \
-        const __m512i sc32 = _mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_inserti128_si256(          \
-            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(rows + b * 210 + 192))),         \
-            _mm_loadu_si128((const __m128i *)(rows + (((R) - 1) * nb + b) * 210 + 192)), 1)), 5);     \
+        const __m512i sc32 = _mm512_slli_epi16(scw, 5);                                              \
         KQ_UNROLL for (int j = 0; j < (J); j++) {                                                    \
             const cq_xq *xq = xqs[j];                                                                \
             __m512i xv[4], q[2];                                                                     \
