@@ -7,8 +7,8 @@
  * vpmaddubsw + vpmaddwd without VNNI: u8 weights <= 63 times xq <= 127 fit the int16
  * pair sums, so the same integers) gives 16 lanes of 4-weight sums, each within int16.
  * The integers are then reduced before any float work to the block's eight group sums
- * isum: q4_k's and q5_k's, whose scales are per group, unscaled by a tree of packs and
- * vpmaddwd by ones over both rows, then multiplied by the scales; q6_k's, scaled per 16
+ * isum: q4_k's and q5_k's, whose scales are per group, by a tree of packs and vpmaddwd
+ * over both rows, by ones and then by the scales; q6_k's, scaled per 16
  * weights, narrowed to int16 and multiplied by the scales by one vpmaddwd per two steps,
  * then added across lanes. The spec's float operations run once per group, on 16
  * lanes: eight groups of two rows. Rows go two at a time; x's side of a block (its
@@ -26,33 +26,6 @@
 static inline void kq_pf(const uint8_t *a, size_t n) {
     const uintptr_t end = (uintptr_t)a + n;
     for (uintptr_t l = ((uintptr_t)a + 63) & ~(uintptr_t)63; l < end; l += 64) CQ_STREAM_PF((const uint8_t *)l);
-}
-
-/* The first 16 bytes of two q4_k / q5_k blocks (ba, bb: d, dmin, the 12 scale bytes),
- * decoded side by side on 256 bits (a lone row passes its block twice), in the lanes
- * 2g + row of kq_q45_isums: sc16, mn16 the 6-bit scales and mins (kq_scale_min6)
- * zero-extended, d16 and dmin16 the rows' d and dmin. Per 128-bit lane, with a, b, c
- * the three scale words (dwords 1-3): sc0-3 = a & 63, sc4-7 = (c & 15) | (a >> 6) << 4,
- * mn0-3 = b & 63, mn4-7 = (c >> 4 & 15) | (b >> 6) << 4, per byte. */
-static inline void kq_q45_heads(const uint8_t *ba, const uint8_t *bb, __m512i *sc16, __m512i *mn16, __m512 *d16,
-                                __m512 *dmin16) {
-    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)ba)),
-                                              _mm_loadu_si128((const __m128i *)bb), 1);
-    const __m256i acbc = _mm256_shuffle_epi32(v, _MM_SHUFFLE(3, 2, 3, 1));
-    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(acbc, _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4)),
-                                        _mm256_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F,
-                                                          0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(_mm256_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 1, 1)), 2),
-                                        _mm256_setr_epi32(0, 0x30303030, 0, 0x30303030, 0, 0x30303030, 0, 0x30303030));
-    const __m256i sm = _mm256_or_si256(lo, hi); /* sc_a, mn_a | sc_b, mn_b */
-    const __m128i sa = _mm256_castsi256_si128(sm), sb = _mm256_extracti128_si256(sm, 1);
-    *sc16 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sa, sb));
-    *mn16 = _mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sa, sb));
-    /* F16C converts every value exactly, as cq_h2f does: d_a, dmin_a, d_b, dmin_b */
-    const __m128 dm = _mm_cvtph_ps(_mm256_castsi256_si128(_mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4))));
-    const __m512 dm4 = _mm512_castps128_ps512(dm);
-    *d16 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2), dm4);
-    *dmin16 = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3), dm4);
 }
 
 /* The half float at p (F16C converts every value exactly, as cq_h2f does). */
@@ -130,20 +103,65 @@ static inline __m512i kq_sc_idx(int q6, int s0, int s1) {
 
 /* Two rows' four steps (a0..a3 of row a, b0..b3 of row b: 16 lanes of 4-weight sums
  * each, within int16; a step's lanes 0-7 one group, 8-15 another) as the sixteen group
- * sums of q4_k / q5_k, lane 2g + row for group g of the step order kq_q4_group, unscaled.
- * Three levels: two packs and vpmaddwd by ones halve the lanes twice (8-weight sums,
- * <= 31 * 127 * 8, still fit int16), then the two 128-bit chunks of each group are
- * added. */
-static inline __m512i kq_q45_isums(const __m512i a[4], const __m512i b[4], __m512i ones) {
+ * isums of q4_k / q5_k, lane 2g + row for group g of the step order kq_q4_group. Three
+ * levels: packs and vpmaddwd halve the lanes twice, by ones to 8-weight sums (<= 31 * 127
+ * * 8, still fit int16), then by the groups' scale words scw (kq_q45_heads), so the
+ * 16-weight sums come scaled (sc * sum, exact: the spec's sc_a * qs_a + sc_b * qs_b with
+ * sc_a = sc_b); then the two 128-bit chunks of each group are added. */
+static inline __m512i kq_q45_isums(const __m512i a[4], const __m512i b[4], __m512i ones, const __m512i scw[2]) {
     __m512i p[4];
     KQ_UNROLL for (int s = 0; s < 4; s++) p[s] = _mm512_madd_epi16(_mm512_packs_epi32(a[s], b[s]), ones);
     /* p[s] chunk c: a's lanes 4c..4c+3 in pairs, then b's */
-    const __m512i q01 = _mm512_madd_epi16(_mm512_packs_epi32(p[0], p[1]), ones);
-    const __m512i q23 = _mm512_madd_epi16(_mm512_packs_epi32(p[2], p[3]), ones);
+    const __m512i q01 = _mm512_madd_epi16(_mm512_packs_epi32(p[0], p[1]), scw[0]);
+    const __m512i q23 = _mm512_madd_epi16(_mm512_packs_epi32(p[2], p[3]), scw[1]);
     /* q01 chunk c: (a0, b0, a1, b1) of chunk c (16 weights each); chunks 0 + 1 are the
      * steps' first groups, 2 + 3 their second */
     return _mm512_add_epi32(_mm512_shuffle_i64x2(q01, q23, _MM_SHUFFLE(2, 0, 2, 0)),
                             _mm512_shuffle_i64x2(q01, q23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* The scale words of kq_q45_isums' second level for steps s0, s1 (its packs of p[s0],
+ * p[s1]): chunk c words 0-1 sc_a, 2-3 sc_b of group (s0, c), 4-5 sc_a, 6-7 sc_b of group
+ * (s1, c), as indices into the words sc_a 0-7, mn_a 8-15, sc_b 16-23, mn_b 24-31. */
+static inline __m512i kq_lvl2_idx(int s0, int s1) {
+    int16_t w[32];
+    for (int c = 0; c < 4; c++)
+        for (int i = 0; i < 8; i++) {
+            const int s = i < 4 ? s0 : s1, row = (i / 2) % 2;
+            w[8 * c + i] = (int16_t)(16 * row + kq_q4_group(s, c));
+        }
+    return _mm512_loadu_si512((const void *)w);
+}
+
+/* The first 16 bytes of two q4_k / q5_k blocks (ba, bb: d, dmin, the 12 scale bytes),
+ * decoded side by side on 256 bits (a lone row passes its block twice): scw the 6-bit
+ * scales (kq_scale_min6) as kq_q45_isums' scale words for steps 0, 1 and 2, 3; in its
+ * lanes 2g + row mn16 the mins, zero-extended, and d16, dmin16 the rows' d and dmin.
+ * Per 128-bit lane, with a, b, c the three scale words (dwords 1-3): sc0-3 = a & 63,
+ * sc4-7 = (c & 15) | (a >> 6) << 4, mn0-3 = b & 63, mn4-7 = (c >> 4 & 15) | (b >> 6) << 4,
+ * per byte. */
+static inline void kq_q45_heads(const uint8_t *ba, const uint8_t *bb, __m512i scw[2], __m512i *mn16, __m512 *d16,
+                                __m512 *dmin16) {
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)ba)),
+                                              _mm_loadu_si128((const __m128i *)bb), 1);
+    const __m256i acbc = _mm256_shuffle_epi32(v, _MM_SHUFFLE(3, 2, 3, 1));
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(acbc, _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4)),
+                                        _mm256_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F,
+                                                          0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(_mm256_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 1, 1)), 2),
+                                        _mm256_setr_epi32(0, 0x30303030, 0, 0x30303030, 0, 0x30303030, 0, 0x30303030));
+    const __m256i sm = _mm256_or_si256(lo, hi); /* sc_a, mn_a | sc_b, mn_b */
+    const __m512i sw = _mm512_cvtepu8_epi16(sm); /* words: sc_a 0-7, mn_a 8-15, sc_b 16-23, mn_b 24-31 */
+    scw[0] = _mm512_permutexvar_epi16(kq_lvl2_idx(0, 1), sw);
+    scw[1] = _mm512_permutexvar_epi16(kq_lvl2_idx(2, 3), sw);
+    static const int16_t mn_idx[32] = {8, 0, 24, 0, 9, 0, 25, 0, 10, 0, 26, 0, 11, 0, 27, 0,
+                                       12, 0, 28, 0, 13, 0, 29, 0, 14, 0, 30, 0, 15, 0, 31, 0};
+    *mn16 = _mm512_maskz_permutexvar_epi16(0x55555555u, _mm512_loadu_si512((const void *)mn_idx), sw);
+    /* F16C converts every value exactly, as cq_h2f does: d_a, dmin_a, d_b, dmin_b */
+    const __m128 dm = _mm_cvtph_ps(_mm256_castsi256_si128(_mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4))));
+    const __m512 dm4 = _mm512_castps128_ps512(dm);
+    *d16 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2), dm4);
+    *dmin16 = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3), dm4);
 }
 
 /* Row r (0 or 1) of a two-row accumulator (lane 2g + row) as the eight lanes of
@@ -210,10 +228,9 @@ static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
  * paired the same way (x's side). q5_k's fifth bit of weight 32g + k is bit g of qh[k]:
  * a 64-bit rotate brings bit g of every byte to bit 4. The weights of a block are
  * unpacked once for the J inputs; each input's operations are those of J = 1. The
- * group sums come unscaled (kq_q45_isums, lanes 2g + row), so the 6-bit scales and
- * mins are only zero-extended in that order (their bytes of the two rows interleaved),
- * isum = sc * sum and msum = mn * xsum by vpmulld (exact), x's group sums are its
- * per-half sums added to their neighbour, and then per group, as the spec:
+ * group isums come scaled from the tree (kq_q45_isums, lanes 2g + row), the mins
+ * zero-extended in that order, msum = mn * xsum by vpmulld (exact), x's group sums are
+ * its per-half sums added to their neighbour, and then per group, as the spec:
  * d_g * (d * isum - dmin * msum) into lane g. */
 #define KQ_Q45K_TILE(DOT, Q5, R, J, P)                                                             \
     const size_t nb = m->cols / CQ_KQ_BLOCK, bb = (Q5) ? 176 : 144;                                  \
@@ -223,9 +240,9 @@ static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
     __m512 acc[J];                                                                                   \
     KQ_UNROLL for (int j = 0; j < (J); j++) acc[j] = _mm512_setzero_ps();                            \
     for (size_t b = 0; b < nb; b++) {                                                                \
-        __m512i w[2][4], sc16, mn16;                                                                 \
+        __m512i w[2][4], scw2[2], mn16;                                                              \
         __m512 d16, dmin16;                                                                          \
-        kq_q45_heads(rows + b * bb, rows + (((R) - 1) * nb + b) * bb, &sc16, &mn16, &d16, &dmin16);  \
+        kq_q45_heads(rows + b * bb, rows + (((R) - 1) * nb + b) * bb, scw2, &mn16, &d16, &dmin16);  \
         KQ_UNROLL for (int k = 0; k < (R); k++) {                                                    \
             const uint8_t *blk = rows + (k * nb + b) * bb;                                           \
             kq_pf(blk, bb);                                                                          \
@@ -267,8 +284,7 @@ static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
             }                                                                                        \
             KQ_UNROLL for (int k = 0; k < (R); k++)                                                  \
                 KQ_UNROLL for (int s = 0; s < 4; s++) y[k][s] = DOT(zero, w[k][s], xv[s]);           \
-            const __m512i gsum = kq_q45_isums(y[0], y[(R) - 1], ones);                               \
-            const __m512 isum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(sc16, gsum));                  \
+            const __m512 isum = _mm512_cvtepi32_ps(kq_q45_isums(y[0], y[(R) - 1], ones, scw2));      \
             const __m512 msum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(mn16, xsum));                  \
             acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(dg, _mm512_sub_ps(_mm512_mul_ps(d16, isum), _mm512_mul_ps(dmin16, msum)))); \
         }                                                                                            \
