@@ -52,6 +52,7 @@ enum {
     CQ_CPU_AVX512VBMI = 1u << 13,
     CQ_CPU_ASIMD = 1u << 14,   /* AArch64 Advanced SIMD (NEON): every AArch64 CPU */
     CQ_CPU_ASIMDDP = 1u << 15, /* AArch64 dot product (sdot/udot, FEAT_DotProd) */
+    CQ_CPU_GFNI = 1u << 16,    /* x86 Galois-field affine byte transforms (vgf2p8affineqb) */
 };
 /* Feature bits of this CPU (CQ_CPU_*), read once: CPUID + XGETBV on x86, the kernel's
  * HWCAP on Linux/AArch64, sysctl on macOS/arm64. */

@@ -80,6 +80,7 @@ static uint32_t detect(void) {
         if (ebx7 & (1u << 31)) f |= CQ_CPU_AVX512VL;
         if (ecx7 & (1u << 11)) f |= CQ_CPU_AVX512VNNI;
         if (ecx7 & (1u << 1)) f |= CQ_CPU_AVX512VBMI;
+        if (ecx7 & (1u << 8)) f |= CQ_CPU_GFNI;
         cpuid(7, 1, r);
         if (r[0] & (1u << 4)) f |= CQ_CPU_AVXVNNI;
     }

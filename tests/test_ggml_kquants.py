@@ -299,7 +299,8 @@ def test_threads_bit_identical(isa, threads, dtype):
 
 
 def test_simd_twins_agree_with_reference():
-    """Every usable ISA (AVX-512 with and without VNNI) against the scalar reference:
+    """Every usable ISA (AVX-512 with VNNI and GFNI, without GFNI, without VNNI) against
+    the scalar reference:
     the int8 path bit for bit (its spec fixes the float order), the exact path within
     float32 rounding."""
     rng = np.random.default_rng(11)
@@ -312,7 +313,7 @@ def test_simd_twins_agree_with_reference():
             tol = 2 * (cols // 32 + 16) * 4 * U * (abs_weights(raw, dtype, rows, cols) @ (np.abs(x) * 1.1))
             for isa in K.usable_isas():
                 variants = []
-                for hide in ([], ["avx512vnni"]):
+                for hide in ([], ["gfni"], ["avx512vnni"]):
                     K._hide_cpu_features(hide)
                     try:
                         variants.append(with_isa(isa, q.matvec, x))
@@ -322,13 +323,14 @@ def test_simd_twins_agree_with_reference():
                     assert_same_bits(variants[0], y_ref)
                 else:
                     assert (np.abs(variants[0] - y_ref.astype(np.float64)) <= tol).all(), (dtype, precision, isa)
-                np.testing.assert_array_equal(variants[1], variants[0])
+                for v in variants[1:]:
+                    np.testing.assert_array_equal(v, variants[0])
 
 
 @pytest.mark.parametrize("dtype", ["q4_k", "q5_k", "q6_k"])
 @pytest.mark.parametrize("nblk", [1, 3, 64, 65])
 def test_int8_rows_any_width_equal_reference(dtype, nblk):
-    """The int8 rows of every usable ISA, with and without VNNI, against the reference bit
+    """The int8 rows of every usable ISA, with and without VNNI and GFNI, against the reference bit
     for bit at row widths on both sides of 64 blocks (the AVX-512 q4_k / q5_k rows
     prepare x's side once per call up to that width and form it per row pair beyond it),
     with an odd row count so a lone row follows the pairs."""
@@ -338,7 +340,7 @@ def test_int8_rows_any_width_equal_reference(dtype, nblk):
     x = rng.standard_normal(cols).astype(np.float32)
     want = with_isa("ref", q.matvec, x)
     for isa in K.usable_isas():
-        for hide in ([], ["avx512vnni"]):
+        for hide in ([], ["gfni"], ["avx512vnni"]):
             K._hide_cpu_features(hide)
             try:
                 assert_same_bits(with_isa(isa, q.matvec, x), want)
@@ -354,10 +356,10 @@ def assert_same_bits(got, want):
 
 
 def int8_everywhere(q, x):
-    """The int8 matvec of q on every usable ISA, with and without VNNI, with the ref's."""
+    """The int8 matvec of q on every usable ISA, with and without VNNI and GFNI, with the ref's."""
     out = {"ref": with_isa("ref", q.matvec, x)}
     for isa in K.usable_isas():
-        for hide in ([], ["avx512vnni"]):
+        for hide in ([], ["gfni"], ["avx512vnni"]):
             K._hide_cpu_features(hide)
             try:
                 out[(isa, tuple(hide))] = with_isa(isa, q.matvec, x)

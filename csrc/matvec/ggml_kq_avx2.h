@@ -11,7 +11,9 @@
  * int16): three rounds of pair sums bring them to two vectors of half sums, (group 0..3,
  * half a | half b) and (4..7, a | b); its offset comes off there (32 * the xq half sums
  * of CQ_XQ_G32), the 16-weight scales multiply them, and the halves are added into the
- * eight group sums in order. The spec's float operations then run on the eight lanes. */
+ * eight group sums in order. The spec's float operations then run on the eight lanes.
+ * The rows come twice, with shifts and masks for the weights' bit moves and, where the
+ * CPU has GFNI, with affine byte transforms (KQ2_HI4, KQ2_F): the same bytes. */
 #ifndef CQ_GGML_KQ_AVX2_H
 #define CQ_GGML_KQ_AVX2_H
 
@@ -76,98 +78,123 @@ static inline __m256i kq2_group_sums(const __m256i y[8], __m256i ones) {
 
 #define KQ2_DOT(u, x) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (x)), ones)
 
-/* q4_k (Q5 = 0) and q5_k (Q5 = 1): qs bytes 32i + k, low nibble weight 64i + k (group
- * 2i), high 64i + 32 + k (group 2i + 1); q5_k's fifth bit of weight 32g + k is bit g of
- * qh[k] (a 16-bit shift brings it to bit 4 of its byte). Group scales, per half alike. */
-static float kq2_q45k_row(const cq_qmat *m, size_t r, const cq_xq *xq, int q5) {
-    const size_t nb = m->cols / CQ_KQ_BLOCK, bb = q5 ? 176 : 144;
-    const uint8_t *row = m->data + r * nb * bb;
-    const __m256i m0f = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t b = 0; b < nb; b++) {
-        const uint8_t *blk = row + b * bb, *qs = blk + (q5 ? 48 : 16);
-        const int8_t *xb = xq->q + 256 * b;
-        kq2_pf(blk, bb);
-        const __m128i sc = kq2_scales16(blk + 4);
-        const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
-        __m256i y[8];
-        for (int i = 0; i < 4; i++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
-            __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
-            if (q5) {
-                const int g = 2 * i; /* bit g, bit g + 1 of each qh byte to bit 4 */
-                const __m256i bl = g <= 4 ? _mm256_slli_epi16(qh, 4 - g) : _mm256_srli_epi16(qh, g - 4);
-                const __m256i bh = g + 1 <= 4 ? _mm256_slli_epi16(qh, 3 - g) : _mm256_srli_epi16(qh, g - 3);
-                lo = _mm256_or_si256(lo, _mm256_and_si256(bl, m10));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(bh, m10));
-            }
-            y[2 * i] = KQ2_DOT(lo, _mm256_load_si256((const __m256i *)(xb + 64 * i)));
-            y[2 * i + 1] = KQ2_DOT(hi, _mm256_load_si256((const __m256i *)(xb + 64 * i + 32)));
-        }
-        /* the unscaled group sums in order (kq2_group_sums), then scaled per group */
-        const __m256 isum = _mm256_cvtepi32_ps(_mm256_mullo_epi32(kq2_group_sums(y, ones), _mm256_cvtepu8_epi32(sc)));
-        const __m256i xs = _mm256_permute4x64_epi64(
-            _mm256_hadd_epi32(_mm256_load_si256((const __m256i *)(xq->bias + 16 * b)),
-                              _mm256_load_si256((const __m256i *)(xq->bias + 16 * b + 8))),
-            _MM_SHUFFLE(3, 1, 2, 0));
-        const __m256 msum = _mm256_cvtepi32_ps(_mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(sc, 8)), xs));
-        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(cq_ld16(blk) | (uint32_t)cq_ld16(blk + 2) << 16)));
-        const __m256 d = _mm256_broadcastss_ps(dm), dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
-        const __m256 dg = _mm256_loadu_ps(xq->d + 8 * b);
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(dg, _mm256_sub_ps(_mm256_mul_ps(d, isum), _mm256_mul_ps(dmin, msum))));
-    }
-    return kq2_lanes8_sum(acc);
+/* The bit moves of the rows' weight unpacking, per byte: KQ2_HI4 a byte's high nibble as
+ * its low one; KQ2_F(qh, s) q6_k's 2-bit field s of qh to bits 4-5, the rest zero. Shifts
+ * and masks, or with GFNI one affine byte transform each (vgf2p8affineqb, as in
+ * ggml_kq_avx512.h): the same bytes. */
+#define KQ2_HI4(v) _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f)
+#define KQ2_F(qh, s)                                                                                 \
+    _mm256_and_si256((s) < 2 ? _mm256_slli_epi16(qh, 4 - 2 * (s)) : (s) == 2 ? (qh) : _mm256_srli_epi16(qh, 2), _mm256_set1_epi8(0x30))
+
+#define KQ2_ROW_FNS(SUF, ATTR)                                                                                               \
+                                                                                                                             \
+/* q4_k (Q5 = 0) and q5_k (Q5 = 1): qs bytes 32i + k, low nibble weight 64i + k (group                                       \
+ * 2i), high 64i + 32 + k (group 2i + 1); q5_k's fifth bit of weight 32g + k is bit g of                                     \
+ * qh[k] (a 16-bit shift brings it to bit 4 of its byte). Group scales, per half alike. */                                   \
+ATTR static float kq2_q45k_row_##SUF(const cq_qmat *m, size_t r, const cq_xq *xq, int q5) {                                  \
+    const size_t nb = m->cols / CQ_KQ_BLOCK, bb = q5 ? 176 : 144;                                                            \
+    const uint8_t *row = m->data + r * nb * bb;                                                                              \
+    const __m256i m0f = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);                   \
+    __m256 acc = _mm256_setzero_ps();                                                                                        \
+    for (size_t b = 0; b < nb; b++) {                                                                                        \
+        const uint8_t *blk = row + b * bb, *qs = blk + (q5 ? 48 : 16);                                                       \
+        const int8_t *xb = xq->q + 256 * b;                                                                                  \
+        kq2_pf(blk, bb);                                                                                                     \
+        const __m128i sc = kq2_scales16(blk + 4);                                                                            \
+        const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();                    \
+        __m256i y[8];                                                                                                        \
+        for (int i = 0; i < 4; i++) {                                                                                        \
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));                                            \
+            __m256i lo = _mm256_and_si256(v, m0f), hi = KQ2_HI4(v);                                                          \
+            if (q5) {                                                                                                        \
+                const int g = 2 * i; /* bit g, bit g + 1 of each qh byte to bit 4 */                                         \
+                const __m256i bl = g <= 4 ? _mm256_slli_epi16(qh, 4 - g) : _mm256_srli_epi16(qh, g - 4);                     \
+                const __m256i bh = g + 1 <= 4 ? _mm256_slli_epi16(qh, 3 - g) : _mm256_srli_epi16(qh, g - 3);                 \
+                lo = _mm256_or_si256(lo, _mm256_and_si256(bl, m10));                                                         \
+                hi = _mm256_or_si256(hi, _mm256_and_si256(bh, m10));                                                         \
+            }                                                                                                                \
+            y[2 * i] = KQ2_DOT(lo, _mm256_load_si256((const __m256i *)(xb + 64 * i)));                                       \
+            y[2 * i + 1] = KQ2_DOT(hi, _mm256_load_si256((const __m256i *)(xb + 64 * i + 32)));                              \
+        }                                                                                                                    \
+        /* the unscaled group sums in order (kq2_group_sums), then scaled per group */                                       \
+        const __m256 isum = _mm256_cvtepi32_ps(_mm256_mullo_epi32(kq2_group_sums(y, ones), _mm256_cvtepu8_epi32(sc)));       \
+        const __m256i xs = _mm256_permute4x64_epi64(                                                                         \
+            _mm256_hadd_epi32(_mm256_load_si256((const __m256i *)(xq->bias + 16 * b)),                                       \
+                              _mm256_load_si256((const __m256i *)(xq->bias + 16 * b + 8))),                                  \
+            _MM_SHUFFLE(3, 1, 2, 0));                                                                                        \
+        const __m256 msum = _mm256_cvtepi32_ps(_mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(sc, 8)), xs));         \
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(cq_ld16(blk) | (uint32_t)cq_ld16(blk + 2) << 16)));           \
+        const __m256 d = _mm256_broadcastss_ps(dm), dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));                       \
+        const __m256 dg = _mm256_loadu_ps(xq->d + 8 * b);                                                                    \
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(dg, _mm256_sub_ps(_mm256_mul_ps(d, isum), _mm256_mul_ps(dmin, msum))));       \
+    }                                                                                                                        \
+    return kq2_lanes8_sum(acc);                                                                                              \
+}                                                                                                                            \
+                                                                                                                             \
+/* q6_k: weight 128h + 32s + k has low bits from ql[64h + 32(s & 1) + k] (low nibble for                                     \
+ * s < 2, high for s >= 2) and bits 4-5 from (qh[32h + k] >> 2s) & 3; u = q + 32. */                                         \
+ATTR static float kq2_q6k_row_##SUF(const cq_qmat *m, size_t r, const cq_xq *xq) {                                           \
+    const size_t nb = m->cols / CQ_KQ_BLOCK;                                                                                 \
+    const uint8_t *row = m->data + r * nb * 210;                                                                             \
+    const __m256i m0f = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);                   \
+    const __m128i evod = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);                                \
+    __m256 acc = _mm256_setzero_ps();                                                                                        \
+    for (size_t b = 0; b < nb; b++) {                                                                                        \
+        const uint8_t *blk = row + b * 210;                                                                                  \
+        const int8_t *xb = xq->q + 256 * b;                                                                                  \
+        kq2_pf(blk, 210);                                                                                                    \
+        __m256i y[8];                                                                                                        \
+        for (int h = 0; h < 2; h++) {                                                                                        \
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));                                          \
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));                                     \
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));                                    \
+            for (int s = 0; s < 4; s++) {                                                                                    \
+                const __m256i l = s & 1 ? l1 : l0;                                                                           \
+                const __m256i low = s < 2 ? _mm256_and_si256(l, m0f) : KQ2_HI4(l);                                           \
+                const __m256i high = KQ2_F(qh, s);                                                                           \
+                y[4 * h + s] = KQ2_DOT(_mm256_or_si256(low, high),                                                           \
+                                       _mm256_load_si256((const __m256i *)(xb + 32 * (4 * h + s))));                         \
+            }                                                                                                                \
+        }                                                                                                                    \
+        __m256i xa, xc;                                                                                                      \
+        kq2_xhalves(xq, b, &xa, &xc);                                                                                        \
+        const __m128i sc = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(blk + 192)), evod);                            \
+        const __m256i a = _mm256_mullo_epi32(_mm256_sub_epi32(kq2_halves(y[0], y[1], y[2], y[3]), _mm256_slli_epi32(xa, 5)), \
+                                             _mm256_cvtepi8_epi32(sc));                                                      \
+        const __m256i c = _mm256_mullo_epi32(_mm256_sub_epi32(kq2_halves(y[4], y[5], y[6], y[7]), _mm256_slli_epi32(xc, 5)), \
+                                             _mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)));                                   \
+        const __m256 isum = _mm256_cvtepi32_ps(kq2_groups(a, c));                                                            \
+        const __m256 d = _mm256_broadcastss_ps(kq2_h2f(blk + 208));                                                          \
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xq->d + 8 * b)), isum));                     \
+    }                                                                                                                        \
+    return kq2_lanes8_sum(acc);                                                                                              \
 }
 
-/* q6_k: weight 128h + 32s + k has low bits from ql[64h + 32(s & 1) + k] (low nibble for
- * s < 2, high for s >= 2) and bits 4-5 from (qh[32h + k] >> 2s) & 3; u = q + 32. */
-static float kq2_q6k_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
-    const size_t nb = m->cols / CQ_KQ_BLOCK;
-    const uint8_t *row = m->data + r * nb * 210;
-    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
-    const __m128i evod = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t b = 0; b < nb; b++) {
-        const uint8_t *blk = row + b * 210;
-        const int8_t *xb = xq->q + 256 * b;
-        kq2_pf(blk, 210);
-        __m256i y[8];
-        for (int h = 0; h < 2; h++) {
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
-            for (int s = 0; s < 4; s++) {
-                const __m256i l = s & 1 ? l1 : l0;
-                const __m256i low = _mm256_and_si256(s < 2 ? l : _mm256_srli_epi16(l, 4), m0f);
-                const __m256i high = _mm256_and_si256(s < 2 ? _mm256_slli_epi16(qh, 4 - 2 * s) : s == 2 ? qh
-                                                                                                   : _mm256_srli_epi16(qh, 2),
-                                                      m30);
-                y[4 * h + s] = KQ2_DOT(_mm256_or_si256(low, high),
-                                       _mm256_load_si256((const __m256i *)(xb + 32 * (4 * h + s))));
-            }
-        }
-        __m256i xa, xc;
-        kq2_xhalves(xq, b, &xa, &xc);
-        const __m128i sc = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(blk + 192)), evod);
-        const __m256i a = _mm256_mullo_epi32(_mm256_sub_epi32(kq2_halves(y[0], y[1], y[2], y[3]), _mm256_slli_epi32(xa, 5)),
-                                             _mm256_cvtepi8_epi32(sc));
-        const __m256i c = _mm256_mullo_epi32(_mm256_sub_epi32(kq2_halves(y[4], y[5], y[6], y[7]), _mm256_slli_epi32(xc, 5)),
-                                             _mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)));
-        const __m256 isum = _mm256_cvtepi32_ps(kq2_groups(a, c));
-        const __m256 d = _mm256_broadcastss_ps(kq2_h2f(blk + 208));
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xq->d + 8 * b)), isum));
+KQ2_ROW_FNS(plain, )
+#undef KQ2_HI4
+#undef KQ2_F
+#define KQ2_GF(s) ((long long)(((1ull << (2 * (s) + 1)) << 16) | ((1ull << (2 * (s))) << 24)))
+#define KQ2_HI4(v) _mm256_gf2p8affine_epi64_epi8(v, _mm256_set1_epi64x(0x1020408000000000ll), 0)
+#define KQ2_F(qh, s) _mm256_gf2p8affine_epi64_epi8(qh, _mm256_set1_epi64x(KQ2_GF(s)), 0)
+KQ2_ROW_FNS(gfni, __attribute__((target("gfni"))))
+
+/* The rows of one table variant: each row function inlined into its own loop. */
+#define KQ2_ROWS_FN(SUF, ATTR)                                                                       \
+    ATTR static void kq2_rows_##SUF(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) { \
+        for (size_t j = 0; j < nr; j++) {                                                            \
+            switch (m->dtype) {                                                                      \
+            case CQ_DT_GGML_Q4_K: out[j] = kq2_q45k_row_##SUF(m, r0 + j, xq, 0); break;              \
+            case CQ_DT_GGML_Q5_K: out[j] = kq2_q45k_row_##SUF(m, r0 + j, xq, 1); break;              \
+            case CQ_DT_GGML_Q6_K: out[j] = kq2_q6k_row_##SUF(m, r0 + j, xq); break;                  \
+            default: out[j] = kq_ref_i8_row(m, r0 + j, xq);                                          \
+            }                                                                                        \
+        }                                                                                            \
     }
-    return kq2_lanes8_sum(acc);
-}
+KQ2_ROWS_FN(plain, )
+KQ2_ROWS_FN(gfni, __attribute__((target("gfni"))))
 
 static void kq_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, float *out) {
-    for (size_t j = 0; j < nr; j++) {
-        switch (m->dtype) {
-        case CQ_DT_GGML_Q4_K: out[j] = kq2_q45k_row(m, r0 + j, xq, 0); break;
-        case CQ_DT_GGML_Q5_K: out[j] = kq2_q45k_row(m, r0 + j, xq, 1); break;
-        case CQ_DT_GGML_Q6_K: out[j] = kq2_q6k_row(m, r0 + j, xq); break;
-        default: out[j] = kq_ref_i8_row(m, r0 + j, xq);
-        }
-    }
+    if (cq_cpu_features() & CQ_CPU_GFNI) kq2_rows_gfni(m, r0, nr, xq, out);
+    else kq2_rows_plain(m, r0, nr, xq, out);
 }
 #endif

@@ -7,15 +7,17 @@
  * vpmaddubsw + vpmaddwd without VNNI: u8 weights <= 63 times xq <= 127 fit the int16
  * pair sums, so the same integers) gives 16 lanes of 4-weight sums, each within int16.
  * The integers are then reduced before any float work to the block's eight group sums
- * isum: q4_k's and q5_k's, whose scales are per group, unscaled by a tree of packs and
- * vpmaddwd by ones over both rows, then multiplied by the scales; q6_k's, scaled per 16
+ * isum: q4_k's and q5_k's, whose scales are per group, by a tree of packs and vpmaddwd
+ * over both rows, by ones and then by the scales; q6_k's, scaled per 16
  * weights, narrowed to int16 and multiplied by the scales by one vpmaddwd per two steps,
  * then added across lanes. The spec's float operations run once per group, on 16
  * lanes: eight groups of two rows. Rows go two at a time; x's side of a block (its
  * loads, the mins' group sums from xq's per-half sums, q6_k's offset) is formed once
  * for both (for q4_k and q5_k once per call), and a lone row runs the same lanes, so a
  * row has the same bits wherever it falls (matvec, rows_dot, matvec_many, any thread
- * count). */
+ * count). Three tile sets give the same integers: vpmaddubsw + vpmaddwd (AVX-512 BW),
+ * vpdpbusd (VNNI), and vpdpbusd with GFNI's affine byte transforms for the weights' bit
+ * moves (KQ_HI4, KQ_F01, KQ_F23). */
 #ifndef CQ_GGML_KQ_AVX512_H
 #define CQ_GGML_KQ_AVX512_H
 
@@ -26,27 +28,7 @@ static inline void kq_pf(const uint8_t *a, size_t n) {
     for (uintptr_t l = ((uintptr_t)a + 63) & ~(uintptr_t)63; l < end; l += 64) CQ_STREAM_PF((const uint8_t *)l);
 }
 
-/* q4_k / q5_k's 12 scale bytes (at s, with 4 more readable bytes after them) as 16
- * bytes: sc[0..7], mn[0..7] (kq_scale_min6). With a, b, c the three 4-byte words:
- * sc0-3 = a & 63, sc4-7 = (c & 15) | (a >> 6) << 4, mn0-3 = b & 63,
- * mn4-7 = (c >> 4 & 15) | (b >> 6) << 4, per byte. */
-static inline __m128i kq_scales16(const uint8_t *s) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)s);
-    const __m128i acbc = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));
-    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(acbc, _mm_setr_epi32(0, 0, 0, 4)),
-                                     _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
-    const __m128i hi = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)), 2),
-                                     _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-    return _mm_or_si128(lo, hi);
-}
-
-/* The one or two half floats at p in the low lanes (F16C converts every value
- * exactly, as cq_h2f does). */
-static inline __m128 kq_h2f_2(const uint8_t *p) {
-    uint32_t w;
-    memcpy(&w, p, 4);
-    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)w));
-}
+/* The half float at p (F16C converts every value exactly, as cq_h2f does). */
 static inline __m128 kq_h2f_1(const uint8_t *p) { return _mm_cvtph_ps(_mm_cvtsi32_si128((int)cq_ld16(p))); }
 
 /* The loops over rows and steps must unroll: their per-row values stay in registers. */
@@ -121,20 +103,65 @@ static inline __m512i kq_sc_idx(int q6, int s0, int s1) {
 
 /* Two rows' four steps (a0..a3 of row a, b0..b3 of row b: 16 lanes of 4-weight sums
  * each, within int16; a step's lanes 0-7 one group, 8-15 another) as the sixteen group
- * sums of q4_k / q5_k, lane 2g + row for group g of the step order kq_q4_group, unscaled.
- * Three levels: two packs and vpmaddwd by ones halve the lanes twice (8-weight sums,
- * <= 31 * 127 * 8, still fit int16), then the two 128-bit chunks of each group are
- * added. */
-static inline __m512i kq_q45_isums(const __m512i a[4], const __m512i b[4], __m512i ones) {
+ * isums of q4_k / q5_k, lane 2g + row for group g of the step order kq_q4_group. Three
+ * levels: packs and vpmaddwd halve the lanes twice, by ones to 8-weight sums (<= 31 * 127
+ * * 8, still fit int16), then by the groups' scale words scw (kq_q45_heads), so the
+ * 16-weight sums come scaled (sc * sum, exact: the spec's sc_a * qs_a + sc_b * qs_b with
+ * sc_a = sc_b); then the two 128-bit chunks of each group are added. */
+static inline __m512i kq_q45_isums(const __m512i a[4], const __m512i b[4], __m512i ones, const __m512i scw[2]) {
     __m512i p[4];
     KQ_UNROLL for (int s = 0; s < 4; s++) p[s] = _mm512_madd_epi16(_mm512_packs_epi32(a[s], b[s]), ones);
     /* p[s] chunk c: a's lanes 4c..4c+3 in pairs, then b's */
-    const __m512i q01 = _mm512_madd_epi16(_mm512_packs_epi32(p[0], p[1]), ones);
-    const __m512i q23 = _mm512_madd_epi16(_mm512_packs_epi32(p[2], p[3]), ones);
+    const __m512i q01 = _mm512_madd_epi16(_mm512_packs_epi32(p[0], p[1]), scw[0]);
+    const __m512i q23 = _mm512_madd_epi16(_mm512_packs_epi32(p[2], p[3]), scw[1]);
     /* q01 chunk c: (a0, b0, a1, b1) of chunk c (16 weights each); chunks 0 + 1 are the
      * steps' first groups, 2 + 3 their second */
     return _mm512_add_epi32(_mm512_shuffle_i64x2(q01, q23, _MM_SHUFFLE(2, 0, 2, 0)),
                             _mm512_shuffle_i64x2(q01, q23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* The scale words of kq_q45_isums' second level for steps s0, s1 (its packs of p[s0],
+ * p[s1]): chunk c words 0-1 sc_a, 2-3 sc_b of group (s0, c), 4-5 sc_a, 6-7 sc_b of group
+ * (s1, c), as indices into the words sc_a 0-7, mn_a 8-15, sc_b 16-23, mn_b 24-31. */
+static inline __m512i kq_lvl2_idx(int s0, int s1) {
+    int16_t w[32];
+    for (int c = 0; c < 4; c++)
+        for (int i = 0; i < 8; i++) {
+            const int s = i < 4 ? s0 : s1, row = (i / 2) % 2;
+            w[8 * c + i] = (int16_t)(16 * row + kq_q4_group(s, c));
+        }
+    return _mm512_loadu_si512((const void *)w);
+}
+
+/* The first 16 bytes of two q4_k / q5_k blocks (ba, bb: d, dmin, the 12 scale bytes),
+ * decoded side by side on 256 bits (a lone row passes its block twice): scw the 6-bit
+ * scales (kq_scale_min6) as kq_q45_isums' scale words for steps 0, 1 and 2, 3; in its
+ * lanes 2g + row mn16 the mins, zero-extended, and d16, dmin16 the rows' d and dmin.
+ * Per 128-bit lane, with a, b, c the three scale words (dwords 1-3): sc0-3 = a & 63,
+ * sc4-7 = (c & 15) | (a >> 6) << 4, mn0-3 = b & 63, mn4-7 = (c >> 4 & 15) | (b >> 6) << 4,
+ * per byte. */
+static inline void kq_q45_heads(const uint8_t *ba, const uint8_t *bb, __m512i scw[2], __m512i *mn16, __m512 *d16,
+                                __m512 *dmin16) {
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)ba)),
+                                              _mm_loadu_si128((const __m128i *)bb), 1);
+    const __m256i acbc = _mm256_shuffle_epi32(v, _MM_SHUFFLE(3, 2, 3, 1));
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(acbc, _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4)),
+                                        _mm256_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F,
+                                                          0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(_mm256_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 1, 1)), 2),
+                                        _mm256_setr_epi32(0, 0x30303030, 0, 0x30303030, 0, 0x30303030, 0, 0x30303030));
+    const __m256i sm = _mm256_or_si256(lo, hi); /* sc_a, mn_a | sc_b, mn_b */
+    const __m512i sw = _mm512_cvtepu8_epi16(sm); /* words: sc_a 0-7, mn_a 8-15, sc_b 16-23, mn_b 24-31 */
+    scw[0] = _mm512_permutexvar_epi16(kq_lvl2_idx(0, 1), sw);
+    scw[1] = _mm512_permutexvar_epi16(kq_lvl2_idx(2, 3), sw);
+    static const int16_t mn_idx[32] = {8, 0, 24, 0, 9, 0, 25, 0, 10, 0, 26, 0, 11, 0, 27, 0,
+                                       12, 0, 28, 0, 13, 0, 29, 0, 14, 0, 30, 0, 15, 0, 31, 0};
+    *mn16 = _mm512_maskz_permutexvar_epi16(0x55555555u, _mm512_loadu_si512((const void *)mn_idx), sw);
+    /* F16C converts every value exactly, as cq_h2f does: d_a, dmin_a, d_b, dmin_b */
+    const __m128 dm = _mm_cvtph_ps(_mm256_castsi256_si128(_mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4))));
+    const __m512 dm4 = _mm512_castps128_ps512(dm);
+    *d16 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2), dm4);
+    *dmin16 = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3), dm4);
 }
 
 /* Row r (0 or 1) of a two-row accumulator (lane 2g + row) as the eight lanes of
@@ -157,10 +184,17 @@ static inline __m512 kq_dg_pairs(const cq_xq *xq, size_t b) {
     return _mm512_permutexvar_ps(dup8, _mm512_castps256_ps512(_mm256_load_ps(xq->d + 8 * b)));
 }
 
+/* q6_k's x side: block b's sixteen 16-weight xq sums (CQ_XQ_G32's per-half sums,
+ * |.| <= 16 * 127) as int16 words, in both 256-bit halves (one for each row of a pair). */
+static inline __m512i kq_xs_words(const cq_xq *xq, size_t b) {
+    const __m256i w = _mm512_cvtepi32_epi16(_mm512_load_si512((const void *)(xq->bias + 16 * b)));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(w), w, 1);
+}
+
 /* The same x side prepared once for a call's rows (every row pair of a block meets the
  * same x; forming it per pair cost about a tenth of the q4_k row's time, in cache): per
  * block KQ_PREP_BLOCK bytes, the four steps' xq vectors as the tile pairs them, then
- * kq_xsum_pairs, then kq_dg_pairs. Rows up to KQ_PREP_MAX_BLOCKS blocks (16384 columns;
+ * kq_xsum_pairs, then kq_dg_pairs (q6_k: 64 bytes a block, kq_xs_words). Rows up to KQ_PREP_MAX_BLOCKS blocks (16384 columns;
  * the 24 KiB buffer is on the stack, which must stay small for threads with little stack,
  * as musl's 128 KiB default) take it; wider ones form x's side per pair, with the same
  * values. */
@@ -180,6 +214,13 @@ static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
     }
 }
 
+/* The bit moves of the tiles' weight unpacking, per byte: KQ_HI4 a byte's high nibble
+ * as its low one (q4_k, q5_k); KQ_F01 / KQ_F23 q6_k's 2-bit fields s (of a qh vector
+ * broadcast to both 256-bit halves: s = 0 | 1, 2 | 3) to bits 4-5, the rest zero. */
+#define KQ_HI4(v) _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F))
+#define KQ_F01(H) _mm512_and_si512(_mm512_sllv_epi64(H, _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2)), _mm512_set1_epi8(0x30))
+#define KQ_F23(H) _mm512_and_si512(_mm512_srlv_epi64(H, _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2)), _mm512_set1_epi8(0x30))
+
 /* q4_k (Q5 = 0) and q5_k (Q5 = 1): a tile of R (1 or 2) rows from r by J (1..4) inputs
  * xqs[j], row k of input j to Y[j * ldy + k]. qs bytes 32i + k hold weight 64i + k (low
  * nibble, group 2i) and 64i + 32 + k (high, group 2i + 1): a 64-byte load's low nibbles
@@ -187,10 +228,9 @@ static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
  * paired the same way (x's side). q5_k's fifth bit of weight 32g + k is bit g of qh[k]:
  * a 64-bit rotate brings bit g of every byte to bit 4. The weights of a block are
  * unpacked once for the J inputs; each input's operations are those of J = 1. The
- * group sums come unscaled (kq_q45_isums, lanes 2g + row), so the 6-bit scales and
- * mins are only zero-extended in that order (their bytes of the two rows interleaved),
- * isum = sc * sum and msum = mn * xsum by vpmulld (exact), x's group sums are its
- * per-half sums added to their neighbour, and then per group, as the spec:
+ * group isums come scaled from the tree (kq_q45_isums, lanes 2g + row), the mins
+ * zero-extended in that order, msum = mn * xsum by vpmulld (exact), x's group sums are
+ * its per-half sums added to their neighbour, and then per group, as the spec:
  * d_g * (d * isum - dmin * msum) into lane g. */
 #define KQ_Q45K_TILE(DOT, Q5, R, J, P)                                                             \
     const size_t nb = m->cols / CQ_KQ_BLOCK, bb = (Q5) ? 176 : 144;                                  \
@@ -200,20 +240,18 @@ static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
     __m512 acc[J];                                                                                   \
     KQ_UNROLL for (int j = 0; j < (J); j++) acc[j] = _mm512_setzero_ps();                            \
     for (size_t b = 0; b < nb; b++) {                                                                \
-        __m512i w[2][4];                                                                             \
-        __m128i sc[2];                                                                               \
-        __m128 dm[2];                                                                                \
+        __m512i w[2][4], scw2[2], mn16;                                                              \
+        __m512 d16, dmin16;                                                                          \
+        kq_q45_heads(rows + b * bb, rows + (((R) - 1) * nb + b) * bb, scw2, &mn16, &d16, &dmin16);  \
         KQ_UNROLL for (int k = 0; k < (R); k++) {                                                    \
             const uint8_t *blk = rows + (k * nb + b) * bb;                                           \
             kq_pf(blk, bb);                                                                          \
-            dm[k] = kq_h2f_2(blk); /* d, dmin */                                                     \
-            sc[k] = kq_scales16(blk + 4);                                                            \
             const uint8_t *qs = blk + ((Q5) ? 48 : 16);                                              \
             __m512i qh = zero;                                                                       \
             if (Q5) qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)));   \
             KQ_UNROLL for (int h = 0; h < 2; h++) {                                                  \
                 const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * h));                   \
-                __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f); \
+                __m512i lo = _mm512_and_si512(v, m0f), hi = KQ_HI4(v); \
                 if (Q5) { /* groups (4h, 4h+2) in lo, (4h+1, 4h+3) in hi: bit g to bit 4 */          \
                     const long long g = 4 * h;                                                       \
                     const __m512i rl = _mm512_setr_epi64(4 - g, 4 - g, 4 - g, 4 - g, (66 - g) & 63, (66 - g) & 63, \
@@ -225,12 +263,6 @@ static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
                 w[k][2 * h] = lo, w[k][2 * h + 1] = hi;                                              \
             }                                                                                        \
         }                                                                                            \
-        if ((R) == 1) sc[1] = sc[0], dm[1] = dm[0];                                                  \
-        const __m512i sc16 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sc[0], sc[1]));                  \
-        const __m512i mn16 = _mm512_cvtepu8_epi32(_mm_unpackhi_epi8(sc[0], sc[1]));                  \
-        const __m128d dd = _mm_castps_pd(_mm_unpacklo_ps(dm[0], dm[1])); /* d_a, d_b, dmin_a, dmin_b */ \
-        const __m512 d16 = _mm512_castpd_ps(_mm512_broadcastsd_pd(dd));                              \
-        const __m512 dmin16 = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_unpackhi_pd(dd, dd)));      \
         KQ_UNROLL for (int j = 0; j < (J); j++) {                                                    \
             const cq_xq *xq = xqs[j];                                                                \
             const uint8_t *xpb = (P) ? xprep + KQ_PREP_BLOCK * b : NULL;                             \
@@ -252,8 +284,7 @@ static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
             }                                                                                        \
             KQ_UNROLL for (int k = 0; k < (R); k++)                                                  \
                 KQ_UNROLL for (int s = 0; s < 4; s++) y[k][s] = DOT(zero, w[k][s], xv[s]);           \
-            const __m512i gsum = kq_q45_isums(y[0], y[(R) - 1], ones);                               \
-            const __m512 isum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(sc16, gsum));                  \
+            const __m512 isum = _mm512_cvtepi32_ps(kq_q45_isums(y[0], y[(R) - 1], ones, scw2));      \
             const __m512 msum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(mn16, xsum));                  \
             acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(dg, _mm512_sub_ps(_mm512_mul_ps(d16, isum), _mm512_mul_ps(dmin16, msum)))); \
         }                                                                                            \
@@ -263,52 +294,58 @@ static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
         if ((R) == 2) Y[j * ldy + 1] = kq_lanes8_sum(kq_row_lanes(acc[j], 1));                       \
     }
 
-/* q6_k, a tile as KQ_Q45K_TILE's: per half h of a block, ql's 64 bytes give the low
- * nibbles of weights 128h + 0..63 and the high ones of 128h + 64..127; qh's 32 bytes
- * give bits 4-5 of weights 128h + 32s + k at (qh[k] >> 2s) & 3. u = q + 32 (0..63) meets
- * xq from a start of -32 * the lane's xq sum (x's side, once per step for the rows), so
- * the lanes hold q * xq sums; scaled per 16 weights; per group (d * d_g) * isum. */
-#define KQ_Q6K_TILE(DOT, R, J)                                                                       \
+/* q6_k, a tile as KQ_Q45K_TILE's (P = 1: x's side from kq_i8_rows' prepared words):
+ * per half h of a block, ql's 64 bytes give the low nibbles of weights 128h + 0..63 and
+ * the high ones of 128h + 64..127; qh's 32 bytes give bits 4-5 of weights 128h + 32s + k
+ * at (qh[k] >> 2s) & 3. The steps meet xq with u = q + 32 (0..63; a lane's 4-weight sum
+ * <= 63 * 127 * 4 still fits int16), scaled per 16 weights into the group sums of u; the
+ * offset then comes off per group, for both rows by one vpmaddwd: the two rows' 16
+ * scales times 32 as words (|.| <= 4096) against x's 16-weight sums (kq_xs_words),
+ * 32 * (sc_a * xs_a + sc_b * xs_b). Exact integers, the spec's isum; per group
+ * (d * d_g) * isum. */
+#define KQ_Q6K_TILE(DOT, R, J, P)                                                                    \
     const size_t nb = m->cols / CQ_KQ_BLOCK;                                                         \
     const uint8_t *rows = m->data + r * nb * 210;                                                    \
-    const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);                        \
-    const __m512i c32 = _mm512_set1_epi8(32), zero = _mm512_setzero_si512();                         \
-    const __m512i sh_lo = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), sh_hi = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2); \
+    const __m512i m0f = _mm512_set1_epi8(0x0F);                                                      \
+    const __m512i zero = _mm512_setzero_si512();                                                     \
     const __m512i i01 = kq_sc_idx(1, 0, 1), i23 = kq_sc_idx(1, 2, 3), perm = kq_group_perm(1);      \
+    const __m512i i01b = _mm512_add_epi16(i01, _mm512_set1_epi16(16)), i23b = _mm512_add_epi16(i23, _mm512_set1_epi16(16)); \
     const __m512i lo8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);          \
     __m512 acc[J];                                                                                   \
     KQ_UNROLL for (int j = 0; j < (J); j++) acc[j] = _mm512_setzero_ps();                            \
     for (size_t b = 0; b < nb; b++) {                                                                \
         __m512i w[2][4], s01[2], s23[2];                                                             \
         __m128 d[2];                                                                                 \
+        /* the two rows' 16 scales as words, row a's then row b's (a lone row's twice) */          \
+        const __m512i scw = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(                            \
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(rows + b * 210 + 192))),         \
+            _mm_loadu_si128((const __m128i *)(rows + (((R) - 1) * nb + b) * 210 + 192)), 1));         \
         KQ_UNROLL for (int k = 0; k < (R); k++) {                                                    \
             const uint8_t *blk = rows + (k * nb + b) * 210;                                          \
             kq_pf(blk, 210);                                                                         \
             d[k] = kq_h2f_1(blk + 208);                                                              \
-            const __m512i scw = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)))); \
-            s01[k] = _mm512_permutexvar_epi16(i01, scw), s23[k] = _mm512_permutexvar_epi16(i23, scw); \
+            s01[k] = _mm512_permutexvar_epi16(k ? i01b : i01, scw), s23[k] = _mm512_permutexvar_epi16(k ? i23b : i23, scw); \
             KQ_UNROLL for (int h = 0; h < 2; h++) {                                                  \
                 const __m512i L = _mm512_loadu_si512((const void *)(blk + 64 * h));                  \
                 const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h))); \
-                w[k][2 * h] = _mm512_ternarylogic_epi32(L, m0f, _mm512_and_si512(_mm512_sllv_epi64(H, sh_lo), m30), 0xEA); \
-                w[k][2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), m0f,           \
-                                                            _mm512_and_si512(_mm512_srlv_epi64(H, sh_hi), m30), 0xEA); \
+                w[k][2 * h] = _mm512_ternarylogic_epi32(L, m0f, KQ_F01(H), 0xEA); \
+                w[k][2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), m0f, KQ_F23(H), 0xEA); \
             }                                                                                        \
         }                                                                                            \
         if ((R) == 1) d[1] = d[0];                                                                   \
         const __m512 dd = _mm512_permutexvar_ps(lo8, _mm512_castps128_ps512(_mm_unpacklo_ps(d[0], d[1]))); \
+        const __m512i sc32 = _mm512_slli_epi16(scw, 5);                                              \
         KQ_UNROLL for (int j = 0; j < (J); j++) {                                                    \
             const cq_xq *xq = xqs[j];                                                                \
-            __m512i xv[4], off[4], q[2];                                                             \
-            KQ_UNROLL for (int t = 0; t < 4; t++) {                                                  \
-                xv[t] = _mm512_load_si512((const void *)(xq->q + 256 * b + 64 * t));                \
-                off[t] = _mm512_sub_epi32(zero, DOT(zero, c32, xv[t]));                              \
-            }                                                                                        \
+            __m512i xv[4], q[2];                                                                     \
+            KQ_UNROLL for (int t = 0; t < 4; t++) xv[t] = _mm512_load_si512((const void *)(xq->q + 256 * b + 64 * t)); \
             KQ_UNROLL for (int k = 0; k < (R); k++)                                                  \
-                q[k] = kq_scaled_chunks(DOT(off[0], w[k][0], xv[0]), DOT(off[1], w[k][1], xv[1]),    \
-                                        DOT(off[2], w[k][2], xv[2]), DOT(off[3], w[k][3], xv[3]), s01[k], s23[k]); \
+                q[k] = kq_scaled_chunks(DOT(zero, w[k][0], xv[0]), DOT(zero, w[k][1], xv[1]),        \
+                                        DOT(zero, w[k][2], xv[2]), DOT(zero, w[k][3], xv[3]), s01[k], s23[k]); \
             if ((R) == 1) q[1] = q[0];                                                               \
-            const __m512 isum = _mm512_cvtepi32_ps(kq_group_isums(q[0], q[1], perm));                \
+            const __m512i xsw = (P) ? _mm512_load_si512((const void *)(xprep + 64 * b)) : kq_xs_words(xq, b); \
+            const __m512 isum = _mm512_cvtepi32_ps(                                                  \
+                _mm512_sub_epi32(kq_group_isums(q[0], q[1], perm), _mm512_madd_epi16(sc32, xsw)));   \
             const __m512 dg = _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq->d + 8 * b)))); \
             acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_mul_ps(dd, dg), isum));              \
         }                                                                                            \
@@ -322,6 +359,8 @@ typedef void (*kq_tile_fn)(const cq_qmat *, size_t, const cq_xq *const *, const 
 #define KQ_Q4K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 0, R, J, 0)
 #define KQ_Q5K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 1, R, J, 0)
 #define KQ_Q4KP_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 0, R, J, 1)
+#define KQ_Q6KN_TILE(DOT, R, J) KQ_Q6K_TILE(DOT, R, J, 0)
+#define KQ_Q6KP_TILE(DOT, R, J) KQ_Q6K_TILE(DOT, R, J, 1)
 #define KQ_Q5KP_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 1, R, J, 1)
 #define KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, R, J)                                                 \
     ATTR static void NAME##_##R##J##_##SUF(const cq_qmat *m, size_t r, const cq_xq *const *xqs, const uint8_t *xprep, \
@@ -342,17 +381,34 @@ typedef void (*kq_tile_fn)(const cq_qmat *, size_t, const cq_xq *const *, const 
 #define KQ_TILES(SUF, DOT, ATTR)                                                                     \
     KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q4k, KQ_Q4K_TILE)                                                \
     KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q5k, KQ_Q5K_TILE)                                                \
-    KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q6k, KQ_Q6K_TILE)                                                \
+    KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q6k, KQ_Q6KN_TILE)                                               \
+    KQ_TILE_FN(SUF, DOT, ATTR, kq_q6kp, KQ_Q6KP_TILE, 1, 1) KQ_TILE_FN(SUF, DOT, ATTR, kq_q6kp, KQ_Q6KP_TILE, 2, 1) \
     KQ_TILE_FN(SUF, DOT, ATTR, kq_q4kp, KQ_Q4KP_TILE, 1, 1) KQ_TILE_FN(SUF, DOT, ATTR, kq_q4kp, KQ_Q4KP_TILE, 2, 1) \
     KQ_TILE_FN(SUF, DOT, ATTR, kq_q5kp, KQ_Q5KP_TILE, 1, 1) KQ_TILE_FN(SUF, DOT, ATTR, kq_q5kp, KQ_Q5KP_TILE, 2, 1) \
     static const kq_tile_fn kq_tiles_##SUF[3][2][4] = {KQ_TILE_TABLE(kq_q4k, SUF), KQ_TILE_TABLE(kq_q5k, SUF), \
                                                        KQ_TILE_TABLE(kq_q6k, SUF)};                  \
-    static const kq_tile_fn kq_prep_tiles_##SUF[2][2] = {{kq_q4kp_11_##SUF, kq_q4kp_21_##SUF},       \
-                                                         {kq_q5kp_11_##SUF, kq_q5kp_21_##SUF}};
+    static const kq_tile_fn kq_prep_tiles_##SUF[3][2] = {{kq_q4kp_11_##SUF, kq_q4kp_21_##SUF},       \
+                                                         {kq_q5kp_11_##SUF, kq_q5kp_21_##SUF},       \
+                                                         {kq_q6kp_11_##SUF, kq_q6kp_21_##SUF}};
 
 KQ_TILES(bw, dot_bw, )
 #ifdef CQ_HAVE_VNNI_FN
 KQ_TILES(vnni, _mm512_dpbusd_epi32, __attribute__((target("avx512vnni"))))
+/* With GFNI each of those bit moves is one affine byte transform (vgf2p8affineqb: output
+ * bit i of a byte = the parity of the input byte AND byte 7 - i of the qword's matrix),
+ * instead of a shift and a mask: the same bytes, one zmm operation fewer each. KQ_GF(s)
+ * moves bits 2s, 2s + 1 to bits 4, 5; KQ_GF_HI4 bits 4-7 to 0-3. */
+#define KQ_GF(s) ((long long)(((1ull << (2 * (s) + 1)) << 16) | ((1ull << (2 * (s))) << 24)))
+#define KQ_GF_HI4 0x1020408000000000ll
+#undef KQ_HI4
+#undef KQ_F01
+#undef KQ_F23
+#define KQ_HI4(v) _mm512_gf2p8affine_epi64_epi8(v, _mm512_set1_epi64(KQ_GF_HI4), 0)
+#define KQ_F01(H) \
+    _mm512_gf2p8affine_epi64_epi8(H, _mm512_setr_epi64(KQ_GF(0), KQ_GF(0), KQ_GF(0), KQ_GF(0), KQ_GF(1), KQ_GF(1), KQ_GF(1), KQ_GF(1)), 0)
+#define KQ_F23(H) \
+    _mm512_gf2p8affine_epi64_epi8(H, _mm512_setr_epi64(KQ_GF(2), KQ_GF(2), KQ_GF(2), KQ_GF(2), KQ_GF(3), KQ_GF(3), KQ_GF(3), KQ_GF(3)), 0)
+KQ_TILES(gfni, _mm512_dpbusd_epi32, __attribute__((target("avx512vnni,gfni"))))
 #endif
 
 /* The tiles of m's dtype for this CPU, NULL for the K-quants without an integer kernel;
@@ -361,15 +417,19 @@ static const kq_tile_fn (*kq_tiles_for(const cq_qmat *m))[4] {
     const int i = m->dtype == CQ_DT_GGML_Q4_K ? 0 : m->dtype == CQ_DT_GGML_Q5_K ? 1 : m->dtype == CQ_DT_GGML_Q6_K ? 2 : -1;
     if (i < 0) return NULL;
 #ifdef CQ_HAVE_VNNI_FN
-    if (cq_cpu_features() & CQ_CPU_AVX512VNNI) return kq_tiles_vnni[i];
+    const uint32_t f = cq_cpu_features();
+    if ((f & CQ_CPU_AVX512VNNI) && (f & CQ_CPU_GFNI)) return kq_tiles_gfni[i];
+    if (f & CQ_CPU_AVX512VNNI) return kq_tiles_vnni[i];
 #endif
     return kq_tiles_bw[i];
 }
 static const kq_tile_fn *kq_prep_tiles_for(const cq_qmat *m) {
-    const int i = m->dtype == CQ_DT_GGML_Q4_K ? 0 : m->dtype == CQ_DT_GGML_Q5_K ? 1 : -1;
+    const int i = m->dtype == CQ_DT_GGML_Q4_K ? 0 : m->dtype == CQ_DT_GGML_Q5_K ? 1 : m->dtype == CQ_DT_GGML_Q6_K ? 2 : -1;
     if (i < 0) return NULL;
 #ifdef CQ_HAVE_VNNI_FN
-    if (cq_cpu_features() & CQ_CPU_AVX512VNNI) return kq_prep_tiles_vnni[i];
+    const uint32_t f = cq_cpu_features();
+    if ((f & CQ_CPU_AVX512VNNI) && (f & CQ_CPU_GFNI)) return kq_prep_tiles_gfni[i];
+    if (f & CQ_CPU_AVX512VNNI) return kq_prep_tiles_vnni[i];
 #endif
     return kq_prep_tiles_bw[i];
 }
@@ -384,7 +444,10 @@ static void kq_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, 
     const kq_tile_fn *prep = nb <= KQ_PREP_MAX_BLOCKS ? kq_prep_tiles_for(m) : NULL;
     if (prep) {
         _Alignas(64) uint8_t xp[KQ_PREP_MAX_BLOCKS * KQ_PREP_BLOCK];
-        kq_x45_prep(xq, nb, xp);
+        if (m->dtype == CQ_DT_GGML_Q6_K)
+            for (size_t b = 0; b < nb; b++) _mm512_store_si512((void *)(xp + 64 * b), kq_xs_words(xq, b));
+        else
+            kq_x45_prep(xq, nb, xp);
         size_t j = 0;
         for (; j + 2 <= nr; j += 2) prep[1](m, r0 + j, &xq, xp, out + j, 0);
         if (j < nr) prep[0](m, r0 + j, &xq, xp, out + j, 0);

@@ -7,7 +7,7 @@ _FEATURE_NAMES = (
     (0, "sse4.2"), (1, "avx"), (2, "avx2"), (3, "fma"), (4, "f16c"), (5, "avx512f"),
     (6, "avx512bw"), (7, "avx512vl"), (8, "avx512dq"), (9, "avx512vnni"),
     (10, "avxvnni"), (11, "os-ymm"), (12, "os-zmm"), (13, "avx512vbmi"),
-    (14, "asimd"), (15, "asimddp"),
+    (14, "asimd"), (15, "asimddp"), (16, "gfni"),
 )
 
 
