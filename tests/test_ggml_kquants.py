@@ -280,6 +280,32 @@ def test_prompt_matmat_special_values(isa, dtype):
 
 
 @pytest.mark.parametrize("dtype", KQ)
+def test_prompt_matmat_shared_pack_bit_identical(isa, threads, dtype):
+    """A prompt chunk big enough that the pool's threads share the quantization of X
+    (pieces of 16 inputs), with rows and inputs off the 8 x 8 stores of the result,
+    gives the bits of one thread; all-zero groups (the scalar quantizer's bytes) and a
+    loud one match the int8 matvecs as the rest do."""
+    rng = np.random.default_rng(11)
+    rows, cols, t = 45, 1024, 70
+    q, _raw = make(rng, dtype, rows, cols, precision="auto")
+    X = rng.standard_normal((t, cols)).astype(np.float32)
+    X[3, 64:96] = 0.0                       # a zero group
+    X[40, 224:256] = 0.0
+    X[17, 300] = 1e30                       # a loud group
+    before = cortiq.get_num_threads()
+    cortiq.set_num_threads(1)
+    try:
+        Y1 = q.matmat(X, prompt=True)
+        V = np.stack([q.matvec(x) for x in X])
+    finally:
+        cortiq.set_num_threads(before)
+    np.testing.assert_array_equal(q.matmat(X, prompt=True), Y1)
+    ok = np.isfinite(V)
+    np.testing.assert_array_equal(np.isfinite(Y1), ok)
+    assert np.allclose(Y1[ok], V[ok], rtol=1e-4, atol=1e-3 * np.abs(V[ok]).max())
+
+
+@pytest.mark.parametrize("dtype", KQ)
 def test_threads_bit_identical(isa, threads, dtype):
     rng = np.random.default_rng(3)
     rows, cols = 301, 512

@@ -55,6 +55,27 @@
 #include "ggml_kq_matmat_tile.h"
 #endif
 
+/* kq_mm_q6k_u8 on 32 bytes: per half of 128 weights, two ymm of ql (their low
+ * nibbles: weights 0-63, high: 64-127) and the 32 qh bytes, whose 2-bit planes shift
+ * to bits 4-5; the 16 scales convert on two vectors. */
+static void kq_mm_q6k_u8(const uint8_t *blk, uint8_t *u, float *S) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; h++) {
+        const __m256i L0 = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 64 * h));
+        const __m256i L1 = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 64 * h + 32));
+        const __m256i H = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 128 + 32 * h));
+        uint8_t *o = u + 128 * h;
+        _mm256_store_si256((__m256i *)(void *)o, _mm256_or_si256(_mm256_and_si256(L0, m0f), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30)));
+        _mm256_store_si256((__m256i *)(void *)(o + 32), _mm256_or_si256(_mm256_and_si256(L1, m0f), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30)));
+        _mm256_store_si256((__m256i *)(void *)(o + 64), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), m0f), _mm256_and_si256(H, m30)));
+        _mm256_store_si256((__m256i *)(void *)(o + 96), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), m0f), _mm256_and_si256(_mm256_srli_epi16(H, 2), m30)));
+    }
+    const __m256 d = _mm256_set1_ps(cq_h2f(cq_ld16(blk + 208)));
+    const __m128i sc = _mm_loadu_si128((const __m128i *)(const void *)(blk + 192));
+    _mm256_storeu_ps(S, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+    _mm256_storeu_ps(S + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+}
+
 /* 1, 2: i8mm_cpu()'s VNNI kinds; 3: vpmaddubsw (the u8 weights of all but iq4_xs stay
  * <= 63) */
 static int kq_mm_cpu(int dtype) {
