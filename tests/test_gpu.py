@@ -175,7 +175,8 @@ def test_matvec_fused_residual(dev, dtype):
     assert _rel(back[0], want_x) < 1e-6
 
 
-@pytest.mark.parametrize("dtype,cols", [("q8_row", 96), ("f16", 200), ("q4tp", 64)])
+@pytest.mark.parametrize("dtype,cols", [("q8_row", 96), ("f16", 200), ("q4tp", 64),
+                                        ("f32", 1100)])
 def test_matvec_llama_residual_norm(dev, dtype, cols):
     """PRO 6: the Llama residual r = x + o and its RMSNorm with weight staged as the
     product's input (the llama_norm pass it replaces), r written back for the next
