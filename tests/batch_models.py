@@ -79,3 +79,17 @@ def write_dory(dirpath, quant="f32", seed=0, **params):
     out = os.path.join(dirpath, f"dory_{quant}.cmf")
     from_hf(hf, out, quant=quant, progress=False)
     return out
+
+
+def alone_then_rewound(g, prompts, tok: int):
+    """Each prompt fed to a fresh state of model g, then token `tok` run alone (its
+    logits kept) and rolled back off again: (the states at their prompts' ends, each
+    one's logits for tok alone), for comparing a batch of the same rows."""
+    states, alone = [], []
+    for p in prompts:
+        st = g.new_state()
+        g.forward(st, p, prompt=True)
+        alone.append(g.forward(st, [tok]))
+        g.rollback(st, len(p))
+        states.append(st)
+    return states, alone

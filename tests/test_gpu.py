@@ -124,20 +124,12 @@ def test_matvec_merges_attention_splits(dev, splits):
     nh, hd = 4, 32
     w = _qt(rng, "q8_row", 21, nh * hd)
     g = GpuMatrix(dev, w)
-    m = rng.standard_normal((nh, splits)).astype(np.float32) * 3
-    den = rng.random((nh, splits)).astype(np.float32) * 5 + 0.1
-    acc = rng.standard_normal((nh, splits, hd)).astype(np.float32)
-    if splits > 1:       # a split past the last position
-        m[:, -1], den[:, -1], acc[:, -1] = -3e38, 0.0, 0.0
-    rec = np.zeros((nh, splits, hd + 4), np.float32)
-    rec[..., 0], rec[..., 1], rec[..., 4:] = m, den, acc
-    e = np.exp(m - m.max(1, keepdims=True))
-    y = (e[..., None] * acc).sum(1) / (e * den).sum(1)[:, None]
+    rec, y = split_records(rng, nh, hd, splits)
     gate = rng.standard_normal(nh * hd).astype(np.float32)
     s = rng.random(nh * hd).astype(np.float32)
-    z = y.ravel() / (1 + np.exp(-(gate * s)))
+    z = y / (1 + np.exp(-(gate * s)))
     z /= np.sqrt((z * z).sum() + 1e-6)
-    got = matvec_once(dev, [g], rec.reshape(1, -1), pro=3, x2=gate[None], va=s, hd=hd,
+    got = matvec_once(dev, [g], rec, pro=3, x2=gate[None], va=s, hd=hd,
                       splits=splits)[0]
     assert _rel(got, w.matvec(z)) < 1e-5
 

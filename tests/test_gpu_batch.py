@@ -11,6 +11,7 @@ import threading
 import numpy as np
 import pytest
 from arrays import stable_seed
+from batch_models import alone_then_rewound
 
 from cortiq import cmf
 from cortiq.demo import demo_path
@@ -381,13 +382,7 @@ def test_llama_int8_rows_equal_each_sequence_alone(dev, tmp_path_factory):
     g = GpuLlamaModel(LlamaModel(f), dev)
     g.set_precision("int8")
     prompts = [np.array([3, 17, 20]), np.array([5, 9]), np.array([41, 2, 8, 13, 1])]
-    states, alone = [], []
-    for p in prompts:
-        st = g.new_state()
-        g.forward(st, p, prompt=True)
-        alone.append(g.forward(st, [7]))
-        g.rollback(st, p.size)
-        states.append(st)
+    states, alone = alone_then_rewound(g, prompts, 7)
     got = g.forward_batch(states, [[7]] * 3, ["last"] * 3)
     assert any(d.name == "quantrows" for d in g._rows.product("qkv_op", 0))
     for a, b in zip(alone, got):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from attention_records import split_records
+from batch_models import alone_then_rewound
 from cortiq.cmf.testing import qtensor_from_f32
 
 pytestmark = pytest.mark.gpu
@@ -192,13 +193,7 @@ def test_int8_batches_equal_each_sequence_alone(dev, monkeypatch):
     g = to_device(DoryModel(f), dev)
     g.set_precision("int8")
     prompts = [np.array([3, 17, 200]), np.array([5, 9]), np.array([41, 2, 8, 13])]
-    alone, states = [], []
-    for p in prompts:
-        st = g.new_state()
-        g.forward(st, p, prompt=True)
-        alone.append(g.forward(st, [7]))
-        g.rollback(st, p.size)
-        states.append(st)
+    states, alone = alone_then_rewound(g, prompts, 7)
     calls: list = []
     rows = g.forward_rows
     monkeypatch.setattr(g, "forward_rows", lambda *a: calls.append(len(a[0])) or rows(*a))
@@ -241,16 +236,10 @@ def test_int8_merges_gated_attention_splits(dev, splits):
     rng = np.random.default_rng(splits)
     nh, hd = 4, 32
     w = _q8_row(rng, 21, nh * hd)
-    m = rng.standard_normal((nh, splits)).astype(np.float32) * 3
-    den = rng.random((nh, splits)).astype(np.float32) * 5 + 0.1
-    acc = rng.standard_normal((nh, splits, hd)).astype(np.float32)
-    rec = np.zeros((nh, splits, hd + 4), np.float32)
-    rec[..., 0], rec[..., 1], rec[..., 4:] = m, den, acc
-    e = np.exp(m - m.max(1, keepdims=True))
-    y = (e[..., None] * acc).sum(1) / (e * den).sum(1)[:, None]
+    rec, y = split_records(rng, nh, hd, splits)
     gate = rng.standard_normal(nh * hd).astype(np.float32)
     s = rng.random(nh * hd).astype(np.float32)
-    z = y.ravel() / (1 + np.exp(-(gate * s)))
-    got = matvec_once(dev, [GpuMatrix(dev, w)], rec.reshape(1, -1), pro=3, x2=gate[None],
+    z = y / (1 + np.exp(-(gate * s)))
+    got = matvec_once(dev, [GpuMatrix(dev, w)], rec, pro=3, x2=gate[None],
                       va=s, hd=hd, splits=splits, int8=True)[0]
     assert _rel(got, _int8_product(w, z) / np.sqrt((z * z).sum() + 1e-6)) < 1e-5
