@@ -274,6 +274,74 @@ def test_llm_sessions_on_gpu(dev, tmp_path_factory):
     assert s.pos == 1
 
 
+def test_greedy_chain_stops_where_the_consumer_stops(dev, tmp_path_factory):
+    """Closing the chain after k tokens leaves the state holding the first id and every
+    token taken but the last (the pass run ahead forgotten): the rows that follow are
+    the straight run's."""
+    host, g = _pair(dev, tmp_path_factory, "qwen3", "q8_row")
+    ids = np.random.default_rng(6).integers(0, host.vocab, 7)
+    s = g.new_state()
+    g.forward(s, ids[:-1], "none")
+    want = g.decode_greedy(s, int(ids[-1]), 12)
+    for k in (1, 4, 9):
+        st = g.new_state()
+        g.forward(st, ids[:-1], "none")
+        chain = g.greedy_chain(st, int(ids[-1]))
+        got = [next(chain) for _ in range(k)]
+        chain.close()
+        assert got == want[:k]
+        assert st.pos == ids.size + k - 1
+        assert int(np.argmax(g.forward(st, [got[-1]]))) == want[k]
+
+
+def test_llm_greedy_requests_chain_on_the_device(dev, tmp_path_factory):
+    """A plain-argmax request runs its tokens through the device chain, alone and in the
+    scheduler: the text, finish reason and the session's ids equal the feed-and-sample
+    loop's on the same model (the chain turned off), a stop string cutting it mid-way."""
+    import dataclasses
+
+    import cortiq
+    f = _open(tmp_path_factory, "qwen3", "q8_row")
+    for max_batch in (1, 4):
+        with cortiq.LLM(f.path, device="gpu", max_batch=max_batch) as llm:
+            caps = llm.model.capabilities
+            assert caps.greedy_chain
+            chained: list = []
+
+            def spy(*a, chained=chained, real=llm.model.greedy_chain, **kw):
+                chained.append(1)
+                return real(*a, **kw)
+            llm.model.greedy_chain = spy
+
+            def run(**kw):
+                s = llm.session()
+                c = llm.create_completion("w5 w9 w11", session=s, temperature=0, **kw)
+                return c["choices"][0]["text"], c["choices"][0]["finish_reason"], s.ids
+            full = run(max_tokens=16)
+            stop = full[0].split()[5]
+            got = [full, run(max_tokens=16, stop=[stop])]
+            assert chained
+            llm.model.capabilities = dataclasses.replace(caps, greedy_chain=False)
+            want = [run(max_tokens=16), run(max_tokens=16, stop=[stop])]
+            assert got == want and want[1][1] == "stop"
+
+
+def test_non_finite_logits_are_refused_on_the_device(dev, tmp_path_factory):
+    """An inf in the final norm's weight makes the head's row non-finite: the device's
+    argmax flags it and the greedy calls raise ModelError, as the host's sampler does."""
+    from cortiq.errors import ModelError
+    from cortiq.gpu import to_device
+    from cortiq.models.llama import LlamaModel
+    host = LlamaModel(_open(tmp_path_factory, "qwen3"))
+    host.norm = host.norm.copy()
+    host.norm[3] = np.inf           # a file refuses it (cmf.write): poked after loading
+    g = to_device(host, dev)
+    with pytest.raises(ModelError, match="non-finite"):
+        g.forward_greedy(g.new_state(), [5, 6, 7])
+    with pytest.raises(ModelError, match="non-finite"):
+        g.decode_greedy(g.new_state(), 5, 3)
+
+
 def _q8_0(rows, cols):
     """A ggml q8_0 matrix (a 2-byte f16 scale and 32 int8 codes a block)."""
     from cortiq.kernels.tensor import QTensor

@@ -255,7 +255,7 @@ class GpuDeepSeekV4Model(GpuModel):
         self.vocab = cfg.vocab
         self.file = host.file
         self.max_seq_len = host.capabilities.max_seq_len
-        self.capabilities = Capabilities(rollback=False, batch_unit=1,
+        self.capabilities = Capabilities(rollback=False, batch_unit=1, greedy_chain=True,
                                          tasks=host.capabilities.tasks,
                                          max_seq_len=self.max_seq_len)
         self.options = host.options
@@ -573,26 +573,12 @@ class GpuDeepSeekV4Model(GpuModel):
             self._token(st, int(t), "none")
         return self._token(st, int(ids[-1]), "greedy")
 
-    def decode_greedy(self, st: GpuDsv4State, first: int, n: int) -> list[int]:
-        """n greedy tokens after `first`, chained on the device: the argmax writes the
-        next token's id where the embedding reads it, and token i+1 is submitted
-        before token i is read back."""
-        out: list[int] = []
-        if n <= 0:
-            return out
-        self._check(np.array([first]), "last")
-        dev = self.dev
-        with self._lock:
-            dev.queue.write_buffer(self.ids, 0, np.array([first], np.uint32))
-            pending = None
-            for i in range(n):
-                stage = self.stage_ids[i % 2]
-                self._submit(st, "greedy", stage)
-                if pending is not None:
-                    out.append(int(dev.read(pending, 4).view(np.uint32)[0]))
-                pending = stage
-            out.append(int(dev.read(pending, 4).view(np.uint32)[0]))
-        return out
+    def _greedy_pass(self, st: GpuDsv4State):
+        self._grow(st, st.pos + 1)
+        self._write_step(st.pos)
+        enc = self._record(st, "greedy")
+        st.pos += 1
+        return enc
 
     def final_hidden(self, st: GpuDsv4State, ids) -> np.ndarray:
         """The folded final-norm hidden states [len(ids), dim] the head reads
@@ -608,7 +594,7 @@ class GpuDeepSeekV4Model(GpuModel):
             dev.queue.write_buffer(self.ids, 0, np.array([tok], np.uint32))
             self._submit(st, want, stage)
             if want == "greedy":
-                return int(dev.read(stage, 4).view(np.uint32)[0])
+                return self._greedy_token(stage, st.pos - 1)
             if want in ("last", "hidden"):
                 n = self.vocab if want == "last" else self.cfg.dim
                 return dev.read(stage, n * 4).view(np.float32).copy()

@@ -115,7 +115,7 @@ class GpuDoryModel(GpuModel):
         self.max_seq_len = host.capabilities.max_seq_len
         # rollback as on the host; a prompt is read in the host's chunks, so that the
         # last_loop caches end up as a straight run leaves them
-        self.capabilities = Capabilities(rollback=True, batch_unit=HOST_CHUNK,
+        self.capabilities = Capabilities(rollback=True, batch_unit=HOST_CHUNK, greedy_chain=True,
                                          max_seq_len=self.max_seq_len)
         self.options = host.options
         self.loops, self.kv_mode = host.loops, host.kv_mode
@@ -306,29 +306,26 @@ class GpuDoryModel(GpuModel):
             self._run_chunk(st, chunk, "none", prompt)
         return self._run_chunk(st, ids[-1:], "greedy", prompt)
 
-    def decode_greedy(self, st: GpuDoryState, first: int, n: int) -> list[int]:
-        """n greedy tokens after `first` (fed at st.pos), the token ids chained on the
-        device (`_chained_greedy`)."""
-        out: list[int] = []
-        if n <= 0:
-            return out
+    def greedy_chain(self, st: GpuDoryState, first: int, limit: int | None = None):
+        """`GpuModel.greedy_chain`; with the conf gate, whose exit decision is taken on
+        the host between passes, one `forward_greedy` a token instead."""
+        if self.gate is None:
+            yield from super().greedy_chain(st, first, limit)
+            return
         self._check(np.array([first]), "last")
-        if self.gate is not None:   # the gate decides on the host between passes
-            tok = first
-            for _ in range(n):
-                tok = self.forward_greedy(st, [tok])
-                out.append(tok)
-            return out
+        tok, n = first, 0
+        while limit is None or n < limit:
+            tok = self.forward_greedy(st, [tok])
+            n += 1
+            yield tok
 
-        def token_pass():
-            self._prepare(st, 1)
-            self._write_step(st.pos, 1)
-            enc = self._record(st, 1, self.loops, "greedy")
-            st.hi = max(st.hi, st.pos)
-            st.pos += 1
-            return enc
-
-        return self._chained_greedy(first, n, token_pass)
+    def _greedy_pass(self, st: GpuDoryState):
+        self._prepare(st, 1)
+        self._write_step(st.pos, 1)
+        enc = self._record(st, 1, self.loops, "greedy")
+        st.hi = max(st.hi, st.pos)
+        st.pos += 1
+        return enc
 
     # ---- decode rows of several sequences in one submission ---------------------------
     batch_rows = HOST_CHUNK
@@ -450,7 +447,7 @@ class GpuDoryModel(GpuModel):
         if advance:
             self._advance(st, t)
         if want == "greedy":
-            return int(dev.read(stage, 4).view(np.uint32)[0])
+            return self._greedy_token(stage, st.pos - 1)
         if stage is None:
             return None
         return dev.read(stage, nbytes).view(np.float32).reshape(-1, self.vocab)

@@ -159,7 +159,7 @@ class GpuLlamaModel(GpuModel):
         self.nh, self.nk, self.hd = cfg.n_heads, cfg.n_kv, cfg.head_dim
         self.file = host.file
         self.max_seq_len = host.max_seq_len
-        self.capabilities = Capabilities(rollback=True, batch_unit=CHUNK,
+        self.capabilities = Capabilities(rollback=True, batch_unit=CHUNK, greedy_chain=True,
                                          max_seq_len=self.max_seq_len)
         self.options = host.options
         self.q_size, self.kv_size = self.nh * self.hd, self.nk * self.hd
@@ -368,21 +368,12 @@ class GpuLlamaModel(GpuModel):
             self._submit(st, ids[start:min(start + CHUNK, ids.size - 1)], "none")
         return self._submit(st, ids[-1:], "greedy")
 
-    def decode_greedy(self, st: GpuLlamaState, first: int, n: int) -> list[int]:
-        """n greedy tokens after `first` (fed at st.pos), the token ids chained on the
-        device (`_chained_greedy`)."""
-        if n <= 0:
-            return []
-        check_feed(np.array([first]), "last", self.vocab)
-
-        def token_pass():
-            self._grow(st, st.pos + 1)
-            self._write_step(st.pos, 1)
-            enc = self.dev.record(self._program(st, 1, "greedy"), 1)
-            st.pos += 1
-            return enc
-
-        return self._chained_greedy(first, n, token_pass)
+    def _greedy_pass(self, st: GpuLlamaState):
+        self._grow(st, st.pos + 1)
+        self._write_step(st.pos, 1)
+        enc = self.dev.record(self._program(st, 1, "greedy"), 1)
+        st.pos += 1
+        return enc
 
     def _write_step(self, pos0: int, t: int) -> None:
         q = self.dev.queue
@@ -416,7 +407,7 @@ class GpuLlamaModel(GpuModel):
         dev.queue.submit([enc.finish()])
         self._advance(st, t)
         if want == "greedy":
-            return int(dev.read(stage, 4).view(np.uint32)[0])
+            return self._greedy_token(stage, st.pos - 1)
         if stage is None:
             return None
         out = dev.read(stage, nbytes).view(np.float32)

@@ -3,11 +3,12 @@ device runs a sequence's feed as one submission a chunk, on weights kept in thei
 stored dtypes; decode rows of several sequences may share one submission."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, CortiqError
+from ..errors import ConfigError, CortiqError, ModelError
 from ..models.base import ModelBase, check_feed, is_prompt
 
 #: the per-sequence part of a layer program: a marker the program's builder leaves where
@@ -109,26 +110,72 @@ class GpuModel(ModelBase):
                 prog.append(item)
         return prog
 
-    def _chained_greedy(self, first: int, n: int, token_pass) -> list[int]:
-        """n greedy tokens chained on the device, each pass reading the id the one
-        before it wrote (token_pass(): the next pass's encoder, its state prepared).
-        Pass i + 1 is submitted before token i is read back and that read waits for pass
-        i alone, so the host records a pass while the GPU runs the one before."""
+    def greedy_chain(self, st, first: int, limit: int | None = None) -> Iterator[int]:
+        """The greedy tokens after `first` (fed at st.pos), one a pass, the ids chained
+        on the device: each pass's argmax writes the id the next pass embeds, and only
+        the 4-byte id (and the logits' finiteness) is read back. At most `limit` passes
+        (None: until the consumer stops).
+
+        Where the model rolls back in place, pass i + 1 is submitted before token i is
+        read, so the host records a pass while the device runs the one before (a read
+        waits for its own submission only); closing the generator then forgets the
+        pass run ahead. Whenever the consumer stops, the state holds `first` and every
+        token yielded but the last: the last is not fed, as in a feed-and-sample loop."""
+        return self._chain(st, first, limit, self.capabilities.rollback)
+
+    def _chain(self, st, first: int, limit: int | None, ahead: bool) -> Iterator[int]:
+        """`greedy_chain`, running a pass ahead of the consumer where `ahead` (the
+        caller either takes every token up to `limit` or the model rolls back)."""
+        check_feed(np.array([first]), "last", self.vocab)
+        if limit is not None and limit <= 0:
+            return
         dev = self.dev
         dev.queue.write_buffer(self.ids, 0, np.array([first], np.uint32))
-        out: list[int] = []
-        pending = None
-        for i in range(n):
-            enc = token_pass()
+
+        def submit(i: int):
+            enc = self._greedy_pass(st)
             stage = self.stage_ids[i % 2]
             enc.copy_buffer_to_buffer(self.res, 0, stage, 0, 16)
-            submitted = (stage, dev.submit([enc.finish()]))
-            if pending is not None:
-                out.append(int(dev.read(pending[0], 4, after=pending[1]).view(np.uint32)[0]))
-            pending = submitted
-        if pending is not None:
-            out.append(int(dev.read(pending[0], 4, after=pending[1]).view(np.uint32)[0]))
-        return out
+            return stage, dev.submit([enc.finish()])
+
+        pending = submit(0)
+        done = 0
+        try:
+            while True:
+                more = limit is None or done + 1 < limit
+                nxt = submit(done + 1) if ahead and more else None
+                tok = self._greedy_token(pending[0], st.pos - (2 if nxt else 1), pending[1])
+                pending = nxt
+                done += 1
+                yield tok
+                if not more:
+                    return
+                if pending is None:
+                    pending = submit(done)
+        finally:
+            if pending is not None and self.capabilities.rollback:
+                self.rollback(st, st.pos - 1)   # the pass run ahead of what was taken
+
+    def _greedy_token(self, stage, pos: int, after: int | None = None) -> int:
+        """The argmax a greedy pass copied to `stage` (the pass fed position `pos`);
+        ModelError where that pass's logits were not all finite (the argmax shader's
+        flag), as the host's sampler refuses such a row."""
+        word = self.dev.read(stage, 8, after=after).view(np.uint32)
+        if word[1]:
+            raise ModelError(f"{self.arch}: the model produced non-finite logits at position "
+                             f"{pos} — the file may be damaged: run cortiq verify")
+        return int(word[0])
+
+    def decode_greedy(self, st, first: int, n: int) -> list[int]:
+        """n greedy tokens after `first` (fed at st.pos), chained on the device
+        (`greedy_chain`, every pass but the first submitted before the one before it is
+        read back); the state advances by n."""
+        return list(self._chain(st, first, n, True))
+
+    def _greedy_pass(self, st):
+        """A command encoder holding one decode pass at st.pos that embeds the id in
+        `ids`, writes its argmax back there and into `res`; the state advanced past it."""
+        raise NotImplementedError
 
     def _advance(self, st, t: int) -> None:
         """Move a state past t rows just run."""

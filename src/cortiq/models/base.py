@@ -43,6 +43,10 @@ class Capabilities:
     far_field: the model summarises the far past in a fixed-size state (Dory's
         O(1) attention), so its memory per sequence does not grow with length.
     max_seq_len: the longest sequence the model's positions cover (None: no limit).
+    greedy_chain: `greedy_chain(state, first)` yields the argmax tokens after `first`,
+        each fed to the next pass on the model's device without its logits read back
+        (`cortiq.runtime.chained`); the state then holds `first` and every token
+        yielded but the last.
     """
 
     rollback: bool = False
@@ -51,6 +55,7 @@ class Capabilities:
     tasks: tuple[str, ...] = ()
     far_field: bool = False
     max_seq_len: int | None = None
+    greedy_chain: bool = False
 
 
 @runtime_checkable
@@ -93,6 +98,9 @@ def check_model(model) -> Model:
     if not isinstance(model.capabilities, Capabilities):
         raise ConfigError(f"{type(model).__name__}.capabilities must be a "
                           f"cortiq.models.base.Capabilities, got {model.capabilities!r}")
+    if model.capabilities.greedy_chain and not callable(getattr(model, "greedy_chain", None)):
+        raise ConfigError(f"{type(model).__name__}: capabilities.greedy_chain is set but the "
+                          "model has no greedy_chain(state, first) method")
     return model
 
 

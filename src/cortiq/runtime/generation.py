@@ -185,6 +185,14 @@ class Generation:
         self.criteria: tuple = tuple(o.stopping_criteria or ())    # type: ignore[arg-type]
         self.matcher = o.grammar.matcher() if o.grammar is not None else None
 
+    @property
+    def plain_argmax(self) -> bool:
+        """Each token is its row's argmax and nothing else reads the row (no logprobs,
+        hooks, grammar or stopping criteria): a token chosen by the model's own argmax
+        (`take`) is the one `step` would sample."""
+        return (self.sampler.params.is_plain_argmax and self.n_top is None
+                and not self.processors and not self.criteria and self.matcher is None)
+
     def step(self, logits) -> str | None:
         """Sample the next token from `logits` (the row after the last token) and
         return the text it makes safe to show (may be ""); None when finished."""
@@ -194,6 +202,23 @@ class Generation:
         row = logits[:self.n_vocab]
         scores = self._shape_scores(row)
         t = self.sampler.sample(scores, self.history)
+        return self._accept(t, row, scores)
+
+    def take(self, t: int) -> str | None:
+        """`step` for a token already chosen as its row's argmax (the device's, in a
+        chained greedy decode; only where `plain_argmax`, t inside the vocabulary)."""
+        if self.done:
+            return None
+        if not self.plain_argmax:
+            raise ConfigError("Generation.take: this request's tokens are not plain argmax "
+                              "(sampling, penalties, logprobs or hooks need the logits)")
+        if not 0 <= t < self.n_vocab:
+            raise ValueError(f"Generation.take: token {t} is outside the vocabulary "
+                             f"[0, {self.n_vocab})")
+        return self._accept(int(t), None, None)
+
+    def _accept(self, t: int, row, scores) -> str | None:
+        """The rules after the choice of token t (from `row`, shaped into `scores`)."""
         if self.matcher is not None:
             self.matcher.accept(t)
         if self.stops.check_token(t):          # an end token is not part of the output

@@ -49,6 +49,7 @@ import numpy as np
 from .. import cmf as _cmf
 from ..kernels._config import check_precision, get_precision, preload_default, set_num_threads
 from .batch import feed_batch as _feed_batch
+from .chained import can_chain, chained_pieces
 from ..text.chat import ChatTemplate, openai_messages
 from ..errors import ConfigError, FormatError
 from .generation import Generation, Options, Result, TokenLogprob, check_finite, log_softmax
@@ -535,15 +536,33 @@ class LLM:
             t1 = time.perf_counter()
             res.prefill_s = t1 - t0
             gen = Generation(self.tokenizer, ids, params, limit, stop, res, options)
+
+            def cancelled() -> bool:
+                return cancel is not None and cancel.is_set()
+
             while not gen.done:
-                if cancel is not None and cancel.is_set():
+                if cancelled():
                     gen.cancel()
                     break
                 piece = gen.step(logits)
                 if piece:
                     yield piece
-                if not gen.done:
-                    logits = session.feed([gen.token], want="last", prompt=False)
+                if gen.done:
+                    break
+                if can_chain(session, gen):     # plain argmax: the device picks tokens
+                    pieces = chained_pieces(session, gen, cancelled)
+                    try:
+                        for piece in pieces:
+                            if piece:
+                                yield piece
+                    finally:
+                        pieces.close()      # the chain holds the session until closed
+                    if gen.done:
+                        break
+                    if cancelled():
+                        gen.cancel()
+                        break
+                logits = session.feed([gen.token], want="last", prompt=False)
             tail = gen.finish()
             if tail:
                 yield tail

@@ -157,6 +157,14 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_EPS
 
+    @property
+    def is_plain_argmax(self) -> bool:
+        """Greedy with nothing that changes the row before the argmax (no penalties,
+        logit_bias or suppressed ids): the token is the row's own argmax."""
+        return (self.is_greedy and self.repetition_penalty == 1.0
+                and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0
+                and not self.logit_bias and not self.suppress_tokens)
+
     def replace(self, **changes) -> SamplingParams:
         return replace(self, **changes)
 

@@ -6,6 +6,8 @@ while requests are active: each step it gathers one piece of work per request --
 next token of a decoding request, or the next chunk of a prompt being prefilled -- and
 runs them all in one `feed_batch`, then hands each request its row of logits through
 its own `Generation` (sampling, stop strings, limits, detokenizing: all per request).
+A request decoding alone whose tokens are plain argmax runs its tokens chained on the
+model's device (`cortiq.runtime.chained`) until another request arrives.
 Requests join and leave at token boundaries; a new prompt is read in chunks of the
 model's `capabilities.batch_unit` rows (at most `prefill_chunk` prompt rows per step,
 and the model's `capabilities.prefill_cap`), interleaved
@@ -26,6 +28,7 @@ import time
 import weakref
 
 from .batch import feed_batch
+from .chained import can_chain, chained_pieces
 from ..errors import CortiqError
 
 __all__ = ["Request", "Scheduler"]
@@ -50,6 +53,7 @@ class Request:
         self.t0 = time.perf_counter()
         self.t1 = None
         self.done = False
+        self.feed_next = False        # a device chain stopped short: feed the next token
 
     # -- the scheduler's side ----------------------------------------------------------
     def put(self, item) -> None:
@@ -170,6 +174,29 @@ class Scheduler:
             r.gen.cancel()
             r.end(CortiqError("the LLM was closed while the request ran"))
 
+    def _chain(self, r: Request) -> None:
+        """A lone decoding request of plain argmax tokens: its tokens chained on the
+        model's device (`cortiq.runtime.chained`) until it ends, is cancelled or another
+        request arrives; each token counts as a step of one row."""
+        def interrupt() -> bool:
+            return bool(self._waiting) or r.cancel.is_set() or self._closed
+
+        pieces = chained_pieces(r.session, r.gen, interrupt)
+        try:
+            for piece in pieces:
+                self.steps += 1
+                self.rows += 1
+                for w in list(self.watchers):
+                    w.batch_step(1, 1)
+                if piece:
+                    r.put(piece)
+        finally:
+            pieces.close()
+        if r.gen.done:
+            r.end()
+        else:       # interrupted, or a token in the padded tail: the next row is sampled
+            r.feed_next = True
+
     def _step(self, active: list[Request]) -> None:
         live = []
         for r in active:
@@ -180,6 +207,10 @@ class Scheduler:
             else:
                 live.append(r)
         if not live:
+            return
+        if len(live) == 1 and not live[0].todo and not live[0].feed_next \
+                and not self._waiting and can_chain(live[0].session, live[0].gen):
+            self._chain(live[0])
             return
         budget = self.prefill_chunk
         decoding = any(not r.todo for r in live)
@@ -206,6 +237,7 @@ class Scheduler:
                 wants.append("none" if r.todo else "last")
                 prompts.append(True)
             else:
+                r.feed_next = False
                 batch.append(r)
                 ids.append([r.gen.token])
                 wants.append("last")

@@ -19,7 +19,7 @@ The session calls the model only through the model protocol (`cortiq.models.base
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import cast
 
 import numpy as np
@@ -104,6 +104,34 @@ class Session:
             out = self._model.forward(self._state, arr, want, prompt=p)
             self._record(arr, want, out, p)
             return out
+
+    def greedy_chain(self, first: int) -> Generator[int, None, None]:
+        """The argmax tokens after feeding `first`, each fed to the next pass on the
+        model's device with no logits read back (a model whose
+        `capabilities.greedy_chain` is set). Whenever the caller stops taking them, the
+        session holds `first` and every token taken but the last, as if each had been
+        fed as a generated token; it has no logits then (`logits()` refuses). A pass
+        that fails empties the session (its state would no longer match its ids)."""
+        if not self._model.capabilities.greedy_chain:
+            raise CortiqError(f"{self._model.arch}: this model does not decode greedy "
+                              "tokens on its device; feed tokens and sample instead")
+        with self._lock:
+            self._last = None
+            chain = self._model.greedy_chain(self._state, int(first))
+            fed = int(first)
+            try:
+                for t in chain:
+                    self._ids.append(fed)
+                    self._feeds.append((1, "last", False))
+                    yield t
+                    fed = t
+            except Exception:
+                # a pass failed part way: the state no longer matches the ids held
+                self._state = self._model.new_state()
+                self._ids, self._feeds = [], []
+                raise
+            finally:
+                chain.close()
 
     def _record(self, arr: np.ndarray, want: str, out, prompt: bool) -> None:
         """Note a feed of `arr` that produced `out` (by `feed` or a batched forward)."""
