@@ -100,6 +100,32 @@ def random_llama(g: dict, seed: int = 0):
     return LlamaModel(f)
 
 
+def _word_tokenizer(vocab: int) -> bytes:
+    """A word-level tokenizer.json of `vocab` ids and no special tokens (so no EOS cuts
+    a benchmark's generation short)."""
+    import json
+    return json.dumps({"version": "1.0", "truncation": None, "padding": None,
+                       "added_tokens": [], "normalizer": None,
+                       "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None,
+                       "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": False},
+                       "model": {"type": "WordLevel", "unk_token": "w0",
+                                 "vocab": {f"w{i}": i for i in range(vocab)}}}).encode()
+
+
+def llm_greedy_rate(g, prompt, tokens: int) -> float:
+    """Generated tokens/s of a greedy `LLM.create_completion` on the GPU model g (the
+    product's path: the scheduler, `Generation`, detokenizing; plain argmax, so through
+    the device's chain), the prompt already cached by a first call."""
+    from cortiq.runtime.llm import LLM
+    with LLM.from_model(g, tokenizer=_word_tokenizer(g.vocab)) as llm:
+        ids = [int(i) for i in prompt]
+        llm.create_completion(ids, max_tokens=4, temperature=0)
+        t0 = time.perf_counter()
+        c = llm.create_completion(ids, max_tokens=tokens, temperature=0)
+        dt = time.perf_counter() - t0
+    return c["usage"]["completion_tokens"] / dt
+
+
 def rows_breakdown(g, prompt, rows: int, time_dispatches) -> dict:
     """Where a step of `rows` sequences' decode rows (one submission) spends its time:
     dispatches, host recording and GPU ms of the rows program, GPU ms by kernel."""
@@ -181,6 +207,8 @@ def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw:
     i8["pct_of_read_bw"] = 100 * max(i8.values()) * per_token / 1e9 / bw
     i8["gpu_ms_per_token"] = time_dispatches(g, prog, k=8, at=1) * 1e3
     i8["gpu_ms_by_kernel"] = ms_by_kernel(prog, lambda ds: time_dispatches(g, ds, k=8, at=1))
+    busy(dev)
+    i8["llm_greedy_tok_s"] = llm_greedy_rate(g, prompt, tokens)
     if batch is not None:       # the int8 rows matvec
         busy(dev)
         i8["cortiq_gpu_batch"] = batch(g, prompt)
