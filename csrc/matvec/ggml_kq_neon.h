@@ -3,56 +3,14 @@
  * q4_k, q5_k and q6_k here, the other K-quants the scalar spec (kq_ref_i8_row).
  *
  * A block's weights are split into their signed integers q (q4_k 0..15, q5_k 0..31,
- * q6_k -32..31, all int8) 16 to a register, one register per half group; each half's
+ * q6_k -32..31, all int8) 16 to a register, one register per half group, by the
+ * splitters of ggml_kq_decode_neon.h (included before this file); each half's
  * sum q * xq is sdot16 (sdot on neon_dotprod, smull + sadalp otherwise: exact either
  * way) and its sum of xq a widening add across the lanes. The spec's integers isum and
  * msum are then formed from them and combined with its float32 operations in its group
  * order, so these rows equal kq_ref_i8_row bit for bit on both tables. */
 #ifndef CQ_GGML_KQ_NEON_H
 #define CQ_GGML_KQ_NEON_H
-
-/* q4_k / q5_k: the 32 weights of group j (0..7) of the block at blk. */
-static inline void kq_neon_q45(const uint8_t *blk, int q5, int j, int8x16_t *qa, int8x16_t *qb) {
-    const uint8_t *qs = blk + (q5 ? 48 : 16) + 32 * (j / 2); /* low nibbles: even j, high: odd */
-    uint8x16_t a = vld1q_u8(qs), b = vld1q_u8(qs + 16);
-    if (j & 1) {
-        a = vshrq_n_u8(a, 4);
-        b = vshrq_n_u8(b, 4);
-    } else {
-        a = vandq_u8(a, vdupq_n_u8(0x0F));
-        b = vandq_u8(b, vdupq_n_u8(0x0F));
-    }
-    if (q5) { /* bit j of qh[k]: weight 32j + k's fifth bit */
-        const int8x16_t sh = vdupq_n_s8((int8_t)(4 - j)); /* (qh >> j) & 1, moved to bit 4 */
-        const uint8x16_t m10 = vdupq_n_u8(0x10);
-        const uint8x16_t ha = vld1q_u8(blk + 16), hb = vld1q_u8(blk + 32);
-        a = vorrq_u8(a, vandq_u8(vshlq_u8(ha, sh), m10));
-        b = vorrq_u8(b, vandq_u8(vshlq_u8(hb, sh), m10));
-    }
-    *qa = vreinterpretq_s8_u8(a);
-    *qb = vreinterpretq_s8_u8(b);
-}
-
-/* q6_k: the 32 weights of group j = 4h + s: the low nibbles of ql[64h + 32(s % 2) ..]
- * (s < 2) or its high ones (s >= 2), bits 2s.. of qh[32h ..] as bits 4-5, minus 32. */
-static inline void kq_neon_q6(const uint8_t *blk, int j, int8x16_t *qa, int8x16_t *qb) {
-    const int h = j / 4, s = j % 4;
-    const uint8_t *ql = blk + 64 * h + 32 * (s % 2), *qh = blk + 128 + 32 * h;
-    uint8x16_t a = vld1q_u8(ql), b = vld1q_u8(ql + 16);
-    if (s >= 2) {
-        a = vshrq_n_u8(a, 4);
-        b = vshrq_n_u8(b, 4);
-    } else {
-        a = vandq_u8(a, vdupq_n_u8(0x0F));
-        b = vandq_u8(b, vdupq_n_u8(0x0F));
-    }
-    const int8x16_t sh = vdupq_n_s8((int8_t)(4 - 2 * s)); /* (qh >> 2s) & 3, moved to bits 4-5 */
-    const uint8x16_t m30 = vdupq_n_u8(0x30);
-    a = vorrq_u8(a, vandq_u8(vshlq_u8(vld1q_u8(qh), sh), m30));
-    b = vorrq_u8(b, vandq_u8(vshlq_u8(vld1q_u8(qh + 16), sh), m30));
-    *qa = vsubq_s8(vreinterpretq_s8_u8(a), vdupq_n_s8(32));
-    *qb = vsubq_s8(vreinterpretq_s8_u8(b), vdupq_n_s8(32));
-}
 
 static float kq_neon_row(const cq_qmat *m, size_t r, const cq_xq *xq) {
     const size_t nb = m->cols / CQ_KQ_BLOCK, bb = kq_block_bytes(m->dtype);

@@ -63,22 +63,65 @@ typedef struct {
     float d, dmin;          /* dmin 0 without mins */
 } kq_ints;
 
-/* Split one block into its integers and half-precision scales. */
-static void kq_block_ints(int dtype, const uint8_t *b, kq_ints *o) {
+/* One block's half-precision scales d (and dmin) and its per-16-weight scale and min
+ * integers sc, mn (o->q untouched): the scale half of kq_block_ints, also read by the
+ * SIMD decoders that split the weights themselves. */
+static void kq_block_scales(int dtype, const uint8_t *b, kq_ints *o) {
     o->dmin = 0.0f;
     for (int s = 0; s < 16; s++) o->mn[s] = 0;
     switch (dtype) {
     case CQ_DT_GGML_Q4_K:
-    case CQ_DT_GGML_Q5_K: { /* d, dmin, scales[12], (q5_k: qh[32]), qs[128] */
+    case CQ_DT_GGML_Q5_K: /* d, dmin, scales[12], (q5_k: qh[32]), qs[128] */
         o->d = cq_h2f(cq_ld16(b));
         o->dmin = cq_h2f(cq_ld16(b + 2));
-        const uint8_t *qh = b + 16, *qs = b + (dtype == CQ_DT_GGML_Q5_K ? 48 : 16);
         for (int j = 0; j < 8; j++) {
             int sc, mn;
             kq_scale_min6(b + 4, j, &sc, &mn);
             o->sc[2 * j] = o->sc[2 * j + 1] = (int16_t)sc;
             o->mn[2 * j] = o->mn[2 * j + 1] = (int16_t)mn;
         }
+        break;
+    case CQ_DT_GGML_Q6_K: /* ql[128], qh[64], scales[16] (int8), d */
+        o->d = cq_h2f(cq_ld16(b + 208));
+        for (int s = 0; s < 16; s++) o->sc[s] = (int8_t)b[192 + s];
+        break;
+    case CQ_DT_GGML_Q2_K: /* scales[16] (low nibble scale, high min), qs[64], d, dmin */
+        o->d = cq_h2f(cq_ld16(b + 80));
+        o->dmin = cq_h2f(cq_ld16(b + 82));
+        for (int s = 0; s < 16; s++) {
+            o->sc[s] = b[s] & 15;
+            o->mn[s] = b[s] >> 4;
+        }
+        break;
+    case CQ_DT_GGML_Q3_K: { /* hmask[32], qs[64], scales[12] (6-bit, - 32), d */
+        const uint8_t *sp = b + 96;
+        o->d = cq_h2f(cq_ld16(b + 108));
+        for (int s = 0; s < 16; s++) {
+            const int lo = (s < 8 ? sp[s] : sp[s - 8] >> 4) & 15, hi = (sp[8 + s % 4] >> (2 * (s / 4))) & 3;
+            o->sc[s] = (int16_t)((lo | (hi << 4)) - 32);
+        }
+        break;
+    }
+    default: { /* iq4_xs: d, scales_h (u16), scales_l[4], qs[128] */
+        o->d = cq_h2f(cq_ld16(b));
+        const unsigned sh = cq_ld16(b + 2);
+        const uint8_t *sl = b + 4;
+        for (int j = 0; j < 8; j++) {
+            const int lo = (sl[j / 2] >> (4 * (j & 1))) & 15, hi = (int)(sh >> (2 * j)) & 3;
+            o->sc[2 * j] = o->sc[2 * j + 1] = (int16_t)((lo | (hi << 4)) - 32);
+        }
+        break;
+    }
+    }
+}
+
+/* Split one block into its integers and half-precision scales. */
+static void kq_block_ints(int dtype, const uint8_t *b, kq_ints *o) {
+    kq_block_scales(dtype, b, o);
+    switch (dtype) {
+    case CQ_DT_GGML_Q4_K:
+    case CQ_DT_GGML_Q5_K: {
+        const uint8_t *qh = b + 16, *qs = b + (dtype == CQ_DT_GGML_Q5_K ? 48 : 16);
         for (int i = 0; i < 4; i++) /* 32 bytes: low nibbles weights 64i.., high 64i+32.. */
             for (int k = 0; k < 32; k++) {
                 o->q[64 * i + k] = qs[32 * i + k] & 15;
@@ -89,10 +132,8 @@ static void kq_block_ints(int dtype, const uint8_t *b, kq_ints *o) {
                 for (int k = 0; k < 32; k++) o->q[32 * j + k] |= (int16_t)(((qh[k] >> j) & 1) << 4);
         break;
     }
-    case CQ_DT_GGML_Q6_K: { /* ql[128], qh[64], scales[16] (int8), d */
+    case CQ_DT_GGML_Q6_K: {
         const uint8_t *ql = b, *qh = b + 128;
-        o->d = cq_h2f(cq_ld16(b + 208));
-        for (int s = 0; s < 16; s++) o->sc[s] = (int8_t)b[192 + s];
         for (int h = 0; h < 2; h++)
             for (int k = 0; k < 64; k++) {
                 o->q[128 * h + k] = ql[64 * h + k] & 15;
@@ -106,26 +147,15 @@ static void kq_block_ints(int dtype, const uint8_t *b, kq_ints *o) {
                 }
         break;
     }
-    case CQ_DT_GGML_Q2_K: { /* scales[16] (low nibble scale, high min), qs[64], d, dmin */
+    case CQ_DT_GGML_Q2_K: {
         const uint8_t *qs = b + 16;
-        o->d = cq_h2f(cq_ld16(b + 80));
-        o->dmin = cq_h2f(cq_ld16(b + 82));
-        for (int s = 0; s < 16; s++) {
-            o->sc[s] = b[s] & 15;
-            o->mn[s] = b[s] >> 4;
-        }
         for (int h = 0; h < 2; h++)
             for (int s = 0; s < 4; s++)
                 for (int k = 0; k < 32; k++) o->q[128 * h + 32 * s + k] = (qs[32 * h + k] >> (2 * s)) & 3;
         break;
     }
-    case CQ_DT_GGML_Q3_K: { /* hmask[32], qs[64], scales[12] (6-bit, - 32), d */
-        const uint8_t *hm = b, *qs = b + 32, *sp = b + 96;
-        o->d = cq_h2f(cq_ld16(b + 108));
-        for (int s = 0; s < 16; s++) {
-            const int lo = (s < 8 ? sp[s] : sp[s - 8] >> 4) & 15, hi = (sp[8 + s % 4] >> (2 * (s / 4))) & 3;
-            o->sc[s] = (int16_t)((lo | (hi << 4)) - 32);
-        }
+    case CQ_DT_GGML_Q3_K: {
+        const uint8_t *hm = b, *qs = b + 32;
         for (int h = 0; h < 2; h++)
             for (int s = 0; s < 4; s++)
                 for (int k = 0; k < 32; k++) {
@@ -135,18 +165,13 @@ static void kq_block_ints(int dtype, const uint8_t *b, kq_ints *o) {
                 }
         break;
     }
-    default: { /* iq4_xs: d, scales_h (u16), scales_l[4], qs[128] */
-        o->d = cq_h2f(cq_ld16(b));
-        const unsigned sh = cq_ld16(b + 2);
-        const uint8_t *sl = b + 4, *qs = b + 8;
-        for (int j = 0; j < 8; j++) {
-            const int lo = (sl[j / 2] >> (4 * (j & 1))) & 15, hi = (int)(sh >> (2 * j)) & 3;
-            o->sc[2 * j] = o->sc[2 * j + 1] = (int16_t)((lo | (hi << 4)) - 32);
+    default: { /* iq4_xs */
+        const uint8_t *qs = b + 8;
+        for (int j = 0; j < 8; j++)
             for (int k = 0; k < 16; k++) { /* 16 bytes: low nibbles weights 32j.., high 32j+16.. */
                 o->q[32 * j + k] = KQ_IQ4_LEVELS[qs[16 * j + k] & 15];
                 o->q[32 * j + 16 + k] = KQ_IQ4_LEVELS[qs[16 * j + k] >> 4];
             }
-        }
         break;
     }
     }

@@ -6,7 +6,10 @@
  *  - float32 x: weights decode to the exact float32 values of the reference; the dots
  *    keep four 4-lane FMA accumulators and factor the row scale (q8) or the group scale
  *    (q4/q2 families) out of the partial sums, so they differ from the reference's
- *    sequential sum at float32 rounding level only (as the x86 twins do);
+ *    sequential sum at float32 rounding level only (as the x86 twins do); the ggml
+ *    K-quants split a block's bits on 16 lanes and form each weight with the reference
+ *    decoder's float32 operations (ggml_kq_decode_neon.h), so their dequant_row is the
+ *    reference's bit for bit and their dots within float32 rounding of it;
  *  - int8 x (CQ_ACT_INT8): each group's integer sum is exact and the groups are combined
  *    in the reference's order with its float32 operations, so these rows equal
  *    ref_i8_row bit for bit, with or without sdot;
@@ -177,6 +180,7 @@ static float grouped_dot(const cq_qmat *m, size_t r, const float *x) {
 }
 
 #include "ggml_q32_neon.h"
+#include "ggml_kq_decode_neon.h"
 
 static float dot_row(const cq_qmat *m, size_t r, const float *x) {
     const size_t cols = m->cols;
@@ -202,6 +206,7 @@ static float dot_row(const cq_qmat *m, size_t r, const float *x) {
         return q8_dot(m->data + r * cols, x, cols) * m->aux[r];
     default: break;
     }
+    if (kq_is(m->dtype)) return kq_dot_row_neon(m, r, x);
     if (ggml_q32_block_bytes(m->dtype)) return g32_dot_neon(m, r, x);
     if (!grouped_fast(m)) return ref_row(m, r, x, NULL);
     return grouped_dot(m, r, x);
@@ -247,6 +252,10 @@ static void neon_dequant_span(const cq_qmat *m, size_t r, size_t c0, size_t c1, 
         return;
     }
     default: break;
+    }
+    if (kq_is(m->dtype)) { /* whole rows (matmat asks no less) */
+        kq_dequant_row_neon(m, r, out);
+        return;
     }
     if (!grouped_fast(m)) { /* odd shapes, vbit: whole rows only (matmat asks no less) */
         (void)ref_row(m, r, NULL, out);

@@ -585,6 +585,88 @@ static void matvec_case(int t, int dt, size_t rows, size_t cols, int act, int sp
     qm_free(&q);
 }
 
+/* The K-quants' float32 path (dequant_rows, the row dots of matvec / row_dot / rows_dot,
+ * matmat) against the reference with special block scales: some blocks' d or dmin set
+ * to +-0, a subnormal, a large value (f16 up to 65504), inf or NaN (`special` 0..5), and
+ * x with zeros and large values. The weights must be the reference's bit for bit; a
+ * row whose reference dot is finite within float32 rounding of the exact sum, one that
+ * is not the same inf or a NaN too (a sum of +-inf and NaN terms has one class in any
+ * order); matmat likewise, and the same bits for 1 and 3 threads. */
+static uint16_t kq_special_half(int special) {
+    const uint16_t sign = irand(2) ? 0x8000u : 0;
+    switch (special) {
+    case 1: return sign; /* +-0 */
+    case 2: return (uint16_t)(sign | (1 + irand(0x3ff))); /* subnormal */
+    case 3: return (uint16_t)(sign | (0x7800u + irand(0x400))); /* 32768 .. 65504 */
+    case 4: return (uint16_t)(sign | 0x7c00u); /* inf */
+    case 5: return (uint16_t)(0x7c01u + irand(0x3ff)); /* NaN */
+    default: return f2h_trunc(scale_for() * (irand(2) ? 0.1f : -0.1f));
+    }
+}
+
+static void kq_exact_case(int t, int dt, size_t rows, size_t nblk, int special, int xkind) {
+    const size_t cols = 256 * nblk, off = irand(4), xoff = irand(4), T = 1 + irand(13);
+    snprintf(ctx, sizeof ctx, "%s kq exact %s %zux%zu special=%d x=%d off=%zu xoff=%zu t=%zu", SIMD[t]->name, dt_name(dt),
+             rows, cols, special, xkind, off, xoff, T);
+    qm q = qm_new(dt, rows, cols, off);
+    uint8_t *d = (uint8_t *)q.m.data;
+    const size_t bb = q.m.nbytes / (rows * nblk);
+    const size_t od = dt == CQ_DT_GGML_Q6_K ? 208 : dt == CQ_DT_GGML_Q2_K ? 80 : dt == CQ_DT_GGML_Q3_K ? 108 : 0;
+    const int has_min = dt == CQ_DT_GGML_Q4_K || dt == CQ_DT_GGML_Q5_K || dt == CQ_DT_GGML_Q2_K;
+    if (special)
+        for (size_t b = 0; b < rows * nblk; b++) {
+            if (irand(3)) continue; /* about a third of the blocks */
+            put16(d + b * bb + od + (has_min && irand(2) ? 2 : 0), kq_special_half(special));
+        }
+    fbuf X = fb_new(T * cols, xoff);
+    fill(X.p, T * cols, 1.0f);
+    for (size_t i = 0; i < T * cols; i++) {
+        if (xkind == 1 && irand(3) == 0) X.p[i] = irand(2) ? 0.0f : -0.0f;
+        if (xkind == 2 && irand(16) == 0) X.p[i] = (irand(2) ? 1.0f : -1.0f) * (float)pow(10.0, 5.0 + (double)irand(11));
+    }
+    const cq_matvec_ops *S = SIMD[t]->matvec, *R = REF->matvec;
+    float *W = malloc(rows * cols * sizeof(float)), *W2 = malloc(rows * cols * sizeof(float));
+    float *y1 = malloc(T * rows * sizeof(float)), *y2 = malloc(T * rows * sizeof(float)), *y3 = malloc(T * rows * sizeof(float));
+    float *exf = malloc(T * rows * sizeof(float));
+    double *ex = malloc(T * rows * sizeof(double)), *tol = malloc(T * rows * sizeof(double));
+    R->dequant_rows(&q.m, 0, rows, W);
+    S->dequant_rows(&q.m, 0, rows, W2);
+    check_fbits("kq dequant_rows", W2, W, rows * cols, 1);
+    if (rows > 1) {
+        const size_t r0 = 1 + irand(rows - 1), nr = 1 + irand(rows - r0);
+        S->dequant_rows(&q.m, r0, nr, W2);
+        check_fbits("kq dequant_rows part", W2, W + r0 * cols, nr * cols, 1);
+    }
+    /* against the exact sums; a non-finite reference row: the same value or NaN for NaN */
+    for (size_t i = 0; i < T; i++) {
+        row_tols(W, rows, cols, X.p + i * cols, ex + i * rows, tol + i * rows);
+        for (size_t r = 0; r < rows; r++) exf[i * rows + r] = (float)ex[i * rows + r];
+    }
+    S->matvec(&q.m, X.p, y1);
+    R->matvec(&q.m, X.p, y2);
+    for (size_t r = 0; r < rows; r++)
+        if (!isfinite(y2[r])) exf[r] = y2[r];
+    check_near("kq matvec vs exact", y1, exf, tol, rows);
+    check_near("kq ref matvec vs exact", y2, exf, tol, rows);
+    const size_t rd = irand(rows), r0 = irand(rows), nr = 1 + irand(rows - r0);
+    float v = 0.0f;
+    S->row_dot(&q.m, rd, X.p, &v);
+    check_fbits("kq row_dot", &v, y1 + rd, 1, 0);
+    S->rows_dot(&q.m, r0, nr, X.p, y3);
+    check_fbits("kq rows_dot", y3, y1 + r0, nr, 0);
+    S->matmat(&q.m, X.p, T, y1);
+    R->matmat(&q.m, X.p, T, y2);
+    for (size_t i = 0; i < T * rows; i++)
+        if (!isfinite(y2[i])) exf[i] = y2[i];
+    check_near("kq matmat vs exact", y1, exf, tol, T * rows);
+    cq_set_num_threads(3);
+    S->matmat(&q.m, X.p, T, y3);
+    cq_set_num_threads(1);
+    check_fbits("kq matmat 3 threads", y3, y1, T * rows, 0);
+    free(W); free(W2); free(y1); free(y2); free(y3); free(exf); free(ex); free(tol); free(X.raw);
+    qm_free(&q);
+}
+
 static void test_matvec(void) {
     static const size_t COLS[] = {1, 3, 4, 7, 16, 17, 31, 32, 33, 63, 64, 96, 100, 128, 160, 255, 256, 320, 1000, 1024, 2080};
     for (int t = 0; t < NSIMD; t++)
@@ -610,6 +692,13 @@ static void test_matvec(void) {
                 matvec_case(t, KQ_DTYPES[di], rows, cols, CQ_ACT_EXACT, (int)(ci % 3));
                 matvec_case(t, KQ_DTYPES[di], rows, cols, CQ_ACT_INT8, (int)(ci % 3));
             }
+    /* the K-quants' float32 path: odd row counts, 1 to 9 blocks, special scales and x */
+    static const size_t KQ_NBLK[] = {1, 2, 3, 9};
+    for (int t = 0; t < NSIMD; t++)
+        for (size_t di = 0; di < sizeof KQ_DTYPES / sizeof KQ_DTYPES[0]; di++)
+            for (int special = 0; special < 6; special++)
+                for (int xkind = 0; xkind < 3; xkind++)
+                    kq_exact_case(t, KQ_DTYPES[di], 2 * irand(14) + 1, KQ_NBLK[irand(4)], special, xkind);
 }
 
 /* ================================================================== attn ==== */
