@@ -12,11 +12,12 @@ from hypothesis import given, settings, strategies as st
 from cortiq.kernels import _kernels as K
 
 
-def _with_isa(name, fn):
+def _attend(isa, q, keys, vals, *args):
+    """attn_gqa_window under kernel table `isa`."""
     before = K.active_isa()
     try:
-        K.set_isa(name)
-        return fn()
+        K.set_isa(isa)
+        return K.attn_gqa_window(q, keys, vals, *args)
     finally:
         K.set_isa(before)
 
@@ -65,13 +66,12 @@ def test_heads_of_a_group_get_their_bits_alone(isas, rep, nk, hd, t, past, windo
     q, keys, vals = _misaligned(q, off), _misaligned(keys, off + 1), _misaligned(vals, off)
     scale = float(hd) ** -0.5
     for isa in isas:
-        group = _with_isa(isa, lambda: K.attn_gqa_window(q, keys, vals, pos0, window, first,
-                                                           scale))
+        group = _attend(isa, q, keys, vals, pos0, window, first, scale)
         for h in range(nh):
             kh = h // rep
-            alone = _with_isa(isa, lambda: K.attn_gqa_window(
-                np.ascontiguousarray(q[:, h:h + 1]), np.ascontiguousarray(keys[:, kh:kh + 1]),
-                np.ascontiguousarray(vals[:, kh:kh + 1]), pos0, window, first, scale))
+            alone = _attend(isa, np.ascontiguousarray(q[:, h:h + 1]),
+                            np.ascontiguousarray(keys[:, kh:kh + 1]),
+                            np.ascontiguousarray(vals[:, kh:kh + 1]), pos0, window, first, scale)
             assert np.array_equal(group[:, h], alone[:, 0], equal_nan=True), (isa, h)
         if not big:
             want = _f64(q, keys, vals, pos0, window, first, scale)
