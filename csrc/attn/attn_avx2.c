@@ -60,6 +60,59 @@ static void gqa_values(float *og, const float *sc, size_t n, const float *val, s
         }
     }
 }
+/* attn_gqa's score pass: four query heads of a group against each key row at once, the
+ * key loaded once for all four and eight accumulator chains in flight instead of
+ * vdot's two (a decode row's score pass was bound by the latency of vdot's chains and
+ * its reduction, one head at a time). Each head's score has cq_dot8's operations in
+ * cq_dot8's order -- the same two 8-lane accumulators, tail and reduction -- so the
+ * bits are vdot's. */
+#define CQ_HAVE_GQA_SCORES
+static void gqa_scores(float *sc, const float *qg, const float *keys, size_t n, size_t kv_row, size_t rep,
+                       size_t hd, float scale) {
+    for (size_t e = 0; e < n; e++) {
+        const float *key = keys + e * kv_row;
+        if (e + ATTN_PF_KEYS < n) /* the rows are kv_row apart: the hardware does not follow */
+            for (size_t b = 0; b < hd * sizeof(float); b += 64) CQ_PREFETCH((const char *)(key + ATTN_PF_KEYS * kv_row) + b);
+        size_t h = 0;
+        for (; h + 4 <= rep; h += 4) {
+            const float *q0 = qg + h * hd, *q1 = q0 + hd, *q2 = q1 + hd, *q3 = q2 + hd;
+            __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0;
+            size_t i = 0;
+            for (; i + 16 <= hd; i += 16) {
+                const __m256 k0 = _mm256_loadu_ps(key + i), k1 = _mm256_loadu_ps(key + i + 8);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), k0, a0);
+                b0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i + 8), k1, b0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), k0, a1);
+                b1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i + 8), k1, b1);
+                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), k0, a2);
+                b2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i + 8), k1, b2);
+                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), k0, a3);
+                b3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i + 8), k1, b3);
+            }
+            if (i + 8 <= hd) {
+                const __m256 k0 = _mm256_loadu_ps(key + i);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), k0, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), k0, a1);
+                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), k0, a2);
+                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), k0, a3);
+                i += 8;
+            }
+            float s0 = cq_hsum8(_mm256_add_ps(a0, b0)), s1 = cq_hsum8(_mm256_add_ps(a1, b1));
+            float s2 = cq_hsum8(_mm256_add_ps(a2, b2)), s3 = cq_hsum8(_mm256_add_ps(a3, b3));
+            for (; i < hd; i++) {
+                s0 += q0[i] * key[i];
+                s1 += q1[i] * key[i];
+                s2 += q2[i] * key[i];
+                s3 += q3[i] * key[i];
+            }
+            sc[h * n + e] = s0 * scale;
+            sc[(h + 1) * n + e] = s1 * scale;
+            sc[(h + 2) * n + e] = s2 * scale;
+            sc[(h + 3) * n + e] = s3 * scale;
+        }
+        for (; h < rep; h++) sc[h * n + e] = vdot(qg + h * hd, key, hd) * scale;
+    }
+}
 static void vscale(float *y, const float *x, float s, const float *w, size_t n) {
     __m256 vs = _mm256_set1_ps(s);
     size_t i = 0;

@@ -4,6 +4,8 @@
  *   static void vaxpy(float *y, float a, const float *x, size_t n);   y += a*x
  *   (optional) CQ_HAVE_GQA_VALUES + gqa_values(og, sc, n, val, kv_row, rep, hd): the
  *   value pass of attn_gqa with vaxpy's roundings in vaxpy's order
+ *   (optional) CQ_HAVE_GQA_SCORES + gqa_scores(sc, qg, keys, n, kv_row, rep, hd, scale):
+ *   the score pass of attn_gqa, each score vdot's bits times scale
  *   static void vscale(float *y, const float *x, float s, const float *w, size_t n);
  *        y = x*s (then *w[i] when w != NULL), y may alias x
  *   static float vsumsq(const float *x, size_t n);
@@ -65,6 +67,21 @@ static void gqa_values(float *og, const float *sc, size_t n, const float *val, s
 }
 #endif
 
+#ifndef CQ_HAVE_GQA_SCORES
+/* sc[h][e] = vdot(q of head h, key e) * scale for the rep query heads of one kv head
+ * (qg: their rows, hd apart; keys: key e at keys + e * kv_row), each key row read once
+ * against every head of the group. */
+static void gqa_scores(float *sc, const float *qg, const float *keys, size_t n, size_t kv_row, size_t rep,
+                       size_t hd, float scale) {
+    for (size_t e = 0; e < n; e++) {
+        const float *key = keys + e * kv_row;
+        if (e + ATTN_PF_KEYS < n) /* the rows are kv_row apart: the hardware does not follow */
+            for (size_t b = 0; b < hd * sizeof(float); b += 64) CQ_PREFETCH((const char *)(key + ATTN_PF_KEYS * kv_row) + b);
+        for (size_t h = 0; h < rep; h++) sc[h * n + e] = vdot(qg + h * hd, key, hd) * scale;
+    }
+}
+#endif
+
 /* One attn_gqa call: tasks (query row, kv head), claimed by the pool's slots in kv-head
  * order (all rows of kv head 0, then head 1, ...), so that the keys and values in reach
  * are one head's, which stay in L2 over the rows of a prompt chunk where all heads' do
@@ -94,14 +111,7 @@ static void gqa_slot(void *arg, size_t slot, size_t nslots) {
         size_t n = p + 1 - lo;
         const float *qg = j->q + r * j->q_row + kh * rep * hd;
         float *og = j->out + r * j->q_row + kh * rep * hd;
-        /* each key row once, against every query head of the group */
-        for (size_t e = 0; e < n; e++) {
-            const float *key = j->keys + (lo - j->first + e) * kv_row + kh * hd;
-            if (e + ATTN_PF_KEYS < n) /* the rows are kv_row apart: the hardware does not follow */
-                for (size_t b = 0; b < hd * sizeof(float); b += 64)
-                    CQ_PREFETCH((const char *)(key + ATTN_PF_KEYS * kv_row) + b);
-            for (size_t h = 0; h < rep; h++) sc[h * n + e] = vdot(qg + h * hd, key, hd) * j->scale;
-        }
+        gqa_scores(sc, qg, j->keys + (lo - j->first) * kv_row + kh * hd, n, kv_row, rep, hd, j->scale);
         for (size_t h = 0; h < rep; h++) soft_inplace(sc + h * n, n);
         gqa_values(og, sc, n, j->vals + (lo - j->first) * kv_row + kh * hd, kv_row, rep, hd);
     }

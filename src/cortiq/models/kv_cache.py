@@ -37,6 +37,12 @@ class KvSlot:
         self.v[self.n:self.n + t] = v
         self.n += t
 
+    def free_row(self) -> int:
+        """The index of the next row, with room for it (a kernel writes it in place;
+        the caller then counts it with ``n += 1``)."""
+        self._reserve(self.n + 1)
+        return self.n
+
     def trim(self, keep: int) -> None:
         """Keep the newest `keep` rows once more than twice that many are held."""
         if self.n > 2 * keep:

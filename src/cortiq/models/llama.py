@@ -272,6 +272,12 @@ class LlamaModel(ModelBase):
                         else K.rope_halfsplit)          # how q/k rows hold each head
         self.attn_scale = float(hd ** -0.5)
         self._ones = np.ones(F, np.float32)          # silu_mul's unit column scales
+        # per layer, what the fused decode rows take (`_decode_row`)
+        self._fused = [([m.qmat for m in L.qkv.mats], L.o.mats[0].qmat,
+                        [*L.qkv.biases, *L.o.biases], [m.qmat for m in L.gate_up.mats],
+                        L.down.mats[0].qmat, [*L.gate_up.biases, *L.down.biases])
+                       for L in self.layers]
+        self._row_scratch = max(K.llama_attn_scratch(H, nh * hd), K.llama_mlp_scratch(H, F))
 
     def _rope_pairs(self, x, cos, sin):
         """Rope on adjacent pairs of whole heads (llama.cpp's q/k row order)."""
@@ -326,7 +332,10 @@ class LlamaModel(ModelBase):
             if not step:
                 break
             pieces = [feeds[i][done[i]:done[i] + CHUNK] for i in step]
-            h = self._stack([states[i] for i in step], pieces, [kinds[i] for i in step])
+            if len(pieces) == 1 and pieces[0].size == 1 and not kinds[step[0]]:
+                h = self._decode_row(states[step[0]], int(pieces[0][0]))
+            else:
+                h = self._stack([states[i] for i in step], pieces, [kinds[i] for i in step])
             # the rows the head reads: all of a piece ("all", with its kind) or a
             # sequence's last row (a generated token's product)
             picks, r0 = [], 0
@@ -403,10 +412,40 @@ class LlamaModel(ModelBase):
             g, u = L.gate_up(m, decode)                       # gate, up products (+ biases)
             K.silu_mul(g, u, self._ones, self._ones)          # silu(gate) * up, into g
             h += L.down(g, decode)[0]                         # down product (+ bias), residual
-        # positions advance; sliding layers drop keys no later position reads
         for st, t in zip(sts, sizes):
-            st.pos += t
-            for L, cache in zip(self.layers, st.caches):
-                if L.window:
-                    cache.trim(L.window)
+            self._advance(st, t)
         return h
+
+    def _decode_row(self, st: LlamaState, token: int) -> np.ndarray:
+        """`_stack` for one generated token of one sequence: each sub-layer is one fused
+        kernel call (`cortiq.kernels._kernels.llama_attn_row` / `llama_mlp_row`, the
+        same kernel calls in the same order, so the same bits) rather than ~10 calls
+        with Python between them: on a decode step that Python time is serial, outside
+        the weight stream every thread count shares."""
+        cfg = self.cfg
+        h = np.empty((1, cfg.hidden), np.float32)
+        self.embed.row(token, out=h[0])                       # embed
+        hv = h[0]
+        cos, sin = self.rope(st.pos, 1)
+        cos, sin = cos[0], sin[0]
+        scratch = np.empty(self._row_scratch, np.float32)
+        interleaved, eps, scale, pos = cfg.rope_interleaved, cfg.eps, self.attn_scale, st.pos
+        for L, fused, cache in zip(self.layers, self._fused, st.caches):
+            qkv, wo, attn_biases, gate_up, wdown, mlp_biases = fused
+            row = cache.free_row()
+            K.llama_attn_row(qkv, wo, hv, L.attn_norm, attn_biases, L.q_norm, L.k_norm,
+                             cos, sin, interleaved, cache.k, cache.v, row, cache.first, pos,
+                             L.window, scale, scratch, eps)
+            cache.n += 1
+            K.llama_mlp_row(gate_up, wdown, hv, L.mlp_norm, mlp_biases, self._ones, scratch,
+                            eps)
+        self._advance(st, 1)
+        return h
+
+    def _advance(self, st: LlamaState, t: int) -> None:
+        """Move `st` past `t` positions; sliding layers drop keys no later position
+        reads."""
+        st.pos += t
+        for L, cache in zip(self.layers, st.caches):
+            if L.window:
+                cache.trim(L.window)
