@@ -207,3 +207,51 @@ def test_dory_mlp_row_equals_the_separate_calls(isa, dtype, hidden, ffn):
         K.dory_mlp_row(wg.qmat, wu.qmat, wd.qmat, got, sg, su, alpha, scratch[:-1])
     with pytest.raises(ValueError, match="weight shapes"):
         K.dory_mlp_row(wg.qmat, wu.qmat, wg.qmat, got, sg, su, alpha, scratch)
+
+
+def test_fused_rows_read_the_process_precision_in_force(isa):
+    """Matrices that follow the process default (precision None), the default moved
+    after they were last used: the fused Dory rows multiply with the default now in
+    force, as the separate calls do (not with the one their matrices last saw)."""
+    from cortiq.kernels import _config
+    before = _config.get_precision()
+    rng = np.random.default_rng(7)
+    hidden, ffn = 64, 96
+    wg, wu, wd = _qt(rng, ffn, hidden, "q8_row"), _qt(rng, ffn, hidden, "q8_row"), \
+        _qt(rng, hidden, ffn, "q8_row")
+    h = K.justnorm(rng.normal(size=hidden).astype(np.float32))
+    sg, su = (rng.uniform(0.5, 2, ffn).astype(np.float32) for _ in range(2))
+    alpha = rng.uniform(0, 0.2, hidden).astype(np.float32)
+    c = _attn_case(3, "q8_row")
+    pos, scale = 5, float(np.float32(c["hd"] ** -0.5))
+
+    def separate():
+        want = h.copy()[None]
+        g, u = K.matvec_many([wg.qmat, wu.qmat], want[0])
+        K.silu_mul(g[None], u[None], sg, su)
+        K.justnorm(g)
+        K.slerp(want, wd.matvec(g)[None], alpha)
+        return want[0], _attn_separate(c, 5, 0, pos, 0, scale)[0]
+
+    def fused():
+        got = h.copy()
+        K.dory_mlp_row(wg.qmat, wu.qmat, wd.qmat, got, sg, su, alpha,
+                       np.empty(K.dory_mlp_scratch(hidden, ffn), np.float32))
+        ha, keys, vals = c["h"].copy(), c["keys"].copy(), c["vals"].copy()
+        K.dory_attn_row(*(w.qmat for w in c["ws"]), ha, c["sq"], c["sg"], c["alpha"],
+                        c["cos"], c["sin"], keys, vals, 5, 0, pos, 0, scale,
+                        np.empty(K.dory_attn_scratch(ha.size, c["nh"] * c["hd"]), np.float32))
+        return got, ha
+    try:
+        _config.set_precision("exact")
+        for w in (wg, wu, wd, *c["ws"]):
+            w.precision = None          # resolved now: exact
+        exact = separate()
+        _config.set_precision("int8")
+        got = fused()                   # before any separate call re-resolves them
+        want = separate()
+    finally:
+        _config.set_precision(before)
+    for g, w, e in zip(got, want, exact):
+        np.testing.assert_array_equal(g, w)
+        assert not np.array_equal(g, e)     # the two precisions differ here

@@ -84,10 +84,11 @@ def dory_attn_row(QMat wq, QMat wk, QMat wv, QMat wg, QMat wo, cnp.ndarray h,
     cdef float *po = sc + 3 * nq
     cdef cq_qmat ms[4]
     cdef float *ys[4]
-    ms[0] = wq.m
-    ms[1] = wk.m
-    ms[2] = wv.m
-    ms[3] = wg.m
+    ms[0] = wq._snapshot()      # precision resolved now (a process default may have moved)
+    ms[1] = wk._snapshot()
+    ms[2] = wv._snapshot()
+    ms[3] = wg._snapshot()
+    cdef cq_qmat mo = wo._snapshot()
     ys[0] = pq
     ys[1] = pk + row * nkv
     ys[2] = pv + row * nkv
@@ -103,7 +104,7 @@ def dory_attn_row(QMat wq, QMat wk, QMat wv, QMat wg, QMat wo, cnp.ndarray h,
                                  first, window, scale)
         if st == CQ_OK:
             T.attn.gate_norm(py, pg, psg, 1, nq, eps)
-            st = T.matvec.matvec(&wo.m, py, po)
+            st = T.matvec.matvec(&mo, py, po)
         if st == CQ_OK:
             T.attn.slerp(ph, po, pal, 1, hidden, eps)
     check(st, op)
@@ -129,8 +130,9 @@ def dory_mlp_row(QMat wgate, QMat wup, QMat wdown, cnp.ndarray h, cnp.ndarray sg
         raise ValueError(f"{op}: h and scratch must not overlap")
     cdef cq_qmat ms[2]
     cdef float *ys[2]
-    ms[0] = wgate.m
-    ms[1] = wup.m
+    ms[0] = wgate._snapshot()   # precision resolved now (a process default may have moved)
+    ms[1] = wup._snapshot()
+    cdef cq_qmat md = wdown._snapshot()
     ys[0] = sc
     ys[1] = sc + ffn
     cdef float *po = sc + 2 * ffn
@@ -141,7 +143,7 @@ def dory_mlp_row(QMat wgate, QMat wup, QMat wdown, cnp.ndarray h, cnp.ndarray sg
         if st == CQ_OK:
             T.mathfn.silu_mul(ys[0], ys[1], psg, psu, 1, ffn)
             T.attn.justnorm(ys[0], eps, 1, ffn)
-            st = T.matvec.matvec(&wdown.m, ys[0], po)
+            st = T.matvec.matvec(&md, ys[0], po)
         if st == CQ_OK:
             T.attn.slerp(ph, po, pal, 1, hidden, eps)
     check(st, op)

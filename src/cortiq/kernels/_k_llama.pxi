@@ -31,8 +31,7 @@ cdef inline void _qmats(list mats, size_t n, size_t cols, str op, cq_qmat *ms) e
         q = mats[i]
         if q.cols != cols:
             raise ValueError(f"{op}: matrix {i} has {q.cols} cols, the input has {cols}")
-        q._sync()
-        ms[i] = q.m
+        ms[i] = q._snapshot()
 
 
 def llama_attn_scratch(size_t hidden, size_t q_size):
@@ -105,8 +104,7 @@ def llama_attn_row(list qkv, QMat wo, cnp.ndarray h, cnp.ndarray w_norm, list bi
     ys[0] = pq
     ys[1] = pk + row * nkv
     ys[2] = pv + row * nkv
-    wo._sync()
-    cdef cq_qmat mo = wo.m
+    cdef cq_qmat mo = wo._snapshot()
     cdef size_t nh = nq // hd, nk = nkv // hd
     cdef const cq_table *T = cq_active()
     cdef cq_status st
@@ -173,8 +171,7 @@ def llama_mlp_row(list gate_up, QMat wdown, cnp.ndarray h, cnp.ndarray w_norm, l
     ys[0] = sc + hidden
     ys[1] = sc + hidden + ffn
     cdef float *po = sc + hidden + 2 * ffn
-    wdown._sync()
-    cdef cq_qmat md = wdown.m
+    cdef cq_qmat md = wdown._snapshot()
     cdef const cq_table *T = cq_active()
     cdef cq_status st
     with nogil:
