@@ -133,7 +133,7 @@ def dispatch_floor(dev, n=2000):
 class _Settings:
     """The decode matvec's module settings changed for one variant, restored after."""
     NAMES = ("MATVEC_SUBGROUPS", "MATVEC_UNROLL", "RPW1_SLOTS", "RPW1_ROWS",
-             "MATVEC_STAGE_PLAIN", "MATVEC_I8_LOADS_FIRST")
+             "MATVEC_STAGE_PLAIN")
 
     def __init__(self, **kw):
         from cortiq.gpu import kernels
@@ -181,9 +181,6 @@ VARIANTS = {
                            RPW1_ROWS=1, int8=True),
     "int8_tree_rows16x2": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=4, RPW1_SLOTS=16,
                                RPW1_ROWS=2, int8=True),
-    "int8_tree_rows16_loads_first": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=4,
-                                         RPW1_SLOTS=16, RPW1_ROWS=1,
-                                         MATVEC_I8_LOADS_FIRST=True, int8=True),
     "int8_tree_rows16_unroll8": dict(MATVEC_SUBGROUPS=False, MATVEC_UNROLL=8, RPW1_SLOTS=16,
                                      RPW1_ROWS=1, int8=True),
     "int8_sg_rows16_unroll8": dict(MATVEC_SUBGROUPS=True, MATVEC_UNROLL=8, RPW1_SLOTS=16,

@@ -490,16 +490,20 @@ def test_subgroups_setting(monkeypatch):
 
     class Dev:
         subgroups = True
-    for raw, setting, used in (("", None, False), ("0", False, False), ("off", False, False),
-                               ("on", True, True), ("1", True, True)):
+    for raw, setting, used, used_i8 in (("", None, False, True), ("0", False, False, False),
+                                        ("off", False, False, False), ("on", True, True, True),
+                                        ("1", True, True, True)):
         monkeypatch.setenv("CORTIQ_GPU_SUBGROUPS", raw)
         assert gd.subgroups_setting() is setting
         assert kernels.matvec1_subgroups(Dev()) is used
+        assert kernels.matvec1_subgroups(Dev(), int8=True) is used_i8
     monkeypatch.setattr(kernels, "MATVEC_SUBGROUPS", True)      # the module setting wins
     monkeypatch.setenv("CORTIQ_GPU_SUBGROUPS", "")
     assert kernels.matvec1_subgroups(Dev()) is True
     Dev.subgroups = False                                        # never without the feature
     assert kernels.matvec1_subgroups(Dev()) is False
+    monkeypatch.setattr(kernels, "MATVEC_SUBGROUPS", None)
+    assert kernels.matvec1_subgroups(Dev(), int8=True) is False
     monkeypatch.setenv("CORTIQ_GPU_SUBGROUPS", "sometimes")
     with pytest.raises(ConfigError, match="CORTIQ_GPU_SUBGROUPS"):
         gd.subgroups_setting()
@@ -556,3 +560,18 @@ def test_read_after_a_submission(dev):
     for i, stage in enumerate(stages):
         got = dev.read(stage, 64, after=done[i]).view(np.float32)
         assert np.array_equal(got, np.full(16, i + 1, np.float32))
+
+
+def test_unroll_row_loops_writes_each_row_out():
+    """The rows matvec's loops over its input rows become one copy a row, t a constant
+    in each (nested loops too, other identifiers that contain t untouched, each copy in
+    its own scope so that its lets do not collide)."""
+    from cortiq.gpu.kernels import unroll_row_loops
+    code = ("a(); for (var t = 0u; t < NB; t++) { let d = p[t] + t0; "
+            "for (var t = 0u; t < NB; t++) { q[t] = nt; } } b();")
+    got = unroll_row_loops(code, 2)
+    inner = "{ q[0u] = nt; }{ q[1u] = nt; }"
+    assert got == ("a(); { let d = p[0u] + t0; " + inner + " }"
+                   "{ let d = p[1u] + t0; " + inner + " } b();")
+    assert unroll_row_loops("for (var t = 0u; t < nt; t++) { x[t] = 1; }", 4) == \
+        "for (var t = 0u; t < nt; t++) { x[t] = 1; }"       # a bound other than NB stays

@@ -10,6 +10,7 @@ is one recorded kernel launch.
 """
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -305,17 +306,14 @@ NX = 32768
 RPW1_SLOTS, RPW1_ROWS = 16, 1
 #: the decode matvec's row reduction: True takes subgroupAdd where the device was opened
 #: with the `subgroup` feature (`Device.subgroups`), False the shared-memory tree, None
-#: follows CORTIQ_GPU_SUBGROUPS (unset: the tree, which streamed Llama-8B-shaped rows
-#: 1.17x faster on an H100, the long down rows 1.7x, and Dory's as fast: docs/PERFORMANCE.md
-#: section 15.3)
+#: follows CORTIQ_GPU_SUBGROUPS, and where that is unset: the tree for float32 inputs
+#: (Llama-8B-shaped rows 1.17x faster on an H100, the long down rows 1.7x, Dory's as
+#: fast: docs/PERFORMANCE.md section 15.3), subgroups for int8 ones (one 8B-shaped
+#: token's int8 products 1.07x faster on an H100: section 15.6)
 MATVEC_SUBGROUPS: bool | None = None
 #: 16-byte loads a decode-matvec lane issues before it decodes the first (1 or 4; the
 #: int8 path also takes 8)
 MATVEC_UNROLL = 4
-#: whether the int8 decode matvec reads every 1024-column round of its input before it
-#: quantizes the first (one memory latency a workgroup instead of one a round, against
-#: registers held across the rounds; off until measured on a GPU)
-MATVEC_I8_LOADS_FIRST = False
 #: whether a decode product with no input stage (PRO 0) stages its input in shared
 #: memory too (False: each lane reads the input where it needs it, no barrier)
 MATVEC_STAGE_PLAIN = True
@@ -340,10 +338,13 @@ def matvec1_staging(dev: Device, cols: int) -> int:
     return xs if (xs + 512 + 256) * 4 <= dev.max_workgroup_storage else 0
 
 
-def matvec1_subgroups(dev: Device) -> bool:
-    """Whether the decode matvec reduces its rows with subgroupAdd."""
+def matvec1_subgroups(dev: Device, int8: bool = False) -> bool:
+    """Whether the decode matvec (on int8 inputs where `int8`) reduces its rows with
+    subgroupAdd (see MATVEC_SUBGROUPS)."""
     from .device import subgroups_setting
     wanted = MATVEC_SUBGROUPS if MATVEC_SUBGROUPS is not None else subgroups_setting()
+    if wanted is None:
+        wanted = int8
     return dev.subgroups and wanted is True
 
 
@@ -375,9 +376,8 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool
     the quantized-input variant (the caller checked matvec1_int8_staging)."""
     i8 = matvec1_int8_staging(dev, dtypes, cols) if int8 else None
     xs = 0 if i8 else (matvec1_staging(dev, cols) if pro != 0 or MATVEC_STAGE_PLAIN else 0)
-    sg = matvec1_subgroups(dev)
-    key = ("matvec1", dtypes, pro, xs, i8, RPW1_SLOTS, RPW1_ROWS, sg, MATVEC_UNROLL,
-           MATVEC_I8_LOADS_FIRST)
+    sg = matvec1_subgroups(dev, i8 is not None)
+    key = ("matvec1", dtypes, pro, xs, i8, RPW1_SLOTS, RPW1_ROWS, sg, MATVEC_UNROLL)
     if key in dev._pipelines:
         return dev._pipelines[key]
     n = len(dtypes)
@@ -401,14 +401,36 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool
             .replace("$I8", "true" if i8 else "false")
             .replace("$QUANT4", dev.source("quant4.wgsl"))
             .replace("$XQN", str(words)).replace("$XDN", str(scales))
-            .replace("$XRu", f"{max(1, words * 16 // 1024)}u")
-            .replace("$LOADS_FIRST", "true" if i8 and MATVEC_I8_LOADS_FIRST else "false")
             .replace("$XWRITE", write if pro in RESIDUAL_STAGES else ""))
     return dev.pipeline(key, code, matvec_kinds(n, pro))
 
 
 #: input rows a workgroup of the rows matvec (matvecb.wgsl) dots its weight rows with
 ROWS_NB = 8
+
+
+_ROW_LOOP = "for (var t = 0u; t < NB; t++) {"
+
+
+def unroll_row_loops(code: str, nb: int) -> str:
+    """`code` with every `for (var t = 0u; t < NB; t++) { body }` written out as nb
+    copies of body, t a constant in each: the per-row accumulators (a private array)
+    are then indexed by constants only, so the compiler keeps them in registers rather
+    than in the thread's local memory, where a dynamically indexed array goes."""
+    out, at = [], 0
+    while True:
+        i = code.find(_ROW_LOOP, at)
+        if i < 0:
+            out.append(code[at:])
+            return "".join(out)
+        out.append(code[at:i])
+        depth, j = 1, i + len(_ROW_LOOP)
+        while depth:                       # the loop's closing brace
+            depth += {"{": 1, "}": -1}.get(code[j], 0)
+            j += 1
+        body = unroll_row_loops(code[i + len(_ROW_LOOP):j - 1], nb)
+        out.append("".join("{" + re.sub(r"\bt\b", f"{k}u", body) + "}" for k in range(nb)))
+        at = j
 
 
 def matvecb_pipeline(dev: Device, dtypes: tuple, int8: bool = False):
@@ -429,6 +451,7 @@ def matvecb_pipeline(dev: Device, dtypes: tuple, int8: bool = False):
             .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
             .replace("$UNROLLu", f"{MATVEC_UNROLL}u").replace("$NBu", f"{ROWS_NB}u")
             .replace("$REDN", str(256 * ROWS_NB)))
+    code = unroll_row_loops(code, ROWS_NB)
     if int8:    # the quantized rows where the second input would be (unused here)
         code = code.replace("@group(0) @binding(3) var<storage, read> X2: array<f32>;",
                             "@group(0) @binding(3) var<storage, read> XQ: array<vec4<u32>>;")

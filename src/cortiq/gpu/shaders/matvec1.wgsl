@@ -41,8 +41,6 @@ const XS: u32 = $XSu;
 const SG: bool = $SG;
 const UNROLL: u32 = $UNROLLu;
 const I8: bool = $I8;
-const XR: u32 = $XRu;     // I8: 1024-column rounds of the longest input the pipeline takes
-const LOADS_FIRST: bool = $LOADS_FIRST;
 // the input stages whose output is RMS-normalised (nGPT's justnorm): 1 to 4
 const NORM: bool = PRO != 0u && PRO < 5u;
 
@@ -189,21 +187,10 @@ $SGLANES
         for (var c = lid; c < P.cols; c += 256u) { xs[c + (c >> 5u)] = staged(c); }
     }
     if (I8) {
-        // 256 lanes take 1024 columns a round, four each (quant4.wgsl). LOADS_FIRST: every
-        // round's input is read before the first is quantized, so the reads wait one
-        // memory latency instead of one a round (quant4's barriers keep a read of the
-        // next round from starting before this round's quantization ends)
-        var xv: array<vec4<f32>, XR>;
-        if (LOADS_FIRST) {
-            for (var r = 0u; r < XR; r++) {
-                let c = r * 1024u + 4u * lid;
-                xv[r] = staged4(c);
-            }
-        }
+        // 256 lanes take 1024 columns a round, four each (quant4.wgsl)
         for (var c0 = 0u; c0 < P.cols; c0 += 1024u) {
             let c = c0 + 4u * lid;
-            var v: vec4<f32>;
-            if (LOADS_FIRST) { v = xv[c0 / 1024u]; } else { v = staged4(c); }
+            let v = staged4(c);
             let q = quant4(v, lid);
             if (c < P.cols) {
                 xq[c >> 4u][(c >> 2u) & 3u] = q.codes;

@@ -9,6 +9,8 @@
 // I8 (q8_row parts, the model's precision "int8"): the rows were quantized before the
 // product (quantrows.wgsl, into XQ, bound where the unused second input would be), and a
 // row's chunks are dotted with four dot4I8Packed per input row (matvecb_part_i8.wgsl).
+// Every loop over the NB input rows is written out when the pipeline is made
+// (kernels.unroll_row_loops), so pdv and xbs are indexed by constants only.
 
 $MATVEC_IO
 
@@ -83,6 +85,8 @@ $DISPATCH
         workgroupBarrier();
     }
     if (lane == 0u && row < P.total_rows) {
-        for (var t = 0u; t < nt; t++) { put(row, t0 + t, red[t * 256u + lid], rs); }
+        for (var t = 0u; t < NB; t++) {
+            if (t < nt) { put(row, t0 + t, red[t * 256u + lid], rs); }
+        }
     }
 }
