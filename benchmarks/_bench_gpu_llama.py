@@ -112,12 +112,13 @@ def _word_tokenizer(vocab: int) -> bytes:
                                  "vocab": {f"w{i}": i for i in range(vocab)}}}).encode()
 
 
-def llm_greedy_rate(g, prompt, tokens: int) -> float:
-    """Generated tokens/s of a greedy `LLM.create_completion` on the GPU model g (the
-    product's path: the scheduler, `Generation`, detokenizing; plain argmax, so through
-    the device's chain), the prompt already cached by a first call."""
+def llm_greedy_rate(g, prompt, tokens: int, precision: str) -> float:
+    """Generated tokens/s of a greedy `LLM.create_completion` on the GPU model g at
+    `precision` (the product's path: the scheduler, `Generation`, detokenizing; plain
+    argmax, so through the device's chain), the prompt already cached by a first call.
+    The LLM sets g's precision: pass the one g has, so later measurements keep it."""
     from cortiq.runtime.llm import LLM
-    with LLM.from_model(g, tokenizer=_word_tokenizer(g.vocab)) as llm:
+    with LLM.from_model(g, tokenizer=_word_tokenizer(g.vocab), precision=precision) as llm:
         ids = [int(i) for i in prompt]
         llm.create_completion(ids, max_tokens=4, temperature=0)
         t0 = time.perf_counter()
@@ -208,7 +209,7 @@ def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw:
     i8["gpu_ms_per_token"] = time_dispatches(g, prog, k=8, at=1) * 1e3
     i8["gpu_ms_by_kernel"] = ms_by_kernel(prog, lambda ds: time_dispatches(g, ds, k=8, at=1))
     busy(dev)
-    i8["llm_greedy_tok_s"] = llm_greedy_rate(g, prompt, tokens)
+    i8["llm_greedy_tok_s"] = llm_greedy_rate(g, prompt, tokens, "int8")
     if batch is not None:       # the int8 rows matvec
         busy(dev)
         i8["cortiq_gpu_batch"] = batch(g, prompt)
