@@ -34,11 +34,12 @@ def _finish(dev):
     dev.read(st, 4)
 
 
-def _time_pass(dev, dispatches, rounds=5):
-    """Best wall seconds of one submission of one compute pass over `dispatches`."""
+def _time_pass(dev, dispatches, rounds=5, t=1):
+    """Best wall seconds of one submission of one compute pass over `dispatches` (at row
+    count t)."""
     best = None
     for r in range(rounds + 1):
-        cb = dev.record(dispatches).finish()
+        cb = dev.record(dispatches, t).finish()
         t0 = time.perf_counter()
         dev.queue.submit([cb])
         _finish(dev)
@@ -217,20 +218,21 @@ SHAPES = [("llama8b_qkv 6144x4096", 6144, 4096, 0),
           ("dory_o 2048x2048", 2048, 2048, 0)]
 
 
-def _ops(dev, mats_list, pro=0):
-    """One decode MatvecOp per matrix group (its own input and output buffers)."""
+def _ops(dev, mats_list, pro=0, rows=1):
+    """One decode MatvecOp per matrix group (its own input and output buffers, `rows`
+    input rows)."""
     from cortiq.gpu.kernels import MatvecOp, ParamArena
     arena = ParamArena(dev)
     ops = []
     for mats in mats_list:
         cols = mats[0].cols
-        rows = sum(m.rows for m in mats)
+        total = sum(m.rows for m in mats)
         xw = 2 * cols if pro == 2 else cols
-        x = dev.upload(np.random.default_rng(1).standard_normal(xw).astype(np.float32))
+        x = dev.upload(np.random.default_rng(1).standard_normal(xw * rows).astype(np.float32))
         v = dev.upload(np.ones(2 * cols + 8, np.float32))
-        y = dev.buffer(rows * 4)
+        y = dev.buffer(total * 4 * rows)
         ops.append(MatvecOp(dev, mats, arena, x=x, x_off=0, x_stride=xw, y=y, y_off=0,
-                            y_stride=rows, vbuf=v, v_a=0 if pro == 2 else 0xFFFFFFFF,
+                            y_stride=total, vbuf=v, v_a=0 if pro == 2 else 0xFFFFFFFF,
                             v_b=cols if pro == 2 else 0xFFFFFFFF, x2_off=cols, pro=pro))
     arena.upload()
     return ops
@@ -262,12 +264,10 @@ def matvec_variants(dev, read_gb_s, l2_bytes=256 << 20):
     return out
 
 
-def llama8b_chain(dev, read_gb_s, layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8,
-                  head_dim=128, vocab=128256):
-    """The q8_row matvec stream of one Llama-3-8B-shaped token in one pass (see the
-    module docstring): GPU ms, the tok/s it bounds and its % of the read bandwidth."""
+def _llama8b_ops(dev, hidden, ffn, heads, kv_heads, head_dim, vocab, rows=1):
+    """One Llama-8B-shaped layer's q8_row matrix groups, the head, and their MatvecOps
+    (inputs of `rows` rows)."""
     from cortiq.gpu.kernels import GpuMatrix
-    t0 = time.perf_counter()
     rng = np.random.default_rng(0)
     q = (heads + 2 * kv_heads) * head_dim
     layer = [[GpuMatrix(dev, q8_row(rng, q, hidden))],
@@ -275,7 +275,49 @@ def llama8b_chain(dev, read_gb_s, layers=32, hidden=4096, ffn=14336, heads=32, k
              [GpuMatrix(dev, q8_row(rng, ffn, hidden)), GpuMatrix(dev, q8_row(rng, ffn, hidden))],
              [GpuMatrix(dev, q8_row(rng, hidden, ffn))]]
     head = [GpuMatrix(dev, q8_row(rng, vocab, hidden))]
-    ops = _ops(dev, layer + [head])
+    return layer, head, _ops(dev, layer + [head], rows=rows)
+
+
+def llama8b_rows_chain(dev, read_gb_s, t=8, tiles=(0, 2, 4, 8), layers=32, hidden=4096,
+                       ffn=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256):
+    """The int8 rows matvec stream of t Llama-3-8B-shaped decode rows (every product of a
+    token for t sequences in one pass, each product's quantrows pass included), per
+    ROWS_TILE (0: the one-row kernel): GPU ms, the weights' GB/s, and t times the same
+    products' one-row stream (the int8 decode matvec) over it, the batching gain the
+    products allow."""
+    from cortiq.gpu import kernels
+    from cortiq.gpu.kernels import rows_block_words
+    layer, head, ops = _llama8b_ops(dev, hidden, ffn, heads, kv_heads, head_dim, vocab, rows=t)
+    per_layer = sum(m.nbytes for g in layer for m in g)
+    nbytes = layers * per_layer + head[0].nbytes
+    one = dev.upload(np.array([1, 0, 0, 0], np.uint32), uniform=True)
+    step = dev.upload(np.array([t, 0, 0, 0], np.uint32), uniform=True)
+    xq = dev.buffer(t * 16 * rows_block_words(ffn))
+    busy(dev)
+    ds = [op.dispatch(one, 1, True) for op in ops]
+    single = _time_pass(dev, ds[:4] * layers + ds[4:], rounds=3)
+    out = {"rows": t, "one_row_ms": single * 1e3, "weight_gb_per_token": nbytes / 1e9}
+    keep = kernels.ROWS_TILE
+    try:
+        for tile in tiles:
+            kernels.ROWS_TILE = tile
+            ds = [op.dispatch_rows(step, xq) for op in ops]
+            prog = [d for g in ds[:4] for d in g] * layers + ds[4]
+            dt = _time_pass(dev, prog, rounds=3, t=t)
+            out[f"tile{tile}"] = {"gpu_ms": dt * 1e3, "weights_gb_s": nbytes / dt / 1e9,
+                                  "pct_of_read_bw": 100 * nbytes / dt / 1e9 / read_gb_s,
+                                  "rows_over_one_row": t * single / dt}
+    finally:
+        kernels.ROWS_TILE = keep
+    return out
+
+
+def llama8b_chain(dev, read_gb_s, layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8,
+                  head_dim=128, vocab=128256):
+    """The q8_row matvec stream of one Llama-3-8B-shaped token in one pass (see the
+    module docstring): GPU ms, the tok/s it bounds and its % of the read bandwidth."""
+    t0 = time.perf_counter()
+    layer, head, ops = _llama8b_ops(dev, hidden, ffn, heads, kv_heads, head_dim, vocab)
     build_s = time.perf_counter() - t0
     step = dev.upload(np.array([1, 0, 0, 0], np.uint32), uniform=True)
     busy(dev)

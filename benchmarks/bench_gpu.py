@@ -517,6 +517,9 @@ def main():
         out["llama8b_matvec_chain"] = K.llama8b_chain(dev, bw, **chain)
         phase("llama8b_chain")
         save()
+        out["llama8b_rows_chain"] = K.llama8b_rows_chain(dev, bw, **chain)
+        phase("llama8b_rows_chain")
+        save()
     if "dory" in models:
         ab = {}
         for v in [v.strip() for v in a.ab.split(",") if v.strip()]:

@@ -228,6 +228,49 @@ def test_int8_rows_matvec_matches_the_quantized_reference(dev):
     assert _rel(got, f16.matmat(X)) < 1e-5
 
 
+@pytest.mark.parametrize("subgroups", [True, False])
+@pytest.mark.parametrize("tile", [4, 2])
+def test_int8_rows_matvec_tiles(dev, monkeypatch, subgroups, tile):
+    """The int8 rows matvec in R-row register tiles (matvecb_tile.wgsl): one part and a
+    fused group of parts split over bindings, row counts that leave a workgroup part
+    full, 1..11 input rows (a second group of ROWS_NB), with subgroups and with the
+    shared-memory tree of a device opened without them; each row against its int8
+    product. Rows not in whole tiles take the one-row kernel, with the same products."""
+    from cortiq.gpu import Device, kernels
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    if subgroups and not dev.subgroups:
+        pytest.skip("the adapter offers no subgroups")
+    if not subgroups:
+        monkeypatch.setenv("CORTIQ_GPU_SUBGROUPS", "0")
+        dev = Device()
+        assert dev.subgroups is False
+    monkeypatch.setattr(kernels, "ROWS_TILE", tile)
+    made: list = []
+    pipe = kernels.matvecb_tile_pipeline
+    monkeypatch.setattr(kernels, "matvecb_tile_pipeline",
+                        lambda *a: made.append(a[1]) or pipe(*a))
+    rng = np.random.default_rng(31 + tile)
+    for shapes, cols, t, limit in [([(44, 96)], 96, 1, None), ([(36, 1056)], 1056, 9, None),
+                                   ([(24, 512), (8, 512), (12, 512)], 512, 11, None),
+                                   ([(96, 256)], 256, 8, 96 * 258 // 2)]:
+        qts = [_q8_row(rng, r, cols) for r, _c in shapes]
+        X = rng.standard_normal((t, cols)).astype(np.float32)
+        X[0, :32] = 0.0
+        X[-1, 33] = 40.0
+        mats = [GpuMatrix(dev, q, limit=limit) for q in qts]
+        assert limit is None or len(mats[0].parts) == 3
+        got = matvec_once(dev, mats, X, rows=True, int8=True)
+        want = np.stack([np.concatenate([_int8_product(q, x) for q in qts]) for x in X])
+        assert got.shape == want.shape
+        assert _rel(got, want) < 1e-5
+    assert made == [1, 1, 3, 3]            # parts a product: every product in tiles
+    qt = _q8_row(rng, 4 * 8 + 1, 128)                # not whole tiles: the one-row kernel
+    X = rng.standard_normal((5, 128)).astype(np.float32)
+    got = matvec_once(dev, [GpuMatrix(dev, qt)], X, rows=True, int8=True)
+    assert _rel(got, np.stack([_int8_product(qt, x) for x in X])) < 1e-5
+    assert len(made) == 4
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_int8_merges_gated_attention_splits(dev, splits):
     """Input stage 3 (Dory's split attention merged, gated and justnormed) feeds the

@@ -76,6 +76,8 @@ class GpuMatrix:
                                   f"rows cannot be split under the {dev.max_binding}-byte "
                                   "storage-binding limit")
             step = max(1, limit // (per_row + 8))
+            if step >= 32:      # whole tiles of the rows matvec (ROWS_TILE) in every part
+                step -= step % 32
             pieces = [(r, min(R, r + step)) for r in range(0, R, step)]
         self.parts = []
         for r0, r1 in pieces:
@@ -409,27 +411,27 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool
 ROWS_NB = 8
 
 
-_ROW_LOOP = "for (var t = 0u; t < NB; t++) {"
-
-
-def unroll_row_loops(code: str, nb: int) -> str:
-    """`code` with every `for (var t = 0u; t < NB; t++) { body }` written out as nb
-    copies of body, t a constant in each: the per-row accumulators (a private array)
-    are then indexed by constants only, so the compiler keeps them in registers rather
-    than in the thread's local memory, where a dynamically indexed array goes."""
+def unroll_row_loops(code: str, nb: int, var: str = "t", bound: str = "NB") -> str:
+    """`code` with every `for (var t = 0u; t < NB; t++) { body }` (loop variable `var`,
+    bound `bound`) written out as nb copies of body, t a constant in each: the per-row
+    accumulators (a private array) are then indexed by constants only, so the compiler
+    keeps them in registers rather than in the thread's local memory, where a
+    dynamically indexed array goes."""
+    head = f"for (var {var} = 0u; {var} < {bound}; {var}++) {{"
     out, at = [], 0
     while True:
-        i = code.find(_ROW_LOOP, at)
+        i = code.find(head, at)
         if i < 0:
             out.append(code[at:])
             return "".join(out)
         out.append(code[at:i])
-        depth, j = 1, i + len(_ROW_LOOP)
+        depth, j = 1, i + len(head)
         while depth:                       # the loop's closing brace
             depth += {"{": 1, "}": -1}.get(code[j], 0)
             j += 1
-        body = unroll_row_loops(code[i + len(_ROW_LOOP):j - 1], nb)
-        out.append("".join("{" + re.sub(r"\bt\b", f"{k}u", body) + "}" for k in range(nb)))
+        body = unroll_row_loops(code[i + len(head):j - 1], nb, var, bound)
+        out.append("".join("{" + re.sub(rf"\b{var}\b", f"{k}u", body) + "}"
+                           for k in range(nb)))
         at = j
 
 
@@ -456,6 +458,45 @@ def matvecb_pipeline(dev: Device, dtypes: tuple, int8: bool = False):
         code = code.replace("@group(0) @binding(3) var<storage, read> X2: array<f32>;",
                             "@group(0) @binding(3) var<storage, read> XQ: array<vec4<u32>>;")
     return dev.pipeline(key, code, matvec_kinds(len(dtypes)))
+
+
+#: weight rows a lane group of the int8 rows matvec takes at once (matvecb_tile.wgsl; 0:
+#: matvecb.wgsl's I8 variant, one row at a time). A product takes the tiles where every
+#: part's rows are a multiple of it.
+ROWS_TILE = 4
+
+
+def _tile_dispatch(n: int) -> str:
+    """matvecb_tile.wgsl's chain sending the R rows from `row` to their part."""
+    disp = []
+    for i in range(n):
+        start, rows = f"P.part_start[{i} / 4][{i} % 4]", f"P.part_rows[{i} / 4][{i} % 4]"
+        disp.append(("if" if i == 0 else "} else if") + f" (row < {start} + {rows}) {{\n"
+                    f"        let r = row - {start}; tiledots_{i}(r, lane);\n"
+                    f"        for (var j = 0u; j < R; j++) {{ rsc[j] = W{i}_rowscale(r + j, "
+                    f"{rows}, P.cols); }}")
+    disp.append("}")
+    return "\n".join(disp)
+
+
+def matvecb_tile_pipeline(dev: Device, nparts: int):
+    """The int8 rows matvec in R-row register tiles (matvecb_tile.wgsl, R = ROWS_TILE)
+    over nparts q8_row parts."""
+    sg = dev.subgroups
+    key = ("matvecb_tile", nparts, sg, ROWS_TILE, ROWS_NB)
+    if key in dev._pipelines:
+        return dev._pipelines[key]
+    part = dev.source("matvecb_tile_part.wgsl")
+    fns = [_decoder(dev, i, "q8_row") + part.replace("$I", str(i)) for i in range(nparts)]
+    code = (_subgroup_variant(_matvec_source(dev, "matvecb_tile.wgsl", nparts, fns, "lane"), sg)
+            .replace("$TILES", _tile_dispatch(nparts))
+            .replace("$RPWu", f"{8 * ROWS_TILE}u").replace("$Ru", f"{ROWS_TILE}u")
+            .replace("$NBu", f"{ROWS_NB}u").replace("$ACCN", str(ROWS_TILE * ROWS_NB))
+            .replace("$REDN", str(256 * ROWS_NB)))
+    code = unroll_row_loops(unroll_row_loops(code, ROWS_TILE, "j", "R"), ROWS_NB)
+    code = code.replace("@group(0) @binding(3) var<storage, read> X2: array<f32>;",
+                        "@group(0) @binding(3) var<storage, read> XQ: array<vec4<u32>>;")
+    return dev.pipeline(key, code, matvec_kinds(nparts))
 
 
 def rows_block_words(cols: int) -> int:
@@ -491,6 +532,7 @@ class MatvecOp:
             raise ConfigError(f"GPU matvec: {len(parts)} matrix pieces in one product "
                               f"exceed {min(MAX_PARTS, dev.max_storage_buffers - 4)}")
         self.dtypes = tuple(m.dtype for m, _b, _r in parts)
+        self.part_rows = [r for _m, _b, r in parts]
         self.fast = all(m.fast for m in mats)
         self.pro = pro
         self.total = sum(r for _m, _b, r in parts)
@@ -560,8 +602,12 @@ class MatvecOp:
                 QUANTROWS_KINDS, resolve([self.param, step_buf, self.res[0], xq])),
                 lambda t: (1, 1, t), "quantrows"))
         group = dev.bind(self.kinds, resolve([self.param, step_buf] + res))
-        nx, ny = rows_dims(self.total, RPW1_SLOTS)
-        out.append(Dispatch(matvecb_pipeline(dev, self.dtypes, int8), group,
+        if int8 and ROWS_TILE and all(r % ROWS_TILE == 0 for r in self.part_rows):
+            pipe, rpw = matvecb_tile_pipeline(dev, len(self.dtypes)), 8 * ROWS_TILE
+        else:
+            pipe, rpw = matvecb_pipeline(dev, self.dtypes, int8), RPW1_SLOTS
+        nx, ny = rows_dims(self.total, rpw)
+        out.append(Dispatch(pipe, group,
                             lambda t, nx=nx, ny=ny: (nx, ny, (t + ROWS_NB - 1) // ROWS_NB),
                             "matvecb"))
         return out
