@@ -335,4 +335,15 @@ def llama8b_chain(dev, read_gb_s, layers=32, hidden=4096, ffn=14336, heads=32, k
             dt = _time_pass(dev, prog, rounds=3)
         out[name] = {"gpu_ms_per_token": dt * 1e3, "tok_s_bound": 1 / dt,
                      "gb_s": nbytes / dt / 1e9, "pct_of_read_bw": 100 * nbytes / dt / 1e9 / read_gb_s}
+    # the int8 products reading an input staged once by a pass of its own (QIN), with
+    # and without those passes (QOUT), as the models' decode rows run them
+    from cortiq.gpu.kernels import stage_words
+    xq = dev.buffer(16 * stage_words(ffn))
+    ds = [op.staged(step, xq, True) for op in ops]
+    for name, prog in (("int8_staged_once", [x for d in ds for x in (d.pre, d)]),
+                       ("int8_staged_once_products_only", ds)):
+        prog = prog[:len(prog) // 5 * 4] * layers + prog[len(prog) // 5 * 4:]
+        dt = _time_pass(dev, prog, rounds=3)
+        out[name] = {"gpu_ms_per_token": dt * 1e3, "tok_s_bound": 1 / dt,
+                     "gb_s": nbytes / dt / 1e9, "pct_of_read_bw": 100 * nbytes / dt / 1e9 / read_gb_s}
     return out

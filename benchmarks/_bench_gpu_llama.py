@@ -215,16 +215,21 @@ def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw:
         i8["cortiq_gpu_batch"] = batch(g, prompt)
         i8["rows_program_b8"] = rows_breakdown(g, prompt, 8, time_dispatches)
     out["int8"] = i8
-    # A/B: the same int8 decode with the norms and SwiGLU as passes of their own
+    # A/B: the same int8 decode with each product staging its input in every workgroup
+    from cortiq.gpu import kernels
     from cortiq.gpu.llama import GpuLlamaModel
-    g2 = GpuLlamaModel(host, dev, fuse_stages=False)
-    g2.set_precision("int8")
-    st2 = g2.new_state()
-    g2.forward(st2, prompt, "none")
-    g2.decode_greedy(st2, tok, 2)
-    busy(dev)
-    ab = decode_rates(g2, st2, tok, tokens)
+    keep, kernels.STAGE_ONCE = kernels.STAGE_ONCE, not kernels.STAGE_ONCE
+    try:
+        g2 = GpuLlamaModel(host, dev)
+        g2.set_precision("int8")
+        st2 = g2.new_state()
+        g2.forward(st2, prompt, "none")
+        g2.decode_greedy(st2, tok, 2)
+        busy(dev)
+        ab = decode_rates(g2, st2, tok, tokens)
+    finally:
+        kernels.STAGE_ONCE = keep
     ab["dispatches_per_token"] = g2.dispatches_per_token
-    out["int8_unfused_stages"] = ab
+    out["int8_stage_once" if not keep else "int8_stages_in_workgroups"] = ab
     del g2, st2
     return out

@@ -113,6 +113,53 @@ def test_int8_input_stages_and_fused_groups(dev):
     assert _rel(got, f16.matvec(y)) < 1e-5
 
 
+@pytest.mark.parametrize("subgroups", [True, False])
+def test_int8_input_staged_once(dev, monkeypatch, subgroups):
+    """A decode product whose int8 input is staged by a pass of its own (QOUT, 1024
+    columns a workgroup) and read by every workgroup of the product (QIN) gives what the
+    product staging in each workgroup gives: every input stage but PRO 4, lengths of one
+    and of several QOUT workgroups, a fused group; the residual written back bit for
+    bit. PRO 4 is refused."""
+    from cortiq.errors import ConfigError
+    from cortiq.gpu import kernels
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    if subgroups and not dev.subgroups:
+        pytest.skip("the adapter offers no subgroups")
+    monkeypatch.setattr(kernels, "MATVEC_SUBGROUPS", subgroups)
+    rng = np.random.default_rng(77)
+    for cols in (96, 1056, 3104):
+        qts = [_q8_row(rng, r, cols) for r in (19, 8)]
+        mats = [GpuMatrix(dev, q) for q in qts]
+        x, o, gate = rng.standard_normal((3, cols)).astype(np.float32)
+        x[5:37] = 0.0                               # an all-zero group
+        x[900 % cols] = 60.0                        # an outlier
+        g, sa, sb = (rng.random((3, cols)) + 0.5).astype(np.float32)
+        gu = rng.standard_normal(2 * cols).astype(np.float32)
+        cases = [(x[None], {}), (x[None], dict(pro=1, x2=gate[None], va=g)),
+                 (gu[None], dict(pro=2, x2_off=cols, va=sa, vb=sb)),
+                 (x[None], dict(pro=6, x2=o[None], va=g, eps=1e-5)),
+                 (gu[None], dict(pro=7, x2_off=cols))]
+        for X, kw in cases:
+            backs: list = [[], []]
+            got = [matvec_once(dev, mats, X, int8=True, once=once, residual_out=back, **kw)
+                   for once, back in ((False, backs[0]), (True, backs[1]))]
+            assert _rel(got[1], got[0]) < 1e-6, kw.get("pro", 0)
+            if not kw:
+                want = np.concatenate([_int8_product(m, x) for m in qts])
+                assert _rel(got[1], want) < 1e-5
+            if backs[0]:
+                assert np.array_equal(backs[1][0], backs[0][0])
+    nh, hd, splits = 4, 32, 3
+    qt = _q8_row(rng, 20, nh * hd)
+    rec, y = split_records(rng, nh, hd, splits)
+    got = matvec_once(dev, [GpuMatrix(dev, qt)], rec, pro=5, hd=hd, splits=splits,
+                      int8=True, once=True)[0]
+    assert _rel(got, _int8_product(qt, y)) < 1e-4
+    with pytest.raises(ConfigError, match="staged by a pass"):
+        matvec_once(dev, [GpuMatrix(dev, qt)], rec[:, :nh * hd], pro=4, x2=rec[:, :nh * hd],
+                    va=np.ones(nh * hd, np.float32), int8=True, once=True)
+
+
 @pytest.mark.parametrize("setting,value", [("MATVEC_UNROLL", 8), ("MATVEC_SUBGROUPS", False)])
 def test_int8_matvec_variants_agree(dev, monkeypatch, setting, value):
     """The int8 decode matvec's variants (eight loads in flight a lane; the shared-memory
@@ -286,3 +333,51 @@ def test_int8_merges_gated_attention_splits(dev, splits):
     got = matvec_once(dev, [GpuMatrix(dev, w)], rec, pro=3, x2=gate[None],
                       va=s, hd=hd, splits=splits, int8=True)[0]
     assert _rel(got, _int8_product(w, z) / np.sqrt((z * z).sum() + 1e-6)) < 1e-5
+
+
+def test_llama_int8_decode_stages_once(dev, tmp_path, monkeypatch):
+    """Under int8 a Llama's decode products take their input from a pass of its own
+    (the residual add and RMSNorm, SwiGLU and the split attention's merge staged once,
+    `MatvecOp.staged`): logits within float rounding of the same model staging in every
+    workgroup, the same greedy tokens; at "exact" those passes run no workgroup and the
+    logits are the float32 model's."""
+    from batch_models import llama_tensors, tokenizer_json
+    from cortiq import cmf
+    from cortiq.gpu import kernels
+    from cortiq.gpu.llama import GpuLlamaModel
+    from cortiq.models.llama import LlamaModel
+    t, arch = llama_tensors(hidden=64, ffn=96, layers=2, heads=4, kv=2, hd=16, seed=11)
+    t = {k: v for k, v in t.items() if "q_norm" not in k and "k_norm" not in k
+         and ".bias" not in k}
+    arch = {k: v for k, v in dict(arch, arch_name="llama", layer_types=None,
+                                  sliding_window=None).items() if v is not None}
+    path = tmp_path / "llama.cmf"
+    cmf.write(path, t, arch=arch, quant="q8_row", tokenizer_json=tokenizer_json(),
+              progress=False)
+    f = cmf.open(str(path))
+    prompt, feed = np.array([3, 17, 20, 5]), [9, 41, 2, 8, 13, 1]
+    runs = {}
+    for once in (False, True):
+        monkeypatch.setattr(kernels, "STAGE_ONCE", once)
+        g = GpuLlamaModel(LlamaModel(f), dev)
+        g.set_precision("int8")
+        st = g.new_state()
+        g.forward(st, prompt, prompt=True)
+        runs[once] = [g.forward(st, [i]) for i in feed]
+        passes = [d for ds in g._static.values() for d in ds if d.name == "qstage"]
+        assert bool(passes) == once and all(0 not in d.dims for d in passes)
+        assert g.fused_norms
+    for a, b in zip(runs[False], runs[True]):
+        assert _rel(b, a) < 1e-5
+        assert np.argmax(a) == np.argmax(b)
+    assert g.set_precision("exact") > 0
+    assert all(d.dims == (0, 0, 0) for d in passes)
+    g.rollback(st, prompt.size)
+    exact = [g.forward(st, [i]) for i in feed]
+    monkeypatch.setattr(kernels, "STAGE_ONCE", False)
+    h = GpuLlamaModel(LlamaModel(f), dev)
+    sh = h.new_state()
+    h.forward(sh, prompt, prompt=True)
+    for a, i in zip(exact, feed):
+        assert _rel(a, h.forward(sh, [i])) < 1e-6
+    f.close()

@@ -604,11 +604,11 @@ class GpuDoryModel(GpuModel):
             if R is not None:
                 return R.products[li][int(second)]
             if not second:
-                return [self._chunk_product(w["qkvg_op"] if w["attn"] else w["gu_op"], nt)]
+                return self._chunk_product(w["qkvg_op"] if w["attn"] else w["gu_op"], nt)
             if w["attn"]:
-                return [self._chunk_product(w["o_split_op"] if self._split(mode)
-                                            else w["o_op"], nt)]
-            return [self._chunk_product(w["down_op"], nt)]
+                return self._chunk_product(w["o_split_op"] if self._split(mode)
+                                           else w["o_op"], nt)
+            return self._chunk_product(w["down_op"], nt)
 
         # A decode row applies each sub-layer's residual in the next product's input
         # stage (pending: the alpha offset not yet applied; cur: x's region); a rownorm
@@ -619,7 +619,7 @@ class GpuDoryModel(GpuModel):
         def first_product(w, li):
             if x_at["pending"] is None:
                 prog.extend(products(li, False) if li is not None
-                            else [self._chunk_product(self.head_last, nt)])
+                            else self._chunk_product(self.head_last, nt))
                 return
             prog.append(self._fused_product(w, x_at["cur"], x_at["pending"]))
             x_at["cur"] = self.ralt if x_at["cur"] == self.rx else self.rx
@@ -668,7 +668,7 @@ class GpuDoryModel(GpuModel):
             first_product(None, None)
         elif want == "all":
             flush()
-            prog.append(self._chunk_product(self.head_all, nt))
+            prog.extend(self._chunk_product(self.head_all, nt))
         if want == "greedy":
             prog.append(self._fixed("argmax", self.p_argmax, [self.logits, self.ids, self.res],
                                     (1, 1, 1)))
@@ -726,9 +726,9 @@ class _RowProducts:
                 self.products[li] = ([a.dispatch(m.step, MATMAT_NT)],
                                      [o.dispatch(m.step, MATMAT_NT)])
             else:
-                self.products[li] = ([m._chunk_product(w["gu_op"], MATMAT_NT)],
-                                     [m._chunk_product(w["down_op"], MATMAT_NT)])
-        self.head = [m._chunk_product(m.head_all, MATMAT_NT)]
+                self.products[li] = (m._chunk_product(w["gu_op"], MATMAT_NT),
+                                     m._chunk_product(w["down_op"], MATMAT_NT))
+        self.head = m._chunk_product(m.head_all, MATMAT_NT)
 
     def _rows_products(self) -> None:
         """The sub-layers' products as the rows matvec, each input stage (the output

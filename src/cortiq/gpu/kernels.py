@@ -131,6 +131,7 @@ class Dispatch:
     dims: Any           # (x, y, z) or callable t -> (x, y, z)
     name: str = ""      # the kernel, for the time breakdown
     op: Any = None      # the MatvecOp of a decode product (its variant can be switched)
+    pre: Any = None     # the pass staging a decode product's int8 input (MatvecOp.staged)
 
 
 class ParamArena:
@@ -373,13 +374,36 @@ def matvec1_int8_staging(dev: Device, dtypes: tuple, cols: int) -> tuple | None:
     return (words, scales) if fits else None
 
 
-def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool = False):
+#: the decode product's int8 input staged once by a pass of its own (matvec1.wgsl's QOUT,
+#: 1024 columns a workgroup) that the product's workgroups read (QIN), rather than by
+#: each of them; a product whose input stage needs its whole norm for the write-back
+#: (PRO 4) stages in its workgroups
+STAGE_ONCE = True
+
+_QSTORE = {
+    "": "                xq[c >> 4u][(c >> 2u) & 3u] = q.codes;\n"
+        "                if ((lid & 7u) == 0u) { xd[c >> 5u] = q.d; }",
+    "out": "                Y[c >> 2u] = q.codes;\n"
+           "                if ((lid & 7u) == 0u) { Y[P.cols / 4u + (c >> 5u)] = bitcast<u32>(q.d); }",
+    "in": ""}
+
+
+def stage_words(cols: int) -> int:
+    """16-byte words a QOUT pass writes for a product of `cols` columns: the codes and
+    scales (rows_block_words), then one sum of squares per 1024 columns."""
+    return rows_block_words(cols) + ((cols + 1023) // 1024 + 3) // 4
+
+
+def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool = False,
+                     qmode: str = ""):
     """The decode matvec over parts of `dtypes` with input stage `pro`; int8=True takes
-    the quantized-input variant (the caller checked matvec1_int8_staging)."""
-    i8 = matvec1_int8_staging(dev, dtypes, cols) if int8 else None
+    the quantized-input variant (the caller checked matvec1_int8_staging, or for qmode
+    "out" / "in", the pass staging the int8 input once and the product reading it, that
+    the parts are q8_row and the columns whole 32-column groups)."""
+    i8 = (1, 1) if qmode else (matvec1_int8_staging(dev, dtypes, cols) if int8 else None)
     xs = 0 if i8 else (matvec1_staging(dev, cols) if pro != 0 or MATVEC_STAGE_PLAIN else 0)
     sg = matvec1_subgroups(dev, i8 is not None)
-    key = ("matvec1", dtypes, pro, xs, i8, RPW1_SLOTS, RPW1_ROWS, sg, MATVEC_UNROLL)
+    key = ("matvec1", dtypes, pro, xs, i8, RPW1_SLOTS, RPW1_ROWS, sg, MATVEC_UNROLL, qmode)
     if key in dev._pipelines:
         return dev._pipelines[key]
     n = len(dtypes)
@@ -391,10 +415,11 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool
             fns.append(_decoder(dev, i, dt, "qchunk.wgsl"))
         fns.append(part.replace("$I", str(i)))
     words, scales = i8 or (1, 1)
+    writes = pro in RESIDUAL_STAGES and qmode != "in"    # the residual written back
     write = ("X[P.v_b + c] = X[xb + c] + X2[x2b + c];" if pro == 6 else
              "X[P.v_b + c] = {} * inv;".format("xval(c)" if i8 else "xs[c + (c >> 5u)]"))
     code = (_subgroup_variant(_matvec_source(dev, "matvec1.wgsl", n, fns, "lane",
-                                             x_writable=pro in RESIDUAL_STAGES), sg)
+                                             x_writable=writes), sg)
             .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
             .replace("$RWu", f"{RPW1_ROWS}u")
             .replace("$UNROLLu", f"{MATVEC_UNROLL}u")
@@ -403,8 +428,28 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool
             .replace("$I8", "true" if i8 else "false")
             .replace("$QUANT4", dev.source("quant4.wgsl"))
             .replace("$XQN", str(words)).replace("$XDN", str(scales))
-            .replace("$XWRITE", write if pro in RESIDUAL_STAGES else ""))
-    return dev.pipeline(key, code, matvec_kinds(n, pro))
+            .replace("$XWRITE", write if writes else "")
+            .replace("$QOUT", "true" if qmode == "out" else "false")
+            .replace("$QIN", "true" if qmode == "in" else "false")
+            .replace("$XQSTORE", _QSTORE[qmode])
+            .replace("$XQSUMSTORE", "            if (lid == 0u) { Y[4u * (P.cols / 16u + "
+                     "(P.cols / 32u + 3u) / 4u) + wid.x + wid.y * P.nx] = bitcast<u32>(red[0]); }"
+                     if qmode == "out" else "")
+            .replace("$YVAL", "bitcast<u32>(v)" if qmode == "out" else "v"))
+    if qmode == "in":
+        code = (code.replace("$XQWORD", "XQ[k]")
+                .replace("$XQSCALE", "bitcast<f32>(XQ[P.cols / 16u + (k >> 3u)][(k >> 1u) & 3u])")
+                .replace("$XQSUM", "bitcast<f32>(XQ[(at + i) >> 2u][(at + i) & 3u])")
+                .replace("@group(0) @binding(3) var<storage, read> X2: array<f32>;",
+                         "@group(0) @binding(3) var<storage, read> XQ: array<vec4<u32>>;\n"
+                         "var<private> X2: array<f32, 1>;   // named by the stages, unused"))
+    else:
+        code = (code.replace("$XQWORD", "xq[k]").replace("$XQSCALE", "xd[k >> 1u]")
+                .replace("$XQSUM", "0.0"))
+    if qmode == "out":
+        code = code.replace("@group(0) @binding(5) var<storage, read_write> Y: array<f32>;",
+                            "@group(0) @binding(5) var<storage, read_write> Y: array<u32>;")
+    return dev.pipeline(key, code, matvec_kinds(n, 0 if qmode == "in" else pro))
 
 
 #: input rows a workgroup of the rows matvec (matvecb.wgsl) dots its weight rows with
@@ -560,6 +605,44 @@ class MatvecOp:
         i8 = int8 and matvec1_int8_staging(self.dev, self.dtypes, self.cols) is not None
         return matvec1_pipeline(self.dev, self.dtypes, self.pro, self.cols, int8=i8)
 
+    def stages_once(self) -> bool:
+        """Whether this decode product's int8 input can be staged by a pass of its own
+        (STAGE_ONCE; q8_row parts, whole 32-column groups, an input stage other than
+        PRO 4)."""
+        return (STAGE_ONCE and self.chunked and self.pro != 4 and self.cols % 32 == 0
+                and all(dt == "q8_row" for dt in self.dtypes))
+
+    def staged(self, step_buf, xq, int8: bool) -> Dispatch:
+        """The decode product (as `dispatch` with nt=1) with its QOUT pass in `pre`,
+        writing its int8 input into xq (at least stage_words(cols) 16-byte words) for the
+        product's QIN variant to read; recorded before the product, the pass runs no
+        workgroup while the product takes float32 inputs (`switch`)."""
+        dev = self.dev
+        d = self.dispatch(step_buf, 1, int8)
+        res = [self.param, step_buf] + self.res
+        out = res[:5] + [xq] + res[6:]
+        d.pre = Dispatch(matvec1_pipeline(dev, self.dtypes, self.pro, self.cols, qmode="out"),
+                         dev.bind(self.kinds, resolve(out)), (0, 0, 0), "qstage")
+        inp = res[:3] + [xq] + res[4:]
+        self._qin = (matvec1_pipeline(dev, self.dtypes, self.pro, self.cols, qmode="in"),
+                     dev.bind(matvec_kinds(len(self.dtypes)), resolve(inp)))
+        self._plain = d.group
+        self.switch(d, int8)
+        return d
+
+    def switch(self, d: Dispatch, int8: bool) -> bool:
+        """Puts decode dispatch d (and its QOUT pass) at the precision asked; whether its
+        pipeline changed."""
+        was = d.pipeline
+        if d.pre is not None and int8:
+            d.pipeline, d.group = self._qin
+            d.pre.dims = rows_dims((self.cols + 1023) // 1024, 1) + (1,)
+        else:
+            d.pipeline = self.decode_pipeline(int8)
+            if d.pre is not None:
+                d.group, d.pre.dims = self._plain, (0, 0, 0)
+        return d.pipeline is not was
+
     def dispatch(self, step_buf, nt: int, int8: bool = False) -> Dispatch:
         """The product over nt rows a workgroup (1: the decode matvec, with int8
         activations if int8; more: the matmat of a prompt chunk)."""
@@ -616,7 +699,8 @@ class MatvecOp:
 def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: int = 0,
                 va=None, vb=None, out_scale=None, nt: int | None = None, hd: int = 0,
                 splits: int = 1, residual_out: list | None = None,
-                rows: bool = False, int8: bool = False, eps: float = 1e-6) -> np.ndarray:
+                rows: bool = False, int8: bool = False, once: bool = False,
+                eps: float = 1e-6) -> np.ndarray:
     """Run one product on its own (checks and tools): X [t, cols] (for pro=2 the
     gate/up rows [t, 2*cols'], b at x2_off, and so for pro=7; for pro=3 and pro=5 one row of
     attention split records, see attention.wgsl and llama_attn_split.wgsl; for pro=4 the
@@ -625,7 +709,8 @@ def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: in
     matvec for one row, the matmat for more); rows=True runs the rows matvec
     (matvecb.wgsl) over every row. pro=4 and pro=6 append the residual they wrote back to
     `residual_out`; int8=True runs the decode matvec (or with rows, the rows matvec) on
-    int8 activations."""
+    int8 activations; once=True (with int8, one row) stages the int8 input by its own pass
+    (`MatvecOp.staged`)."""
     X = np.ascontiguousarray(X, np.float32)
     t = X.shape[0]
     xcols = X.shape[1]
@@ -654,6 +739,11 @@ def matvec_once(dev: Device, mats: list, X, *, pro: int = 0, x2=None, x2_off: in
     if rows:
         xq = dev.buffer(t * rows_block_words(xcols) * 16) if int8 else None
         ds = op.dispatch_rows(step, xq)
+    elif once:
+        if not (int8 and t == 1 and op.stages_once()):
+            raise ConfigError("GPU matvec: this product's input is not staged by a pass")
+        d = op.staged(step, dev.buffer(16 * stage_words(xcols)), True)
+        ds = [d.pre, d]
     else:
         ds = [op.dispatch(step, nt or (1 if t == 1 else MATMAT_NT), int8)]
     stage = dev.staging(t * total * 4)

@@ -539,8 +539,8 @@ class GpuLlamaModel(GpuModel):
             model's head)."""
             if R is not None:
                 return R.product(name, li)
-            return [self._chunk_product(getattr(self, name) if li is None
-                                        else self.lw[li][name], nt)]
+            return self._chunk_product(getattr(self, name) if li is None
+                                       else self.lw[li][name], nt)
 
         e = self.embed
         prog: list = [Dispatch(embed_pipeline(dev, e.dtype, len(e.parts)), dev.bind(
@@ -562,7 +562,7 @@ class GpuLlamaModel(GpuModel):
                 prog.extend(product("o_op", li))
             elif splits > 1:                         # merged in the O product's input
                 prog.append((SEQUENCE_PART, mode, li, splits))
-                prog.append(self._chunk_product(w["o_split_ops"][splits], nt))
+                prog.extend(self._chunk_product(w["o_split_ops"][splits], nt))
             else:
                 prog.append((SEQUENCE_PART, mode, li, 1))
                 prog.extend(product("o_op", li))

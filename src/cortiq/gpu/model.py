@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import ConfigError, CortiqError, ModelError
 from ..models.base import ModelBase, check_feed, is_prompt
+from .kernels import stage_words
 
 #: the per-sequence part of a layer program: a marker the program's builder leaves where
 #: a sequence's own kernels go (its attention over its own cache), filled per sequence
@@ -88,15 +89,30 @@ class GpuModel(ModelBase):
     #: first use (a model with `forward_rows`)
     _rows: Any = None
 
-    def _chunk_product(self, op, nt: int):
-        """The dispatch of product `op` over a chunk's rows (nt 1: the decode matvec),
-        made once."""
+    def _chunk_product(self, op, nt: int) -> list:
+        """The dispatches of product `op` over a chunk's rows, made once: for nt 1 the
+        decode matvec, after the pass that stages its int8 input once where it takes one
+        (`MatvecOp.staged`; that pass runs no workgroup while the product is float32)."""
         key = (id(op), nt)
-        d = self._static.get(key)
-        if d is None:
-            d = op.dispatch(self.step, nt, self.int8)
-            self._static[key] = d
-        return d
+        ds = self._static.get(key)
+        if ds is None:
+            if nt == 1 and self.int8_products and op.stages_once():
+                d = op.staged(self.step, self._stage_buffer(op.cols), self.int8)
+                ds = [d.pre, d]
+            else:
+                ds = [op.dispatch(self.step, nt, self.int8)]
+            self._static[key] = ds
+        return ds
+
+    def _stage_buffer(self, cols: int):
+        """The buffer the decode products' int8 inputs are staged in (one product's at a
+        time), at least stage_words(cols) words: grown by a new buffer, the dispatches
+        made before keeping the one they bound."""
+        need = 16 * stage_words(cols)
+        buf = getattr(self, "_staged_input", None)
+        if buf is None or buf.size < need:
+            buf = self._staged_input = self.dev.buffer(need)
+        return buf
 
     @staticmethod
     def _resolve(skeleton: list, part) -> list:
@@ -324,11 +340,10 @@ class GpuModel(ModelBase):
         check_precision(precision)
         self.int8 = self.int8_products and (precision or get_precision()) == "int8"
         switched = 0
-        for d in self._static.values():
-            if d.op is not None and d.name == "matvec":
-                pipe = d.op.decode_pipeline(self.int8)
-                switched += pipe is not d.pipeline
-                d.pipeline = pipe
+        for ds in self._static.values():
+            for d in ds if isinstance(ds, list) else [ds]:
+                if d.op is not None and d.name == "matvec":
+                    switched += d.op.switch(d, self.int8)
         self._rows = None      # the products over rows are made again, in the new precision
         return switched
 

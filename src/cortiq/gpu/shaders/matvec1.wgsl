@@ -30,6 +30,13 @@
 // quantized instead, as the CPU's int8 activations are (quant4.wgsl), and a
 // row's 16-byte chunks are dotted with four dot4I8Packed each, their integer sum scaled
 // by the chunk's d: a quarter of the arithmetic and of the input reads of the float path.
+// QOUT and QIN split an I8 product in two dispatches, so that its input stage runs once
+// rather than in every workgroup: QOUT (no rows) stages and quantizes 1024 columns a
+// workgroup into Y (a u32 array here): cols / 16 words of codes, then the cols / 32
+// scales as f32 bits padded to whole words, then each workgroup's share of the staged
+// sum of squares, and writes its columns' residual back (PRO 6; PRO 4, whose write-back
+// needs the whole norm, is not split); QIN is the product over that input, read where it
+// lies (XQ, bound where X2 is), with no stage of its own.
 
 $MATVEC_IO
 
@@ -41,6 +48,8 @@ const XS: u32 = $XSu;
 const SG: bool = $SG;
 const UNROLL: u32 = $UNROLLu;
 const I8: bool = $I8;
+const QOUT: bool = $QOUT;
+const QIN: bool = $QIN;
 // the input stages whose output is RMS-normalised (nGPT's justnorm): 1 to 4
 const NORM: bool = PRO != 0u && PRO < 5u;
 
@@ -62,10 +71,20 @@ $QUANT4
 
 // I8: chunk k (columns 16k .. 16k + 15) of a row's int8 codes dotted with the staged input.
 fn dq(w: vec4<u32>, k: u32) -> f32 {
-    let q = xq[k];
+    let q = $XQWORD;
     let s = dot4I8Packed(w.x, q.x) + dot4I8Packed(w.y, q.y) + dot4I8Packed(w.z, q.z)
           + dot4I8Packed(w.w, q.w);
-    return f32(s) * xd[k >> 1u];
+    return f32(s) * $XQSCALE;
+}
+
+// QIN: 1 / the staged input's norm (the output's scale), from the QOUT workgroups' sums.
+fn qin_inv() -> f32 {
+    if (!(NORM || PRO == 6u)) { return 1.0; }
+    let at = 4u * (P.cols / 16u + (P.cols / 32u + 3u) / 4u);
+    var s = 0.0;
+    for (var i = 0u; i < (P.cols + 1023u) / 1024u; i++) { s += $XQSUM; }
+    if (PRO == 6u) { return 1.0 / sqrt(s / f32(P.cols) + P.eps); }
+    return 1.0 / sqrt(s + P.eps);
 }
 
 fn merged(c: u32) -> f32 {
@@ -148,7 +167,8 @@ $SGLANES
     x2b = P.x2_off;
     var rs = 1.0;
     var inv = 1.0;
-    if (PRO == 3u || PRO == 5u) {
+    if (QIN) { inv = qin_inv(); }
+    if ((PRO == 3u || PRO == 5u) && !QIN) {
         let n = P.splits;
         if (lid < (P.cols / P.hd) * n) {
             let hb = xb + (lid / n) * n * (P.hd + 4u);
@@ -163,7 +183,7 @@ $SGLANES
         }
         workgroupBarrier();
     }
-    if (PRO == 4u) {
+    if (PRO == 4u && !QIN) {
         var sx = 0.0;
         var so = 0.0;
         for (var c = lid; c < P.cols; c += 256u) {
@@ -186,19 +206,22 @@ $SGLANES
     if (XS > 0u) {
         for (var c = lid; c < P.cols; c += 256u) { xs[c + (c >> 5u)] = staged(c); }
     }
-    if (I8) {
+    // QOUT: this workgroup's 1024 columns; otherwise every column
+    var cb = 0u;
+    var ce = P.cols;
+    if (QOUT) { cb = (wid.x + wid.y * P.nx) * 1024u; ce = min(P.cols, cb + 1024u); }
+    if (I8 && !QIN) {
         // 256 lanes take 1024 columns a round, four each (quant4.wgsl)
-        for (var c0 = 0u; c0 < P.cols; c0 += 1024u) {
+        for (var c0 = cb; c0 < ce; c0 += 1024u) {
             let c = c0 + 4u * lid;
             let v = staged4(c);
             let q = quant4(v, lid);
             if (c < P.cols) {
-                xq[c >> 4u][(c >> 2u) & 3u] = q.codes;
-                if ((lid & 7u) == 0u) { xd[c >> 5u] = q.d; }
+$XQSTORE
             }
         }
     }
-    if (XS > 0u || I8) {   // the staged input's norm, and PRO 4's and PRO 6's write-back
+    if ((XS > 0u || I8) && !QIN) {   // the staged input's norm, and PRO 4's and PRO 6's write-back
         if (NORM || PRO == 6u) {
             red[lid] = nsq;
             workgroupBarrier();
@@ -211,12 +234,14 @@ $SGLANES
             } else {
                 inv = 1.0 / sqrt(red[0] + P.eps);
             }
+$XQSUMSTORE
         }
         workgroupBarrier();
-        if ((PRO == 4u || PRO == 6u) && wid.x + wid.y == 0u) {
-            for (var c = lid; c < P.cols; c += 256u) { $XWRITE }
+        if ((PRO == 4u || PRO == 6u) && (QOUT || wid.x + wid.y == 0u)) {
+            for (var c = cb + lid; c < ce; c += 256u) { $XWRITE }
         }
     }
+    if (QOUT) { return; }
     if (SG) {
         for (var rr = slot; rr < RPW * RW; rr += 256u / tpr) {
             let row = base + rr;
@@ -232,7 +257,7 @@ $DISPATCH
                 var v = d * rs;
                 if (XS > 0u || I8) { v = v * inv; } else if (NORM) { v = v / sqrt(q + P.eps); }
                 if (P.v_out != 0xffffffffu) { v = v * V[P.v_out + row]; }
-                Y[P.y_off + row] = v;
+                Y[P.y_off + row] = $YVAL;
             }
         }
         return;
@@ -258,7 +283,7 @@ $DISPATCH
         var v = red[lid] * rs;
         if (XS > 0u || I8) { v = v * inv; } else if (NORM) { v = v / sqrt(red[256u + lid] + P.eps); }
         if (P.v_out != 0xffffffffu) { v = v * V[P.v_out + row]; }
-        Y[P.y_off + row] = v;
+        Y[P.y_off + row] = $YVAL;
     }
     workgroupBarrier();
     }
