@@ -337,13 +337,18 @@ def llama8b_chain(dev, read_gb_s, layers=32, hidden=4096, ffn=14336, heads=32, k
                      "gb_s": nbytes / dt / 1e9, "pct_of_read_bw": 100 * nbytes / dt / 1e9 / read_gb_s}
     # the int8 products reading an input staged once by a pass of its own (QIN), with
     # and without those passes (QOUT), as the models' decode rows run them
+    # (16 rows a workgroup, the default, and 8 or 32: with no stage in the workgroup,
+    # more and smaller workgroups cost no more input staging)
     from cortiq.gpu.kernels import stage_words
     xq = dev.buffer(16 * stage_words(ffn))
-    ds = [op.staged(step, xq, True) for op in ops]
-    for name, prog in (("int8_staged_once", [x for d in ds for x in (d.pre, d)]),
-                       ("int8_staged_once_products_only", ds)):
-        prog = prog[:len(prog) // 5 * 4] * layers + prog[len(prog) // 5 * 4:]
-        dt = _time_pass(dev, prog, rounds=3)
-        out[name] = {"gpu_ms_per_token": dt * 1e3, "tok_s_bound": 1 / dt,
-                     "gb_s": nbytes / dt / 1e9, "pct_of_read_bw": 100 * nbytes / dt / 1e9 / read_gb_s}
+    for slots in (16, 8, 32):
+        with _Settings(RPW1_SLOTS=slots):
+            ds = [op.staged(step, xq, True) for op in ops]
+        tag = "" if slots == 16 else f"_rows{slots}"
+        for name, prog in ((f"int8_staged_once{tag}", [x for d in ds for x in (d.pre, d)]),
+                           (f"int8_staged_once{tag}_products_only", ds)):
+            prog = prog[:len(prog) // 5 * 4] * layers + prog[len(prog) // 5 * 4:]
+            dt = _time_pass(dev, prog, rounds=3)
+            out[name] = {"gpu_ms_per_token": dt * 1e3, "tok_s_bound": 1 / dt, "gb_s": nbytes / dt / 1e9,
+                         "pct_of_read_bw": 100 * nbytes / dt / 1e9 / read_gb_s}
     return out

@@ -356,7 +356,7 @@ class GpuDeepSeekV4Model(GpuModel):
         self._build_ops()
         self._lock = threading.Lock()   # one token on the shared activations at a time
         self.load_seconds = time.perf_counter() - t0
-        self.dispatches_per_token: int | None = None
+        self._decode_program: list | None = None
 
     # ---- parameters and products (state-independent) -----------------------------
     def _matvecs(self, mats, *, x, x_off, x_cols, y, y_off) -> list:
@@ -636,7 +636,7 @@ class GpuDeepSeekV4Model(GpuModel):
         if prog is None:
             prog = st.programs[want] = self._build_program(st, want)
             if want in ("last", "greedy"):
-                self.dispatches_per_token = len(prog)
+                self._decode_program = prog
         return prog
 
     def _mv(self, op) -> Dispatch:

@@ -231,7 +231,7 @@ class GpuDoryModel(GpuModel):
         # prompt matmat
         self.rows_matvec = bool(rows_matvec)
         self.load_seconds = time.perf_counter() - t0
-        self.dispatches_per_token: int | None = None
+        self._decode_program: list | None = None
 
     # ---- sequences ----------------------------------------------------------------
     def new_state(self) -> GpuDoryState:
@@ -467,7 +467,7 @@ class GpuDoryModel(GpuModel):
                                  lambda m: self._sequence_part(st, m, None))
             st.programs[key] = prog
             if one and want in ("last", "greedy"):
-                self.dispatches_per_token = len(prog)
+                self._decode_program = prog
         return prog
 
     def _param(self, data: bytes):

@@ -284,7 +284,7 @@ class GpuLlamaModel(GpuModel):
         self._skeletons: dict = {}
         self._rows: _LlamaRows | None = None
         self.load_seconds = time.perf_counter() - t0
-        self.dispatches_per_token: int | None = None
+        self._decode_program: list | None = None
 
     def _fuse_decode_stages(self, eps: float, wanted: bool) -> None:
         """The decode row's products that take the passes before them as their input
@@ -461,7 +461,7 @@ class GpuLlamaModel(GpuModel):
                                  lambda m: self._sequence_part(st, m, None))
             st.programs[key] = prog
             if t == 1 and want in ("last", "greedy"):
-                self.dispatches_per_token = len(prog)
+                self._decode_program = prog
         return prog
 
     def decode_splits(self, pos: int) -> int:

@@ -316,6 +316,17 @@ class GpuModel(ModelBase):
         dev.queue.submit([enc.finish()])
         return news
 
+    _decode_program: list | None = None
+
+    @property
+    def dispatches_per_token(self) -> int | None:
+        """Dispatches a decode token runs: those of the last decode program made that
+        have workgroups at the precision the model is at now."""
+        prog = self._decode_program
+        if prog is None:
+            return None
+        return sum(0 not in (d.dims(1) if callable(d.dims) else d.dims) for d in prog)
+
     #: whether the model's decode products follow precision "int8" (made through
     #: `_chunk_product`); a model without it keeps float32 products whatever is asked
     int8_products = False
