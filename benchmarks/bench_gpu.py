@@ -418,7 +418,9 @@ def main():
                          "decode matvec's rows added by subgroupAdd, or by its shared-memory "
                          "tree), unroll=N "
                          "(16-byte loads a matvec lane issues at once: 1 or 4), stage=0 (a "
-                         "plain product's lanes read its input themselves, unstaged)")
+                         "plain product's lanes read its input themselves, unstaged), once=1|0 "
+                         "(int8 activations, each product's input staged by a pass of its "
+                         "own or in each of its workgroups)")
     a = ap.parse_args()
     phases = {}
     t_phase = time.perf_counter()
@@ -530,7 +532,7 @@ def main():
                   "fuse": {"fuse_residual": val not in ("0", "off")},
                   "qk": {"fuse_qk": val not in ("0", "off")}}.get(key, {})
             keep = (kernels.RPW1_SLOTS, kernels.MATVEC_SUBGROUPS, kernels.MATVEC_UNROLL,
-                    kernels.MATVEC_STAGE_PLAIN)
+                    kernels.MATVEC_STAGE_PLAIN, kernels.STAGE_ONCE)
             if key in ("slots", "rows"):  # rows (lane groups) a decode-matvec workgroup takes
                 kernels.RPW1_SLOTS = int(val)
             elif key == "sg":
@@ -539,11 +541,16 @@ def main():
                 kernels.MATVEC_UNROLL = int(val)
             elif key == "stage":
                 kernels.MATVEC_STAGE_PLAIN = val not in ("0", "off")
+            elif key == "once":
+                kernels.STAGE_ONCE = val not in ("0", "off")
             try:
-                r = gpu_decode(GpuDoryModel(host, dev, **kw), prompt, a.tokens)
+                gv = GpuDoryModel(host, dev, **kw)
+                if key == "once":
+                    gv.set_precision("int8")
+                r = gpu_decode(gv, prompt, a.tokens)
             finally:
                 (kernels.RPW1_SLOTS, kernels.MATVEC_SUBGROUPS, kernels.MATVEC_UNROLL,
-                 kernels.MATVEC_STAGE_PLAIN) = keep
+                 kernels.MATVEC_STAGE_PLAIN, kernels.STAGE_ONCE) = keep
             ab[v] = {k: r[k] for k in ("chained_tok_s", "greedy_tok_s", "record_ms_per_token",
                                        "dispatches_per_token", "gpu_ms_per_token",
                                        "gpu_ms_by_kernel")}

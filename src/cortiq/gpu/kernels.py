@@ -379,6 +379,11 @@ def matvec1_int8_staging(dev: Device, dtypes: tuple, cols: int) -> tuple | None:
 #: each of them; a product whose input stage needs its whole norm for the write-back
 #: (PRO 4) stages in its workgroups
 STAGE_ONCE = True
+#: row slots of a product reading an input staged once (QIN): with no stage of their own,
+#: smaller workgroups cost no more input reads, and more of them hide more latency (one
+#: 8B-shaped token's products on an H100: 85.8 % of the read at 8 rows a workgroup, 81.7
+#: at 16, 67.3 at 32; docs/PERFORMANCE.md section 15.7)
+STAGED_SLOTS = 8
 
 _QSTORE = {
     "": "                xq[c >> 4u][(c >> 2u) & 3u] = q.codes;\n"
@@ -403,7 +408,8 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool
     i8 = (1, 1) if qmode else (matvec1_int8_staging(dev, dtypes, cols) if int8 else None)
     xs = 0 if i8 else (matvec1_staging(dev, cols) if pro != 0 or MATVEC_STAGE_PLAIN else 0)
     sg = matvec1_subgroups(dev, i8 is not None)
-    key = ("matvec1", dtypes, pro, xs, i8, RPW1_SLOTS, RPW1_ROWS, sg, MATVEC_UNROLL, qmode)
+    slots = STAGED_SLOTS if qmode == "in" else RPW1_SLOTS
+    key = ("matvec1", dtypes, pro, xs, i8, slots, RPW1_ROWS, sg, MATVEC_UNROLL, qmode)
     if key in dev._pipelines:
         return dev._pipelines[key]
     n = len(dtypes)
@@ -420,7 +426,7 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool
              "X[P.v_b + c] = {} * inv;".format("xval(c)" if i8 else "xs[c + (c >> 5u)]"))
     code = (_subgroup_variant(_matvec_source(dev, "matvec1.wgsl", n, fns, "lane",
                                              x_writable=writes), sg)
-            .replace("$RPWu", f"{RPW1_SLOTS}u").replace("$TPRu", f"{256 // RPW1_SLOTS}u")
+            .replace("$RPWu", f"{slots}u").replace("$TPRu", f"{256 // slots}u")
             .replace("$RWu", f"{RPW1_ROWS}u")
             .replace("$UNROLLu", f"{MATVEC_UNROLL}u")
             .replace("$PROu", f"{pro}u").replace("$XSu", f"{xs}u")
@@ -433,9 +439,11 @@ def matvec1_pipeline(dev: Device, dtypes: tuple, pro: int, cols: int, int8: bool
             .replace("$QIN", "true" if qmode == "in" else "false")
             .replace("$XQSTORE", _QSTORE[qmode])
             .replace("$XQSUMSTORE", "            if (lid == 0u) { Y[4u * (P.cols / 16u + "
-                     "(P.cols / 32u + 3u) / 4u) + wid.x + wid.y * P.nx] = bitcast<u32>(red[0]); }"
+                     "(P.cols / 32u + 3u) / 4u) + wid.x + wid.y * P.nx] = bitcast<u32>(sum); }"
                      if qmode == "out" else "")
-            .replace("$YVAL", "bitcast<u32>(v)" if qmode == "out" else "v"))
+            .replace("$YVAL", "bitcast<u32>(v)" if qmode == "out" else "v")
+            .replace("$QWRITEBACK", "        X[P.v_b + c] = r;" if qmode == "out" and pro == 6
+                     else ""))
     if qmode == "in":
         code = (code.replace("$XQWORD", "XQ[k]")
                 .replace("$XQSCALE", "bitcast<f32>(XQ[P.cols / 16u + (k >> 3u)][(k >> 1u) & 3u])")
@@ -507,8 +515,10 @@ def matvecb_pipeline(dev: Device, dtypes: tuple, int8: bool = False):
 
 #: weight rows a lane group of the int8 rows matvec takes at once (matvecb_tile.wgsl; 0:
 #: matvecb.wgsl's I8 variant, one row at a time). A product takes the tiles where every
-#: part's rows are a multiple of it.
-ROWS_TILE = 4
+#: part's rows are a multiple of it. Eight 8B-shaped rows' products on an H100 took 8.95
+#: ms in tiles of 2, 9.43 in tiles of 4, 28.5 in tiles of 8 (64 accumulators a lane) and
+#: 13.25 one row at a time (docs/PERFORMANCE.md section 15.7)
+ROWS_TILE = 2
 
 
 def _tile_dispatch(n: int) -> str:
@@ -625,8 +635,9 @@ class MatvecOp:
                          dev.bind(self.kinds, resolve(out)), (0, 0, 0), "qstage")
         inp = res[:3] + [xq] + res[4:]
         self._qin = (matvec1_pipeline(dev, self.dtypes, self.pro, self.cols, qmode="in"),
-                     dev.bind(matvec_kinds(len(self.dtypes)), resolve(inp)))
-        self._plain = d.group
+                     dev.bind(matvec_kinds(len(self.dtypes)), resolve(inp)),
+                     rows_dims(self.total, STAGED_SLOTS * RPW1_ROWS) + (1,))
+        self._plain = (d.group, d.dims)
         self.switch(d, int8)
         return d
 
@@ -635,12 +646,12 @@ class MatvecOp:
         pipeline changed."""
         was = d.pipeline
         if d.pre is not None and int8:
-            d.pipeline, d.group = self._qin
+            d.pipeline, d.group, d.dims = self._qin
             d.pre.dims = rows_dims((self.cols + 1023) // 1024, 1) + (1,)
         else:
             d.pipeline = self.decode_pipeline(int8)
             if d.pre is not None:
-                d.group, d.pre.dims = self._plain, (0, 0, 0)
+                (d.group, d.dims), d.pre.dims = self._plain, (0, 0, 0)
         return d.pipeline is not was
 
     def dispatch(self, step_buf, nt: int, int8: bool = False) -> Dispatch:

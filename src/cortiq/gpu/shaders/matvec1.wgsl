@@ -129,6 +129,7 @@ fn staged(c: u32) -> f32 {
     if (PRO == 6u) {
         let r = X[xb + c] + X2[x2b + c];
         nsq += r * r;
+$QWRITEBACK
         return r * V[P.v_a + c];
     }
     let v = xval(c);
@@ -223,22 +224,32 @@ $XQSTORE
     }
     if ((XS > 0u || I8) && !QIN) {   // the staged input's norm, and PRO 4's and PRO 6's write-back
         if (NORM || PRO == 6u) {
-            red[lid] = nsq;
-            workgroupBarrier();
-            for (var h = 128u; h > 0u; h = h / 2u) {
-                if (lid < h) { red[lid] += red[lid + h]; }
+            var sum = 0.0;
+            if (SG) {     // each subgroup's sum, then theirs
+                let s = subgroupAdd(nsq);
+                if (lane == 0u) { red[lid / tpr] = s; }
                 workgroupBarrier();
+                for (var i = 0u; i < 256u / tpr; i++) { sum += red[i]; }
+            } else {
+                red[lid] = nsq;
+                workgroupBarrier();
+                for (var h = 128u; h > 0u; h = h / 2u) {
+                    if (lid < h) { red[lid] += red[lid + h]; }
+                    workgroupBarrier();
+                }
+                sum = red[0];
             }
             if (PRO == 6u) {
-                inv = 1.0 / sqrt(red[0] / f32(P.cols) + P.eps);
+                inv = 1.0 / sqrt(sum / f32(P.cols) + P.eps);
             } else {
-                inv = 1.0 / sqrt(red[0] + P.eps);
+                inv = 1.0 / sqrt(sum + P.eps);
             }
 $XQSUMSTORE
         }
         workgroupBarrier();
-        if ((PRO == 4u || PRO == 6u) && (QOUT || wid.x + wid.y == 0u)) {
-            for (var c = cb + lid; c < ce; c += 256u) { $XWRITE }
+        // the residual written back (QOUT: PRO 6's, while staging)
+        if ((PRO == 4u || PRO == 6u) && !QOUT && wid.x + wid.y == 0u) {
+            for (var c = lid; c < P.cols; c += 256u) { $XWRITE }
         }
     }
     if (QOUT) { return; }
