@@ -376,13 +376,14 @@ def matvec1_int8_staging(dev: Device, dtypes: tuple, cols: int) -> tuple | None:
 
 #: the decode product's int8 input staged once by a pass of its own (matvec1.wgsl's QOUT,
 #: 1024 columns a workgroup) that the product's workgroups read (QIN), rather than by
-#: each of them; a product whose input stage needs its whole norm for the write-back
-#: (PRO 4) stages in its workgroups
+#: each of them (one 8B-shaped int8 token 1.17x faster on an H100, 1.20x on an H200;
+#: docs/PERFORMANCE.md 15.7); a product whose input stage needs its whole norm for the
+#: write-back (PRO 4) stages in its workgroups
 STAGE_ONCE = True
 #: row slots of a product reading an input staged once (QIN): with no stage of their own,
 #: smaller workgroups cost no more input reads, and more of them hide more latency (one
-#: 8B-shaped token's products on an H100: 85.8 % of the read at 8 rows a workgroup, 81.7
-#: at 16, 67.3 at 32; docs/PERFORMANCE.md section 15.7)
+#: 8B-shaped token's products: 85.8 % of the read at 8 rows a workgroup, 81.7 at 16 and
+#: 67.3 at 32 on an H100; 73.3, 75.8 and 72.0 on an H200: docs/PERFORMANCE.md 15.7)
 STAGED_SLOTS = 8
 
 _QSTORE = {
@@ -632,7 +633,7 @@ class MatvecOp:
         res = [self.param, step_buf] + self.res
         out = res[:5] + [xq] + res[6:]
         d.pre = Dispatch(matvec1_pipeline(dev, self.dtypes, self.pro, self.cols, qmode="out"),
-                         dev.bind(self.kinds, resolve(out)), (0, 0, 0), "qstage")
+                         dev.bind(self.kinds, resolve(out)), (0, 0, 0), f"qstage{self.pro}")
         inp = res[:3] + [xq] + res[4:]
         self._qin = (matvec1_pipeline(dev, self.dtypes, self.pro, self.cols, qmode="in"),
                      dev.bind(matvec_kinds(len(self.dtypes)), resolve(inp)),

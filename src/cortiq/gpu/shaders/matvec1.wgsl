@@ -137,9 +137,51 @@ $QWRITEBACK
     return v;
 }
 
+// Columns c .. c + 3 of the merged attention output (c % 4 == 0: one head's), as
+// `merged` gives them, with the loads of four splits issued before their sums.
+fn merged4(c: u32) -> vec4<f32> {
+    let h = c / P.hd;
+    let n = P.splits;
+    let step = P.hd + 4u;
+    let a0 = xb + h * n * step + 4u + c % P.hd;
+    var y = vec4<f32>(0.0);
+    var s = 0u;
+    for (; s + 4u <= n; s += 4u) {
+        let a = a0 + s * step;
+        let v0 = vec4<f32>(X[a], X[a + 1u], X[a + 2u], X[a + 3u]);
+        let v1 = vec4<f32>(X[a + step], X[a + step + 1u], X[a + step + 2u], X[a + step + 3u]);
+        let b = a + 2u * step;
+        let v2 = vec4<f32>(X[b], X[b + 1u], X[b + 2u], X[b + 3u]);
+        let v3 = vec4<f32>(X[b + step], X[b + step + 1u], X[b + step + 2u], X[b + step + 3u]);
+        y += wts[h * n + s] * v0;
+        y += wts[h * n + s + 1u] * v1;
+        y += wts[h * n + s + 2u] * v2;
+        y += wts[h * n + s + 3u] * v3;
+    }
+    for (; s < n; s++) {
+        let a = a0 + s * step;
+        y += wts[h * n + s] * vec4<f32>(X[a], X[a + 1u], X[a + 2u], X[a + 3u]);
+    }
+    return y;
+}
+
 // Columns c .. c + 3 as `staged` gives them (zero past the input's end).
 fn staged4(c: u32) -> vec4<f32> {
     if (c >= P.cols) { return vec4<f32>(0.0); }
+    if ((PRO == 3u || PRO == 5u) && P.hd % 4u == 0u) {
+        var v = merged4(c);
+        if (PRO == 3u) {
+            let g = vec4<f32>(X2[x2b + c] * V[P.v_a + c], X2[x2b + c + 1u] * V[P.v_a + c + 1u],
+                              X2[x2b + c + 2u] * V[P.v_a + c + 2u],
+                              X2[x2b + c + 3u] * V[P.v_a + c + 3u]);
+            v = v / (1.0 + exp(-g));
+        }
+        nsq += v.x * v.x;
+        nsq += v.y * v.y;
+        nsq += v.z * v.z;
+        nsq += v.w * v.w;
+        return v;
+    }
     return vec4<f32>(staged(c), staged(c + 1u), staged(c + 2u), staged(c + 3u));
 }
 
@@ -170,17 +212,23 @@ $SGLANES
     var inv = 1.0;
     if (QIN) { inv = qin_inv(); }
     if ((PRO == 3u || PRO == 5u) && !QIN) {
+        // each record's m and l read once (one load each, all lanes at once), then
+        // each lane's head from shared memory rather than n dependent loads a lane
         let n = P.splits;
-        if (lid < (P.cols / P.hd) * n) {
-            let hb = xb + (lid / n) * n * (P.hd + 4u);
+        let nr = (P.cols / P.hd) * n;
+        if (lid < nr) {
+            let r = xb + lid * (P.hd + 4u);
+            red[lid] = X[r];
+            red[256u + lid] = X[r + 1u];
+        }
+        workgroupBarrier();
+        if (lid < nr) {
+            let h0 = (lid / n) * n;
             var mx = -3.0e38;
-            for (var s = 0u; s < n; s++) { mx = max(mx, X[hb + s * (P.hd + 4u)]); }
+            for (var s = 0u; s < n; s++) { mx = max(mx, red[h0 + s]); }
             var den = 0.0;
-            for (var s = 0u; s < n; s++) {
-                let r = hb + s * (P.hd + 4u);
-                den += exp(X[r] - mx) * X[r + 1u];
-            }
-            wts[lid] = exp(X[xb + lid * (P.hd + 4u)] - mx) / den;
+            for (var s = 0u; s < n; s++) { den += exp(red[h0 + s] - mx) * red[256u + h0 + s]; }
+            wts[lid] = exp(red[lid] - mx) / den;
         }
         workgroupBarrier();
     }
