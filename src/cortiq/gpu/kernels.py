@@ -695,7 +695,7 @@ class MatvecOp:
             res[1] = xq
             out.append(Dispatch(quantrows_pipeline(dev), dev.bind(
                 QUANTROWS_KINDS, resolve([self.param, step_buf, self.res[0], xq])),
-                lambda t: (1, 1, t), "quantrows"))
+                lambda t, n=(self.cols + 1023) // 1024: (n, 1, t), "quantrows"))
         group = dev.bind(self.kinds, resolve([self.param, step_buf] + res))
         if int8 and ROWS_TILE and all(r % ROWS_TILE == 0 for r in self.part_rows):
             pipe, rpw = matvecb_tile_pipeline(dev, len(self.dtypes)), 8 * ROWS_TILE

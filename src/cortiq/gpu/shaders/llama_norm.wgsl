@@ -19,15 +19,22 @@ var<workgroup> red: array<f32, 256>;
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wid.x;
     let xb = P.x_off + t * P.cols;
+    // four neighbouring columns a lane a round (1024 a round): four independent loads in
+    // flight where one column a round waited for each load in turn
     var ss = 0.0;
-    for (var c = lid; c < P.cols; c += 256u) {
-        var x = X[xb + c];
-        if (P.add != 0u) {
-            x += O[P.o_off + t * P.cols + c];
-            if (P.bias != 0xffffffffu) { x += V[P.bias + c]; }
-            X[xb + c] = x;
+    for (var c0 = 4u * lid; c0 < P.cols; c0 += 1024u) {
+        for (var k = 0u; k < 4u; k++) {
+            let c = c0 + k;
+            if (c < P.cols) {
+                var x = X[xb + c];
+                if (P.add != 0u) {
+                    x += O[P.o_off + t * P.cols + c];
+                    if (P.bias != 0xffffffffu) { x += V[P.bias + c]; }
+                    X[xb + c] = x;
+                }
+                ss += x * x;
+            }
         }
-        ss += x * x;
     }
     red[lid] = ss;
     workgroupBarrier();
@@ -36,7 +43,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
     }
     let inv = 1.0 / sqrt(red[0] / f32(P.cols) + P.eps);
-    for (var c = lid; c < P.cols; c += 256u) {
-        Y[P.y_off + t * P.cols + c] = X[xb + c] * inv * V[P.w + c];
+    for (var c0 = 4u * lid; c0 < P.cols; c0 += 1024u) {
+        for (var k = 0u; k < 4u; k++) {
+            let c = c0 + k;
+            if (c < P.cols) { Y[P.y_off + t * P.cols + c] = X[xb + c] * inv * V[P.w + c]; }
+        }
     }
 }

@@ -1,6 +1,8 @@
 // The input rows of an int8 rows matvec (matvecb.wgsl's I8 variant), quantized once for
-// every workgroup of the product: one workgroup a row t < S.t, reading the product's own
-// parameters (cols, x_off, x_stride), by quant4.wgsl as matvec1.wgsl's I8 staging. Row
+// every workgroup of the product: one workgroup 1024 columns (wid.x) of a row t < S.t
+// (wid.z), the quantization groups of 32 columns being independent, reading the
+// product's own parameters (cols, x_off, x_stride), by quant4.wgsl as matvec1.wgsl's I8
+// staging. Row
 // t's block in XQ is cols / 16 vec4 words of packed codes (16 a word), then its cols / 32
 // scales as f32 bits, padded to a whole vec4: rows_block_words(cols) vec4s in all.
 
@@ -19,14 +21,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let xb = P.x_off + t * P.x_stride;
     let words = P.cols / 16u;
     let qb = t * (words + (P.cols / 32u + 3u) / 4u) * 4u;   // row t's block, in u32s
-    for (var c0 = 0u; c0 < P.cols; c0 += 1024u) {
-        let c = c0 + 4u * lid;
-        var v = vec4<f32>(0.0);
-        if (c < P.cols) { v = vec4<f32>(X[xb + c], X[xb + c + 1u], X[xb + c + 2u], X[xb + c + 3u]); }
-        let q = quant4(v, lid);
-        if (c < P.cols) {
-            XQ[qb + c / 4u] = q.codes;
-            if ((lid & 7u) == 0u) { XQ[qb + 4u * words + c / 32u] = bitcast<u32>(q.d); }
-        }
+    let c = wid.x * 1024u + 4u * lid;
+    var v = vec4<f32>(0.0);
+    if (c < P.cols) { v = vec4<f32>(X[xb + c], X[xb + c + 1u], X[xb + c + 2u], X[xb + c + 3u]); }
+    let q = quant4(v, lid);
+    if (c < P.cols) {
+        XQ[qb + c / 4u] = q.codes;
+        if ((lid & 7u) == 0u) { XQ[qb + 4u * words + c / 32u] = bitcast<u32>(q.d); }
     }
 }
