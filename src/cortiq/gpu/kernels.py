@@ -132,6 +132,7 @@ class Dispatch:
     name: str = ""      # the kernel, for the time breakdown
     op: Any = None      # the MatvecOp of a decode product (its variant can be switched)
     pre: Any = None     # the pass staging a decode product's int8 input (MatvecOp.staged)
+    modes: Any = None   # that product's (pipeline, group, dims) reading it, and its own
 
 
 class ParamArena:
@@ -635,10 +636,10 @@ class MatvecOp:
         d.pre = Dispatch(matvec1_pipeline(dev, self.dtypes, self.pro, self.cols, qmode="out"),
                          dev.bind(self.kinds, resolve(out)), (0, 0, 0), f"qstage{self.pro}")
         inp = res[:3] + [xq] + res[4:]
-        self._qin = (matvec1_pipeline(dev, self.dtypes, self.pro, self.cols, qmode="in"),
-                     dev.bind(matvec_kinds(len(self.dtypes)), resolve(inp)),
-                     rows_dims(self.total, STAGED_SLOTS * RPW1_ROWS) + (1,))
-        self._plain = (d.group, d.dims)
+        d.modes = ((matvec1_pipeline(dev, self.dtypes, self.pro, self.cols, qmode="in"),
+                    dev.bind(matvec_kinds(len(self.dtypes)), resolve(inp)),
+                    rows_dims(self.total, STAGED_SLOTS * RPW1_ROWS) + (1,)),
+                   (d.group, d.dims))
         self.switch(d, int8)
         return d
 
@@ -647,12 +648,12 @@ class MatvecOp:
         pipeline changed."""
         was = d.pipeline
         if d.pre is not None and int8:
-            d.pipeline, d.group, d.dims = self._qin
+            d.pipeline, d.group, d.dims = d.modes[0]
             d.pre.dims = rows_dims((self.cols + 1023) // 1024, 1) + (1,)
         else:
             d.pipeline = self.decode_pipeline(int8)
             if d.pre is not None:
-                (d.group, d.dims), d.pre.dims = self._plain, (0, 0, 0)
+                (d.group, d.dims), d.pre.dims = d.modes[1], (0, 0, 0)
         return d.pipeline is not was
 
     def dispatch(self, step_buf, nt: int, int8: bool = False) -> Dispatch:

@@ -109,7 +109,7 @@ class GpuModel(ModelBase):
         time), at least stage_words(cols) words: grown by a new buffer, the dispatches
         made before keeping the one they bound."""
         need = 16 * stage_words(cols)
-        buf = getattr(self, "_staged_input", None)
+        buf = self._staged_input
         if buf is None or buf.size < need:
             buf = self._staged_input = self.dev.buffer(need)
         return buf
@@ -317,6 +317,8 @@ class GpuModel(ModelBase):
         return news
 
     _decode_program: list | None = None
+    #: the buffer the decode products' int8 inputs are staged in (`_stage_buffer`)
+    _staged_input: Any = None
 
     @property
     def dispatches_per_token(self) -> int | None:
