@@ -134,7 +134,7 @@ def dispatch_floor(dev, n=2000):
 class _Settings:
     """The decode matvec's module settings changed for one variant, restored after."""
     NAMES = ("MATVEC_SUBGROUPS", "MATVEC_UNROLL", "RPW1_SLOTS", "RPW1_ROWS",
-             "MATVEC_STAGE_PLAIN")
+             "MATVEC_STAGE_PLAIN", "STAGED_SLOTS")
 
     def __init__(self, **kw):
         from cortiq.gpu import kernels
@@ -336,15 +336,20 @@ def llama8b_chain(dev, read_gb_s, layers=32, hidden=4096, ffn=14336, heads=32, k
         out[name] = {"gpu_ms_per_token": dt * 1e3, "tok_s_bound": 1 / dt,
                      "gb_s": nbytes / dt / 1e9, "pct_of_read_bw": 100 * nbytes / dt / 1e9 / read_gb_s}
     # the int8 products reading an input staged once by a pass of its own (QIN), with
-    # and without those passes (QOUT), as the models' decode rows run them
-    # (16 rows a workgroup, the default, and 8 or 32: with no stage in the workgroup,
-    # more and smaller workgroups cost no more input staging)
+    # and without those passes (QOUT), as the models' decode rows run them, at the
+    # default rows a workgroup and 16-byte loads a lane issues at once (STAGED_SLOTS,
+    # MATVEC_UNROLL) and at others
+    from cortiq.gpu import kernels
     from cortiq.gpu.kernels import stage_words
     xq = dev.buffer(16 * stage_words(ffn))
-    for slots in (16, 8, 32):
-        with _Settings(RPW1_SLOTS=slots):
+    for slots, unroll in ((kernels.STAGED_SLOTS, kernels.MATVEC_UNROLL), (16, 4), (4, 4),
+                          (8, 8), (16, 8), (8, 1)):
+        tag = "" if (slots, unroll) == (kernels.STAGED_SLOTS, kernels.MATVEC_UNROLL) \
+            else f"_rows{slots}_unroll{unroll}"
+        if tag and f"int8_staged_once{tag}" in out:
+            continue
+        with _Settings(STAGED_SLOTS=slots, MATVEC_UNROLL=unroll):
             ds = [op.staged(step, xq, True) for op in ops]
-        tag = "" if slots == 16 else f"_rows{slots}"
         for name, prog in ((f"int8_staged_once{tag}", [x for d in ds for x in (d.pre, d)]),
                            (f"int8_staged_once{tag}_products_only", ds)):
             prog = prog[:len(prog) // 5 * 4] * layers + prog[len(prog) // 5 * 4:]

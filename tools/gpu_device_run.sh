@@ -23,8 +23,9 @@ if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nv
 fi
 SRC="$PWD/.gpu/src"
 t0=$(date +%s)
-# a cortiq wheel built elsewhere for this Python (.gpu/cortiq-*.whl) saves the compile
-wheel=$(ls .gpu/cortiq-*-cp312-*.whl 2>/dev/null | head -1)
+# a cortiq wheel built elsewhere for this Python (.gpu/cortiq-*.whl, or the one
+# CORTIQ_WHEEL names) saves the compile
+wheel=${CORTIQ_WHEEL:-$(ls .gpu/cortiq-*-cp312-*.whl 2>/dev/null | head -1)}
 if [ -n "$wheel" ]; then
     python3 -m pip install -q --no-index --no-deps --force-reinstall "$wheel"
 else
