@@ -81,8 +81,10 @@ KERNELS = {
 #: kernels generated from another's source: name -> (file, {marker: text}, replaced in
 #: order)
 VARIANTS = {
-    "llama_attn": ("llama_attn.wgsl", {"$KV": "read", "$QK": "false", "/*$W*/": "//"}),
-    "llama_attn_qk": ("llama_attn.wgsl", {"$KV": "read_write", "$QK": "true", "/*$W*/": ""}),
+    "llama_attn": ("llama_attn.wgsl", {"$KVN": "1", "$KV": "read", "$QK": "false",
+                                       "/*$W*/": "//"}),
+    "llama_attn_qk": ("llama_attn.wgsl", {"$KVN": "512", "$KV": "read_write", "$QK": "true",
+                                          "/*$W*/": ""}),
     "llama_attn_split": ("llama_attn_split.wgsl", {"$KV": "read", "$QK": "false",
                                                    "/*$W*/": "//"}),
     "llama_attn_split_qk": ("llama_attn_split.wgsl", {"$KV": "read_write", "$QK": "true",

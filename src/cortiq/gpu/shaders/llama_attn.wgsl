@@ -5,11 +5,10 @@
 // (online softmax); lane c accumulates output dimensions c and c + 256.
 // QK (the decode variant, llama_attn_qk): the dispatch also does llama_qk's work for its
 // one row: each workgroup takes its query head and its KV head's new k and v rows from
-// the Q|K|V product (bias, q/k norm, rotary as llama_qk.wgsl, all three heads at once by
-// llama_head_prep.wgsl's prep3), uses the new key from shared memory instead of the
-// cache, and the first query head of each KV group writes k and v into the cache at row
-// p; no workgroup reads row p from the cache, so none reads what another writes in the
-// dispatch.
+// the Q|K|V product (bias, q/k norm, rotary as llama_qk.wgsl), uses the new key from
+// shared memory instead of the cache, and the first query head of each KV group writes
+// k and v into the cache at row p; no workgroup reads row p from the cache, so none
+// reads what another writes in the dispatch.
 
 struct Params {
     nh: u32, nk: u32, hd: u32, qkv_w: u32,
@@ -30,7 +29,10 @@ struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
 
 const QK: bool = $QK;
 
+var<workgroup> q: array<f32, 512>;
 var<workgroup> pw: array<f32, 256>;
+var<workgroup> kn: array<f32, $KVN>;
+var<workgroup> vn: array<f32, $KVN>;
 
 fn reduce_max(v: f32, lid: u32) -> f32 {
     red[lid] = v;
@@ -58,12 +60,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (P.window > 0u && p + 1u > P.window) { lo = p + 1u - P.window; }
     if (QK) {
         let kvh = head / (P.nh / P.nk);
-        prep3(head, kvh, t, true, P.scale, lid);
+        prep(head, t, P.qn, true, lid);
+        for (var c = lid; c < hd; c += 256u) { q[c] = tmp[c] * P.scale; }
+        workgroupBarrier();
+        prep(P.nh + kvh, t, P.kn, true, lid);
+        for (var c = lid; c < hd; c += 256u) { kn[c] = tmp[c]; }
+        workgroupBarrier();
+        prep(P.nh + P.nk + kvh, t, 0xffffffffu, false, lid);
+        for (var c = lid; c < hd; c += 256u) { vn[c] = tmp[c]; }
+        workgroupBarrier();
         if (head % (P.nh / P.nk) == 0u) {
-            /*$W*/for (var c = lid; c < hd; c += 256u) { KC[p * kvw + kb + c] = hk(c); VC[p * kvw + kb + c] = hv(c); }
+            /*$W*/for (var c = lid; c < hd; c += 256u) { KC[p * kvw + kb + c] = kn[c]; VC[p * kvw + kb + c] = vn[c]; }
         }
     } else {
-        for (var c = lid; c < hd; c += 256u) { hq4[c >> 2u][c & 3u] = QKV[t * P.qkv_w + head * hd + c] * P.scale; }
+        for (var c = lid; c < hd; c += 256u) { q[c] = QKV[t * P.qkv_w + head * hd + c] * P.scale; }
     }
     workgroupBarrier();
     var m = -3.0e38;
@@ -77,9 +87,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let kr = key * kvw + kb;
             var d = 0.0;
             if (QK && key == p) {
-                for (var c = 0u; c < hd; c++) { d += hq(c) * hk(c); }
+                for (var c = 0u; c < hd; c++) { d += q[c] * kn[c]; }
             } else {
-                for (var c = 0u; c < hd; c++) { d += hq(c) * KC[kr + c]; }
+                for (var c = 0u; c < hd; c++) { d += q[c] * KC[kr + c]; }
             }
             s = d;
         }
@@ -96,8 +106,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let vr = (b + j) * kvw + kb;
             let w = pw[j];
             if (QK && b + j == p) {
-                if (lid < hd) { acc0 += w * hv(lid); }
-                if (lid + 256u < hd) { acc1 += w * hv(lid + 256u); }
+                if (lid < hd) { acc0 += w * vn[lid]; }
+                if (lid + 256u < hd) { acc1 += w * vn[lid + 256u]; }
             } else {
                 if (lid < hd) { acc0 += w * VC[vr + lid]; }
                 if (lid + 256u < hd) { acc1 += w * VC[vr + lid + 256u]; }

@@ -11,17 +11,13 @@
 // (coalesced) and their partial dots meet in shared memory. Values: 256 / (hd / 4)
 // groups of hd / 4 lanes, a group taking every (256 / (hd / 4))-th key of the tile, a
 // lane one 16-byte piece of the value row; the groups' sums meet at the end.
-// A tile's key and value rows (up to KR pieces of its key and VR value rows a lane) are
-// loaded into registers before they are needed: the first tile's before the head's
-// preparation, each next tile's before the current one's closing barrier, so a
-// workgroup waits on memory about once a tile rather than once a step.
 // QK (llama_attn_split_qk): the dispatch also does llama_qk's work for the row (bias,
-// q/k norm, rotary of llama_head_prep.wgsl's prep3): each workgroup prepares its query
-// head, the split holding p also its KV head's new k and v rows, which it uses from
-// shared memory as key p instead of the cache, and its workgroup of the group's first
-// query head writes them into the cache at row p. No workgroup reads row p from the
-// cache, so none reads what another writes in the dispatch. Without QK, llama_qk ran
-// before and key p is in the cache.
+// q/k norm, rotary of llama_head_prep.wgsl): each workgroup prepares its query head, the
+// split holding p also its KV head's new k and v rows, which it uses from shared memory
+// as key p instead of the cache, and its workgroup of the group's first query head
+// writes them into the cache at row p. No workgroup reads row p from the cache, so none
+// reads what another writes in the dispatch. Without QK, llama_qk ran before and key p
+// is in the cache.
 
 struct Params {
     nh: u32, nk: u32, hd: u32, qkv_w: u32,
@@ -43,36 +39,20 @@ struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
 const QK: bool = $QK;
 const L: u32 = 8u;        // lanes a key's score
 const TILE: u32 = 32u;    // keys a pass: 256 / L
-const KR: u32 = 4u;       // pieces of its key a lane keeps in registers (all of them for hd <= 128)
-const VR: u32 = 4u;       // value rows a lane keeps (all of its tile's for hd <= 128)
 
+var<workgroup> q4: array<vec4<f32>, 128>;
+var<workgroup> kn4: array<vec4<f32>, 128>;
+var<workgroup> vn4: array<vec4<f32>, 128>;
 var<workgroup> dots: array<f32, 256>;    // partial dots, [lane of the key][key]
 var<workgroup> sc: array<f32, TILE>;     // the tile's scores
 var<workgroup> ew: array<f32, TILE>;     // their softmax weights against the running max
 var<workgroup> part: array<vec4<f32>, 256>;
-var<private> kr: array<vec4<f32>, KR>;
-var<private> vr: array<vec4<f32>, VR>;
 
 $HEAD_PREP
 
-// The tile of keys base .. kto - 1 (at most TILE) into kr and vr: this lane's pieces
-// kc, kc + L, ... of key base + kl and its value piece vi of keys base + vg, base + vg +
-// groups, ...; key skip (the one held in shared memory, or none) is not read.
-fn load_tile(base: u32, kto: u32, skip: u32, kl: u32, kc: u32, vg: u32, vi: u32,
-             groups: u32, kb4: u32, kvw4: u32) {
-    let n = min(TILE, kto - base);
-    let hd4 = P.hd / 4u;
-    let j = base + kl;
-    for (var m = 0u; m < KR; m++) {
-        let i = kc + m * L;
-        kr[m] = vec4<f32>(0.0);
-        if (kl < n && j != skip && i < hd4) { kr[m] = KC[j * kvw4 + kb4 + i]; }
-    }
-    for (var m = 0u; m < VR; m++) {
-        let k = vg + m * groups;
-        vr[m] = vec4<f32>(0.0);
-        if (vg < groups && k < n && base + k != skip) { vr[m] = VC[(base + k) * kvw4 + kb4 + vi]; }
-    }
+// Piece i (dimensions 4i .. 4i + 3) of the head prep() left in tmp.
+fn take4(i: u32) -> vec4<f32> {
+    return vec4<f32>(tmp[4u * i], tmp[4u * i + 1u], tmp[4u * i + 2u], tmp[4u * i + 3u]);
 }
 
 @compute @workgroup_size(256)
@@ -92,26 +72,33 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let kfrom = lo + wid.z * per;
     let kto = min(p + 1u, kfrom + per);                // this split: kfrom .. kto - 1
     let own = QK && kfrom <= p && p < kto;             // key p from shared memory
-    var skip = 0xffffffffu;
-    if (own) { skip = p; }
+    if (QK) {
+        prep(head, 0u, P.qn, true, lid);
+        for (var i = lid; i < hd4; i += 256u) { q4[i] = take4(i) * P.scale; }
+        workgroupBarrier();
+        if (own) {
+            prep(P.nh + kvh, 0u, P.kn, true, lid);
+            for (var i = lid; i < hd4; i += 256u) { kn4[i] = take4(i); }
+            workgroupBarrier();
+            prep(P.nh + P.nk + kvh, 0u, 0xffffffffu, false, lid);
+            for (var i = lid; i < hd4; i += 256u) { vn4[i] = take4(i); }
+            workgroupBarrier();
+            if (head % grp == 0u) {
+                /*$W*/for (var i = lid; i < hd4; i += 256u) { KC[p * kvw4 + kb4 + i] = kn4[i]; VC[p * kvw4 + kb4 + i] = vn4[i]; }
+            }
+        }
+    } else {
+        for (var i = lid; i < hd4; i += 256u) {
+            let b = head * hd + 4u * i;
+            q4[i] = vec4<f32>(QKV[b], QKV[b + 1u], QKV[b + 2u], QKV[b + 3u]) * P.scale;
+        }
+    }
+    workgroupBarrier();
     let kl = lid / L;           // scores: this lane's key in the tile
     let kc = lid % L;           // and its first 16-byte piece
     let groups = 256u / hd4;    // values: key groups of hd4 lanes
     let vg = lid / hd4;
     let vi = lid % hd4;
-    if (kfrom < kto) { load_tile(kfrom, kto, skip, kl, kc, vg, vi, groups, kb4, kvw4); }
-    if (QK) {
-        prep3(head, kvh, 0u, own, P.scale, lid);
-        if (own && head % grp == 0u) {
-            /*$W*/for (var i = lid; i < hd4; i += 256u) { KC[p * kvw4 + kb4 + i] = hk4[i]; VC[p * kvw4 + kb4 + i] = hv4[i]; }
-        }
-    } else {
-        for (var i = lid; i < hd4; i += 256u) {
-            let b = head * hd + 4u * i;
-            hq4[i] = vec4<f32>(QKV[b], QKV[b + 1u], QKV[b + 2u], QKV[b + 3u]) * P.scale;
-        }
-        workgroupBarrier();
-    }
     var m = -3.0e38;
     var l = 0.0;
     var acc = vec4<f32>(0.0);
@@ -120,14 +107,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let j = base + kl;
         var d = 0.0;
         if (kl < n) {
-            if (j == skip) {
-                for (var i = kc; i < hd4; i += L) { d += dot(hq4[i], hk4[i]); }
+            if (own && j == p) {
+                for (var i = kc; i < hd4; i += L) { d += dot(q4[i], kn4[i]); }
             } else {
-                for (var r = 0u; r < KR; r++) {
-                    if (kc + r * L < hd4) { d += dot(hq4[kc + r * L], kr[r]); }
-                }
-                let row = j * kvw4 + kb4;
-                for (var i = kc + KR * L; i < hd4; i += L) { d += dot(hq4[i], KC[row + i]); }
+                let r = j * kvw4 + kb4;
+                for (var i = kc; i < hd4; i += L) { d += dot(q4[i], KC[r + i]); }
             }
         }
         dots[kc * TILE + kl] = d;
@@ -149,23 +133,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         m = mx;
         acc = acc * corr;
         if (vg < groups) {
-            for (var r = 0u; r < VR; r++) {
-                let k = vg + r * groups;
-                if (k < n) {
-                    if (base + k == skip) { acc += ew[k] * hv4[vi]; } else { acc += ew[k] * vr[r]; }
-                }
-            }
-            for (var k = vg + VR * groups; k < n; k += groups) {
+            for (var k = vg; k < n; k += groups) {
                 let jj = base + k;
-                if (jj == skip) {
-                    acc += ew[k] * hv4[vi];
+                if (own && jj == p) {
+                    acc += ew[k] * vn4[vi];
                 } else {
                     acc += ew[k] * VC[jj * kvw4 + kb4 + vi];
                 }
             }
-        }
-        if (base + TILE < kto) {
-            load_tile(base + TILE, kto, skip, kl, kc, vg, vi, groups, kb4, kvw4);
         }
         workgroupBarrier();     // dots, sc and ew are the next tile's
     }
