@@ -388,3 +388,44 @@ def test_llama_int8_rows_equal_each_sequence_alone(dev, tmp_path_factory):
     for a, b in zip(alone, got):
         assert float(np.abs(a - b).max() / np.abs(a).max()) < 1e-4
         assert np.argmax(a) == np.argmax(b)
+
+
+@pytest.mark.parametrize("arch", ["dory", "qwen3"])
+def test_programs_submitted_in_pieces(dev, demo_file, tmp_path_factory, arch, monkeypatch):
+    """A program submitted piece by piece as it is recorded (`Device.run`: here one
+    dispatch, then two at a time) gives the bits of the same program in one command
+    buffer: a prompt's logits, decode rows of one sequence and of several at once."""
+    from cortiq.gpu import device as gd
+    from cortiq.gpu import to_device
+    from cortiq.models.dory import DoryModel
+    from cortiq.models.llama import LlamaModel
+    host = (DoryModel(demo_file) if arch == "dory"
+            else LlamaModel(_llama_file(tmp_path_factory, arch)))
+    g = to_device(host, dev)
+    rng = np.random.default_rng(stable_seed(arch))
+    prompts = [rng.integers(0, host.vocab, n) for n in (5, 9)]
+
+    submitted = []
+    real_submit = dev.submit
+    monkeypatch.setattr(dev, "submit", lambda cbs: submitted.append(len(cbs))
+                        or real_submit(cbs))
+
+    def run(first, piece):
+        monkeypatch.setattr(gd, "RUN_FIRST", first)
+        monkeypatch.setattr(gd, "RUN_PIECE", piece)
+        submitted.clear()
+        sts = [g.new_state() for _ in prompts]
+        out = [g.forward(st, p) for st, p in zip(sts, prompts)]
+        toks = [int(np.argmax(o)) for o in out]
+        out.append(g.forward(sts[0], [toks[0]]))
+        out += g.forward_batch(sts, [[t] for t in toks[::-1]], ["last", "last"],
+                               [False, False])
+        return out, len(submitted)
+
+    whole, n_whole = run(10 ** 6, 10 ** 6)
+    pieces, n_pieces = run(1, 2)
+    assert n_whole == 4 and n_pieces > 4 * 8     # one submission a feed, or many
+    assert len(whole) == len(pieces) == 5
+    for a, b in zip(whole, pieces):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_array_equal(a, b)

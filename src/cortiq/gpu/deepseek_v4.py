@@ -49,7 +49,7 @@ import numpy as np
 
 from ..errors import ConfigError, CortiqError
 from ..models.base import Capabilities, check_feed
-from .device import Device
+from .device import Device, copy_out
 from .model import GpuModel
 from .kernels import (CHUNK, DTYPE_IDS, MAX_PARTS, NONE, RPW1_SLOTS, Dispatch, GpuMatrix,
                       MatvecOp, ParamArena, WeightUpload, _decoder, _matvec_source, _part_tables,
@@ -606,14 +606,10 @@ class GpuDeepSeekV4Model(GpuModel):
         pos = st.pos
         self._grow(st, pos + 1)
         self._write_step(pos)
-        enc = self._record(st, want)
-        if want == "last":
-            enc.copy_buffer_to_buffer(self.logits, 0, stage, 0, self.vocab * 4)
-        elif want == "hidden":
-            enc.copy_buffer_to_buffer(self.xin, 0, stage, 0, self.cfg.dim * 4)
-        elif want == "greedy":
-            enc.copy_buffer_to_buffer(self.res, 0, stage, 0, 16)
-        dev.queue.submit([enc.finish()])
+        copy = {"last": (self.logits, stage, self.vocab * 4),
+                "hidden": (self.xin, stage, self.cfg.dim * 4),
+                "greedy": (self.res, stage, 16)}.get(want)
+        dev.run(self._program(st, want), pos, copy_out(copy))
         st.pos += 1
 
     def _record(self, st, want: str):

@@ -34,7 +34,7 @@ from ..kernels._config import env
 from ..errors import ConfigError, CortiqError
 from ..models.base import Capabilities, check_feed, is_prompt
 from ..models.dory.model import EPS, HOST_CHUNK, AttnWeights, ExitRate, top_prob
-from .device import Device
+from .device import Device, copy_out
 from .model import SEQUENCE_PART, GpuModel, RowSlices
 from .kernels import (FIXED, MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp, ParamArena,
                       WeightUpload, embed_kinds, embed_pipeline, fixed_pipeline, resolve,
@@ -432,18 +432,19 @@ class GpuDoryModel(GpuModel):
         self._prepare(st, t)
         self._write_step(st.pos, t)
         dev.queue.write_buffer(self.ids, 0, chunk.astype(np.uint32))
-        enc = self._record(st, t, loops, want, stage)
+        prog = self._program(st, t == 1, loops, want, stage)
         nbytes = 0
         stage = None
+        copy = None
         if want in ("last", "all"):
             rows = t if want == "all" else 1
             nbytes = rows * self.vocab * 4
             stage = self._logits_stage(nbytes)
-            enc.copy_buffer_to_buffer(self.logits, 0, stage, 0, nbytes)
+            copy = (self.logits, stage, nbytes)
         elif want == "greedy":
             stage = self.stage_ids[0]
-            enc.copy_buffer_to_buffer(self.res, 0, stage, 0, 16)
-        dev.queue.submit([enc.finish()])
+            copy = (self.res, stage, 16)
+        dev.run(prog, t, copy_out(copy))
         if advance:
             self._advance(st, t)
         if want == "greedy":

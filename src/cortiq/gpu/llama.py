@@ -47,7 +47,7 @@ import numpy as np
 
 from ..errors import ConfigError, CortiqError
 from ..models.base import Capabilities, check_feed
-from .device import Device
+from .device import Device, copy_out
 from .kernels import (DTYPE_IDS, FIXED, MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp,
                       ParamArena, WeightUpload, _part_tables, embed_kinds, embed_pipeline,
                       fixed_pipeline, resolve, rows_block_words, u32s)
@@ -389,9 +389,9 @@ class GpuLlamaModel(GpuModel):
         self._grow(st, st.pos + t)
         self._write_step(st.pos, t)
         dev.queue.write_buffer(self.ids, 0, chunk.astype(np.uint32))
-        enc = dev.record(self._program(st, t, want), t)
         nbytes = 0
         stage = None
+        copy = None
         if want in ("last", "all", "hidden"):
             rows = 1 if want == "last" else t
             width = self.hidden if want == "hidden" else self.vocab
@@ -399,12 +399,11 @@ class GpuLlamaModel(GpuModel):
             if self.stage_out is None or self.stage_out.size < nbytes:
                 self.stage_out = dev.staging(max(nbytes, self.vocab * 4))
             stage = self.stage_out
-            enc.copy_buffer_to_buffer(self.xn if want == "hidden" else self.logits, 0, stage, 0,
-                                      (nbytes + 15) // 16 * 16)
+            copy = (self.xn if want == "hidden" else self.logits, stage, (nbytes + 15) // 16 * 16)
         elif want == "greedy":
             stage = self.stage_ids[0]
-            enc.copy_buffer_to_buffer(self.res, 0, stage, 0, 16)
-        dev.queue.submit([enc.finish()])
+            copy = (self.res, stage, 16)
+        dev.run(self._program(st, t, want), t, copy_out(copy))
         self._advance(st, t)
         if want == "greedy":
             return self._greedy_token(stage, st.pos - 1)

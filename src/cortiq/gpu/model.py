@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import ConfigError, CortiqError, ModelError
 from ..models.base import ModelBase, check_feed, is_prompt
+from .device import copy_out
 from .kernels import stage_words
 
 #: the per-sequence part of a layer program: a marker the program's builder leaves where
@@ -229,11 +230,9 @@ class GpuModel(ModelBase):
         q.write_buffer(self.ids, 0, np.asarray(toks, np.uint32))
         prog = self._resolve(skeleton, lambda m: [
             d for b, st in enumerate(sts) for d in self._sequence_part(st, m, b)])
-        enc = dev.record(prog, B)
         nbytes = B * self.vocab * 4
-        if head:
-            enc.copy_buffer_to_buffer(self.logits, 0, self._logits_stage(nbytes), 0, nbytes)
-        q.submit([enc.finish()])
+        dev.run(prog, B, copy_out((self.logits, self._logits_stage(nbytes), nbytes)
+                                  if head else None))
         for st in sts:
             self._advance(st, 1)
         if not head:
