@@ -278,15 +278,13 @@ def _llama8b_ops(dev, hidden, ffn, heads, kv_heads, head_dim, vocab, rows=1):
     return layer, head, _ops(dev, layer + [head], rows=rows)
 
 
-def llama8b_rows_chain(dev, read_gb_s, t=8,
-                       tiles=((0, False), (2, False), (2, True), (4, False), (4, True)),
-                       layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, head_dim=128,
-                       vocab=128256):
+def llama8b_rows_chain(dev, read_gb_s, t=8, tiles=(0, 2, 4, 8), layers=32, hidden=4096,
+                       ffn=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256):
     """The int8 rows matvec stream of t Llama-3-8B-shaped decode rows (every product of a
     token for t sequences in one pass, each product's quantrows pass included), per
-    (ROWS_TILE, ROWS_PREFETCH) of `tiles` (tile 0: the one-row kernel): GPU ms, the
-    weights' GB/s, and t times the same products' one-row stream (the int8 decode
-    matvec) over it, the batching gain the products allow."""
+    ROWS_TILE (0: the one-row kernel): GPU ms, the weights' GB/s, and t times the same
+    products' one-row stream (the int8 decode matvec) over it, the batching gain the
+    products allow."""
     from cortiq.gpu import kernels
     from cortiq.gpu.kernels import rows_block_words
     layer, head, ops = _llama8b_ops(dev, hidden, ffn, heads, kv_heads, head_dim, vocab, rows=t)
@@ -299,19 +297,18 @@ def llama8b_rows_chain(dev, read_gb_s, t=8,
     ds = [op.dispatch(one, 1, True) for op in ops]
     single = _time_pass(dev, ds[:4] * layers + ds[4:], rounds=3)
     out = {"rows": t, "one_row_ms": single * 1e3, "weight_gb_per_token": nbytes / 1e9}
-    keep = kernels.ROWS_TILE, kernels.ROWS_PREFETCH
+    keep = kernels.ROWS_TILE
     try:
-        for tile, prefetch in tiles:
-            kernels.ROWS_TILE, kernels.ROWS_PREFETCH = tile, prefetch
+        for tile in tiles:
+            kernels.ROWS_TILE = tile
             ds = [op.dispatch_rows(step, xq) for op in ops]
             prog = [d for g in ds[:4] for d in g] * layers + ds[4]
             dt = _time_pass(dev, prog, rounds=3, t=t)
-            name = f"tile{tile}" + ("_prefetch" if prefetch and tile else "")
-            out[name] = {"gpu_ms": dt * 1e3, "weights_gb_s": nbytes / dt / 1e9,
-                         "pct_of_read_bw": 100 * nbytes / dt / 1e9 / read_gb_s,
-                         "rows_over_one_row": t * single / dt}
+            out[f"tile{tile}"] = {"gpu_ms": dt * 1e3, "weights_gb_s": nbytes / dt / 1e9,
+                                  "pct_of_read_bw": 100 * nbytes / dt / 1e9 / read_gb_s,
+                                  "rows_over_one_row": t * single / dt}
     finally:
-        kernels.ROWS_TILE, kernels.ROWS_PREFETCH = keep
+        kernels.ROWS_TILE = keep
     return out
 
 

@@ -521,9 +521,6 @@ def matvecb_pipeline(dev: Device, dtypes: tuple, int8: bool = False):
 #: ms in tiles of 2, 9.43 in tiles of 4, 28.5 in tiles of 8 (64 accumulators a lane) and
 #: 13.25 one row at a time (docs/PERFORMANCE.md section 15.7)
 ROWS_TILE = 2
-#: whether a lane of the tiled int8 rows matvec loads its next weight words a round
-#: ahead (matvecb_tile.wgsl's PREFETCH)
-ROWS_PREFETCH = True
 
 
 def _tile_dispatch(n: int) -> str:
@@ -543,7 +540,7 @@ def matvecb_tile_pipeline(dev: Device, nparts: int):
     """The int8 rows matvec in R-row register tiles (matvecb_tile.wgsl, R = ROWS_TILE)
     over nparts q8_row parts."""
     sg = dev.subgroups
-    key = ("matvecb_tile", nparts, sg, ROWS_TILE, ROWS_NB, ROWS_PREFETCH)
+    key = ("matvecb_tile", nparts, sg, ROWS_TILE, ROWS_NB)
     if key in dev._pipelines:
         return dev._pipelines[key]
     part = dev.source("matvecb_tile_part.wgsl")
@@ -551,7 +548,6 @@ def matvecb_tile_pipeline(dev: Device, nparts: int):
     code = (_subgroup_variant(_matvec_source(dev, "matvecb_tile.wgsl", nparts, fns, "lane"), sg)
             .replace("$TILES", _tile_dispatch(nparts))
             .replace("$RPWu", f"{8 * ROWS_TILE}u").replace("$Ru", f"{ROWS_TILE}u")
-            .replace("$PREFETCH", "true" if ROWS_PREFETCH else "false")
             .replace("$NBu", f"{ROWS_NB}u").replace("$ACCN", str(ROWS_TILE * ROWS_NB))
             .replace("$REDN", str(256 * ROWS_NB)))
     code = unroll_row_loops(unroll_row_loops(code, ROWS_TILE, "j", "R"), ROWS_NB)

@@ -10,8 +10,6 @@
 // (kernels.unroll_row_loops), so the private arrays are indexed by constants only.
 // A workgroup's RPW = (256 / TPR) * R rows start on a multiple of R, and no R rows
 // straddle two parts (the caller checked every part's rows is a multiple of R).
-// PREFETCH: a lane issues the loads of its next round's weight words before it dots
-// this round's, so a weight load's latency overlaps a round of arithmetic.
 
 $MATVEC_IO
 
@@ -20,11 +18,9 @@ const R: u32 = $Ru;       // weight rows a lane group takes at once
 const TPR: u32 = 32u;     // lanes a group without subgroups
 const NB: u32 = $NBu;     // input rows a workgroup takes
 const SG: bool = $SG;
-const PREFETCH: bool = $PREFETCH;   // each lane's next weight words loaded a round ahead
 
 var<private> acc: array<f32, $ACCN>;     // acc[j * NB + t]
 var<private> w: array<vec4<u32>, $Ru>;
-var<private> wn: array<vec4<u32>, $Ru>;  // PREFETCH: the next round's weight words
 var<private> rsc: array<f32, $Ru>;
 var<private> nt: u32;
 var<private> t0g: u32;    // the first of the workgroup's input rows

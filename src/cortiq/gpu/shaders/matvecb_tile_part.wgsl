@@ -1,18 +1,8 @@
 fn tiledots_$I(r0: u32, lane: u32) {   // rows r0..r0+R-1 of part $I against the NB inputs
     let n = P.cols / 16u;
     let blk = n + (P.cols / 32u + 3u) / 4u;   // an input row's block in XQ, vec4s
-    if (PREFETCH && lane < n) {
-        for (var j = 0u; j < R; j++) { wn[j] = W$I[(r0 + j) * n + lane]; }
-    }
     for (var k = lane; k < n; k += tpr) {
-        if (PREFETCH) {     // this word from the last round, the next one's loads issued
-            for (var j = 0u; j < R; j++) { w[j] = wn[j]; }
-            if (k + tpr < n) {
-                for (var j = 0u; j < R; j++) { wn[j] = W$I[(r0 + j) * n + k + tpr]; }
-            }
-        } else {
-            for (var j = 0u; j < R; j++) { w[j] = W$I[(r0 + j) * n + k]; }
-        }
+        for (var j = 0u; j < R; j++) { w[j] = W$I[(r0 + j) * n + k]; }
         for (var t = 0u; t < NB; t++) {
             if (t < nt) {
                 let rb = (t0g + t) * blk;
