@@ -429,3 +429,25 @@ def test_programs_submitted_in_pieces(dev, demo_file, tmp_path_factory, arch, mo
     for a, b in zip(whole, pieces):
         assert np.all(np.isfinite(a))
         np.testing.assert_array_equal(a, b)
+
+
+def test_recording_errors_still_raise(dev, demo_file):
+    """A program recorded through wgpu-native's plain entry points (`Device.record`)
+    still has its commands validated: a dispatch bound with another pipeline's bind
+    group raises when the encoder finishes, naming the incompatible layout."""
+    import wgpu
+    from cortiq.gpu import to_device
+    from cortiq.gpu.kernels import Dispatch
+    from cortiq.models.dory import DoryModel
+    g = to_device(DoryModel(demo_file), dev)
+    st = g.new_state()
+    g.forward(st, [1, 2, 3])
+    g.forward(st, [4])                      # a decode row: its program made
+    prog = list(g._decode_program)
+    g.dev.record(prog, 1).finish()          # the program as made records cleanly
+    fixed = [k for k, d in enumerate(prog) if not callable(d.dims) and 0 not in d.dims]
+    i, j = next((i, j) for i in fixed for j in fixed
+                if prog[i].pipeline is not prog[j].pipeline)
+    prog[i] = Dispatch(prog[i].pipeline, prog[j].group, prog[i].dims, "mismatched")
+    with pytest.raises(wgpu.GPUValidationError, match="BindGroupLayout"):
+        g.dev.record(prog, 1).finish()
