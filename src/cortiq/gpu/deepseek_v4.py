@@ -49,7 +49,7 @@ import numpy as np
 
 from ..errors import ConfigError, CortiqError
 from ..models.base import Capabilities, check_feed
-from .device import Device, copy_out
+from .device import Device
 from .model import GpuModel
 from .kernels import (CHUNK, DTYPE_IDS, MAX_PARTS, NONE, RPW1_SLOTS, Dispatch, GpuMatrix,
                       MatvecOp, ParamArena, WeightUpload, _decoder, _matvec_source, _part_tables,
@@ -609,7 +609,7 @@ class GpuDeepSeekV4Model(GpuModel):
         copy = {"last": (self.logits, stage, self.vocab * 4),
                 "hidden": (self.xin, stage, self.cfg.dim * 4),
                 "greedy": (self.res, stage, 16)}.get(want)
-        dev.run(self._program(st, want), pos, copy_out(copy))
+        dev.run(self._program(st, want), pos, copy)
         st.pos += 1
 
     def _record(self, st, want: str):

@@ -167,15 +167,6 @@ def _raw_sync():
 RUN_FIRST, RUN_PIECE = 24, 128
 
 
-def copy_out(copy):
-    """`Device.run`'s finish for one copy to read back: (source, destination, bytes) from
-    the start of both; None for none."""
-    if copy is None:
-        return None
-    src, dst, nbytes = copy
-    return lambda enc: enc.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
-
-
 class Device:
     """A wgpu device and the caches built on it."""
 
@@ -377,20 +368,22 @@ class Device:
         cp.end()
         return enc
 
-    def run(self, program, t: int = 1, finish=None) -> int | None:
+    def run(self, program, t: int = 1, read_back=None) -> int | None:
         """Records `program` (as `record` does) and submits it piece by piece, each
         command buffer as soon as it is recorded: the device runs the first RUN_FIRST
         dispatches while the host records the rest, RUN_PIECE at a time, so the host's
         recording hides behind the device's work instead of coming before it.
-        finish(encoder), where given, appends commands (copies to read back) to the last
-        piece. Returns the last submission's index (`submit`)."""
+        read_back, where given, is (source, staging buffer, bytes): a copy from the start
+        of one to the start of the other closing the last piece. Returns the last
+        submission's index (`submit`)."""
         at, n = 0, RUN_FIRST
         while True:
             enc = self.record(program[at:at + n], t)
             at += n
             if at >= len(program):
-                if finish is not None:
-                    finish(enc)
+                if read_back is not None:
+                    src, dst, nbytes = read_back
+                    enc.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
                 return self.submit([enc.finish()])
             self.submit([enc.finish()])
             n = RUN_PIECE

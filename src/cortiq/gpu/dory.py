@@ -34,7 +34,7 @@ from ..kernels._config import env
 from ..errors import ConfigError, CortiqError
 from ..models.base import Capabilities, check_feed, is_prompt
 from ..models.dory.model import EPS, HOST_CHUNK, AttnWeights, ExitRate, top_prob
-from .device import Device, copy_out
+from .device import Device
 from .model import SEQUENCE_PART, GpuModel, RowSlices
 from .kernels import (FIXED, MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp, ParamArena,
                       WeightUpload, embed_kinds, embed_pipeline, fixed_pipeline, resolve,
@@ -444,7 +444,7 @@ class GpuDoryModel(GpuModel):
         elif want == "greedy":
             stage = self.stage_ids[0]
             copy = (self.res, stage, 16)
-        dev.run(prog, t, copy_out(copy))
+        dev.run(prog, t, copy)
         if advance:
             self._advance(st, t)
         if want == "greedy":

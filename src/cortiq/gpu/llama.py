@@ -47,7 +47,7 @@ import numpy as np
 
 from ..errors import ConfigError, CortiqError
 from ..models.base import Capabilities, check_feed
-from .device import Device, copy_out
+from .device import Device
 from .kernels import (DTYPE_IDS, FIXED, MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp,
                       ParamArena, WeightUpload, _part_tables, embed_kinds, embed_pipeline,
                       fixed_pipeline, resolve, rows_block_words, u32s)
@@ -403,7 +403,7 @@ class GpuLlamaModel(GpuModel):
         elif want == "greedy":
             stage = self.stage_ids[0]
             copy = (self.res, stage, 16)
-        dev.run(self._program(st, t, want), t, copy_out(copy))
+        dev.run(self._program(st, t, want), t, copy)
         self._advance(st, t)
         if want == "greedy":
             return self._greedy_token(stage, st.pos - 1)

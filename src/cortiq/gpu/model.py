@@ -10,7 +10,6 @@ import numpy as np
 
 from ..errors import ConfigError, CortiqError, ModelError
 from ..models.base import ModelBase, check_feed, is_prompt
-from .device import copy_out
 from .kernels import stage_words
 
 #: the per-sequence part of a layer program: a marker the program's builder leaves where
@@ -231,8 +230,7 @@ class GpuModel(ModelBase):
         prog = self._resolve(skeleton, lambda m: [
             d for b, st in enumerate(sts) for d in self._sequence_part(st, m, b)])
         nbytes = B * self.vocab * 4
-        dev.run(prog, B, copy_out((self.logits, self._logits_stage(nbytes), nbytes)
-                                  if head else None))
+        dev.run(prog, B, (self.logits, self._logits_stage(nbytes), nbytes) if head else None)
         for st in sts:
             self._advance(st, 1)
         if not head:

@@ -2,9 +2,9 @@
 // every workgroup of the product: one workgroup 1024 columns (wid.x) of a row t < S.t
 // (wid.z), the quantization groups of 32 columns being independent, reading the
 // product's own parameters (cols, x_off, x_stride), by quant4.wgsl as matvec1.wgsl's I8
-// staging. Row
-// t's block in XQ is cols / 16 vec4 words of packed codes (16 a word), then its cols / 32
-// scales as f32 bits, padded to a whole vec4: rows_block_words(cols) vec4s in all.
+// staging. Row t's block in XQ is cols / 16 vec4 words of packed codes (16 a word), then
+// its cols / 32 scales as f32 bits, padded to a whole vec4: rows_block_words(cols) vec4s
+// in all.
 
 $MATVEC_IO_Q
 
