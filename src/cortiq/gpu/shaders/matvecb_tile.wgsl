@@ -2,10 +2,12 @@
 // for the decode rows of several sequences (t < S.t), q8_row parts only, the rows
 // quantized first (quantrows.wgsl, into XQ). A lane group (a subgroup, or TPR lanes
 // reduced by a tree in shared memory) takes R weight rows at once: each lane loads one
-// 16-byte word of each of the R rows and one word of each of the NB input rows, and
-// dots every pair, so an input word is read once for R weight rows and a weight word
-// once for NB input rows (matvecb.wgsl's I8 variant reads the NB input words again for
-// every weight row). R * NB accumulators a lane, in registers: every loop over the rows
+// 32-column group (two 16-byte words) of each of the R rows and of each of the NB input
+// rows, and dots every pair, so an input word is read once for R weight rows and a
+// weight word once for NB input rows (matvecb.wgsl's I8 variant reads the NB input
+// words again for every weight row); the two words' dots are summed as integers and
+// scaled once by the group's input scale. R * NB accumulators a lane, in registers:
+// every loop over the rows
 // (j < R) or the input rows (t < NB) is written out when the pipeline is made
 // (kernels.unroll_row_loops), so the private arrays are indexed by constants only.
 // A workgroup's RPW = (256 / TPR) * R rows start on a multiple of R, and no R rows
@@ -20,7 +22,8 @@ const NB: u32 = $NBu;     // input rows a workgroup takes
 const SG: bool = $SG;
 
 var<private> acc: array<f32, $ACCN>;     // acc[j * NB + t]
-var<private> w: array<vec4<u32>, $Ru>;
+var<private> w: array<vec4<u32>, $Ru>;    // the R rows' words of a group: the first
+var<private> w2: array<vec4<u32>, $Ru>;   // and the second
 var<private> rsc: array<f32, $Ru>;
 var<private> nt: u32;
 var<private> t0g: u32;    // the first of the workgroup's input rows
