@@ -277,10 +277,11 @@ def test_int8_rows_matvec_matches_the_quantized_reference(dev):
 
 
 @pytest.mark.parametrize("subgroups", [True, False])
-@pytest.mark.parametrize("tile", [4, 2])
-def test_int8_rows_matvec_tiles(dev, monkeypatch, subgroups, tile):
-    """The int8 rows matvec in R-row register tiles (matvecb_tile.wgsl): one part and a
-    fused group of parts split over bindings, row counts that leave a workgroup part
+@pytest.mark.parametrize("tile,unroll", [(4, 1), (2, 1), (2, 2)])
+def test_int8_rows_matvec_tiles(dev, monkeypatch, subgroups, tile, unroll):
+    """The int8 rows matvec in R-row register tiles (matvecb_tile.wgsl), a lane taking
+    `unroll` 32-column groups a step (odd group counts leave a step short): one part and
+    a fused group of parts split over bindings, row counts that leave a workgroup part
     full, 1..11 input rows (a second group of ROWS_NB), with subgroups and with the
     shared-memory tree of a device opened without them; each row against its int8
     product. Rows not in whole tiles take the one-row kernel, with the same products."""
@@ -293,6 +294,7 @@ def test_int8_rows_matvec_tiles(dev, monkeypatch, subgroups, tile):
         dev = Device()
         assert dev.subgroups is False
     monkeypatch.setattr(kernels, "ROWS_TILE", tile)
+    monkeypatch.setattr(kernels, "ROWS_UNROLL", unroll)
     made: list = []
     pipe = kernels.matvecb_tile_pipeline
     monkeypatch.setattr(kernels, "matvecb_tile_pipeline",

@@ -521,6 +521,8 @@ def matvecb_pipeline(dev: Device, dtypes: tuple, int8: bool = False):
 #: ms in tiles of 2, 9.43 in tiles of 4, 28.5 in tiles of 8 (64 accumulators a lane) and
 #: 13.25 one row at a time (docs/PERFORMANCE.md section 15.7)
 ROWS_TILE = 2
+#: 32-column groups a lane of the int8 rows matvec loads at once (matvecb_tile.wgsl)
+ROWS_UNROLL = 1
 
 
 def _tile_dispatch(n: int) -> str:
@@ -540,7 +542,7 @@ def matvecb_tile_pipeline(dev: Device, nparts: int):
     """The int8 rows matvec in R-row register tiles (matvecb_tile.wgsl, R = ROWS_TILE)
     over nparts q8_row parts."""
     sg = dev.subgroups
-    key = ("matvecb_tile", nparts, sg, ROWS_TILE, ROWS_NB)
+    key = ("matvecb_tile", nparts, sg, ROWS_TILE, ROWS_NB, ROWS_UNROLL)
     if key in dev._pipelines:
         return dev._pipelines[key]
     part = dev.source("matvecb_tile_part.wgsl")
@@ -548,9 +550,11 @@ def matvecb_tile_pipeline(dev: Device, nparts: int):
     code = (_subgroup_variant(_matvec_source(dev, "matvecb_tile.wgsl", nparts, fns, "lane"), sg)
             .replace("$TILES", _tile_dispatch(nparts))
             .replace("$RPWu", f"{8 * ROWS_TILE}u").replace("$Ru", f"{ROWS_TILE}u")
+            .replace("$Uu", f"{ROWS_UNROLL}u").replace("$WN", str(ROWS_TILE * ROWS_UNROLL))
             .replace("$NBu", f"{ROWS_NB}u").replace("$ACCN", str(ROWS_TILE * ROWS_NB))
             .replace("$REDN", str(256 * ROWS_NB)))
-    code = unroll_row_loops(unroll_row_loops(code, ROWS_TILE, "j", "R"), ROWS_NB)
+    code = unroll_row_loops(unroll_row_loops(unroll_row_loops(code, ROWS_UNROLL, "u", "U"),
+                                             ROWS_TILE, "j", "R"), ROWS_NB)
     code = code.replace("@group(0) @binding(3) var<storage, read> X2: array<f32>;",
                         "@group(0) @binding(3) var<storage, read> XQ: array<vec4<u32>>;")
     return dev.pipeline(key, code, matvec_kinds(nparts))

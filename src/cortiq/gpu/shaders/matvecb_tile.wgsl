@@ -22,8 +22,9 @@ const NB: u32 = $NBu;     // input rows a workgroup takes
 const SG: bool = $SG;
 
 var<private> acc: array<f32, $ACCN>;     // acc[j * NB + t]
-var<private> w: array<vec4<u32>, $Ru>;    // the R rows' words of a group: the first
-var<private> w2: array<vec4<u32>, $Ru>;   // and the second
+const U: u32 = $Uu;       // 32-column groups a lane loads at once
+var<private> w: array<vec4<u32>, $WN>;    // the R rows' words of the U groups: the first
+var<private> w2: array<vec4<u32>, $WN>;   // and the second
 var<private> rsc: array<f32, $Ru>;
 var<private> nt: u32;
 var<private> t0g: u32;    // the first of the workgroup's input rows
