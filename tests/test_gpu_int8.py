@@ -277,14 +277,15 @@ def test_int8_rows_matvec_matches_the_quantized_reference(dev):
 
 
 @pytest.mark.parametrize("subgroups", [True, False])
-@pytest.mark.parametrize("tile,unroll", [(4, 1), (2, 1), (2, 2)])
-def test_int8_rows_matvec_tiles(dev, monkeypatch, subgroups, tile, unroll):
-    """The int8 rows matvec in R-row register tiles (matvecb_tile.wgsl), a lane taking
-    `unroll` 32-column groups a step (odd group counts leave a step short): one part and
-    a fused group of parts split over bindings, row counts that leave a workgroup part
-    full, 1..11 input rows (a second group of ROWS_NB), with subgroups and with the
-    shared-memory tree of a device opened without them; each row against its int8
-    product. Rows not in whole tiles take the one-row kernel, with the same products."""
+@pytest.mark.parametrize("tile,chunk", [(4, None), (2, None), (2, 64)])
+def test_int8_rows_matvec_tiles(dev, monkeypatch, subgroups, tile, chunk):
+    """The int8 rows matvec in R-row register tiles (matvecb_tile.wgsl), its input read
+    from shared memory in chunks of the device's size or of 64 columns (many chunks, the
+    last one short): one part and a fused group of parts split over bindings, row counts
+    that leave a workgroup part full, 1..11 input rows (a second group of ROWS_NB), with
+    subgroups and with the shared-memory tree of a device opened without them; each row
+    against its int8 product. Rows not in whole tiles take the one-row kernel, with the
+    same products."""
     from cortiq.gpu import Device, kernels
     from cortiq.gpu.kernels import GpuMatrix, matvec_once
     if subgroups and not dev.subgroups:
@@ -294,7 +295,8 @@ def test_int8_rows_matvec_tiles(dev, monkeypatch, subgroups, tile, unroll):
         dev = Device()
         assert dev.subgroups is False
     monkeypatch.setattr(kernels, "ROWS_TILE", tile)
-    monkeypatch.setattr(kernels, "ROWS_UNROLL", unroll)
+    if chunk:
+        monkeypatch.setattr(kernels, "rows_chunk_cols", lambda dev: chunk)
     made: list = []
     pipe = kernels.matvecb_tile_pipeline
     monkeypatch.setattr(kernels, "matvecb_tile_pipeline",

@@ -521,8 +521,17 @@ def matvecb_pipeline(dev: Device, dtypes: tuple, int8: bool = False):
 #: ms in tiles of 2, 9.43 in tiles of 4, 28.5 in tiles of 8 (64 accumulators a lane) and
 #: 13.25 one row at a time (docs/PERFORMANCE.md section 15.7)
 ROWS_TILE = 2
-#: 32-column groups a lane of the int8 rows matvec loads at once (matvecb_tile.wgsl)
-ROWS_UNROLL = 1
+
+
+def rows_chunk_cols(dev: Device) -> int:
+    """Input columns the int8 rows matvec (matvecb_tile.wgsl) holds in shared memory at
+    once: the most, a power of two up to 4096, whose ROWS_NB rows of codes and scales
+    (9 / 8 of a byte a column a row) fit beside its reduction tree (4 bytes a lane a row)."""
+    room = dev.max_workgroup_storage - 4 * 256 * ROWS_NB
+    ch = 4096
+    while ch > 32 and ROWS_NB * ch * 9 // 8 > room:
+        ch //= 2
+    return ch
 
 
 def _tile_dispatch(n: int) -> str:
@@ -531,7 +540,7 @@ def _tile_dispatch(n: int) -> str:
     for i in range(n):
         start, rows = f"P.part_start[{i} / 4][{i} % 4]", f"P.part_rows[{i} / 4][{i} % 4]"
         disp.append(("if" if i == 0 else "} else if") + f" (row < {start} + {rows}) {{\n"
-                    f"        let r = row - {start}; tiledots_{i}(r, lane);\n"
+                    f"        let r = row - {start}; tiledots_{i}(r, lane, g0, gc);\n"
                     f"        for (var j = 0u; j < R; j++) {{ rsc[j] = W{i}_rowscale(r + j, "
                     f"{rows}, P.cols); }}")
     disp.append("}")
@@ -542,19 +551,20 @@ def matvecb_tile_pipeline(dev: Device, nparts: int):
     """The int8 rows matvec in R-row register tiles (matvecb_tile.wgsl, R = ROWS_TILE)
     over nparts q8_row parts."""
     sg = dev.subgroups
-    key = ("matvecb_tile", nparts, sg, ROWS_TILE, ROWS_NB, ROWS_UNROLL)
+    ch = rows_chunk_cols(dev)
+    key = ("matvecb_tile", nparts, sg, ROWS_TILE, ROWS_NB, ch)
     if key in dev._pipelines:
         return dev._pipelines[key]
     part = dev.source("matvecb_tile_part.wgsl")
     fns = [_decoder(dev, i, "q8_row") + part.replace("$I", str(i)) for i in range(nparts)]
-    code = (_subgroup_variant(_matvec_source(dev, "matvecb_tile.wgsl", nparts, fns, "lane"), sg)
+    code = (_subgroup_variant(_matvec_source(dev, "matvecb_tile.wgsl", nparts, fns, "lane")
+                              .replace("$W32", "sgs == 32u" if sg else "false"), sg)
             .replace("$TILES", _tile_dispatch(nparts))
             .replace("$RPWu", f"{8 * ROWS_TILE}u").replace("$Ru", f"{ROWS_TILE}u")
-            .replace("$Uu", f"{ROWS_UNROLL}u").replace("$WN", str(ROWS_TILE * ROWS_UNROLL))
             .replace("$NBu", f"{ROWS_NB}u").replace("$ACCN", str(ROWS_TILE * ROWS_NB))
+            .replace("$CHu", f"{ch}u").replace("$XQN", str(ROWS_NB * ch // 32))
             .replace("$REDN", str(256 * ROWS_NB)))
-    code = unroll_row_loops(unroll_row_loops(unroll_row_loops(code, ROWS_UNROLL, "u", "U"),
-                                             ROWS_TILE, "j", "R"), ROWS_NB)
+    code = unroll_row_loops(unroll_row_loops(code, ROWS_TILE, "j", "R"), ROWS_NB)
     code = code.replace("@group(0) @binding(3) var<storage, read> X2: array<f32>;",
                         "@group(0) @binding(3) var<storage, read> XQ: array<vec4<u32>>;")
     return dev.pipeline(key, code, matvec_kinds(nparts))

@@ -51,7 +51,7 @@ from .device import Device
 from .kernels import (DTYPE_IDS, FIXED, MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp,
                       ParamArena, WeightUpload, _part_tables, embed_kinds, embed_pipeline,
                       fixed_pipeline, resolve, rows_block_words, u32s)
-from .model import ROW_LANES, SEQUENCE_PART, GpuModel, RowSlices
+from .model import SEQUENCE_PART, GpuModel, RowSlices
 
 #: prompt rows a submission takes (the host forward's chunk)
 CHUNK = 64
@@ -76,7 +76,7 @@ KERNELS = {
     "llama_attn_split": ("uniform", "uniform", "read", "read", "read", "rw", "read", "read"),
     "llama_attn_split_qk": ("uniform", "uniform", "read", "rw", "rw", "rw", "read", "read"),
     "llama_swiglu": ("uniform", "uniform", "rw", "read"),
-    "llama_attn_merge": ("uniform", "uniform") + ("read",) * ROW_LANES + ("rw",),
+    "llama_attn_merge": ("uniform", "uniform", "read", "rw"),
 }
 #: kernels generated from another's source: name -> (file, {marker: text}, replaced in
 #: order)
@@ -606,7 +606,7 @@ class _LlamaRows:
         widths = dict(qkv=m.qkv_w, att=m.q_size)
         if m.splits > 1:    # each row's split attention records
             widths["apart"] = m.nh * m.splits * (m.hd + 4)
-        self.slices = S = RowSlices(m.dev, m.batch_rows, m.hd, lanes=("apart",), **widths)
+        self.slices = S = RowSlices(m.dev, m.batch_rows, m.hd, **widths)
         self.arena = ParamArena(m.dev)
         self.ops: dict = {}
         for li, w in enumerate(m.lw):
@@ -621,7 +621,7 @@ class _LlamaRows:
             p_merge = self.arena.ref(u32s(m.hd, m.splits, S.stride["apart"], S.stride["att"]))
         self.arena.upload()
         if m.splits > 1:
-            self.merge = m._kernel("llama_attn_merge", [p_merge, m.step, *S.lanes["apart"],
+            self.merge = m._kernel("llama_attn_merge", [p_merge, m.step, S.bufs["apart"],
                                                         S.bufs["att"]],
                                    lambda t: (m.nh, t, 1))
         self._made: dict = {}

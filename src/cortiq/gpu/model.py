@@ -18,24 +18,13 @@ from .kernels import stage_words
 SEQUENCE_PART = "sequence"
 
 
-#: buffers a lane activation of a rows submission is spread over (`RowSlices`)
-ROW_LANES = 4
-
-
 class RowSlices:
     """The per-row pieces of a rows submission (decode rows of several sequences): a
     step block, rotary rows and named activations per row, each row at the adapter's
     binding offset alignment, so that a sequence's own dispatches bind its row alone
-    (as a one-row chunk at its own position).
+    (as a one-row chunk at its own position)."""
 
-    An activation named in `lanes` is one that only each row's own dispatch writes in a
-    layer: its rows are spread over ROW_LANES buffers, row b in buffer b % ROW_LANES at
-    row b // ROW_LANES. wgpu puts a barrier between two dispatches that write one
-    buffer, so rows written to one buffer run one after the other; spread this way the
-    dispatches of ROW_LANES consecutive rows share no written buffer and the device may
-    run them at once."""
-
-    def __init__(self, dev, rows: int, rope_floats: int, lanes: tuple = (), **widths: int):
+    def __init__(self, dev, rows: int, rope_floats: int, **widths: int):
         fa = max(dev.storage_align // 4, 4)
 
         def padded(n: int) -> int:
@@ -43,12 +32,7 @@ class RowSlices:
 
         self.width = dict(widths)
         self.stride = {k: padded(v) for k, v in widths.items()}
-        self.bufs = {k: dev.buffer(rows * self.stride[k] * 4) for k in widths
-                     if k not in lanes}
-        per_lane = -(-rows // ROW_LANES)
-        #: the ROW_LANES buffers of each lane activation
-        self.lanes = {k: [dev.buffer(per_lane * self.stride[k] * 4) for _ in range(ROW_LANES)]
-                      for k in lanes if k in widths}
+        self.bufs = {k: dev.buffer(rows * self.stride[k] * 4) for k in widths}
         self.rope_floats, self.rope_stride = rope_floats, padded(rope_floats)
         self.rope = dev.buffer(rows * self.rope_stride * 4)
         self.step_words = max(dev.uniform_align // 4, 4)
@@ -56,11 +40,8 @@ class RowSlices:
 
     def at(self, name: str, b: int):
         """Row b of activation `name` as a binding (buffer, offset, size)."""
-        size = (self.width[name] * 4 + 15) // 16 * 16
-        if name in self.lanes:
-            return (self.lanes[name][b % ROW_LANES], b // ROW_LANES * self.stride[name] * 4,
-                    size)
-        return (self.bufs[name], b * self.stride[name] * 4, size)
+        return (self.bufs[name], b * self.stride[name] * 4,
+                (self.width[name] * 4 + 15) // 16 * 16)
 
     def step_at(self, b: int):
         return (self.step, b * self.step_words * 4, 16)

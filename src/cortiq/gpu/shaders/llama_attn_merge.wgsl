@@ -1,50 +1,34 @@
 // The key ranges of split decode attentions merged into attention rows: one workgroup a
-// (query head h, row r) of a rows submission. The rows' records (llama_attn_split.wgsl)
-// lie in four buffers (RowSlices' lanes): row r's in PART{r % 4} from
-// (r / 4) * P.part_stride, [m, l, 0, 0, acc[hd]] per (head, range). The row's attention
-// output for head h is sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s (M: the largest
-// m_s), as the O product's input stage PRO 5 takes it (matvec1.wgsl), written to
-// ATT[r * P.att_stride + h * hd ..].
+// (query head h, row r) of a rows submission. Row r's records (llama_attn_split.wgsl)
+// start at PART[r * P.part_stride], [m, l, 0, 0, acc[hd]] per (head, range); the row's
+// attention output for head h is sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s
+// (M: the largest m_s), as the O product's input stage PRO 5 takes it (matvec1.wgsl),
+// written to ATT[r * P.att_stride + h * hd ..].
 
 struct Params { hd: u32, splits: u32, part_stride: u32, att_stride: u32 }
 struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<uniform> S: Step;
-@group(0) @binding(2) var<storage, read> PART0: array<f32>;
-@group(0) @binding(3) var<storage, read> PART1: array<f32>;
-@group(0) @binding(4) var<storage, read> PART2: array<f32>;
-@group(0) @binding(5) var<storage, read> PART3: array<f32>;
-@group(0) @binding(6) var<storage, read_write> ATT: array<f32>;
-
-var<private> lane: u32;
-
-fn part(i: u32) -> f32 {   // word i of the workgroup's row's buffer (the same in every lane)
-    switch lane {
-        case 0u: { return PART0[i]; }
-        case 1u: { return PART1[i]; }
-        case 2u: { return PART2[i]; }
-        default: { return PART3[i]; }
-    }
-}
+@group(0) @binding(2) var<storage, read> PART: array<f32>;
+@group(0) @binding(3) var<storage, read_write> ATT: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
     let r = wid.y;
-    lane = r % 4u;
     let rec = P.hd + 4u;
-    let base = (r / 4u) * P.part_stride + h * P.splits * rec;
+    let base = r * P.part_stride + h * P.splits * rec;
     var mx = -3.0e38;
-    for (var s = 0u; s < P.splits; s++) { mx = max(mx, part(base + s * rec)); }
+    for (var s = 0u; s < P.splits; s++) { mx = max(mx, PART[base + s * rec]); }
     var den = 0.0;
     for (var s = 0u; s < P.splits; s++) {
-        den += exp(part(base + s * rec) - mx) * part(base + s * rec + 1u);
+        den += exp(PART[base + s * rec] - mx) * PART[base + s * rec + 1u];
     }
     for (var c = lid; c < P.hd; c += 256u) {
         var y = 0.0;
         for (var s = 0u; s < P.splits; s++) {
-            y += exp(part(base + s * rec) - mx) * part(base + s * rec + 4u + c);
+            y += exp(PART[base + s * rec] - mx) * PART[base + s * rec + 4u + c];
         }
         ATT[r * P.att_stride + h * P.hd + c] = y / den;
     }
