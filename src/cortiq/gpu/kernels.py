@@ -517,18 +517,23 @@ def matvecb_pipeline(dev: Device, dtypes: tuple, int8: bool = False):
 
 #: weight rows a lane group of the int8 rows matvec takes at once (matvecb_tile.wgsl; 0:
 #: matvecb.wgsl's I8 variant, one row at a time). A product takes the tiles where every
-#: part's rows are a multiple of it. Eight 8B-shaped rows' products on an H100 took 8.95
-#: ms in tiles of 2, 9.43 in tiles of 4, 28.5 in tiles of 8 (64 accumulators a lane) and
-#: 13.25 one row at a time (docs/PERFORMANCE.md section 15.7)
+#: part's rows are a multiple of it. Eight 8B-shaped rows' products on an H100, the input
+#: in shared memory: 5.8 ms in tiles of 2, 8.2 in tiles of 4 (chunks of 512 columns),
+#: 17.8 in tiles of 1 (chunks of 4096); before it, 28.5 in tiles of 8 (64 accumulators a
+#: lane) (docs/PERFORMANCE.md 15.7, 15.9)
 ROWS_TILE = 2
 
 
 def rows_chunk_cols(dev: Device) -> int:
     """Input columns the int8 rows matvec (matvecb_tile.wgsl) holds in shared memory at
-    once: the most, a power of two up to 4096, whose ROWS_NB rows of codes and scales
-    (9 / 8 of a byte a column a row) fit beside its reduction tree (4 bytes a lane a row)."""
+    once: 1024, one 32-column group for each of a lane group's 32 lanes, or less where
+    the ROWS_NB rows of codes and scales (9 / 8 of a byte a column a row) do not fit
+    beside its reduction tree (4 bytes a lane a row). Eight 8B-shaped rows' products on
+    an H100: 5.8 ms in chunks of 1024 columns; 8.5 and 8.0 in chunks of 2048 and 4096
+    (fewer workgroups fit an SM's shared memory), 7.2 and 12.0 in chunks of 512 and 256
+    (lanes left idle); 6.8 reading the input from L2 (docs/PERFORMANCE.md 15.9)."""
     room = dev.max_workgroup_storage - 4 * 256 * ROWS_NB
-    ch = 4096
+    ch = 1024
     while ch > 32 and ROWS_NB * ch * 9 // 8 > room:
         ch //= 2
     return ch
