@@ -432,7 +432,8 @@ class GpuLlamaModel(GpuModel):
             lg = self._submit_rows(states, tokens,
                                    self._skeleton("rows", "all" if head else "none"),
                                    R.slices, head)
-        return [lg[j].copy() if w == "last" else lg[j:j + 1].copy() if w == "all" else None
+        # rows of the one array the readback made for this call: no copy each
+        return [lg[j] if w == "last" else lg[j:j + 1] if w == "all" else None
                 for j, w in enumerate(wants)]
 
     def _rows_setup(self) -> _LlamaRows:
