@@ -51,7 +51,7 @@ def overlap(dev, n: int = 512) -> dict:
 def rows(dev, variants: list, t: int = 8) -> dict:
     from cortiq.gpu import kernels
     from cortiq.gpu.kernels import rows_block_words
-    layer, head, ops = K._llama8b_ops(dev, 4096, 14336, 32, 8, 128, 128256, rows=t)
+    _layer, _head, ops = K._llama8b_ops(dev, 4096, 14336, 32, 8, 128, 128256, rows=t)
     step = dev.upload(np.array([t, 0, 0, 0], np.uint32), uniform=True)
     xq = dev.buffer(t * 16 * rows_block_words(14336))
     K.busy(dev)
