@@ -276,6 +276,20 @@ def test_int8_rows_matvec_matches_the_quantized_reference(dev):
     assert _rel(got, f16.matmat(X)) < 1e-5
 
 
+@pytest.mark.parametrize("storage,chunk", [(49152, 1024), (32768, 1024), (16384, 512),
+                                           (12288, 256), (8192 + 300, 32)])
+def test_rows_chunk_fits_the_workgroup_storage(storage, chunk):
+    """The int8 rows matvec's input chunk: 1024 columns (a group for each of 32 lanes)
+    where the device's workgroup storage holds its ROWS_NB rows of codes and scales
+    beside the reduction tree, else the largest power of two that fits."""
+    from types import SimpleNamespace
+
+    from cortiq.gpu.kernels import ROWS_NB, rows_chunk_cols
+    got = rows_chunk_cols(SimpleNamespace(max_workgroup_storage=storage))
+    assert got == chunk
+    assert ROWS_NB * got * 9 // 8 + 4 * 256 * ROWS_NB <= storage
+
+
 @pytest.mark.parametrize("subgroups", [True, False])
 @pytest.mark.parametrize("tile,chunk", [(4, None), (2, None), (2, 64)])
 def test_int8_rows_matvec_tiles(dev, monkeypatch, subgroups, tile, chunk):
