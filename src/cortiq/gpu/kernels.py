@@ -540,14 +540,15 @@ def rows_chunk_cols(dev: Device) -> int:
 
 
 def _tile_dispatch(n: int) -> str:
-    """matvecb_tile.wgsl's chain sending the R rows from `row` to their part."""
+    """matvecb_tile.wgsl's chain sending the R rows from `row` to their part (the rows'
+    scales read with the first chunk only)."""
     disp = []
     for i in range(n):
         start, rows = f"P.part_start[{i} / 4][{i} % 4]", f"P.part_rows[{i} / 4][{i} % 4]"
         disp.append(("if" if i == 0 else "} else if") + f" (row < {start} + {rows}) {{\n"
                     f"        let r = row - {start}; tiledots_{i}(r, lane, g0, gc);\n"
-                    f"        for (var j = 0u; j < R; j++) {{ rsc[j] = W{i}_rowscale(r + j, "
-                    f"{rows}, P.cols); }}")
+                    f"        if (g0 == 0u) {{ for (var j = 0u; j < R; j++) {{ "
+                    f"rsc[j] = W{i}_rowscale(r + j, {rows}, P.cols); }} }}")
     disp.append("}")
     return "\n".join(disp)
 
