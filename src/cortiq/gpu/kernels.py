@@ -531,7 +531,8 @@ def rows_chunk_cols(dev: Device) -> int:
     beside its reduction tree (4 bytes a lane a row). Eight 8B-shaped rows' products on
     an H100: 5.8 ms in chunks of 1024 columns; 8.5 and 8.0 in chunks of 2048 and 4096
     (fewer workgroups fit an SM's shared memory), 7.2 and 12.0 in chunks of 512 and 256
-    (lanes left idle); 6.8 reading the input from L2 (docs/PERFORMANCE.md 15.9)."""
+    (lanes left idle); 6.8 reading the input from L2 (docs/PERFORMANCE.md 15.9). Never
+    more than 1024: the shader gives a lane at most one group a chunk."""
     room = dev.max_workgroup_storage - 4 * 256 * ROWS_NB
     ch = 1024
     while ch > 32 and ROWS_NB * ch * 9 // 8 > room:
@@ -539,16 +540,14 @@ def rows_chunk_cols(dev: Device) -> int:
     return ch
 
 
-def _tile_dispatch(n: int) -> str:
-    """matvecb_tile.wgsl's chain sending the R rows from `row` to their part (the rows'
-    scales read with the first chunk only)."""
+def _tile_dispatch(n: int, call: str) -> str:
+    """matvecb_tile.wgsl's chain sending the R rows from `row` to their part: `call` with
+    $I the part, $ROWS its rows and r the part's row (the weight loads, or the rows' scales)."""
     disp = []
     for i in range(n):
         start, rows = f"P.part_start[{i} / 4][{i} % 4]", f"P.part_rows[{i} / 4][{i} % 4]"
         disp.append(("if" if i == 0 else "} else if") + f" (row < {start} + {rows}) {{\n"
-                    f"        let r = row - {start}; tiledots_{i}(r, lane, g0, gc);\n"
-                    f"        if (g0 == 0u) {{ for (var j = 0u; j < R; j++) {{ "
-                    f"rsc[j] = W{i}_rowscale(r + j, {rows}, P.cols); }} }}")
+                    f"        let r = row - {start}; " + call.replace("$I", str(i)).replace("$ROWS", rows))
     disp.append("}")
     return "\n".join(disp)
 
@@ -565,7 +564,9 @@ def matvecb_tile_pipeline(dev: Device, nparts: int):
     fns = [_decoder(dev, i, "q8_row") + part.replace("$I", str(i)) for i in range(nparts)]
     code = (_subgroup_variant(_matvec_source(dev, "matvecb_tile.wgsl", nparts, fns, "lane")
                               .replace("$W32", "sgs == 32u" if sg else "false"), sg)
-            .replace("$TILES", _tile_dispatch(nparts))
+            .replace("$TILES", _tile_dispatch(nparts, "tileload_$I(r, g);"))
+            .replace("$ROWSCALES", _tile_dispatch(
+                nparts, "for (var j = 0u; j < R; j++) { rsc[j] = W$I_rowscale(r + j, $ROWS, P.cols); }"))
             .replace("$RPWu", f"{8 * ROWS_TILE}u").replace("$Ru", f"{ROWS_TILE}u")
             .replace("$NBu", f"{ROWS_NB}u").replace("$ACCN", str(ROWS_TILE * ROWS_NB))
             .replace("$CHu", f"{ch}u").replace("$XQN", str(ROWS_NB * ch // 32))

@@ -11,6 +11,8 @@
 // words, so that neighbouring lanes read neighbouring words, and the scales), where its
 // eight lane groups would otherwise each read the same input from L2 (eight rows of
 // input: 4.5 bytes a weight byte at R = 2, the weights' stream evicting them from L1).
+// A lane's weight words of the next chunk are loaded before the current chunk is copied
+// and dotted, so the weight stream stays in flight across the chunk's barriers.
 // R * NB accumulators a lane, in registers: every loop over the rows (j < R) or the
 // input rows (t < NB) is written out when the pipeline is made
 // (kernels.unroll_row_loops), so the private arrays are indexed by constants only.
@@ -27,8 +29,10 @@ const GC: u32 = CH / 32u; // 32-column groups a chunk
 const SG: bool = $SG;
 
 var<private> acc: array<f32, $ACCN>;     // acc[j * NB + t]
-var<private> w: array<vec4<u32>, $Ru>;   // the R rows' words of a group: the first
+var<private> w: array<vec4<u32>, $Ru>;   // the R rows' words of the lane's group: the first
 var<private> w2: array<vec4<u32>, $Ru>;  // and the second
+var<private> nw: array<vec4<u32>, $Ru>;  // the same of the next chunk's group, in flight
+var<private> nw2: array<vec4<u32>, $Ru>;
 var<private> rsc: array<f32, $Ru>;
 var<private> nt: u32;
 var<workgroup> xq0: array<vec4<u32>, $XQN>;   // [t][g]: the chunk's first words
@@ -49,8 +53,26 @@ fn put(row: u32, t: u32, d: f32, rs: f32) {
     Y[P.y_off + t * P.y_stride + row] = v;
 }
 
-fn tile(row: u32, lane: u32, g0: u32, gc: u32) {   // the R rows from `row`, groups g0..
+fn tileload(row: u32, g: u32) {   // the R rows from `row`: group g's words into nw, nw2
 $TILES
+}
+
+fn rowscales(row: u32) {          // the R rows' scales from `row` into rsc
+$ROWSCALES
+}
+
+fn tiledots(g: u32) {   // the lane's group g of the chunk (words in w, w2) with its NB rows
+    for (var t = 0u; t < NB; t++) {
+        if (t < nt) {
+            let i = t * GC + g;
+            let q = xq0[i];
+            let q2 = xq1[i];
+            let s = xs[i];
+            for (var j = 0u; j < R; j++) {
+                acc[j * NB + t] += f32(dot16(w[j], q) + dot16(w2[j], q2)) * s;
+            }
+        }
+    }
 }
 
 @compute @workgroup_size(256)
@@ -66,6 +88,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var j = 0u; j < R; j++) {
         for (var t = 0u; t < NB; t++) { acc[j * NB + t] = 0.0; }
     }
+    let live = row < P.total_rows;
+    if (live) {
+        rowscales(row);
+        if (lane < min(GC, ng)) { tileload(row, lane); }
+    }
     for (var g0 = 0u; g0 < ng; g0 += GC) {
         let gc = min(GC, ng - g0);
         workgroupBarrier();                   // the last chunk's reads are done
@@ -80,7 +107,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
         workgroupBarrier();
-        if (row < P.total_rows) { tile(row, lane, g0, gc); }
+        for (var j = 0u; j < R; j++) { w[j] = nw[j]; w2[j] = nw2[j]; }
+        if (live && g0 + GC + lane < ng) { tileload(row, g0 + GC + lane); }
+        if (live && lane < gc) { tiledots(lane); }
     }
     let sg32 = $W32;
     if (SG && sg32) {
