@@ -135,8 +135,10 @@ def rows_breakdown(g, prompt, rows: int, time_dispatches) -> dict:
         g.forward(st, prompt, "none")
     tok = int(prompt[-1])
     g.forward_batch(sts, [[tok]] * rows, ["last"] * rows, [False] * rows)
-    prog = g._resolve(g._skeleton("rows", "all"), lambda m: [
-        d for b, st in enumerate(sts) for d in g._sequence_part(st, m, b)])
+    rows_part = getattr(g, "_rows_part", None)    # (a build before it: each row's own)
+    prog = g._resolve(g._skeleton("rows", "all"), (lambda m: rows_part(sts, m)) if rows_part
+                      else lambda m: [d for b, st in enumerate(sts)
+                                      for d in g._sequence_part(st, m, b)])
     t0 = time.perf_counter()
     for _ in range(5):
         g.dev.record(prog, rows).finish()

@@ -316,20 +316,25 @@ def _llama_file(tmp_path_factory, name):
     return cmf.open(str(path))
 
 
-@pytest.mark.parametrize("name,fuse_qk,splits", [("qwen3", True, None), ("qwen2", True, None),
-                                                 ("mistral", False, 1),
-                                                 ("qwen3", False, 4)])
+@pytest.mark.parametrize("name,fuse_qk,splits,group", [
+    ("qwen3", True, None, None), ("qwen3", True, None, 2), ("qwen2", True, None, None),
+    ("mistral", False, 1, None), ("qwen3", False, 4, None)])
 def test_llama_rows_equal_each_sequence_alone(dev, tmp_path_factory, name, fuse_qk, splits,
-                                              monkeypatch):
+                                              group, monkeypatch):
     """Llama-family decode rows of three sequences at different positions (one past its
     window), in shuffled batches with every want and a prompt among them: each result
     equals the host's forward of that sequence alone, greedy tokens equal, a state
     outside the batch is untouched, and a sequence rolled back between batches re-reads
     its positions as the host. fuse_qk=False: each row's llama_qk runs as a pass;
     splits: each row's attention split into the model's key ranges (most of them empty
-    at these positions) and merged over the rows, or unsplit (1)."""
+    at these positions) and merged over the rows, or unsplit (1); a split attention with
+    llama_qk's work in it runs a dispatch a group of rows (group: rows a dispatch, 2
+    leaves a group of one)."""
+    from cortiq.gpu import llama
     from cortiq.gpu.llama import GpuLlamaModel
     from cortiq.models.llama import LlamaModel
+    if group:
+        monkeypatch.setattr(llama, "ROWS_ATTN_GROUP", group)
     f = _llama_file(tmp_path_factory, name)
     h = LlamaModel(f)
     g = GpuLlamaModel(h, dev, fuse_qk=fuse_qk, attn_splits=splits)
@@ -367,6 +372,13 @@ def test_llama_rows_equal_each_sequence_alone(dev, tmp_path_factory, name, fuse_
             assert int(np.argmax(got[j].ravel())) == int(np.argmax(want.ravel()))
     assert [s.pos for s in gs] == [s.pos for s in hs]
     assert max(spy.calls) > 1
+    together = g._rows._attn_now
+    if g.splits > 1 and fuse_qk:    # the last batch's rows in groups, every layer
+        rows = sum(f.size == 1 for f in feeds)
+        assert len(together) == len(g.lw) * -(-rows // (group or llama.ROWS_ATTN_GROUP))
+        assert {d.name for d in together.values()} == {"llama_attn_rows_qk"}
+    else:
+        assert not together
     assert idle_g.pos == 2
     assert _rel(g.forward(idle_g, [9]), h.forward(idle_h, [9])) < 1e-3
     f.close()

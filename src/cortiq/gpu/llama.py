@@ -92,12 +92,74 @@ VARIANTS = {
 }
 
 
-def llama_pipeline(dev: Device, name: str):
-    src, marks = VARIANTS.get(name, (f"{name}.wgsl", {}))
+#: decode rows one rows attention dispatch takes at most (llama_attn_rows_qk binds two
+#: caches a row; fewer where the device binds fewer storage buffers)
+ROWS_ATTN_GROUP = 8
+
+# llama_attn_split.wgsl's one-row pieces: its step block, cache accesses and rotary rows
+_ONE_ROW = {
+    "$STEP_DECL": "@group(0) @binding(1) var<uniform> S: Step;",
+    "$ROWS_DECL": "",
+    "$ROW_FNS": """fn row_pos(rb: u32) -> u32 { return S.pos0; }
+fn kcr(rb: u32, i: u32) -> vec4<f32> { return KC[i]; }
+fn vcr(rb: u32, i: u32) -> vec4<f32> { return VC[i]; }
+/*$W*/fn kvw(rb: u32, i: u32, k: vec4<f32>, v: vec4<f32>) { KC[i] = k; VC[i] = v; }""",
+}
+_ROPE_CHUNK = {"$ROPE_COS": "t * hh + i", "$ROPE_SIN": "(P.rope_t + t) * hh + i"}
+
+
+def _source(dev: Device, src: str, marks: dict) -> str:
     code = dev.source(src).replace("$HEAD_PREP", dev.source("llama_head_prep.wgsl"))
     for k, v in marks.items():
         code = code.replace(k, v)
-    return dev.pipeline((name,), code, KERNELS[name])
+    return code
+
+
+def llama_pipeline(dev: Device, name: str):
+    src, marks = VARIANTS.get(name, (f"{name}.wgsl", {}))
+    return dev.pipeline((name,), _source(dev, src, {**_ONE_ROW, **_ROPE_CHUNK, **marks}),
+                        KERNELS[name])
+
+
+def rows_attn_group(dev: Device) -> int:
+    """Decode rows a rows attention dispatch takes: ROWS_ATTN_GROUP, or what the device's
+    storage-buffer bindings hold (four, and two a row)."""
+    return max(1, min(ROWS_ATTN_GROUP, (dev.max_storage_buffers - 4) // 2))
+
+
+def rows_attn_kinds(g: int) -> tuple:
+    return KERNELS["llama_attn_split_qk"] + ("rw", "rw") * (g - 1)
+
+
+def llama_rows_attn_pipeline(dev: Device, g: int):
+    """llama_attn_rows_qk: the split decode attention (llama_qk's work in it) of g rows of
+    a rows submission in one dispatch, each row on its own caches at its own position
+    (llama_attn_split.wgsl, ROWS)."""
+    sw4 = max(dev.uniform_align // 4, 4) // 4     # RowSlices' step block, in vec4s
+    decl, kc, vc, kv = [], [], [], []
+    for b in range(1, g):
+        decl.append(f"@group(0) @binding({6 + 2 * b}) var<storage, read_write> KC{b}: "
+                    f"array<vec4<f32>>;\n@group(0) @binding({7 + 2 * b}) "
+                    f"var<storage, read_write> VC{b}: array<vec4<f32>>;")
+        kc.append(f"case {b}u: {{ return KC{b}[i]; }}")
+        vc.append(f"case {b}u: {{ return VC{b}[i]; }}")
+        kv.append(f"case {b}u: {{ KC{b}[i] = k; VC{b}[i] = v; }}")
+    fns = f"""fn row_pos(rb: u32) -> u32 {{ return ST[rb * {sw4}u].y; }}
+fn kcr(rb: u32, i: u32) -> vec4<f32> {{
+    switch rb {{ {" ".join(kc)} default: {{ return KC[i]; }} }}
+}}
+fn vcr(rb: u32, i: u32) -> vec4<f32> {{
+    switch rb {{ {" ".join(vc)} default: {{ return VC[i]; }} }}
+}}
+fn kvw(rb: u32, i: u32, k: vec4<f32>, v: vec4<f32>) {{
+    switch rb {{ {" ".join(kv)} default: {{ KC[i] = k; VC[i] = v; }} }}
+}}"""
+    marks = {"$STEP_DECL": f"@group(0) @binding(1) var<uniform> ST: array<vec4<u32>, {g * sw4}>;",
+             "$ROWS_DECL": "\n".join(decl), "$ROW_FNS": fns,
+             "$ROPE_COS": "t * P.pad1 + i", "$ROPE_SIN": "t * P.pad1 + hh + i",
+             "$KV": "read_write", "$QK": "true", "/*$W*/": ""}
+    return dev.pipeline(("llama_attn_rows_qk", g, sw4),
+                        _source(dev, "llama_attn_split.wgsl", marks), rows_attn_kinds(g))
 
 
 def check_dtypes(host) -> None:
@@ -443,6 +505,14 @@ class GpuLlamaModel(GpuModel):
             self._skeletons = {k: v for k, v in self._skeletons.items() if k[0] != "rows"}
         return self._rows
 
+    def _rows_part(self, sts, marker: tuple) -> list:
+        """A rows submission's split attention (llama_qk's work in it) runs a dispatch a
+        group of rows (`_LlamaRows.attention`); any other attention, each row's own."""
+        _tag, mode, li, splits = marker
+        if mode == "rows" and splits > 1 and self.fuse_qk:
+            return self._rows_setup().attention(sts, li)
+        return super()._rows_part(sts, marker)
+
     def _rope_row(self, pos: int) -> np.ndarray:
         cos, sin = self.host.rope(pos, 1)
         return np.concatenate([np.ravel(cos), np.ravel(sin)]).astype(np.float32)
@@ -620,6 +690,19 @@ class _LlamaRows:
         self.merge = None
         if m.splits > 1:
             p_merge = self.arena.ref(u32s(m.hd, m.splits, S.stride["apart"], S.stride["att"]))
+            # the rows attention's parameters: a row's Q|K|V, records (vec4s) and rotary
+            # rows the slices' strides apart (llama_attn_split.wgsl, ROWS)
+            self.p_attn = [self.arena.ref(u32s(
+                m.nh, m.nk, m.hd, S.stride["qkv"], w["window"], m.q_size,
+                float(m.host.attn_scale), S.stride["apart"] // 4, w["qkv_bias"], w["q_norm"],
+                w["k_norm"], int(m.cfg.rope_interleaved), float(m.cfg.eps), 1, S.rope_stride, 0))
+                for w in m.lw]
+        self.group = rows_attn_group(m.dev)
+        # the rows attention's dispatches of the last submission and of this one, by
+        # (layer, first row, the group's caches): a batch of the same sequences binds
+        # again what it bound the step before, and caches no longer in a batch are let go
+        self._attn_last: dict = {}
+        self._attn_now: dict = {}
         self.arena.upload()
         if m.splits > 1:
             self.merge = m._kernel("llama_attn_merge", [p_merge, m.step, S.bufs["apart"],
@@ -629,6 +712,36 @@ class _LlamaRows:
         # int8 activations: every product's rows quantized into one scratch first
         self.xq = m.dev.buffer(m.batch_rows * 16 * max(rows_block_words(c) for c in (
             m.hidden, m.q_size, m.ffn))) if m.int8 else None
+
+    def attention(self, sts, li: int) -> list:
+        """Layer li's split attention of the rows `sts` (llama_attn_rows_qk): a dispatch
+        a group of up to `group` rows, each on its own caches at its own position, the
+        records into the rows' slices for `merge`."""
+        m, S = self.m, self.slices
+        if li == 0:     # a new submission: keep what the last one bound
+            self._attn_last, self._attn_now = self._attn_now, {}
+        out = []
+        for b0 in range(0, len(sts), self.group):
+            grp = sts[b0:b0 + self.group]
+            key = (li, b0) + tuple(id(b) for st in grp for b in (st.k[li], st.v[li]))
+            d = self._attn_last.get(key) or self._attn_now.get(key)
+            if d is None:
+                n = len(grp)
+
+                def rows(buf, stride: int):
+                    return (buf, b0 * stride * 4, n * stride * 4)
+                res = [self.p_attn[li], rows(S.step, S.step_words), rows(S.bufs["qkv"],
+                       S.stride["qkv"]), grp[0].k[li], grp[0].v[li],
+                       rows(S.bufs["apart"], S.stride["apart"]), m.vbuf,
+                       rows(S.rope, S.rope_stride)]
+                for st in grp[1:]:
+                    res += [st.k[li], st.v[li]]
+                d = Dispatch(llama_rows_attn_pipeline(m.dev, n),
+                             m.dev.bind(rows_attn_kinds(n), resolve(res)),
+                             (m.nh, n, m.splits), "llama_attn_rows_qk")
+            self._attn_now[key] = d
+            out.append(d)
+        return out
 
     def product(self, name: str, li: int | None) -> list:
         """The dispatches of op `name` of layer li (None: the head) over the rows."""

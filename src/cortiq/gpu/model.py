@@ -227,8 +227,7 @@ class GpuModel(ModelBase):
         q.write_buffer(self.step, 0, np.array([B, 0, 0, 0], np.uint32))
         slices.write(q, [st.pos for st in sts], [self._rope_row(st.pos) for st in sts])
         q.write_buffer(self.ids, 0, np.asarray(toks, np.uint32))
-        prog = self._resolve(skeleton, lambda m: [
-            d for b, st in enumerate(sts) for d in self._sequence_part(st, m, b)])
+        prog = self._resolve(skeleton, lambda m: self._rows_part(sts, m))
         nbytes = B * self.vocab * 4
         dev.run(prog, B, (self.logits, self._logits_stage(nbytes), nbytes) if head else None)
         for st in sts:
@@ -244,6 +243,11 @@ class GpuModel(ModelBase):
     def _rope_row(self, pos: int) -> np.ndarray:
         """The rotary rows of one position, as a rows submission's slice holds them."""
         raise NotImplementedError
+
+    def _rows_part(self, sts, marker: tuple) -> list:
+        """The dispatches of a SEQUENCE_PART marker over every row of a rows submission:
+        each row's own (`_sequence_part`), unless the model runs them together."""
+        return [d for b, st in enumerate(sts) for d in self._sequence_part(st, marker, b)]
 
     def _sequence_part(self, st, marker: tuple, row: int | None) -> list:
         """The dispatches of a SEQUENCE_PART marker for state st (`_attention_part`):

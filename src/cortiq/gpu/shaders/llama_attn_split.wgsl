@@ -18,6 +18,11 @@
 // writes them into the cache at row p. No workgroup reads row p from the cache, so none
 // reads what another writes in the dispatch. Without QK, llama_qk ran before and key p
 // is in the cache.
+// ROWS (llama_attn_rows_qk, QK's work too): one dispatch over G decode rows of a rows
+// submission, row b = the workgroup's y, each at its own position (its step block in ST,
+// P.pad2 vec4s apart) on its own caches (KC, VC for row 0, KC1, VC1, ... after them):
+// Q|K|V, the records and the rotary rows are bound from the group's first row, row b's at
+// b * P.qkv_w floats, b * P.pad0 vec4s and b * P.pad1 floats on.
 
 struct Params {
     nh: u32, nk: u32, hd: u32, qkv_w: u32,
@@ -28,13 +33,14 @@ struct Params {
 struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
 
 @group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<uniform> S: Step;
+$STEP_DECL
 @group(0) @binding(2) var<storage, read> QKV: array<f32>;
 @group(0) @binding(3) var<storage, $KV> KC: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, $KV> VC: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> PART: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read> V: array<f32>;
 @group(0) @binding(7) var<storage, read> R: array<f32>;
+$ROWS_DECL
 
 const QK: bool = $QK;
 const L: u32 = 8u;        // lanes a key's score
@@ -50,6 +56,8 @@ var<workgroup> part: array<vec4<f32>, 256>;
 
 $HEAD_PREP
 
+$ROW_FNS
+
 // Piece i (dimensions 4i .. 4i + 3) of the head prep() left in tmp.
 fn take4(i: u32) -> vec4<f32> {
     return vec4<f32>(tmp[4u * i], tmp[4u * i + 1u], tmp[4u * i + 2u], tmp[4u * i + 3u]);
@@ -59,13 +67,14 @@ fn take4(i: u32) -> vec4<f32> {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let head = wid.x;
+    let rb = wid.y;             // the row of a rows dispatch (else 0)
     let hd = P.hd;
     let hd4 = hd / 4u;
     let grp = P.nh / P.nk;
     let kvh = head / grp;
     let kvw4 = P.nk * hd4;
     let kb4 = kvh * hd4;
-    let p = S.pos0;
+    let p = row_pos(rb);
     var lo = 0u;
     if (P.window > 0u && p + 1u > P.window) { lo = p + 1u - P.window; }
     let per = (p + 1u - lo + nwg.z - 1u) / nwg.z;      // keys a split
@@ -73,23 +82,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let kto = min(p + 1u, kfrom + per);                // this split: kfrom .. kto - 1
     let own = QK && kfrom <= p && p < kto;             // key p from shared memory
     if (QK) {
-        prep(head, 0u, P.qn, true, lid);
+        prep(head, rb, P.qn, true, lid);
         for (var i = lid; i < hd4; i += 256u) { q4[i] = take4(i) * P.scale; }
         workgroupBarrier();
         if (own) {
-            prep(P.nh + kvh, 0u, P.kn, true, lid);
+            prep(P.nh + kvh, rb, P.kn, true, lid);
             for (var i = lid; i < hd4; i += 256u) { kn4[i] = take4(i); }
             workgroupBarrier();
-            prep(P.nh + P.nk + kvh, 0u, 0xffffffffu, false, lid);
+            prep(P.nh + P.nk + kvh, rb, 0xffffffffu, false, lid);
             for (var i = lid; i < hd4; i += 256u) { vn4[i] = take4(i); }
             workgroupBarrier();
             if (head % grp == 0u) {
-                /*$W*/for (var i = lid; i < hd4; i += 256u) { KC[p * kvw4 + kb4 + i] = kn4[i]; VC[p * kvw4 + kb4 + i] = vn4[i]; }
+                /*$W*/for (var i = lid; i < hd4; i += 256u) { kvw(rb, p * kvw4 + kb4 + i, kn4[i], vn4[i]); }
             }
         }
     } else {
         for (var i = lid; i < hd4; i += 256u) {
-            let b = head * hd + 4u * i;
+            let b = rb * P.qkv_w + head * hd + 4u * i;
             q4[i] = vec4<f32>(QKV[b], QKV[b + 1u], QKV[b + 2u], QKV[b + 3u]) * P.scale;
         }
     }
@@ -111,7 +120,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 for (var i = kc; i < hd4; i += L) { d += dot(q4[i], kn4[i]); }
             } else {
                 let r = j * kvw4 + kb4;
-                for (var i = kc; i < hd4; i += L) { d += dot(q4[i], KC[r + i]); }
+                for (var i = kc; i < hd4; i += L) { d += dot(q4[i], kcr(rb, r + i)); }
             }
         }
         dots[kc * TILE + kl] = d;
@@ -138,7 +147,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 if (own && jj == p) {
                     acc += ew[k] * vn4[vi];
                 } else {
-                    acc += ew[k] * VC[jj * kvw4 + kb4 + vi];
+                    acc += ew[k] * vcr(rb, jj * kvw4 + kb4 + vi);
                 }
             }
         }
@@ -146,7 +155,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     part[lid] = acc;
     workgroupBarrier();
-    let rec = (head * nwg.z + wid.z) * (hd4 + 1u);
+    let rec = rb * P.pad0 + (head * nwg.z + wid.z) * (hd4 + 1u);
     if (lid < hd4) {
         var v = vec4<f32>(0.0);
         for (var g = 0u; g < groups; g++) { v += part[g * hd4 + lid]; }

@@ -1,8 +1,9 @@
 // A head's preparation, shared by llama_qk.wgsl and the Llama attention kernels (spliced
 // in at their HEAD_PREP marker): head slot j of the Q|K|V product with its bias, q/k
 // RMSNorm and rotary, into tmp. The kernel declares Params P (bias,
-// interleaved, eps, rope_t), QKV, V (vectors) and R (cos then sin rows) and runs 256
-// lanes a workgroup.
+// interleaved, eps, rope_t), QKV, V (vectors) and R (the rows' cos rows then their sin
+// rows; a rows dispatch: each row's cos then sin, P.pad1 floats a row) and runs 256 lanes
+// a workgroup.
 
 var<workgroup> red: array<f32, 256>;
 var<workgroup> tmp: array<f32, 512>;
@@ -42,8 +43,8 @@ fn prep(j: u32, t: u32, nw: u32, rot: bool, lid: u32) {
             var a = i;
             var b = i + hh;
             if (P.interleaved != 0u) { a = 2u * i; b = 2u * i + 1u; }
-            let co = R[t * hh + i];
-            let si = R[(P.rope_t + t) * hh + i];
+            let co = R[$ROPE_COS];
+            let si = R[$ROPE_SIN];
             let x = tmp[a];
             let y = tmp[b];
             tmp[a] = x * co - y * si;
