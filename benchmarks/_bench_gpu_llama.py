@@ -129,7 +129,8 @@ def llm_greedy_rate(g, prompt, tokens: int, precision: str) -> float:
 
 def rows_breakdown(g, prompt, rows: int, time_dispatches) -> dict:
     """Where a step of `rows` sequences' decode rows (one submission) spends its time:
-    dispatches, host recording and GPU ms of the rows program, GPU ms by kernel."""
+    dispatches, host recording and GPU ms of the rows program, GPU ms by kernel, and
+    whole steps (`forward_batch`) with and without the rows' logits read back."""
     sts = [g.new_state() for _ in range(rows)]
     for st in sts:
         g.forward(st, prompt, "none")
@@ -142,8 +143,24 @@ def rows_breakdown(g, prompt, rows: int, time_dispatches) -> dict:
     t0 = time.perf_counter()
     for _ in range(5):
         g.dev.record(prog, rows).finish()
-    return {"rows": rows, "dispatches": len(prog),
-            "record_ms": (time.perf_counter() - t0) / 5 * 1e3,
+    record = (time.perf_counter() - t0) / 5
+    def sync():     # the device done with every submission before this
+        st = g.dev.staging(16)
+        enc = g.dev.dev.create_command_encoder()
+        enc.copy_buffer_to_buffer(g.res, 0, st, 0, 16)
+        g.dev.queue.submit([enc.finish()])
+        g.dev.read(st, 4)
+    step = {}
+    for want in ("last", "none"):     # whole steps: with every row's logits read back, without
+        g.forward_batch(sts, [[tok]] * rows, [want] * rows, [False] * rows)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            g.forward_batch(sts, [[tok]] * rows, [want] * rows, [False] * rows)
+        sync()
+        step[want] = (time.perf_counter() - t0) / 5 * 1e3
+    return {"rows": rows, "dispatches": len(prog), "record_ms": record * 1e3,
+            "step_ms": step["last"], "step_no_logits_ms": step["none"],
             "gpu_ms": time_dispatches(g, prog, k=4, at=rows) * 1e3,
             "gpu_ms_by_kernel": ms_by_kernel(
                 prog, lambda ds: time_dispatches(g, ds, k=4, at=rows))}

@@ -592,16 +592,17 @@ class GpuDeepSeekV4Model(GpuModel):
         stage = self.stage_logits if want in ("last", "hidden") else self.stage_ids[0]
         with self._lock:
             dev.queue.write_buffer(self.ids, 0, np.array([tok], np.uint32))
-            self._submit(st, want, stage)
+            done = self._submit(st, want, stage)
             if want == "greedy":
-                return self._greedy_token(stage, st.pos - 1)
+                return self._greedy_token(stage, st.pos - 1, done)
             if want in ("last", "hidden"):
                 n = self.vocab if want == "last" else self.cfg.dim
-                return dev.read(stage, n * 4).view(np.float32).copy()
+                return dev.read(stage, n * 4, after=done).view(np.float32).copy()
         return None
 
-    def _submit(self, st, want, stage) -> None:
-        """Record and submit one token at st.pos (its id already in the ids buffer)."""
+    def _submit(self, st, want, stage) -> int | None:
+        """Record and submit one token at st.pos (its id already in the ids buffer); the
+        submission's index (`Device.submit`)."""
         dev = self.dev
         pos = st.pos
         self._grow(st, pos + 1)
@@ -609,8 +610,9 @@ class GpuDeepSeekV4Model(GpuModel):
         copy = {"last": (self.logits, stage, self.vocab * 4),
                 "hidden": (self.xin, stage, self.cfg.dim * 4),
                 "greedy": (self.res, stage, 16)}.get(want)
-        dev.run(self._program(st, want), pos, copy)
+        done = dev.run(self._program(st, want), pos, copy)
         st.pos += 1
+        return done
 
     def _record(self, st, want: str):
         """A command encoder holding the token's dispatches at st.pos (workgroup counts

@@ -444,14 +444,14 @@ class GpuDoryModel(GpuModel):
         elif want == "greedy":
             stage = self.stage_ids[0]
             copy = (self.res, stage, 16)
-        dev.run(prog, t, copy)
+        done = dev.run(prog, t, copy)
         if advance:
             self._advance(st, t)
         if want == "greedy":
-            return self._greedy_token(stage, st.pos - 1)
+            return self._greedy_token(stage, st.pos - 1, done)
         if stage is None:
             return None
-        return dev.read(stage, nbytes).view(np.float32).reshape(-1, self.vocab)
+        return dev.read(stage, nbytes, after=done).view(np.float32).reshape(-1, self.vocab)
 
     def _record(self, st, t, loops, want, stage="full"):
         return self.dev.record(self._program(st, t == 1, loops, want, stage), t)

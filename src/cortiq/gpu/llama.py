@@ -465,13 +465,13 @@ class GpuLlamaModel(GpuModel):
         elif want == "greedy":
             stage = self.stage_ids[0]
             copy = (self.res, stage, 16)
-        dev.run(self._program(st, t, want), t, copy)
+        done = dev.run(self._program(st, t, want), t, copy)
         self._advance(st, t)
         if want == "greedy":
-            return self._greedy_token(stage, st.pos - 1)
+            return self._greedy_token(stage, st.pos - 1, done)
         if stage is None:
             return None
-        out = dev.read(stage, nbytes).view(np.float32)
+        out = dev.read(stage, nbytes, after=done).view(np.float32)
         return out.reshape(-1, self.hidden if want == "hidden" else self.vocab)
 
     # ---- decode rows of several sequences in one submission ---------------------------

@@ -229,12 +229,14 @@ class GpuModel(ModelBase):
         q.write_buffer(self.ids, 0, np.asarray(toks, np.uint32))
         prog = self._resolve(skeleton, lambda m: self._rows_part(sts, m))
         nbytes = B * self.vocab * 4
-        dev.run(prog, B, (self.logits, self._logits_stage(nbytes), nbytes) if head else None)
+        done = dev.run(prog, B, (self.logits, self._logits_stage(nbytes), nbytes) if head
+                       else None)
         for st in sts:
             self._advance(st, 1)
         if not head:
             return None
-        return dev.read(self.stage_logits, nbytes).view(np.float32).reshape(B, self.vocab)
+        return dev.read(self.stage_logits, nbytes, after=done).view(np.float32).reshape(
+            B, self.vocab)
 
     def _grow(self, st, need: int) -> None:
         """Room in a state's caches for `need` positions."""
