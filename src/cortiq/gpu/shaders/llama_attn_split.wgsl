@@ -118,9 +118,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if (kl < n) {
             if (own && j == p) {
                 for (var i = kc; i < hd4; i += L) { d += dot(q4[i], kn4[i]); }
-            } else {
+            } else {    // the lane's first four pieces loaded at once, then any more
                 let r = j * kvw4 + kb4;
-                for (var i = kc; i < hd4; i += L) { d += dot(q4[i], kcr(rb, r + i)); }
+                let a0 = kcr(rb, r + kc);
+                let a1 = kcr(rb, r + kc + L);
+                let a2 = kcr(rb, r + kc + 2u * L);
+                let a3 = kcr(rb, r + kc + 3u * L);
+                d = select(0.0, dot(q4[kc], a0), kc < hd4);
+                d += select(0.0, dot(q4[kc + L], a1), kc + L < hd4);
+                d += select(0.0, dot(q4[kc + 2u * L], a2), kc + 2u * L < hd4);
+                d += select(0.0, dot(q4[kc + 3u * L], a3), kc + 3u * L < hd4);
+                for (var i = kc + 4u * L; i < hd4; i += L) { d += dot(q4[i], kcr(rb, r + i)); }
             }
         }
         dots[kc * TILE + kl] = d;
@@ -131,23 +139,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             sc[lid] = s;
         }
         workgroupBarrier();
-        var mx = m;     // every lane the same maximum (broadcast reads)
-        for (var k = 0u; k < n; k++) { mx = max(mx, sc[k]); }
-        if (lid < n) { ew[lid] = exp(sc[lid] - mx); }
+        var mx = m;     // every lane the same maximum (broadcast reads, TILE of them:
+        for (var k = 0u; k < TILE; k++) { mx = max(mx, select(-3.0e38, sc[k], k < n)); }
+        if (lid < n) { ew[lid] = exp(sc[lid] - mx); }   // a fixed count, so unrolled)
         workgroupBarrier();
         let corr = exp(m - mx);
         var es = 0.0;
-        for (var k = 0u; k < n; k++) { es += ew[k]; }
+        for (var k = 0u; k < TILE; k++) { es += select(0.0, ew[k], k < n); }
         l = l * corr + es;
         m = mx;
         acc = acc * corr;
-        if (vg < groups) {
-            for (var k = vg; k < n; k += groups) {
-                let jj = base + k;
-                if (own && jj == p) {
-                    acc += ew[k] * vn4[vi];
-                } else {
-                    acc += ew[k] * vcr(rb, jj * kvw4 + kb4 + vi);
+        if (vg < groups) {      // four keys' values loaded at once
+            for (var k = vg; k < n; k += 4u * groups) {
+                for (var u = 0u; u < 4u; u++) {
+                    let kk = k + u * groups;
+                    let jj = base + kk;
+                    let v = select(vcr(rb, jj * kvw4 + kb4 + vi), vn4[vi], own && jj == p);
+                    acc += select(vec4<f32>(0.0), ew[min(kk, TILE - 1u)] * v, kk < n);
                 }
             }
         }

@@ -31,8 +31,8 @@ fn prep(j: u32, t: u32, nw: u32, rot: bool, lid: u32) {
         tmp[c] = v;
         ss += v * v;
     }
-    let tot = reduce_sum(ss, lid);
     if (nw != 0xffffffffu) {
+        let tot = reduce_sum(ss, lid);
         let inv = 1.0 / sqrt(tot / f32(hd) + P.eps);
         for (var c = lid; c < hd; c += 256u) { tmp[c] = tmp[c] * inv * V[nw + c]; }
     }
