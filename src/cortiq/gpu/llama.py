@@ -101,15 +101,19 @@ _ONE_ROW = {
     "$STEP_DECL": "@group(0) @binding(1) var<uniform> S: Step;",
     "$ROWS_DECL": "",
     "$ROW_FNS": """fn row_pos(rb: u32) -> u32 { return S.pos0; }
-fn kcr(rb: u32, i: u32) -> vec4<f32> { return KC[i]; }
-fn vcr(rb: u32, i: u32) -> vec4<f32> { return VC[i]; }
 /*$W*/fn kvw(rb: u32, i: u32, k: vec4<f32>, v: vec4<f32>) { KC[i] = k; VC[i] = v; }""",
+    "$KEYS_CALL": "keys(kfrom, kto, p, own, kvw4, kb4, lid);",
 }
 _ROPE_CHUNK = {"$ROPE_COS": "t * hh + i", "$ROPE_SIN": "(P.rope_t + t) * hh + i"}
 
 
-def _source(dev: Device, src: str, marks: dict) -> str:
-    code = dev.source(src).replace("$HEAD_PREP", dev.source("llama_head_prep.wgsl"))
+def _source(dev: Device, src: str, marks: dict, rows: int = 1) -> str:
+    """Shader `src` with the head prep, the key loop (one for each of `rows` cache
+    bindings) and `marks` spliced in."""
+    keys = dev.source("llama_attn_keys.wgsl")
+    code = (dev.source(src).replace("$HEAD_PREP", dev.source("llama_head_prep.wgsl"))
+            .replace("$KEYS_FNS", "".join(keys.replace("$KB", str(b) if b else "")
+                                          for b in range(rows))))
     for k, v in marks.items():
         code = code.replace(k, v)
     return code
@@ -136,30 +140,25 @@ def llama_rows_attn_pipeline(dev: Device, g: int):
     a rows submission in one dispatch, each row on its own caches at its own position
     (llama_attn_split.wgsl, ROWS)."""
     sw4 = max(dev.uniform_align // 4, 4) // 4     # RowSlices' step block, in vec4s
-    decl, kc, vc, kv = [], [], [], []
+    decl, keys, kv = [], [], []
     for b in range(1, g):
         decl.append(f"@group(0) @binding({6 + 2 * b}) var<storage, read_write> KC{b}: "
                     f"array<vec4<f32>>;\n@group(0) @binding({7 + 2 * b}) "
                     f"var<storage, read_write> VC{b}: array<vec4<f32>>;")
-        kc.append(f"case {b}u: {{ return KC{b}[i]; }}")
-        vc.append(f"case {b}u: {{ return VC{b}[i]; }}")
+        keys.append(f"case {b}u: {{ keys{b}(kfrom, kto, p, own, kvw4, kb4, lid); }}")
         kv.append(f"case {b}u: {{ KC{b}[i] = k; VC{b}[i] = v; }}")
     fns = f"""fn row_pos(rb: u32) -> u32 {{ return ST[rb * {sw4}u].y; }}
-fn kcr(rb: u32, i: u32) -> vec4<f32> {{
-    switch rb {{ {" ".join(kc)} default: {{ return KC[i]; }} }}
-}}
-fn vcr(rb: u32, i: u32) -> vec4<f32> {{
-    switch rb {{ {" ".join(vc)} default: {{ return VC[i]; }} }}
-}}
 fn kvw(rb: u32, i: u32, k: vec4<f32>, v: vec4<f32>) {{
     switch rb {{ {" ".join(kv)} default: {{ KC[i] = k; VC[i] = v; }} }}
 }}"""
+    call = (f"switch rb {{ {' '.join(keys)} default: "
+            "{ keys(kfrom, kto, p, own, kvw4, kb4, lid); } }")
     marks = {"$STEP_DECL": f"@group(0) @binding(1) var<uniform> ST: array<vec4<u32>, {g * sw4}>;",
-             "$ROWS_DECL": "\n".join(decl), "$ROW_FNS": fns,
+             "$ROWS_DECL": "\n".join(decl), "$ROW_FNS": fns, "$KEYS_CALL": call,
              "$ROPE_COS": "t * P.pad1 + i", "$ROPE_SIN": "t * P.pad1 + hh + i",
              "$KV": "read_write", "$QK": "true", "/*$W*/": ""}
     return dev.pipeline(("llama_attn_rows_qk", g, sw4),
-                        _source(dev, "llama_attn_split.wgsl", marks), rows_attn_kinds(g))
+                        _source(dev, "llama_attn_split.wgsl", marks, g), rows_attn_kinds(g))
 
 
 def check_dtypes(host) -> None:

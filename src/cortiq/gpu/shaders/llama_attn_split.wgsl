@@ -6,7 +6,8 @@
 // PART[(h * S + s) * (hd + 4)]; a split whose range is empty writes m = -3e38, l = 0.
 // The O product's input stage (matvec1.wgsl, PRO 5) merges the records of each head.
 // Query head h reads KV head h / (nh / nk); hd % 4 == 0.
-// Keys go TILE = 32 at a time. Scores: L = 8 neighbouring lanes a key, each dotting
+// The key loop is llama_attn_keys.wgsl's keys() (spliced in at KEYS_FNS, once for each
+// cache binding). Keys go TILE = 32 at a time. Scores: L = 8 neighbouring lanes a key, each dotting
 // every 8th 16-byte piece of the key row, so the 8 lanes read 128 consecutive bytes
 // (coalesced) and their partial dots meet in shared memory. Values: 256 / (hd / 4)
 // groups of hd / 4 lanes, a group taking every (256 / (hd / 4))-th key of the tile, a
@@ -53,6 +54,9 @@ var<workgroup> dots: array<f32, 256>;    // partial dots, [lane of the key][key]
 var<workgroup> sc: array<f32, TILE>;     // the tile's scores
 var<workgroup> ew: array<f32, TILE>;     // their softmax weights against the running max
 var<workgroup> part: array<vec4<f32>, 256>;
+var<private> run_m: f32;          // the running max, sum and values of keys()
+var<private> run_l: f32;
+var<private> run_acc: vec4<f32>;
 
 $HEAD_PREP
 
@@ -63,6 +67,7 @@ fn take4(i: u32) -> vec4<f32> {
     return vec4<f32>(tmp[4u * i], tmp[4u * i + 1u], tmp[4u * i + 2u], tmp[4u * i + 3u]);
 }
 
+$KEYS_FNS
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
@@ -103,71 +108,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
     workgroupBarrier();
-    let kl = lid / L;           // scores: this lane's key in the tile
-    let kc = lid % L;           // and its first 16-byte piece
-    let groups = 256u / hd4;    // values: key groups of hd4 lanes
-    let vg = lid / hd4;
-    let vi = lid % hd4;
-    var m = -3.0e38;
-    var l = 0.0;
-    var acc = vec4<f32>(0.0);
-    for (var base = kfrom; base < kto; base += TILE) {
-        let n = min(TILE, kto - base);
-        let j = base + kl;
-        var d = 0.0;
-        if (kl < n) {
-            if (own && j == p) {
-                for (var i = kc; i < hd4; i += L) { d += dot(q4[i], kn4[i]); }
-            } else {    // the lane's first four pieces loaded at once, then any more
-                let r = j * kvw4 + kb4;
-                let a0 = kcr(rb, r + kc);
-                let a1 = kcr(rb, r + kc + L);
-                let a2 = kcr(rb, r + kc + 2u * L);
-                let a3 = kcr(rb, r + kc + 3u * L);
-                d = select(0.0, dot(q4[kc], a0), kc < hd4);
-                d += select(0.0, dot(q4[kc + L], a1), kc + L < hd4);
-                d += select(0.0, dot(q4[kc + 2u * L], a2), kc + 2u * L < hd4);
-                d += select(0.0, dot(q4[kc + 3u * L], a3), kc + 3u * L < hd4);
-                for (var i = kc + 4u * L; i < hd4; i += L) { d += dot(q4[i], kcr(rb, r + i)); }
-            }
-        }
-        dots[kc * TILE + kl] = d;
-        workgroupBarrier();
-        if (lid < n) {
-            var s = 0.0;
-            for (var c = 0u; c < L; c++) { s += dots[c * TILE + lid]; }
-            sc[lid] = s;
-        }
-        workgroupBarrier();
-        var mx = m;     // every lane the same maximum (broadcast reads, TILE of them:
-        for (var k = 0u; k < TILE; k++) { mx = max(mx, select(-3.0e38, sc[k], k < n)); }
-        if (lid < n) { ew[lid] = exp(sc[lid] - mx); }   // a fixed count, so unrolled)
-        workgroupBarrier();
-        let corr = exp(m - mx);
-        var es = 0.0;
-        for (var k = 0u; k < TILE; k++) { es += select(0.0, ew[k], k < n); }
-        l = l * corr + es;
-        m = mx;
-        acc = acc * corr;
-        if (vg < groups) {      // four keys' values loaded at once
-            for (var k = vg; k < n; k += 4u * groups) {
-                for (var u = 0u; u < 4u; u++) {
-                    let kk = k + u * groups;
-                    let jj = base + kk;
-                    let v = select(vcr(rb, jj * kvw4 + kb4 + vi), vn4[vi], own && jj == p);
-                    acc += select(vec4<f32>(0.0), ew[min(kk, TILE - 1u)] * v, kk < n);
-                }
-            }
-        }
-        workgroupBarrier();     // dots, sc and ew are the next tile's
-    }
-    part[lid] = acc;
+    run_m = -3.0e38;
+    run_l = 0.0;
+    run_acc = vec4<f32>(0.0);
+    $KEYS_CALL
+    part[lid] = run_acc;
     workgroupBarrier();
     let rec = rb * P.pad0 + (head * nwg.z + wid.z) * (hd4 + 1u);
+    let groups = 256u / hd4;
     if (lid < hd4) {
         var v = vec4<f32>(0.0);
         for (var g = 0u; g < groups; g++) { v += part[g * hd4 + lid]; }
         PART[rec + 1u + lid] = v;
     }
-    if (lid == 0u) { PART[rec] = vec4<f32>(m, l, 0.0, 0.0); }
+    if (lid == 0u) { PART[rec] = vec4<f32>(run_m, run_l, 0.0, 0.0); }
 }
