@@ -8,8 +8,12 @@
 * rows: one pass over eight Llama-3-8B-shaped decode rows' int8 products (each with its
   quantrows pass; `_bench_gpu_kernels.llama8b_rows_chain`'s stream) for each
   (ROWS_TILE, input chunk columns): GPU ms of the pass and of its rows matvecs alone.
+* splits (with --splits): the int8 8B-shaped model built with each number of attention
+  key ranges, a rows step of eight sequences at position 132
+  (`_bench_gpu_llama.rows_breakdown`): the step, its GPU time and its attention's.
 
     python benchmarks/gpu_rows_probe.py [--out FILE] [--variants 2:1024,2:512,4:512]
+                                        [--splits 8,4,2]
 """
 from __future__ import annotations
 
@@ -73,16 +77,39 @@ def rows(dev, variants: list, t: int = 8) -> dict:
     return res
 
 
+def splits(dev, counts: list) -> dict:
+    import bench_gpu
+    from _bench_gpu_llama import LLAMA8B, random_llama, rows_breakdown
+    from cortiq.gpu.llama import GpuLlamaModel
+    host = random_llama(LLAMA8B)
+    prompt = np.random.default_rng(0).integers(0, host.vocab, 132)
+    res = {}
+    for s in counts:
+        g = GpuLlamaModel(host, dev, attn_splits=s)
+        g.set_precision("int8")
+        r = rows_breakdown(g, prompt, 8, bench_gpu._time_dispatches)
+        res[f"splits{g.splits}"] = {k: v for k, v in r.items() if k != "gpu_ms_by_kernel"}
+        res[f"splits{g.splits}"]["attention_ms"] = {
+            k: v["ms"] for k, v in r["gpu_ms_by_kernel"].items() if "attn" in k}
+        print(s, res[f"splits{g.splits}"], flush=True)
+        del g
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="write the JSON here")
     ap.add_argument("--variants", default="2:1024,2:2048,2:512,4:512",
                     help="ROWS_TILE:chunk columns pairs of the rows probe")
+    ap.add_argument("--splits", default="",
+                    help="attention key ranges of the splits probe (none: not run)")
     a = ap.parse_args()
     from cortiq.gpu.device import Device
     dev = Device()
     variants = [tuple(int(x) for x in v.split(":")) for v in a.variants.split(",") if v]
     out = {"device": dev.name, "overlap": overlap(dev), "rows": rows(dev, variants)}
+    if a.splits:
+        out["splits"] = splits(dev, [int(x) for x in a.splits.split(",")])
     print(json.dumps(out, indent=1))
     if a.out:
         with open(a.out, "w") as f:

@@ -384,6 +384,18 @@ def test_llama_rows_equal_each_sequence_alone(dev, tmp_path_factory, name, fuse_
     f.close()
 
 
+@pytest.mark.parametrize("bindings,rows", [(8, 2), (10, 3), (20, 8), (1000, 8), (5, 1)])
+def test_rows_attention_group_fits_the_bindings(bindings, rows):
+    """A rows attention dispatch binds four buffers and two caches a row: ROWS_ATTN_GROUP
+    rows, or as many as the device's storage-buffer bindings hold (at least one)."""
+    from types import SimpleNamespace
+
+    from cortiq.gpu.llama import ROWS_ATTN_GROUP, rows_attn_group, rows_attn_kinds
+    got = rows_attn_group(SimpleNamespace(max_storage_buffers=bindings))
+    assert got == rows <= ROWS_ATTN_GROUP
+    assert sum(k != "uniform" for k in rows_attn_kinds(got)) <= max(bindings, 6)
+
+
 def test_llama_int8_rows_equal_each_sequence_alone(dev, tmp_path_factory):
     """Under int8 activations (q8_row products) the Llama's decode rows of several
     sequences (the int8 rows matvec) give what each sequence's own int8 decode row gives,

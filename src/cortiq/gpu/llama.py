@@ -96,7 +96,7 @@ VARIANTS = {
 #: caches a row; fewer where the device binds fewer storage buffers)
 ROWS_ATTN_GROUP = 8
 
-# llama_attn_split.wgsl's one-row pieces: its step block, cache accesses and rotary rows
+# llama_attn_split.wgsl's one-row pieces: its step block, cache write and key loop
 _ONE_ROW = {
     "$STEP_DECL": "@group(0) @binding(1) var<uniform> S: Step;",
     "$ROWS_DECL": "",
@@ -716,7 +716,6 @@ class _LlamaRows:
         """Layer li's split attention of the rows `sts` (llama_attn_rows_qk): a dispatch
         a group of up to `group` rows, each on its own caches at its own position, the
         records into the rows' slices for `merge`."""
-        m, S = self.m, self.slices
         if li == 0:     # a new submission: keep what the last one bound
             self._attn_last, self._attn_now = self._attn_now, {}
         out = []
@@ -725,22 +724,27 @@ class _LlamaRows:
             key = (li, b0) + tuple(id(b) for st in grp for b in (st.k[li], st.v[li]))
             d = self._attn_last.get(key) or self._attn_now.get(key)
             if d is None:
-                n = len(grp)
-
-                def rows(buf, stride: int):
-                    return (buf, b0 * stride * 4, n * stride * 4)
-                res = [self.p_attn[li], rows(S.step, S.step_words), rows(S.bufs["qkv"],
-                       S.stride["qkv"]), grp[0].k[li], grp[0].v[li],
-                       rows(S.bufs["apart"], S.stride["apart"]), m.vbuf,
-                       rows(S.rope, S.rope_stride)]
-                for st in grp[1:]:
-                    res += [st.k[li], st.v[li]]
-                d = Dispatch(llama_rows_attn_pipeline(m.dev, n),
-                             m.dev.bind(rows_attn_kinds(n), resolve(res)),
-                             (m.nh, n, m.splits), "llama_attn_rows_qk")
+                d = self._attention_group(li, b0, grp)
             self._attn_now[key] = d
             out.append(d)
         return out
+
+    def _attention_group(self, li: int, b0: int, grp) -> Dispatch:
+        """The rows attention dispatch of rows b0.. (states grp) of layer li: the rows'
+        slices of the step blocks, Q|K|V, records and rotary rows from row b0 on, and
+        each row's caches."""
+        m, S, n = self.m, self.slices, len(grp)
+
+        def rows(buf, stride: int):
+            return (buf, b0 * stride * 4, n * stride * 4)
+        res = [self.p_attn[li], rows(S.step, S.step_words), rows(S.bufs["qkv"], S.stride["qkv"]),
+               grp[0].k[li], grp[0].v[li], rows(S.bufs["apart"], S.stride["apart"]), m.vbuf,
+               rows(S.rope, S.rope_stride)]
+        for st in grp[1:]:
+            res += [st.k[li], st.v[li]]
+        return Dispatch(llama_rows_attn_pipeline(m.dev, n),
+                        m.dev.bind(rows_attn_kinds(n), resolve(res)), (m.nh, n, m.splits),
+                        "llama_attn_rows_qk")
 
     def product(self, name: str, li: int | None) -> list:
         """The dispatches of op `name` of layer li (None: the head) over the rows."""
