@@ -7,9 +7,9 @@
 // The O product's input stage (matvec1.wgsl, PRO 5) merges the records of each head.
 // Query head h reads KV head h / (nh / nk); hd % 4 == 0.
 // The key loop is llama_attn_keys.wgsl's keys() (spliced in at KEYS_FNS, once for each
-// cache binding). Keys go TILE = 32 at a time. Scores: L = 8 neighbouring lanes a key, each dotting
-// every 8th 16-byte piece of the key row, so the 8 lanes read 128 consecutive bytes
-// (coalesced) and their partial dots meet in shared memory. Values: 256 / (hd / 4)
+// cache binding). Keys go TILE = 32 at a time. Scores: L = 8 neighbouring lanes a key,
+// each dotting every 8th 16-byte piece of the key row, so the 8 lanes read 128
+// consecutive bytes (coalesced) and their partial dots meet in shared memory. Values: 256 / (hd / 4)
 // groups of hd / 4 lanes, a group taking every (256 / (hd / 4))-th key of the tile, a
 // lane one 16-byte piece of the value row; the groups' sums meet at the end.
 // QK (llama_attn_split_qk): the dispatch also does llama_qk's work for the row (bias,
@@ -21,7 +21,7 @@
 // is in the cache.
 // ROWS (llama_attn_rows_qk, QK's work too): one dispatch over G decode rows of a rows
 // submission, row b = the workgroup's y, each at its own position (its step block in ST,
-// P.pad2 vec4s apart) on its own caches (KC, VC for row 0, KC1, VC1, ... after them):
+// the uniform offset alignment apart) on its own caches (KC, VC for row 0, KC1, VC1, ... after them):
 // Q|K|V, the records and the rotary rows are bound from the group's first row, row b's at
 // b * P.qkv_w floats, b * P.pad0 vec4s and b * P.pad1 floats on.
 
