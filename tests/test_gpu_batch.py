@@ -384,6 +384,45 @@ def test_llama_rows_equal_each_sequence_alone(dev, tmp_path_factory, name, fuse_
     f.close()
 
 
+@pytest.mark.parametrize("hd,group", [(16, None), (160, 2)])
+def test_llama_rows_attention_over_many_keys(dev, tmp_path_factory, hd, group, monkeypatch):
+    """The rows' split attention where each key range spans several tiles of keys (two
+    ranges over 45-101 keys), one layer windowed: three sequences' decode rows in one
+    rows dispatch (or groups of two and one), for three steps, equal the host's forward of
+    each sequence alone. hd 16: fewer 16-byte pieces a key than a key's lanes; hd 160:
+    five a lane (the loop after the first four)."""
+    from batch_models import llama_tensors, tokenizer_json
+
+    from cortiq.gpu import llama
+    from cortiq.gpu.llama import GpuLlamaModel
+    from cortiq.models.llama import LlamaModel
+    if group:
+        monkeypatch.setattr(llama, "ROWS_ATTN_GROUP", group)
+    t, arch = llama_tensors(hidden=64, ffn=96, layers=2, heads=4, kv=2, hd=hd, seed=hd)
+    path = tmp_path_factory.mktemp("rows_keys") / f"hd{hd}.cmf"
+    cmf.write(path, t, arch={k: v for k, v in arch.items() if v is not None}, quant="q8_row",
+              tokenizer_json=tokenizer_json(), progress=False)
+    f = cmf.open(str(path))
+    h = LlamaModel(f)
+    g = GpuLlamaModel(h, dev, attn_splits=2)
+    assert g.splits == 2
+    rng = np.random.default_rng(hd)
+    prompts = [rng.integers(0, h.vocab, n) for n in (70, 45, 101)]
+    hs, gs = [h.new_state() for _ in prompts], [g.new_state() for _ in prompts]
+    for p, hst, gst in zip(prompts, hs, gs):
+        h.forward(hst, p, "none")
+        g.forward(gst, p, "none")
+    for _step in range(3):
+        toks = [[int(x)] for x in rng.integers(0, h.vocab, 3)]
+        got = g.forward_batch(gs, toks, ["last"] * 3)
+        for j in range(3):
+            want = h.forward(hs[j], toks[j], "last")
+            assert _rel(got[j], want) < 1e-3
+            assert int(np.argmax(got[j])) == int(np.argmax(want))
+    assert {d.name for d in g._rows._attn_now.values()} == {"llama_attn_rows_qk"}
+    f.close()
+
+
 @pytest.mark.parametrize("bindings,rows", [(8, 2), (10, 3), (20, 8), (1000, 8), (5, 1)])
 def test_rows_attention_group_fits_the_bindings(bindings, rows):
     """A rows attention dispatch binds four buffers and two caches a row: ROWS_ATTN_GROUP
