@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from _bench_gpu_kernels import busy, decode_rates, ms_by_kernel
+from _bench_gpu_kernels import _finish, busy, decode_rates, ms_by_kernel
 
 #: Llama-3-8B's shape
 LLAMA8B = dict(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336,
@@ -144,20 +144,14 @@ def rows_breakdown(g, prompt, rows: int, time_dispatches) -> dict:
     for _ in range(5):
         g.dev.record(prog, rows).finish()
     record = (time.perf_counter() - t0) / 5
-    def sync():     # the device done with every submission before this
-        st = g.dev.staging(16)
-        enc = g.dev.dev.create_command_encoder()
-        enc.copy_buffer_to_buffer(g.res, 0, st, 0, 16)
-        g.dev.queue.submit([enc.finish()])
-        g.dev.read(st, 4)
     step = {}
     for want in ("last", "none"):     # whole steps: with every row's logits read back, without
         g.forward_batch(sts, [[tok]] * rows, [want] * rows, [False] * rows)
-        sync()
+        _finish(g.dev)
         t0 = time.perf_counter()
         for _ in range(5):
             g.forward_batch(sts, [[tok]] * rows, [want] * rows, [False] * rows)
-        sync()
+        _finish(g.dev)
         step[want] = (time.perf_counter() - t0) / 5 * 1e3
     return {"rows": rows, "dispatches": len(prog), "record_ms": record * 1e3,
             "step_ms": step["last"], "step_no_logits_ms": step["none"],

@@ -50,7 +50,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench_gpu_llama as L
 import _bench_llama as BL
-from _bench_gpu_kernels import busy, decode_rates, ms_by_kernel
+from _bench_gpu_kernels import _finish, busy, decode_rates, ms_by_kernel
 from bench_decode import QUICK, RELEASE_LIKE, TINY, build_dory, touched_bytes
 
 from cortiq import cmf
@@ -62,14 +62,6 @@ MODELS = ("dory", "dsv4", "llama", "llama8b")
 
 
 # ---- the device ------------------------------------------------------------------------
-def _wait(dev, buf):
-    st = dev.staging(16)
-    enc = dev.dev.create_command_encoder()
-    enc.copy_buffer_to_buffer(buf, 0, st, 0, 16)
-    dev.queue.submit([enc.finish()])
-    dev.read(st, 4)
-
-
 def read_bandwidth(dev, nbytes=1 << 30, reps=8, rounds=4):
     from cortiq.gpu.kernels import ParamArena, fixed_pipeline, resolve, u32s, FIXED
     nbytes = min(nbytes, dev.max_binding // 16 * 16)
@@ -94,7 +86,7 @@ def read_bandwidth(dev, nbytes=1 << 30, reps=8, rounds=4):
         cp.end()
         t0 = time.perf_counter()
         dev.queue.submit([enc.finish()])
-        _wait(dev, out)
+        _finish(dev)
         dt = time.perf_counter() - t0
         if r and (best is None or dt < best):
             best = dt
@@ -181,7 +173,7 @@ def _time_dispatches(g, ds, k=64, rounds=3, at=1):
         cb = g.dev.record(list(ds) * k, at).finish()
         t0 = time.perf_counter()
         g.dev.queue.submit([cb])
-        _wait(g.dev, g.res)
+        _finish(g.dev)
         dt = (time.perf_counter() - t0) / k
         best = dt if best is None else min(best, dt)
     return best

@@ -597,7 +597,7 @@ class GpuDeepSeekV4Model(GpuModel):
                 return self._greedy_token(stage, st.pos - 1, done)
             if want in ("last", "hidden"):
                 n = self.vocab if want == "last" else self.cfg.dim
-                return dev.read(stage, n * 4, after=done).view(np.float32).copy()
+                return dev.read(stage, n * 4, after=done).view(np.float32)
         return None
 
     def _submit(self, st, want, stage) -> int | None:
