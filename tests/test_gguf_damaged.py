@@ -186,6 +186,38 @@ def test_corrupt_field(tiny, tmp_path, which):
         _open_damaged(tmp_path, _patch(data, at, fmt, value))
 
 
+@pytest.mark.parametrize("key,value,pattern", [
+    ("attention.layer_norm_rms_epsilon", float("nan"), "not a finite number >= 0"),
+    ("attention.layer_norm_rms_epsilon", -1e-6, "not a finite number >= 0"),
+    ("rope.freq_base", 0.0, "not a finite number > 0"),
+    ("rope.freq_base", float("inf"), "not a finite number > 0"),
+    ("rope.freq_base", "10000", "not a finite number > 0"),
+    ("attention.sliding_window", -4, "not a positive integer"),
+    ("rope.scaling.factor", -2.0, "not a finite number >= 0"),
+])
+def test_real_valued_keys_are_checked(key, value, pattern):
+    """A metadata value that would only surface later as non-finite logits (a NaN or
+    negative epsilon, a zero rotary base, a negative window) is refused by name."""
+    from cortiq.gguf.llama_meta import Meta, arch_from_gguf
+    base = {"general.architecture": "llama", "llama.embedding_length": 64,
+            "llama.block_count": 1, "llama.attention.head_count": 4,
+            "llama.feed_forward_length": 96, f"llama.{key}": value}
+    with pytest.raises(FormatError, match=rf"llama\.{key}: .*{pattern}"):
+        arch_from_gguf(Meta(base), {"token_embd.weight": (40, 64)})
+    del base[f"llama.{key}"]
+    arch, _ = arch_from_gguf(Meta(base), {"token_embd.weight": (40, 64)})
+    assert arch["rms_norm_eps"] == 1e-6 and arch["rope_theta"] == 10000.0
+
+
+def test_a_negative_epsilon_in_the_file_is_refused_on_open(tiny, tmp_path):
+    data, walk, _ = tiny
+    at = walk["keys"]["qwen3.attention.layer_norm_rms_epsilon"]["value_at"]
+    p = tmp_path / "eps.gguf"
+    p.write_bytes(_patch(data, at, "<f", -1.0))
+    with pytest.raises(FormatError, match="layer_norm_rms_epsilon: -1.0 is not a finite"):
+        cortiq.LLM(p)
+
+
 def _rename(data, at, new: bytes) -> bytes:
     n = struct.unpack_from("<Q", data, at)[0]
     assert len(new) == n

@@ -106,6 +106,16 @@ def arch_from_gguf(meta: Meta, shapes: dict) -> tuple[dict, str]:
                               "positive integer")
         return int(v)
 
+    def number(key, default, positive=False):
+        """A finite real metadata value, >= 0 (> 0 if positive): a NaN epsilon or a zero
+        rotary base would otherwise show only as non-finite logits later."""
+        v = meta.get(p + key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or v < 0 or (positive and v == 0):
+            raise FormatError(f"{meta.path}: GGUF metadata {p}{key}: {v!r} is not a finite "
+                              f"number {'> 0' if positive else '>= 0'}")
+        return float(v)
+
     hidden, n = pos_int("embedding_length"), pos_int("block_count")
     nh = pos_int("attention.head_count")
     nk = pos_int("attention.head_count_kv", nh)
@@ -122,29 +132,31 @@ def arch_from_gguf(meta: Meta, shapes: dict) -> tuple[dict, str]:
                           "matrix")
     vocab = int(meta.get(p + "vocab_size") or emb[0])
     window = meta.get(p + "attention.sliding_window")
+    if window:      # 0: no window
+        window = pos_int("attention.sliding_window")
     arch = {"arch_name": g, "hidden_size": hidden,
             "intermediate_size": pos_int("feed_forward_length"), "num_layers": n,
             "num_attention_heads": nh, "num_kv_heads": nk, "head_dim": hd, "vocab_size": vocab,
             "max_position_embeddings": pos_int("context_length", 4096),
             "layer_types": ["SlidingAttention" if window else "FullAttention"] * n,
-            "rms_norm_eps": float(meta.get(p + "attention.layer_norm_rms_epsilon", 1e-6)),
-            "rope_theta": float(meta.get(p + "rope.freq_base", 10000.0)),
+            "rms_norm_eps": number("attention.layer_norm_rms_epsilon", 1e-6),
+            "rope_theta": number("rope.freq_base", 10000.0, positive=True),
             "tie_word_embeddings": "output.weight" not in shapes}
     if window:
         arch["sliding_window"] = int(window)
     kind = meta.get(p + "rope.scaling.type", "none")
-    factor = float(meta.get(p + "rope.scaling.factor", 1.0) or 1.0)
+    factor = number("rope.scaling.factor", 1.0) or 1.0
     if kind == "linear" and factor != 1.0:
         arch["rope_freq_factors"] = [factor] * (hd // 2)
     elif kind == "yarn":
-        orig = meta.get(p + "rope.scaling.original_context_length")
-        if not orig:
+        if not meta.get(p + "rope.scaling.original_context_length"):
             raise ConfigError(f"GGUF metadata {p}rope.scaling.original_context_length: "
                               "missing (required for yarn)")
-        af = meta.get(p + "rope.scaling.attn_factor")
-        arch["yarn"] = {"factor": factor, "original_max_position_embeddings": int(orig),
-                        "beta_fast": float(meta.get(p + "rope.scaling.yarn_beta_fast", 32.0)),
-                        "beta_slow": float(meta.get(p + "rope.scaling.yarn_beta_slow", 1.0)),
+        orig = pos_int("rope.scaling.original_context_length")
+        af = number("rope.scaling.attn_factor", 0.0)
+        arch["yarn"] = {"factor": factor, "original_max_position_embeddings": orig,
+                        "beta_fast": number("rope.scaling.yarn_beta_fast", 32.0),
+                        "beta_slow": number("rope.scaling.yarn_beta_slow", 1.0),
                         "attention_factor": float(af) if af else
                         (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)}
     elif kind not in ("none", "linear", None):
