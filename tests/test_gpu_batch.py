@@ -435,10 +435,11 @@ def test_rows_attention_group_fits_the_bindings(bindings, rows):
     assert sum(k != "uniform" for k in rows_attn_kinds(got)) <= max(bindings, 6)
 
 
-def test_llama_int8_rows_equal_each_sequence_alone(dev, tmp_path_factory):
+def test_llama_int8_rows_equal_each_sequence_alone(dev, tmp_path_factory, monkeypatch):
     """Under int8 activations (q8_row products) the Llama's decode rows of several
     sequences (the int8 rows matvec) give what each sequence's own int8 decode row gives,
     within float rounding, with the same greedy tokens."""
+    from cortiq.gpu import llama as L
     from cortiq.gpu.llama import GpuLlamaModel
     from cortiq.models.llama import LlamaModel
     f = _llama_file(tmp_path_factory, "qwen3")
@@ -447,10 +448,25 @@ def test_llama_int8_rows_equal_each_sequence_alone(dev, tmp_path_factory):
     prompts = [np.array([3, 17, 20]), np.array([5, 9]), np.array([41, 2, 8, 13, 1])]
     states, alone = alone_then_rewound(g, prompts, 7)
     got = g.forward_batch(states, [[7]] * 3, ["last"] * 3)
-    assert any(d.name == "quantrows" for d in g._rows.product("qkv_op", 0))
+    # the norms and SwiGLU quantize for the products after them; O quantizes its input
+    prog = g._skeleton("rows", "all")
+    names = [d.name for d in prog if hasattr(d, "name")]
+    assert names.count("llama_norm_q") == 2 * len(g.lw) + 1 and "llama_norm" not in names
+    assert names.count("llama_swiglu_q") == len(g.lw)
+    assert [d.name for d in g._rows.product("qkv_op", 0)] == ["matvecb"]
+    assert [d.name for d in g._rows.product("o_op", 0)] == ["quantrows", "matvecb"]
     for a, b in zip(alone, got):
         assert float(np.abs(a - b).max() / np.abs(a).max()) < 1e-4
         assert np.argmax(a) == np.argmax(b)
+    # the same step with a quantrows pass before every product: the same bits
+    for st in states:
+        g.rollback(st, st.pos - 1)
+    monkeypatch.setattr(L, "ROWS_QUANTIZE_IN_PASSES", False)
+    g._rows = None
+    again = g.forward_batch(states, [[7]] * 3, ["last"] * 3)
+    assert "llama_norm_q" not in [getattr(d, "name", "") for d in g._skeleton("rows", "all")]
+    for a, b in zip(got, again):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("arch", ["dory", "qwen3"])

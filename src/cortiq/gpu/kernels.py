@@ -701,11 +701,13 @@ class MatvecOp:
         parts, whole 32-column groups)."""
         return self.cols % 32 == 0 and all(dt == "q8_row" for dt in self.dtypes)
 
-    def dispatch_rows(self, step_buf, xq=None) -> list:
+    def dispatch_rows(self, step_buf, xq=None, quantized: bool = False) -> list:
         """The rows matvec over the step's t input rows (the decode rows of several
         sequences): every workgroup reads its weight rows once for ROWS_NB of them. xq
         (a buffer of at least t * rows_block_words(cols) 16-byte words, where rows_int8)
-        takes int8 activations: a quantrows pass into xq, then the integer rows matvec."""
+        takes int8 activations: a quantrows pass into xq, then the integer rows matvec;
+        `quantized`: the pass before the product wrote xq as quantrows would (from the
+        same floats), so there is no quantrows pass."""
         if self.pro != 0 or self.last_row or not self.chunked:
             raise ConfigError("GPU matvec: the rows matvec takes a plain input (no input "
                               "stage, not the last row) and rows of whole chunks")
@@ -715,6 +717,7 @@ class MatvecOp:
         out = []
         if int8:
             res[1] = xq
+        if int8 and not quantized:
             out.append(Dispatch(quantrows_pipeline(dev), dev.bind(
                 QUANTROWS_KINDS, resolve([self.param, step_buf, self.res[0], xq])),
                 lambda t, n=(self.cols + 1023) // 1024: (n, 1, t), "quantrows"))

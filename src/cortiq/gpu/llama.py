@@ -78,6 +78,9 @@ KERNELS = {
     "llama_swiglu": ("uniform", "uniform", "rw", "read"),
     "llama_attn_merge": ("uniform", "uniform", "read", "rw"),
 }
+# the variants that also write their output quantized for an int8 rows matvec
+KERNELS["llama_norm_q"] = KERNELS["llama_norm"] + ("rw",)
+KERNELS["llama_swiglu_q"] = KERNELS["llama_swiglu"] + ("rw",)
 #: kernels generated from another's source: name -> (file, {marker: text}, replaced in
 #: order)
 VARIANTS = {
@@ -89,8 +92,16 @@ VARIANTS = {
                                                    "/*$W*/": "//"}),
     "llama_attn_split_qk": ("llama_attn_split.wgsl", {"$KV": "read_write", "$QK": "true",
                                                       "/*$W*/": ""}),
+    "llama_norm": ("llama_norm.wgsl", {"/*$Q*/": "//"}),
+    "llama_norm_q": ("llama_norm.wgsl", {"/*$Q*/": ""}),
+    "llama_swiglu": ("llama_swiglu.wgsl", {"/*$Q*/": "//"}),
+    "llama_swiglu_q": ("llama_swiglu.wgsl", {"/*$Q*/": ""}),
 }
 
+
+#: int8 decode rows: the norms and SwiGLU write their output quantized as well, for the
+#: products after them (False: each product quantizes its input rows in a quantrows pass)
+ROWS_QUANTIZE_IN_PASSES = True
 
 #: decode rows one rows attention dispatch takes at most (llama_attn_rows_qk binds two
 #: caches a row; fewer where the device binds fewer storage buffers)
@@ -112,6 +123,7 @@ def _source(dev: Device, src: str, marks: dict, rows: int = 1) -> str:
     bindings) and `marks` spliced in."""
     keys = dev.source("llama_attn_keys.wgsl")
     code = (dev.source(src).replace("$HEAD_PREP", dev.source("llama_head_prep.wgsl"))
+            .replace("$QUANT4", dev.source("quant4.wgsl"))
             .replace("$KEYS_FNS", "".join(keys.replace("$KB", str(b) if b else "")
                                           for b in range(rows))))
     for k, v in marks.items():
@@ -603,27 +615,37 @@ class GpuLlamaModel(GpuModel):
         nt = 1 if mode == "decode" else MATMAT_NT
         rows = lambda t: (t, 1, 1)  # noqa: E731
 
+        # int8 rows: the norms and SwiGLU write their output quantized as well, and the
+        # products reading it (all but O, after the attention) take it as it is
+        quantize = ROWS_QUANTIZE_IN_PASSES and R is not None and R.xq is not None
+
         def product(name: str, li: int | None = None) -> list:
             """The one place a mode picks its products: op `name` of layer li (None: the
             model's head)."""
             if R is not None:
-                return R.product(name, li)
+                return R.product(name, li, quantized=quantize and name != "o_op")
             return self._chunk_product(getattr(self, name) if li is None
                                        else self.lw[li][name], nt)
+
+        def stage(name: str, resources: list, dims) -> Dispatch:
+            """A norm or SwiGLU pass (name), quantizing its output where `quantize`."""
+            if quantize:
+                return self._kernel(name + "_q", resources + [R.xq], dims)
+            return self._kernel(name, resources, dims)
 
         e = self.embed
         prog: list = [Dispatch(embed_pipeline(dev, e.dtype, len(e.parts)), dev.bind(
             embed_kinds(len(e.parts)), resolve([self.p_embed, self.step, self.ids, self.x]
                                                + [b for b, _r0, _r in e.parts])), rows, "embed")]
         norm = [self.step, self.x, self.out, self.vbuf, self.xn]
-        groups = (self.ffn + 255) // 256
+        groups = (self.ffn + 1023) // 1024
         fuse_norms = mode == "decode" and self.fused_norms
         fuse_swiglu = mode == "decode" and self.fused_swiglu
         for li, w in enumerate(self.lw):
             if fuse_norms and li:
                 prog.extend(product("qkv_norm_op", li))
             else:
-                prog.append(self._kernel("llama_norm", [w["p_norm_in"]] + norm, rows))
+                prog.append(stage("llama_norm", [w["p_norm_in"]] + norm, rows))
                 prog.extend(product("qkv_op", li))
             if R is not None and self.splits > 1:   # each row split, merged over the rows
                 prog.append((SEQUENCE_PART, mode, li, self.splits))
@@ -638,17 +660,17 @@ class GpuLlamaModel(GpuModel):
             if fuse_norms:
                 prog.extend(product("gu_norm_op", li))
             else:
-                prog.append(self._kernel("llama_norm", [w["p_norm_mlp"]] + norm, rows))
+                prog.append(stage("llama_norm", [w["p_norm_mlp"]] + norm, rows))
                 prog.extend(product("gu_op", li))
             if fuse_swiglu:
                 prog.extend(product("down_swiglu_op", li))
             else:
-                prog.append(self._kernel("llama_swiglu", [w["p_swiglu"], self.step, self.gu,
-                                                          self.vbuf], lambda t: (groups, t, 1)))
+                prog.append(stage("llama_swiglu", [w["p_swiglu"], self.step, self.gu, self.vbuf],
+                                  lambda t: (groups, t, 1)))
                 prog.extend(product("down_op", li))
         if want != "none":
             final = self.p_norm_final_b if fuse_norms and self.lw else self.p_norm_final
-            prog.append(self._kernel("llama_norm", [final] + norm, rows))
+            prog.append(stage("llama_norm", [final] + norm, rows))
         if want in ("last", "greedy") and R is None:
             prog.extend(product("head_last"))
         elif want in ("last", "greedy", "all"):
@@ -746,14 +768,15 @@ class _LlamaRows:
                         m.dev.bind(rows_attn_kinds(n), resolve(res)), (m.nh, n, m.splits),
                         "llama_attn_rows_qk")
 
-    def product(self, name: str, li: int | None) -> list:
-        """The dispatches of op `name` of layer li (None: the head) over the rows."""
+    def product(self, name: str, li: int | None, quantized: bool = False) -> list:
+        """The dispatches of op `name` of layer li (None: the head) over the rows;
+        `quantized`: the pass before it wrote its input rows into xq already."""
         m = self.m
         op = m.head_all if li is None else self.ops.get((li, name), m.lw[li][name])
         ds = self._made.get(id(op))
         if ds is None:
             try:
-                ds = op.dispatch_rows(m.step, self.xq)
+                ds = op.dispatch_rows(m.step, self.xq, quantized)
             except ConfigError:     # rows of partial chunks: the prompt matmat
                 ds = [op.dispatch(m.step, MATMAT_NT)]
             self._made[id(op)] = ds

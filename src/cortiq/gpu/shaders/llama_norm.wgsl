@@ -2,6 +2,9 @@
 // x += o (+ bias) when P.add is set (the previous product's output, written back as
 // the new residual stream), then y = x / sqrt(mean(x^2) + eps) * w, the input of the
 // next product. The first norm of the stack reads x as the embedding left it (add 0).
+// The llama_norm_q variant (the lines marked Q) also writes y quantized for an int8
+// rows matvec (quant4.wgsl; row t's block in XQ as quantrows.wgsl lays it out), so that
+// the product needs no quantrows pass of its own.
 
 struct Params { cols: u32, x_off: u32, y_off: u32, add: u32, o_off: u32, bias: u32, w: u32, eps: f32 }
 struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
@@ -12,8 +15,11 @@ struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(3) var<storage, read> O: array<f32>;
 @group(0) @binding(4) var<storage, read> V: array<f32>;
 @group(0) @binding(5) var<storage, read_write> Y: array<f32>;
+/*$Q*/@group(0) @binding(6) var<storage, read_write> XQ: array<u32>;
 
 var<workgroup> red: array<f32, 256>;
+
+$QUANT4
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -43,10 +49,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
     }
     let inv = 1.0 / sqrt(red[0] / f32(P.cols) + P.eps);
-    for (var c0 = 4u * lid; c0 < P.cols; c0 += 1024u) {
+    workgroupBarrier();     // red[0] read by every lane before quant4 reuses red
+    let words = P.cols / 16u;
+    let qb = t * (words + (P.cols / 32u + 3u) / 4u) * 4u;   // row t's block in XQ, u32s
+    // rounds every lane takes (quant4 meets the whole workgroup at its barriers)
+    for (var r0 = 0u; r0 < P.cols; r0 += 1024u) {
+        let c0 = r0 + 4u * lid;
+        var y = vec4<f32>(0.0);
         for (var k = 0u; k < 4u; k++) {
             let c = c0 + k;
-            if (c < P.cols) { Y[P.y_off + t * P.cols + c] = X[xb + c] * inv * V[P.w + c]; }
+            if (c < P.cols) {
+                y[k] = X[xb + c] * inv * V[P.w + c];
+                Y[P.y_off + t * P.cols + c] = y[k];
+            }
         }
+/*$Q*/  let q = quant4(y, lid);
+/*$Q*/  if (c0 < P.cols) {
+/*$Q*/      XQ[qb + c0 / 4u] = q.codes;
+/*$Q*/      if ((lid & 7u) == 0u) { XQ[qb + 4u * words + c0 / 32u] = bitcast<u32>(q.d); }
+/*$Q*/  }
     }
 }

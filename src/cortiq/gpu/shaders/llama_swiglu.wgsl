@@ -1,6 +1,10 @@
 // The Llama family's SwiGLU between the gate|up and down products: on each row
 // [gate | up] of the gate|up output (biases added where the file has them),
-// gate <- silu(gate) * up in place, which the down product then reads.
+// gate <- silu(gate) * up in place, which the down product then reads. One workgroup
+// 1024 columns of a row, four neighbouring columns a lane. The llama_swiglu_q variant
+// (the lines marked Q) also writes the result quantized for an int8 rows matvec
+// (quant4.wgsl; row t's block in XQ as quantrows.wgsl lays it out), so that the down
+// product needs no quantrows pass of its own.
 
 struct Params { ffn: u32, bg: u32, bu: u32, pad0: u32 }
 struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
@@ -9,15 +13,33 @@ struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(1) var<uniform> S: Step;
 @group(0) @binding(2) var<storage, read_write> GU: array<f32>;
 @group(0) @binding(3) var<storage, read> V: array<f32>;
+/*$Q*/@group(0) @binding(4) var<storage, read_write> XQ: array<u32>;
+
+var<workgroup> red: array<f32, 256>;
+
+$QUANT4
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let c = wid.x * 256u + lid;
-    if (c >= P.ffn) { return; }
     let r = wid.y * 2u * P.ffn;
-    var g = GU[r + c];
-    var u = GU[r + P.ffn + c];
-    if (P.bg != 0xffffffffu) { g += V[P.bg + c]; }
-    if (P.bu != 0xffffffffu) { u += V[P.bu + c]; }
-    GU[r + c] = g / (1.0 + exp(-g)) * u;
+    let c0 = wid.x * 1024u + 4u * lid;
+    var y = vec4<f32>(0.0);
+    for (var k = 0u; k < 4u; k++) {
+        let c = c0 + k;
+        if (c < P.ffn) {
+            var g = GU[r + c];
+            var u = GU[r + P.ffn + c];
+            if (P.bg != 0xffffffffu) { g += V[P.bg + c]; }
+            if (P.bu != 0xffffffffu) { u += V[P.bu + c]; }
+            y[k] = g / (1.0 + exp(-g)) * u;
+            GU[r + c] = y[k];
+        }
+    }
+/*$Q*/let q = quant4(y, lid);
+/*$Q*/let words = P.ffn / 16u;
+/*$Q*/let qb = wid.y * (words + (P.ffn / 32u + 3u) / 4u) * 4u;
+/*$Q*/if (c0 < P.ffn) {
+/*$Q*/    XQ[qb + c0 / 4u] = q.codes;
+/*$Q*/    if ((lid & 7u) == 0u) { XQ[qb + 4u * words + c0 / 32u] = bitcast<u32>(q.d); }
+/*$Q*/}
 }
