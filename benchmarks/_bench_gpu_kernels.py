@@ -98,12 +98,14 @@ def decode_rates(g, st, tok: int, tokens: int) -> dict:
     return out
 
 
-def ms_by_kernel(prog, time_fn) -> dict:
+def ms_by_kernel(prog, time_fn, shapes: bool = False) -> dict:
     """GPU ms of a program's dispatches grouped by kernel name (time_fn(dispatches) ->
-    seconds of one pass over them)."""
+    seconds of one pass over them); with `shapes`, products by name and shape
+    (rows x cols) too."""
     kinds: dict = {}
     for d in prog:
-        kinds.setdefault(d.name, []).append(d)
+        shape = getattr(d, "shape", None) if shapes else None
+        kinds.setdefault(f"{d.name} {shape[0]}x{shape[1]}" if shape else d.name, []).append(d)
     return {name: {"dispatches": len(ds), "ms": time_fn(ds) * 1e3}
             for name, ds in sorted(kinds.items())}
 

@@ -157,7 +157,7 @@ def rows_breakdown(g, prompt, rows: int, time_dispatches) -> dict:
             "step_ms": step["last"], "step_no_logits_ms": step["none"],
             "gpu_ms": time_dispatches(g, prog, k=4, at=rows) * 1e3,
             "gpu_ms_by_kernel": ms_by_kernel(
-                prog, lambda ds: time_dispatches(g, ds, k=4, at=rows))}
+                prog, lambda ds: time_dispatches(g, ds, k=4, at=rows), shapes=True)}
 
 
 def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw: float,
@@ -220,7 +220,8 @@ def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw:
     i8 = decode_rates(g, st, tok, tokens)
     i8["pct_of_read_bw"] = 100 * max(i8.values()) * per_token / 1e9 / bw
     i8["gpu_ms_per_token"] = time_dispatches(g, prog, k=8, at=1) * 1e3
-    i8["gpu_ms_by_kernel"] = ms_by_kernel(prog, lambda ds: time_dispatches(g, ds, k=8, at=1))
+    i8["gpu_ms_by_kernel"] = ms_by_kernel(prog, lambda ds: time_dispatches(g, ds, k=8, at=1),
+                                          shapes=True)
     busy(dev)
     i8["llm_greedy_tok_s"] = llm_greedy_rate(g, prompt, tokens, "int8")
     if batch is not None:       # the int8 rows matvec

@@ -400,3 +400,82 @@ def test_llama_int8_decode_stages_once(dev, tmp_path, monkeypatch):
     for a, i in zip(exact, feed):
         assert _rel(a, h.forward(sh, [i])) < 1e-6
     f.close()
+
+
+def _quantrows(dev, x_buf, x_stride: int, cols: int, t: int) -> np.ndarray:
+    """What quantrows.wgsl writes for t rows of cols columns of x_buf (x_stride floats
+    apart): a q8_row product's rows pass, run alone."""
+    from cortiq.gpu.kernels import GpuMatrix, MatvecOp, ParamArena, rows_block_words
+    arena = ParamArena(dev)
+    op = MatvecOp(dev, [GpuMatrix(dev, _q8_row(np.random.default_rng(0), 32, cols))], arena,
+                  x=x_buf, x_off=0, x_stride=x_stride, y=dev.buffer(t * 32 * 4), y_off=0,
+                  y_stride=32, vbuf=dev.upload(np.zeros(4, np.float32)))
+    arena.upload()
+    n = t * rows_block_words(cols) * 16
+    xq = dev.buffer(n, copy_src=True)
+    step = dev.upload(np.array([t, 0, 0, 0], np.uint32), uniform=True)
+    quant = op.dispatch_rows(step, xq)[0]
+    assert quant.name == "quantrows"
+    return _run_read(dev, [quant], t, xq, n)
+
+
+def _run_read(dev, dispatches, t: int, buf, nbytes: int) -> np.ndarray:
+    stage = dev.staging(nbytes)
+    enc = dev.record(dispatches, t)
+    enc.copy_buffer_to_buffer(buf, 0, stage, 0, nbytes)
+    dev.queue.submit([enc.finish()])
+    return dev.read(stage, nbytes)
+
+
+@pytest.mark.parametrize("cols", [1056, 8192 + 96])
+def test_norm_and_swiglu_quantize_as_quantrows(dev, cols):
+    """llama_norm_q and llama_swiglu_q (the int8 rows' passes before a product) write
+    their float output as llama_norm / llama_swiglu do and its quantized rows as
+    quantrows.wgsl would from those floats, bit for bit: rows wider than the norm keeps
+    in registers (8192 columns) and a last round of 1024 columns cut short."""
+    from cortiq.gpu.kernels import Dispatch, ParamArena, resolve, rows_block_words, u32s
+    from cortiq.gpu.llama import KERNELS, llama_pipeline
+    rng = np.random.default_rng(cols)
+    t, eps = 3, 1e-5
+    x = rng.standard_normal((t, cols)).astype(np.float32)
+    o = rng.standard_normal((t, cols)).astype(np.float32)
+    w, bias = rng.standard_normal((2, cols)).astype(np.float32)
+    x[1, :40] = 0.0                 # whole quantization groups of zeros
+    o[1, :40] = 0.0
+    x[2, 7] = 300.0                 # one group's scale set by one large value
+    vb = np.concatenate([w, bias])
+    X = dev.upload(x.ravel())
+    Y = dev.buffer(t * cols * 4, copy_src=True)
+    n = t * rows_block_words(cols) * 16
+    xq = dev.buffer(n, copy_src=True)
+    step = dev.upload(np.array([t, 0, 0, 0], np.uint32), uniform=True)
+    arena = ParamArena(dev)
+    p = arena.ref(u32s(cols, 0, 0, 1, 0, cols, 0, eps))
+    arena.upload()
+    norm = Dispatch(llama_pipeline(dev, "llama_norm_q"), dev.bind(
+        KERNELS["llama_norm_q"], resolve([p, step, X, dev.upload(o.ravel()), dev.upload(vb),
+                                          Y, xq])), (t, 1, 1), "llama_norm_q")
+    got_q = _run_read(dev, [norm], t, xq, n)
+    r = x + o + bias
+    want = r / np.sqrt((r.astype(np.float64) ** 2).mean(1, keepdims=True) + eps) * w
+    got_y = _run_read(dev, [], t, Y, t * cols * 4).view(np.float32).reshape(t, cols)
+    assert _rel(got_y, want) < 1e-5
+    np.testing.assert_array_equal(
+        _run_read(dev, [], t, X, t * cols * 4).view(np.float32).reshape(t, cols), r)
+    np.testing.assert_array_equal(got_q, _quantrows(dev, Y, cols, cols, t))
+
+    gu = rng.standard_normal((t, 2 * cols)).astype(np.float32)
+    gu[0, :64] = 0.0
+    GU = dev.upload(gu.ravel())
+    ps = arena.ref(u32s(cols, 0, 0xFFFFFFFF, 0))     # the gate's bias (w), none for up
+    arena.upload()
+    swiglu = Dispatch(llama_pipeline(dev, "llama_swiglu_q"), dev.bind(
+        KERNELS["llama_swiglu_q"], resolve([ps, step, GU, dev.upload(vb), xq])),
+        ((cols + 1023) // 1024, t, 1), "llama_swiglu_q")
+    got_q = _run_read(dev, [swiglu], t, xq, n)
+    g = gu[:, :cols] + w
+    want = g / (1 + np.exp(-g)) * gu[:, cols:]
+    got = _run_read(dev, [], t, GU, t * 2 * cols * 4).view(np.float32).reshape(t, 2 * cols)
+    assert _rel(got[:, :cols], want) < 1e-5
+    np.testing.assert_array_equal(got[:, cols:], gu[:, cols:])
+    np.testing.assert_array_equal(got_q, _quantrows(dev, GU, 2 * cols, cols, t))

@@ -133,6 +133,7 @@ class Dispatch:
     op: Any = None      # the MatvecOp of a decode product (its variant can be switched)
     pre: Any = None     # the pass staging a decode product's int8 input (MatvecOp.staged)
     modes: Any = None   # that product's (pipeline, group, dims) reading it, and its own
+    shape: Any = None   # a product's (rows, cols), for the time breakdown by shape
 
 
 class ParamArena:
@@ -687,7 +688,8 @@ class MatvecOp:
         group = dev.bind(self.kinds, resolve([self.param, step_buf] + self.res))
         if nt == 1 and self.chunked:
             nx, ny = rows_dims(self.total, RPW1_SLOTS * RPW1_ROWS)
-            return Dispatch(self.decode_pipeline(int8), group, (nx, ny, 1), "matvec", op=self)
+            return Dispatch(self.decode_pipeline(int8), group, (nx, ny, 1), "matvec", op=self,
+                            shape=(self.total, self.cols))
         pipe = matvec_pipeline(dev, self.dtypes, self.fast, nt, self.pro)
         nx, ny = rows_dims(self.total)
         if self.last_row:
@@ -729,7 +731,7 @@ class MatvecOp:
         nx, ny = rows_dims(self.total, rpw)
         out.append(Dispatch(pipe, group,
                             lambda t, nx=nx, ny=ny: (nx, ny, (t + ROWS_NB - 1) // ROWS_NB),
-                            "matvecb"))
+                            "matvecb", shape=(self.total, self.cols)))
         return out
 
 
