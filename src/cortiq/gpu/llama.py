@@ -617,7 +617,8 @@ class GpuLlamaModel(GpuModel):
 
         # int8 rows: the norms and SwiGLU write their output quantized as well, and the
         # products reading it (all but O, after the attention) take it as it is
-        quantize = ROWS_QUANTIZE_IN_PASSES and R is not None and R.xq is not None
+        xq = R.xq if R is not None and ROWS_QUANTIZE_IN_PASSES else None
+        quantize = xq is not None
 
         def product(name: str, li: int | None = None) -> list:
             """The one place a mode picks its products: op `name` of layer li (None: the
@@ -630,7 +631,7 @@ class GpuLlamaModel(GpuModel):
         def stage(name: str, resources: list, dims) -> Dispatch:
             """A norm or SwiGLU pass (name), quantizing its output where `quantize`."""
             if quantize:
-                return self._kernel(name + "_q", resources + [R.xq], dims)
+                return self._kernel(name + "_q", resources + [xq], dims)
             return self._kernel(name, resources, dims)
 
         e = self.embed
