@@ -296,11 +296,11 @@ def test_llm_concurrent_sessions_through_the_scheduler(dev, monkeypatch):
     llm.close()
 
 
-def _llama_file(tmp_path_factory, name):
+def _llama_file(tmp_path_factory, name, hd=16):
     """A small Llama-family file: qwen3 (GQA 4/2, q/k/v biases, q/k norms, a window-7
     layer), qwen2 (biases, no norms) or mistral (every layer a window of 5)."""
     from batch_models import llama_tensors, tokenizer_json
-    t, arch = llama_tensors(hidden=64, ffn=96, layers=2, heads=4, kv=2, hd=16, seed=9)
+    t, arch = llama_tensors(hidden=64, ffn=96, layers=2, heads=4, kv=2, hd=hd, seed=9)
     if name == "qwen2":
         t = {k: v for k, v in t.items() if "_norm." not in k or "layernorm" in k}
         arch = dict(arch, arch_name="qwen2", layer_types=None, sliding_window=None)
@@ -310,7 +310,7 @@ def _llama_file(tmp_path_factory, name):
         arch = dict(arch, arch_name="mistral", sliding_window=5,
                     layer_types=["SlidingAttention"] * 2)
     arch = {k: v for k, v in arch.items() if v is not None}
-    path = tmp_path_factory.mktemp("rows") / f"{name}.cmf"
+    path = tmp_path_factory.mktemp("rows") / f"{name}-{hd}.cmf"
     cmf.write(path, t, arch=arch, quant="q8_row", tokenizer_json=tokenizer_json(),
               progress=False)
     return cmf.open(str(path))
@@ -435,14 +435,17 @@ def test_rows_attention_group_fits_the_bindings(bindings, rows):
     assert sum(k != "uniform" for k in rows_attn_kinds(got)) <= max(bindings, 6)
 
 
-def test_llama_int8_rows_equal_each_sequence_alone(dev, tmp_path_factory, monkeypatch):
+@pytest.mark.parametrize("hd", [16, 32])
+def test_llama_int8_rows_equal_each_sequence_alone(dev, tmp_path_factory, monkeypatch, hd):
     """Under int8 activations (q8_row products) the Llama's decode rows of several
     sequences (the int8 rows matvec) give what each sequence's own int8 decode row gives,
-    within float rounding, with the same greedy tokens."""
+    within float rounding, with the same greedy tokens; the passes before the products
+    write their input quantized (the merge too where heads are whole quantization
+    groups, hd 32), and give the bits of a quantrows pass before each product."""
     from cortiq.gpu import llama as L
     from cortiq.gpu.llama import GpuLlamaModel
     from cortiq.models.llama import LlamaModel
-    f = _llama_file(tmp_path_factory, "qwen3")
+    f = _llama_file(tmp_path_factory, "qwen3", hd)
     g = GpuLlamaModel(LlamaModel(f), dev)
     g.set_precision("int8")
     prompts = [np.array([3, 17, 20]), np.array([5, 9]), np.array([41, 2, 8, 13, 1])]
@@ -454,7 +457,10 @@ def test_llama_int8_rows_equal_each_sequence_alone(dev, tmp_path_factory, monkey
     assert names.count("llama_norm_q") == 2 * len(g.lw) + 1 and "llama_norm" not in names
     assert names.count("llama_swiglu_q") == len(g.lw)
     assert [d.name for d in g._rows.product("qkv_op", 0)] == ["matvecb"]
-    assert [d.name for d in g._rows.product("o_op", 0)] == ["quantrows", "matvecb"]
+    merged = hd == 32    # the merge (the model splits its attention) quantizes for O
+    assert g.splits > 1 and g._rows.merge_quantizes == merged
+    assert [d.name for d in g._rows.product("o_op", 0)] == (
+        ["matvecb"] if merged else ["quantrows", "matvecb"])
     for a, b in zip(alone, got):
         assert float(np.abs(a - b).max() / np.abs(a).max()) < 1e-4
         assert np.argmax(a) == np.argmax(b)

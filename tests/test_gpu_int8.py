@@ -479,3 +479,36 @@ def test_norm_and_swiglu_quantize_as_quantrows(dev, cols):
     assert _rel(got[:, :cols], want) < 1e-5
     np.testing.assert_array_equal(got[:, cols:], gu[:, cols:])
     np.testing.assert_array_equal(got_q, _quantrows(dev, GU, 2 * cols, cols, t))
+
+
+def test_attention_merge_quantizes_as_quantrows(dev):
+    """llama_attn_merge_q: each row's split-attention records merged as llama_attn_merge
+    merges them (strided rows, heads of two quantization groups), and the rows'
+    nh * hd columns quantized as quantrows.wgsl would from the merged floats."""
+    from cortiq.gpu.kernels import Dispatch, ParamArena, resolve, rows_block_words, u32s
+    from cortiq.gpu.llama import KERNELS, llama_pipeline
+    rng = np.random.default_rng(12)
+    nh, hd, splits, rows = 3, 64, 4, 5
+    part_stride, att_stride = nh * splits * (hd + 4) + 12, nh * hd + 8
+    part = np.zeros(rows * part_stride, np.float32)
+    want = []
+    for r in range(rows):
+        rec, y = split_records(rng, nh, hd, splits)
+        part[r * part_stride:r * part_stride + rec.size] = rec.ravel()
+        want.append(y)
+    att = dev.buffer(rows * att_stride * 4, copy_src=True)
+    n = rows * rows_block_words(nh * hd) * 16
+    xq = dev.buffer(n, copy_src=True)
+    step = dev.upload(np.array([rows, 0, 0, 0], np.uint32), uniform=True)
+    arena = ParamArena(dev)
+    p = arena.ref(u32s(hd, splits, part_stride, att_stride))
+    arena.upload()
+    d = Dispatch(llama_pipeline(dev, "llama_attn_merge_q"), dev.bind(
+        KERNELS["llama_attn_merge_q"], resolve([p, step, dev.upload(part), att, xq])),
+        (nh, rows, 1), "llama_attn_merge_q")
+    got_q = _run_read(dev, [d], rows, xq, n)
+    got = _run_read(dev, [], rows, att, rows * att_stride * 4).view(np.float32).reshape(
+        rows, att_stride)
+    for r in range(rows):
+        assert _rel(got[r, :nh * hd], np.ravel(want[r])) < 1e-5
+    np.testing.assert_array_equal(got_q, _quantrows(dev, att, att_stride, nh * hd, rows))

@@ -81,6 +81,7 @@ KERNELS = {
 # the variants that also write their output quantized for an int8 rows matvec
 KERNELS["llama_norm_q"] = KERNELS["llama_norm"] + ("rw",)
 KERNELS["llama_swiglu_q"] = KERNELS["llama_swiglu"] + ("rw",)
+KERNELS["llama_attn_merge_q"] = KERNELS["llama_attn_merge"] + ("rw",)
 #: kernels generated from another's source: name -> (file, {marker: text}, replaced in
 #: order)
 VARIANTS = {
@@ -96,11 +97,14 @@ VARIANTS = {
     "llama_norm_q": ("llama_norm.wgsl", {"/*$Q*/": ""}),
     "llama_swiglu": ("llama_swiglu.wgsl", {"/*$Q*/": "//"}),
     "llama_swiglu_q": ("llama_swiglu.wgsl", {"/*$Q*/": ""}),
+    "llama_attn_merge": ("llama_attn_merge.wgsl", {"/*$Q*/": "//"}),
+    "llama_attn_merge_q": ("llama_attn_merge.wgsl", {"/*$Q*/": ""}),
 }
 
 
-#: int8 decode rows: the norms and SwiGLU write their output quantized as well, for the
-#: products after them (False: each product quantizes its input rows in a quantrows pass)
+#: int8 decode rows: the norms, SwiGLU and the attention merge write their output
+#: quantized as well, for the products after them (False: each product quantizes its
+#: input rows in a quantrows pass)
 ROWS_QUANTIZE_IN_PASSES = True
 
 #: decode rows one rows attention dispatch takes at most (llama_attn_rows_qk binds two
@@ -615,16 +619,19 @@ class GpuLlamaModel(GpuModel):
         nt = 1 if mode == "decode" else MATMAT_NT
         rows = lambda t: (t, 1, 1)  # noqa: E731
 
-        # int8 rows: the norms and SwiGLU write their output quantized as well, and the
-        # products reading it (all but O, after the attention) take it as it is
+        # int8 rows: the norms and SwiGLU (and the attention merge, R.merge_quantizes)
+        # write their output quantized as well, and the products reading it take it so
         xq = R.xq if R is not None and ROWS_QUANTIZE_IN_PASSES else None
         quantize = xq is not None
 
-        def product(name: str, li: int | None = None) -> list:
+        def product(name: str, li: int | None = None, quantized: bool | None = None) -> list:
             """The one place a mode picks its products: op `name` of layer li (None: the
-            model's head)."""
+            model's head); `quantized` (rows): the pass before wrote its input into xq
+            (default: where `quantize`, for every product but O)."""
             if R is not None:
-                return R.product(name, li, quantized=quantize and name != "o_op")
+                if quantized is None:
+                    quantized = quantize and name != "o_op"
+                return R.product(name, li, quantized=quantized)
             return self._chunk_product(getattr(self, name) if li is None
                                        else self.lw[li][name], nt)
 
@@ -651,7 +658,7 @@ class GpuLlamaModel(GpuModel):
             if R is not None and self.splits > 1:   # each row split, merged over the rows
                 prog.append((SEQUENCE_PART, mode, li, self.splits))
                 prog.append(R.merge)
-                prog.extend(product("o_op", li))
+                prog.extend(product("o_op", li, quantized=R.merge_quantizes))
             elif splits > 1:                         # merged in the O product's input
                 prog.append((SEQUENCE_PART, mode, li, splits))
                 prog.extend(self._chunk_product(w["o_split_ops"][splits], nt))
@@ -726,14 +733,19 @@ class _LlamaRows:
         self._attn_last: dict = {}
         self._attn_now: dict = {}
         self.arena.upload()
-        if m.splits > 1:
-            self.merge = m._kernel("llama_attn_merge", [p_merge, m.step, S.bufs["apart"],
-                                                        S.bufs["att"]],
-                                   lambda t: (m.nh, t, 1))
         self._made: dict = {}
         # int8 activations: every product's rows quantized into one scratch first
         self.xq = m.dev.buffer(m.batch_rows * 16 * max(rows_block_words(c) for c in (
             m.hidden, m.q_size, m.ffn))) if m.int8 else None
+        # whether the merge writes the O product's input quantized too (heads of whole
+        # quantization groups)
+        self.merge_quantizes = (m.splits > 1 and self.xq is not None and m.hd % 32 == 0
+                                and ROWS_QUANTIZE_IN_PASSES)
+        if m.splits > 1:
+            res = [p_merge, m.step, S.bufs["apart"], S.bufs["att"]]
+            self.merge = (m._kernel("llama_attn_merge_q", res + [self.xq], lambda t: (m.nh, t, 1))
+                          if self.merge_quantizes else
+                          m._kernel("llama_attn_merge", res, lambda t: (m.nh, t, 1)))
 
     def attention(self, sts, li: int) -> list:
         """Layer li's split attention of the rows `sts` (llama_attn_rows_qk): a dispatch

@@ -3,7 +3,11 @@
 // start at PART[r * P.part_stride], [m, l, 0, 0, acc[hd]] per (head, range); the row's
 // attention output for head h is sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s
 // (M: the largest m_s), as the O product's input stage PRO 5 takes it (matvec1.wgsl),
-// written to ATT[r * P.att_stride + h * hd ..].
+// written to ATT[r * P.att_stride + h * hd ..], four neighbouring columns a lane. The
+// llama_attn_merge_q variant (the lines marked Q; for head dims of whole 32-column
+// groups) also writes the rows quantized for the O product's int8 rows matvec
+// (quant4.wgsl; row r's block in XQ as quantrows.wgsl lays out the heads' nh * hd
+// columns), so that the product needs no quantrows pass of its own.
 
 struct Params { hd: u32, splits: u32, part_stride: u32, att_stride: u32 }
 struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
@@ -12,9 +16,15 @@ struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(1) var<uniform> S: Step;
 @group(0) @binding(2) var<storage, read> PART: array<f32>;
 @group(0) @binding(3) var<storage, read_write> ATT: array<f32>;
+/*$Q*/@group(0) @binding(4) var<storage, read_write> XQ: array<u32>;
+
+var<workgroup> red: array<f32, 256>;
+
+$QUANT4
 
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
     let h = wid.x;
     let r = wid.y;
     let rec = P.hd + 4u;
@@ -25,11 +35,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var s = 0u; s < P.splits; s++) {
         den += exp(PART[base + s * rec] - mx) * PART[base + s * rec + 1u];
     }
-    for (var c = lid; c < P.hd; c += 256u) {
-        var y = 0.0;
-        for (var s = 0u; s < P.splits; s++) {
-            y += exp(PART[base + s * rec] - mx) * PART[base + s * rec + 4u + c];
+    let cols = nwg.x * P.hd;       // the heads' columns, the O product's
+    let words = cols / 16u;
+    let qb = r * (words + (cols / 32u + 3u) / 4u) * 4u;   // row r's block in XQ, u32s
+    // rounds every lane takes together (quant4 meets the whole workgroup at its barriers)
+    for (var c00 = 0u; c00 < P.hd; c00 += 1024u) {
+        let c0 = c00 + 4u * lid;
+        var y = vec4<f32>(0.0);
+        for (var k = 0u; k < 4u; k++) {
+            let c = c0 + k;
+            if (c < P.hd) {
+                var a = 0.0;
+                for (var s = 0u; s < P.splits; s++) {
+                    a += exp(PART[base + s * rec] - mx) * PART[base + s * rec + 4u + c];
+                }
+                y[k] = a / den;
+                ATT[r * P.att_stride + h * P.hd + c] = y[k];
+            }
         }
-        ATT[r * P.att_stride + h * P.hd + c] = y / den;
+/*$Q*/  let q = quant4(y, lid);
+/*$Q*/  if (c0 < P.hd) {
+/*$Q*/      let at = h * P.hd + c0;
+/*$Q*/      XQ[qb + at / 4u] = q.codes;
+/*$Q*/      if ((lid & 7u) == 0u) { XQ[qb + 4u * words + at / 32u] = bitcast<u32>(q.d); }
+/*$Q*/  }
     }
 }
