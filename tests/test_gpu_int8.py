@@ -481,14 +481,16 @@ def test_norm_and_swiglu_quantize_as_quantrows(dev, cols):
     np.testing.assert_array_equal(got_q, _quantrows(dev, GU, 2 * cols, cols, t))
 
 
-def test_attention_merge_quantizes_as_quantrows(dev):
-    """llama_attn_merge_q: each row's split-attention records merged as llama_attn_merge
-    merges them (strided rows, heads of two quantization groups), and the rows'
+@pytest.mark.parametrize("hd,splits,quantize", [(20, 5, False), (64, 4, True)])
+def test_attention_merge_over_rows(dev, hd, splits, quantize):
+    """llama_attn_merge: each row's split-attention records (strided rows, the last range
+    empty) merged into its attention row, as the O product's PRO 5 stage merges them;
+    llama_attn_merge_q (heads of two quantization groups) the same, and the rows'
     nh * hd columns quantized as quantrows.wgsl would from the merged floats."""
     from cortiq.gpu.kernels import Dispatch, ParamArena, resolve, rows_block_words, u32s
     from cortiq.gpu.llama import KERNELS, llama_pipeline
-    rng = np.random.default_rng(12)
-    nh, hd, splits, rows = 3, 64, 4, 5
+    rng = np.random.default_rng(hd)
+    nh, rows = 3, 5
     part_stride, att_stride = nh * splits * (hd + 4) + 12, nh * hd + 8
     part = np.zeros(rows * part_stride, np.float32)
     want = []
@@ -503,12 +505,14 @@ def test_attention_merge_quantizes_as_quantrows(dev):
     arena = ParamArena(dev)
     p = arena.ref(u32s(hd, splits, part_stride, att_stride))
     arena.upload()
-    d = Dispatch(llama_pipeline(dev, "llama_attn_merge_q"), dev.bind(
-        KERNELS["llama_attn_merge_q"], resolve([p, step, dev.upload(part), att, xq])),
-        (nh, rows, 1), "llama_attn_merge_q")
+    name = "llama_attn_merge_q" if quantize else "llama_attn_merge"
+    res = [p, step, dev.upload(part), att] + ([xq] if quantize else [])
+    d = Dispatch(llama_pipeline(dev, name), dev.bind(KERNELS[name], resolve(res)),
+                 (nh, rows, 1), name)
     got_q = _run_read(dev, [d], rows, xq, n)
     got = _run_read(dev, [], rows, att, rows * att_stride * 4).view(np.float32).reshape(
         rows, att_stride)
     for r in range(rows):
-        assert _rel(got[r, :nh * hd], np.ravel(want[r])) < 1e-5
-    np.testing.assert_array_equal(got_q, _quantrows(dev, att, att_stride, nh * hd, rows))
+        assert _rel(got[r, :nh * hd], want[r]) < 1e-5
+    if quantize:
+        np.testing.assert_array_equal(got_q, _quantrows(dev, att, att_stride, nh * hd, rows))

@@ -11,7 +11,6 @@ import warnings
 import numpy as np
 import pytest
 from arrays import stable_seed
-from attention_records import split_records
 from batch_models import llama_tensors, tokenizer_json
 
 from cortiq import cmf
@@ -396,34 +395,3 @@ def test_gguf_file_run_as_it_is(dev, tmp_path):
             ConfigError, match=r"q_proj.weight is stored as q8_0.*import-gguf"):
         warnings.simplefilter("ignore", RuntimeWarning)
         cortiq.LLM(q8, device="gpu")
-
-
-def test_attention_merge_over_rows(dev):
-    """llama_attn_merge: each row's split-attention records (strided rows, the last range
-    empty) merged into its attention row, as the O product's PRO 5 stage merges them."""
-    from cortiq.gpu.kernels import Dispatch, ParamArena, resolve, u32s
-    from cortiq.gpu.llama import KERNELS, llama_pipeline
-    rng = np.random.default_rng(8)
-    nh, hd, splits, rows = 3, 20, 5, 4
-    part_stride, att_stride = nh * splits * (hd + 4) + 12, nh * hd + 8
-    part = np.zeros(rows * part_stride, np.float32)
-    want = []
-    for r in range(rows):
-        rec, y = split_records(rng, nh, hd, splits)
-        part[r * part_stride:r * part_stride + rec.size] = rec.ravel()
-        want.append(y)
-    att = dev.buffer(rows * att_stride * 4, copy_src=True)
-    step = dev.upload(np.array([rows, 0, 0, 0], np.uint32), uniform=True)
-    arena = ParamArena(dev)
-    p = arena.ref(u32s(hd, splits, part_stride, att_stride))
-    arena.upload()
-    d = Dispatch(llama_pipeline(dev, "llama_attn_merge"), dev.bind(
-        KERNELS["llama_attn_merge"], resolve([p, step, dev.upload(part), att])),
-        (nh, rows, 1), "llama_attn_merge")
-    stage = dev.staging(rows * att_stride * 4)
-    enc = dev.record([d], rows)
-    enc.copy_buffer_to_buffer(att, 0, stage, 0, rows * att_stride * 4)
-    dev.queue.submit([enc.finish()])
-    got = dev.read(stage, rows * att_stride * 4).view(np.float32).reshape(rows, att_stride)
-    for r in range(rows):
-        assert _rel(got[r, :nh * hd], want[r]) < 1e-5
