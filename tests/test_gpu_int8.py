@@ -431,8 +431,8 @@ def _run_read(dev, dispatches, t: int, buf, nbytes: int) -> np.ndarray:
 def test_norm_and_swiglu_quantize_as_quantrows(dev, cols):
     """llama_norm_q and llama_swiglu_q (the int8 rows' passes before a product) write
     their float output as llama_norm / llama_swiglu do and its quantized rows as
-    quantrows.wgsl would from those floats, bit for bit: rows wider than the norm keeps
-    in registers (8192 columns) and a last round of 1024 columns cut short."""
+    quantrows.wgsl would from those floats, bit for bit: rows of several rounds of 1024
+    columns, the last one cut short."""
     from cortiq.gpu.kernels import Dispatch, ParamArena, resolve, rows_block_words, u32s
     from cortiq.gpu.llama import KERNELS, llama_pipeline
     rng = np.random.default_rng(cols)

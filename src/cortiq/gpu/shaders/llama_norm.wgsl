@@ -21,62 +21,26 @@ var<workgroup> red: array<f32, 256>;
 
 $QUANT4
 
-// A lane keeps its columns of the first KEEP rounds (KEEP * 1024 columns: a hidden size
-// up to 8192) in registers between the two passes: the rounds' loads are independent and
-// the loops have a constant count, so they are in flight together, and the second pass
-// reads no x again. Wider rows take the rest in a loop, re-reading x.
-const KEEP: u32 = 8u;
-
-fn residual4(t: u32, xb: u32, c0: u32) -> vec4<f32> {   // x (+ o + bias) at c0 .. c0 + 3
-    var v = vec4<f32>(0.0);
-    for (var k = 0u; k < 4u; k++) {
-        let c = c0 + k;
-        if (c < P.cols) {
-            var x = X[xb + c];
-            if (P.add != 0u) {
-                x += O[P.o_off + t * P.cols + c];
-                if (P.bias != 0xffffffffu) { x += V[P.bias + c]; }
-                X[xb + c] = x;
-            }
-            v[k] = x;
-        }
-    }
-    return v;
-}
-
-// Row t's normalised columns c0 .. c0 + 3 (x those of the residual) into Y, and (Q)
-// quantized into its block of XQ. Every lane calls it together (quant4's barriers).
-fn emit(t: u32, c0: u32, x: vec4<f32>, inv: f32, lid: u32) {
-    var y = vec4<f32>(0.0);
-    for (var k = 0u; k < 4u; k++) {
-        let c = c0 + k;
-        if (c < P.cols) {
-            y[k] = x[k] * inv * V[P.w + c];
-            Y[P.y_off + t * P.cols + c] = y[k];
-        }
-    }
-/*$Q*/let words = P.cols / 16u;
-/*$Q*/let qb = t * (words + (P.cols / 32u + 3u) / 4u) * 4u;   // row t's block, u32s
-/*$Q*/let q = quant4(y, lid);
-/*$Q*/if (c0 < P.cols) {
-/*$Q*/    XQ[qb + c0 / 4u] = q.codes;
-/*$Q*/    if ((lid & 7u) == 0u) { XQ[qb + 4u * words + c0 / 32u] = bitcast<u32>(q.d); }
-/*$Q*/}
-}
-
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wid.x;
     let xb = P.x_off + t * P.cols;
-    var xs: array<vec4<f32>, KEEP>;
+    // four neighbouring columns a lane a round (1024 a round): four independent loads in
+    // flight where one column a round waited for each load in turn
     var ss = 0.0;
-    for (var r = 0u; r < KEEP; r++) {
-        xs[r] = residual4(t, xb, r * 1024u + 4u * lid);
-        ss += dot(xs[r], xs[r]);
-    }
-    for (var c0 = KEEP * 1024u + 4u * lid; c0 < P.cols; c0 += 1024u) {
-        let v = residual4(t, xb, c0);
-        ss += dot(v, v);
+    for (var c0 = 4u * lid; c0 < P.cols; c0 += 1024u) {
+        for (var k = 0u; k < 4u; k++) {
+            let c = c0 + k;
+            if (c < P.cols) {
+                var x = X[xb + c];
+                if (P.add != 0u) {
+                    x += O[P.o_off + t * P.cols + c];
+                    if (P.bias != 0xffffffffu) { x += V[P.bias + c]; }
+                    X[xb + c] = x;
+                }
+                ss += x * x;
+            }
+        }
     }
     red[lid] = ss;
     workgroupBarrier();
@@ -85,17 +49,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
     }
     let inv = 1.0 / sqrt(red[0] / f32(P.cols) + P.eps);
-    workgroupBarrier();     // red[0] read by every lane before quant4 reuses red
-    // rounds every lane takes together (the condition is the workgroup's)
-    for (var r = 0u; r < KEEP; r++) {
-        if (r * 1024u < P.cols) { emit(t, r * 1024u + 4u * lid, xs[r], inv, lid); }
-    }
-    for (var r0 = KEEP * 1024u; r0 < P.cols; r0 += 1024u) {
+/*$Q*/workgroupBarrier();     // red[0] read by every lane before quant4 reuses red
+/*$Q*/let words = P.cols / 16u;
+/*$Q*/let qb = t * (words + (P.cols / 32u + 3u) / 4u) * 4u;   // row t's block in XQ, u32s
+    // rounds every lane takes together (quant4 meets the whole workgroup at its barriers)
+    for (var r0 = 0u; r0 < P.cols; r0 += 1024u) {
         let c0 = r0 + 4u * lid;
-        var x = vec4<f32>(0.0);
+        var y = vec4<f32>(0.0);
         for (var k = 0u; k < 4u; k++) {
-            if (c0 + k < P.cols) { x[k] = X[xb + c0 + k]; }
+            let c = c0 + k;
+            if (c < P.cols) {
+                y[k] = X[xb + c] * inv * V[P.w + c];
+                Y[P.y_off + t * P.cols + c] = y[k];
+            }
         }
-        emit(t, c0, x, inv, lid);
+/*$Q*/  let q = quant4(y, lid);
+/*$Q*/  if (c0 < P.cols) {
+/*$Q*/      XQ[qb + c0 / 4u] = q.codes;
+/*$Q*/      if ((lid & 7u) == 0u) { XQ[qb + 4u * words + c0 / 32u] = bitcast<u32>(q.d); }
+/*$Q*/  }
     }
 }
