@@ -734,7 +734,8 @@ class _LlamaRows:
         self._attn_now: dict = {}
         self.arena.upload()
         self._made: dict = {}
-        # int8 activations: every product's rows quantized into one scratch first
+        # int8 activations: every product's input rows quantized into one scratch first
+        # (by the pass that makes them, or by a quantrows pass of the product's own)
         self.xq = m.dev.buffer(m.batch_rows * 16 * max(rows_block_words(c) for c in (
             m.hidden, m.q_size, m.ffn))) if m.int8 else None
         # whether the merge writes the O product's input quantized too (heads of whole
