@@ -57,6 +57,14 @@ static inline __m256i kq2_groups(__m256i a, __m256i b) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
+/* Four vectors of 8 int32 lanes (a, b, c, e) as their lane sums per 128-bit lane: lane
+ * k of each half the k-th vector's (exact int32 unpacks and adds, as vphaddd twice). */
+static inline __m256i kq2_sums4(__m256i a, __m256i b, __m256i c, __m256i e) {
+    const __m256i ab = _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+    const __m256i ce = _mm256_add_epi32(_mm256_unpacklo_epi32(c, e), _mm256_unpackhi_epi32(c, e));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(ab, ce), _mm256_unpackhi_epi64(ab, ce));
+}
+
 /* The xq half sums of block b (bias[16b + 2g + h]) in kq2_halves' order, groups 0-3 and 4-7. */
 static inline void kq2_xhalves(const cq_xq *xq, size_t b, __m256i *a, __m256i *c) {
     const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
@@ -168,6 +176,51 @@ ATTR static float kq2_q6k_row_##SUF(const cq_qmat *m, size_t r, const cq_xq *xq)
         acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xq->d + 8 * b)), isum));                     \
     }                                                                                                                        \
     return kq2_lanes8_sum(acc);                                                                                              \
+}                                                                                                                            \
+                                                                                                                             \
+/* iq4_xs: qs bytes 16g + k (at 8), low nibble weight k of group g, high 16 + k; a                                           \
+ * 32-byte load holds groups 2i, 2i + 1 in its 128-bit lanes, brought to their natural                                       \
+ * order by vperm2i128 of the low and high nibbles. The codes look up their signed levels                                    \
+ * (vpshufb); vpmaddubsw takes |level| (<= 127) and xq with the level's sign (vpsignb; xq                                    \
+ * is never -128), so the int16 pair sums (<= 2 * 127 * 127) are exact, as in                                                \
+ * ggml_q32_avx2.h's iq4_nl. The groups' 8-lane sums are reduced by unpacks and adds                                         \
+ * (exact int32), scaled per group by vpmulld (group g's 6-bit scale: bits 4g.. of                                           \
+ * scales_l, 2g.. of scales_h, - 32), and (d * d_g) * isum goes into lane g. */                                              \
+ATTR static float kq2_iq4_row_##SUF(const cq_qmat *m, size_t r, const cq_xq *xq) {                                           \
+    const size_t nb = m->cols / CQ_KQ_BLOCK;                                                                                 \
+    const uint8_t *row = m->data + r * nb * 136;                                                                             \
+    const __m256i m0f = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);                                                 \
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KQ_IQ4_LEVELS));                        \
+    const __m256i slc = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), shc = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);  \
+    __m256 acc = _mm256_setzero_ps();                                                                                        \
+    for (size_t b = 0; b < nb; b++) {                                                                                        \
+        const uint8_t *blk = row + b * 136;                                                                                  \
+        const int8_t *xb = xq->q + 256 * b;                                                                                  \
+        kq2_pf(blk, 136);                                                                                                    \
+        __m256i y[8];                                                                                                        \
+        for (int i = 0; i < 4; i++) {                                                                                        \
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 8 + 32 * i));                                       \
+            const __m256i lo = _mm256_and_si256(v, m0f), hi = KQ2_HI4(v);                                                    \
+            for (int e = 0; e < 2; e++) {                                                                                    \
+                const __m256i q = _mm256_shuffle_epi8(lut, e ? _mm256_permute2x128_si256(lo, hi, 0x31)                       \
+                                                             : _mm256_permute2x128_si256(lo, hi, 0x20));                     \
+                const __m256i x = _mm256_load_si256((const __m256i *)(xb + 32 * (2 * i + e)));                               \
+                y[2 * i + e] = KQ2_DOT(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q));                                          \
+            }                                                                                                                \
+        }                                                                                                                    \
+        uint32_t sl;                                                                                                         \
+        memcpy(&sl, blk + 4, 4);                                                                                             \
+        const __m256i sc = _mm256_sub_epi32(                                                                                 \
+            _mm256_or_si256(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), slc), _mm256_set1_epi32(15)),     \
+                            _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)(cq_ld16(blk + 2) << 4)), shc),        \
+                                             _mm256_set1_epi32(0x30))),                                                      \
+            _mm256_set1_epi32(32));                                                                                          \
+        const __m256 isum = _mm256_cvtepi32_ps(_mm256_mullo_epi32(kq2_groups(kq2_sums4(y[0], y[1], y[2], y[3]),              \
+                                                                                kq2_sums4(y[4], y[5], y[6], y[7])), sc));    \
+        const __m256 d = _mm256_broadcastss_ps(kq2_h2f(blk));                                                                \
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xq->d + 8 * b)), isum));                     \
+    }                                                                                                                        \
+    return kq2_lanes8_sum(acc);                                                                                              \
 }
 
 KQ2_ROW_FNS(plain, )
@@ -186,6 +239,7 @@ KQ2_ROW_FNS(gfni, __attribute__((target("gfni"))))
             case CQ_DT_GGML_Q4_K: out[j] = kq2_q45k_row_##SUF(m, r0 + j, xq, 0); break;              \
             case CQ_DT_GGML_Q5_K: out[j] = kq2_q45k_row_##SUF(m, r0 + j, xq, 1); break;              \
             case CQ_DT_GGML_Q6_K: out[j] = kq2_q6k_row_##SUF(m, r0 + j, xq); break;                  \
+            case CQ_DT_GGML_IQ4_XS: out[j] = kq2_iq4_row_##SUF(m, r0 + j, xq); break;                \
             default: out[j] = kq_ref_i8_row(m, r0 + j, xq);                                          \
             }                                                                                        \
         }                                                                                            \
