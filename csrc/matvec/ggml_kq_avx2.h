@@ -1,6 +1,6 @@
-/* ggml_kq_avx2.h -- AVX2 int8-activation rows of the K-quants q4_k, q5_k and q6_k (x in
- * the CQ_XQ_G32 layout; spec: kq_ref_i8_row, whose bits they give); the other K-quants
- * run the spec. Included by matvec_avx2.c.
+/* ggml_kq_avx2.h -- AVX2 int8-activation rows of the K-quants q4_k, q5_k, q6_k and iq4_xs
+ * (x in the CQ_XQ_G32 layout; spec: kq_ref_i8_row, whose bits they give); the other
+ * K-quants (q2_k, q3_k) run the spec. Included by matvec_avx2.c.
  *
  * One 32-weight group a step: its u8 weights (u = q, or q + 32 for q6_k) meet its 32
  * xq bytes in vpmaddubsw (u <= 63 times |xq| <= 127: the int16 pair sums are exact) and
@@ -11,7 +11,10 @@
  * int16): three rounds of pair sums bring them to two vectors of half sums, (group 0..3,
  * half a | half b) and (4..7, a | b); its offset comes off there (32 * the xq half sums
  * of CQ_XQ_G32), the 16-weight scales multiply them, and the halves are added into the
- * eight group sums in order. The spec's float operations then run on the eight lanes.
+ * eight group sums in order. iq4_xs (levels -127..113 by vpshufb; vpmaddubsw takes
+ * |level| and xq with the level's sign, so no offset) sums its groups' 4-weight sums
+ * (beyond int16) in int32 and scales them per group. The spec's float operations then
+ * run on the eight lanes.
  * The rows come twice, with shifts and masks for the weights' bit moves and, where the
  * CPU has GFNI, with affine byte transforms (KQ2_HI4, KQ2_F): the same bytes. */
 #ifndef CQ_GGML_KQ_AVX2_H

@@ -1,7 +1,7 @@
-/* ggml_kq_avx512.h -- AVX-512 int8-activation rows of the K-quants q4_k, q5_k and q6_k
- * (x in the CQ_XQ_G32 layout; spec: kq_ref_i8_row, whose bits they give). The other
- * K-quants, and the float32 path of all of them, are the scalar decoder's. Included by
- * matvec_avx512.c.
+/* ggml_kq_avx512.h -- AVX-512 int8-activation rows of the K-quants q4_k, q5_k, q6_k and
+ * iq4_xs (x in the CQ_XQ_G32 layout; spec: kq_ref_i8_row, whose bits they give). The
+ * other K-quants (q2_k, q3_k), and the float32 path of all of them, are the scalar
+ * decoder's. Included by matvec_avx512.c.
  *
  * A block is four 64-weight steps, each meeting 64 contiguous xq bytes: vpdpbusd (or
  * vpmaddubsw + vpmaddwd without VNNI: u8 weights <= 63 times xq <= 127 fit the int16
@@ -17,7 +17,15 @@
  * row has the same bits wherever it falls (matvec, rows_dot, matvec_many, any thread
  * count). Three tile sets give the same integers: vpmaddubsw + vpmaddwd (AVX-512 BW),
  * vpdpbusd (VNNI), and vpdpbusd with GFNI's affine byte transforms for the weights' bit
- * moves (KQ_HI4, KQ_F01, KQ_F23). */
+ * moves (KQ_HI4, KQ_F01, KQ_F23).
+ *
+ * iq4_xs (KQ_IQ4_TILE) differs in its integers: its levels (-127..113, looked up by
+ * vpshufb) go in as u8 level + 128 under vpdpbusd, the offset 128 * (the group's xq sum)
+ * coming off per group, and as |level| against xq with the level's sign under
+ * vpmaddubsw (whose int16 pair sums u8 241 would overflow); its 4-weight sums exceed
+ * int16, so they are reduced to group sums in int32 (unpacks and adds) and scaled per
+ * 32 weights by vpmulld. Its float operations are q6_k's: (d * d_g) * isum per group,
+ * 16 lanes of eight groups of two rows. */
 #ifndef CQ_GGML_KQ_AVX512_H
 #define CQ_GGML_KQ_AVX512_H
 
@@ -194,7 +202,8 @@ static inline __m512i kq_xs_words(const cq_xq *xq, size_t b) {
 /* The same x side prepared once for a call's rows (every row pair of a block meets the
  * same x; forming it per pair cost about a tenth of the q4_k row's time, in cache): per
  * block KQ_PREP_BLOCK bytes, the four steps' xq vectors as the tile pairs them, then
- * kq_xsum_pairs, then kq_dg_pairs (q6_k: 64 bytes a block, kq_xs_words). Rows up to KQ_PREP_MAX_BLOCKS blocks (16384 columns;
+ * kq_xsum_pairs, then kq_dg_pairs (q6_k: 64 bytes a block, kq_xs_words; iq4_xs: its
+ * own step vectors, offsets and d_g, kq_iq4_prep). Rows up to KQ_PREP_MAX_BLOCKS blocks (16384 columns;
  * the 24 KiB buffer is on the stack, which must stay small for threads with little stack,
  * as musl's 128 KiB default) take it; wider ones form x's side per pair, with the same
  * values. */
