@@ -182,12 +182,15 @@ ATTR static float kq2_q6k_row_##SUF(const cq_qmat *m, size_t r, const cq_xq *xq)
 }                                                                                                                            \
                                                                                                                              \
 /* iq4_xs: qs bytes 16g + k (at 8), low nibble weight k of group g, high 16 + k; a                                           \
- * 32-byte load holds groups 2i, 2i + 1 in its 128-bit lanes, brought to their natural                                       \
- * order by vperm2i128 of the low and high nibbles. The codes look up their signed levels                                    \
- * (vpshufb); vpmaddubsw takes |level| (<= 127) and xq with the level's sign (vpsignb; xq                                    \
- * is never -128), so the int16 pair sums (<= 2 * 127 * 127) are exact, as in                                                \
- * ggml_q32_avx2.h's iq4_nl. The groups' 8-lane sums are reduced by unpacks and adds                                         \
- * (exact int32), scaled per group by vpmulld (group g's 6-bit scale: bits 4g.. of                                           \
+ * 32-byte load holds groups 2i, 2i + 1 in its 128-bit lanes, so its low nibbles are the                                     \
+ * two groups' first halves and its high nibbles their second halves, met by x's bytes                                       \
+ * paired the same way (vinserti128 of the groups' first, then last, 16 bytes). The                                          \
+ * codes look up their signed levels (vpshufb); vpmaddubsw takes |level| (<= 127) and xq                                     \
+ * with the level's sign (vpsignb; xq is never -128), so the int16 pair sums (<= 2 * 127                                     \
+ * * 127) are exact, as in ggml_q32_avx2.h's iq4_nl. Each step's lanes 0-3 belong to                                         \
+ * group 2i, 4-7 to 2i + 1: the two steps of a load are added, reduced by unpacks and                                        \
+ * adds (exact int32) to the group sums (0, 2, 4, 6 | 1, 3, 5, 7), put in order by one                                       \
+ * vpermd, scaled per group by vpmulld (group g's 6-bit scale: bits 4g.. of                                                  \
  * scales_l, 2g.. of scales_h, - 32), and (d * d_g) * isum goes into lane g. */                                              \
 ATTR static float kq2_iq4_row_##SUF(const cq_qmat *m, size_t r, const cq_xq *xq) {                                           \
     const size_t nb = m->cols / CQ_KQ_BLOCK;                                                                                 \
@@ -205,9 +208,10 @@ ATTR static float kq2_iq4_row_##SUF(const cq_qmat *m, size_t r, const cq_xq *xq)
             const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 8 + 32 * i));                                       \
             const __m256i lo = _mm256_and_si256(v, m0f), hi = KQ2_HI4(v);                                                    \
             for (int e = 0; e < 2; e++) {                                                                                    \
-                const __m256i q = _mm256_shuffle_epi8(lut, e ? _mm256_permute2x128_si256(lo, hi, 0x31)                       \
-                                                             : _mm256_permute2x128_si256(lo, hi, 0x20));                     \
-                const __m256i x = _mm256_load_si256((const __m256i *)(xb + 32 * (2 * i + e)));                               \
+                const __m256i q = _mm256_shuffle_epi8(lut, e ? hi : lo);                                                     \
+                const __m256i x = _mm256_inserti128_si256(                                                                   \
+                    _mm256_castsi128_si256(_mm_load_si128((const __m128i *)(xb + 64 * i + 16 * e))),                         \
+                    _mm_load_si128((const __m128i *)(xb + 64 * i + 32 + 16 * e)), 1);                                        \
                 y[2 * i + e] = KQ2_DOT(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q));                                          \
             }                                                                                                                \
         }                                                                                                                    \
@@ -218,8 +222,10 @@ ATTR static float kq2_iq4_row_##SUF(const cq_qmat *m, size_t r, const cq_xq *xq)
                             _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)(cq_ld16(blk + 2) << 4)), shc),        \
                                              _mm256_set1_epi32(0x30))),                                                      \
             _mm256_set1_epi32(32));                                                                                          \
-        const __m256 isum = _mm256_cvtepi32_ps(_mm256_mullo_epi32(kq2_groups(kq2_sums4(y[0], y[1], y[2], y[3]),              \
-                                                                                kq2_sums4(y[4], y[5], y[6], y[7])), sc));    \
+        const __m256i gs = kq2_sums4(_mm256_add_epi32(y[0], y[1]), _mm256_add_epi32(y[2], y[3]),                            \
+                                     _mm256_add_epi32(y[4], y[5]), _mm256_add_epi32(y[6], y[7]));                            \
+        const __m256i g = _mm256_permutevar8x32_epi32(gs, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));                        \
+        const __m256 isum = _mm256_cvtepi32_ps(_mm256_mullo_epi32(g, sc));                                                  \
         const __m256 d = _mm256_broadcastss_ps(kq2_h2f(blk));                                                                \
         acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xq->d + 8 * b)), isum));                     \
     }                                                                                                                        \
