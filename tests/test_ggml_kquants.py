@@ -21,6 +21,8 @@ gguf_quants = pytest.importorskip("gguf.quants")
 from gguf import GGMLQuantizationType  # noqa: E402
 
 KQ = ("q4_k", "q6_k", "q5_k", "q2_k", "q3_k", "iq4_xs")
+#: the K-quants with SIMD int8 rows (csrc/matvec/ggml_kq_avx512.h, ggml_kq_avx2.h)
+TILED = ("q4_k", "q5_k", "q6_k", "iq4_xs")
 U = 2.0 ** -24
 #: byte offsets of each format's f16 super-block scales: (d, dmin or None)
 SCALES = {"q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208, None), "q2_k": (80, 82),
@@ -237,8 +239,9 @@ def test_prompt_matmat_shapes(dtype, seed, rows, nblk, t, off):
 @pytest.mark.parametrize("dtype", KQ)
 def test_prompt_matmat_without_vnni_same_bits(isa, dtype):
     """Without vpdpbusd the tiles form the same integers by vpmaddubsw + vpmaddwd (all but
-    iq4_xs, whose u8 weights could overflow their int16 pairs: it takes the portable int8
-    matmat there, t int8 matvecs), so the prompt matmat keeps its bits."""
+    iq4_xs, whose u8 weights could overflow their int16 pairs: its prompt matmat is the
+    portable int8 one there, t int8 matvecs, which run iq4_xs's int8 rows), so the prompt
+    matmat keeps its bits."""
     if isa == "ref":
         pytest.skip("no tiles in the reference table")
     rng = np.random.default_rng(8)
@@ -353,12 +356,12 @@ def test_simd_twins_agree_with_reference():
                     np.testing.assert_array_equal(v, variants[0])
 
 
-@pytest.mark.parametrize("dtype", ["q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("dtype", TILED)
 @pytest.mark.parametrize("nblk", [1, 3, 64, 65])
 def test_int8_rows_any_width_equal_reference(dtype, nblk):
     """The int8 rows of every usable ISA, with and without VNNI and GFNI, against the reference bit
-    for bit at row widths on both sides of 64 blocks (the AVX-512 q4_k / q5_k rows
-    prepare x's side once per call up to that width and form it per row pair beyond it),
+    for bit at row widths on both sides of 64 blocks (the AVX-512 rows prepare x's side
+    once per call up to that width and form it per row pair beyond it),
     with an odd row count so a lone row follows the pairs."""
     rng = np.random.default_rng(nblk)
     rows, cols = 3, 256 * nblk
@@ -394,13 +397,13 @@ def int8_everywhere(q, x):
     return out
 
 
-@pytest.mark.parametrize("dtype", ["q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("dtype", TILED)
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2 ** 32 - 1), nblk=st.integers(1, 6), rows=st.integers(1, 7),
        xkind=st.sampled_from(["normal", "sparse", "huge", "tiny", "inf", "nan"]),
        special=st.sampled_from([None, 0.0, 65504.0, 6e-8]))
 def test_int8_kernels_equal_spec_bit_for_bit(dtype, seed, nblk, rows, xkind, special):
-    """The SIMD int8 rows of q4_k / q5_k / q6_k give kq_ref_i8_row's bits: odd row
+    """The SIMD int8 rows of q4_k / q5_k / q6_k / iq4_xs give kq_ref_i8_row's bits: odd row
     counts (a lone row after the pairs), one to six blocks, x with zeros, extremes and
     non-finite values, zero / largest / subnormal block scales, x misaligned."""
     rng = np.random.default_rng(seed)
@@ -428,7 +431,7 @@ def test_int8_kernels_equal_spec_bit_for_bit(dtype, seed, nblk, rows, xkind, spe
             raise AssertionError(f"{dtype} on {key}") from e
 
 
-@pytest.mark.parametrize("dtype", ["q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("dtype", TILED)
 def test_int8_rows_bit_identical_across_entry_points_and_threads(isa, dtype):
     """A row's bits do not depend on which row it is paired with (rows_dot from odd and
     even starts, row_dot), the thread count, matvec_many or matvec_batch (its tiles of
@@ -471,3 +474,72 @@ def test_bad_shapes_refused(dtype):
     with pytest.raises(FormatError, match="payload must be"):
         QTensor(np.zeros(f.block_bytes - 1, np.uint8), dtype, (1, 256))
     assert K.qmat_nbytes(dtype, 3, 512) == f.nbytes(3, 512)
+
+
+def iq4_xs_blocks(rng, rows, cols, codes, scales):
+    """iq4_xs block bytes with chosen contents: codes "random", "min" (0: level -127),
+    "max" (15: level 113) or "minmax" (either, at random); 6-bit scales "random", "zero"
+    (32: scale 0), "min" (0: -32), "max" (63: 31) or "mixed" (any of those per group)."""
+    raw = blocks(rng, "iq4_xs", rows, cols).reshape(-1, 136)
+    nb = raw.shape[0]
+    if codes != "random":
+        lo = {"min": [0], "max": [15], "minmax": [0, 15]}[codes]
+        c = rng.choice(lo, size=(nb, 256)).astype(np.uint8)
+        raw[:, 8:] = c[:, :128] | (c[:, 128:] << 4)
+    if scales != "random":
+        choice = {"zero": [32], "min": [0], "max": [63], "mixed": [0, 32, 63, 1, 62]}[scales]
+        ls = rng.choice(choice, size=(nb, 8)).astype(np.uint32)
+        sh = np.zeros(nb, np.uint32)
+        for g in range(8):
+            sh |= (ls[:, g] >> 4) << (2 * g)
+        raw[:, 2] = sh & 0xFF
+        raw[:, 3] = sh >> 8
+        for i in range(4):
+            raw[:, 4 + i] = (ls[:, 2 * i] & 15) | ((ls[:, 2 * i + 1] & 15) << 4)
+    return raw.reshape(-1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), nblk=st.integers(1, 4), rows=st.sampled_from([1, 2, 3, 5]),
+       t=st.integers(1, 5), codes=st.sampled_from(["random", "min", "max", "minmax"]),
+       scales=st.sampled_from(["random", "zero", "min", "max", "mixed"]),
+       xkind=st.sampled_from(["normal", "loud", "aligned", "opposed", "sparse"]))
+def test_iq4_xs_int8_rows_extremes_equal_spec(seed, nblk, rows, t, codes, scales, xkind):
+    """iq4_xs's SIMD int8 rows (AVX-512 bw / vnni / gfni tiles, AVX2) against
+    kq_ref_i8_row bit for bit, at the integers' extremes: the levels -127 and 113 (u8
+    241 under vpdpbusd, |level| 127 under vpmaddubsw), 6-bit scales 0, 32 and 63 (scale
+    -32, 0, 31), and xq of 127 in every byte ("loud": |x| constant), with the level's
+    sign or against it; odd row counts, 1-4 blocks, and matvec_batch's multi-input
+    tiles for 1-5 inputs, each input's row equal to the reference's matvec of it."""
+    rng = np.random.default_rng(seed)
+    cols = 256 * nblk
+    raw = iq4_xs_blocks(rng, rows, cols, codes, scales)
+    q = QTensor(raw, "iq4_xs", (rows, cols), precision="int8")
+    w = gguf_decode(raw, "iq4_xs", rows, cols)
+    X = rng.standard_normal((t, cols)).astype(np.float32)
+    if xkind == "loud":
+        X = np.where(X < 0, -1.0, 1.0).astype(np.float32)
+    elif xkind in ("aligned", "opposed"):  # xq = +-127 with (or against) row 0's level signs
+        sign = np.where(w[0] < 0, -1.0, 1.0) * (1.0 if xkind == "aligned" else -1.0)
+        X = np.tile(sign * 3.0, (t, 1)).astype(np.float32)
+    elif xkind == "sparse":
+        X[rng.random((t, cols)) < 0.7] = 0.0
+    want = np.stack([with_isa("ref", q.matvec, x) for x in X])
+    for isa in K.usable_isas():
+        for hide in ([], ["gfni"], ["avx512vnni"]):
+            K._hide_cpu_features(hide)
+            try:
+                V = np.stack([with_isa(isa, q.matvec, x) for x in X])
+                B = with_isa(isa, q.matvec_batch, X)
+            finally:
+                K._hide_cpu_features([])
+            for name, got in (("matvec", V), ("matvec_batch", B)):
+                try:
+                    assert_same_bits(got, want)
+                except AssertionError as e:
+                    raise AssertionError(f"iq4_xs {name} on {isa} {hide}") from e
+    if xkind in ("aligned", "opposed") and scales == "max" and codes != "random":
+        # the integers at their largest; x is exact in int8 (xq = +-127), so the result
+        # is the float64 product's to the float32 rounding of the combination
+        w0, x0 = w[0].astype(np.float64), X[0].astype(np.float64)
+        assert abs(float(want[0, 0]) - w0 @ x0) <= 2 * (cols // 32 + 16) * 4 * U * (np.abs(w0) @ np.abs(x0))

@@ -1,6 +1,6 @@
-/* ggml_kq_avx2.h -- AVX2 int8-activation rows of the K-quants q4_k, q5_k and q6_k (x in
- * the CQ_XQ_G32 layout; spec: kq_ref_i8_row, whose bits they give); the other K-quants
- * run the spec. Included by matvec_avx2.c.
+/* ggml_kq_avx2.h -- AVX2 int8-activation rows of the K-quants q4_k, q5_k, q6_k and iq4_xs
+ * (x in the CQ_XQ_G32 layout; spec: kq_ref_i8_row, whose bits they give); the other
+ * K-quants (q2_k, q3_k) run the spec. Included by matvec_avx2.c.
  *
  * One 32-weight group a step: its u8 weights (u = q, or q + 32 for q6_k) meet its 32
  * xq bytes in vpmaddubsw (u <= 63 times |xq| <= 127: the int16 pair sums are exact) and
@@ -11,7 +11,10 @@
  * int16): three rounds of pair sums bring them to two vectors of half sums, (group 0..3,
  * half a | half b) and (4..7, a | b); its offset comes off there (32 * the xq half sums
  * of CQ_XQ_G32), the 16-weight scales multiply them, and the halves are added into the
- * eight group sums in order. The spec's float operations then run on the eight lanes.
+ * eight group sums in order. iq4_xs (levels -127..113 by vpshufb; vpmaddubsw takes
+ * |level| and xq with the level's sign, so no offset) sums its groups' 4-weight sums
+ * (beyond int16) in int32 and scales them per group. The spec's float operations then
+ * run on the eight lanes.
  * The rows come twice, with shifts and masks for the weights' bit moves and, where the
  * CPU has GFNI, with affine byte transforms (KQ2_HI4, KQ2_F): the same bytes. */
 #ifndef CQ_GGML_KQ_AVX2_H
@@ -55,6 +58,14 @@ static inline __m256i kq2_halves(__m256i y0, __m256i y1, __m256i y2, __m256i y3)
 /* The eight group sums, in order, from the scaled half sums of groups 0-3 (a) and 4-7 (b). */
 static inline __m256i kq2_groups(__m256i a, __m256i b) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* Four vectors of 8 int32 lanes (a, b, c, e) as their lane sums per 128-bit lane: lane
+ * k of each half the k-th vector's (exact int32 unpacks and adds, as vphaddd twice). */
+static inline __m256i kq2_sums4(__m256i a, __m256i b, __m256i c, __m256i e) {
+    const __m256i ab = _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+    const __m256i ce = _mm256_add_epi32(_mm256_unpacklo_epi32(c, e), _mm256_unpackhi_epi32(c, e));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(ab, ce), _mm256_unpackhi_epi64(ab, ce));
 }
 
 /* The xq half sums of block b (bias[16b + 2g + h]) in kq2_halves' order, groups 0-3 and 4-7. */
@@ -168,6 +179,57 @@ ATTR static float kq2_q6k_row_##SUF(const cq_qmat *m, size_t r, const cq_xq *xq)
         acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xq->d + 8 * b)), isum));                     \
     }                                                                                                                        \
     return kq2_lanes8_sum(acc);                                                                                              \
+}                                                                                                                            \
+                                                                                                                             \
+/* iq4_xs: qs bytes 16g + k (at 8), low nibble weight k of group g, high 16 + k; a                                           \
+ * 32-byte load holds groups 2i, 2i + 1 in its 128-bit lanes, so its low nibbles are the                                     \
+ * two groups' first halves and its high nibbles their second halves, met by x's bytes                                       \
+ * paired the same way (vinserti128 of the groups' first, then last, 16 bytes). The                                          \
+ * codes look up their signed levels (vpshufb); vpmaddubsw takes |level| (<= 127) and xq                                     \
+ * with the level's sign (vpsignb; xq is never -128), so the int16 pair sums (<= 2 * 127                                     \
+ * * 127) are exact, as in ggml_q32_avx2.h's iq4_nl. Each step's lanes 0-3 belong to                                         \
+ * group 2i, 4-7 to 2i + 1: the two steps of a load are added, reduced by unpacks and                                        \
+ * adds (exact int32) to the group sums (0, 2, 4, 6 | 1, 3, 5, 7), put in order by one                                       \
+ * vpermd, scaled per group by vpmulld (group g's 6-bit scale: bits 4g.. of                                                  \
+ * scales_l, 2g.. of scales_h, - 32), and (d * d_g) * isum goes into lane g. */                                              \
+ATTR static float kq2_iq4_row_##SUF(const cq_qmat *m, size_t r, const cq_xq *xq) {                                           \
+    const size_t nb = m->cols / CQ_KQ_BLOCK;                                                                                 \
+    const uint8_t *row = m->data + r * nb * 136;                                                                             \
+    const __m256i m0f = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);                                                 \
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KQ_IQ4_LEVELS));                        \
+    const __m256i slc = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), shc = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);  \
+    __m256 acc = _mm256_setzero_ps();                                                                                        \
+    for (size_t b = 0; b < nb; b++) {                                                                                        \
+        const uint8_t *blk = row + b * 136;                                                                                  \
+        const int8_t *xb = xq->q + 256 * b;                                                                                  \
+        kq2_pf(blk, 136);                                                                                                    \
+        __m256i y[8];                                                                                                        \
+        for (int i = 0; i < 4; i++) {                                                                                        \
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 8 + 32 * i));                                       \
+            const __m256i lo = _mm256_and_si256(v, m0f), hi = KQ2_HI4(v);                                                    \
+            for (int e = 0; e < 2; e++) {                                                                                    \
+                const __m256i q = _mm256_shuffle_epi8(lut, e ? hi : lo);                                                     \
+                const __m256i x = _mm256_inserti128_si256(                                                                   \
+                    _mm256_castsi128_si256(_mm_load_si128((const __m128i *)(xb + 64 * i + 16 * e))),                         \
+                    _mm_load_si128((const __m128i *)(xb + 64 * i + 32 + 16 * e)), 1);                                        \
+                y[2 * i + e] = KQ2_DOT(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q));                                          \
+            }                                                                                                                \
+        }                                                                                                                    \
+        uint32_t sl;                                                                                                         \
+        memcpy(&sl, blk + 4, 4);                                                                                             \
+        const __m256i sc = _mm256_sub_epi32(                                                                                 \
+            _mm256_or_si256(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), slc), _mm256_set1_epi32(15)),     \
+                            _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)(cq_ld16(blk + 2) << 4)), shc),        \
+                                             _mm256_set1_epi32(0x30))),                                                      \
+            _mm256_set1_epi32(32));                                                                                          \
+        const __m256i gs = kq2_sums4(_mm256_add_epi32(y[0], y[1]), _mm256_add_epi32(y[2], y[3]),                            \
+                                     _mm256_add_epi32(y[4], y[5]), _mm256_add_epi32(y[6], y[7]));                            \
+        const __m256i g = _mm256_permutevar8x32_epi32(gs, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));                        \
+        const __m256 isum = _mm256_cvtepi32_ps(_mm256_mullo_epi32(g, sc));                                                  \
+        const __m256 d = _mm256_broadcastss_ps(kq2_h2f(blk));                                                                \
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xq->d + 8 * b)), isum));                     \
+    }                                                                                                                        \
+    return kq2_lanes8_sum(acc);                                                                                              \
 }
 
 KQ2_ROW_FNS(plain, )
@@ -186,6 +248,7 @@ KQ2_ROW_FNS(gfni, __attribute__((target("gfni"))))
             case CQ_DT_GGML_Q4_K: out[j] = kq2_q45k_row_##SUF(m, r0 + j, xq, 0); break;              \
             case CQ_DT_GGML_Q5_K: out[j] = kq2_q45k_row_##SUF(m, r0 + j, xq, 1); break;              \
             case CQ_DT_GGML_Q6_K: out[j] = kq2_q6k_row_##SUF(m, r0 + j, xq); break;                  \
+            case CQ_DT_GGML_IQ4_XS: out[j] = kq2_iq4_row_##SUF(m, r0 + j, xq); break;                \
             default: out[j] = kq_ref_i8_row(m, r0 + j, xq);                                          \
             }                                                                                        \
         }                                                                                            \

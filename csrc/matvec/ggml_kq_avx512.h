@@ -1,7 +1,7 @@
-/* ggml_kq_avx512.h -- AVX-512 int8-activation rows of the K-quants q4_k, q5_k and q6_k
- * (x in the CQ_XQ_G32 layout; spec: kq_ref_i8_row, whose bits they give). The other
- * K-quants, and the float32 path of all of them, are the scalar decoder's. Included by
- * matvec_avx512.c.
+/* ggml_kq_avx512.h -- AVX-512 int8-activation rows of the K-quants q4_k, q5_k, q6_k and
+ * iq4_xs (x in the CQ_XQ_G32 layout; spec: kq_ref_i8_row, whose bits they give). The
+ * other K-quants (q2_k, q3_k), and the float32 path of all of them, are the scalar
+ * decoder's. Included by matvec_avx512.c.
  *
  * A block is four 64-weight steps, each meeting 64 contiguous xq bytes: vpdpbusd (or
  * vpmaddubsw + vpmaddwd without VNNI: u8 weights <= 63 times xq <= 127 fit the int16
@@ -17,7 +17,15 @@
  * row has the same bits wherever it falls (matvec, rows_dot, matvec_many, any thread
  * count). Three tile sets give the same integers: vpmaddubsw + vpmaddwd (AVX-512 BW),
  * vpdpbusd (VNNI), and vpdpbusd with GFNI's affine byte transforms for the weights' bit
- * moves (KQ_HI4, KQ_F01, KQ_F23). */
+ * moves (KQ_HI4, KQ_F01, KQ_F23).
+ *
+ * iq4_xs (KQ_IQ4_TILE) differs in its integers: its levels (-127..113, looked up by
+ * vpshufb) go in as u8 level + 128 under vpdpbusd, the offset 128 * (the group's xq sum)
+ * coming off per group, and as |level| against xq with the level's sign under
+ * vpmaddubsw (whose int16 pair sums u8 241 would overflow); its 4-weight sums exceed
+ * int16, so they are reduced to group sums in int32 (unpacks and adds) and scaled per
+ * 32 weights by vpmulld. Its float operations are q6_k's: (d * d_g) * isum per group,
+ * 16 lanes of eight groups of two rows. */
 #ifndef CQ_GGML_KQ_AVX512_H
 #define CQ_GGML_KQ_AVX512_H
 
@@ -194,7 +202,8 @@ static inline __m512i kq_xs_words(const cq_xq *xq, size_t b) {
 /* The same x side prepared once for a call's rows (every row pair of a block meets the
  * same x; forming it per pair cost about a tenth of the q4_k row's time, in cache): per
  * block KQ_PREP_BLOCK bytes, the four steps' xq vectors as the tile pairs them, then
- * kq_xsum_pairs, then kq_dg_pairs (q6_k: 64 bytes a block, kq_xs_words). Rows up to KQ_PREP_MAX_BLOCKS blocks (16384 columns;
+ * kq_xsum_pairs, then kq_dg_pairs (q6_k: 64 bytes a block, kq_xs_words; iq4_xs: its
+ * own step vectors, offsets and d_g, kq_iq4_prep). Rows up to KQ_PREP_MAX_BLOCKS blocks (16384 columns;
  * the 24 KiB buffer is on the stack, which must stay small for threads with little stack,
  * as musl's 128 KiB default) take it; wider ones form x's side per pair, with the same
  * values. */
@@ -355,6 +364,166 @@ static void kq_x45_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
         if ((R) == 2) Y[j * ldy + 1] = kq_lanes8_sum(_mm512_extractf32x8_ps(acc[j], 1));             \
     }
 
+/* iq4_xs: block bytes d (f16), scales_h (u16), scales_l[4], qs[128]; qs bytes 16g + k
+ * hold weight k of group g (low nibble) and weight 16 + k (high), each a code of the 16
+ * levels KQ_IQ4_LEVELS (-127..113); group g's scale is ((scales_l[g / 2] >> 4 (g & 1))
+ * & 15 | ((scales_h >> 2g) & 3) << 4) - 32, one per 32 weights. A 64-byte load of qs
+ * (half h of a block) holds groups 4h..4h+3 in its four 128-bit chunks, so its low
+ * nibbles are the groups' first halves and its high nibbles their second halves; x's
+ * side meets them with xq's chunks paired the same way (the 16 first, then the 16 last
+ * bytes of each group, kq_iq4_xv). The products, per variant:
+ *   vpdpbusd (KQ_IQ4_SGN 0): the levels looked up (vpshufb) as u = level + 128 (1..241,
+ *     u8), so a group's sum of u * xq is sum q * xq + 128 * (its xq sum); that offset
+ *     comes off per group (x's side, from xq's per-half sums), as q6_k's does;
+ *   vpmaddubsw (KQ_IQ4_SGN 1): u8 up to 241 times xq 127 would overflow the int16 pair
+ *     sums, so the lookup gives |level| (<= 127) and xq takes the level's sign (levels
+ *     0..7 are the negative ones: a byte mask per step, xq negated under it by a masked
+ *     subtraction from zero; xq is never -128), pairs <= 2 * 127 * 127, no offset.
+ * Both give the spec's exact sum q * xq per group; with the scale (vpmulld, |isum| <=
+ * 32 * 32 * 127 * 127 < 2^24) that is kq_ref_i8_row's isum, and per group, as the spec:
+ * (d * d_g) * isum into lane g. Lanes: lane 4c + k holds row k / 2's group c + 4 (k & 1)
+ * (kq_iq4_lane_group), so two rows share every vector and a lone row runs the same
+ * lanes as row a of a pair. */
+
+/* Group of lane l of the iq4_xs tile's vectors, and the row (0, 1) it belongs to. */
+static inline int kq_iq4_lane_group(int l) { return l / 4 + 4 * (l & 1); }
+static inline int kq_iq4_lane_row(int l) { return (l & 3) >> 1; }
+/* A vector of 16 dwords: lane l = a * group + b * row + c. */
+static inline __m512i kq_iq4_idx(int a, int b, int c) {
+    int32_t p[16];
+    for (int l = 0; l < 16; l++) p[l] = a * kq_iq4_lane_group(l) + b * kq_iq4_lane_row(l) + c;
+    return _mm512_loadu_si512((const void *)p);
+}
+
+/* The 8-byte heads of two iq4_xs blocks (ba, bb; a lone row passes its block twice) as
+ * the tile's lanes: sc the group scales (int32), dd the rows' d. The head's dwords:
+ * d | scales_h << 16, scales_l; group g's scale bits are bits 4g..4g+3 of scales_l and
+ * bits 2g, 2g + 1 of scales_h (bits 16 + 2g.. of the first dword). */
+static inline void kq_iq4_heads(const uint8_t *ba, const uint8_t *bb, __m512i *sc, __m512 *dd) {
+    const __m128i hd = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)ba), _mm_loadl_epi64((const __m128i *)bb));
+    const __m512i h = _mm512_castsi128_si512(hd);
+    const __m512i lo = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi32(kq_iq4_idx(0, 2, 1), h), kq_iq4_idx(4, 0, 0)),
+                                        _mm512_set1_epi32(15));
+    const __m512i hi = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi32(kq_iq4_idx(0, 2, 0), h), kq_iq4_idx(2, 0, 12)),
+                                        _mm512_set1_epi32(0x30));
+    *sc = _mm512_sub_epi32(_mm512_or_si512(lo, hi), _mm512_set1_epi32(32));
+    /* F16C converts every value exactly, as cq_h2f does: d_a, ., d_b, . */
+    const __m128 f = _mm_cvtph_ps(_mm_shuffle_epi32(hd, _MM_SHUFFLE(2, 0, 2, 0)));
+    *dd = _mm512_permutexvar_ps(kq_iq4_idx(0, 2, 0), _mm512_castps128_ps512(f));
+}
+
+/* x's side of an iq4_xs block in the tile's lanes: the four steps' xq vectors (step 2h:
+ * the first 16 bytes of groups 4h..4h+3, step 2h + 1 their last 16), the offset 128 *
+ * (group xq sum) and d_g. */
+static inline void kq_iq4_xv(const cq_xq *xq, size_t b, __m512i xv[4]) {
+    for (int h = 0; h < 2; h++) {
+        const __m512i a = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h));
+        const __m512i c = _mm512_load_si512((const void *)(xq->q + 256 * b + 128 * h + 64));
+        xv[2 * h] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(2, 0, 2, 0));
+        xv[2 * h + 1] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+static inline __m512i kq_iq4_xoff(const cq_xq *xq, size_t b) {
+    return _mm512_slli_epi32(_mm512_permutexvar_epi32(kq_iq4_idx(2, 0, 0), kq_xsum_pairs(xq, b)), 7);
+}
+static inline __m512 kq_iq4_dg(const cq_xq *xq, size_t b) {
+    return _mm512_permutexvar_ps(kq_iq4_idx(1, 0, 0), _mm512_castps256_ps512(_mm256_load_ps(xq->d + 8 * b)));
+}
+/* The same prepared once for a call's rows: per block KQ_PREP_BLOCK bytes, the four
+ * step vectors, then kq_iq4_xoff, then kq_iq4_dg. */
+static void kq_iq4_prep(const cq_xq *xq, size_t nb, uint8_t *out) {
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *o = out + KQ_PREP_BLOCK * b;
+        __m512i xv[4];
+        kq_iq4_xv(xq, b, xv);
+        for (int t = 0; t < 4; t++) _mm512_store_si512((void *)(o + 64 * t), xv[t]);
+        _mm512_store_si512((void *)(o + 256), kq_iq4_xoff(xq, b));
+        _mm512_store_ps((void *)(o + 320), kq_iq4_dg(xq, b));
+    }
+}
+
+/* Four vectors of 4-weight sums (a, b: row a's halves h = 0, 1; c, e: row b's; chunk c
+ * of half h is group 4h + c) as the lanes' group sums: lane 4c + k the sum of chunk c
+ * of the k-th vector. Exact int32 adds (unpacks, then adds). */
+static inline __m512i kq_iq4_sums(__m512i a, __m512i b, __m512i c, __m512i e) {
+    const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    const __m512i ce = _mm512_add_epi32(_mm512_unpacklo_epi32(c, e), _mm512_unpackhi_epi32(c, e));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(ab, ce), _mm512_unpackhi_epi64(ab, ce));
+}
+
+/* Row r (0 or 1) of an iq4_xs accumulator as the eight lanes of kq_ref_i8_row, in group
+ * order. */
+static inline __m256 kq_iq4_row_lanes(__m512 acc, int r) {
+    const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 4, 8, 12, 1, 5, 9, 13),
+                                         _mm512_set1_epi32(2 * r));
+    return _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, acc));
+}
+
+/* The iq4_xs tile, as KQ_Q45K_TILE's (P = 1: x's side from kq_iq4_prep); KQ_IQ4_SGN
+ * (defined before each KQ_TILES) picks the product, as above. */
+#define KQ_IQ4_TILE(DOT, R, J, P)                                                                    \
+    const size_t nb = m->cols / CQ_KQ_BLOCK;                                                         \
+    const uint8_t *rows = m->data + r * nb * 136;                                                    \
+    const __m512i m0f = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();                       \
+    const __m512i lut = _mm512_broadcast_i32x4(KQ_IQ4_SGN ? _mm_abs_epi8(_mm_loadu_si128((const __m128i *)KQ_IQ4_LEVELS)) \
+                                               : _mm_xor_si128(_mm_loadu_si128((const __m128i *)KQ_IQ4_LEVELS), \
+                                                               _mm_set1_epi8((char)0x80)));          \
+    __m512 acc[J];                                                                                   \
+    KQ_UNROLL for (int j = 0; j < (J); j++) acc[j] = _mm512_setzero_ps();                            \
+    for (size_t b = 0; b < nb; b++) {                                                                \
+        __m512i w[2][4], sc;                                                                         \
+        __mmask64 ng[2][4];                                                                          \
+        __m512 dd;                                                                                   \
+        kq_iq4_heads(rows + b * 136, rows + (((R) - 1) * nb + b) * 136, &sc, &dd);                   \
+        KQ_UNROLL for (int k = 0; k < (R); k++) {                                                    \
+            const uint8_t *blk = rows + (k * nb + b) * 136;                                          \
+            kq_pf(blk, 136);                                                                         \
+            KQ_UNROLL for (int h = 0; h < 2; h++) {                                                  \
+                const __m512i v = _mm512_loadu_si512((const void *)(blk + 8 + 64 * h));              \
+                const __m512i lo = _mm512_and_si512(v, m0f), hi = KQ_HI4(v);                         \
+                w[k][2 * h] = _mm512_shuffle_epi8(lut, lo), w[k][2 * h + 1] = _mm512_shuffle_epi8(lut, hi); \
+                if (KQ_IQ4_SGN) { /* codes 0..7: the negative levels */                              \
+                    ng[k][2 * h] = _mm512_testn_epi8_mask(lo, _mm512_set1_epi8(8));                  \
+                    ng[k][2 * h + 1] = _mm512_testn_epi8_mask(hi, _mm512_set1_epi8(8));              \
+                } else {                                                                             \
+                    ng[k][2 * h] = ng[k][2 * h + 1] = 0;                                             \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
+        KQ_UNROLL for (int j = 0; j < (J); j++) {                                                    \
+            const cq_xq *xq = xqs[j];                                                                \
+            const uint8_t *xpb = (P) ? xprep + KQ_PREP_BLOCK * b : NULL;                             \
+            __m512i xv[4], y[2][2], off = zero;                                                      \
+            __m512 dg;                                                                               \
+            if (P) {                                                                                 \
+                KQ_UNROLL for (int t = 0; t < 4; t++) xv[t] = _mm512_load_si512((const void *)(xpb + 64 * t)); \
+                if (!KQ_IQ4_SGN) off = _mm512_load_si512((const void *)(xpb + 256));                 \
+                dg = _mm512_load_ps((const void *)(xpb + 320));                                      \
+            } else {                                                                                 \
+                kq_iq4_xv(xq, b, xv);                                                                \
+                if (!KQ_IQ4_SGN) off = kq_iq4_xoff(xq, b);                                           \
+                dg = kq_iq4_dg(xq, b);                                                               \
+            }                                                                                        \
+            KQ_UNROLL for (int k = 0; k < (R); k++)                                                  \
+                KQ_UNROLL for (int h = 0; h < 2; h++) {                                              \
+                    __m512i x0 = xv[2 * h], x1 = xv[2 * h + 1];                                      \
+                    if (KQ_IQ4_SGN) {                                                                \
+                        x0 = _mm512_mask_sub_epi8(x0, ng[k][2 * h], zero, x0);                       \
+                        x1 = _mm512_mask_sub_epi8(x1, ng[k][2 * h + 1], zero, x1);                   \
+                    }                                                                                \
+                    y[k][h] = DOT(DOT(zero, w[k][2 * h], x0), w[k][2 * h + 1], x1);                   \
+                }                                                                                    \
+            if ((R) == 1) y[1][0] = y[0][0], y[1][1] = y[0][1];                                      \
+            const __m512i s = kq_iq4_sums(y[0][0], y[0][1], y[1][0], y[1][1]);                       \
+            const __m512 isum = _mm512_cvtepi32_ps(_mm512_mullo_epi32(KQ_IQ4_SGN ? s : _mm512_sub_epi32(s, off), sc)); \
+            acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_mul_ps(dd, dg), isum));              \
+        }                                                                                            \
+    }                                                                                                \
+    KQ_UNROLL for (int j = 0; j < (J); j++) {                                                        \
+        Y[j * ldy] = kq_lanes8_sum(kq_iq4_row_lanes(acc[j], 0));                                     \
+        if ((R) == 2) Y[j * ldy + 1] = kq_lanes8_sum(kq_iq4_row_lanes(acc[j], 1));                   \
+    }
+
 typedef void (*kq_tile_fn)(const cq_qmat *, size_t, const cq_xq *const *, const uint8_t *, float *, size_t);
 #define KQ_Q4K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 0, R, J, 0)
 #define KQ_Q5K_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 1, R, J, 0)
@@ -362,6 +531,8 @@ typedef void (*kq_tile_fn)(const cq_qmat *, size_t, const cq_xq *const *, const 
 #define KQ_Q6KN_TILE(DOT, R, J) KQ_Q6K_TILE(DOT, R, J, 0)
 #define KQ_Q6KP_TILE(DOT, R, J) KQ_Q6K_TILE(DOT, R, J, 1)
 #define KQ_Q5KP_TILE(DOT, R, J) KQ_Q45K_TILE(DOT, 1, R, J, 1)
+#define KQ_IQ4N_TILE(DOT, R, J) KQ_IQ4_TILE(DOT, R, J, 0)
+#define KQ_IQ4P_TILE(DOT, R, J) KQ_IQ4_TILE(DOT, R, J, 1)
 #define KQ_TILE_FN(SUF, DOT, ATTR, NAME, BODY, R, J)                                                 \
     ATTR static void NAME##_##R##J##_##SUF(const cq_qmat *m, size_t r, const cq_xq *const *xqs, const uint8_t *xprep, \
                                            float *Y, size_t ldy) {                                   \
@@ -376,22 +547,28 @@ typedef void (*kq_tile_fn)(const cq_qmat *, size_t, const cq_xq *const *, const 
 #define KQ_TILE_TABLE(NAME, SUF)                                                                     \
     {{NAME##_11_##SUF, NAME##_12_##SUF, NAME##_13_##SUF, NAME##_14_##SUF},                          \
      {NAME##_21_##SUF, NAME##_22_##SUF, NAME##_23_##SUF, NAME##_24_##SUF}}
-/* Every tile of a DOT: [dtype: q4_k, q5_k, q6_k][R - 1][J - 1]; and q4_k's, q5_k's
+/* Every tile of a DOT: [dtype: q4_k, q5_k, q6_k, iq4_xs][R - 1][J - 1]; and the
  * one-input tiles on a prepared x side, [dtype][R - 1]. */
 #define KQ_TILES(SUF, DOT, ATTR)                                                                     \
     KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q4k, KQ_Q4K_TILE)                                                \
     KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q5k, KQ_Q5K_TILE)                                                \
     KQ_TILE_FNS8(SUF, DOT, ATTR, kq_q6k, KQ_Q6KN_TILE)                                               \
+    KQ_TILE_FNS8(SUF, DOT, ATTR, kq_iq4, KQ_IQ4N_TILE)                                               \
+    KQ_TILE_FN(SUF, DOT, ATTR, kq_iq4p, KQ_IQ4P_TILE, 1, 1) KQ_TILE_FN(SUF, DOT, ATTR, kq_iq4p, KQ_IQ4P_TILE, 2, 1) \
     KQ_TILE_FN(SUF, DOT, ATTR, kq_q6kp, KQ_Q6KP_TILE, 1, 1) KQ_TILE_FN(SUF, DOT, ATTR, kq_q6kp, KQ_Q6KP_TILE, 2, 1) \
     KQ_TILE_FN(SUF, DOT, ATTR, kq_q4kp, KQ_Q4KP_TILE, 1, 1) KQ_TILE_FN(SUF, DOT, ATTR, kq_q4kp, KQ_Q4KP_TILE, 2, 1) \
     KQ_TILE_FN(SUF, DOT, ATTR, kq_q5kp, KQ_Q5KP_TILE, 1, 1) KQ_TILE_FN(SUF, DOT, ATTR, kq_q5kp, KQ_Q5KP_TILE, 2, 1) \
-    static const kq_tile_fn kq_tiles_##SUF[3][2][4] = {KQ_TILE_TABLE(kq_q4k, SUF), KQ_TILE_TABLE(kq_q5k, SUF), \
-                                                       KQ_TILE_TABLE(kq_q6k, SUF)};                  \
-    static const kq_tile_fn kq_prep_tiles_##SUF[3][2] = {{kq_q4kp_11_##SUF, kq_q4kp_21_##SUF},       \
+    static const kq_tile_fn kq_tiles_##SUF[4][2][4] = {KQ_TILE_TABLE(kq_q4k, SUF), KQ_TILE_TABLE(kq_q5k, SUF), \
+                                                       KQ_TILE_TABLE(kq_q6k, SUF), KQ_TILE_TABLE(kq_iq4, SUF)}; \
+    static const kq_tile_fn kq_prep_tiles_##SUF[4][2] = {{kq_q4kp_11_##SUF, kq_q4kp_21_##SUF},       \
                                                          {kq_q5kp_11_##SUF, kq_q5kp_21_##SUF},       \
-                                                         {kq_q6kp_11_##SUF, kq_q6kp_21_##SUF}};
+                                                         {kq_q6kp_11_##SUF, kq_q6kp_21_##SUF},       \
+                                                         {kq_iq4p_11_##SUF, kq_iq4p_21_##SUF}};
 
+#define KQ_IQ4_SGN 1
 KQ_TILES(bw, dot_bw, )
+#undef KQ_IQ4_SGN
+#define KQ_IQ4_SGN 0
 #ifdef CQ_HAVE_VNNI_FN
 KQ_TILES(vnni, _mm512_dpbusd_epi32, __attribute__((target("avx512vnni"))))
 /* With GFNI each of those bit moves is one affine byte transform (vgf2p8affineqb: output
@@ -411,10 +588,19 @@ KQ_TILES(vnni, _mm512_dpbusd_epi32, __attribute__((target("avx512vnni"))))
 KQ_TILES(gfni, _mm512_dpbusd_epi32, __attribute__((target("avx512vnni,gfni"))))
 #endif
 
-/* The tiles of m's dtype for this CPU, NULL for the K-quants without an integer kernel;
- * q4_k's and q5_k's prepared-x tiles, NULL for the other dtypes. */
+/* The tiles of m's dtype for this CPU and its prepared-x tiles, NULL for the K-quants
+ * without an integer kernel (q2_k, q3_k). */
+static inline int kq_tile_index(int dtype) {
+    switch (dtype) {
+    case CQ_DT_GGML_Q4_K: return 0;
+    case CQ_DT_GGML_Q5_K: return 1;
+    case CQ_DT_GGML_Q6_K: return 2;
+    case CQ_DT_GGML_IQ4_XS: return 3;
+    default: return -1;
+    }
+}
 static const kq_tile_fn (*kq_tiles_for(const cq_qmat *m))[4] {
-    const int i = m->dtype == CQ_DT_GGML_Q4_K ? 0 : m->dtype == CQ_DT_GGML_Q5_K ? 1 : m->dtype == CQ_DT_GGML_Q6_K ? 2 : -1;
+    const int i = kq_tile_index(m->dtype);
     if (i < 0) return NULL;
 #ifdef CQ_HAVE_VNNI_FN
     const uint32_t f = cq_cpu_features();
@@ -424,7 +610,7 @@ static const kq_tile_fn (*kq_tiles_for(const cq_qmat *m))[4] {
     return kq_tiles_bw[i];
 }
 static const kq_tile_fn *kq_prep_tiles_for(const cq_qmat *m) {
-    const int i = m->dtype == CQ_DT_GGML_Q4_K ? 0 : m->dtype == CQ_DT_GGML_Q5_K ? 1 : m->dtype == CQ_DT_GGML_Q6_K ? 2 : -1;
+    const int i = kq_tile_index(m->dtype);
     if (i < 0) return NULL;
 #ifdef CQ_HAVE_VNNI_FN
     const uint32_t f = cq_cpu_features();
@@ -446,6 +632,8 @@ static void kq_i8_rows(const cq_qmat *m, size_t r0, size_t nr, const cq_xq *xq, 
         _Alignas(64) uint8_t xp[KQ_PREP_MAX_BLOCKS * KQ_PREP_BLOCK];
         if (m->dtype == CQ_DT_GGML_Q6_K)
             for (size_t b = 0; b < nb; b++) _mm512_store_si512((void *)(xp + 64 * b), kq_xs_words(xq, b));
+        else if (m->dtype == CQ_DT_GGML_IQ4_XS)
+            kq_iq4_prep(xq, nb, xp);
         else
             kq_x45_prep(xq, nb, xp);
         size_t j = 0;
