@@ -589,6 +589,7 @@ def quantrows_pipeline(dev: Device):
     io = dev.source("matvec_io.wgsl")
     head = io[:io.index("@group(0) @binding(2)")]   # the parameter structs, P and S
     code = (dev.source("quantrows.wgsl").replace("$MATVEC_IO_Q", head)
+            .replace("$QUANT4_PUT", dev.source("quant4_put.wgsl"))
             .replace("$QUANT4", dev.source("quant4.wgsl")))
     return dev.pipeline(("quantrows",), code, QUANTROWS_KINDS)
 

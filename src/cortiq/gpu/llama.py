@@ -126,8 +126,10 @@ def _source(dev: Device, src: str, marks: dict, rows: int = 1) -> str:
     """Shader `src` with the head prep, the key loop (one for each of `rows` cache
     bindings) and `marks` spliced in."""
     keys = dev.source("llama_attn_keys.wgsl")
+    # the quantizing variants (their lines marked Q kept) also write XQ (quant4_put)
+    put = dev.source("quant4_put.wgsl") if marks.get("/*$Q*/") == "" else ""
     code = (dev.source(src).replace("$HEAD_PREP", dev.source("llama_head_prep.wgsl"))
-            .replace("$QUANT4", dev.source("quant4.wgsl"))
+            .replace("$QUANT4_PUT", put).replace("$QUANT4", dev.source("quant4.wgsl"))
             .replace("$KEYS_FNS", "".join(keys.replace("$KB", str(b) if b else "")
                                           for b in range(rows))))
     for k, v in marks.items():

@@ -21,6 +21,7 @@ struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
 var<workgroup> red: array<f32, 256>;
 
 $QUANT4
+$QUANT4_PUT
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
@@ -36,8 +37,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         den += exp(PART[base + s * rec] - mx) * PART[base + s * rec + 1u];
     }
     let cols = nwg.x * P.hd;       // the heads' columns, the O product's
-    let words = cols / 16u;
-    let qb = r * (words + (cols / 32u + 3u) / 4u) * 4u;   // row r's block in XQ, u32s
     // rounds every lane takes together (quant4 meets the whole workgroup at its barriers)
     for (var c00 = 0u; c00 < P.hd; c00 += 1024u) {
         let c0 = c00 + 4u * lid;
@@ -53,11 +52,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 ATT[r * P.att_stride + h * P.hd + c] = y[k];
             }
         }
-/*$Q*/  let q = quant4(y, lid);
-/*$Q*/  if (c0 < P.hd) {
-/*$Q*/      let at = h * P.hd + c0;
-/*$Q*/      XQ[qb + at / 4u] = q.codes;
-/*$Q*/      if ((lid & 7u) == 0u) { XQ[qb + 4u * words + at / 32u] = bitcast<u32>(q.d); }
-/*$Q*/  }
+/*$Q*/  quant4_put(y, lid, r, cols, h * P.hd + c0, c0 < P.hd);
     }
 }

@@ -20,6 +20,7 @@ struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
 var<workgroup> red: array<f32, 256>;
 
 $QUANT4
+$QUANT4_PUT
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -50,8 +51,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let inv = 1.0 / sqrt(red[0] / f32(P.cols) + P.eps);
 /*$Q*/workgroupBarrier();     // red[0] read by every lane before quant4 reuses red
-/*$Q*/let words = P.cols / 16u;
-/*$Q*/let qb = t * (words + (P.cols / 32u + 3u) / 4u) * 4u;   // row t's block in XQ, u32s
     // rounds every lane takes together (quant4 meets the whole workgroup at its barriers)
     for (var r0 = 0u; r0 < P.cols; r0 += 1024u) {
         let c0 = r0 + 4u * lid;
@@ -63,10 +62,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 Y[P.y_off + t * P.cols + c] = y[k];
             }
         }
-/*$Q*/  let q = quant4(y, lid);
-/*$Q*/  if (c0 < P.cols) {
-/*$Q*/      XQ[qb + c0 / 4u] = q.codes;
-/*$Q*/      if ((lid & 7u) == 0u) { XQ[qb + 4u * words + c0 / 32u] = bitcast<u32>(q.d); }
-/*$Q*/  }
+/*$Q*/  quant4_put(y, lid, t, P.cols, c0, c0 < P.cols);
     }
 }

@@ -18,6 +18,7 @@ struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
 var<workgroup> red: array<f32, 256>;
 
 $QUANT4
+$QUANT4_PUT
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -35,11 +36,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             GU[r + c] = y[k];
         }
     }
-/*$Q*/let q = quant4(y, lid);
-/*$Q*/let words = P.ffn / 16u;
-/*$Q*/let qb = wid.y * (words + (P.ffn / 32u + 3u) / 4u) * 4u;
-/*$Q*/if (c0 < P.ffn) {
-/*$Q*/    XQ[qb + c0 / 4u] = q.codes;
-/*$Q*/    if ((lid & 7u) == 0u) { XQ[qb + 4u * words + c0 / 32u] = bitcast<u32>(q.d); }
-/*$Q*/}
+/*$Q*/quant4_put(y, lid, wid.y, P.ffn, c0, c0 < P.ffn);
 }

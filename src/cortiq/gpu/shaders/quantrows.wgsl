@@ -14,19 +14,14 @@ $MATVEC_IO_Q
 var<workgroup> red: array<f32, 256>;
 
 $QUANT4
+$QUANT4_PUT
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wid.z;
     let xb = P.x_off + t * P.x_stride;
-    let words = P.cols / 16u;
-    let qb = t * (words + (P.cols / 32u + 3u) / 4u) * 4u;   // row t's block, in u32s
     let c = wid.x * 1024u + 4u * lid;
     var v = vec4<f32>(0.0);
     if (c < P.cols) { v = vec4<f32>(X[xb + c], X[xb + c + 1u], X[xb + c + 2u], X[xb + c + 3u]); }
-    let q = quant4(v, lid);
-    if (c < P.cols) {
-        XQ[qb + c / 4u] = q.codes;
-        if ((lid & 7u) == 0u) { XQ[qb + 4u * words + c / 32u] = bitcast<u32>(q.d); }
-    }
+    quant4_put(v, lid, t, P.cols, c, c < P.cols);
 }
