@@ -337,6 +337,42 @@ def test_int8_rows_matvec_tiles(dev, monkeypatch, subgroups, tile, chunk):
     assert len(made) == 4
 
 
+def test_rows_probe_modes_build(dev, monkeypatch):
+    """benchmarks/gpu_rows_probe.py times matvecb_tile.wgsl with parts of it taken out
+    (docs/PERFORMANCE.md 15.12): each mode still finds the text it replaces and gives a
+    shader that builds, and the ALU probe runs, so the probe does not rot."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    from cortiq.gpu import kernels
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    probe = importlib.import_module("gpu_rows_probe")
+    source = dev.source
+    plain = source("matvecb_tile.wgsl")
+
+    def fresh():
+        for key in [k for k in dev._pipelines if k[0] == "matvecb_tile"]:
+            del dev._pipelines[key]
+    try:
+        for mode in ("nodot", "poly", "nocopy", "noweights", "nocopy+noweights"):
+            patched = probe._patched(plain, mode)
+            assert patched != plain
+            assert probe._patched(source("quantrows.wgsl"), mode) == source("quantrows.wgsl")
+            monkeypatch.setattr(dev, "source", lambda name, m=mode: probe._patched(source(name), m))
+            fresh()
+            assert kernels.matvecb_tile_pipeline(dev, 2) is not None
+        with pytest.raises(SystemExit, match="nocopy"):
+            probe._patched(probe._patched(plain, "nocopy"), "nocopy")
+    finally:
+        monkeypatch.setattr(dev, "source", source)
+        fresh()
+    rates = probe.alu(dev, iters=4, groups=2)
+    assert set(rates) == {f"{k}_gops" for k in probe.ALU_OPS}
+    assert all(v > 0 for v in rates.values())
+    sys.modules.pop("gpu_rows_probe", None)
+
+
 @pytest.mark.parametrize("splits", [1, 3, 8])
 def test_int8_merges_gated_attention_splits(dev, splits):
     """Input stage 3 (Dory's split attention merged, gated and justnormed) feeds the
