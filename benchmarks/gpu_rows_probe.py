@@ -141,13 +141,16 @@ _FAKE_TILELOAD = """fn tileload(row: u32, g: u32) {
         nw2[j] = vec4<u32>(g, row, 3u, 4u);
     }
 }"""
-_DOT16_MODES = {
-    "nodot": """fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
+# mode -> (the text of matvecb_tile.wgsl it replaces, its replacement)
+_MODES = {
+    "nodot": (_DOT16, """fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
     return bitcast<i32>((a.x ^ b.x) + (a.y ^ b.y) + (a.z ^ b.z) + (a.w ^ b.w));
-}""",
-    "poly": _DOT4P + """fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
+}"""),
+    "poly": (_DOT16, _DOT4P + """fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
     return dot4p(a.x, b.x) + dot4p(a.y, b.y) + dot4p(a.z, b.z) + dot4p(a.w, b.w);
-}""",
+}"""),
+    "nocopy": (_COPY, "\n"),
+    "noweights": (_TILELOAD, _FAKE_TILELOAD),
 }
 
 
@@ -156,14 +159,19 @@ def _patched(code: str, mode: str) -> str:
     if "fn tiledots" not in code or not mode:
         return code
     for m in mode.split("+"):
-        old, new = {"nodot": (_DOT16, _DOT16_MODES["nodot"]),
-                    "poly": (_DOT16, _DOT16_MODES["poly"]),
-                    "nocopy": (_COPY, "\n"), "noweights": (_TILELOAD, _FAKE_TILELOAD)}[m]
+        old, new = _MODES[m]
         code, found = (old.subn(new, code, count=1) if isinstance(old, re.Pattern)
                        else (code.replace(old, new), code.count(old)))
         if not found:
             raise SystemExit(f"mode {m}: the shader no longer holds the text it replaces")
     return code
+
+
+def forget_tiles(dev) -> None:
+    """Drops the device's cached matvecb_tile pipelines (made from a patched or the plain
+    shader), so the next product makes them again."""
+    for key in [k for k in dev._pipelines if k[0] == "matvecb_tile"]:
+        del dev._pipelines[key]
 
 
 def rows(dev, variants: list) -> dict:
@@ -180,16 +188,12 @@ def rows(dev, variants: list) -> dict:
     res = {"chunk_default": kernels.rows_chunk_cols(dev)}
     keep = kernels.ROWS_TILE, kernels.rows_chunk_cols
     source = dev.source
-
-    def fresh():
-        for key in [k for k in dev._pipelines if k[0] == "matvecb_tile"]:
-            del dev._pipelines[key]
     try:
         for tile, chunk, t, mode in variants:
             kernels.ROWS_TILE = tile
             kernels.rows_chunk_cols = lambda dev, c=chunk: c
             dev.source = lambda name, m=mode: _patched(source(name), m)
-            fresh()
+            forget_tiles(dev)
             ds = [op.dispatch_rows(steps[t], xq) for op in ops]
             prog = [x for g in ds[:4] for x in g] * 32 + ds[4]
             name = f"tile{tile}_chunk{chunk}_rows{t}" + (f"_{mode}" if mode else "")
@@ -201,7 +205,7 @@ def rows(dev, variants: list) -> dict:
     finally:
         kernels.ROWS_TILE, kernels.rows_chunk_cols = keep
         dev.source = source
-        fresh()
+        forget_tiles(dev)
     return res
 
 

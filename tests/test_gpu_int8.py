@@ -350,23 +350,19 @@ def test_rows_probe_modes_build(dev, monkeypatch):
     probe = importlib.import_module("gpu_rows_probe")
     source = dev.source
     plain = source("matvecb_tile.wgsl")
-
-    def fresh():
-        for key in [k for k in dev._pipelines if k[0] == "matvecb_tile"]:
-            del dev._pipelines[key]
     try:
         for mode in ("nodot", "poly", "nocopy", "noweights", "nocopy+noweights"):
             patched = probe._patched(plain, mode)
             assert patched != plain
             assert probe._patched(source("quantrows.wgsl"), mode) == source("quantrows.wgsl")
             monkeypatch.setattr(dev, "source", lambda name, m=mode: probe._patched(source(name), m))
-            fresh()
+            probe.forget_tiles(dev)
             assert kernels.matvecb_tile_pipeline(dev, 2) is not None
         with pytest.raises(SystemExit, match="nocopy"):
             probe._patched(probe._patched(plain, "nocopy"), "nocopy")
     finally:
         monkeypatch.setattr(dev, "source", source)
-        fresh()
+        probe.forget_tiles(dev)
     rates = probe.alu(dev, iters=4, groups=2)
     assert set(rates) == {f"{k}_gops" for k in probe.ALU_OPS}
     assert all(v > 0 for v in rates.values())
