@@ -476,25 +476,40 @@ def test_norm_and_swiglu_quantize_as_quantrows(dev, cols):
     o[1, :40] = 0.0
     x[2, 7] = 300.0                 # one group's scale set by one large value
     vb = np.concatenate([w, bias])
-    X = dev.upload(x.ravel())
-    Y = dev.buffer(t * cols * 4, copy_src=True)
     n = t * rows_block_words(cols) * 16
-    xq = dev.buffer(n, copy_src=True)
     step = dev.upload(np.array([t, 0, 0, 0], np.uint32), uniform=True)
     arena = ParamArena(dev)
-    p = arena.ref(u32s(cols, 0, 0, 1, 0, cols, 0, eps))
+    # a workgroup a row, the residual in place; a workgroup a round, the residual from
+    # the buffer's first region into its second
+    p_row = arena.ref(u32s(cols, 0, 0, 1, 0, cols, 0, eps, 0, 0, 0, 0))
+    p_round = arena.ref(u32s(cols, 0, 0, 1, 0, cols, 0, eps, t * cols, 0, 0, 0))
     arena.upload()
-    norm = Dispatch(llama_pipeline(dev, "llama_norm_q"), dev.bind(
-        KERNELS["llama_norm_q"], resolve([p, step, X, dev.upload(o.ravel()), dev.upload(vb),
-                                          Y, xq])), (t, 1, 1), "llama_norm_q")
-    got_q = _run_read(dev, [norm], t, xq, n)
     r = x + o + bias
     want = r / np.sqrt((r.astype(np.float64) ** 2).mean(1, keepdims=True) + eps) * w
-    got_y = _run_read(dev, [], t, Y, t * cols * 4).view(np.float32).reshape(t, cols)
-    assert _rel(got_y, want) < 1e-5
-    np.testing.assert_array_equal(
-        _run_read(dev, [], t, X, t * cols * 4).view(np.float32).reshape(t, cols), r)
-    np.testing.assert_array_equal(got_q, _quantrows(dev, Y, cols, cols, t))
+    got = {}
+    for how, p, dims in (("row", p_row, (t, 1, 1)),
+                         ("round", p_round, (t, (cols + 1023) // 1024, 1))):
+        X = dev.upload(np.concatenate([x.ravel(), np.full(t * cols, np.nan, np.float32)]))
+        Y = dev.buffer(t * cols * 4, copy_src=True)
+        xq = dev.buffer(n, copy_src=True)
+        norm = Dispatch(llama_pipeline(dev, "llama_norm_q"), dev.bind(
+            KERNELS["llama_norm_q"], resolve([p, step, X, dev.upload(o.ravel()),
+                                              dev.upload(vb), Y, xq])), dims, "llama_norm_q")
+        got_q = _run_read(dev, [norm], t, xq, n)
+        got_y = _run_read(dev, [], t, Y, t * cols * 4).view(np.float32).reshape(t, cols)
+        assert _rel(got_y, want) < 1e-5
+        xs = _run_read(dev, [], t, X, 2 * t * cols * 4).view(np.float32).reshape(2, t, cols)
+        if how == "row":
+            np.testing.assert_array_equal(xs[0], r)
+            assert np.isnan(xs[1]).all()
+        else:       # the old residual left as it was for the row's other workgroups
+            np.testing.assert_array_equal(xs[0], x)
+            np.testing.assert_array_equal(xs[1], r)
+        np.testing.assert_array_equal(got_q, _quantrows(dev, Y, cols, cols, t))
+        got[how] = got_y, got_q
+    # every workgroup of a row sums its squares in the one workgroup's order: the same bits
+    np.testing.assert_array_equal(got["row"][0], got["round"][0])
+    np.testing.assert_array_equal(got["row"][1], got["round"][1])
 
     gu = rng.standard_normal((t, 2 * cols)).astype(np.float32)
     gu[0, :64] = 0.0

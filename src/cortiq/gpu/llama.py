@@ -275,7 +275,9 @@ class GpuLlamaModel(GpuModel):
         self.weight_bytes = sum(m.nbytes for m in self.mats)
         # ---- activations for a chunk of up to CHUNK rows
         f4 = 4
-        self.x = dev.buffer(T * H * f4)                     # the residual stream
+        # the residual stream, in two regions of T rows: a norm pass reads one and writes
+        # the other (llama_norm.wgsl, a workgroup a round of columns)
+        self.x = dev.buffer(2 * T * H * f4)
         self.xn = dev.buffer(T * H * f4, copy_src=True)     # a norm's output
         self.qkv = dev.buffer(T * self.qkv_w * f4)
         self.att = dev.buffer(T * self.q_size * f4)
@@ -321,8 +323,12 @@ class GpuLlamaModel(GpuModel):
                                     y=self.out, y_off=0, y_stride=H, vbuf=self.vbuf)
             # the attention norm adds the previous layer's down product (none before layer 0)
             prev_bias = self.lw[i - 1]["down_bias"] if i else NONE
-            w["p_norm_in"] = a.ref(u32s(H, 0, 0, int(i > 0), 0, prev_bias, w["attn_norm"], eps))
-            w["p_norm_mlp"] = a.ref(u32s(H, 0, 0, 1, 0, w["o_bias"], w["mlp_norm"], eps))
+            # (the attention norm takes the residual from the first region into the second,
+            # the MLP norm back)
+            w["p_norm_in"] = a.ref(u32s(H, 0, 0, int(i > 0), 0, prev_bias, w["attn_norm"], eps,
+                                        T * H, 0, 0, 0))
+            w["p_norm_mlp"] = a.ref(u32s(H, T * H, 0, 1, 0, w["o_bias"], w["mlp_norm"], eps,
+                                         0, 0, 0, 0))
             w["p_qk"] = a.ref(u32s(self.nh, self.nk, self.hd, self.qkv_w, w["qkv_bias"],
                                    w["q_norm"], w["k_norm"], int(cfg.rope_interleaved), eps,
                                    T, 0, 0))
@@ -343,10 +349,10 @@ class GpuLlamaModel(GpuModel):
         self._fuse_decode_stages(eps, fuse_stages)
         last_bias = self.lw[-1]["down_bias"] if self.lw else NONE
         self.p_norm_final = a.ref(u32s(H, 0, 0, int(bool(self.lw)), 0, last_bias,
-                                       self.v_norm, eps))
-        # a decode row's residual ends in the stream's second region (fused norms)
+                                       self.v_norm, eps, T * H, 0, 0, 0))
+        # a decode row's residual ends at the stream's second row (fused norms); in place
         self.p_norm_final_b = a.ref(u32s(H, H, 0, int(bool(self.lw)), 0, last_bias,
-                                         self.v_norm, eps))
+                                         self.v_norm, eps, H, 0, 0, 0))
         self.head_last = MatvecOp(dev, [self.head], a, x=self.xn, x_off=0, x_stride=H,
                                   y=self.logits, y_off=0, y_stride=self.vocab, vbuf=self.vbuf,
                                   last_row=True)
@@ -620,6 +626,8 @@ class GpuLlamaModel(GpuModel):
         dev = self.dev
         nt = 1 if mode == "decode" else MATMAT_NT
         rows = lambda t: (t, 1, 1)  # noqa: E731
+        rounds = (self.hidden + 1023) // 1024
+        by_round = lambda t: (t, rounds, 1)  # noqa: E731 -- a norm: a workgroup a round
 
         # int8 rows: the norms and SwiGLU (and the attention merge, R.merge_quantizes)
         # write their output quantized as well, and the products reading it take it so
@@ -655,7 +663,7 @@ class GpuLlamaModel(GpuModel):
             if fuse_norms and li:
                 prog.extend(product("qkv_norm_op", li))
             else:
-                prog.append(stage("llama_norm", [w["p_norm_in"]] + norm, rows))
+                prog.append(stage("llama_norm", [w["p_norm_in"]] + norm, by_round))
                 prog.extend(product("qkv_op", li))
             if R is not None and self.splits > 1:   # each row split, merged over the rows
                 prog.append((SEQUENCE_PART, mode, li, self.splits))
@@ -670,7 +678,7 @@ class GpuLlamaModel(GpuModel):
             if fuse_norms:
                 prog.extend(product("gu_norm_op", li))
             else:
-                prog.append(stage("llama_norm", [w["p_norm_mlp"]] + norm, rows))
+                prog.append(stage("llama_norm", [w["p_norm_mlp"]] + norm, by_round))
                 prog.extend(product("gu_op", li))
             if fuse_swiglu:
                 prog.extend(product("down_swiglu_op", li))
@@ -679,8 +687,10 @@ class GpuLlamaModel(GpuModel):
                                   lambda t: (groups, t, 1)))
                 prog.extend(product("down_op", li))
         if want != "none":
-            final = self.p_norm_final_b if fuse_norms and self.lw else self.p_norm_final
-            prog.append(stage("llama_norm", [final] + norm, rows))
+            if fuse_norms and self.lw:      # in place: a workgroup a row
+                prog.append(stage("llama_norm", [self.p_norm_final_b] + norm, rows))
+            else:
+                prog.append(stage("llama_norm", [self.p_norm_final] + norm, by_round))
         if want in ("last", "greedy") and R is None:
             prog.extend(product("head_last"))
         elif want in ("last", "greedy", "all"):
