@@ -50,7 +50,7 @@ from ..models.base import Capabilities, check_feed
 from .device import Device
 from .kernels import (DTYPE_IDS, FIXED, MATMAT_NT, NONE, Dispatch, GpuMatrix, MatvecOp,
                       ParamArena, WeightUpload, _part_tables, embed_kinds, embed_pipeline,
-                      fixed_pipeline, resolve, rows_block_words, u32s)
+                      fixed_pipeline, resolve, rows_block_words, u32s, unroll_row_loops)
 from .model import SEQUENCE_PART, GpuModel, RowSlices
 
 #: prompt rows a submission takes (the host forward's chunk)
@@ -110,6 +110,11 @@ ROWS_QUANTIZE_IN_PASSES = True
 #: decode rows one rows attention dispatch takes at most (llama_attn_rows_qk binds two
 #: caches a row; fewer where the device binds fewer storage buffers)
 ROWS_ATTN_GROUP = 8
+#: lanes a workgroup of the split attention (llama_attn_split.wgsl: 128 or 256): a rows
+#: dispatch's (query head, row, key range) workgroups, eight times the one-row decode's,
+#: take 128 so that twice as many are resident at once
+ROWS_ATTN_LANES = 128
+ATTN_LANES = 256
 
 # llama_attn_split.wgsl's one-row pieces: its step block, cache write and key loop
 _ONE_ROW = {
@@ -118,6 +123,7 @@ _ONE_ROW = {
     "$ROW_FNS": """fn row_pos(rb: u32) -> u32 { return S.pos0; }
 /*$W*/fn kvw(rb: u32, i: u32, k: vec4<f32>, v: vec4<f32>) { KC[i] = k; VC[i] = v; }""",
     "$KEYS_CALL": "keys(kfrom, kto, p, own, kvw4, kb4, lid);",
+    "$WG": str(ATTN_LANES),
 }
 _ROPE_CHUNK = {"$ROPE_COS": "t * hh + i", "$ROPE_SIN": "(P.rope_t + t) * hh + i"}
 
@@ -134,6 +140,8 @@ def _source(dev: Device, src: str, marks: dict, rows: int = 1) -> str:
                                           for b in range(rows))))
     for k, v in marks.items():
         code = code.replace(k, v)
+    if "$WG" in marks:      # the split attention's key loads, written out
+        code = unroll_row_loops(code, 1024 // int(marks["$WG"]), "m", "NP")
     return code
 
 
@@ -174,8 +182,8 @@ fn kvw(rb: u32, i: u32, k: vec4<f32>, v: vec4<f32>) {{
     marks = {"$STEP_DECL": f"@group(0) @binding(1) var<uniform> ST: array<vec4<u32>, {g * sw4}>;",
              "$ROWS_DECL": "\n".join(decl), "$ROW_FNS": fns, "$KEYS_CALL": call,
              "$ROPE_COS": "t * P.pad1 + i", "$ROPE_SIN": "t * P.pad1 + hh + i",
-             "$KV": "read_write", "$QK": "true", "/*$W*/": ""}
-    return dev.pipeline(("llama_attn_rows_qk", g, sw4),
+             "$KV": "read_write", "$QK": "true", "/*$W*/": "", "$WG": str(ROWS_ATTN_LANES)}
+    return dev.pipeline(("llama_attn_rows_qk", g, sw4, ROWS_ATTN_LANES),
                         _source(dev, "llama_attn_split.wgsl", marks, g), rows_attn_kinds(g))
 
 

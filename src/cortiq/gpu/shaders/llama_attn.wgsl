@@ -46,6 +46,8 @@ fn reduce_max(v: f32, lid: u32) -> f32 {
     return r;
 }
 
+const WG: u32 = 256u;    // lanes a workgroup
+
 $HEAD_PREP
 
 @compute @workgroup_size(256)

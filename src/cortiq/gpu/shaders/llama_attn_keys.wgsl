@@ -7,7 +7,7 @@ fn keys$KB(kfrom: u32, kto: u32, p: u32, own: bool, kvw4: u32, kb4: u32, lid: u3
     let hd4 = P.hd / 4u;
     let kl = lid / L;           // scores: this lane's key in the tile
     let kc = lid % L;           // and its first 16-byte piece
-    let groups = 256u / hd4;    // values: key groups of hd4 lanes
+    let groups = WG / hd4;      // values: key groups of hd4 lanes
     let vg = lid / hd4;
     let vi = lid % hd4;
     for (var base = kfrom; base < kto; base += TILE) {
@@ -17,17 +17,15 @@ fn keys$KB(kfrom: u32, kto: u32, p: u32, own: bool, kvw4: u32, kb4: u32, lid: u3
         if (kl < n) {
             if (own && j == p) {
                 for (var i = kc; i < hd4; i += L) { d += dot(q4[i], kn4[i]); }
-            } else {    // the lane's first four pieces loaded at once, then any more
+            } else {    // the lane's first NP pieces loaded at once, then any more
                 let r = j * kvw4 + kb4;
-                let a0 = KC$KB[r + kc];
-                let a1 = KC$KB[r + kc + L];
-                let a2 = KC$KB[r + kc + 2u * L];
-                let a3 = KC$KB[r + kc + 3u * L];
-                d = select(0.0, dot(q4[kc], a0), kc < hd4);
-                d += select(0.0, dot(q4[kc + L], a1), kc + L < hd4);
-                d += select(0.0, dot(q4[kc + 2u * L], a2), kc + 2u * L < hd4);
-                d += select(0.0, dot(q4[kc + 3u * L], a3), kc + 3u * L < hd4);
-                for (var i = kc + 4u * L; i < hd4; i += L) { d += dot(q4[i], KC$KB[r + i]); }
+                for (var m = 0u; m < NP; m++) {     // written out (llama.py)
+                    if (kc + m * L < hd4) { ka[m] = KC$KB[r + kc + m * L]; }
+                }
+                for (var m = 0u; m < NP; m++) {
+                    if (kc + m * L < hd4) { d += dot(q4[kc + m * L], ka[m]); }
+                }
+                for (var i = kc + NP * L; i < hd4; i += L) { d += dot(q4[i], KC$KB[r + i]); }
             }
         }
         dots[kc * TILE + kl] = d;

@@ -7,11 +7,13 @@
 // The O product's input stage (matvec1.wgsl, PRO 5) merges the records of each head.
 // Query head h reads KV head h / (nh / nk); hd % 4 == 0.
 // The key loop is llama_attn_keys.wgsl's keys() (spliced in at KEYS_FNS, once for each
-// cache binding). Keys go TILE = 32 at a time. Scores: L = 8 neighbouring lanes a key,
-// each dotting every 8th 16-byte piece of the key row, so the 8 lanes read 128
-// consecutive bytes (coalesced) and their partial dots meet in shared memory. Values: 256 / (hd / 4)
-// groups of hd / 4 lanes, a group taking every (256 / (hd / 4))-th key of the tile, a
-// lane one 16-byte piece of the value row; the groups' sums meet at the end.
+// cache binding). A workgroup has WG lanes (256, or 128 for a rows dispatch, whose many
+// workgroups then fit the device at once; kernels module, ROWS_ATTN_LANES). Keys go
+// TILE = 32 at a time. Scores: L = WG / 32 neighbouring lanes a key, each dotting every
+// L-th 16-byte piece of the key row, so the L lanes read consecutive bytes (coalesced)
+// and their partial dots meet in shared memory. Values: WG / (hd / 4) groups of hd / 4
+// lanes, a group taking every (WG / (hd / 4))-th key of the tile, a lane one 16-byte
+// piece of the value row; the groups' sums meet at the end.
 // QK (llama_attn_split_qk): the dispatch also does llama_qk's work for the row (bias,
 // q/k norm, rotary of llama_head_prep.wgsl): each workgroup prepares its query head, the
 // split holding p also its KV head's new k and v rows, which it uses from shared memory
@@ -44,19 +46,22 @@ $STEP_DECL
 $ROWS_DECL
 
 const QK: bool = $QK;
-const L: u32 = 8u;        // lanes a key's score
-const TILE: u32 = 32u;    // keys a pass: 256 / L
+const WG: u32 = $WGu;     // lanes a workgroup
+const L: u32 = WG / 32u;  // lanes a key's score
+const TILE: u32 = 32u;    // keys a pass: WG / L
+const NP: u32 = 32u / L;  // 16-byte pieces of a key a lane loads at once (hd up to 128)
 
 var<workgroup> q4: array<vec4<f32>, 128>;
 var<workgroup> kn4: array<vec4<f32>, 128>;
 var<workgroup> vn4: array<vec4<f32>, 128>;
-var<workgroup> dots: array<f32, 256>;    // partial dots, [lane of the key][key]
+var<workgroup> dots: array<f32, $WG>;    // partial dots, [lane of the key][key]
 var<workgroup> sc: array<f32, TILE>;     // the tile's scores
 var<workgroup> ew: array<f32, TILE>;     // their softmax weights against the running max
-var<workgroup> part: array<vec4<f32>, 256>;
+var<workgroup> part: array<vec4<f32>, $WG>;
 var<private> run_m: f32;          // the running max, sum and values of keys()
 var<private> run_l: f32;
 var<private> run_acc: vec4<f32>;
+var<private> ka: array<vec4<f32>, NP>;   // a lane's pieces of a key, in flight together
 
 $HEAD_PREP
 
@@ -68,7 +73,7 @@ fn take4(i: u32) -> vec4<f32> {
 }
 
 $KEYS_FNS
-@compute @workgroup_size(256)
+@compute @workgroup_size($WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let head = wid.x;
@@ -88,21 +93,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let own = QK && kfrom <= p && p < kto;             // key p from shared memory
     if (QK) {
         prep(head, rb, P.qn, true, lid);
-        for (var i = lid; i < hd4; i += 256u) { q4[i] = take4(i) * P.scale; }
+        for (var i = lid; i < hd4; i += WG) { q4[i] = take4(i) * P.scale; }
         workgroupBarrier();
         if (own) {
             prep(P.nh + kvh, rb, P.kn, true, lid);
-            for (var i = lid; i < hd4; i += 256u) { kn4[i] = take4(i); }
+            for (var i = lid; i < hd4; i += WG) { kn4[i] = take4(i); }
             workgroupBarrier();
             prep(P.nh + P.nk + kvh, rb, 0xffffffffu, false, lid);
-            for (var i = lid; i < hd4; i += 256u) { vn4[i] = take4(i); }
+            for (var i = lid; i < hd4; i += WG) { vn4[i] = take4(i); }
             workgroupBarrier();
             if (head % grp == 0u) {
-                /*$W*/for (var i = lid; i < hd4; i += 256u) { kvw(rb, p * kvw4 + kb4 + i, kn4[i], vn4[i]); }
+                /*$W*/for (var i = lid; i < hd4; i += WG) { kvw(rb, p * kvw4 + kb4 + i, kn4[i], vn4[i]); }
             }
         }
     } else {
-        for (var i = lid; i < hd4; i += 256u) {
+        for (var i = lid; i < hd4; i += WG) {
             let b = rb * P.qkv_w + head * hd + 4u * i;
             q4[i] = vec4<f32>(QKV[b], QKV[b + 1u], QKV[b + 2u], QKV[b + 3u]) * P.scale;
         }
@@ -115,7 +120,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     part[lid] = run_acc;
     workgroupBarrier();
     let rec = rb * P.pad0 + (head * nwg.z + wid.z) * (hd4 + 1u);
-    let groups = 256u / hd4;
+    let groups = WG / hd4;
     if (lid < hd4) {
         var v = vec4<f32>(0.0);
         for (var g = 0u; g < groups; g++) { v += part[g * hd4 + lid]; }

@@ -22,6 +22,8 @@ struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(5) var<storage, read_write> KC: array<f32>;
 @group(0) @binding(6) var<storage, read_write> VC: array<f32>;
 
+const WG: u32 = 256u;    // lanes a workgroup
+
 $HEAD_PREP
 
 @compute @workgroup_size(256)
