@@ -132,13 +132,13 @@ _DOT16 = """fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
 # the chunk's copy into shared memory, from the barrier before it to the one after
 _COPY = re.compile(r"\n[ ]*workgroupBarrier\(\);[^\n]*the last chunk's reads are done\n"
                    r".*?\n[ ]*workgroupBarrier\(\);\n", re.DOTALL)
-_TILELOAD = """fn tileload(row: u32, k: u32) {   // the R rows from `row`: words k and k + GC into nw, nw2
+_TILELOAD = """fn tileload(row: u32, g: u32) {   // the R rows from `row`: group g's words into nw, nw2
 $TILES
 }"""
-_FAKE_TILELOAD = """fn tileload(row: u32, k: u32) {
+_FAKE_TILELOAD = """fn tileload(row: u32, g: u32) {
     for (var j = 0u; j < R; j++) {
-        nw[j] = vec4<u32>(row + j, k, 1u, 2u);
-        nw2[j] = vec4<u32>(k, row, 3u, 4u);
+        nw[j] = vec4<u32>(row + j, g, 1u, 2u);
+        nw2[j] = vec4<u32>(g, row, 3u, 4u);
     }
 }"""
 # mode -> (the text of matvecb_tile.wgsl it replaces, its replacement)

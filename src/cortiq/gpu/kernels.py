@@ -565,7 +565,7 @@ def matvecb_tile_pipeline(dev: Device, nparts: int):
     fns = [_decoder(dev, i, "q8_row") + part.replace("$I", str(i)) for i in range(nparts)]
     code = (_subgroup_variant(_matvec_source(dev, "matvecb_tile.wgsl", nparts, fns, "lane")
                               .replace("$W32", "sgs == 32u" if sg else "false"), sg)
-            .replace("$TILES", _tile_dispatch(nparts, "tileload_$I(r, k);"))
+            .replace("$TILES", _tile_dispatch(nparts, "tileload_$I(r, g);"))
             .replace("$ROWSCALES", _tile_dispatch(
                 nparts, "for (var j = 0u; j < R; j++) { rsc[j] = W$I_rowscale(r + j, $ROWS, P.cols); }"))
             .replace("$RPWu", f"{8 * ROWS_TILE}u").replace("$Ru", f"{ROWS_TILE}u")

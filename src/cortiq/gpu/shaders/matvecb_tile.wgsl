@@ -2,16 +2,13 @@
 // for the decode rows of several sequences (t < S.t), q8_row parts only, the rows
 // quantized first (quantrows.wgsl, into XQ). A lane group of 32 lanes (reduced by
 // subgroupAdd where the subgroups are 32 wide, else by a tree in shared memory) takes R
-// weight rows at once: of each chunk of CH columns (2 * GC 16-byte words a row), lane l
-// loads words l and GC + l of each of the R rows, so that each load of the lane group
-// reads 32 neighbouring words (whole 32-byte sectors; a lane's two words of one
-// 32-column group would leave every load half of each sector), and dots them with the
-// same words of each of the NB input rows, each word's dot scaled by its group's input
-// scale, so an input word is read once for R weight rows and a weight word once for NB
-// input rows.
+// weight rows at once: each lane loads one 32-column group (two 16-byte words) of each of
+// the R rows and dots it with the same group of each of the NB input rows, the two
+// words' dots summed as integers and scaled once by the group's input scale, so an input
+// group is read once for R weight rows and a weight group once for NB input rows.
 // The input rows are read from shared memory, CH columns at a time: the workgroup copies
-// each chunk of its NB rows there once (the chunk's first and second halves of words
-// apart, so that neighbouring lanes read neighbouring words, and the scales), where its
+// each chunk of its NB rows there once (codes split into the groups' first and second
+// words, so that neighbouring lanes read neighbouring words, and the scales), where its
 // eight lane groups would otherwise each read the same input from L2 (eight rows of
 // input: 4.5 bytes a weight byte at R = 2, the weights' stream evicting them from L1).
 // A lane's weight words of the next chunk are loaded before the current chunk is copied
@@ -32,15 +29,15 @@ const GC: u32 = CH / 32u; // 32-column groups a chunk
 const SG: bool = $SG;
 
 var<private> acc: array<f32, $ACCN>;     // acc[j * NB + t]
-var<private> w: array<vec4<u32>, $Ru>;   // the R rows' words of the lane: word l of the
-var<private> w2: array<vec4<u32>, $Ru>;  // chunk and word GC + l
-var<private> nw: array<vec4<u32>, $Ru>;  // the same of the next chunk, in flight
+var<private> w: array<vec4<u32>, $Ru>;   // the R rows' words of the lane's group: the first
+var<private> w2: array<vec4<u32>, $Ru>;  // and the second
+var<private> nw: array<vec4<u32>, $Ru>;  // the same of the next chunk's group, in flight
 var<private> nw2: array<vec4<u32>, $Ru>;
 var<private> rsc: array<f32, $Ru>;
 var<private> nt: u32;
-var<workgroup> xq0: array<vec4<u32>, $XQN>;   // [t][l]: the chunk's words l < GC
-var<workgroup> xq1: array<vec4<u32>, $XQN>;   // and GC + l
-var<workgroup> xs: array<f32, $XQN>;          // [t][g]: its groups' scales
+var<workgroup> xq0: array<vec4<u32>, $XQN>;   // [t][g]: the chunk's first words
+var<workgroup> xq1: array<vec4<u32>, $XQN>;   // and second words
+var<workgroup> xs: array<f32, $XQN>;          // and scales
 var<workgroup> red: array<f32, $REDN>;
 
 fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
@@ -56,7 +53,7 @@ fn put(row: u32, t: u32, d: f32, rs: f32) {
     Y[P.y_off + t * P.y_stride + row] = v;
 }
 
-fn tileload(row: u32, k: u32) {   // the R rows from `row`: words k and k + GC into nw, nw2
+fn tileload(row: u32, g: u32) {   // the R rows from `row`: group g's words into nw, nw2
 $TILES
 }
 
@@ -64,17 +61,15 @@ fn rowscales(row: u32) {          // the R rows' scales from `row` into rsc
 $ROWSCALES
 }
 
-fn tiledots(l: u32, cw: u32) {   // lane l's words of a chunk of cw words (in w, w2) with its NB rows
-    let two = GC + l < cw;          // word GC + l in the chunk (its scale 0 if not)
+fn tiledots(g: u32) {   // the lane's group g of the chunk (words in w, w2) with its NB rows
     for (var t = 0u; t < NB; t++) {
         if (t < nt) {
-            let i = t * GC + l;
+            let i = t * GC + g;
             let q = xq0[i];
             let q2 = xq1[i];
-            let s = xs[t * GC + l / 2u];
-            let s2 = select(0.0, xs[t * GC + (GC + l) / 2u], two);
+            let s = xs[i];
             for (var j = 0u; j < R; j++) {
-                acc[j * NB + t] += f32(dot16(w[j], q)) * s + f32(dot16(w2[j], q2)) * s2;
+                acc[j * NB + t] += f32(dot16(w[j], q) + dot16(w2[j], q2)) * s;
             }
         }
     }
@@ -96,26 +91,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let live = row < P.total_rows;
     if (live) {
         rowscales(row);
-        if (lane < min(GC, n)) { tileload(row, lane); }
+        if (lane < min(GC, ng)) { tileload(row, lane); }
     }
     for (var g0 = 0u; g0 < ng; g0 += GC) {
-        let cw = 2u * min(GC, ng - g0);       // words of this chunk, from word 2 * g0
+        let gc = min(GC, ng - g0);
         workgroupBarrier();                   // the last chunk's reads are done
         for (var i = lid; i < NB * GC; i += 256u) {
             let t = i / GC;
-            let l = i % GC;
-            if (t < nt) {
+            let g = g0 + i % GC;
+            if (t < nt && g < ng) {
                 let rb = (t0 + t) * blk;
-                if (l < cw) { xq0[i] = XQ[rb + 2u * g0 + l]; }
-                if (GC + l < cw) { xq1[i] = XQ[rb + 2u * g0 + GC + l]; }
-                let g = g0 + l;
-                if (2u * l < cw) { xs[i] = bitcast<f32>(XQ[rb + n + (g >> 2u)][g & 3u]); }
+                xq0[i] = XQ[rb + 2u * g];
+                xq1[i] = XQ[rb + 2u * g + 1u];
+                xs[i] = bitcast<f32>(XQ[rb + n + (g >> 2u)][g & 3u]);
             }
         }
         workgroupBarrier();
         for (var j = 0u; j < R; j++) { w[j] = nw[j]; w2[j] = nw2[j]; }
-        if (live && 2u * (g0 + GC) + lane < n) { tileload(row, 2u * (g0 + GC) + lane); }
-        if (live && lane < min(GC, cw)) { tiledots(lane, cw); }
+        if (live && g0 + GC + lane < ng) { tileload(row, g0 + GC + lane); }
+        if (live && lane < gc) { tiledots(lane); }
     }
     let sg32 = $W32;
     if (SG && sg32) {
