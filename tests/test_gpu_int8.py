@@ -291,10 +291,10 @@ def test_rows_chunk_fits_the_workgroup_storage(storage, chunk):
 
 
 @pytest.mark.parametrize("subgroups", [True, False])
-@pytest.mark.parametrize("tile,chunk", [(4, None), (2, None), (2, 64)])
+@pytest.mark.parametrize("tile,chunk", [(4, None), (2, None), (2, 64), (2, 32)])
 def test_int8_rows_matvec_tiles(dev, monkeypatch, subgroups, tile, chunk):
     """The int8 rows matvec in R-row register tiles (matvecb_tile.wgsl), its input read
-    from shared memory in chunks of the device's size or of 64 columns (many chunks, the
+    from shared memory in chunks of the device's size or of 64 or 32 columns (many chunks, the
     last one short): one part and a fused group of parts split over bindings, row counts
     that leave a workgroup part full, 1..11 input rows (a second group of ROWS_NB), with
     subgroups and with the shared-memory tree of a device opened without them; each row
