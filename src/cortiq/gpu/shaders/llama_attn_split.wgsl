@@ -8,7 +8,7 @@
 // Query head h reads KV head h / (nh / nk); hd % 4 == 0.
 // The key loop is llama_attn_keys.wgsl's keys() (spliced in at KEYS_FNS, once for each
 // cache binding). A workgroup has WG lanes (256, or 128 for a rows dispatch, whose many
-// workgroups then fit the device at once; kernels module, ROWS_ATTN_LANES). Keys go
+// workgroups then fit the device at once; llama.ROWS_ATTN_LANES). Keys go
 // TILE = 32 at a time. Scores: L = WG / 32 neighbouring lanes a key, each dotting every
 // L-th 16-byte piece of the key row, so the L lanes read consecutive bytes (coalesced)
 // and their partial dots meet in shared memory. Values: WG / (hd / 4) groups of hd / 4
