@@ -112,7 +112,8 @@ ROWS_QUANTIZE_IN_PASSES = True
 ROWS_ATTN_GROUP = 8
 #: lanes a workgroup of the split attention (llama_attn_split.wgsl: 128 or 256): a rows
 #: dispatch's (query head, row, key range) workgroups, eight times the one-row decode's,
-#: take 128 so that twice as many are resident at once
+#: take 128 so that twice as many are resident at once; the one-row decode's, fewer than
+#: the device holds at once either way, take 256
 ROWS_ATTN_LANES = 128
 ATTN_LANES = 256
 
