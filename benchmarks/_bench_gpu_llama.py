@@ -160,14 +160,64 @@ def rows_breakdown(g, prompt, rows: int, time_dispatches) -> dict:
                 prog, lambda ds: time_dispatches(g, ds, k=4, at=rows), shapes=True)}
 
 
+#: positions at which rows_range_sweep times the rows' attention alone
+RANGE_POSITIONS = (1024, 4096)
+
+
+def rows_attention_ms(g, prompt, rows: int, pos: int, time_dispatches) -> dict:
+    """GPU ms of a rows step's attention dispatches (and their merges) for `rows`
+    sequences at position `pos`: the states take the prompt, then their position is set
+    to pos over caches grown to hold it (what the keys hold does not change the time)."""
+    sts = [g.new_state() for _ in range(rows)]
+    for st in sts:
+        g.forward(st, prompt[:4], "none")
+        g._grow(st, pos + 2)
+        st.pos = pos
+    g.forward_batch(sts, [[int(prompt[-1])]] * rows, ["none"] * rows, [False] * rows)
+    prog = g._resolve(g._skeleton("rows", "none"), lambda m: g._rows_part(sts, m))
+    attn = [d for d in prog if d.name.startswith("llama_attn")]
+    return {"dispatches": len(attn), "ms": time_dispatches(g, attn, k=4, at=rows) * 1e3}
+
+
+def rows_range_sweep(g, prompt, batch, time_dispatches, values) -> dict:
+    """The batched decode and the rows step of eight rows under each value of
+    llama.ROWS_RANGE_KEYS (the keys a range of the rows' split attention takes at
+    least; 0: every row cut into all of the model's ranges), and the rows' attention
+    alone at RANGE_POSITIONS."""
+    from cortiq.gpu import llama
+    keep = llama.ROWS_RANGE_KEYS
+    out = {}
+    try:
+        for v in values:
+            llama.ROWS_RANGE_KEYS = v
+            g._rows = None
+            busy(g.dev)
+            r = dict(batch(g, prompt))
+            b = rows_breakdown(g, prompt, 8, time_dispatches)
+            r["rows_program_b8"] = {k: b[k] for k in ("step_ms", "step_no_logits_ms", "gpu_ms")}
+            r["rows_program_b8"]["ms_by_kernel"] = {
+                k: t["ms"] for k, t in b["gpu_ms_by_kernel"].items()
+                if not k.startswith("matvecb")}
+            for pos in RANGE_POSITIONS:
+                r[f"attention_b8_at_{pos}"] = rows_attention_ms(g, prompt, 8, pos,
+                                                                time_dispatches)
+            out[str(v)] = r
+    finally:
+        llama.ROWS_RANGE_KEYS = keep
+        g._rows = None
+    return out
+
+
 def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw: float,
-                 time_dispatches, batch=None) -> dict:
+                 time_dispatches, batch=None, range_keys=()) -> dict:
     """Build the model, then prefill and decode tokens/s (the session path, greedy on the
     device, greedy chained on the device), effective weight GB/s and % of the read
     bandwidth bw, dispatches, host recording and GPU time per token, GPU time by kernel.
     time_dispatches(g, dispatches, k, at): bench_gpu.py's GPU timer; batch(g, prompt), when
     given: the aggregate batched decode (bench_gpu.py's batch_decode), under
-    "cortiq_gpu_batch" (and "int8" -> "cortiq_gpu_batch")."""
+    "cortiq_gpu_batch" (and "int8" -> "cortiq_gpu_batch"); range_keys: values of
+    llama.ROWS_RANGE_KEYS under which the int8 batched decode and its rows step are
+    measured again ("int8" -> "rows_range_keys")."""
     from cortiq.gpu import to_device
     t0 = time.perf_counter()
     host = random_llama(geometry)
@@ -228,6 +278,9 @@ def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw:
         busy(dev)
         i8["cortiq_gpu_batch"] = batch(g, prompt)
         i8["rows_program_b8"] = rows_breakdown(g, prompt, 8, time_dispatches)
+        if range_keys:
+            i8["rows_range_keys"] = rows_range_sweep(g, prompt, batch, time_dispatches,
+                                                     range_keys)
     out["int8"] = i8
     # A/B: the same int8 decode with each product staging its input in every workgroup
     from cortiq.gpu import kernels

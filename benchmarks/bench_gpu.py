@@ -421,6 +421,9 @@ def main():
                          "plain product's lanes read its input themselves, unstaged), once=1|0 "
                          "(int8 activations, each product's input staged by a pass of its "
                          "own or in each of its workgroups)")
+    ap.add_argument("--rows-range-keys", default="",
+                    help="values of llama.ROWS_RANGE_KEYS (comma-separated) under which the "
+                         "Llamas' int8 batched decode is measured again (empty: none)")
     a = ap.parse_args()
     phases = {}
     t_phase = time.perf_counter()
@@ -580,7 +583,9 @@ def main():
                                        _time_dispatches,
                                        (lambda g, prompt: batch_decode(g, prompt, a.tokens,
                                                                        sizes))
-                                       if sizes else None)
+                                       if sizes else None,
+                                       [int(v) for v in a.rows_range_keys.split(",")
+                                        if v.strip()])
             phase(name)
             save()
     if "dsv4" in models:

@@ -384,13 +384,17 @@ def test_llama_rows_equal_each_sequence_alone(dev, tmp_path_factory, name, fuse_
     f.close()
 
 
-@pytest.mark.parametrize("hd,group", [(16, None), (160, 2)])
-def test_llama_rows_attention_over_many_keys(dev, tmp_path_factory, hd, group, monkeypatch):
-    """The rows' split attention where each key range spans several tiles of keys (two
-    ranges over 45-101 keys), one layer windowed: three sequences' decode rows in one
-    rows dispatch (or groups of two and one), for three steps, equal the host's forward of
-    each sequence alone. hd 16: fewer 16-byte pieces a key than a key's lanes; hd 160:
-    five a lane (the loop after the first four)."""
+@pytest.mark.parametrize("hd,group,range_keys", [(16, None, 32), (160, 2, 0), (16, None, 64)])
+def test_llama_rows_attention_over_many_keys(dev, tmp_path_factory, hd, group, range_keys,
+                                             monkeypatch):
+    """The rows' split attention where key ranges span several tiles of keys (up to four
+    ranges over 43-104 keys), the middle layer windowed: three sequences' decode rows in
+    one rows dispatch (or groups of two and one), for three steps, equal the host's
+    forward of each sequence alone. hd 16: fewer 16-byte pieces a key than a key's lanes;
+    hd 160: five a lane (the loop after the first four). range_keys (ROWS_RANGE_KEYS): 0
+    cuts every row into all four ranges; 32 and 64 into as many as leave each range that
+    many keys (1 to 4, three ranges among them), the rest written empty, as the last
+    layer's records show."""
     from batch_models import llama_tensors, tokenizer_json
 
     from cortiq.gpu import llama
@@ -398,16 +402,17 @@ def test_llama_rows_attention_over_many_keys(dev, tmp_path_factory, hd, group, m
     from cortiq.models.llama import LlamaModel
     if group:
         monkeypatch.setattr(llama, "ROWS_ATTN_GROUP", group)
-    t, arch = llama_tensors(hidden=64, ffn=96, layers=2, heads=4, kv=2, hd=hd, seed=hd)
+    monkeypatch.setattr(llama, "ROWS_RANGE_KEYS", range_keys)
+    t, arch = llama_tensors(hidden=64, ffn=96, layers=3, heads=4, kv=2, hd=hd, seed=hd)
     path = tmp_path_factory.mktemp("rows_keys") / f"hd{hd}.cmf"
     cmf.write(path, t, arch={k: v for k, v in arch.items() if v is not None}, quant="q8_row",
               tokenizer_json=tokenizer_json(), progress=False)
     f = cmf.open(str(path))
     h = LlamaModel(f)
-    g = GpuLlamaModel(h, dev, attn_splits=2)
-    assert g.splits == 2
+    g = GpuLlamaModel(h, dev, attn_splits=4)
+    assert g.splits == 4
     rng = np.random.default_rng(hd)
-    prompts = [rng.integers(0, h.vocab, n) for n in (70, 45, 101)]
+    prompts = [rng.integers(0, h.vocab, n) for n in (70, 42, 101)]
     hs, gs = [h.new_state() for _ in prompts], [g.new_state() for _ in prompts]
     for p, hst, gst in zip(prompts, hs, gs):
         h.forward(hst, p, "none")
@@ -420,6 +425,22 @@ def test_llama_rows_attention_over_many_keys(dev, tmp_path_factory, hd, group, m
             assert _rel(got[j], want) < 1e-3
             assert int(np.argmax(got[j])) == int(np.argmax(want))
     assert {d.name for d in g._rows._attn_now.values()} == {"llama_attn_rows_qk"}
+    # the last (full) layer's records: each row's first ranges hold keys, the rest none
+    S = g._rows.slices
+    stride, rec = S.stride["apart"], hd + 4
+    stage = dev.staging(3 * stride * 4)
+    enc = dev.dev.create_command_encoder()
+    enc.copy_buffer_to_buffer(S.bufs["apart"], 0, stage, 0, 3 * stride * 4)
+    dev.queue.submit([enc.finish()])
+    parts = dev.read(stage, 3 * stride * 4).view(np.float32).reshape(3, stride)
+    for j, st in enumerate(gs):
+        n = st.pos          # the keys of the last step's row
+        ns = 4 if not range_keys else min(4, max(1, -(-n // range_keys)))
+        per = -(-n // ns)
+        full = -(-n // per)
+        for head in range(4):
+            ls = [parts[j, (head * 4 + s) * rec + 1] for s in range(4)]
+            assert [x > 0 for x in ls] == [s < full for s in range(4)], (j, head, ls)
     f.close()
 
 

@@ -116,6 +116,11 @@ ROWS_ATTN_GROUP = 8
 #: the device holds at once either way, take 256
 ROWS_ATTN_LANES = 128
 ATTN_LANES = 256
+#: keys a range of a rows dispatch's split attention takes at least: each row is cut into
+#: as many of the model's `splits` ranges as leave every range this many keys (its other
+#: workgroups only write empty records), since the rows already give the dispatch its
+#: workgroups and a thin range repeats the head prep for a few keys
+ROWS_RANGE_KEYS = 64
 
 # llama_attn_split.wgsl's one-row pieces: its step block, cache write and key loop
 _ONE_ROW = {
@@ -745,7 +750,8 @@ class _LlamaRows:
             self.p_attn = [self.arena.ref(u32s(
                 m.nh, m.nk, m.hd, S.stride["qkv"], w["window"], m.q_size,
                 float(m.host.attn_scale), S.stride["apart"] // 4, w["qkv_bias"], w["q_norm"],
-                w["k_norm"], int(m.cfg.rope_interleaved), float(m.cfg.eps), 1, S.rope_stride, 0))
+                w["k_norm"], int(m.cfg.rope_interleaved), float(m.cfg.eps), 1, S.rope_stride,
+                ROWS_RANGE_KEYS))
                 for w in m.lw]
         self.group = rows_attn_group(m.dev)
         # the rows attention's dispatches of the last submission and of this one, by

@@ -32,7 +32,7 @@ class RowSlices:
 
         self.width = dict(widths)
         self.stride = {k: padded(v) for k, v in widths.items()}
-        self.bufs = {k: dev.buffer(rows * self.stride[k] * 4) for k in widths}
+        self.bufs = {k: dev.buffer(rows * self.stride[k] * 4, copy_src=True) for k in widths}
         self.rope_floats, self.rope_stride = rope_floats, padded(rope_floats)
         self.rope = dev.buffer(rows * self.rope_stride * 4)
         self.step_words = max(dev.uniform_align // 4, 4)

@@ -1,9 +1,12 @@
 // The Llama family's decode attention split over key ranges (flash-decoding): one
 // workgroup a (query head h, split s) of the one decode row at position p = pos0. The
-// keys max(0, p + 1 - window) .. p (window 0: all) are cut into S = the dispatch's z
-// count consecutive ranges; split s takes its range with an online softmax and writes
+// n keys max(0, p + 1 - window) .. p (window 0: all) are cut into consecutive ranges:
+// S = the dispatch's z count of them, or with P.range_keys > 0 only as many as leave
+// each range range_keys keys or more (at least one, at most S), so that a row with few
+// keys is not spread thin. Split s takes its range with an online softmax and writes
 // the record [m, l, 0, 0, acc[hd]] (running max, sum and unnormalised sum of values) at
-// PART[(h * S + s) * (hd + 4)]; a split whose range is empty writes m = -3e38, l = 0.
+// PART[(h * S + s) * (hd + 4)]; a split whose range is empty writes m = -3e38, l = 0,
+// acc = 0 and does nothing else.
 // The O product's input stage (matvec1.wgsl, PRO 5) merges the records of each head.
 // Query head h reads KV head h / (nh / nk); hd % 4 == 0.
 // The key loop is llama_attn_keys.wgsl's keys() (spliced in at KEYS_FNS, once for each
@@ -31,7 +34,7 @@ struct Params {
     nh: u32, nk: u32, hd: u32, qkv_w: u32,
     window: u32, att_w: u32, scale: f32, pad0: u32,
     bias: u32, qn: u32, kn: u32, interleaved: u32,   // QK only, as in llama_qk.wgsl
-    eps: f32, rope_t: u32, pad1: u32, pad2: u32,
+    eps: f32, rope_t: u32, pad1: u32, range_keys: u32,
 }
 struct Step { t: u32, pos0: u32, pad0: u32, pad1: u32 }
 
@@ -87,9 +90,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let p = row_pos(rb);
     var lo = 0u;
     if (P.window > 0u && p + 1u > P.window) { lo = p + 1u - P.window; }
-    let per = (p + 1u - lo + nwg.z - 1u) / nwg.z;      // keys a split
+    let n = p + 1u - lo;
+    var ns = nwg.z;                                    // the ranges taken
+    if (P.range_keys > 0u) { ns = clamp((n + P.range_keys - 1u) / P.range_keys, 1u, nwg.z); }
+    let per = (n + ns - 1u) / ns;                      // keys a range
     let kfrom = lo + wid.z * per;
     let kto = min(p + 1u, kfrom + per);                // this split: kfrom .. kto - 1
+    let rec = rb * P.pad0 + (head * nwg.z + wid.z) * (hd4 + 1u);
+    if (kfrom >= kto) {                                // an empty range: its record alone
+        if (lid < hd4) { PART[rec + 1u + lid] = vec4<f32>(0.0); }
+        if (lid == 0u) { PART[rec] = vec4<f32>(-3.0e38, 0.0, 0.0, 0.0); }
+        return;
+    }
     let own = QK && kfrom <= p && p < kto;             // key p from shared memory
     if (QK) {
         prep(head, rb, P.qn, true, lid);
@@ -119,7 +131,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     $KEYS_CALL
     part[lid] = run_acc;
     workgroupBarrier();
-    let rec = rb * P.pad0 + (head * nwg.z + wid.z) * (hd4 + 1u);
     let groups = WG / hd4;
     if (lid < hd4) {
         var v = vec4<f32>(0.0);
