@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from arrays import stable_seed
 from batch_models import alone_then_rewound
+from gpu_buffers import run_read
 
 from cortiq import cmf
 from cortiq.demo import demo_path
@@ -428,11 +429,8 @@ def test_llama_rows_attention_over_many_keys(dev, tmp_path_factory, hd, group, r
     # the last (full) layer's records: each row's first ranges hold keys, the rest none
     S = g._rows.slices
     stride, rec = S.stride["apart"], hd + 4
-    stage = dev.staging(3 * stride * 4)
-    enc = dev.dev.create_command_encoder()
-    enc.copy_buffer_to_buffer(S.bufs["apart"], 0, stage, 0, 3 * stride * 4)
-    dev.queue.submit([enc.finish()])
-    parts = dev.read(stage, 3 * stride * 4).view(np.float32).reshape(3, stride)
+    parts = run_read(dev, [], 1, S.bufs["apart"], 3 * stride * 4).view(np.float32).reshape(
+        3, stride)
     for j, st in enumerate(gs):
         n = st.pos          # the keys of the last step's row
         ns = 4 if not range_keys else min(4, max(1, -(-n // range_keys)))

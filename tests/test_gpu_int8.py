@@ -10,6 +10,7 @@ import pytest
 
 from attention_records import split_records
 from batch_models import alone_then_rewound
+from gpu_buffers import run_read
 from cortiq.cmf.testing import qtensor_from_f32
 
 pytestmark = pytest.mark.gpu
@@ -448,15 +449,7 @@ def _quantrows(dev, x_buf, x_stride: int, cols: int, t: int) -> np.ndarray:
     step = dev.upload(np.array([t, 0, 0, 0], np.uint32), uniform=True)
     quant = op.dispatch_rows(step, xq)[0]
     assert quant.name == "quantrows"
-    return _run_read(dev, [quant], t, xq, n)
-
-
-def _run_read(dev, dispatches, t: int, buf, nbytes: int) -> np.ndarray:
-    stage = dev.staging(nbytes)
-    enc = dev.record(dispatches, t)
-    enc.copy_buffer_to_buffer(buf, 0, stage, 0, nbytes)
-    dev.queue.submit([enc.finish()])
-    return dev.read(stage, nbytes)
+    return run_read(dev, [quant], t, xq, n)
 
 
 @pytest.mark.parametrize("cols", [1056, 8192 + 96])
@@ -495,10 +488,10 @@ def test_norm_and_swiglu_quantize_as_quantrows(dev, cols):
         norm = Dispatch(llama_pipeline(dev, "llama_norm_q"), dev.bind(
             KERNELS["llama_norm_q"], resolve([p, step, X, dev.upload(o.ravel()),
                                               dev.upload(vb), Y, xq])), dims, "llama_norm_q")
-        got_q = _run_read(dev, [norm], t, xq, n)
-        got_y = _run_read(dev, [], t, Y, t * cols * 4).view(np.float32).reshape(t, cols)
+        got_q = run_read(dev, [norm], t, xq, n)
+        got_y = run_read(dev, [], t, Y, t * cols * 4).view(np.float32).reshape(t, cols)
         assert _rel(got_y, want) < 1e-5
-        xs = _run_read(dev, [], t, X, 2 * t * cols * 4).view(np.float32).reshape(2, t, cols)
+        xs = run_read(dev, [], t, X, 2 * t * cols * 4).view(np.float32).reshape(2, t, cols)
         if how == "row":
             np.testing.assert_array_equal(xs[0], r)
             assert np.isnan(xs[1]).all()
@@ -519,10 +512,10 @@ def test_norm_and_swiglu_quantize_as_quantrows(dev, cols):
     swiglu = Dispatch(llama_pipeline(dev, "llama_swiglu_q"), dev.bind(
         KERNELS["llama_swiglu_q"], resolve([ps, step, GU, dev.upload(vb), xq])),
         ((cols + 1023) // 1024, t, 1), "llama_swiglu_q")
-    got_q = _run_read(dev, [swiglu], t, xq, n)
+    got_q = run_read(dev, [swiglu], t, xq, n)
     g = gu[:, :cols] + w
     want = g / (1 + np.exp(-g)) * gu[:, cols:]
-    got = _run_read(dev, [], t, GU, t * 2 * cols * 4).view(np.float32).reshape(t, 2 * cols)
+    got = run_read(dev, [], t, GU, t * 2 * cols * 4).view(np.float32).reshape(t, 2 * cols)
     assert _rel(got[:, :cols], want) < 1e-5
     np.testing.assert_array_equal(got[:, cols:], gu[:, cols:])
     np.testing.assert_array_equal(got_q, _quantrows(dev, GU, 2 * cols, cols, t))
@@ -556,8 +549,8 @@ def test_attention_merge_over_rows(dev, hd, splits, quantize):
     res = [p, step, dev.upload(part), att] + ([xq] if quantize else [])
     d = Dispatch(llama_pipeline(dev, name), dev.bind(KERNELS[name], resolve(res)),
                  (nh, rows, 1), name)
-    got_q = _run_read(dev, [d], rows, xq, n)
-    got = _run_read(dev, [], rows, att, rows * att_stride * 4).view(np.float32).reshape(
+    got_q = run_read(dev, [d], rows, xq, n)
+    got = run_read(dev, [], rows, att, rows * att_stride * 4).view(np.float32).reshape(
         rows, att_stride)
     for r in range(rows):
         assert _rel(got[r, :nh * hd], want[r]) < 1e-5
