@@ -120,7 +120,7 @@ ATTN_LANES = 256
 #: as many of the model's `splits` ranges as leave every range this many keys (its other
 #: workgroups only write empty records), since the rows already give the dispatch its
 #: workgroups and a thin range repeats the head prep for a few keys
-ROWS_RANGE_KEYS = 64
+ROWS_RANGE_KEYS = 32
 
 # llama_attn_split.wgsl's one-row pieces: its step block, cache write and key loop
 _ONE_ROW = {
