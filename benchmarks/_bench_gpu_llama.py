@@ -129,8 +129,10 @@ def llm_greedy_rate(g, prompt, tokens: int, precision: str) -> float:
 
 def rows_breakdown(g, prompt, rows: int, time_dispatches) -> dict:
     """Where a step of `rows` sequences' decode rows (one submission) spends its time:
-    dispatches, host recording and GPU ms of the rows program, GPU ms by kernel, and
-    whole steps (`forward_batch`) with and without the rows' logits read back."""
+    dispatches, host recording and GPU ms of the rows program, GPU ms by kernel, whole
+    steps (`forward_batch`) with and without the rows' logits read back, and the
+    readback alone (a submission copying the rows' logits to the staging buffer, waited
+    for and copied out)."""
     sts = [g.new_state() for _ in range(rows)]
     for st in sts:
         g.forward(st, prompt, "none")
@@ -153,8 +155,20 @@ def rows_breakdown(g, prompt, rows: int, time_dispatches) -> dict:
             g.forward_batch(sts, [[tok]] * rows, [want] * rows, [False] * rows)
         _finish(g.dev)
         step[want] = (time.perf_counter() - t0) / 5 * 1e3
+    nbytes = rows * g.vocab * 4
+    stage = g._logits_stage(nbytes)
+
+    def read_back():
+        enc = g.dev.dev.create_command_encoder()
+        enc.copy_buffer_to_buffer(g.logits, 0, stage, 0, nbytes)
+        return g.dev.read(stage, nbytes, after=g.dev.submit([enc.finish()]))
+    read_back()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        read_back()
+    read_ms = (time.perf_counter() - t0) / 5 * 1e3
     return {"rows": rows, "dispatches": len(prog), "record_ms": record * 1e3,
-            "step_ms": step["last"], "step_no_logits_ms": step["none"],
+            "step_ms": step["last"], "step_no_logits_ms": step["none"], "read_ms": read_ms,
             "gpu_ms": time_dispatches(g, prog, k=4, at=rows) * 1e3,
             "gpu_ms_by_kernel": ms_by_kernel(
                 prog, lambda ds: time_dispatches(g, ds, k=4, at=rows), shapes=True)}
@@ -180,21 +194,25 @@ def rows_attention_ms(g, prompt, rows: int, pos: int, time_dispatches) -> dict:
 
 
 def rows_range_sweep(g, prompt, batch, time_dispatches, values) -> dict:
-    """The batched decode and the rows step of eight rows under each value of
+    """The batched decode and the rows step of eight rows under each value "N" of
     llama.ROWS_RANGE_KEYS (the keys a range of the rows' split attention takes at
-    least; 0: every row cut into all of the model's ranges), and the rows' attention
-    alone at RANGE_POSITIONS."""
+    least; 0: every row cut into all of the model's ranges), "N:1" the same with a
+    workgroup a query head (llama.ROWS_ATTN_GQA off), and the rows' attention alone at
+    RANGE_POSITIONS."""
     from cortiq.gpu import llama
-    keep = llama.ROWS_RANGE_KEYS
+    keep = llama.ROWS_RANGE_KEYS, llama.ROWS_ATTN_GQA
     out = {}
     try:
         for v in values:
-            llama.ROWS_RANGE_KEYS = v
+            keys, _, one = str(v).partition(":")
+            llama.ROWS_RANGE_KEYS, llama.ROWS_ATTN_GQA = int(keys), one != "1"
             g._rows = None
             busy(g.dev)
             r = dict(batch(g, prompt))
+            r["query_heads_a_workgroup"] = g._rows_setup().heads
             b = rows_breakdown(g, prompt, 8, time_dispatches)
-            r["rows_program_b8"] = {k: b[k] for k in ("step_ms", "step_no_logits_ms", "gpu_ms")}
+            r["rows_program_b8"] = {k: b[k] for k in ("step_ms", "step_no_logits_ms", "gpu_ms",
+                                                      "read_ms")}
             r["rows_program_b8"]["ms_by_kernel"] = {
                 k: t["ms"] for k, t in b["gpu_ms_by_kernel"].items()
                 if not k.startswith("matvecb")}
@@ -203,7 +221,7 @@ def rows_range_sweep(g, prompt, batch, time_dispatches, values) -> dict:
                                                                 time_dispatches)
             out[str(v)] = r
     finally:
-        llama.ROWS_RANGE_KEYS = keep
+        llama.ROWS_RANGE_KEYS, llama.ROWS_ATTN_GQA = keep
         g._rows = None
     return out
 
@@ -216,8 +234,8 @@ def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw:
     time_dispatches(g, dispatches, k, at): bench_gpu.py's GPU timer; batch(g, prompt), when
     given: the aggregate batched decode (bench_gpu.py's batch_decode), under
     "cortiq_gpu_batch" (and "int8" -> "cortiq_gpu_batch"); range_keys: values of
-    llama.ROWS_RANGE_KEYS under which the int8 batched decode and its rows step are
-    measured again ("int8" -> "rows_range_keys")."""
+    llama.ROWS_RANGE_KEYS ("N", or "N:1": a workgroup a query head) under which the int8
+    batched decode and its rows step are measured again ("int8" -> "rows_range_keys")."""
     from cortiq.gpu import to_device
     t0 = time.perf_counter()
     host = random_llama(geometry)

@@ -422,7 +422,8 @@ def main():
                          "(int8 activations, each product's input staged by a pass of its "
                          "own or in each of its workgroups)")
     ap.add_argument("--rows-range-keys", default="",
-                    help="values of llama.ROWS_RANGE_KEYS (comma-separated) under which the "
+                    help="values of llama.ROWS_RANGE_KEYS (comma-separated; N:1 the same with "
+                         "a workgroup a query head, llama.ROWS_ATTN_GQA off) under which the "
                          "Llamas' int8 batched decode is measured again (empty: none)")
     a = ap.parse_args()
     phases = {}
@@ -584,7 +585,7 @@ def main():
                                        (lambda g, prompt: batch_decode(g, prompt, a.tokens,
                                                                        sizes))
                                        if sizes else None,
-                                       [int(v) for v in a.rows_range_keys.split(",")
+                                       [v.strip() for v in a.rows_range_keys.split(",")
                                         if v.strip()])
             phase(name)
             save()

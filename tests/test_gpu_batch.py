@@ -385,9 +385,11 @@ def test_llama_rows_equal_each_sequence_alone(dev, tmp_path_factory, name, fuse_
     f.close()
 
 
-@pytest.mark.parametrize("hd,group,range_keys", [(16, None, 32), (160, 2, 0), (16, None, 64)])
+@pytest.mark.parametrize("hd,group,range_keys,heads,gqa", [
+    (16, None, 32, 4, True), (160, 2, 0, 4, True), (16, None, 64, 6, True),
+    (32, None, 32, 8, True), (16, None, 32, 4, False)])
 def test_llama_rows_attention_over_many_keys(dev, tmp_path_factory, hd, group, range_keys,
-                                             monkeypatch):
+                                             heads, gqa, monkeypatch):
     """The rows' split attention where key ranges span several tiles of keys (up to four
     ranges over 43-104 keys), the middle layer windowed: three sequences' decode rows in
     one rows dispatch (or groups of two and one), for three steps, equal the host's
@@ -395,7 +397,8 @@ def test_llama_rows_attention_over_many_keys(dev, tmp_path_factory, hd, group, r
     hd 160: five a lane (the loop after the first four). range_keys (ROWS_RANGE_KEYS): 0
     cuts every row into all four ranges; 32 and 64 into as many as leave each range that
     many keys (1 to 4, three ranges among them), the rest written empty, as the last
-    layer's records show."""
+    layer's records show. gqa (ROWS_ATTN_GQA): a workgroup takes each KV head's 2, 3 or
+    4 query heads; else one."""
     from batch_models import llama_tensors, tokenizer_json
 
     from cortiq.gpu import llama
@@ -404,8 +407,9 @@ def test_llama_rows_attention_over_many_keys(dev, tmp_path_factory, hd, group, r
     if group:
         monkeypatch.setattr(llama, "ROWS_ATTN_GROUP", group)
     monkeypatch.setattr(llama, "ROWS_RANGE_KEYS", range_keys)
-    t, arch = llama_tensors(hidden=64, ffn=96, layers=3, heads=4, kv=2, hd=hd, seed=hd)
-    path = tmp_path_factory.mktemp("rows_keys") / f"hd{hd}.cmf"
+    monkeypatch.setattr(llama, "ROWS_ATTN_GQA", gqa)
+    t, arch = llama_tensors(hidden=64, ffn=96, layers=3, heads=heads, kv=2, hd=hd, seed=hd)
+    path = tmp_path_factory.mktemp("rows_keys") / f"hd{hd}h{heads}.cmf"
     cmf.write(path, t, arch={k: v for k, v in arch.items() if v is not None}, quant="q8_row",
               tokenizer_json=tokenizer_json(), progress=False)
     f = cmf.open(str(path))
@@ -426,6 +430,7 @@ def test_llama_rows_attention_over_many_keys(dev, tmp_path_factory, hd, group, r
             assert _rel(got[j], want) < 1e-3
             assert int(np.argmax(got[j])) == int(np.argmax(want))
     assert {d.name for d in g._rows._attn_now.values()} == {"llama_attn_rows_qk"}
+    assert g._rows.heads == (heads // 2 if gqa else 1)
     # the last (full) layer's records: each row's first ranges hold keys, the rest none
     S = g._rows.slices
     stride, rec = S.stride["apart"], hd + 4
@@ -436,7 +441,7 @@ def test_llama_rows_attention_over_many_keys(dev, tmp_path_factory, hd, group, r
         ns = 4 if not range_keys else min(4, max(1, -(-n // range_keys)))
         per = -(-n // ns)
         full = -(-n // per)
-        for head in range(4):
+        for head in range(heads):
             ls = [parts[j, (head * 4 + s) * rec + 1] for s in range(4)]
             assert [x > 0 for x in ls] == [s < full for s in range(4)], (j, head, ls)
     f.close()
@@ -452,6 +457,42 @@ def test_rows_attention_group_fits_the_bindings(bindings, rows):
     got = rows_attn_group(SimpleNamespace(max_storage_buffers=bindings))
     assert got == rows <= ROWS_ATTN_GROUP
     assert sum(k != "uniform" for k in rows_attn_kinds(got)) <= max(bindings, 6)
+
+
+@pytest.mark.parametrize("gq,hd,lanes", [(1, 128, 256), (4, 128, 128), (8, 128, 128),
+                                          (3, 160, 128), (2, 512, 128)])
+def test_split_attention_memory_is_what_its_declarations_hold(gq, hd, lanes):
+    """split_attn_bytes, by which rows_attn_heads picks the query heads a workgroup,
+    is the sum of the workgroup arrays the split attention's source declares."""
+    import re
+
+    from cortiq.gpu import llama
+    from cortiq.gpu.device import Device
+    marks = {**llama._ONE_ROW, **llama._ROPE_CHUNK, "$KV": "read_write", "$QK": "true",
+             "/*$W*/": "", **llama.split_attn_marks(gq, hd, lanes)}
+    code = llama._source(Device, "llama_attn_split.wgsl", marks)
+    sizes = {"f32": 4, "vec4<f32>": 16}
+    decl = re.findall(r"var<workgroup> \w+: array<(f32|vec4<f32>), (\d+)>;", code)
+    assert len(decl) == 9
+    assert sum(sizes[t] * int(n) for t, n in decl) == llama.split_attn_bytes(gq, hd, lanes)
+
+
+@pytest.mark.parametrize("heads,kv,hd,room,gqa,want", [
+    (32, 8, 128, 16384, True, 4), (64, 8, 128, 16384, True, 4), (64, 8, 128, 32768, True, 8),
+    (24, 8, 128, 16384, True, 3), (32, 8, 128, 16384, False, 1), (32, 32, 128, 16384, True, 1),
+    (32, 4, 128, 8192, True, 1)])
+def test_rows_attention_heads_fit_the_workgroup_memory(monkeypatch, heads, kv, hd, room,
+                                                       gqa, want):
+    """A rows attention workgroup takes the largest divisor of the GQA group whose
+    arrays fit the device's workgroup memory (ROWS_ATTN_GQA off: one query head)."""
+    from types import SimpleNamespace
+
+    from cortiq.gpu import llama
+    monkeypatch.setattr(llama, "ROWS_ATTN_GQA", gqa)
+    got = llama.rows_attn_heads(SimpleNamespace(max_workgroup_storage=room), heads, kv, hd)
+    assert got == want
+    assert (heads // kv) % got == 0
+    assert got == 1 or llama.split_attn_bytes(got, hd, llama.ROWS_ATTN_LANES) <= room
 
 
 @pytest.mark.parametrize("hd", [16, 32])

@@ -121,6 +121,11 @@ ATTN_LANES = 256
 #: workgroups only write empty records), since the rows already give the dispatch its
 #: workgroups and a thin range repeats the head prep for a few keys
 ROWS_RANGE_KEYS = 32
+#: a rows dispatch's split attention takes a whole GQA group of query heads a workgroup
+#: (rows_attn_heads: each key and value loaded once for the group, a tile's barriers and
+#: softmax paid once for it), where the workgroup's memory holds them; False: a workgroup
+#: a query head, as the one-row decode
+ROWS_ATTN_GQA = True
 
 # llama_attn_split.wgsl's one-row pieces: its step block, cache write and key loop
 _ONE_ROW = {
@@ -130,6 +135,8 @@ _ONE_ROW = {
 /*$W*/fn kvw(rb: u32, i: u32, k: vec4<f32>, v: vec4<f32>) { KC[i] = k; VC[i] = v; }""",
     "$KEYS_CALL": "keys(kfrom, kto, p, own, kvw4, kb4, lid);",
     "$WG": str(ATTN_LANES),
+    **{k: str(v) for k, v in zip(("$GQ", "$Q4N", "$DOTN", "$SCN"),
+                                 (1, 128, ATTN_LANES, 8))},
 }
 _ROPE_CHUNK = {"$ROPE_COS": "t * hh + i", "$ROPE_SIN": "(P.rope_t + t) * hh + i"}
 
@@ -146,8 +153,9 @@ def _source(dev: Device, src: str, marks: dict, rows: int = 1) -> str:
                                           for b in range(rows))))
     for k, v in marks.items():
         code = code.replace(k, v)
-    if "$WG" in marks:      # the split attention's key loads, written out
+    if "$WG" in marks:      # the split attention's key loads and heads, written out
         code = unroll_row_loops(code, 1024 // int(marks["$WG"]), "m", "NP")
+        code = unroll_row_loops(code, int(marks["$GQ"]), "h", "GQ")
     return code
 
 
@@ -163,14 +171,42 @@ def rows_attn_group(dev: Device) -> int:
     return max(1, min(ROWS_ATTN_GROUP, (dev.max_storage_buffers - 4) // 2))
 
 
+def split_attn_marks(gq: int, hd: int, lanes: int) -> dict:
+    """llama_attn_split.wgsl's sizes for gq query heads a workgroup of `lanes` lanes (head
+    dim hd): the queries (at least the 128 vec4s of one head of 512), the partial dots
+    and a tile's scores."""
+    return {"$GQ": str(gq), "$Q4N": str(max(128, gq * hd // 4)), "$DOTN": str(gq * lanes),
+            "$SCN": str(gq * 8), "$WG": str(lanes)}
+
+
+def split_attn_bytes(gq: int, hd: int, lanes: int) -> int:
+    """Workgroup memory of llama_attn_split.wgsl with split_attn_marks(gq, hd, lanes):
+    q4, kn4, vn4, dots, sc, ew and part, and the head prep's red and tmp."""
+    return (16 * (max(128, gq * hd // 4) + 2 * 128 + lanes) + 4 * gq * lanes
+            + 2 * 16 * gq * 8 + 4 * (256 + 512))
+
+
+def rows_attn_heads(dev: Device, nh: int, nk: int, hd: int) -> int:
+    """Query heads a workgroup of the rows attention takes: the whole GQA group where
+    ROWS_ATTN_GQA and the workgroup's memory holds its queries and scores, else the
+    largest divisor of the group that fits (1: a workgroup a query head)."""
+    grp = nh // nk
+    if not ROWS_ATTN_GQA:
+        return 1
+    for gq in range(grp, 0, -1):
+        if grp % gq == 0 and split_attn_bytes(gq, hd, ROWS_ATTN_LANES) <= dev.max_workgroup_storage:
+            return gq
+    return 1
+
+
 def rows_attn_kinds(g: int) -> tuple:
     return KERNELS["llama_attn_split_qk"] + ("rw", "rw") * (g - 1)
 
 
-def llama_rows_attn_pipeline(dev: Device, g: int):
+def llama_rows_attn_pipeline(dev: Device, g: int, gq: int = 1, hd: int = 128):
     """llama_attn_rows_qk: the split decode attention (llama_qk's work in it) of g rows of
     a rows submission in one dispatch, each row on its own caches at its own position
-    (llama_attn_split.wgsl, ROWS)."""
+    (llama_attn_split.wgsl, ROWS), gq query heads of head dim hd a workgroup."""
     sw4 = max(dev.uniform_align // 4, 4) // 4     # RowSlices' step block, in vec4s
     decl, keys, kv = [], [], []
     for b in range(1, g):
@@ -188,8 +224,9 @@ fn kvw(rb: u32, i: u32, k: vec4<f32>, v: vec4<f32>) {{
     marks = {"$STEP_DECL": f"@group(0) @binding(1) var<uniform> ST: array<vec4<u32>, {g * sw4}>;",
              "$ROWS_DECL": "\n".join(decl), "$ROW_FNS": fns, "$KEYS_CALL": call,
              "$ROPE_COS": "t * P.pad1 + i", "$ROPE_SIN": "t * P.pad1 + hh + i",
-             "$KV": "read_write", "$QK": "true", "/*$W*/": "", "$WG": str(ROWS_ATTN_LANES)}
-    return dev.pipeline(("llama_attn_rows_qk", g, sw4, ROWS_ATTN_LANES),
+             "$KV": "read_write", "$QK": "true", "/*$W*/": "",
+             **split_attn_marks(gq, hd, ROWS_ATTN_LANES)}
+    return dev.pipeline(("llama_attn_rows_qk", g, sw4, ROWS_ATTN_LANES, gq, marks["$Q4N"]),
                         _source(dev, "llama_attn_split.wgsl", marks, g), rows_attn_kinds(g))
 
 
@@ -754,6 +791,7 @@ class _LlamaRows:
                 ROWS_RANGE_KEYS))
                 for w in m.lw]
         self.group = rows_attn_group(m.dev)
+        self.heads = rows_attn_heads(m.dev, m.nh, m.nk, m.hd)    # query heads a workgroup
         # the rows attention's dispatches of the last submission and of this one, by
         # (layer, first row, the group's caches): a batch of the same sequences binds
         # again what it bound the step before, and caches no longer in a batch are let go
@@ -805,9 +843,9 @@ class _LlamaRows:
                rows(S.rope, S.rope_stride)]
         for st in grp[1:]:
             res += [st.k[li], st.v[li]]
-        return Dispatch(llama_rows_attn_pipeline(m.dev, n),
-                        m.dev.bind(rows_attn_kinds(n), resolve(res)), (m.nh, n, m.splits),
-                        "llama_attn_rows_qk")
+        return Dispatch(llama_rows_attn_pipeline(m.dev, n, self.heads, m.hd),
+                        m.dev.bind(rows_attn_kinds(n), resolve(res)),
+                        (m.nh // self.heads, n, m.splits), "llama_attn_rows_qk")
 
     def product(self, name: str, li: int | None, quantized: bool = False) -> list:
         """The dispatches of op `name` of layer li (None: the head) over the rows;
