@@ -193,6 +193,19 @@ def rows_attention_ms(g, prompt, rows: int, pos: int, time_dispatches) -> dict:
     return {"dispatches": len(attn), "ms": time_dispatches(g, attn, k=4, at=rows) * 1e3}
 
 
+def decode_attention_ms(g, prompt, pos: int, time_dispatches) -> dict:
+    """GPU ms of one sequence's decode attention dispatches at position `pos` (a state
+    set to pos over caches grown to hold it, as rows_attention_ms), and its key ranges."""
+    st = g.new_state()
+    g.forward(st, prompt[:4], "none")
+    g._grow(st, pos + 2)
+    st.pos = pos
+    g._write_step(st.pos, 1)
+    attn = [d for d in g._program(st, 1, "greedy") if d.name.startswith("llama_attn")]
+    return {"dispatches": len(attn), "splits": g.decode_splits(pos),
+            "ms": time_dispatches(g, attn, k=4, at=1) * 1e3}
+
+
 def rows_range_sweep(g, prompt, batch, time_dispatches, values) -> dict:
     """The batched decode and the rows step of eight rows under each value "N" of
     llama.ROWS_RANGE_KEYS (the keys a range of the rows' split attention takes at
@@ -299,6 +312,9 @@ def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw:
         if range_keys:
             i8["rows_range_keys"] = rows_range_sweep(g, prompt, batch, time_dispatches,
                                                      range_keys)
+            i8["one_row_attention"] = {str(pos): decode_attention_ms(g, prompt, pos,
+                                                                     time_dispatches)
+                                       for pos in RANGE_POSITIONS}
     out["int8"] = i8
     # A/B: the same int8 decode with each product staging its input in every workgroup
     from cortiq.gpu import kernels
