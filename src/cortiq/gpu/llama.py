@@ -121,11 +121,13 @@ ATTN_LANES = 256
 #: workgroups only write empty records), since the rows already give the dispatch its
 #: workgroups and a thin range repeats the head prep for a few keys
 ROWS_RANGE_KEYS = 32
-#: a rows dispatch's split attention takes a whole GQA group of query heads a workgroup
-#: (rows_attn_heads: each key and value loaded once for the group, a tile's barriers and
-#: softmax paid once for it), where the workgroup's memory holds them; False: a workgroup
+#: True: a rows dispatch's split attention takes a whole GQA group of query heads a
+#: workgroup (rows_attn_heads: each key and value loaded once for the group, a tile's
+#: barriers and softmax paid once for it), where the workgroup's memory holds them.
+#: False (the default until a card shows it no slower at short context, where it leaves
+#: fewer workgroups; `bench_gpu.py --rows-range-keys 32,32:1` measures both): a workgroup
 #: a query head, as the one-row decode
-ROWS_ATTN_GQA = True
+ROWS_ATTN_GQA = False
 
 # llama_attn_split.wgsl's one-row pieces: its step block, cache write and key loop
 _ONE_ROW = {
