@@ -129,6 +129,15 @@ ROWS_RANGE_KEYS = 32
 #: a query head, as the one-row decode
 ROWS_ATTN_GQA = False
 
+
+def split_attn_marks(gq: int, hd: int, lanes: int) -> dict:
+    """llama_attn_split.wgsl's sizes for gq query heads a workgroup of `lanes` lanes (head
+    dim hd): the queries (at least the 128 vec4s of one head of 512), the partial dots
+    and a tile's scores."""
+    return {"$GQ": str(gq), "$Q4N": str(max(128, gq * hd // 4)), "$DOTN": str(gq * lanes),
+            "$SCN": str(gq * 8), "$WG": str(lanes)}
+
+
 # llama_attn_split.wgsl's one-row pieces: its step block, cache write and key loop
 _ONE_ROW = {
     "$STEP_DECL": "@group(0) @binding(1) var<uniform> S: Step;",
@@ -136,9 +145,7 @@ _ONE_ROW = {
     "$ROW_FNS": """fn row_pos(rb: u32) -> u32 { return S.pos0; }
 /*$W*/fn kvw(rb: u32, i: u32, k: vec4<f32>, v: vec4<f32>) { KC[i] = k; VC[i] = v; }""",
     "$KEYS_CALL": "keys(kfrom, kto, p, own, kvw4, kb4, lid);",
-    "$WG": str(ATTN_LANES),
-    **{k: str(v) for k, v in zip(("$GQ", "$Q4N", "$DOTN", "$SCN"),
-                                 (1, 128, ATTN_LANES, 8))},
+    **split_attn_marks(1, 128, ATTN_LANES),
 }
 _ROPE_CHUNK = {"$ROPE_COS": "t * hh + i", "$ROPE_SIN": "(P.rope_t + t) * hh + i"}
 
@@ -171,14 +178,6 @@ def rows_attn_group(dev: Device) -> int:
     """Decode rows a rows attention dispatch takes: ROWS_ATTN_GROUP, or what the device's
     storage-buffer bindings hold (four, and two a row)."""
     return max(1, min(ROWS_ATTN_GROUP, (dev.max_storage_buffers - 4) // 2))
-
-
-def split_attn_marks(gq: int, hd: int, lanes: int) -> dict:
-    """llama_attn_split.wgsl's sizes for gq query heads a workgroup of `lanes` lanes (head
-    dim hd): the queries (at least the 128 vec4s of one head of 512), the partial dots
-    and a tile's scores."""
-    return {"$GQ": str(gq), "$Q4N": str(max(128, gq * hd // 4)), "$DOTN": str(gq * lanes),
-            "$SCN": str(gq * 8), "$WG": str(lanes)}
 
 
 def split_attn_bytes(gq: int, hd: int, lanes: int) -> int:
