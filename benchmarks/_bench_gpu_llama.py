@@ -178,15 +178,20 @@ def rows_breakdown(g, prompt, rows: int, time_dispatches) -> dict:
 RANGE_POSITIONS = (1024, 4096)
 
 
+def _state_at(g, prompt, pos: int):
+    """A state that took a few prompt tokens, its position then set to pos over caches
+    grown to hold it (what the keys hold does not change an attention's time)."""
+    st = g.new_state()
+    g.forward(st, prompt[:4], "none")
+    g._grow(st, pos + 2)
+    st.pos = pos
+    return st
+
+
 def rows_attention_ms(g, prompt, rows: int, pos: int, time_dispatches) -> dict:
     """GPU ms of a rows step's attention dispatches (and their merges) for `rows`
-    sequences at position `pos`: the states take the prompt, then their position is set
-    to pos over caches grown to hold it (what the keys hold does not change the time)."""
-    sts = [g.new_state() for _ in range(rows)]
-    for st in sts:
-        g.forward(st, prompt[:4], "none")
-        g._grow(st, pos + 2)
-        st.pos = pos
+    sequences at position `pos` (states from _state_at)."""
+    sts = [_state_at(g, prompt, pos) for _ in range(rows)]
     g.forward_batch(sts, [[int(prompt[-1])]] * rows, ["none"] * rows, [False] * rows)
     prog = g._resolve(g._skeleton("rows", "none"), lambda m: g._rows_part(sts, m))
     attn = [d for d in prog if d.name.startswith("llama_attn")]
@@ -195,11 +200,8 @@ def rows_attention_ms(g, prompt, rows: int, pos: int, time_dispatches) -> dict:
 
 def decode_attention_ms(g, prompt, pos: int, time_dispatches) -> dict:
     """GPU ms of one sequence's decode attention dispatches at position `pos` (a state
-    set to pos over caches grown to hold it, as rows_attention_ms), and its key ranges."""
-    st = g.new_state()
-    g.forward(st, prompt[:4], "none")
-    g._grow(st, pos + 2)
-    st.pos = pos
+    from _state_at), and its key ranges."""
+    st = _state_at(g, prompt, pos)
     g._write_step(st.pos, 1)
     attn = [d for d in g._program(st, 1, "greedy") if d.name.startswith("llama_attn")]
     return {"dispatches": len(attn), "splits": g.decode_splits(pos),
