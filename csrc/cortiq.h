@@ -202,6 +202,11 @@ typedef struct cq_matvec_ops {
      * int8 activations and in tables without a multi-input row kernel; else equal to
      * it within float32 rounding (matvec_drivers.h: CQ_HAVE_ROWS_MULTI). */
     cq_status (*matvec_batch)(const cq_qmat *ms, size_t n, const float *X, size_t t, float *const *ys);
+    /* Nonzero where matmat multiplies a matrix of this dtype (act = CQ_ACT_INT8, cols a
+     * multiple of 256) with int8 activations on this CPU; 0 where the float32 matmat
+     * does the work under every precision (an x86 table on a CPU without vpdpbusd, whose
+     * integer tiles would be slower) or the dtype has no int8 path. */
+    int (*matmat_int8)(int dtype);
 } cq_matvec_ops;
 
 /* Benchmark probe: sum of the buffer's 64-bit words over `threads` threads, each

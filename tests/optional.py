@@ -108,18 +108,10 @@ def summary(tables: list[str], forced: str | None) -> str:
     return f"cortiq coverage: {cover}; " + ("; ".join(parts) if parts else "no optional group")
 
 
-def int8_prompt_products(isa: str | None = None) -> bool:
+def int8_prompt_products(isa: str | None = None, dtype: str = "q8_row") -> bool:
     """Whether kernel table `isa` (default: the active one) multiplies a prompt chunk's
-    matmat of a CMF dtype with int8 activations on this CPU. The x86 SIMD tables do only
-    where the CPU has VNNI (AVX-VNNI, or AVX-512 VNNI; csrc/matvec/matmat_i8*.h): without
-    it their float32 matmat does the work under every precision, as the int8 tiles would
-    be slower there. The other tables always do, and ggml's 32-weight formats take a
-    portable int8 matmat everywhere."""
+    matmat of `dtype` with int8 activations on this CPU (the extension's own rule,
+    _kernels.prompt_int8_dtypes: the x86 tables take the float32 matmat for the CMF
+    dtypes where the CPU has no vpdpbusd)."""
     from cortiq.kernels import _kernels
-    isa = isa or _kernels.active_isa()
-    feats = set(_kernels.cpu_features())
-    if isa == "avx512":
-        return "avx512vnni" in feats
-    if isa == "avx2":
-        return "avxvnni" in feats or {"avx512f", "avx512vl", "avx512vnni", "os-zmm"} <= feats
-    return True
+    return dtype in _kernels.prompt_int8_dtypes(isa)

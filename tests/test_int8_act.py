@@ -378,7 +378,7 @@ def test_auto_takes_prompt_chunks_to_int8(isa, dtype):
     q.precision = "int8"
     i8_mv, i8_mm = q.matvec(X[0]), q.matmat(X)
     np.testing.assert_array_equal(q.matmat(X, prompt=True), i8_mm)
-    if optional.int8_prompt_products(isa) or dtype in GGML_I8:  # (ggml: a portable one)
+    if optional.int8_prompt_products(isa, dtype):
         assert not np.array_equal(i8_mm, ex_mm)
     else:       # this table's float32 matmat, under every precision
         np.testing.assert_array_equal(i8_mm, ex_mm)
@@ -387,6 +387,36 @@ def test_auto_takes_prompt_chunks_to_int8(isa, dtype):
     low = dtype in LOW + GGML_I8  # "auto" takes these to int8 in every product
     np.testing.assert_array_equal(q.matmat(X), i8_mm if low else ex_mm)
     np.testing.assert_array_equal(q.matvec(X[0]), i8_mv if low else ex_mv)
+
+
+def test_prompt_int8_dtypes_follow_the_cpu(isa):
+    """The rule the extension reports (prompt_int8_dtypes) is the documented one: every
+    integer dtype in the reference and Arm tables; on x86 the ggml formats always, the CMF dtypes only where the CPU has a vpdpbusd, so hiding VNNI takes them
+    out of it and the prompt matmat of a q8_row matrix becomes the float32 one."""
+    have = K.prompt_int8_dtypes()
+    assert have == K.prompt_int8_dtypes(isa)
+    assert set(K.GGML_DTYPES) <= set(have) <= set(K.I8_DTYPES)
+    if not isa.startswith(("avx2", "avx512")):
+        assert set(have) == set(K.I8_DTYPES)
+        return
+    feats = set(K.cpu_features())
+    vnni = "avxvnni" in feats or "avx512vnni" in feats
+    if vnni:
+        assert set(OWN) <= set(have)
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((6, 256)).astype(np.float32)
+    q = make(rng, (24, 256), "q8_row", precision="int8")
+    try:
+        K._hide_cpu_features(["avx512vnni", "avxvnni"])
+        hidden = K.prompt_int8_dtypes()
+        assert not set(OWN) & set(hidden) and set(K.GGML_DTYPES) <= set(hidden)
+        y_int8 = q.matmat(X, prompt=True)
+        q.precision = "exact"
+        np.testing.assert_array_equal(y_int8, q.matmat(X, prompt=True))
+    finally:
+        K._hide_cpu_features([])
+    q.precision = "int8"
+    assert np.array_equal(q.matmat(X, prompt=True), y_int8) != vnni
 
 
 def test_auto_prefill_is_int8_and_decode_exact_on_q8():
@@ -474,7 +504,7 @@ def test_llm_precision_per_model(q4_demo):
         assert all(t.int8 == (t.dtype in I8) for t in i8.model.matrices())
         assert dflt.precision is None and dflt.precision_in_force == "auto"
         le, li, ld = (m.session().feed(ids, want="all") for m in (ex, i8, dflt))
-        assert np.array_equal(le, li) != optional.int8_prompt_products()
+        assert np.array_equal(le, li) != optional.int8_prompt_products(dtype="q4_block")
         np.testing.assert_array_equal(li, ld)           # auto = int8 for q4 weights
         rel = np.linalg.norm(li - le) / np.linalg.norm(le)
         assert rel < 0.05, rel
@@ -509,6 +539,12 @@ def test_cli_precision(q4_demo):
                          text=True, cwd=CWD, env=dict(os.environ, CORTIQ_PRECISION="auto"),
                          check=False)
     assert "precision:   auto" in out.stdout and "q4_block" in out.stdout.split("precision:")[1]
+    from cortiq.demo import demo_path       # q8_row: int8 in prompts only where the CPU has it
+    out = subprocess.run([sys.executable, "-m", "cortiq", "info", str(demo_path())],
+                         capture_output=True, text=True, cwd=CWD,
+                         env=dict(os.environ, CORTIQ_PRECISION="auto"), check=False)
+    line = out.stdout.split("precision:")[1].splitlines()[0]
+    assert ("in prompts int8 for q8_row" in line) == optional.int8_prompt_products(), line
 
 
 def test_serve_passes_precision(monkeypatch):

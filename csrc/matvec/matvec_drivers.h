@@ -736,8 +736,18 @@ static cq_status drv_row_dot(const cq_qmat *m, size_t r, const float *x, float *
     return drv_rows_dot(m, r, 1, x, res);
 }
 
+static int drv_matmat_int8(int dtype) {
+    cq_qmat m;
+    memset(&m, 0, sizeof m);
+    m.dtype = dtype;
+    m.rows = 1;
+    m.cols = 256;
+    m.act = CQ_ACT_INT8;
+    return i8_mm_takes(&m);
+}
+
 #define CQ_MATVEC_OPS(name) \
     const cq_matvec_ops name = {drv_matvec, drv_matvec_many, drv_matmat, drv_dequant_rows, drv_row_dot, \
-                                drv_rows_dot, drv_matvec_batch}
+                                drv_rows_dot, drv_matvec_batch, drv_matmat_int8}
 
 #endif

@@ -225,6 +225,7 @@ def config() -> dict:
         "threads": _kernels.get_num_threads(),
         "precision": get_precision(),
         "int8_activations": get_int8_activations(),
+        "prompt_int8_dtypes": list(_kernels.prompt_int8_dtypes()),
         "preload": "auto" if preload_default() is None else preload_default(),
         "pool": {"threads": _kernels.get_num_threads(), "workers": _kernels.pool_workers(),
                  "spin_us": _kernels.pool_spin_us(), "stalls": _kernels.pool_stalls()},
@@ -232,12 +233,19 @@ def config() -> dict:
     }
 
 
-_PRECISION_WORDS = {
-    "exact": "float32 activations everywhere",
-    "int8": "int8 activations for q8_row q8_2f q4_block q4_tiled q4tp q2tp",
-    "auto": "int8 activations for q4_block q4_tiled q4tp q2tp, and for q8_row q8_2f in "
-            "prompt chunks; exact for the rest",
-}
+_CMF_I8 = ("q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp")
+
+
+def _precision_words(precision: str, prompt_int8) -> str:
+    """Which CMF dtypes' products take int8 activations under `precision`, in decode and
+    in prompt chunks (`prompt_int8`: _kernels.prompt_int8_dtypes(); the x86 tables
+    without a vpdpbusd multiply prompt chunks in float32 whatever the precision)."""
+    if precision == "exact":
+        return "float32 activations everywhere"
+    decode = _CMF_I8 if precision == "int8" else _CMF_I8[2:]
+    prompt = [d for d in _CMF_I8 if d in prompt_int8] or ["none (no vpdpbusd on this CPU)"]
+    return (f"int8 activations in decode for {' '.join(decode)}, in prompt chunks for "
+            f"{' '.join(prompt)}, in both for the ggml formats; float32 for the rest")
 
 
 def _onoff(value) -> str:
@@ -259,7 +267,8 @@ def config_lines() -> list[str]:
          f"{pool['workers']} started)"),
         (f"  wait policy:  idle workers spin {pool['spin_us']} us, then sleep (CORTIQ_SPIN_US); "
          f"{pool['stalls']} calls met a descheduled worker"),
-        (f"  precision:    {c['precision']}  ({_PRECISION_WORDS[c['precision']]}; "
+        (f"  precision:    {c['precision']}  "
+         f"({_precision_words(c['precision'], c['prompt_int8_dtypes'])}; "
          f"CORTIQ_PRECISION, set_precision, LLM(precision=...))"),
         (f"  preload:      {_onoff(c['preload'])}  (LLM default, CORTIQ_PRELOAD; auto: "
          f"copied where huge pages are offered and the file takes at most half the "

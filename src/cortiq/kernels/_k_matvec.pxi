@@ -29,6 +29,25 @@ def qmat_nbytes(str dtype, size_t rows, size_t cols):
     return cq_qmat_nbytes(_MV_DTYPES[dtype], rows, cols)
 
 
+def prompt_int8_dtypes(isa=None):
+    """The dtypes (of I8_DTYPES) whose prompt-chunk matmat takes int8 activations in
+    kernel table `isa` (default: the active one) on this CPU, where the precision asks
+    for them. The x86 tables do for the CMF dtypes only where the CPU has a vpdpbusd
+    (AVX-VNNI or AVX-512 VNNI): without it their float32 matmat is faster and does the
+    work under every precision. Decode's products (matvec, batched rows) are not
+    affected: they take int8 wherever the precision says."""
+    cdef const cq_table *t
+    if isa is None:
+        t = cq_active()
+    elif isa in _ISA_BY_NAME:
+        t = cq_table_for(_ISA_BY_NAME[isa])
+    else:
+        raise ValueError(f"prompt_int8_dtypes: unknown ISA {isa!r}; one of {', '.join(_ISA_BY_NAME)}")
+    if t == NULL:
+        raise ValueError(f"prompt_int8_dtypes: ISA {isa!r} is not compiled into this build")
+    return tuple(d for d in I8_DTYPES if t.matvec.matmat_int8(_MV_DTYPES[d]))
+
+
 cdef class QMat:
     """One 2-D CMF payload (uint8, read in place) with its decoded side table."""
     cdef cq_qmat m

@@ -73,6 +73,7 @@ cdef extern from "cortiq.h" nogil:
         cq_status (*row_dot)(const cq_qmat *m, size_t r, const float *x, float *res) noexcept nogil
         cq_status (*rows_dot)(const cq_qmat *m, size_t r0, size_t nr, const float *x, float *out) noexcept nogil
         cq_status (*matvec_batch)(const cq_qmat *ms, size_t n, const float *X, size_t t, float *const *ys) noexcept nogil
+        int (*matmat_int8)(int dtype) noexcept nogil
 
     # ---- attn family (csrc/attn) ----
     ctypedef struct cq_attn_ops:

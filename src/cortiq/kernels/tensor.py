@@ -47,6 +47,7 @@ DTYPES = ("f32", "f16", "bf16", "q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp
 VARIABLE = ("vbit", "vbit_ro")  # payload size depends on the data (validated on wrap)
 I8_DTYPES = _K.I8_DTYPES            # dtypes with integer kernels (precision "int8")
 AUTO_I8_DTYPES = _K.AUTO_I8_DTYPES  # ... of which "auto" takes the 4-bit-and-below ones
+prompt_int8_dtypes = _K.prompt_int8_dtypes  # ... whose prompt matmat is int8 on this CPU
 
 
 class QTensor:

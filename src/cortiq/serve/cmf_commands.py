@@ -40,7 +40,7 @@ def _precision_line(by_dtype: dict) -> str:
     """What the default precision in force (cortiq.get_precision()) does with these
     dtypes: the bytes whose products take int8 activations."""
     from ..kernels._config import get_precision
-    from ..kernels.tensor import AUTO_I8_DTYPES, I8_DTYPES
+    from ..kernels.tensor import AUTO_I8_DTYPES, I8_DTYPES, prompt_int8_dtypes
     p = get_precision()
     takes = {"exact": (), "int8": I8_DTYPES, "auto": AUTO_I8_DTYPES}[p]
     total = sum(b for _, b in by_dtype.values()) or 1
@@ -48,7 +48,7 @@ def _precision_line(by_dtype: dict) -> str:
     dts = ", ".join(sorted(d for d in by_dtype if d in takes)) or "none"
     line = (f"precision:   {p} (LLM default; CORTIQ_PRECISION): int8 activations for "
             f"{100 * i8 / total:.0f} % of the weight bytes ({dts}), float32 for the rest")
-    prompt = sorted(d for d in by_dtype if d in I8_DTYPES and d not in takes)
+    prompt = sorted(d for d in by_dtype if d in prompt_int8_dtypes() and d not in takes)
     if p == "auto" and prompt:
         line += f"; in prompts int8 for {', '.join(prompt)} too (their decode stays exact)"
     return line
