@@ -58,6 +58,19 @@ def test_decode_matvec_long_rows(dev, dtype):
     x = rng.standard_normal((1, 4160)).astype(np.float32)
     got = kernels.matvec_once(dev, [kernels.GpuMatrix(dev, qt)], x)[0]
     assert _rel(got, qt.matvec(x[0])) < 1e-5
+    if dtype in ("q8_row", "q4_block"):     # the prompt matmat: 64 lanes, tiles a lane
+        X = rng.standard_normal((9, 4160)).astype(np.float32)
+        got = kernels.matvec_once(dev, [kernels.GpuMatrix(dev, qt)], X)
+        assert _rel(got, qt.matmat(X)) < 1e-5
+
+
+def test_matmat_lanes_follow_the_row_length():
+    """A prompt-matmat row takes as many lanes as it has 32-weight tiles (a power of
+    two, at most 64); rows read weight by weight take 64."""
+    from cortiq.gpu.kernels import matvec_lanes
+    assert [matvec_lanes(c, True) for c in (32, 64, 96, 256, 640, 2048, 4160)] == \
+        [1, 2, 4, 8, 32, 64, 64]
+    assert matvec_lanes(50, False) == matvec_lanes(4160, False) == 64
 
 
 @pytest.mark.parametrize("dtype", ANY_COLS)

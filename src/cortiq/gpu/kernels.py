@@ -25,7 +25,8 @@ DTYPE_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_row": 3, "q4_block": 4, "q8_2f":
 TILED = ("q4tp", "q2tp")        # cols % 32 == 0 by construction
 MAX_PARTS = 8
 NONE = 0xFFFFFFFF
-#: rows per workgroup of the matvec shader (its 256 lanes split into RPW rows)
+#: rows per workgroup of the matvec shader (its 256 lanes split into RPW rows) where a
+#: row has work for 64 lanes (matvec_lanes)
 RPW = 4
 #: prompt rows a matmat workgroup takes at once
 MATMAT_NT = 8
@@ -235,18 +236,31 @@ def matvec_kinds(nparts: int, pro: int = 0) -> tuple:
         + ("read",) * nparts
 
 
-def matvec_pipeline(dev: Device, dtypes: tuple, fast: bool, nt: int, pro: int):
-    key = ("matvec", dtypes, fast, nt, pro)
+def matvec_lanes(cols: int, fast: bool) -> int:
+    """Lanes a row of matvec.wgsl takes: 256 // RPW, or as many as the row has 32-weight
+    groups (rounded up to a power of two) where it has fewer, so that a short row's
+    workgroup takes more rows instead of leaving lanes idle (the tile path hands each
+    lane whole groups)."""
+    lanes = 256 // RPW
+    if fast:
+        lanes = min(lanes, 1 << max(0, (cols // 32 - 1).bit_length()))
+    return lanes
+
+
+def matvec_pipeline(dev: Device, dtypes: tuple, fast: bool, nt: int, pro: int,
+                    lanes: int = 256 // RPW):
+    key = ("matvec", dtypes, fast, nt, pro, lanes)
     if key in dev._pipelines:
         return dev._pipelines[key]
     n = len(dtypes)
-    part = dev.source("matvec_part.wgsl")
+    # a tile's 32 products written out: its weights (a private array) in registers
+    part = unroll_row_loops(dev.source("matvec_part.wgsl"), 32, "e", "32u")
     fns = []
     for i, dt in enumerate(dtypes):
         fns.append(_decoder(dev, i, dt))
         fns.append(part.replace("$I", str(i)).replace("$FAST", "true" if fast else "false"))
     code = (_matvec_source(dev, "matvec.wgsl", n, fns, "lane, t0, nt")
-            .replace("$RPWu", f"{RPW}u").replace("$TPRu", f"{256 // RPW}u")
+            .replace("$RPWu", f"{256 // lanes}u").replace("$TPRu", f"{lanes}u")
             .replace("$NTu", f"{nt}u").replace("$PROu", f"{pro}u")
             .replace("$REDN", str(2 * 256 * nt)))
     return dev.pipeline(key, code, matvec_kinds(n))
@@ -469,10 +483,10 @@ ROWS_NB = 8
 
 def unroll_row_loops(code: str, nb: int, var: str = "t", bound: str = "NB") -> str:
     """`code` with every `for (var t = 0u; t < NB; t++) { body }` (loop variable `var`,
-    bound `bound`) written out as nb copies of body, t a constant in each: the per-row
-    accumulators (a private array) are then indexed by constants only, so the compiler
-    keeps them in registers rather than in the thread's local memory, where a
-    dynamically indexed array goes."""
+    bound `bound`) written out as nb copies of body, t a constant in each: the private
+    arrays it indexes (per-row accumulators, a tile's weights) are then indexed by
+    constants only, so the compiler keeps them in registers rather than in the thread's
+    local memory, where a dynamically indexed array goes."""
     head = f"for (var {var} = 0u; {var} < {bound}; {var}++) {{"
     out, at = [], 0
     while True:
@@ -691,8 +705,9 @@ class MatvecOp:
             nx, ny = rows_dims(self.total, RPW1_SLOTS * RPW1_ROWS)
             return Dispatch(self.decode_pipeline(int8), group, (nx, ny, 1), "matvec", op=self,
                             shape=(self.total, self.cols))
-        pipe = matvec_pipeline(dev, self.dtypes, self.fast, nt, self.pro)
-        nx, ny = rows_dims(self.total)
+        lanes = matvec_lanes(self.cols, self.fast)
+        pipe = matvec_pipeline(dev, self.dtypes, self.fast, nt, self.pro, lanes)
+        nx, ny = rows_dims(self.total, 256 // lanes)
         if self.last_row:
             return Dispatch(pipe, group, (nx, ny, 1), "matvec")
         return Dispatch(pipe, group, lambda t, nx=nx, ny=ny, nt=nt: (nx, ny, (t + nt - 1) // nt),
