@@ -79,6 +79,16 @@ def busy(dev, seconds: float = 1.5) -> None:
         _finish(dev)
 
 
+def prefill_rate(g, st, prompt) -> float:
+    """Tokens/s of feeding `prompt` into state st, its programs' pipelines compiled
+    first (by an untimed feed into a state of its own), so that the rate is the
+    device's and not the shader compiler's."""
+    g.forward(g.new_state(), prompt, "last")
+    t0 = time.perf_counter()
+    g.forward(st, prompt, "last")
+    return len(prompt) / (time.perf_counter() - t0)
+
+
 def decode_rates(g, st, tok: int, tokens: int) -> dict:
     """tok/s of `tokens` tokens decoded three ways from state st after token tok: the
     session path (logits back each token), greedy on the device (the token back), and

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from _bench_gpu_kernels import _finish, busy, decode_rates, ms_by_kernel
+from _bench_gpu_kernels import _finish, busy, decode_rates, ms_by_kernel, prefill_rate
 
 #: Llama-3-8B's shape
 LLAMA8B = dict(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336,
@@ -263,9 +263,7 @@ def llama_decode(dev, name: str, geometry: dict, n_prompt: int, tokens: int, bw:
     out["weight_gb_per_token"] = per_token / 1e9
     prompt = np.random.default_rng(0).integers(0, host.vocab, n_prompt)
     st = g.new_state()
-    t0 = time.perf_counter()
-    g.forward(st, prompt, "last")
-    out["prefill_tok_s"] = len(prompt) / (time.perf_counter() - t0)
+    out["prefill_tok_s"] = prefill_rate(g, st, prompt)
     tok = int(prompt[-1])
     g.forward(st, [tok])                 # warm the decode programs
     g.forward_greedy(st, [tok])

@@ -50,7 +50,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench_gpu_llama as L
 import _bench_llama as BL
-from _bench_gpu_kernels import _finish, busy, decode_rates, ms_by_kernel
+from _bench_gpu_kernels import _finish, busy, decode_rates, ms_by_kernel, prefill_rate
 from bench_decode import QUICK, RELEASE_LIKE, TINY, build_dory, touched_bytes
 
 from cortiq import cmf
@@ -97,9 +97,7 @@ def read_bandwidth(dev, nbytes=1 << 30, reps=8, rounds=4):
 def gpu_decode(g, prompt, tokens):
     res = {}
     st = g.new_state()
-    t0 = time.perf_counter()
-    g.forward(st, prompt, "last")
-    res["prefill_tok_s"] = len(prompt) / (time.perf_counter() - t0)
+    res["prefill_tok_s"] = prefill_rate(g, st, prompt)
     tok = int(prompt[-1])
     # warm the decode programs
     g.forward(st, [tok])
@@ -224,9 +222,7 @@ def dsv4_decode(dev, cache, tiny, n_prompt, tokens, bw, cpu):
     out["weight_gb_per_token"] = per_token / 1e9
     prompt = np.random.default_rng(0).integers(0, host.vocab, n_prompt)
     st = g.new_state()
-    t0 = time.perf_counter()
-    g.forward(st, prompt, "last")
-    out["prefill_tok_s"] = len(prompt) / (time.perf_counter() - t0)
+    out["prefill_tok_s"] = prefill_rate(g, st, prompt)
     tok = int(prompt[-1])
     g.forward_greedy(st, [tok])
     g.decode_greedy(st, tok, 2)
