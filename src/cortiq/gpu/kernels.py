@@ -247,8 +247,7 @@ def matvec_lanes(cols: int, fast: bool) -> int:
     return lanes
 
 
-def matvec_pipeline(dev: Device, dtypes: tuple, fast: bool, nt: int, pro: int,
-                    lanes: int = 256 // RPW):
+def matvec_pipeline(dev: Device, dtypes: tuple, fast: bool, nt: int, pro: int, lanes: int):
     key = ("matvec", dtypes, fast, nt, pro, lanes)
     if key in dev._pipelines:
         return dev._pipelines[key]

@@ -233,17 +233,16 @@ def config() -> dict:
     }
 
 
-_CMF_I8 = ("q8_row", "q8_2f", "q4_block", "q4_tiled", "q4tp", "q2tp")
-
-
 def _precision_words(precision: str, prompt_int8) -> str:
     """Which CMF dtypes' products take int8 activations under `precision`, in decode and
     in prompt chunks (`prompt_int8`: _kernels.prompt_int8_dtypes(); the x86 tables
     without a vpdpbusd multiply prompt chunks in float32 whatever the precision)."""
     if precision == "exact":
         return "float32 activations everywhere"
-    decode = _CMF_I8 if precision == "int8" else _CMF_I8[2:]
-    prompt = [d for d in _CMF_I8 if d in prompt_int8] or ["none (no vpdpbusd on this CPU)"]
+    takes = _kernels.I8_DTYPES if precision == "int8" else _kernels.AUTO_I8_DTYPES
+    decode = [d for d in takes if d not in _kernels.GGML_DTYPES]
+    prompt = [d for d in _kernels.I8_DTYPES if d in prompt_int8 and d not in _kernels.GGML_DTYPES] \
+        or ["none (no vpdpbusd on this CPU)"]
     return (f"int8 activations in decode for {' '.join(decode)}, in prompt chunks for "
             f"{' '.join(prompt)}, in both for the ggml formats; float32 for the rest")
 

@@ -48,7 +48,8 @@ def _precision_line(by_dtype: dict) -> str:
     dts = ", ".join(sorted(d for d in by_dtype if d in takes)) or "none"
     line = (f"precision:   {p} (LLM default; CORTIQ_PRECISION): int8 activations for "
             f"{100 * i8 / total:.0f} % of the weight bytes ({dts}), float32 for the rest")
-    prompt = sorted(d for d in by_dtype if d in prompt_int8_dtypes() and d not in takes)
+    in_prompts = prompt_int8_dtypes()
+    prompt = sorted(d for d in by_dtype if d in in_prompts and d not in takes)
     if p == "auto" and prompt:
         line += f"; in prompts int8 for {', '.join(prompt)} too (their decode stays exact)"
     return line
