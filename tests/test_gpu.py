@@ -165,15 +165,18 @@ def test_matvec_merges_attention_splits_plain(dev, dtype, splits):
     assert _rel(got, w.matvec(y)) < 1e-5
 
 
-@pytest.mark.parametrize("dtype", ["q8_row", "f16", "q4tp"])
-def test_matvec_fused_residual(dev, dtype):
+@pytest.mark.parametrize("dtype,cols", [("q8_row", 96), ("f16", 96), ("q4tp", 96),
+                                        ("q8_row", 1104), ("q4tp", 1088)])
+def test_matvec_fused_residual(dev, dtype, cols):
     """PRO 4: the nGPT residual justnorm(x^ + alpha (o^ - x^)) staged as the product's
-    input (the rownorm pass it replaces), and written back for the next sub-layer."""
+    input (the rownorm pass it replaces), and written back for the next sub-layer; rows
+    shorter than a lane's round of norm loads (1024 columns) and longer, ending inside
+    one."""
     from cortiq.gpu.kernels import GpuMatrix, matvec_once
     rng = np.random.default_rng(21)
-    w = _qt(rng, dtype, 41, 96)
-    x, o = (rng.standard_normal((2, 96)) * [[3.0], [0.5]]).astype(np.float32)
-    alpha = rng.random(96).astype(np.float32)
+    w = _qt(rng, dtype, 41, cols)
+    x, o = (rng.standard_normal((2, cols)) * [[3.0], [0.5]]).astype(np.float32)
+    alpha = rng.random(cols).astype(np.float32)
 
     def jn(v):
         return v / np.sqrt((v * v).sum() + 1e-6)
@@ -593,3 +596,111 @@ def test_unroll_row_loops_writes_each_row_out():
                    "{ let d = p[1u] + t0; " + inner + " } b();")
     assert unroll_row_loops("for (var t = 0u; t < nt; t++) { x[t] = 1; }", 4) == \
         "for (var t = 0u; t < nt; t++) { x[t] = 1; }"       # a bound other than NB stays
+
+
+@pytest.mark.parametrize("n", [1, 7, 1024, 1025, 8191, 8193, 20011])
+def test_argmax_kernel(dev, n):
+    """The greedy token kernel: the first of equal largest logits, at lengths around
+    its 1024 lanes; the non-finite flag for +-inf and NaN anywhere, and none for finite
+    rows."""
+    from cortiq.gpu.kernels import FIXED, Dispatch, ParamArena, fixed_pipeline, resolve, u32s
+    rng = np.random.default_rng(n)
+
+    def run(logits):
+        arena = ParamArena(dev)
+        p = arena.ref(u32s(n, 0, 0, 0))
+        arena.upload()
+        ids, out = dev.buffer(16, copy_src=True), dev.buffer(16, copy_src=True)
+        d = Dispatch(fixed_pipeline(dev, "argmax"),
+                     dev.bind(FIXED["argmax"], resolve([p, dev.upload(logits), ids, out])),
+                     (1, 1, 1), "argmax")
+        enc = dev.record([d])
+        stage = dev.staging(16)
+        enc.copy_buffer_to_buffer(out, 0, stage, 0, 16)
+        dev.queue.submit([enc.finish()])
+        word = dev.read(stage, 8).view(np.uint32)
+        return int(word[0]), int(word[1])
+
+    x = rng.standard_normal(n).astype(np.float32)
+    assert run(x) == (int(np.argmax(x)), 0)
+    if n > 2:   # ties: the lowest index wins, wherever the copies fall among the lanes
+        hi = rng.choice(n, size=min(n, 3), replace=False)
+        x[hi] = x.max() + 1.0
+        assert run(x) == (int(hi.min()), 0)
+    for bad in (np.inf, -np.inf, np.nan):
+        y = x.copy()
+        y[rng.integers(n)] = bad
+        assert run(y)[1] == 1
+
+
+@pytest.mark.parametrize("n", [5, 256, 1000, 2048, 3001])
+def test_rownorm_kernel(dev, n):
+    """The nGPT row steps (rownorm.wgsl) against NumPy, two rows, at lengths below,
+    at and around multiples of its 256 lanes: the residual (into its own place and
+    into another region) and the mix with and without its norm."""
+    from cortiq.gpu.kernels import FIXED, Dispatch, ParamArena, fixed_pipeline, resolve, u32s
+    rng = np.random.default_rng(n)
+    t, eps, NONE = 2, 1e-6, 0xFFFFFFFF
+    H0 = rng.standard_normal((4, t, n)).astype(np.float32)     # four regions of t rows
+    out = rng.standard_normal((t, n)).astype(np.float32)    # the sub-layer's output
+    alpha = rng.random(n).astype(np.float32)
+
+    def run(params):
+        arena = ParamArena(dev)
+        p = arena.ref(u32s(*params))
+        arena.upload()
+        h = dev.upload(H0.copy())
+        h_out = dev.buffer(H0.nbytes, copy_src=True)
+        step = dev.upload(np.array([t, 0, 0, 0], np.uint32), uniform=True)
+        d = Dispatch(fixed_pipeline(dev, "rownorm"), dev.bind(
+            FIXED["rownorm"], resolve([p, step, h, dev.upload(out), dev.upload(alpha)])),
+            (t, 1, 1), "rownorm")
+        enc = dev.record([d])
+        enc.copy_buffer_to_buffer(h, 0, h_out, 0, H0.nbytes)
+        stage = dev.staging(H0.nbytes)
+        enc.copy_buffer_to_buffer(h_out, 0, stage, 0, H0.nbytes)
+        dev.queue.submit([enc.finish()])
+        return dev.read(stage, H0.nbytes).view(np.float32).reshape(H0.shape)
+
+    def jn(v):
+        return v / np.sqrt((v.astype(np.float64) ** 2).sum(-1, keepdims=True) + eps)
+
+    reg = lambda i: i * t * n   # noqa: E731
+    for d2 in (NONE, 2):            # the residual, in place and into region 2
+        got = run((n, 0, reg(1), NONE if d2 == NONE else reg(d2), 0, 0, 0, 0, 0, eps, 0, 0))
+        xh = jn(H0[1])
+        want = H0.copy()
+        want[1 if d2 == NONE else d2] = jn(xh + alpha * (jn(out) - xh))
+        assert _rel(got, want) < 1e-5
+    for norm, b, d2 in ((1, reg(3), reg(0)), (0, NONE, NONE)):     # the mixes
+        got = run((n, 1, reg(2), d2, reg(1), b, 0, 0, norm, eps, 0, 0))
+        v = H0[1] + (H0[3] if b != NONE else 0)
+        v = jn(v) if norm else v
+        want = H0.copy()
+        want[2] = v
+        if d2 != NONE:
+            want[0] = v
+        assert _rel(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("hd", [8, 136])
+def test_decode_attention_head_sizes(dev, tmp_path_factory, hd):
+    """The decode attention's key loads (four 16-byte pieces of a key in flight, then
+    one) and its values (two keys a step, then one) at head sizes with and without a
+    tail, over more keys a split than a step takes: the logits equal the host's."""
+    from batch_models import write_dory
+
+    from cortiq.gpu.dory import GpuDoryModel
+    from cortiq.models.dory import DoryModel
+    path = write_dory(str(tmp_path_factory.mktemp(f"hd{hd}")), "f32", seed=hd, hidden=64,
+                      heads=2, kv_heads=1, head_dim=hd, mlp=96, pattern="S-*-",
+                      blocks=(1, 2, 1), vocab=300)
+    host = DoryModel(cmf.open(path))
+    ids = np.random.default_rng(hd).integers(0, host.vocab, 30)
+    for splits in (1, 2):
+        g = GpuDoryModel(host, dev, attn_splits=splits)
+        sc, sg = host.new_state(), g.new_state()
+        host.forward(sc, ids[:20])
+        g.forward(sg, ids[:20])
+        for i in ids[20:]:
+            assert _rel(g.forward(sg, [int(i)]), host.forward(sc, [int(i)])) < 1e-3

@@ -65,6 +65,27 @@ def test_int8_decode_matvec_matches_the_quantized_reference(dev, shape, subgroup
     assert _rel(got, cpu.matvec(x)) < 1e-4
 
 
+@pytest.mark.parametrize("cols", [1056, 2080])
+def test_int8_fused_residual_long_rows(dev, cols):
+    """The fused residual (PRO 4) on int8 activations over rows of several of a lane's
+    1024-column rounds of norm loads, the last one partial: the product and the
+    written-back residual as on the short rows."""
+    from cortiq.gpu.kernels import GpuMatrix, matvec_once
+    rng = np.random.default_rng(cols)
+    a = _q8_row(rng, 19, cols)
+
+    def jn(v):
+        return v / np.sqrt((v * v).sum() + 1e-6)
+    x, o = (rng.standard_normal((2, cols)) * [[3.0], [0.5]]).astype(np.float32)
+    alpha = rng.random(cols).astype(np.float32)
+    want_x = jn(jn(x) + alpha * (jn(o) - jn(x)))
+    back: list = []
+    got = matvec_once(dev, [GpuMatrix(dev, a)], x[None], pro=4, x2=o[None], va=alpha,
+                      residual_out=back, int8=True)[0]
+    assert _rel(got, _int8_product(a, want_x)) < 1e-4
+    assert _rel(back[0], want_x) < 1e-6
+
+
 def test_int8_input_stages_and_fused_groups(dev):
     """The input stages feed the quantizer what they feed the float path: gated input
     (1), SwiGLU (2), the fused residual (4, its written-back x stays float32); a group of
@@ -161,23 +182,27 @@ def test_int8_input_staged_once(dev, monkeypatch, subgroups):
                     va=np.ones(nh * hd, np.float32), int8=True, once=True)
 
 
-@pytest.mark.parametrize("setting,value", [("MATVEC_UNROLL", 8), ("MATVEC_SUBGROUPS", False)])
-def test_int8_matvec_variants_agree(dev, monkeypatch, setting, value):
-    """The int8 decode matvec's variants (eight loads in flight a lane; the shared-memory
-    tree's reduction instead of subgroups where the adapter offers them) give the
-    default's products, with the residual-norm and SwiGLU input stages and lengths over
-    several 1024-column rounds."""
+@pytest.mark.parametrize("variant", [{"MATVEC_UNROLL": 8}, {"MATVEC_SUBGROUPS": False},
+                                     {"MATVEC_SUBGROUPS": False, "RPW1_ROWS": 2}])
+def test_int8_matvec_variants_agree(dev, monkeypatch, variant):
+    """The int8 decode matvec's variants (eight loads in flight a lane, where the first
+    four are not prefetched before the stage; the shared-memory tree's reduction instead
+    of subgroups where the adapter offers them; two rows a lane, the second's first
+    words prefetched too) give the default's products, with the residual-norm and SwiGLU
+    input stages and lengths over several 1024-column rounds."""
     from cortiq.gpu import kernels
     from cortiq.gpu.kernels import GpuMatrix, matvec_once
     rng = np.random.default_rng(40)
+    default = {k: getattr(kernels, k) for k in variant}
     for cols in (96, 2080):
         ga = GpuMatrix(dev, _q8_row(rng, 23, cols))
         x, o = rng.standard_normal((2, cols)).astype(np.float32)
         g = (rng.random(cols) + 0.5).astype(np.float32)
         gu = rng.standard_normal(2 * cols).astype(np.float32)
         runs = []
-        for v in (getattr(kernels, setting), value):
-            monkeypatch.setattr(kernels, setting, v)
+        for settings in (default, variant):
+            for k, v in settings.items():
+                monkeypatch.setattr(kernels, k, v)
             runs.append([matvec_once(dev, [ga], x[None], int8=True)[0],
                          matvec_once(dev, [ga], x[None], pro=6, x2=o[None], va=g, eps=1e-5,
                                      int8=True)[0],
