@@ -11,7 +11,9 @@
     14336, 32/8 heads of 128, vocab 128256, q8_row: Q|K|V, O, gate|up, down per layer
     and the head, 7.5 GB): every product of a token in one pass, each layer's own
     buffers (one layer's matrices are uploaded and bound 32 times: each layer reads
-    218 MB between two reads of the same bytes, more than any L2 holds).
+    218 MB between two reads of the same bytes, more than any L2 holds);
+  * the ceiling of a model's decode token on this device (`stream_ceiling`): its program
+    with every product a pure read of its weights' bytes and every other pass empty.
 The weights are random q8_row payloads (the streaming rate does not depend on values).
 """
 import time
@@ -369,3 +371,56 @@ def llama8b_chain(dev, read_gb_s, layers=32, hidden=4096, ffn=14336, heads=32, k
             out[name] = {"gpu_ms_per_token": dt * 1e3, "tok_s_bound": 1 / dt, "gb_s": nbytes / dt / 1e9,
                          "pct_of_read_bw": 100 * nbytes / dt / 1e9 / read_gb_s}
     return out
+
+
+def stream_ceiling(dev, prog, read_gb_s, per_wg=(256, 512, 1024, 2048, 4096), rounds=3,
+                   reps=16):
+    """What a decode token of this dependency structure costs at best on this device:
+    the program `prog` with each product replaced by a pure read (readbw.wgsl) of as
+    many bytes as its weights, in one dependent dispatch, and every other pass by a
+    one-workgroup dispatch of no work, all in one pass, each dispatch binding the same
+    output read-write as the one before (so each waits for it, as in the forward). The
+    products' bytes are fresh buffers (a token reads more than the L2 holds). Timed at
+    each count of 16-byte words a workgroup in `per_wg`, `reps` tokens in one pass (so
+    that the submission's own cost is spread); the best is the ceiling. Also each
+    product size on its own: its dispatches, `reps` times, in one pass."""
+    from cortiq.gpu.kernels import FIXED, Dispatch, ParamArena, fixed_pipeline, resolve, u32s
+    pipe = fixed_pipeline(dev, "readbw")
+    out = dev.buffer(1 << 20, copy_src=True)
+    tiny = dev.buffer(4096)
+    live = [d for d in prog if 0 not in (d.dims(1) if callable(d.dims) else d.dims)]
+    sizes = [sum(b.size for b in d.op.res[4:]) if d.name == "matvec" and d.op is not None
+             else 0 for d in live]
+    bufs = {i: dev.buffer(n // 16 * 16) for i, n in enumerate(sizes) if n}
+    total = sum(sizes)
+
+    def reads(items, w):
+        """A readbw dispatch for each (bytes, buffer) of items, w words a workgroup (an
+        empty one-workgroup dispatch where bytes is 0)."""
+        arena = ParamArena(dev)
+        params = [arena.ref(u32s(n // 16, w, 0, 0) if n else u32s(16, 16, 0, 0))
+                  for n, _b in items]
+        arena.upload()
+        ds = []
+        for (n, b), p in zip(items, params):
+            g = -(-(n // 16) // w) if n else 1
+            ds.append(Dispatch(pipe, dev.bind(FIXED["readbw"], resolve([p, b, out])),
+                               (min(g, 65535), -(-g // 65535), 1), "readbw"))
+        return ds
+
+    res = {"dispatches": len(live), "products": len(bufs), "product_bytes": total,
+           "per_wg": {}}
+    items = [(n, bufs.get(i, tiny)) for i, n in enumerate(sizes)]
+    for w in per_wg:
+        busy(dev, 0.5)
+        sec = _time_pass(dev, reads(items, w) * reps, rounds=rounds) / reps
+        res["per_wg"][w] = {"ms_per_token": sec * 1e3,
+                            "pct_of_read_bw": 100 * total / sec / 1e9 / read_gb_s}
+    best_w = min(res["per_wg"], key=lambda w: res["per_wg"][w]["ms_per_token"])
+    res.update(res["per_wg"][best_w], best_per_wg=best_w)
+    res["us_per_product"] = {}
+    for n in sorted(set(sizes) - {0}):
+        ds = reads([(m, bufs[i]) for i, m in enumerate(sizes) if m == n], best_w)
+        sec = _time_pass(dev, ds * reps, rounds=rounds) / reps / len(ds)
+        res["us_per_product"][n] = {"count": len(ds), "us": sec * 1e6, "gb_s": n / sec / 1e9}
+    return res

@@ -18,11 +18,16 @@ one run it measures
     submission a step, every product reading its weights once for the B rows) under
     "cortiq_gpu_batch", with each B's ratio to B = 1;
   * where a token's time goes: dispatches per token, host recording time per token,
-    GPU time per token (many tokens' programs in one submission, no host in between);
+    GPU time per token (many tokens' programs in one submission, no host in between),
+    and at int8 the GPU time of each product shape;
+  * what the int8 decode token's dependency structure costs at best on the device
+    ("stream_ceiling_int8": every product replaced by a pure read of its bytes in one
+    dependent dispatch, every other pass by an empty one, in one pass);
   * effective GB/s = weight bytes per token x tokens/s, as a percentage of the read
     bandwidth;
   * the same for each --ab variant (a fresh model changing one setting: attention
-    splits, the fused residual, rows a decode-matvec workgroup takes);
+    splits, the fused residual, rows a decode-matvec workgroup takes; --ab-int8: at
+    int8 activations);
   * cortiq's CPU decode on this machine (all cores) and a PyTorch eager bf16 forward of
     the same model on the same GPU (benchmark-only code below), with the largest
     relative logit difference of its first token against cortiq's.
@@ -50,7 +55,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench_gpu_llama as L
 import _bench_llama as BL
-from _bench_gpu_kernels import _finish, busy, decode_rates, ms_by_kernel, prefill_rate
+from _bench_gpu_kernels import (_finish, busy, decode_rates, ms_by_kernel, prefill_rate,
+                                stream_ceiling)
 from bench_decode import QUICK, RELEASE_LIKE, TINY, build_dory, touched_bytes
 
 from cortiq import cmf
@@ -416,7 +422,10 @@ def main():
                          "(16-byte loads a matvec lane issues at once: 1 or 4), stage=0 (a "
                          "plain product's lanes read its input themselves, unstaged), once=1|0 "
                          "(int8 activations, each product's input staged by a pass of its "
-                         "own or in each of its workgroups)")
+                         "own or in each of its workgroups), staged=N (rows a workgroup of "
+                         "a product reading an input staged once takes)")
+    ap.add_argument("--ab-int8", action="store_true",
+                    help="the --ab variants at int8 activations (precision \"int8\")")
     ap.add_argument("--rows-range-keys", default="",
                     help="values of llama.ROWS_RANGE_KEYS (comma-separated; N:1 the same with "
                          "a workgroup a query head, llama.ROWS_ATTN_GQA off) under which the "
@@ -483,6 +492,15 @@ def main():
         g.set_precision("int8")      # the decode products on int8 activations
         busy(dev)
         r8 = gpu_decode(g, prompt, a.tokens)
+        prog8 = g._decode_program
+        r8["gpu_ms_by_shape"] = ms_by_kernel(prog8, lambda ds: _time_dispatches(g, ds),
+                                             shapes=True)
+        # the same token's dependency structure with every product a pure read of its
+        # bytes and every other pass empty: what this structure costs at best here
+        ceil = stream_ceiling(dev, prog8, bw)
+        ceil["tok_s"] = 1e3 / ceil["ms_per_token"]
+        ceil["pct_of_read_bw_touched"] = 100 * ceil["tok_s"] * per_token / 1e9 / bw
+        out["stream_ceiling_int8"] = ceil
         g.set_precision("exact")
         r8["pct_of_read_bw"] = 100 * max(r8["session_tok_s"], r8["greedy_tok_s"],
                                          r8["chained_tok_s"]) * per_token / 1e9 / bw
@@ -532,8 +550,10 @@ def main():
                   "fuse": {"fuse_residual": val not in ("0", "off")},
                   "qk": {"fuse_qk": val not in ("0", "off")}}.get(key, {})
             keep = (kernels.RPW1_SLOTS, kernels.MATVEC_SUBGROUPS, kernels.MATVEC_UNROLL,
-                    kernels.MATVEC_STAGE_PLAIN, kernels.STAGE_ONCE)
-            if key in ("slots", "rows"):  # rows (lane groups) a decode-matvec workgroup takes
+                    kernels.MATVEC_STAGE_PLAIN, kernels.STAGE_ONCE, kernels.STAGED_SLOTS)
+            if key == "staged":
+                kernels.STAGED_SLOTS = int(val)
+            elif key in ("slots", "rows"):  # rows (lane groups) a decode-matvec workgroup takes
                 kernels.RPW1_SLOTS = int(val)
             elif key == "sg":
                 kernels.MATVEC_SUBGROUPS = val not in ("0", "off")
@@ -545,12 +565,13 @@ def main():
                 kernels.STAGE_ONCE = val not in ("0", "off")
             try:
                 gv = GpuDoryModel(host, dev, **kw)
-                if key == "once":
+                if key == "once" or a.ab_int8:
                     gv.set_precision("int8")
+                busy(dev, 0.5)
                 r = gpu_decode(gv, prompt, a.tokens)
             finally:
                 (kernels.RPW1_SLOTS, kernels.MATVEC_SUBGROUPS, kernels.MATVEC_UNROLL,
-                 kernels.MATVEC_STAGE_PLAIN, kernels.STAGE_ONCE) = keep
+                 kernels.MATVEC_STAGE_PLAIN, kernels.STAGE_ONCE, kernels.STAGED_SLOTS) = keep
             ab[v] = {k: r[k] for k in ("chained_tok_s", "greedy_tok_s", "record_ms_per_token",
                                        "dispatches_per_token", "gpu_ms_per_token",
                                        "gpu_ms_by_kernel")}
