@@ -170,8 +170,8 @@ def test_matvec_merges_attention_splits_plain(dev, dtype, splits):
 def test_matvec_fused_residual(dev, dtype, cols):
     """PRO 4: the nGPT residual justnorm(x^ + alpha (o^ - x^)) staged as the product's
     input (the rownorm pass it replaces), and written back for the next sub-layer; rows
-    shorter than a lane's round of norm loads (1024 columns) and longer, ending inside
-    one."""
+    shorter than the workgroup's 256 lanes and rows of several columns a lane, the last
+    round partial."""
     from cortiq.gpu.kernels import GpuMatrix, matvec_once
     rng = np.random.default_rng(21)
     w = _qt(rng, dtype, 41, cols)

@@ -67,8 +67,8 @@ def test_int8_decode_matvec_matches_the_quantized_reference(dev, shape, subgroup
 
 @pytest.mark.parametrize("cols", [1056, 2080])
 def test_int8_fused_residual_long_rows(dev, cols):
-    """The fused residual (PRO 4) on int8 activations over rows of several of a lane's
-    1024-column rounds of norm loads, the last one partial: the product and the
+    """The fused residual (PRO 4) on int8 activations over rows of several of its
+    quantizer's 1024-column rounds, the last one partial: the product and the
     written-back residual as on the short rows."""
     from cortiq.gpu.kernels import GpuMatrix, matvec_once
     rng = np.random.default_rng(cols)
@@ -185,10 +185,9 @@ def test_int8_input_staged_once(dev, monkeypatch, subgroups):
 @pytest.mark.parametrize("variant", [{"MATVEC_UNROLL": 8}, {"MATVEC_SUBGROUPS": False},
                                      {"MATVEC_SUBGROUPS": False, "RPW1_ROWS": 2}])
 def test_int8_matvec_variants_agree(dev, monkeypatch, variant):
-    """The int8 decode matvec's variants (eight loads in flight a lane, where the first
-    four are not prefetched before the stage; the shared-memory tree's reduction instead
-    of subgroups where the adapter offers them; two rows a lane, the second's first
-    words prefetched too) give the default's products, with the residual-norm and SwiGLU
+    """The int8 decode matvec's variants (eight loads in flight a lane; the shared-memory
+    tree's reduction instead of subgroups where the adapter offers them; with it, two
+    rows a lane in turn) give the default's products, with the residual-norm and SwiGLU
     input stages and lengths over several 1024-column rounds."""
     from cortiq.gpu import kernels
     from cortiq.gpu.kernels import GpuMatrix, matvec_once
