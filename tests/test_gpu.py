@@ -683,11 +683,12 @@ def test_rownorm_kernel(dev, n):
         assert _rel(got, want) < 1e-5
 
 
-@pytest.mark.parametrize("hd", [8, 136])
+@pytest.mark.parametrize("hd", [8, 152])
 def test_decode_attention_head_sizes(dev, tmp_path_factory, hd):
     """The decode attention's key loads (four 16-byte pieces of a key in flight, then
-    one) and its values (two keys a step, then one) at head sizes with and without a
-    tail, over more keys a split than a step takes: the logits equal the host's."""
+    one) and its values (two keys a step, then one) at a head of fewer pieces than a
+    round (8) and of rounds and a tail (152), over more keys a split than a step takes:
+    the logits equal the host's."""
     from batch_models import write_dory
 
     from cortiq.gpu.dory import GpuDoryModel
@@ -696,11 +697,9 @@ def test_decode_attention_head_sizes(dev, tmp_path_factory, hd):
                       heads=2, kv_heads=1, head_dim=hd, mlp=96, pattern="S-*-",
                       blocks=(1, 2, 1), vocab=300)
     host = DoryModel(cmf.open(path))
-    ids = np.random.default_rng(hd).integers(0, host.vocab, 30)
-    for splits in (1, 2):
-        g = GpuDoryModel(host, dev, attn_splits=splits)
-        sc, sg = host.new_state(), g.new_state()
-        host.forward(sc, ids[:20])
-        g.forward(sg, ids[:20])
-        for i in ids[20:]:
-            assert _rel(g.forward(sg, [int(i)]), host.forward(sc, [int(i)])) < 1e-3
+    g = GpuDoryModel(host, dev, attn_splits=2)
+    sc, sg = host.new_state(), g.new_state()
+    for k, i in enumerate(np.random.default_rng(hd).integers(0, host.vocab, 30)):
+        got, want = g.forward(sg, [int(i)]), host.forward(sc, [int(i)])
+        if k >= 26:     # 27-30 keys: 14-15 a split
+            assert _rel(got, want) < 1e-3
