@@ -24,6 +24,17 @@ import numpy as np
 
 _FENCE: dict = {}
 
+#: copies of a program a timed pass holds at most on a software adapter (llvmpipe): a
+#: pass of 64 copies of the tiny Dory's decode program (6400 dispatches) took 8.5 GB
+#: and two minutes there
+SOFTWARE_COPIES = 2
+
+
+def copies(dev, k: int) -> int:
+    """Copies of a program to time in one pass: k, at most SOFTWARE_COPIES on a
+    software adapter."""
+    return min(k, SOFTWARE_COPIES) if dev.software else k
+
 
 def _finish(dev):
     """Wait for the work submitted so far: a 16-byte copy behind it, read back."""
@@ -385,8 +396,7 @@ def stream_ceiling(dev, prog, read_gb_s, per_wg=(256, 512, 1024, 2048, 4096), ro
     that the submission's own cost is spread); the best is the ceiling. Also each
     product size on its own: its dispatches, `reps` times, in one pass."""
     from cortiq.gpu.kernels import FIXED, Dispatch, ParamArena, fixed_pipeline, resolve, u32s
-    if dev.software:    # long passes cost a software adapter gigabytes (bench_gpu.py)
-        reps = min(reps, 2)
+    reps = copies(dev, reps)
     pipe = fixed_pipeline(dev, "readbw")
     out = dev.buffer(1 << 20, copy_src=True)
     tiny = dev.buffer(4096)

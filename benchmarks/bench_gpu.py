@@ -55,8 +55,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench_gpu_llama as L
 import _bench_llama as BL
-from _bench_gpu_kernels import (_finish, busy, decode_rates, ms_by_kernel, prefill_rate,
-                                stream_ceiling)
+from _bench_gpu_kernels import (_finish, busy, copies, decode_rates, ms_by_kernel,
+                                prefill_rate, stream_ceiling)
 from bench_decode import QUICK, RELEASE_LIKE, TINY, build_dory, touched_bytes
 
 from cortiq import cmf
@@ -176,18 +176,11 @@ def batch_decode(g, prompt, tokens, sizes):
     return res
 
 
-#: copies of a program in a timed pass on a software adapter (llvmpipe): a pass of 64
-#: copies of the tiny Dory's decode program (6400 dispatches) took 8.5 GB and two
-#: minutes there
-SOFTWARE_COPIES = 2
-
-
 def _time_dispatches(g, ds, k=64, rounds=3, at=1):
-    """GPU seconds of one pass over dispatches ds: k passes in one submission (at most
-    SOFTWARE_COPIES on a software adapter), best of `rounds` (no host work in between);
-    workgroup counts that depend on the step are taken at `at`."""
-    if g.dev.software:
-        k = min(k, SOFTWARE_COPIES)
+    """GPU seconds of one pass over dispatches ds: k passes in one submission (fewer on a
+    software adapter: `copies`), best of `rounds` (no host work in between); workgroup
+    counts that depend on the step are taken at `at`."""
+    k = copies(g.dev, k)
     best = None
     for _ in range(rounds):
         cb = g.dev.record(list(ds) * k, at).finish()
